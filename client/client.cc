@@ -1,0 +1,241 @@
+#include "client/client.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "optimizer/model_io.h"
+#include "optimizer/sha256.h"
+
+namespace onnxopt::client {
+namespace fs = std::filesystem;
+
+constexpr int64_t kChunkBytes = 1 << 20;
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json) {
+  v1::OptimizationConfig config;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &config, options);
+  if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", status.message().as_string()));
+  return config;
+}
+
+absl::StatusOr<v1::OptimizationConfig> LoadConfigFile(const fs::path& path) {
+  absl::StatusOr<std::string> json = ReadFile(path);
+  if (!json.ok()) return json.status();
+  auto config = ParseConfigJson(*json);
+  if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", config.status().message()));
+  return config;
+}
+
+Client::Client(const std::string& address) {
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(16 << 20);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
+  stub_ = v1::Optimizer::NewStub(channel_);
+}
+
+absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress& progress) {
+  std::error_code error;
+  const auto size = fs::file_size(path, error);
+  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", path.string(), ": ", error.message()));
+  absl::StatusOr<std::string> digest = Sha256OfFile(path);
+  if (!digest.ok()) return digest.status();
+  const int64_t total = static_cast<int64_t>(size);
+
+  v1::UploadStatus status;
+  {
+    grpc::ClientContext context;
+    v1::GetUploadStatusRequest request;
+    request.set_sha256(*digest);
+    absl::Status rpc = FromGrpc(stub_->GetUploadStatus(&context, request, &status));
+    if (!rpc.ok()) return rpc;
+  }
+  if (status.complete()) {
+    if (progress) progress(total, total);
+    v1::Blob blob;
+    blob.set_sha256(*digest);
+    blob.set_size(total);
+    return blob;
+  }
+  int64_t offset = status.committed_size() <= total ? status.committed_size() : 0;  // resume
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(offset);
+  grpc::ClientContext context;
+  v1::Blob blob;
+  auto writer = stub_->UploadBlob(&context, &blob);
+  std::string buffer(kChunkBytes, '\0');
+  bool first = true;
+  do {
+    in.read(buffer.data(), kChunkBytes);
+    const std::streamsize got = in.gcount();
+    v1::UploadBlobRequest chunk;
+    if (first) {
+      chunk.set_sha256(*digest);
+      chunk.set_total_size(total);
+      first = false;
+    }
+    chunk.set_offset(offset);
+    chunk.set_data(buffer.data(), static_cast<size_t>(got));
+    offset += got;
+    chunk.set_finish_write(offset >= total);
+    if (!writer->Write(chunk)) break;  // the server ended the stream; Finish() says why
+    if (progress) progress(offset, total);
+  } while (offset < total && in);
+  writer->WritesDone();
+  absl::Status finished = FromGrpc(writer->Finish());
+  if (!finished.ok()) return finished;
+  return blob;
+}
+
+absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, const Progress& progress) {
+  absl::StatusOr<std::string> bytes = ReadFile(model_path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<onnx::ModelProto> model = ParseModel(*bytes);
+  if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat(model_path.string(), ": ", model.status().message()));
+  v1::ModelRef reference;
+  reference.set_display_name(model_path.filename().string());
+  for (const std::string& location : ExternalDataLocations(*model)) {
+    if (location.empty() || fs::path(location).is_absolute() || location.find("..") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model names external data '", location,
+                                                     "' outside its folder"));
+    }
+    absl::StatusOr<v1::Blob> blob = UploadFile(model_path.parent_path() / location, progress);
+    if (!blob.ok()) return blob.status();
+    v1::ExternalDataFile* file = reference.add_external_data();
+    file->set_name(location);
+    file->set_sha256(blob->sha256());
+  }
+  absl::StatusOr<v1::Blob> blob = UploadFile(model_path, progress);
+  if (!blob.ok()) return blob.status();
+  reference.set_sha256(blob->sha256());
+  return reference;
+}
+
+absl::StatusOr<v1::Job> Client::CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
+                                          const std::string& request_id) {
+  grpc::ClientContext context;
+  v1::CreateJobRequest request;
+  *request.mutable_model() = model;
+  *request.mutable_config() = config;
+  request.set_request_id(request_id);
+  v1::Job job;
+  absl::Status status = FromGrpc(stub_->CreateJob(&context, request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<v1::Job> Client::GetJob(const std::string& name) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_name(name);
+  v1::Job job;
+  absl::Status status = FromGrpc(stub_->GetJob(&context, request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(v1::JobState state, int page_size, const std::string& page_token) {
+  grpc::ClientContext context;
+  v1::ListJobsRequest request;
+  request.set_state(state);
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
+  v1::ListJobsResponse response;
+  absl::Status status = FromGrpc(stub_->ListJobs(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::Job> Client::CancelJob(const std::string& name) {
+  grpc::ClientContext context;
+  v1::CancelJobRequest request;
+  request.set_name(name);
+  v1::Job job;
+  absl::Status status = FromGrpc(stub_->CancelJob(&context, request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_name(name);
+  auto reader = stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  v1::Job last;
+  while (reader->Read(&event)) {
+    last = event.job();
+    if (on_event) on_event(last);
+  }
+  absl::Status status = FromGrpc(reader->Finish());
+  if (!status.ok()) return status;
+  if (last.name().empty()) return absl::UnavailableError("the watch ended without any event");
+  return last;
+}
+
+absl::Status Client::Download(const std::string& name, const std::string& artifact, const fs::path& path) {
+  grpc::ClientContext context;
+  v1::DownloadRequest request;
+  request.set_name(name);
+  request.set_artifact(artifact);
+  auto reader = stub_->Download(&context, request);
+  v1::DownloadChunk chunk;
+  std::string data;
+  std::string expected_digest;
+  int64_t total = -1;
+  while (reader->Read(&chunk)) {
+    if (total < 0) {
+      total = chunk.total_size();
+      expected_digest = chunk.sha256();
+      data.reserve(static_cast<size_t>(total));
+    }
+    if (chunk.offset() != static_cast<int64_t>(data.size())) return absl::DataLossError("download chunks out of order");
+    data.append(chunk.data());
+  }
+  absl::Status status = FromGrpc(reader->Finish());
+  if (!status.ok()) return status;
+  if (total >= 0 && static_cast<int64_t>(data.size()) != total) {
+    return absl::DataLossError(absl::StrCat("download of ", artifact, " ended after ", data.size(), " of ", total, " bytes"));
+  }
+  if (!expected_digest.empty() && Sha256OfBytes(data) != expected_digest) {
+    return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: downloaded ", artifact, " does not match its SHA-256"));
+  }
+  return WriteFileAtomically(path, data);
+}
+
+absl::StatusOr<v1::Report> Client::GetReport(const std::string& name) {
+  grpc::ClientContext context;
+  v1::GetReportRequest request;
+  request.set_name(name);
+  v1::Report report;
+  absl::Status status = FromGrpc(stub_->GetReport(&context, request, &report));
+  if (!status.ok()) return status;
+  return report;
+}
+
+absl::StatusOr<v1::ListPassesResponse> Client::ListPasses() {
+  grpc::ClientContext context;
+  v1::ListPassesResponse response;
+  absl::Status status = FromGrpc(stub_->ListPasses(&context, v1::ListPassesRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  grpc::ClientContext context;
+  v1::ServerInfo response;
+  absl::Status status = FromGrpc(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace onnxopt::client

@@ -1,0 +1,55 @@
+// The onnxopt client library: what the CLI does, as calls. Uploads resume where the server left
+// off and skip blobs it already has; downloads are verified against the job's SHA-256 and written
+// atomically. Errors come back as absl::Status with the server's code and reason.
+#ifndef ONNXOPT_CLIENT_CLIENT_H_
+#define ONNXOPT_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+#include "onnxopt/v1/service.grpc.pb.h"
+
+namespace onnxopt::client {
+
+absl::Status FromGrpc(const grpc::Status& status);
+// Reads a config written in protobuf's JSON mapping; INVALID_ARGUMENT with the parser's reason.
+absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json);
+absl::StatusOr<v1::OptimizationConfig> LoadConfigFile(const std::filesystem::path& path);
+
+class Client {
+ public:
+  explicit Client(const std::string& address);
+
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  absl::StatusOr<v1::Blob> UploadFile(const std::filesystem::path& path, const Progress& progress = nullptr);
+  // Uploads a model and every external data file it names (found next to it).
+  absl::StatusOr<v1::ModelRef> UploadModel(const std::filesystem::path& model_path, const Progress& progress = nullptr);
+
+  absl::StatusOr<v1::Job> CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
+                                    const std::string& request_id = "");
+  absl::StatusOr<v1::Job> GetJob(const std::string& name);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(v1::JobState state, int page_size, const std::string& page_token);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& name);
+  // Calls on_event for every event until the job ends; returns the final job.
+  absl::StatusOr<v1::Job> WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event);
+  // Writes the artifact to `path` (atomically), checking size and SHA-256.
+  absl::Status Download(const std::string& name, const std::string& artifact, const std::filesystem::path& path);
+  absl::StatusOr<v1::Report> GetReport(const std::string& name);
+  absl::StatusOr<v1::ListPassesResponse> ListPasses();
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Optimizer::Stub> stub_;
+};
+
+}  // namespace onnxopt::client
+
+#endif  // ONNXOPT_CLIENT_CLIENT_H_

@@ -1,0 +1,409 @@
+// onnxopt: the command-line client of onnxopt-server, plus local `optimize` and `compare`.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/report_format.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/validator.h"
+
+namespace fs = std::filesystem;
+using onnxopt::client::Client;
+
+namespace {
+
+// Exit codes scripts can rely on.
+enum ExitCode : int {
+  kOk = 0,
+  kJobFailed = 1,     // the job (or a local optimize/compare) failed, e.g. parity
+  kUsage = 2,         // bad command line
+  kServerError = 3,   // unreachable server or a server-side error (UNAVAILABLE, INTERNAL, RESOURCE_EXHAUSTED...)
+  kCancelled = 4,     // the job was cancelled
+  kRejected = 5,      // the input was refused (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS, FAILED_PRECONDITION)
+};
+
+constexpr char kUsageText[] = R"(usage: onnxopt [--server ADDR] COMMAND [ARGS]
+
+Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
+  submit MODEL [--config FILE.json] [--wait] [-o OUT.onnx] [--request-id ID]
+                      upload MODEL (and its external data) and queue a job; with --wait or -o,
+                      follow it and download the optimized model and its report
+  status JOB [--json]       show a job
+  list [--state STATE] [--page-size N] [--page-token T] [--json]
+  watch JOB                 print progress until the job ends
+  cancel JOB                cancel a queued or running job
+  download JOB [-o OUT] [--artifact NAME]
+  report JOB [--json]       the job's report as a table (or JSON)
+  passes [--json]           passes and presets the server offers
+  info [--json]             server version, ONNX Runtime version, execution providers
+
+Local commands (no server):
+  optimize MODEL -o OUT.onnx [--config FILE.json] [--json]
+  compare ORIGINAL OPTIMIZED [--config FILE.json] [--json]
+                      run both in ONNX Runtime on the same generated inputs and compare outputs
+
+Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.
+)";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;  // "--config" -> value; flags -> ""
+  bool Has(const std::string& name) const { return options.count(name) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback = "") const {
+    auto it = options.find(name);
+    return it == options.end() ? fallback : it->second;
+  }
+};
+
+const std::map<std::string, bool> kKnownOptions = {  // name -> takes a value
+    {"--server", true},    {"--config", true},     {"-o", true},           {"--request-id", true},
+    {"--state", true},     {"--page-size", true},  {"--page-token", true}, {"--artifact", true},
+    {"--wait", false},     {"--json", false},      {"--help", false},      {"-h", false}};
+
+std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    const size_t equals = arg.find('=');
+    if (absl::StartsWith(arg, "--") && equals != std::string::npos) {
+      value = arg.substr(equals + 1);
+      arg = arg.substr(0, equals);
+    }
+    auto known = kKnownOptions.find(arg);
+    if (known == kKnownOptions.end()) {
+      if (absl::StartsWith(arg, "-") && arg != "-") {
+        *error = absl::StrCat("unknown option ", arg);
+        return std::nullopt;
+      }
+      args.positional.push_back(arg);
+      continue;
+    }
+    if (known->second && equals == std::string::npos) {
+      if (i + 1 >= argc) {
+        *error = absl::StrCat(arg, " needs a value");
+        return std::nullopt;
+      }
+      value = argv[++i];
+    }
+    args.options[arg] = value;
+  }
+  return args;
+}
+
+int ExitFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return kOk;
+    case absl::StatusCode::kCancelled: return kCancelled;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists: return kRejected;
+    case absl::StatusCode::kAborted: return kJobFailed;
+    default: return kServerError;
+  }
+}
+
+int Report(const absl::Status& status) {
+  std::cerr << "onnxopt: " << absl::StatusCodeToString(status.code()) << ": " << status.message() << std::endl;
+  return ExitFor(status);
+}
+
+int ExitForJob(const onnxopt::v1::Job& job) {
+  switch (job.state()) {
+    case onnxopt::v1::SUCCEEDED: return kOk;
+    case onnxopt::v1::CANCELLED: return kCancelled;
+    default: return kJobFailed;
+  }
+}
+
+absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
+  if (!args.Has("--config")) return onnxopt::v1::OptimizationConfig();
+  return onnxopt::client::LoadConfigFile(args.Get("--config"));
+}
+
+// A status line that rewrites itself on a terminal and prints one line per change otherwise.
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(isatty(STDERR_FILENO)) {}
+  ~ProgressLine() { Done(); }
+  void Show(const std::string& text) {
+    if (text == last_) return;
+    last_ = text;
+    if (tty_) {
+      std::cerr << "\r\033[K" << text << std::flush;
+      open_ = true;
+    } else {
+      std::cerr << text << std::endl;
+    }
+  }
+  void Done() {
+    if (open_) std::cerr << std::endl;
+    open_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool open_ = false;
+  std::string last_;
+};
+
+// Downloads the model (and any data files next to it) to `out`, and the report beside it.
+absl::Status DownloadResult(Client& client, const onnxopt::v1::Job& job, const fs::path& out, fs::path* report_path) {
+  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::error_code error;
+  fs::create_directories(dir, error);
+  for (const auto& artifact : job.result().artifacts()) {
+    if (artifact.name() == "report.json") continue;
+    const fs::path target = artifact.name() == "model.onnx" ? out : dir / artifact.name();
+    absl::Status status = client.Download(job.name(), artifact.name(), target);
+    if (!status.ok()) return status;
+  }
+  *report_path = out;
+  *report_path += ".report.json";
+  return client.Download(job.name(), "report.json", *report_path);
+}
+
+int Follow(Client& client, const std::string& name, const fs::path& out) {
+  ProgressLine line;
+  auto final_job = client.WatchJob(name, [&](const onnxopt::v1::Job& job) {
+    line.Show(absl::StrCat(name, "  ", onnxopt::client::FormatProgressLine(job)));
+  });
+  line.Done();
+  if (!final_job.ok()) return Report(final_job.status());
+  if (final_job->state() != onnxopt::v1::SUCCEEDED) {
+    std::cerr << onnxopt::client::FormatJob(*final_job);
+    return ExitForJob(*final_job);
+  }
+  fs::path report_path;
+  absl::Status downloaded = DownloadResult(client, *final_job, out, &report_path);
+  if (!downloaded.ok()) return Report(downloaded);
+  const auto& result = final_job->result();
+  std::cout << "optimized model: " << out.string() << "\n"
+            << "report:          " << report_path.string() << "\n"
+            << absl::StrFormat("nodes %d -> %d, parity %s, speedup %.3fx", result.nodes_before(), result.nodes_after(),
+                               result.parity_passed() ? "passed" : "not checked", result.speedup())
+            << std::endl;
+  return kOk;
+}
+
+int Submit(Client& client, const Args& args) {
+  if (args.positional.size() != 2) return (std::cerr << "usage: onnxopt submit MODEL [options]\n", kUsage);
+  const fs::path model = args.positional[1];
+  auto config = ConfigFrom(args);
+  if (!config.ok()) return Report(config.status());
+  ProgressLine line;
+  auto reference = client.UploadModel(model, [&](int64_t done, int64_t total) {
+    line.Show(absl::StrFormat("uploading %.1f / %.1f MiB", done / 1048576.0, total / 1048576.0));
+  });
+  line.Done();
+  if (!reference.ok()) return Report(reference.status());
+  auto job = client.CreateJob(*reference, *config, args.Get("--request-id"));
+  if (!job.ok()) return Report(job.status());
+  std::cout << job->name() << std::endl;
+  if (!args.Has("--wait") && !args.Has("-o")) return kOk;
+  fs::path out = args.Has("-o") ? fs::path(args.Get("-o")) : fs::path(model.stem().string() + ".optimized.onnx");
+  return Follow(client, job->name(), out);
+}
+
+int Local(const Args& args) {
+  const std::string& command = args.positional[0];
+  auto config = ConfigFrom(args);
+  if (!config.ok()) return Report(config.status());
+  if (command == "optimize") {
+    if (args.positional.size() != 2 || !args.Has("-o")) {
+      return (std::cerr << "usage: onnxopt optimize MODEL -o OUT.onnx [--config FILE]\n", kUsage);
+    }
+    const fs::path out = args.Get("-o");
+    const fs::path work = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    const fs::path staging = work / (".onnxopt-" + std::to_string(::getpid()));
+    onnxopt::OptimizeRequest request;
+    request.model_path = args.positional[1];
+    request.output_dir = staging;
+    request.config = *config;
+    ProgressLine line;
+    request.on_progress = [&](onnxopt::Phase, const std::string& pass, int done, int total) {
+      if (!pass.empty()) line.Show(absl::StrCat("pass ", done + 1, "/", total, " ", pass));
+    };
+    onnxopt::v1::Report report;
+    auto result = onnxopt::Optimize(request, &report);
+    line.Done();
+    std::error_code error;
+    if (result.ok()) {
+      for (const auto& file : result->files) {
+        const fs::path target = file.filename() == "model.onnx" ? out : work / file.filename();
+        fs::rename(file, target, error);
+        if (error) break;
+      }
+    }
+    fs::remove_all(staging, error);
+    std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
+    if (!result.ok()) return Report(result.status());
+    std::cout << "optimized model: " << out.string() << std::endl;
+    return kOk;
+  }
+  // compare
+  if (args.positional.size() != 3) return (std::cerr << "usage: onnxopt compare ORIGINAL OPTIMIZED\n", kUsage);
+  auto original = onnxopt::LoadModel(args.positional[1]);
+  if (!original.ok()) return Report(original.status());
+  auto optimized = onnxopt::LoadModel(args.positional[2]);
+  if (!optimized.ok()) return Report(optimized.status());
+  onnxopt::SessionSettings settings;
+  auto original_session = onnxopt::CreateSession({original->SerializeAsString(), {}}, settings);
+  if (!original_session.ok()) return Report(original_session.status());
+  auto optimized_session = onnxopt::CreateSession({optimized->SerializeAsString(), {}}, settings);
+  if (!optimized_session.ok()) return Report(optimized_session.status());
+  onnxopt::v1::Report report;
+  report.set_job("compare");
+  absl::Status status = onnxopt::CheckParity(**original_session, **optimized_session, *original, config->validation(),
+                                             nullptr, report.mutable_parity());
+  if (!status.ok()) return Report(status);
+  report.mutable_benchmark()->set_skipped(true);
+  std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report.parity()) : onnxopt::client::FormatReport(report));
+  return report.parity().passed() ? kOk : kJobFailed;
+}
+
+int Run(const Args& args) {
+  const std::string& command = args.positional[0];
+  if (command == "optimize" || command == "compare") return Local(args);
+  const char* env_server = std::getenv("ONNXOPT_SERVER");
+  Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"));
+  const bool json = args.Has("--json");
+  auto need_job = [&]() -> std::optional<std::string> {
+    if (args.positional.size() != 2) return std::nullopt;
+    return args.positional[1];
+  };
+  if (command == "submit") return Submit(client, args);
+  if (command == "status" || command == "cancel" || command == "watch" || command == "report" || command == "download") {
+    std::optional<std::string> name = need_job();
+    if (!name) return (std::cerr << "usage: onnxopt " << command << " JOB\n", kUsage);
+    if (command == "status" || command == "cancel") {
+      auto job = command == "status" ? client.GetJob(*name) : client.CancelJob(*name);
+      if (!job.ok()) return Report(job.status());
+      std::cout << (json ? onnxopt::client::ToJson(*job) : onnxopt::client::FormatJob(*job));
+      return kOk;
+    }
+    if (command == "watch") {
+      auto job = client.WatchJob(*name, [&](const onnxopt::v1::Job& event) {
+        std::cout << (json ? onnxopt::client::ToJson(event) : onnxopt::client::FormatProgressLine(event) + "\n") << std::flush;
+      });
+      if (!job.ok()) return Report(job.status());
+      return ExitForJob(*job);
+    }
+    if (command == "report") {
+      auto report = client.GetReport(*name);
+      if (!report.ok()) return Report(report.status());
+      std::cout << (json ? onnxopt::client::ToJson(*report) : onnxopt::client::FormatReport(*report));
+      return kOk;
+    }
+    // download
+    auto job = client.GetJob(*name);
+    if (!job.ok()) return Report(job.status());
+    const std::string artifact = args.Get("--artifact", "model.onnx");
+    if (artifact == "model.onnx") {
+      if (job->state() != onnxopt::v1::SUCCEEDED) {
+        return Report(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", *name, " is ",
+                                                                 onnxopt::v1::JobState_Name(job->state()))));
+      }
+      const fs::path out = args.Get("-o", "model.optimized.onnx");
+      fs::path report_path;
+      absl::Status status = DownloadResult(client, *job, out, &report_path);
+      if (!status.ok()) return Report(status);
+      std::cout << "optimized model: " << out.string() << "\nreport:          " << report_path.string() << std::endl;
+      return kOk;
+    }
+    const fs::path out = args.Get("-o", artifact);
+    absl::Status status = client.Download(*name, artifact, out);
+    if (!status.ok()) return Report(status);
+    std::cout << out.string() << std::endl;
+    return kOk;
+  }
+  if (command == "list") {
+    onnxopt::v1::JobState state = onnxopt::v1::JOB_STATE_UNSPECIFIED;
+    if (args.Has("--state") && !onnxopt::v1::JobState_Parse(absl::AsciiStrToUpper(args.Get("--state")), &state)) {
+      return (std::cerr << "onnxopt: unknown state " << args.Get("--state") << "\n", kUsage);
+    }
+    int page_size = 0;
+    if (args.Has("--page-size") && !absl::SimpleAtoi(args.Get("--page-size"), &page_size)) {
+      return (std::cerr << "onnxopt: --page-size needs a number\n", kUsage);
+    }
+    auto page = client.ListJobs(state, page_size, args.Get("--page-token"));
+    if (!page.ok()) return Report(page.status());
+    if (json) {
+      std::cout << onnxopt::client::ToJson(*page);
+      return kOk;
+    }
+    for (const auto& job : page->jobs()) {
+      std::cout << absl::StrFormat("%-26s %-40s %s\n", job.name(), onnxopt::client::FormatProgressLine(job),
+                                   job.model().display_name());
+    }
+    if (!page->next_page_token().empty()) std::cout << "next page: --page-token " << page->next_page_token() << "\n";
+    return kOk;
+  }
+  if (command == "passes") {
+    auto passes = client.ListPasses();
+    if (!passes.ok()) return Report(passes.status());
+    if (json) {
+      std::cout << onnxopt::client::ToJson(*passes);
+      return kOk;
+    }
+    for (const auto& pass : passes->passes()) std::cout << absl::StrFormat("%-32s %s\n", pass.name(), pass.description());
+    std::cout << "\npresets:\n";
+    for (const auto& preset : passes->presets()) std::cout << absl::StrFormat("  %-10s %s\n", preset.name(), preset.description());
+    return kOk;
+  }
+  if (command == "info") {
+    auto info = client.GetServerInfo();
+    if (!info.ok()) return Report(info.status());
+    if (json) {
+      std::cout << onnxopt::client::ToJson(*info);
+      return kOk;
+    }
+    std::cout << "onnxopt-server " << info->version() << "\nONNX Runtime   " << info->onnxruntime_version()
+              << "\nonnx           " << info->onnx_version() << " (checker knows opsets up to " << info->max_opset()
+              << ")\nproviders      " << absl::StrJoin(info->execution_providers(), ", ") << "\nworkers        "
+              << info->workers() << ", queue capacity " << info->queue_capacity() << "\ndraining       "
+              << (info->draining() ? "yes" : "no") << std::endl;
+    return kOk;
+  }
+  std::cerr << "onnxopt: unknown command '" << command << "'\n\n" << kUsageText;
+  return kUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string error;
+  std::optional<Args> args = ParseArgs(argc, argv, &error);
+  if (!args) {
+    std::cerr << "onnxopt: " << error << "\n\n" << kUsageText;
+    return kUsage;
+  }
+  if (args->Has("--help") || args->Has("-h") || args->positional.empty()) {
+    std::cout << kUsageText;
+    return args->positional.empty() && !args->Has("--help") && !args->Has("-h") ? kUsage : kOk;
+  }
+  try {
+    return Run(*args);
+  } catch (const std::exception& e) {
+    std::cerr << "onnxopt: internal error: " << e.what() << std::endl;
+    return kServerError;
+  }
+}

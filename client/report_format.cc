@@ -1,0 +1,156 @@
+#include "client/report_format.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace onnxopt::client {
+namespace {
+
+std::string Bytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
+  if (bytes >= (1 << 20)) return absl::StrFormat("%.2f MiB", bytes / double(1 << 20));
+  if (bytes >= (1 << 10)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  return absl::StrCat(bytes, " B");
+}
+
+std::string PhaseName(v1::JobPhase phase) {
+  std::string name(absl::StripPrefix(v1::JobPhase_Name(phase), "PHASE_"));
+  return absl::AsciiStrToLower(name);
+}
+
+std::string Latency(const v1::LatencyStats& stats) {
+  return absl::StrFormat("%9.3f %9.3f %9.3f %9.3f %8.3f %6d", stats.p50_ms(), stats.p90_ms(), stats.p99_ms(),
+                         stats.mean_ms(), stats.stddev_ms(), stats.runs());
+}
+
+}  // namespace
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+std::string FormatProgressLine(const v1::Job& job) {
+  std::string line = absl::StrFormat("%-9s", v1::JobState_Name(job.state()));
+  if (job.state() == v1::RUNNING) {
+    absl::StrAppend(&line, " ", PhaseName(job.progress().phase()));
+    if (!job.progress().current_pass().empty()) {
+      absl::StrAppend(&line, "  pass ", job.progress().passes_done() + 1, "/", job.progress().passes_total(), " ",
+                      job.progress().current_pass());
+    }
+  }
+  return line;
+}
+
+std::string FormatJob(const v1::Job& job) {
+  using google::protobuf::util::TimeUtil;
+  std::string out = absl::StrCat("job      ", job.name(), "\nstate    ", FormatProgressLine(job), "\n");
+  absl::StrAppend(&out, "model    ", job.model().display_name(), " (sha256 ", job.model().sha256().substr(0, 12), "…)\n");
+  if (job.has_create_time()) absl::StrAppend(&out, "created  ", TimeUtil::ToString(job.create_time()), "\n");
+  if (job.has_start_time() && job.has_end_time()) {
+    absl::StrAppend(&out, "took     ",
+                    absl::StrFormat("%.2f s", TimeUtil::DurationToMilliseconds(job.end_time() - job.start_time()) / 1000.0),
+                    "\n");
+  }
+  if (job.has_error()) {
+    absl::StrAppend(&out, "error    ", job.error().reason(), ": ", job.error().message(), "\n");
+  }
+  if (job.has_result()) {
+    const auto& result = job.result();
+    absl::StrAppend(&out, "nodes    ", result.nodes_before(), " -> ", result.nodes_after(), "\n");
+    absl::StrAppend(&out, "parity   ", result.parity_passed() ? "passed" : "not checked", "\n");
+    if (result.speedup() > 0) absl::StrAppend(&out, "speedup  ", absl::StrFormat("%.3fx", result.speedup()), "\n");
+    for (const auto& artifact : result.artifacts()) {
+      absl::StrAppend(&out, "artifact ", absl::StrFormat("%-20s %12s", artifact.name(), Bytes(artifact.size())), "\n");
+    }
+  }
+  return out;
+}
+
+std::string FormatReport(const v1::Report& report) {
+  std::string out;
+  absl::StrAppend(&out, "Report for ", report.job().empty() ? "local run" : report.job(), " (onnxopt ",
+                  report.optimizer_version(), ", ", absl::StrFormat("%.2f s", report.total_seconds()), ")\n\n");
+  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "model", "original", "optimized"));
+  absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "nodes", report.original().nodes(), report.optimized().nodes()));
+  absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "initializers", report.original().initializers(),
+                                        report.optimized().initializers()));
+  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "size", Bytes(report.original().model_bytes()),
+                                        Bytes(report.optimized().model_bytes())));
+
+  std::set<std::string> ops;
+  for (const auto& op : report.original().op_histogram()) ops.insert(op.first);
+  for (const auto& op : report.optimized().op_histogram()) ops.insert(op.first);
+  std::vector<std::string> changed;
+  for (const auto& op : ops) {
+    const auto b = report.original().op_histogram().find(op);
+    const auto a = report.optimized().op_histogram().find(op);
+    const int64_t before = b == report.original().op_histogram().end() ? 0 : b->second;
+    const int64_t after = a == report.optimized().op_histogram().end() ? 0 : a->second;
+    if (before != after) changed.push_back(absl::StrCat(op, " ", before, "->", after));
+  }
+  if (!changed.empty()) absl::StrAppend(&out, "op changes   ", absl::StrJoin(changed, ", "), "\n");
+
+  if (report.passes_size() > 0) {
+    absl::StrAppend(&out, "\n", absl::StrFormat("%-32s %4s %10s %14s %8s  %s\n", "pass", "iter", "time ms", "nodes",
+                                                "rewrites", "skipped"));
+    for (const auto& pass : report.passes()) {
+      std::vector<std::string> skipped;
+      for (const auto& skip : pass.skipped()) skipped.push_back(absl::StrCat(skip.count(), "x ", skip.reason()));
+      absl::StrAppend(&out, absl::StrFormat("%-32s %4d %10.3f %6d -> %-6d %8d  %s\n", pass.name(), pass.iteration(),
+                                            pass.duration_seconds() * 1000, pass.nodes_before(), pass.nodes_after(),
+                                            pass.rewrites(), absl::StrJoin(skipped, "; ")));
+    }
+  }
+
+  absl::StrAppend(&out, "\nparity: ");
+  if (report.parity().skipped()) {
+    absl::StrAppend(&out, "skipped\n");
+  } else {
+    absl::StrAppend(&out, report.parity().passed() ? "PASSED" : "FAILED", " (seed ", report.parity().seed(), ")\n");
+    std::vector<std::string> shapes;
+    for (const auto& shape : report.parity().input_shapes()) shapes.push_back(absl::StrCat(shape.first, "=", shape.second));
+    if (!shapes.empty()) absl::StrAppend(&out, "inputs: ", absl::StrJoin(shapes, ", "), "\n");
+    absl::StrAppend(&out, absl::StrFormat("%-24s %6s %12s %12s %10s  %s\n", "output", "sample", "max abs err",
+                                          "max rel err", "mismatch", "verdict"));
+    for (const auto& output : report.parity().outputs()) {
+      absl::StrAppend(&out, absl::StrFormat("%-24s %6d %12.3e %12.3e %9.4f%%  %s%s\n", output.name(), output.sample(),
+                                            output.max_abs_error(), output.max_rel_error(),
+                                            output.mismatch_fraction() * 100, output.passed() ? "ok" : "FAIL",
+                                            output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
+    }
+  }
+
+  absl::StrAppend(&out, "\nbenchmark: ");
+  const auto& benchmark = report.benchmark();
+  if (benchmark.skipped() || benchmark.original().runs() == 0) {
+    absl::StrAppend(&out, benchmark.skipped() ? "skipped\n" : "not run\n");
+  } else {
+    absl::StrAppend(&out, benchmark.device(), ", ", benchmark.execution_provider(), ", ONNX Runtime ",
+                    benchmark.onnxruntime_version(), ", warm-up ", benchmark.warmup_runs(), "\n");
+    absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %8s %6s\n", "model", "p50 ms", "p90 ms", "p99 ms",
+                                          "mean ms", "std ms", "runs"));
+    absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(benchmark.original())));
+    absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "optimized", Latency(benchmark.optimized())));
+    absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
+  }
+  for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);
+  if (report.runtimes_size() > 0) absl::StrAppend(&out, "\n");
+  for (const auto& warning : report.warnings()) absl::StrAppend(&out, "warning: ", warning, "\n");
+  return out;
+}
+
+}  // namespace onnxopt::client

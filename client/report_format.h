@@ -1,0 +1,20 @@
+// Human-readable renderings of jobs and reports for the CLI; --json bypasses these.
+#ifndef ONNXOPT_CLIENT_REPORT_FORMAT_H_
+#define ONNXOPT_CLIENT_REPORT_FORMAT_H_
+
+#include <string>
+
+#include "onnxopt/v1/report.pb.h"
+#include "onnxopt/v1/service.pb.h"
+
+namespace onnxopt::client {
+
+std::string FormatReport(const v1::Report& report);
+std::string FormatJob(const v1::Job& job);
+// One line, e.g. "RUNNING  optimizing  pass 2/4 eliminate_dropout".
+std::string FormatProgressLine(const v1::Job& job);
+std::string ToJson(const google::protobuf::Message& message);
+
+}  // namespace onnxopt::client
+
+#endif  // ONNXOPT_CLIENT_REPORT_FORMAT_H_

@@ -1,0 +1,410 @@
+#include "optimizer/graph.h"
+
+#include <algorithm>
+#include <queue>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace onnxopt {
+namespace {
+
+const std::string& EmptyString() {
+  static const std::string* const kEmpty = new std::string();
+  return *kEmpty;
+}
+
+// Keeps the elements of a repeated field for which keep(element) is true, in their order.
+template <typename T, typename Keep>
+void CompactRepeated(google::protobuf::RepeatedPtrField<T>* field, Keep keep) {
+  int write = 0;
+  for (int read = 0; read < field->size(); ++read) {
+    if (!keep(field->Get(read))) continue;
+    if (write != read) field->SwapElements(write, read);
+    ++write;
+  }
+  while (field->size() > write) field->RemoveLast();
+}
+
+}  // namespace
+
+const std::string& Node::domain() const {
+  if (proto_.domain() == "ai.onnx") return EmptyString();
+  return proto_.domain();
+}
+
+const onnx::AttributeProto* Node::FindAttribute(absl::string_view name) const {
+  for (const auto& attribute : proto_.attribute()) {
+    if (attribute.name() == name) return &attribute;
+  }
+  return nullptr;
+}
+
+int64_t Node::GetAttributeInt(absl::string_view name, int64_t default_value) const {
+  const onnx::AttributeProto* attribute = FindAttribute(name);
+  return attribute != nullptr ? attribute->i() : default_value;
+}
+
+float Node::GetAttributeFloat(absl::string_view name, float default_value) const {
+  const onnx::AttributeProto* attribute = FindAttribute(name);
+  return attribute != nullptr ? attribute->f() : default_value;
+}
+
+Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
+  for (const auto& input : proto_->input()) {
+    graph_inputs_.insert(input.name());
+    used_names_.insert(input.name());
+  }
+  for (const auto& output : proto_->output()) {
+    ++graph_outputs_[output.name()];
+    used_names_.insert(output.name());
+  }
+  for (const auto& initializer : proto_->initializer()) {
+    initializers_[initializer.name()] = &initializer;
+    used_names_.insert(initializer.name());
+  }
+  for (const auto& value_info : proto_->value_info()) used_names_.insert(value_info.name());
+
+  nodes_.reserve(proto_->node_size());
+  for (int i = 0; i < proto_->node_size(); ++i) {
+    std::unique_ptr<Node> node(new Node());
+    node->proto_.Swap(proto_->mutable_node(i));
+    node->order_ = i;
+    node->sequence_ = next_sequence_++;
+    for (auto& attribute : *node->proto_.mutable_attribute()) {
+      if (attribute.has_g()) node->subgraphs_.push_back(std::make_unique<Graph>(attribute.mutable_g()));
+      for (auto& graph : *attribute.mutable_graphs()) {
+        node->subgraphs_.push_back(std::make_unique<Graph>(&graph));
+      }
+    }
+    for (const auto& subgraph : node->subgraphs_) {
+      subgraph->CollectOuterReads(&node->implicit_inputs_);
+      used_names_.insert(subgraph->used_names_.begin(), subgraph->used_names_.end());
+    }
+    IndexNode(node.get());
+    ++live_nodes_;
+    nodes_.push_back(std::move(node));
+  }
+}
+
+Graph::~Graph() = default;
+
+void Graph::CollectOuterReads(std::unordered_set<std::string>* out) const {
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    for (const auto& input : node->proto_.input()) {
+      if (!input.empty() && !IsDefinedHere(input)) out->insert(input);
+    }
+    for (const auto& implicit : node->implicit_inputs_) {
+      if (!IsDefinedHere(implicit)) out->insert(implicit);
+    }
+  }
+  for (const auto& output : proto_->output()) {
+    if (!IsDefinedHere(output.name())) out->insert(output.name());
+  }
+}
+
+bool Graph::IsDefinedHere(const std::string& value) const {
+  return producer_.count(value) > 0 || graph_inputs_.count(value) > 0 || initializers_.count(value) > 0;
+}
+
+void Graph::AddConsumer(const std::string& value, Node* node) {
+  if (!value.empty()) consumers_[value].push_back(node);
+}
+
+void Graph::RemoveConsumer(const std::string& value, Node* node) {
+  auto it = consumers_.find(value);
+  if (it == consumers_.end()) return;
+  auto& list = it->second;
+  auto position = std::find(list.begin(), list.end(), node);
+  if (position != list.end()) list.erase(position);
+  if (list.empty()) consumers_.erase(it);
+}
+
+void Graph::IndexNode(Node* node) {
+  for (const auto& output : node->proto_.output()) {
+    if (output.empty()) continue;
+    producer_[output] = node;
+    used_names_.insert(output);
+  }
+  for (const auto& input : node->proto_.input()) AddConsumer(input, node);
+  for (const auto& implicit : node->implicit_inputs_) AddConsumer(implicit, node);
+}
+
+void Graph::UnindexNode(Node* node) {
+  for (const auto& output : node->proto_.output()) {
+    auto it = producer_.find(output);
+    if (it != producer_.end() && it->second == node) {
+      producer_.erase(it);
+      dropped_values_.insert(output);
+    }
+  }
+  for (const auto& input : node->proto_.input()) RemoveConsumer(input, node);
+  for (const auto& implicit : node->implicit_inputs_) RemoveConsumer(implicit, node);
+}
+
+std::vector<Node*> Graph::Nodes() const {
+  std::vector<Node*> live;
+  live.reserve(live_nodes_);
+  for (const auto& node : nodes_) {
+    if (!node->removed_) live.push_back(node.get());
+  }
+  return live;
+}
+
+int64_t Graph::NodeCountRecursive() const {
+  int64_t count = 0;
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    ++count;
+    for (const auto& subgraph : node->subgraphs_) count += subgraph->NodeCountRecursive();
+  }
+  return count;
+}
+
+Node* Graph::Producer(const std::string& value) const {
+  auto it = producer_.find(value);
+  return it == producer_.end() ? nullptr : it->second;
+}
+
+std::vector<Node*> Graph::Consumers(const std::string& value) const {
+  std::vector<Node*> result;
+  auto it = consumers_.find(value);
+  if (it == consumers_.end()) return result;
+  for (Node* node : it->second) {
+    if (std::find(result.begin(), result.end(), node) == result.end()) result.push_back(node);
+  }
+  return result;
+}
+
+bool Graph::HasConsumers(const std::string& value) const { return consumers_.count(value) > 0; }
+
+const onnx::TensorProto* Graph::Initializer(const std::string& name) const {
+  auto it = initializers_.find(name);
+  return it == initializers_.end() ? nullptr : it->second;
+}
+
+Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
+  std::unique_ptr<Node> node(new Node());
+  node->proto_ = std::move(proto);
+  if (anchor != nullptr) {
+    node->order_ = after ? anchor->order_ : anchor->order_ - 0.5;
+  } else {
+    node->order_ = nodes_.empty() ? 0 : nodes_.back()->order_ + 1;
+  }
+  node->sequence_ = next_sequence_++;
+  for (auto& attribute : *node->proto_.mutable_attribute()) {
+    if (attribute.has_g()) node->subgraphs_.push_back(std::make_unique<Graph>(attribute.mutable_g()));
+    for (auto& graph : *attribute.mutable_graphs()) node->subgraphs_.push_back(std::make_unique<Graph>(&graph));
+  }
+  for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
+  IndexNode(node.get());
+  ++live_nodes_;
+  changed_ = true;
+  nodes_.push_back(std::move(node));
+  return nodes_.back().get();
+}
+
+void Graph::RemoveNode(Node* node) {
+  if (node->removed_) return;
+  UnindexNode(node);
+  node->removed_ = true;
+  --live_nodes_;
+  changed_ = true;
+}
+
+void Graph::SetInput(Node* node, int index, const std::string& value) {
+  RemoveConsumer(node->proto_.input(index), node);
+  node->proto_.set_input(index, value);
+  AddConsumer(value, node);
+  changed_ = true;
+}
+
+void Graph::RenameInSubgraphs(Node* node, const std::string& from, const std::string& to) {
+  for (const auto& subgraph : node->subgraphs_) subgraph->RenameOuterUse(from, to);
+}
+
+void Graph::ReplaceAllUsesWith(const std::string& from, const std::string& to) {
+  if (from == to) return;
+  for (Node* node : Consumers(from)) {
+    for (int i = 0; i < node->proto_.input_size(); ++i) {
+      if (node->proto_.input(i) == from) node->proto_.set_input(i, to);
+    }
+    if (node->implicit_inputs_.erase(from) > 0) {
+      node->implicit_inputs_.insert(to);
+      RenameInSubgraphs(node, from, to);
+    }
+  }
+  auto it = consumers_.find(from);
+  if (it != consumers_.end()) {
+    auto& target = consumers_[to];
+    target.insert(target.end(), it->second.begin(), it->second.end());
+    consumers_.erase(from);
+  }
+  changed_ = true;
+}
+
+void Graph::RenameOuterUse(const std::string& from, const std::string& to) {
+  ReplaceAllUsesWith(from, to);
+  auto it = graph_outputs_.find(from);
+  if (it != graph_outputs_.end()) {
+    for (auto& output : *proto_->mutable_output()) {
+      if (output.name() == from) output.set_name(to);
+    }
+    graph_outputs_[to] += it->second;
+    graph_outputs_.erase(from);
+  }
+}
+
+absl::Status Graph::RenameValue(const std::string& from, const std::string& to) {
+  Node* producer = Producer(from);
+  if (producer == nullptr || IsGraphInput(from) || Initializer(from) != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot rename '", from, "': not a node output of this graph"));
+  }
+  if (IsDefinedHere(to)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot rename '", from, "' to '", to, "': name in use"));
+  }
+  for (int i = 0; i < producer->proto_.output_size(); ++i) {
+    if (producer->proto_.output(i) == from) producer->proto_.set_output(i, to);
+  }
+  producer_.erase(from);
+  producer_[to] = producer;
+  used_names_.insert(to);
+  ReplaceAllUsesWith(from, to);
+  auto it = graph_outputs_.find(from);
+  if (it != graph_outputs_.end()) {
+    for (auto& output : *proto_->mutable_output()) {
+      if (output.name() == from) output.set_name(to);
+    }
+    graph_outputs_[to] += it->second;
+    graph_outputs_.erase(from);
+  }
+  // Keep the type information of `from` under its new name unless `to` already has its own.
+  bool to_has_info = false;
+  for (const auto& value_info : proto_->value_info()) to_has_info |= value_info.name() == to;
+  if (!to_has_info) {
+    for (auto& value_info : *proto_->mutable_value_info()) {
+      if (value_info.name() == from) value_info.set_name(to);
+    }
+  } else {
+    dropped_values_.insert(from);
+  }
+  changed_ = true;
+  return absl::OkStatus();
+}
+
+void Graph::RemoveInitializer(const std::string& name) {
+  if (initializers_.erase(name) == 0) return;
+  removed_initializers_.insert(name);
+  changed_ = true;
+}
+
+const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
+  onnx::TensorProto* added = proto_->add_initializer();
+  *added = std::move(tensor);
+  removed_initializers_.erase(added->name());
+  initializers_[added->name()] = added;
+  used_names_.insert(added->name());
+  changed_ = true;
+  return added;
+}
+
+void Graph::ForEachGraph(const std::function<void(Graph&)>& fn) {
+  fn(*this);
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    for (const auto& subgraph : node->subgraphs_) subgraph->ForEachGraph(fn);
+  }
+}
+
+std::string Graph::UniqueName(absl::string_view hint) {
+  std::string candidate;
+  do {
+    candidate = absl::StrCat(hint, "_onnxopt_", unique_counter_++);
+  } while (used_names_.count(candidate) > 0);
+  used_names_.insert(candidate);
+  return candidate;
+}
+
+std::vector<Node*> Graph::TopologicalOrder() const {
+  using Key = std::tuple<double, uint64_t, Node*>;
+  std::unordered_map<const Node*, int> pending_inputs;
+  std::unordered_map<const Node*, std::vector<Node*>> dependents;
+  auto ready = std::priority_queue<Key, std::vector<Key>, std::greater<Key>>();
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    std::unordered_set<const Node*> producers;
+    auto add_dependency = [&](const std::string& value) {
+      Node* producer = Producer(value);
+      if (producer != nullptr && producer != node.get() && producers.insert(producer).second) {
+        dependents[producer].push_back(node.get());
+      }
+    };
+    for (const auto& input : node->proto_.input()) add_dependency(input);
+    for (const auto& implicit : node->implicit_inputs_) add_dependency(implicit);
+    pending_inputs[node.get()] = static_cast<int>(producers.size());
+    if (producers.empty()) ready.emplace(node->order_, node->sequence_, node.get());
+  }
+  std::vector<Node*> order;
+  order.reserve(live_nodes_);
+  while (!ready.empty()) {
+    Node* node = std::get<2>(ready.top());
+    ready.pop();
+    order.push_back(node);
+    auto it = dependents.find(node);
+    if (it == dependents.end()) continue;
+    for (Node* dependent : it->second) {
+      if (--pending_inputs[dependent] == 0) ready.emplace(dependent->order_, dependent->sequence_, dependent);
+    }
+  }
+  return order;
+}
+
+absl::Status Graph::Commit() {
+  if (committed_) return absl::FailedPreconditionError("graph already committed");
+  committed_ = true;
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    for (const auto& subgraph : node->subgraphs_) {
+      absl::Status status = subgraph->Commit();
+      if (!status.ok()) return status;
+    }
+  }
+  if (!changed_) {
+    // Untouched: every node goes back to the slot it came from.
+    for (size_t i = 0; i < nodes_.size(); ++i) proto_->mutable_node(static_cast<int>(i))->Swap(&nodes_[i]->proto_);
+    return absl::OkStatus();
+  }
+  std::vector<Node*> order = TopologicalOrder();
+  if (static_cast<int64_t>(order.size()) != live_nodes_) {
+    return absl::InternalError(absl::StrCat("graph '", proto_->name(), "' has a cycle after rewriting"));
+  }
+  proto_->clear_node();
+  proto_->mutable_node()->Reserve(static_cast<int>(order.size()));
+  for (Node* node : order) proto_->add_node()->Swap(&node->proto_);
+  if (!removed_initializers_.empty()) {
+    CompactRepeated(proto_->mutable_initializer(), [&](const onnx::TensorProto& tensor) {
+      return removed_initializers_.count(tensor.name()) == 0 || initializers_.count(tensor.name()) > 0;
+    });
+  }
+  // value_info of values that a pass removed is stale; everything else stays as it was.
+  CompactRepeated(proto_->mutable_value_info(), [&](const onnx::ValueInfoProto& info) {
+    const bool dropped = dropped_values_.count(info.name()) > 0 || removed_initializers_.count(info.name()) > 0;
+    return !dropped || IsDefinedHere(info.name());
+  });
+  return absl::OkStatus();
+}
+
+int64_t CountNodes(const onnx::GraphProto& graph) {
+  int64_t count = graph.node_size();
+  for (const auto& node : graph.node()) {
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.has_g()) count += CountNodes(attribute.g());
+      for (const auto& subgraph : attribute.graphs()) count += CountNodes(subgraph);
+    }
+  }
+  return count;
+}
+
+}  // namespace onnxopt

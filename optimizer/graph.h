@@ -1,0 +1,153 @@
+// Graph IR over onnx::GraphProto.
+//
+// A Graph takes the nodes of a GraphProto into Node objects while it is being edited and keeps
+// producer/consumer indexes, so that a rewrite costs the size of the rewrite, not of the graph.
+// Commit() writes the nodes back. The IR is lossless: everything a pass does not touch (metadata,
+// doc strings, value_info, unknown fields, other domains) comes out as it went in, and a graph no pass
+// edited is written back byte-identical, in its original order. Edited graphs are written in a stable
+// topological order: untouched nodes keep their relative order and new nodes sit where they were
+// anchored.
+//
+// Subgraphs (If/Loop/Scan bodies, any graph-valued attribute) are Graphs too, owned by their Node.
+// Values a subgraph reads from an outer scope are "implicit inputs" of the node that owns it, so the
+// outer graph counts that node as their consumer and renames reach into the subgraph.
+#ifndef ONNXOPT_OPTIMIZER_GRAPH_H_
+#define ONNXOPT_OPTIMIZER_GRAPH_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "onnx/onnx_pb.h"
+
+namespace onnxopt {
+
+class Graph;
+
+class Node {
+ public:
+  const onnx::NodeProto& proto() const { return proto_; }
+  const std::string& op_type() const { return proto_.op_type(); }
+  // "" for the default ONNX domain ("ai.onnx" is normalized to "").
+  const std::string& domain() const;
+  const std::string& name() const { return proto_.name(); }
+  int input_size() const { return proto_.input_size(); }
+  int output_size() const { return proto_.output_size(); }
+  // Optional inputs/outputs may be "" (absent).
+  const std::string& input(int i) const { return proto_.input(i); }
+  const std::string& output(int i) const { return proto_.output(i); }
+  bool removed() const { return removed_; }
+  const std::vector<std::unique_ptr<Graph>>& subgraphs() const { return subgraphs_; }
+  // Outer-scope values read by this node's subgraphs.
+  const std::unordered_set<std::string>& implicit_inputs() const { return implicit_inputs_; }
+
+  const onnx::AttributeProto* FindAttribute(absl::string_view name) const;
+  int64_t GetAttributeInt(absl::string_view name, int64_t default_value) const;
+  float GetAttributeFloat(absl::string_view name, float default_value) const;
+
+ private:
+  friend class Graph;
+  Node() = default;
+
+  onnx::NodeProto proto_;
+  // Position for emission: original index for loaded nodes, the anchor's for added ones;
+  // sequence breaks ties so that nodes added later come later.
+  double order_ = 0;
+  uint64_t sequence_ = 0;
+  bool removed_ = false;
+  std::vector<std::unique_ptr<Graph>> subgraphs_;
+  std::unordered_set<std::string> implicit_inputs_;
+};
+
+class Graph {
+ public:
+  // Takes the nodes out of `proto` (which must outlive the Graph) until Commit().
+  explicit Graph(onnx::GraphProto* proto);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Writes nodes (and those of every subgraph) back into the GraphProto; drops removed initializers
+  // and value_info of values that no longer exist. The Graph must not be used afterwards.
+  absl::Status Commit();
+
+  const onnx::GraphProto& proto() const { return *proto_; }
+  onnx::GraphProto* mutable_proto() { return proto_; }
+
+  // Live nodes in their current order (removed ones are skipped). Safe to iterate while removing.
+  std::vector<Node*> Nodes() const;
+  int64_t NodeCount() const { return live_nodes_; }
+  // Nodes of this graph and all its subgraphs.
+  int64_t NodeCountRecursive() const;
+
+  Node* Producer(const std::string& value) const;
+  // Nodes that read `value`, explicitly or through a subgraph; one entry per node.
+  std::vector<Node*> Consumers(const std::string& value) const;
+  bool HasConsumers(const std::string& value) const;
+  bool IsGraphInput(const std::string& value) const { return graph_inputs_.count(value) > 0; }
+  bool IsGraphOutput(const std::string& value) const { return graph_outputs_.count(value) > 0; }
+  const onnx::TensorProto* Initializer(const std::string& name) const;
+  // A value defined in this graph (node output, graph input or initializer), not an outer one.
+  bool IsDefinedHere(const std::string& value) const;
+
+  // Adds a node ordered next to `anchor` (after it if `after`, else before); nullptr: at the end.
+  Node* AddNode(onnx::NodeProto proto, const Node* anchor = nullptr, bool after = true);
+  void RemoveNode(Node* node);
+  // Points every consumer of `from` (in this graph and, through implicit inputs, its subgraphs) at
+  // `to`. Graph outputs are not renamed: callers decide what to do with those.
+  void ReplaceAllUsesWith(const std::string& from, const std::string& to);
+  // Renames the value `from` everywhere it appears: its producer, consumers and graph outputs.
+  // Fails if `from` is a graph input, an initializer, or comes from an outer scope.
+  absl::Status RenameValue(const std::string& from, const std::string& to);
+  void RemoveInitializer(const std::string& name);
+  // Appends an initializer to the GraphProto and indexes it; the name must be new.
+  const onnx::TensorProto* AddInitializer(onnx::TensorProto tensor);
+  // Sets input i of `node` and keeps the indexes right.
+  void SetInput(Node* node, int index, const std::string& value);
+
+  // Calls fn on this graph and then every subgraph, depth first.
+  void ForEachGraph(const std::function<void(Graph&)>& fn);
+  // A name not yet used in this graph, starting with `hint`.
+  std::string UniqueName(absl::string_view hint);
+  bool changed() const { return changed_; }
+
+ private:
+  void IndexNode(Node* node);
+  void UnindexNode(Node* node);
+  void AddConsumer(const std::string& value, Node* node);
+  void RemoveConsumer(const std::string& value, Node* node);
+  void RenameInSubgraphs(Node* node, const std::string& from, const std::string& to);
+  // Renames uses of an outer value inside this (sub)graph.
+  void RenameOuterUse(const std::string& from, const std::string& to);
+  void CollectOuterReads(std::unordered_set<std::string>* out) const;
+  std::vector<Node*> TopologicalOrder() const;
+
+  onnx::GraphProto* proto_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  int64_t live_nodes_ = 0;
+  uint64_t next_sequence_ = 0;
+  bool changed_ = false;
+  bool committed_ = false;
+  std::unordered_map<std::string, Node*> producer_;
+  std::unordered_map<std::string, std::vector<Node*>> consumers_;
+  std::unordered_set<std::string> graph_inputs_;
+  std::unordered_map<std::string, int> graph_outputs_;  // name -> times listed
+  std::unordered_map<std::string, const onnx::TensorProto*> initializers_;
+  std::unordered_set<std::string> removed_initializers_;
+  std::unordered_set<std::string> dropped_values_;  // values whose producer was removed
+  std::unordered_set<std::string> used_names_;
+  uint64_t unique_counter_ = 0;
+};
+
+// Counts nodes of a ModelProto's main graph and all subgraphs without building a Graph.
+int64_t CountNodes(const onnx::GraphProto& graph);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_GRAPH_H_

@@ -1,0 +1,56 @@
+// One optimization, start to end, with no server in sight: load the model (external data confined to
+// its folder), check it, run the configured pipeline, save the result, then validate and benchmark the
+// result against the original in ONNX Runtime. The server runs this on a worker thread; the CLI's
+// `optimize` command runs it in-process.
+#ifndef ONNXOPT_OPTIMIZER_OPTIMIZE_H_
+#define ONNXOPT_OPTIMIZER_OPTIMIZE_H_
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxopt/v1/report.pb.h"
+
+namespace onnxopt {
+
+inline constexpr char kOptimizerVersion[] = "0.1.0";
+// The newest default-domain opset onnx 1.12's checker and shape inference know.
+inline constexpr int kMaxCheckedOpset = 17;
+
+enum class Phase { kLoading, kOptimizing, kSaving, kValidating, kBenchmarking };
+
+struct OptimizeRequest {
+  std::filesystem::path model_path;   // external data files sit next to it
+  std::filesystem::path output_dir;   // receives model.onnx (and model.onnx.data for big models)
+  v1::OptimizationConfig config;
+  const std::atomic<bool>* cancelled = nullptr;
+  std::function<void(Phase phase, const std::string& pass, int done, int total)> on_progress;
+};
+
+struct OptimizeResult {
+  v1::Report report;
+  std::vector<std::filesystem::path> files;  // the optimized model first
+};
+
+// Everything a config can get wrong that is knowable before running: INVALID_ARGUMENT with a reason.
+absl::Status CheckConfig(const v1::OptimizationConfig& config);
+
+// Runs the ONNX checker where onnx 1.12 knows the model's opsets; otherwise adds a warning.
+absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>* warnings);
+
+// Errors: INVALID_ARGUMENT for models that do not load or check (reason in the message), CANCELLED,
+// ABORTED (PARITY_FAILED) when the optimized model does not match the original; `report` is then
+// still filled as far as it got, so the caller can keep it.
+absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Report* partial_report = nullptr);
+
+v1::ModelSummary Summarize(const onnx::ModelProto& model, int64_t model_bytes);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_OPTIMIZE_H_

@@ -1,0 +1,72 @@
+#include "optimizer/ort_runtime.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace onnxopt {
+
+std::string OrtVersion() { return Ort::GetVersionString(); }
+
+std::vector<std::string> OrtAvailableProviders() {
+  try {
+    return Ort::GetAvailableProviders();
+  } catch (const Ort::Exception& e) {
+    return {};
+  }
+}
+
+Ort::Env& OrtEnvironment() {
+  static Ort::Env* const env = new Ort::Env(ORT_LOGGING_LEVEL_ERROR, "onnxopt");
+  return *env;
+}
+
+std::string CpuDescription() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return absl::StrCat("CPU (", absl::StripAsciiWhitespace(line.substr(colon + 1)), ")");
+    }
+  }
+  return "CPU";
+}
+
+absl::StatusOr<std::string> ProviderFor(v1::Device device) {
+  if (device != v1::DEVICE_CUDA) return std::string("CPUExecutionProvider");
+  const std::vector<std::string> providers = OrtAvailableProviders();
+  if (std::find(providers.begin(), providers.end(), "CUDAExecutionProvider") == providers.end()) {
+    return absl::FailedPreconditionError(
+        "CUDA_UNAVAILABLE: the job asks for CUDA but this server's ONNX Runtime has no CUDA execution provider "
+        "(available: CPU only); set benchmark.device to DEVICE_CPU or run the job on a GPU server");
+  }
+  return std::string("CUDAExecutionProvider");
+}
+
+absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings) {
+  absl::StatusOr<std::string> provider = ProviderFor(settings.device);
+  if (!provider.ok()) return provider.status();
+  try {
+    Ort::SessionOptions options;
+    options.SetGraphOptimizationLevel(settings.optimization_level);
+    if (settings.intra_op_threads > 0) options.SetIntraOpNumThreads(settings.intra_op_threads);
+    if (*provider == "CUDAExecutionProvider") {
+      OrtCUDAProviderOptionsV2* cuda_options = nullptr;
+      Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
+      std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
+          cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
+      options.AppendExecutionProvider_CUDA_V2(*cuda_options);
+    }
+    if (!model.path.empty()) {
+      return std::make_unique<Ort::Session>(OrtEnvironment(), model.path.c_str(), options);
+    }
+    return std::make_unique<Ort::Session>(OrtEnvironment(), model.bytes.data(), model.bytes.size(), options);
+  } catch (const Ort::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("ORT_SESSION_FAILED: ONNX Runtime cannot load the model: ", e.what()));
+  }
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,42 @@
+// ONNX Runtime, wrapped: one process-wide environment, sessions built from bytes or a path, and
+// ONNX Runtime's C++ exceptions turned into absl::Status at this boundary.
+#ifndef ONNXOPT_OPTIMIZER_ORT_RUNTIME_H_
+#define ONNXOPT_OPTIMIZER_ORT_RUNTIME_H_
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxruntime_cxx_api.h"
+
+namespace onnxopt {
+
+// A model for ONNX Runtime: serialized bytes, or a file (for models with external data).
+struct ModelSource {
+  std::string bytes;
+  std::filesystem::path path;
+};
+
+struct SessionSettings {
+  v1::Device device = v1::DEVICE_CPU;
+  int intra_op_threads = 0;  // 0: ONNX Runtime's default
+  GraphOptimizationLevel optimization_level = ORT_ENABLE_ALL;
+};
+
+std::string OrtVersion();
+std::vector<std::string> OrtAvailableProviders();
+Ort::Env& OrtEnvironment();
+// "CPU (model name)" from /proc/cpuinfo.
+std::string CpuDescription();
+// The provider that runs `device`; FAILED_PRECONDITION (CUDA_UNAVAILABLE) if this build or machine
+// has none. onnxopt never falls back to the CPU silently.
+absl::StatusOr<std::string> ProviderFor(v1::Device device);
+
+absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_ORT_RUNTIME_H_

@@ -1,0 +1,80 @@
+// What a graph pass is: a stateless object with a name, a one-line description, typed parameters and
+// RunOnGraph(). The pass manager calls RunOnGraph for the main graph and every subgraph, so a pass
+// never walks into subgraphs itself. Matching never mutates: a pass proves a pattern may fire, then
+// rewrites, and reports each match it leaves alone through PassContext::Skip with the reason.
+#ifndef ONNXOPT_OPTIMIZER_PASS_H_
+#define ONNXOPT_OPTIMIZER_PASS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "onnx/onnx_pb.h"
+#include "optimizer/graph.h"
+
+namespace onnxopt {
+
+enum class ParamType { kInt, kDouble, kBool, kString };
+absl::string_view ParamTypeName(ParamType type);
+
+struct ParamSpec {
+  std::string name;
+  ParamType type;
+  std::string default_value;  // in the text form ParamValueFromText accepts
+  std::string description;
+};
+
+using ParamValue = std::variant<int64_t, double, bool, std::string>;
+absl::StatusOr<ParamValue> ParamValueFromText(ParamType type, absl::string_view text);
+
+// Parameter values of one pass invocation, complete (defaults filled in) and type-checked.
+class PassParams {
+ public:
+  PassParams() = default;
+  explicit PassParams(std::map<std::string, ParamValue> values) : values_(std::move(values)) {}
+  int64_t GetInt(const std::string& name) const { return std::get<int64_t>(values_.at(name)); }
+  double GetDouble(const std::string& name) const { return std::get<double>(values_.at(name)); }
+  bool GetBool(const std::string& name) const { return std::get<bool>(values_.at(name)); }
+  const std::string& GetString(const std::string& name) const { return std::get<std::string>(values_.at(name)); }
+  const std::map<std::string, ParamValue>& values() const { return values_; }
+
+ private:
+  std::map<std::string, ParamValue> values_;
+};
+
+class PassContext {
+ public:
+  PassContext(const PassParams& params, const onnx::ModelProto& model);
+  const PassParams& params() const { return params_; }
+  // Opset version the model imports for `domain` ("" and "ai.onnx" are the same); 0 if none.
+  int64_t OpsetVersion(absl::string_view domain) const;
+
+  void CountRewrite(int64_t n = 1) { rewrites_ += n; }
+  void Skip(absl::string_view reason) { ++skipped_[std::string(reason)]; }
+  int64_t rewrites() const { return rewrites_; }
+  const std::map<std::string, int64_t>& skipped() const { return skipped_; }
+
+ private:
+  const PassParams& params_;
+  std::map<std::string, int64_t> opsets_;
+  int64_t rewrites_ = 0;
+  std::map<std::string, int64_t> skipped_;
+};
+
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual absl::string_view name() const = 0;
+  virtual absl::string_view description() const = 0;
+  virtual std::vector<ParamSpec> params() const { return {}; }
+  virtual absl::Status RunOnGraph(Graph& graph, PassContext& context) const = 0;
+};
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASS_H_

@@ -1,0 +1,213 @@
+#include "optimizer/pass_manager.h"
+
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "optimizer/graph.h"
+
+namespace onnxopt {
+namespace {
+
+absl::StatusOr<ParamValue> ParamFromJsonValue(const ParamSpec& spec, const google::protobuf::Value& value) {
+  const std::string where = absl::StrCat("parameter '", spec.name, "'");
+  switch (value.kind_case()) {
+    case google::protobuf::Value::kNumberValue: {
+      const double number = value.number_value();
+      if (spec.type == ParamType::kDouble) return ParamValue(number);
+      if (spec.type == ParamType::kInt && std::floor(number) == number && std::fabs(number) < 9e15) {
+        return ParamValue(static_cast<int64_t>(number));
+      }
+      break;
+    }
+    case google::protobuf::Value::kBoolValue:
+      if (spec.type == ParamType::kBool) return ParamValue(value.bool_value());
+      break;
+    case google::protobuf::Value::kStringValue: {
+      auto parsed = ParamValueFromText(spec.type, value.string_value());
+      if (parsed.ok()) return parsed;
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", parsed.status().message()));
+    }
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, " must be a ", ParamTypeName(spec.type)));
+}
+
+absl::StatusOr<PassInvocation> MakeInvocation(const PassRegistry& registry, const std::string& name,
+                                              const google::protobuf::Map<std::string, google::protobuf::Value>& given) {
+  const Pass* pass = registry.FindPass(name);
+  if (pass == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown pass '", name, "'"));
+  std::map<std::string, ParamValue> values;
+  std::set<std::string> declared;
+  for (const ParamSpec& spec : pass->params()) {
+    declared.insert(spec.name);
+    auto it = given.find(spec.name);
+    absl::StatusOr<ParamValue> value = it != given.end() ? ParamFromJsonValue(spec, it->second)
+                                                         : ParamValueFromText(spec.type, spec.default_value);
+    if (!value.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("pass '", name, "': ", value.status().message()));
+    }
+    values[spec.name] = *std::move(value);
+  }
+  for (const auto& entry : given) {
+    if (declared.count(entry.first) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pass '", name, "' has no parameter '", entry.first, "'"));
+    }
+  }
+  return PassInvocation{pass, PassParams(std::move(values))};
+}
+
+}  // namespace
+
+int Pipeline::PassCount() const {
+  int count = 0;
+  for (const auto& step : steps) count += static_cast<int>(step.passes.size());
+  return count;
+}
+
+std::string Pipeline::ToString() const {
+  std::vector<std::string> parts;
+  for (const auto& step : steps) {
+    std::vector<std::string> names;
+    for (const auto& invocation : step.passes) names.emplace_back(invocation.pass->name());
+    if (step.max_iterations > 1) {
+      parts.push_back(absl::StrCat("fixed_point(", absl::StrJoin(names, ","), ")<=", step.max_iterations));
+    } else {
+      parts.push_back(absl::StrJoin(names, ","));
+    }
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry) {
+  if (config.max_iterations() < 0 || config.max_iterations() > 100) {
+    return absl::InvalidArgumentError("max_iterations must be between 1 and 100 (0 for the default)");
+  }
+  const int max_iterations = config.max_iterations() > 0 ? config.max_iterations() : kDefaultMaxIterations;
+  Pipeline pipeline;
+  if (config.passes_size() > 0) {
+    if (!config.preset().empty()) {
+      return absl::InvalidArgumentError("give either a preset or an explicit pass list, not both");
+    }
+    for (const auto& spec : config.passes()) {
+      auto invocation = MakeInvocation(registry, spec.name(), spec.params());
+      if (!invocation.ok()) return invocation.status();
+      pipeline.steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
+    }
+    return pipeline;
+  }
+  const std::string preset_name = config.preset().empty() ? kDefaultPreset : config.preset();
+  const Preset* preset = registry.FindPreset(preset_name);
+  if (preset == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset_name, "'"));
+  const google::protobuf::Map<std::string, google::protobuf::Value> no_params;
+  PipelineStep group;
+  group.max_iterations = preset->fixed_point ? max_iterations : 1;
+  for (const std::string& name : preset->passes) {
+    auto invocation = MakeInvocation(registry, name, no_params);
+    if (!invocation.ok()) return invocation.status();
+    if (preset->fixed_point) {
+      group.passes.push_back(*std::move(invocation));
+    } else {
+      pipeline.steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
+    }
+  }
+  if (!group.passes.empty()) pipeline.steps.push_back(std::move(group));
+  return pipeline;
+}
+
+std::map<std::string, int64_t> OpHistogram(const onnx::GraphProto& graph) {
+  std::map<std::string, int64_t> histogram;
+  std::function<void(const onnx::GraphProto&)> visit = [&](const onnx::GraphProto& g) {
+    for (const auto& node : g.node()) {
+      const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
+      ++histogram[default_domain ? node.op_type() : absl::StrCat(node.domain(), "::", node.op_type())];
+      for (const auto& attribute : node.attribute()) {
+        if (attribute.has_g()) visit(attribute.g());
+        for (const auto& subgraph : attribute.graphs()) visit(subgraph);
+      }
+    }
+  };
+  visit(graph);
+  return histogram;
+}
+
+namespace {
+
+// Runs one pass over every graph of the model and records what it did.
+absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::ModelProto* model,
+                        std::vector<v1::PassReport>* reports, int64_t* rewrites) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::map<std::string, int64_t> before = OpHistogram(model->graph());
+  PassContext context(invocation.params, *model);
+  int64_t nodes_before = 0;
+  {
+    Graph graph(model->mutable_graph());
+    nodes_before = graph.NodeCountRecursive();
+    absl::Status status = absl::OkStatus();
+    graph.ForEachGraph([&](Graph& g) {
+      if (status.ok()) status = invocation.pass->RunOnGraph(g, context);
+    });
+    // Commit even after a failure so the model is whole; then report the failure.
+    absl::Status committed = graph.Commit();
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("pass '", invocation.pass->name(), "': ", status.message()));
+    }
+    if (!committed.ok()) return committed;
+  }
+  const std::map<std::string, int64_t> after = OpHistogram(model->graph());
+  v1::PassReport report;
+  report.set_name(std::string(invocation.pass->name()));
+  report.set_iteration(iteration);
+  report.set_duration_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  report.set_nodes_before(nodes_before);
+  report.set_nodes_after(CountNodes(model->graph()));
+  report.set_rewrites(context.rewrites());
+  for (const auto& skip : context.skipped()) {
+    auto* reason = report.add_skipped();
+    reason->set_reason(skip.first);
+    reason->set_count(skip.second);
+  }
+  std::set<std::string> ops;
+  for (const auto& entry : before) ops.insert(entry.first);
+  for (const auto& entry : after) ops.insert(entry.first);
+  for (const auto& op : ops) {
+    const auto b = before.find(op);
+    const auto a = after.find(op);
+    const int64_t delta = (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+    if (delta != 0) (*report.mutable_op_delta())[op] = delta;
+  }
+  reports->push_back(std::move(report));
+  *rewrites += context.rewrites();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
+                         std::vector<v1::PassReport>* reports) {
+  const int total = pipeline.PassCount();
+  int done = 0;
+  for (const auto& step : pipeline.steps) {
+    for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
+      int64_t sweep_rewrites = 0;
+      int index_in_sweep = 0;
+      for (const auto& invocation : step.passes) {
+        if (options.cancelled != nullptr && options.cancelled->load()) {
+          return absl::CancelledError("cancelled between passes");
+        }
+        if (options.on_pass_start) options.on_pass_start(std::string(invocation.pass->name()), done + index_in_sweep, total);
+        absl::Status status = RunOnePass(invocation, iteration, model, reports, &sweep_rewrites);
+        if (!status.ok()) return status;
+        ++index_in_sweep;
+      }
+      if (sweep_rewrites == 0) break;  // fixed point reached (or a single run done)
+    }
+    done += static_cast<int>(step.passes.size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace onnxopt

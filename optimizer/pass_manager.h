@@ -1,0 +1,59 @@
+// Builds a pipeline from a job's config and runs it: ordered steps, each one pass or a fixed-point
+// group of passes repeated until a sweep rewrites nothing or its iteration cap is reached.
+// Instrumentation around every pass records wall time, node counts, the op histogram change, rewrites
+// and skip reasons; cancellation is checked between passes.
+#ifndef ONNXOPT_OPTIMIZER_PASS_MANAGER_H_
+#define ONNXOPT_OPTIMIZER_PASS_MANAGER_H_
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxopt/v1/report.pb.h"
+#include "optimizer/pass_registry.h"
+
+namespace onnxopt {
+
+struct PassInvocation {
+  const Pass* pass;
+  PassParams params;
+};
+
+struct PipelineStep {
+  std::vector<PassInvocation> passes;
+  int max_iterations = 1;  // > 1: a fixed-point group
+};
+
+struct Pipeline {
+  std::vector<PipelineStep> steps;
+  int PassCount() const;  // invocations in one sweep of every step
+  std::string ToString() const;  // e.g. "fixed_point(a,b)<=8"
+};
+
+inline constexpr int kDefaultMaxIterations = 8;
+
+// INVALID_ARGUMENT for unknown passes/presets, unknown parameters and ill-typed values.
+absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry);
+
+struct PassManagerOptions {
+  const std::atomic<bool>* cancelled = nullptr;
+  // Called before each pass with its name, how many have run and the sweep's count.
+  std::function<void(const std::string& pass, int done, int total)> on_pass_start;
+};
+
+// Runs `pipeline` on `model` in place, appending one PassReport per pass run to `reports`.
+// CANCELLED if cancellation was requested; the model is then as the last finished pass left it.
+absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
+                         std::vector<v1::PassReport>* reports);
+
+// "Domain::OpType" (plain OpType for the default domain) -> count, over all subgraphs.
+std::map<std::string, int64_t> OpHistogram(const onnx::GraphProto& graph);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASS_MANAGER_H_

@@ -1,0 +1,18 @@
+// Factories for every pass onnxopt ships; pass_registry.cc registers them.
+#ifndef ONNXOPT_OPTIMIZER_PASSES_PASSES_H_
+#define ONNXOPT_OPTIMIZER_PASSES_PASSES_H_
+
+#include <memory>
+
+#include "optimizer/pass.h"
+
+namespace onnxopt {
+
+std::unique_ptr<Pass> MakeEliminateIdentityPass();
+std::unique_ptr<Pass> MakeEliminateDropoutPass();
+std::unique_ptr<Pass> MakeEliminateDeadNodesPass();
+std::unique_ptr<Pass> MakeEliminateUnusedInitializersPass();
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_PASSES_H_

@@ -1,0 +1,18 @@
+// SHA-256 (OpenSSL) as lowercase hex: blobs are addressed by it on both ends of an upload.
+#ifndef ONNXOPT_OPTIMIZER_SHA256_H_
+#define ONNXOPT_OPTIMIZER_SHA256_H_
+
+#include <filesystem>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace onnxopt {
+
+bool IsValidSha256(const std::string& hex);
+absl::StatusOr<std::string> Sha256OfFile(const std::filesystem::path& path);
+std::string Sha256OfBytes(const std::string& bytes);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_SHA256_H_

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Installs everything onnxopt needs on Debian 12 and does nothing when all is there.
+#   - Debian packages (build tools, gRPC, protobuf, abseil, onnx, prometheus-cpp, GoogleTest, SQLite)
+#   - ONNX Runtime 1.29.0 (CPU) from the npm package named in shared/design.md, integrity-checked,
+#     unpacked into .deps/onnxruntime (git-ignored), where CMake finds it.
+#   - With --gpu (or ONNXOPT_FETCH_GPU=1), the CUDA execution provider package as well.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps_dir="${ONNXOPT_DEPS_DIR:-$repo_root/.deps}"
+want_gpu="${ONNXOPT_FETCH_GPU:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) want_gpu=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --gpu)" >&2; exit 2 ;;
+  esac
+done
+
+apt_packages=(
+  cmake ninja-build ccache pkg-config g++ ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  libsqlite3-dev libssl-dev openssl
+)
+
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+# npm fetches ONNX Runtime; a machine with its own Node.js keeps it (Debian's npm conflicts with it).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# fetch_npm NAME VERSION INTEGRITY DEST: npm pack, verify the sha512 integrity, unpack into DEST.
+fetch_npm() {
+  local name="$1" version="$2" integrity="$3" dest="$4"
+  if [ -f "$dest/.integrity" ] && [ "$(cat "$dest/.integrity")" = "$integrity" ]; then
+    return 0
+  fi
+  local work
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' RETURN
+  echo "setup: fetching $name@$version from npm"
+  (cd "$work" && npm pack --silent "$name@$version" >/dev/null)
+  local tarball
+  tarball="$(ls "$work"/*.tgz)"
+  local actual="sha512-$(openssl dgst -sha512 -binary "$tarball" | base64 -w0)"
+  if [ "$actual" != "$integrity" ]; then
+    echo "setup: integrity mismatch for $name@$version: expected $integrity, got $actual" >&2
+    return 1
+  fi
+  mkdir -p "$work/unpacked"
+  tar -xzf "$tarball" -C "$work/unpacked"
+  # Keep Linux x64 and the (platform-independent) headers; the other platforms' binaries are dead weight.
+  local plugins="$work/unpacked/package/Plugins"
+  if [ -d "$plugins" ]; then
+    find "$plugins" -mindepth 1 -maxdepth 1 ! -name Linux ! -name 'iOS~' -exec rm -rf {} +
+    find "$plugins/Linux" -mindepth 1 -maxdepth 1 ! -name x64 -exec rm -rf {} + 2>/dev/null || true
+    find "$plugins/iOS~" -name '*.a' -delete 2>/dev/null || true
+    find "$plugins/iOS~" -type f -path '*/onnxruntime.framework/onnxruntime' -delete 2>/dev/null || true
+  fi
+  rm -rf "$dest.tmp" && mkdir -p "$(dirname "$dest")"
+  mv "$work/unpacked" "$dest.tmp"
+  echo "$integrity" > "$dest.tmp/.integrity"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"   # appears whole or not at all
+}
+
+fetch_npm com.github.asus4.onnxruntime 0.4.9 \
+  "sha512-BkzxduSZ9IkeDP6Q8lz2TFU2ie7hSSvS7ZIfzMooExoq0CNzJnuuGaUJ7IsojBgqO4ouD1jXah8OYyJbCN29Fg==" \
+  "$deps_dir/onnxruntime"
+# The library's SONAME is libonnxruntime.so.1; the package ships it as libonnxruntime.so.
+ln -sf libonnxruntime.so "$deps_dir/onnxruntime/package/Plugins/Linux/x64/libonnxruntime.so.1"
+
+if [ "$want_gpu" = "1" ]; then
+  fetch_npm com.github.asus4.onnxruntime.linux-x64-gpu 0.4.9 \
+    "sha512-FopIhNE/Ng+v2X65wVc9clPCBCvhvA53Hxo2U0Kf5fGdVsC7iCA+mZ0KLWggcQAj7TIZ6pNidR4AC10g74Xo6w==" \
+    "$deps_dir/onnxruntime-gpu"
+fi
+echo "setup: all dependencies present"

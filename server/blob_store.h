@@ -1,0 +1,75 @@
+// Content-addressed blobs on disk: blobs/<sha256>, written through uploads/<sha256>.partial and
+// renamed into place only after the size and SHA-256 check, so a blob that exists is whole and
+// verified. Partial uploads survive restarts, which is what makes uploads resumable.
+#ifndef ONNXOPT_SERVER_BLOB_STORE_H_
+#define ONNXOPT_SERVER_BLOB_STORE_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "optimizer/sha256.h"
+
+namespace onnxopt::server {
+
+using ::onnxopt::IsValidSha256;
+using ::onnxopt::Sha256OfFile;
+
+class BlobStore;
+
+// One upload in progress. At most one per blob at a time; destroying it keeps the partial data.
+class BlobUpload {
+ public:
+  ~BlobUpload();
+  int64_t committed_size() const { return committed_; }
+  // INVALID_ARGUMENT (OFFSET_MISMATCH) unless offset == committed_size(); INVALID_ARGUMENT if the data
+  // would pass the declared size.
+  absl::Status Append(int64_t offset, const std::string& data);
+  // Verifies size and hash and publishes the blob. DATA_LOSS (CHECKSUM_MISMATCH) discards the upload.
+  absl::Status Finish();
+
+ private:
+  friend class BlobStore;
+  BlobUpload(BlobStore* store, std::string sha256, int64_t total_size, int64_t committed);
+  BlobStore* store_;
+  std::string sha256_;
+  int64_t total_size_;
+  int64_t committed_;
+  std::ofstream out_;
+  bool finished_ = false;
+};
+
+class BlobStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::filesystem::path& root, int64_t max_blob_bytes);
+
+  bool Exists(const std::string& sha256) const;
+  std::filesystem::path PathOf(const std::string& sha256) const;
+  absl::StatusOr<int64_t> SizeOf(const std::string& sha256) const;
+  // Bytes held of an interrupted upload (0 if none); the full size if the blob exists.
+  int64_t CommittedSize(const std::string& sha256) const;
+  // Starts or resumes an upload. ABORTED if another upload of the same blob is in progress.
+  absl::StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t total_size);
+  int64_t max_blob_bytes() const { return max_blob_bytes_; }
+
+ private:
+  friend class BlobUpload;
+  BlobStore(std::filesystem::path root, int64_t max_blob_bytes);
+  std::filesystem::path PartialPathOf(const std::string& sha256) const;
+  void EndUpload(const std::string& sha256);
+
+  std::filesystem::path root_;
+  int64_t max_blob_bytes_;
+  mutable std::mutex mutex_;
+  std::set<std::string> active_uploads_;
+};
+
+}  // namespace onnxopt::server
+
+#endif  // ONNXOPT_SERVER_BLOB_STORE_H_

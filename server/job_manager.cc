@@ -1,0 +1,362 @@
+#include "server/job_manager.h"
+
+#include <iostream>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+
+namespace onnxopt::server {
+namespace fs = std::filesystem;
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+v1::JobPhase ToProto(Phase phase) {
+  switch (phase) {
+    case Phase::kLoading: return v1::PHASE_LOADING;
+    case Phase::kOptimizing: return v1::PHASE_OPTIMIZING;
+    case Phase::kSaving: return v1::PHASE_SAVING;
+    case Phase::kValidating: return v1::PHASE_VALIDATING;
+    case Phase::kBenchmarking: return v1::PHASE_BENCHMARKING;
+  }
+  return v1::PHASE_UNSPECIFIED;
+}
+
+absl::Status LinkOrCopy(const fs::path& from, const fs::path& to) {
+  std::error_code error;
+  fs::create_directories(to.parent_path(), error);
+  fs::create_hard_link(from, to, error);
+  if (error) fs::copy_file(from, to, fs::copy_options::overwrite_existing, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot stage ", to.string(), ": ", error.message()));
+  return absl::OkStatus();
+}
+
+absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  auto status = google::protobuf::util::MessageToJsonString(report, &json, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  absl::Status written = WriteFileAtomically(dir / "report.json", json);
+  if (!written.ok()) return written;
+  return WriteFileAtomically(dir / "report.pb", report.SerializeAsString());
+}
+
+}  // namespace
+
+void JobManager::UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
+  absl::StatusOr<v1::Job> updated = store_->Update(name, mutate);
+  if (!updated.ok()) std::cerr << "onnxopt-server: cannot update " << name << ": " << updated.status() << std::endl;
+}
+
+bool IsSafeRelativeName(const std::string& name) {
+  if (name.empty() || name.size() > 1024 || name.front() == '/' || name.find('\0') != std::string::npos ||
+      name.find('\\') != std::string::npos) {
+    return false;
+  }
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+std::pair<std::string, std::string> SplitReason(const absl::Status& status) {
+  absl::string_view message = status.message();
+  const size_t colon = message.find(": ");
+  if (colon != absl::string_view::npos && colon > 0) {
+    absl::string_view head = message.substr(0, colon);
+    bool is_reason = true;
+    for (char c : head) is_reason &= absl::ascii_isupper(c) || c == '_' || absl::ascii_isdigit(c);
+    if (is_reason) return {std::string(head), std::string(message.substr(colon + 2))};
+  }
+  return {absl::StatusCodeToString(status.code()), std::string(message)};
+}
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store, BlobStore* blobs, Metrics* metrics)
+    : options_(std::move(options)), store_(store), blobs_(blobs), metrics_(metrics), queue_(options_.queue_capacity) {}
+
+JobManager::~JobManager() {
+  if (!workers_.empty()) Drain(std::chrono::milliseconds(0));
+}
+
+fs::path JobManager::JobDir(const std::string& job_name) const {
+  return options_.data_dir / "jobs" / std::string(absl::StripPrefix(job_name, "jobs/"));
+}
+
+fs::path JobManager::OutputDir(const std::string& job_name) const { return JobDir(job_name) / "output"; }
+
+absl::Status JobManager::Start() {
+  for (const v1::Job& job : store_->Unfinished()) {
+    if (job.cancel_requested()) {
+      Finish(job.name(), absl::CancelledError("cancelled"), nullptr, 0);
+      continue;
+    }
+    auto requeued = store_->Update(job.name(), [](v1::Job& j) {
+      j.set_state(v1::QUEUED);
+      j.clear_progress();
+      j.clear_start_time();
+    });
+    if (!requeued.ok()) return requeued.status();
+    queue_.Push(job.name(), job.config().priority(), /*force=*/true);
+  }
+  metrics_->SetQueueLength(queue_.size());
+  for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) const {
+  const v1::ModelRef& model = request.model();
+  if (!IsValidSha256(model.sha256())) {
+    return absl::InvalidArgumentError("BAD_DIGEST: model.sha256 must be 64 lowercase hexadecimal digits");
+  }
+  if (!blobs_->Exists(model.sha256())) {
+    return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob ", model.sha256(), "; upload the model first"));
+  }
+  std::set<std::string> provided;
+  for (const auto& file : model.external_data()) {
+    if (!IsSafeRelativeName(file.name()) || file.name() == "model.onnx") {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(),
+                                                     "' is not a safe relative file name"));
+    }
+    if (!provided.insert(file.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(), "' is listed twice"));
+    }
+    if (!blobs_->Exists(file.sha256())) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for external data file '", file.name(), "'"));
+    }
+  }
+  absl::Status config = CheckConfig(request.config());
+  if (!config.ok()) return config;
+  // Parse now so that a file that is no model is refused at once rather than failing a job later.
+  absl::StatusOr<std::string> bytes = ReadFile(blobs_->PathOf(model.sha256()));
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<onnx::ModelProto> parsed = ParseModel(*bytes);
+  if (!parsed.ok()) return parsed.status();
+  for (const std::string& location : ExternalDataLocations(*parsed)) {
+    if (provided.count(location) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: the model keeps tensors in '", location,
+                                                     "'; upload that file and list it in model.external_data"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) {
+  std::lock_guard<std::mutex> lock(submit_mutex_);
+  if (request.request_id().size() > 256) return absl::InvalidArgumentError("BAD_REQUEST_ID: request_id is too long");
+  // A retry of a request that already made a job gets that job, whatever happened since.
+  if (!request.request_id().empty()) {
+    if (std::optional<v1::Job> existing = store_->FindByRequestId(request.request_id())) return *existing;
+  }
+  if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  absl::Status valid = ValidateRequest(request);
+  if (!valid.ok()) return valid;
+  // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
+  if (queue_.size() >= queue_.capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),
+                                                     " queue slots are taken; retry with backoff"));
+  }
+  v1::Job job;
+  job.set_request_id(request.request_id());
+  job.set_state(v1::QUEUED);
+  *job.mutable_model() = request.model();
+  *job.mutable_config() = request.config();
+  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  bool created = false;
+  absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
+  if (!stored.ok() || !created) return stored;
+  queue_.Push(stored->name(), stored->config().priority());
+  metrics_->JobCreated();
+  metrics_->SetQueueLength(queue_.size());
+  return stored;
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
+  absl::StatusOr<v1::Job> job = store_->Get(name);
+  if (!job.ok() || IsTerminal(job->state())) return job;
+  if (queue_.Remove(name)) {
+    metrics_->SetQueueLength(queue_.size());
+    Finish(name, absl::CancelledError("CANCELLED: cancelled while queued"), nullptr, 0);
+    return store_->Get(name);
+  }
+  std::lock_guard<std::mutex> lock(flags_mutex_);
+  auto updated = store_->Update(name, [](v1::Job& j) { j.set_cancel_requested(true); });
+  auto flag = cancel_flags_.find(name);
+  if (flag != cancel_flags_.end()) flag->second->store(true);
+  return updated;
+}
+
+void JobManager::Drain(std::chrono::milliseconds grace) {
+  draining_ = true;
+  queue_.Close();
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (running_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (running_.load() > 0) {
+    interrupting_ = true;
+    std::lock_guard<std::mutex> lock(flags_mutex_);
+    for (auto& flag : cancel_flags_) flag.second->store(true);
+  }
+  for (auto& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+  workers_.clear();
+}
+
+void JobManager::WorkerLoop() {
+  while (std::optional<std::string> name = queue_.Pop()) {
+    metrics_->SetQueueLength(queue_.size());
+    ++running_;
+    metrics_->SetRunning(running_.load());
+    RunJob(*name);
+    --running_;
+    metrics_->SetRunning(running_.load());
+  }
+}
+
+absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input_dir) const {
+  std::error_code error;
+  fs::remove_all(input_dir, error);
+  absl::Status status = LinkOrCopy(blobs_->PathOf(job.model().sha256()), input_dir / "model.onnx");
+  for (const auto& file : job.model().external_data()) {
+    if (!status.ok()) break;
+    status = LinkOrCopy(blobs_->PathOf(file.sha256()), input_dir / file.name());
+  }
+  return status;
+}
+
+void JobManager::Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result,
+                        double seconds) {
+  std::string outcome = "succeeded";
+  auto updated = store_->Update(name, [&](v1::Job& job) {
+    *job.mutable_end_time() = TimeUtil::GetCurrentTime();
+    if (status.ok()) {
+      job.set_state(v1::SUCCEEDED);
+      *job.mutable_result() = *result;
+      return;
+    }
+    const auto [reason, message] = SplitReason(status);
+    job.set_state(status.code() == absl::StatusCode::kCancelled ? v1::CANCELLED : v1::FAILED);
+    outcome = job.state() == v1::CANCELLED ? "cancelled" : "failed";
+    v1::JobError* error = job.mutable_error();
+    error->set_code(static_cast<int>(status.code()));
+    error->set_reason(reason);
+    error->set_message(message);
+  });
+  if (updated.ok()) metrics_->JobFinished(outcome, seconds);
+}
+
+void JobManager::RunJob(const std::string& name) {
+  const auto start = std::chrono::steady_clock::now();
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard<std::mutex> lock(flags_mutex_);
+    cancel_flags_[name] = flag;
+  }
+  auto forget_flag = [&] {
+    std::lock_guard<std::mutex> lock(flags_mutex_);
+    cancel_flags_.erase(name);
+  };
+  absl::StatusOr<v1::Job> job = store_->Get(name);
+  if (!job.ok() || job->state() != v1::QUEUED) {
+    forget_flag();
+    return;
+  }
+  if (job->cancel_requested()) flag->store(true);
+  UpdateOrLog(name, [](v1::Job& j) {
+    j.set_state(v1::RUNNING);
+    *j.mutable_start_time() = TimeUtil::GetCurrentTime();
+    j.mutable_progress()->set_phase(v1::PHASE_LOADING);
+  });
+
+  const fs::path input_dir = JobDir(name) / "input";
+  const fs::path output_dir = OutputDir(name);
+  v1::Report report;
+  absl::StatusOr<OptimizeResult> outcome = absl::UnknownError("not run");
+  try {
+    std::error_code error;
+    fs::remove_all(output_dir, error);
+    absl::Status staged = PrepareInputs(*job, input_dir);
+    if (!staged.ok()) {
+      outcome = staged;
+    } else {
+      OptimizeRequest request;
+      request.model_path = input_dir / "model.onnx";
+      request.output_dir = output_dir;
+      request.config = job->config();
+      request.cancelled = flag.get();
+      request.on_progress = [&](Phase phase, const std::string& pass, int done, int total) {
+        UpdateOrLog(name, [&](v1::Job& j) {
+          v1::JobProgress* progress = j.mutable_progress();
+          progress->set_phase(ToProto(phase));
+          progress->set_current_pass(pass);
+          progress->set_passes_done(done);
+          progress->set_passes_total(total);
+        });
+      };
+      outcome = Optimize(request, &report);
+    }
+  } catch (const std::exception& e) {
+    outcome = absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
+  } catch (...) {
+    outcome = absl::InternalError("unexpected error");
+  }
+  std::error_code ignored;
+  fs::remove_all(input_dir, ignored);
+  forget_flag();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (!outcome.ok() && outcome.status().code() == absl::StatusCode::kCancelled && interrupting_) {
+    // Shutdown, not the user: run it again at the next start.
+    UpdateOrLog(name, [](v1::Job& j) {
+      j.set_state(v1::QUEUED);
+      j.clear_progress();
+      j.clear_start_time();
+    });
+    return;
+  }
+  report.set_job(name);
+  for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
+  fs::create_directories(output_dir, ignored);
+  absl::Status report_written = WriteReport(report, output_dir);
+  if (!outcome.ok()) {
+    Finish(name, outcome.status(), nullptr, seconds);
+    return;
+  }
+  if (!report_written.ok()) {
+    Finish(name, report_written, nullptr, seconds);
+    return;
+  }
+  v1::JobResult result;
+  std::vector<fs::path> files = outcome->files;
+  files.push_back(output_dir / "report.json");
+  for (const fs::path& file : files) {
+    absl::StatusOr<std::string> digest = Sha256OfFile(file);
+    if (!digest.ok()) {
+      Finish(name, digest.status(), nullptr, seconds);
+      return;
+    }
+    v1::Artifact* artifact = result.add_artifacts();
+    artifact->set_name(file.filename().string());
+    artifact->set_size(static_cast<int64_t>(fs::file_size(file, ignored)));
+    artifact->set_sha256(*digest);
+  }
+  result.set_nodes_before(report.original().nodes());
+  result.set_nodes_after(report.optimized().nodes());
+  result.set_parity_passed(!report.parity().skipped() && report.parity().passed());
+  result.set_speedup(report.benchmark().speedup());
+  Finish(name, absl::OkStatus(), &result, seconds);
+}
+
+}  // namespace onnxopt::server

@@ -1,0 +1,84 @@
+// Owns the life of jobs: checks and queues new ones, runs them on worker threads through the
+// optimizer, cancels, and drains on shutdown. Every job it starts ends SUCCEEDED, FAILED or CANCELLED,
+// or, when shutdown interrupts it, goes back to QUEUED to run again at the next start.
+#ifndef ONNXOPT_SERVER_JOB_MANAGER_H_
+#define ONNXOPT_SERVER_JOB_MANAGER_H_
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnxopt/v1/service.pb.h"
+#include "server/blob_store.h"
+#include "server/job_queue.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace onnxopt::server {
+
+struct JobManagerOptions {
+  std::filesystem::path data_dir;
+  int workers = 2;
+  size_t queue_capacity = 64;
+};
+
+class JobManager {
+ public:
+  JobManager(JobManagerOptions options, JobStore* store, BlobStore* blobs, Metrics* metrics);
+  ~JobManager();
+
+  // Re-queues jobs an earlier run left unfinished and starts the workers.
+  absl::Status Start();
+  absl::StatusOr<v1::Job> Submit(const v1::CreateJobRequest& request);
+  absl::StatusOr<v1::Job> Cancel(const std::string& name);
+  // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
+  // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start.
+  void Drain(std::chrono::milliseconds grace);
+  bool draining() const { return draining_.load(); }
+
+  // Where a job's results live; artifacts are plain files in there.
+  std::filesystem::path OutputDir(const std::string& job_name) const;
+  const JobManagerOptions& options() const { return options_; }
+  size_t queue_length() const { return queue_.size(); }
+
+ private:
+  void WorkerLoop();
+  // Store updates whose failure must not stop the job (progress, state moves): logged, not returned.
+  void UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate);
+  void RunJob(const std::string& name);
+  absl::Status PrepareInputs(const v1::Job& job, const std::filesystem::path& input_dir) const;
+  absl::Status ValidateRequest(const v1::CreateJobRequest& request) const;
+  void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
+  std::filesystem::path JobDir(const std::string& job_name) const;
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  BlobStore* const blobs_;
+  Metrics* const metrics_;
+  JobQueue queue_;
+  std::vector<std::thread> workers_;
+  std::mutex submit_mutex_;
+  std::mutex flags_mutex_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> interrupting_{false};
+  std::atomic<int> running_{0};
+};
+
+// Safe relative file name for an external data file: no absolute path, no "..", no empty parts.
+bool IsSafeRelativeName(const std::string& name);
+// Splits "REASON: text" status messages into (reason, text); reason falls back to the code's name.
+std::pair<std::string, std::string> SplitReason(const absl::Status& status);
+
+}  // namespace onnxopt::server
+
+#endif  // ONNXOPT_SERVER_JOB_MANAGER_H_

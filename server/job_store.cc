@@ -1,0 +1,200 @@
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace onnxopt::server {
+namespace {
+
+std::string NewJobId() {
+  static std::mt19937_64 random{std::random_device{}()};
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  return absl::StrFormat("jobs/%011x%06x", millis, random() & 0xffffff);
+}
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    std::string message = error ? error : "unknown";
+    sqlite3_free(error);
+    return absl::InternalError(absl::StrCat("sqlite: ", message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+JobStore::JobStore(sqlite3* db) : db_(db) {}
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::path& database) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(database.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string message = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::InternalError(absl::StrCat("cannot open job database ", database.string(), ": ", message));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=5000",
+                          "CREATE TABLE IF NOT EXISTS jobs (sequence INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, "
+                          "request_id TEXT, state INTEGER NOT NULL, job BLOB NOT NULL)"}) {
+    absl::Status status = Exec(db, sql);
+    if (!status.ok()) return status;
+  }
+  sqlite3_stmt* statement = nullptr;
+  sqlite3_prepare_v2(db, "SELECT sequence, job FROM jobs ORDER BY sequence", -1, &statement, nullptr);
+  while (sqlite3_step(statement) == SQLITE_ROW) {
+    Entry entry;
+    entry.sequence = sqlite3_column_int64(statement, 0);
+    const void* blob = sqlite3_column_blob(statement, 1);
+    if (!entry.job.ParseFromArray(blob, sqlite3_column_bytes(statement, 1))) continue;  // unreadable row: skip it
+    store->next_sequence_ = std::max(store->next_sequence_, entry.sequence + 1);
+    store->by_sequence_[entry.sequence] = entry.job.name();
+    if (!entry.job.request_id().empty()) store->by_request_id_[entry.job.request_id()] = entry.job.name();
+    store->jobs_[entry.job.name()] = std::move(entry);
+  }
+  sqlite3_finalize(statement);
+  return store;
+}
+
+absl::Status JobStore::Persist(const Entry& entry, bool insert) {
+  const char* sql = insert ? "INSERT INTO jobs (sequence, name, request_id, state, job) VALUES (?1, ?2, ?3, ?4, ?5)"
+                           : "UPDATE jobs SET state = ?4, job = ?5 WHERE sequence = ?1";
+  sqlite3_stmt* statement = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  const std::string bytes = entry.job.SerializeAsString();
+  sqlite3_bind_int64(statement, 1, entry.sequence);
+  if (insert) {
+    sqlite3_bind_text(statement, 2, entry.job.name().c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(statement, 3, entry.job.request_id().c_str(), -1, SQLITE_TRANSIENT);
+  }
+  sqlite3_bind_int(statement, 4, entry.job.state());
+  sqlite3_bind_blob(statement, 5, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  const int result = sqlite3_step(statement);
+  sqlite3_finalize(statement);
+  if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobStore::Create(v1::Job job, bool* created) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!job.request_id().empty()) {
+    auto it = by_request_id_.find(job.request_id());
+    if (it != by_request_id_.end()) {
+      *created = false;
+      return jobs_.at(it->second).job;
+    }
+  }
+  Entry entry;
+  do {
+    job.set_name(NewJobId());
+  } while (jobs_.count(job.name()) > 0);
+  entry.job = std::move(job);
+  entry.sequence = next_sequence_++;
+  absl::Status status = Persist(entry, /*insert=*/true);
+  if (!status.ok()) return status;
+  *created = true;
+  const std::string name = entry.job.name();
+  by_sequence_[entry.sequence] = name;
+  if (!entry.job.request_id().empty()) by_request_id_[entry.job.request_id()] = name;
+  auto& stored = jobs_[name] = std::move(entry);
+  changed_.notify_all();
+  return stored.job;
+}
+
+absl::StatusOr<v1::Job> JobStore::Get(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+  return it->second.job;
+}
+
+std::optional<v1::Job> JobStore::FindByRequestId(const std::string& request_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = by_request_id_.find(request_id);
+  if (it == by_request_id_.end()) return std::nullopt;
+  return jobs_.at(it->second).job;
+}
+
+absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+  Entry updated = it->second;
+  mutate(updated.job);
+  absl::Status status = Persist(updated, /*insert=*/false);
+  if (!status.ok()) return status;
+  ++updated.version;
+  it->second = std::move(updated);
+  changed_.notify_all();
+  return it->second.job;
+}
+
+absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size, const std::string& page_token) const {
+  int64_t before = INT64_MAX;
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
+    return absl::InvalidArgumentError("BAD_PAGE_TOKEN: page_token is not one this server handed out");
+  }
+  if (page_size <= 0) page_size = 50;
+  page_size = std::min(page_size, 500);
+  Page page;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = by_sequence_.lower_bound(before); it != by_sequence_.begin();) {
+    --it;
+    const Entry& entry = jobs_.at(it->second);
+    if (state != v1::JOB_STATE_UNSPECIFIED && entry.job.state() != state) continue;
+    if (static_cast<int>(page.jobs.size()) == page_size) {
+      page.next_page_token = std::to_string(entry.sequence + 1);
+      break;
+    }
+    page.jobs.push_back(entry.job);
+  }
+  return page;
+}
+
+bool JobStore::WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
+                             v1::Job* job) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto newer = [&] {
+    auto it = jobs_.find(name);
+    return it == jobs_.end() || it->second.version > *version;
+  };
+  if (!changed_.wait_until(lock, deadline, newer)) return false;
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return false;
+  *version = it->second.version;
+  *job = it->second.job;
+  return true;
+}
+
+std::vector<v1::Job> JobStore::Unfinished() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<v1::Job> unfinished;
+  for (const auto& entry : by_sequence_) {
+    const v1::Job& job = jobs_.at(entry.second).job;
+    if (!IsTerminal(job.state())) unfinished.push_back(job);
+  }
+  return unfinished;
+}
+
+size_t JobStore::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return jobs_.size();
+}
+
+}  // namespace onnxopt::server

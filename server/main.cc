@@ -1,0 +1,119 @@
+// onnxopt-server: the gRPC optimization service.
+//
+//   onnxopt-server [--listen=127.0.0.1:50051] [--workers=2] [--queue_capacity=64]
+//                  [--data_dir=onnxopt-data] [--max_upload_bytes=...] [--metrics_listen=127.0.0.1:9464]
+//
+// SIGTERM or SIGINT drains: new jobs and uploads are refused (UNAVAILABLE), health turns NOT_SERVING,
+// running jobs get --drain_grace_seconds to finish, and whatever is left stays queued for the next start.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "server/blob_store.h"
+#include "server/job_manager.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address to listen on (port 0 picks a free port)");
+ABSL_FLAG(int, workers, 2, "worker threads running jobs");
+ABSL_FLAG(int, queue_capacity, 64, "jobs that may wait in the queue before CreateJob answers RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, data_dir, "onnxopt-data", "folder for the job database, blobs and job results");
+ABSL_FLAG(int64_t, max_upload_bytes, int64_t{8} << 30, "largest file (model or external data) one upload may be");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "address serving Prometheus /metrics; empty disables");
+ABSL_FLAG(int, drain_grace_seconds, 30, "on SIGTERM, how long running jobs may take to finish");
+ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to this file once serving");
+
+namespace {
+
+constexpr char kServiceName[] = "onnxopt.v1.Optimizer";
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::cerr << "onnxopt-server: " << what << ": " << status << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("onnxopt-server: the onnxopt model optimization gRPC service");
+  absl::ParseCommandLine(argc, argv);
+  namespace srv = onnxopt::server;
+
+  // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
+  std::error_code error;
+  std::filesystem::create_directories(data_dir, error);
+  if (error) return Fail("data_dir", absl::InternalError(error.message()));
+  if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
+      absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0) {
+    return Fail("flags", absl::InvalidArgumentError("workers, queue_capacity and max_upload_bytes must be >= 1"));
+  }
+
+  auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes));
+  if (!blobs.ok()) return Fail("blob store", blobs.status());
+  auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
+  if (!store.ok()) return Fail("job store", store.status());
+  srv::Metrics metrics;
+  absl::Status metrics_status = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));
+  if (!metrics_status.ok()) return Fail("metrics", metrics_status);
+
+  srv::JobManagerOptions options;
+  options.data_dir = data_dir;
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  srv::JobManager jobs(options, store->get(), blobs->get(), &metrics);
+  absl::Status started = jobs.Start();
+  if (!started.ok()) return Fail("job manager", started);
+
+  srv::OptimizerService service(blobs->get(), store->get(), &jobs, &metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail("listen", absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
+    if (!written.ok()) return Fail("port_file", written);
+  }
+  std::cout << "onnxopt-server " << onnxopt::kOptimizerVersion << " (ONNX Runtime " << onnxopt::OrtVersion()
+            << ") listening on port " << port << ", data in " << data_dir.string() << ", " << options.workers
+            << " workers, queue of " << options.queue_capacity << std::endl;
+
+  int received = 0;
+  sigwait(&signals, &received);
+  std::cout << "onnxopt-server: " << (received == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  server->GetHealthCheckService()->SetServingStatus(false);
+  jobs.Drain(std::chrono::seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::cout << "onnxopt-server: stopped; " << jobs.queue_length() << " queued job(s) kept for the next start"
+            << std::endl;
+  return 0;
+}

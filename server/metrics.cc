@@ -1,0 +1,76 @@
+#include "server/metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+
+namespace onnxopt::server {
+namespace {
+
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
+}
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  jobs_total_ = &prometheus::BuildCounter().Name("onnxopt_jobs_total").Help("Jobs finished, by result").Register(*registry_);
+  jobs_created_ = &prometheus::BuildCounter()
+                       .Name("onnxopt_jobs_created_total")
+                       .Help("Jobs accepted into the queue")
+                       .Register(*registry_)
+                       .Add({});
+  queue_length_ = &prometheus::BuildGauge()
+                       .Name("onnxopt_job_queue_length")
+                       .Help("Jobs waiting in the queue")
+                       .Register(*registry_)
+                       .Add({});
+  jobs_running_ = &prometheus::BuildGauge()
+                       .Name("onnxopt_jobs_running")
+                       .Help("Jobs being worked on")
+                       .Register(*registry_)
+                       .Add({});
+  job_duration_ = &prometheus::BuildHistogram()
+                       .Name("onnxopt_job_duration_seconds")
+                       .Help("Wall time of a job from start to end")
+                       .Register(*registry_)
+                       .Add({}, SecondsBuckets());
+  pass_duration_ = &prometheus::BuildHistogram()
+                        .Name("onnxopt_pass_duration_seconds")
+                        .Help("Wall time of one pass run over a model")
+                        .Register(*registry_);
+  upload_bytes_ = &prometheus::BuildCounter()
+                       .Name("onnxopt_upload_bytes_total")
+                       .Help("Bytes received by UploadBlob")
+                       .Register(*registry_)
+                       .Add({});
+  prometheus::BuildGauge()
+      .Name("onnxopt_build_info")
+      .Help("Build information (always 1)")
+      .Register(*registry_)
+      .Add({{"version", kOptimizerVersion}, {"onnxruntime_version", OrtVersion()}})
+      .Set(1);
+  for (const char* result : {"succeeded", "failed", "cancelled"}) jobs_total_->Add({{"result", result}});
+}
+
+absl::Status Metrics::Serve(const std::string& address) {
+  if (address.empty()) return absl::OkStatus();
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  return absl::OkStatus();
+}
+
+void Metrics::JobFinished(const std::string& result, double seconds) {
+  jobs_total_->Add({{"result", result}}).Increment();
+  job_duration_->Observe(seconds);
+}
+
+void Metrics::PassRan(const std::string& pass, double seconds) {
+  pass_duration_->Add({{"pass", pass}}, SecondsBuckets()).Observe(seconds);
+}
+
+}  // namespace onnxopt::server

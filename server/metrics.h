@@ -1,0 +1,47 @@
+// Prometheus metrics, served on their own port (/metrics). Names follow Prometheus conventions:
+// prefix onnxopt_, base units, _total for counters.
+#ifndef ONNXOPT_SERVER_METRICS_H_
+#define ONNXOPT_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace onnxopt::server {
+
+class Metrics {
+ public:
+  Metrics();
+  // Serves /metrics on `address` ("host:port"); empty: metrics are kept but not served.
+  absl::Status Serve(const std::string& address);
+
+  void JobCreated() { jobs_created_->Increment(); }
+  void JobFinished(const std::string& result, double seconds);
+  void PassRan(const std::string& pass, double seconds);
+  void UploadBytes(double bytes) { upload_bytes_->Increment(bytes); }
+  void SetQueueLength(double length) { queue_length_->Set(length); }
+  void SetRunning(double running) { jobs_running_->Set(running); }
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>* jobs_total_;
+  prometheus::Counter* jobs_created_;
+  prometheus::Gauge* queue_length_;
+  prometheus::Gauge* jobs_running_;
+  prometheus::Histogram* job_duration_;
+  prometheus::Family<prometheus::Histogram>* pass_duration_;
+  prometheus::Counter* upload_bytes_;
+};
+
+}  // namespace onnxopt::server
+
+#endif  // ONNXOPT_SERVER_METRICS_H_

@@ -1,0 +1,256 @@
+#include "server/service.h"
+
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "onnx/common/version.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/pass_registry.h"
+
+namespace onnxopt::server {
+namespace fs = std::filesystem;
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+namespace {
+
+// Runs a handler body so that no exception crosses into gRPC.
+template <typename Body>
+grpc::Status Guarded(Body body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("INTERNAL: ", e.what()));
+  } catch (...) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "INTERNAL: unexpected error");
+  }
+}
+
+grpc::Status Respond(const absl::StatusOr<v1::Job>& job, v1::Job* response) {
+  if (!job.ok()) return ToGrpc(job.status());
+  *response = *job;
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status OptimizerService::UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::UploadBlobRequest>* reader,
+                                          v1::Blob* response) {
+  return Guarded([&] { return UploadBlobImpl(context, reader, response); });
+}
+
+grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
+                                              grpc::ServerReader<v1::UploadBlobRequest>* reader, v1::Blob* response) {
+  if (jobs_->draining()) return ToGrpc(absl::UnavailableError("DRAINING: the server is shutting down"));
+  v1::UploadBlobRequest message;
+  if (!reader->Read(&message)) return ToGrpc(absl::InvalidArgumentError("EMPTY_UPLOAD: the stream had no message"));
+  const std::string sha256 = message.sha256();
+  const int64_t total_size = message.total_size();
+  response->set_sha256(sha256);
+  if (blobs_->Exists(sha256)) {  // content-addressed: nothing more to receive
+    response->set_size(blobs_->CommittedSize(sha256));
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<std::unique_ptr<BlobUpload>> upload = blobs_->BeginUpload(sha256, total_size);
+  if (!upload.ok()) return ToGrpc(upload.status());
+  do {
+    if (context->IsCancelled()) return ToGrpc(absl::CancelledError("CANCELLED: the client went away"));
+    if (!message.sha256().empty() && message.sha256() != sha256) {
+      return ToGrpc(absl::InvalidArgumentError("DIGEST_CHANGED: every message of one upload must name the same sha256"));
+    }
+    if (!message.data().empty()) {
+      absl::Status appended = (*upload)->Append(message.offset(), message.data());
+      if (!appended.ok()) return ToGrpc(appended);
+      metrics_->UploadBytes(static_cast<double>(message.data().size()));
+    }
+    if (message.finish_write()) {
+      absl::Status finished = (*upload)->Finish();
+      if (!finished.ok()) return ToGrpc(finished);
+      response->set_size(total_size);
+      return grpc::Status::OK;
+    }
+  } while (reader->Read(&message));
+  return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      "UPLOAD_INCOMPLETE: the stream ended without finish_write after ", (*upload)->committed_size(), " of ", total_size,
+      " bytes; resume from GetUploadStatus.committed_size")));
+}
+
+grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext*, const v1::GetUploadStatusRequest* request,
+                                               v1::UploadStatus* response) {
+  return Guarded([&] {
+    if (!IsValidSha256(request->sha256())) {
+      return ToGrpc(absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits"));
+    }
+    response->set_sha256(request->sha256());
+    response->set_complete(blobs_->Exists(request->sha256()));
+    response->set_committed_size(blobs_->CommittedSize(request->sha256()));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status OptimizerService::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request, v1::Job* response) {
+  return Guarded([&] { return Respond(jobs_->Submit(*request), response); });
+}
+
+grpc::Status OptimizerService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
+  return Guarded([&] { return Respond(store_->Get(request->name()), response); });
+}
+
+grpc::Status OptimizerService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                        v1::ListJobsResponse* response) {
+  return Guarded([&] {
+    if (request->page_size() < 0) return ToGrpc(absl::InvalidArgumentError("BAD_PAGE_SIZE: page_size must be >= 0"));
+    if (!v1::JobState_IsValid(request->state())) return ToGrpc(absl::InvalidArgumentError("BAD_STATE: unknown state"));
+    auto page = store_->List(request->state(), request->page_size(), request->page_token());
+    if (!page.ok()) return ToGrpc(page.status());
+    for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
+    response->set_next_page_token(page->next_page_token);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                                        grpc::ServerWriter<v1::JobEvent>* writer) {
+  return Guarded([&] {
+    absl::StatusOr<v1::Job> job = store_->Get(request->name());
+    if (!job.ok()) return ToGrpc(job.status());
+    uint64_t version = 0;
+    v1::JobEvent event;
+    *event.mutable_job() = *job;
+    // The first event is the job as it is; `version` 0 may repeat it once, which watchers tolerate.
+    while (true) {
+      if (!writer->Write(event)) return grpc::Status::OK;  // the client went away
+      if (IsTerminal(event.job().state())) return grpc::Status::OK;
+      v1::Job changed;
+      while (!store_->WaitForChange(request->name(), &version,
+                                    std::chrono::steady_clock::now() + std::chrono::milliseconds(500), &changed)) {
+        if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED: watch cancelled");
+      }
+      *event.mutable_job() = changed;
+    }
+  });
+}
+
+grpc::Status OptimizerService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request, v1::Job* response) {
+  return Guarded([&] { return Respond(jobs_->Cancel(request->name()), response); });
+}
+
+grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::DownloadRequest* request,
+                                        grpc::ServerWriter<v1::DownloadChunk>* writer) {
+  return Guarded([&] { return DownloadImpl(context, request, writer); });
+}
+
+grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
+                                            grpc::ServerWriter<v1::DownloadChunk>* writer) {
+  absl::StatusOr<v1::Job> job = store_->Get(request->name());
+  if (!job.ok()) return ToGrpc(job.status());
+  const std::string artifact = request->artifact().empty() ? "model.onnx" : request->artifact();
+  // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
+  std::string digest;
+  bool listed = false;
+  for (const auto& entry : job->result().artifacts()) {
+    if (entry.name() == artifact) {
+      listed = true;
+      digest = entry.sha256();
+    }
+  }
+  const fs::path path = jobs_->OutputDir(job->name()) / artifact;
+  std::error_code error;
+  if (!listed && !(artifact == "report.json" && IsTerminal(job->state()) && fs::exists(path, error))) {
+    if (!IsTerminal(job->state())) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
+                                                               v1::JobState_Name(job->state()), "; wait for it to finish")));
+    }
+    return ToGrpc(absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: ", job->name(), " has no artifact '", artifact, "'")));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ToGrpc(absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: '", artifact, "' is gone from disk")));
+  const int64_t total = static_cast<int64_t>(fs::file_size(path, error));
+  if (request->offset() < 0 || request->offset() > total) {
+    return ToGrpc(absl::OutOfRangeError(absl::StrCat("BAD_OFFSET: offset must be within 0..", total)));
+  }
+  in.seekg(request->offset());
+  int64_t offset = request->offset();
+  std::string buffer(kChunkBytes, '\0');
+  bool first = true;
+  do {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED: client went away");
+    in.read(buffer.data(), kChunkBytes);
+    const std::streamsize got = in.gcount();
+    v1::DownloadChunk chunk;
+    chunk.set_offset(offset);
+    chunk.set_data(buffer.data(), static_cast<size_t>(got));
+    chunk.set_total_size(total);
+    if (first) chunk.set_sha256(digest);
+    first = false;
+    if (!writer->Write(chunk)) return grpc::Status::OK;
+    offset += got;
+  } while (offset < total && in);
+  return grpc::Status::OK;
+}
+
+grpc::Status OptimizerService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request, v1::Report* response) {
+  return Guarded([&] {
+    absl::StatusOr<v1::Job> job = store_->Get(request->name());
+    if (!job.ok()) return ToGrpc(job.status());
+    if (!IsTerminal(job->state())) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
+                                                               v1::JobState_Name(job->state()))));
+    }
+    absl::StatusOr<std::string> bytes = ReadFile(jobs_->OutputDir(job->name()) / "report.pb");
+    if (!bytes.ok() || !response->ParseFromString(*bytes)) {
+      return ToGrpc(absl::NotFoundError(absl::StrCat("REPORT_NOT_FOUND: ", job->name(), " ended before it had a report")));
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status OptimizerService::ListPasses(grpc::ServerContext*, const v1::ListPassesRequest*,
+                                          v1::ListPassesResponse* response) {
+  return Guarded([&] {
+    const PassRegistry& registry = DefaultPassRegistry();
+    for (const Pass* pass : registry.passes()) {
+      v1::PassInfo* info = response->add_passes();
+      info->set_name(std::string(pass->name()));
+      info->set_description(std::string(pass->description()));
+      for (const ParamSpec& spec : pass->params()) {
+        v1::PassParam* param = info->add_params();
+        param->set_name(spec.name);
+        param->set_type(std::string(ParamTypeName(spec.type)));
+        param->set_default_value(spec.default_value);
+        param->set_description(spec.description);
+      }
+    }
+    for (const Preset* preset : registry.presets()) {
+      v1::Preset* out = response->add_presets();
+      out->set_name(preset->name);
+      out->set_description(preset->description);
+      for (const auto& pass : preset->passes) out->add_passes(pass);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
+                                             v1::ServerInfo* response) {
+  return Guarded([&] {
+    response->set_version(kOptimizerVersion);
+    response->set_onnxruntime_version(OrtVersion());
+    for (const auto& provider : OrtAvailableProviders()) response->add_execution_providers(provider);
+    response->set_onnx_version(onnx::LAST_RELEASE_VERSION);
+    response->set_max_opset(kMaxCheckedOpset);
+    response->set_workers(jobs_->options().workers);
+    response->set_queue_capacity(static_cast<int32_t>(jobs_->options().queue_capacity));
+    response->set_max_upload_bytes(blobs_->max_blob_bytes());
+    response->set_draining(jobs_->draining());
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace onnxopt::server

@@ -1,0 +1,59 @@
+// The onnxopt.v1.Optimizer gRPC service: thin handlers that check requests, call the blob store and
+// the job manager, and turn absl::Status into gRPC status. No handler lets an exception out.
+#ifndef ONNXOPT_SERVER_SERVICE_H_
+#define ONNXOPT_SERVER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "onnxopt/v1/service.grpc.pb.h"
+#include "server/blob_store.h"
+#include "server/job_manager.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace onnxopt::server {
+
+class OptimizerService final : public v1::Optimizer::Service {
+ public:
+  OptimizerService(BlobStore* blobs, JobStore* store, JobManager* jobs, Metrics* metrics)
+      : blobs_(blobs), store_(store), jobs_(jobs), metrics_(metrics) {}
+
+  grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::UploadBlobRequest>* reader,
+                          v1::Blob* response) override;
+  grpc::Status GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
+                               v1::UploadStatus* response) override;
+  grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request, v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request, v1::Job* response) override;
+  grpc::Status Download(grpc::ServerContext* context, const v1::DownloadRequest* request,
+                        grpc::ServerWriter<v1::DownloadChunk>* writer) override;
+  grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request, v1::Report* response) override;
+  grpc::Status ListPasses(grpc::ServerContext* context, const v1::ListPassesRequest* request,
+                          v1::ListPassesResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+
+ private:
+  grpc::Status UploadBlobImpl(grpc::ServerContext* context, grpc::ServerReader<v1::UploadBlobRequest>* reader,
+                              v1::Blob* response);
+  grpc::Status DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
+                            grpc::ServerWriter<v1::DownloadChunk>* writer);
+
+  BlobStore* const blobs_;
+  JobStore* const store_;
+  JobManager* const jobs_;
+  Metrics* const metrics_;
+};
+
+grpc::Status ToGrpc(const absl::Status& status);
+
+inline constexpr int64_t kChunkBytes = 1 << 20;
+
+}  // namespace onnxopt::server
+
+#endif  // ONNXOPT_SERVER_SERVICE_H_
