@@ -160,8 +160,8 @@ absl::Status CheckValidationConfig(const v1::OptimizationConfig& config) {
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                          const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
                          v1::ParityReport* report) {
-  const double atol = config.atol() > 0 ? config.atol() : kDefaultAtol;
-  const double rtol = config.rtol() > 0 ? config.rtol() : kDefaultRtol;
+  const double atol = config.has_atol() ? config.atol() : kDefaultAtol;
+  const double rtol = config.has_rtol() ? config.rtol() : kDefaultRtol;
   const int samples = config.samples() > 0 ? config.samples() : 1;
   report->set_seed(config.seed());
   const std::vector<std::string> names = OutputNames(original);

@@ -1,0 +1,301 @@
+// End to end: the real onnxopt-server binary on a loopback port, driven by the real onnxopt CLI.
+// Every wait is bounded; every server is stopped with SIGTERM (the drain path) at the end.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "optimizer/sha256.h"
+#include "tests/model_builder.h"
+
+extern char** environ;
+
+namespace onnxopt {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using testing::FixturePath;
+
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Starts `argv` with stdout/stderr in files; returns the pid.
+pid_t Spawn(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> args;
+  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// Waits for `pid` up to `timeout`, killing it past that; returns its exit code (-1 if killed).
+int WaitFor(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("onnxopt_e2e_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (server_ > 0) StopServer();
+    fs::remove_all(dir_);
+  }
+
+  void StartServer(std::vector<std::string> flags = {}) {
+    const fs::path port_file = dir_ / "port";
+    fs::remove(port_file);
+    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                     absl::StrCat("--data_dir=", (dir_ / "data").string()),
+                                     absl::StrCat("--port_file=", port_file.string())};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    server_ = Spawn(argv, dir_ / "server.out", dir_ / "server.err");
+    ASSERT_GT(server_, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!fs::exists(port_file) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(fs::exists(port_file)) << Slurp(dir_ / "server.err");
+    address_ = absl::StrCat("127.0.0.1:", Slurp(port_file));
+  }
+
+  int StopServer() {
+    kill(server_, SIGTERM);
+    const int code = WaitFor(server_, std::chrono::seconds(60));
+    server_ = -1;
+    return code;
+  }
+
+  struct Result {
+    int code;
+    std::string out;
+    std::string err;
+  };
+  Result Cli(std::vector<std::string> args) {
+    std::vector<std::string> argv = {ONNXOPT_CLI_BIN, "--server", address_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t pid = Spawn(argv, dir_ / "cli.out", dir_ / "cli.err");
+    Result result{pid > 0 ? WaitFor(pid, std::chrono::seconds(180)) : -1, "", ""};
+    result.out = Slurp(dir_ / "cli.out");
+    result.err = Slurp(dir_ / "cli.err");
+    return result;
+  }
+
+  fs::path WriteFile(const std::string& name, const std::string& content) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path, std::ios::binary) << content;
+    return path;
+  }
+
+  // A config that keeps a job in its benchmark phase until cancelled (bounded by its own budget).
+  fs::path LongJobConfig() {
+    return WriteFile("long.json", R"({"benchmark": {"iterations": 100000, "time_budget_seconds": 600, "warmup_runs": 1}})");
+  }
+
+  std::string Submit(const fs::path& model, const fs::path& config) {
+    Result result = Cli({"submit", model.string(), "--config", config.string()});
+    EXPECT_EQ(result.code, 0) << result.err;
+    return std::string(absl::StripTrailingAsciiWhitespace(result.out));
+  }
+
+  // Polls `status` until its text contains `needle`.
+  bool WaitForStatus(const std::string& job, const std::string& needle) {
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    while (Clock::now() < deadline) {
+      if (absl::StrContains(Cli({"status", job}).out, needle)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  pid_t server_ = -1;
+  std::string address_;
+};
+
+TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"preset": "basic", "benchmark": {"iterations": 10}})");
+  const fs::path out = dir_ / "out" / "bert.onnx";
+  Result submit = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", config.string(), "-o", out.string()});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  EXPECT_TRUE(absl::StrContains(submit.out, "optimized model: " + out.string()));
+  EXPECT_TRUE(absl::StrContains(submit.out, "nodes 261 -> 253"));
+  ASSERT_TRUE(fs::exists(out));
+  ASSERT_TRUE(fs::exists(out.string() + ".report.json"));
+
+  Result compare = Cli({"compare", FixturePath("bert_tiny.onnx").string(), out.string()});
+  EXPECT_EQ(compare.code, 0) << compare.out << compare.err;
+  EXPECT_TRUE(absl::StrContains(compare.out, "PASSED"));
+
+  const std::string job = submit.out.substr(0, submit.out.find('\n'));
+  Result report = Cli({"report", job});
+  EXPECT_EQ(report.code, 0);
+  EXPECT_TRUE(absl::StrContains(report.out, "eliminate_identity")) << report.out;
+  EXPECT_TRUE(absl::StrContains(report.out, "speedup"));
+  Result json = Cli({"status", job, "--json"});
+  EXPECT_TRUE(absl::StrContains(json.out, "\"state\": \"SUCCEEDED\"")) << json.out;
+  EXPECT_TRUE(absl::StrContains(Cli({"list", "--state", "succeeded"}).out, job));
+  EXPECT_TRUE(absl::StrContains(Cli({"passes"}).out, "eliminate_dead_nodes"));
+  EXPECT_TRUE(absl::StrContains(Cli({"info"}).out, "ONNX Runtime   1.29"));
+  EXPECT_EQ(StopServer(), 0);
+}
+
+TEST_F(E2eTest, VisionAndExternalDataModels) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 5}})");
+  for (const char* model : {"cnn_tiny.onnx", "mlp_external/model.onnx"}) {
+    const fs::path out = dir_ / (std::string(model).substr(0, 3) + ".onnx");
+    Result submit = Cli({"submit", FixturePath(model).string(), "--config", config.string(), "-o", out.string()});
+    ASSERT_EQ(submit.code, 0) << model << ": " << submit.err;
+    Result compare = Cli({"compare", FixturePath(model).string(), out.string()});
+    EXPECT_EQ(compare.code, 0) << model << ": " << compare.out << compare.err;
+  }
+}
+
+TEST_F(E2eTest, CancelStopsARunningJob) {
+  StartServer();
+  const std::string job = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());
+  ASSERT_TRUE(WaitForStatus(job, "benchmarking"));
+  Result cancel = Cli({"cancel", job});
+  EXPECT_EQ(cancel.code, 0) << cancel.err;
+  Result watch = Cli({"watch", job});
+  EXPECT_EQ(watch.code, 4) << watch.out << watch.err;
+  EXPECT_TRUE(absl::StrContains(Cli({"status", job}).out, "CANCELLED"));
+  Result download = Cli({"download", job, "-o", (dir_ / "x.onnx").string()});
+  EXPECT_EQ(download.code, 5) << "no model for a cancelled job";
+}
+
+TEST_F(E2eTest, BadInputsGetClearErrorsAndTheServerKeepsServing) {
+  StartServer();
+  // A checksum that does not match the bytes: DATA_LOSS, nothing stored.
+  auto stub = v1::Optimizer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  const std::string claimed = Sha256OfBytes("the real model");
+  {
+    grpc::ClientContext context;
+    v1::Blob blob;
+    auto writer = stub->UploadBlob(&context, &blob);
+    v1::UploadBlobRequest chunk;
+    chunk.set_sha256(claimed);
+    chunk.set_total_size(8);
+    chunk.set_data("tampered");
+    chunk.set_finish_write(true);
+    writer->Write(chunk);
+    writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "CHECKSUM_MISMATCH"));
+  }
+  onnxopt::client::Client client(address_);
+  v1::ModelRef missing;
+  missing.set_sha256(claimed);
+  EXPECT_EQ(client.CreateJob(missing, {}).status().code(), absl::StatusCode::kNotFound);
+
+  Result garbage = Cli({"submit", WriteFile("garbage.onnx", std::string(4096, '\x07')).string()});
+  EXPECT_EQ(garbage.code, 5);
+  EXPECT_TRUE(absl::StrContains(garbage.err, "MODEL_PARSE_FAILED")) << garbage.err;
+
+  // Bytes that parse locally but are not a model the server accepts: uploaded raw, refused at CreateJob.
+  auto blob = client.UploadFile(WriteFile("empty.onnx", ""));
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  v1::ModelRef empty;
+  empty.set_sha256(blob->sha256());
+  auto refused = client.CreateJob(empty, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+
+  Result bad_config = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config",
+                           WriteFile("bad.json", R"({"preset": "turbo"})").string()});
+  EXPECT_EQ(bad_config.code, 5);
+  EXPECT_TRUE(absl::StrContains(bad_config.err, "unknown preset 'turbo'")) << bad_config.err;
+  Result unknown_field = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config",
+                              WriteFile("typo.json", R"({"presett": "basic"})").string()});
+  EXPECT_EQ(unknown_field.code, 5);
+
+  Result unknown_job = Cli({"status", "jobs/does-not-exist"});
+  EXPECT_EQ(unknown_job.code, 5);
+  EXPECT_TRUE(absl::StrContains(unknown_job.err, "NOT_FOUND"));
+  EXPECT_EQ(Cli({"frobnicate"}).code, 2);
+
+  EXPECT_EQ(Cli({"info"}).code, 0) << "still serving";
+  EXPECT_EQ(StopServer(), 0);
+}
+
+TEST_F(E2eTest, FullQueueAnswersResourceExhausted) {
+  StartServer({"--workers=1", "--queue_capacity=1"});
+  const fs::path config = LongJobConfig();
+  const std::string running = Submit(FixturePath("bert_tiny.onnx"), config);
+  ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
+  const std::string queued = Submit(FixturePath("cnn_tiny.onnx"), config);
+  Result full = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string()});
+  EXPECT_EQ(full.code, 3) << full.err;
+  EXPECT_TRUE(absl::StrContains(full.err, "QUEUE_FULL")) << full.err;
+  EXPECT_EQ(Cli({"cancel", queued}).code, 0);
+  EXPECT_TRUE(absl::StrContains(Cli({"status", queued}).out, "CANCELLED"));
+  EXPECT_EQ(Cli({"cancel", running}).code, 0);
+  EXPECT_EQ(Cli({"watch", running}).code, 4);
+}
+
+TEST_F(E2eTest, RequestIdMakesRetriesReturnTheSameJob) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");
+  Result first = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string(), "--request-id", "r-1"});
+  Result second = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string(), "--request-id", "r-1"});
+  ASSERT_EQ(first.code, 0);
+  ASSERT_EQ(second.code, 0);
+  EXPECT_EQ(first.out, second.out);
+}
+
+TEST_F(E2eTest, DrainKeepsUnfinishedJobsForTheNextStart) {
+  StartServer({"--workers=1", "--drain_grace_seconds=0"});
+  const std::string running = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());
+  ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
+  const std::string waiting = Submit(FixturePath("cnn_tiny.onnx"), WriteFile("quick.json", R"({"benchmark": {"iterations": 3}})"));
+  EXPECT_EQ(StopServer(), 0) << Slurp(dir_ / "server.err");
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), "queued job(s) kept for the next start"));
+
+  StartServer({"--workers=1"});
+  // The interrupted job runs again, the waiting one after it.
+  ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
+  EXPECT_TRUE(absl::StrContains(Cli({"status", waiting}).out, "QUEUED"));
+  EXPECT_EQ(Cli({"cancel", running}).code, 0);
+  Result watch = Cli({"watch", waiting});
+  EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
+  EXPECT_EQ(StopServer(), 0);
+}
+
+}  // namespace
+}  // namespace onnxopt

@@ -1,0 +1,162 @@
+#include "optimizer/graph.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::FixturePath;
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+
+std::string FileBytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// parse -> IR -> serialize is byte-identical for every fixture when no pass edits the graph.
+TEST(GraphTest, UntouchedModelsRoundTripByteIdentical) {
+  for (const char* name : {"bert_tiny.onnx", "bert_tiny_train.onnx", "cnn_tiny.onnx", "mlp_external/model.onnx"}) {
+    const std::string bytes = FileBytes(FixturePath(name));
+    auto model = ParseModel(bytes);
+    ASSERT_TRUE(model.ok()) << name << ": " << model.status();
+    {
+      Graph graph(model->mutable_graph());
+      EXPECT_GT(graph.NodeCount(), 0);
+      ASSERT_TRUE(graph.Commit().ok());
+    }
+    EXPECT_EQ(model->SerializeAsString(), bytes) << name;
+  }
+}
+
+TEST(GraphTest, IndexesProducersAndConsumers) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Neg", {"a"}, {"b"});
+  *proto.add_node() = MakeNode("Add", {"a", "b"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  Graph graph(&proto);
+  ASSERT_NE(graph.Producer("a"), nullptr);
+  EXPECT_EQ(graph.Producer("a")->op_type(), "Relu");
+  EXPECT_EQ(graph.Consumers("a").size(), 2u);
+  EXPECT_TRUE(graph.IsGraphInput("x"));
+  EXPECT_TRUE(graph.IsGraphOutput("y"));
+  EXPECT_EQ(graph.Producer("x"), nullptr);
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
+TEST(GraphTest, EditedGraphIsWrittenInTopologicalOrderAndDropsStaleValueInfo) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Identity", {"a"}, {"b"});
+  *proto.add_node() = MakeNode("Neg", {"b"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  *proto.add_value_info() = FloatValue("a", {2});
+  *proto.add_value_info() = FloatValue("b", {2});
+  {
+    Graph graph(&proto);
+    Node* identity = graph.Producer("b");
+    graph.RemoveNode(identity);
+    graph.ReplaceAllUsesWith("b", "a");
+    // A node added "before" the first one, that reads a later value, must still come after it.
+    onnx::NodeProto extra = MakeNode("Abs", {"y"}, {"z"});
+    graph.AddNode(extra, graph.Producer("a"), /*after=*/false);
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  ASSERT_EQ(proto.node_size(), 3);
+  EXPECT_EQ(proto.node(0).op_type(), "Relu");
+  EXPECT_EQ(proto.node(1).op_type(), "Neg");
+  EXPECT_EQ(proto.node(1).input(0), "a");
+  EXPECT_EQ(proto.node(2).op_type(), "Abs");
+  ASSERT_EQ(proto.value_info_size(), 1);
+  EXPECT_EQ(proto.value_info(0).name(), "a");
+}
+
+TEST(GraphTest, RenameValueReachesGraphOutputsAndValueInfo) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("a", {2});
+  *proto.add_value_info() = FloatValue("a", {2});
+  {
+    Graph graph(&proto);
+    ASSERT_TRUE(graph.RenameValue("a", "out").ok());
+    EXPECT_TRUE(graph.IsGraphOutput("out"));
+    EXPECT_FALSE(graph.RenameValue("x", "other").ok()) << "graph inputs cannot be renamed";
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  EXPECT_EQ(proto.node(0).output(0), "out");
+  EXPECT_EQ(proto.output(0).name(), "out");
+  EXPECT_EQ(proto.value_info(0).name(), "out");
+}
+
+// A value read only inside an If branch is a consumer of the If node in the outer graph, and
+// rewiring it reaches into the branch.
+TEST(GraphTest, SubgraphReadsAreImplicitInputsAndRenamesReachThem) {
+  onnx::GraphProto then_branch;
+  then_branch.set_name("then");
+  *then_branch.add_node() = MakeNode("Neg", {"a"}, {"t"});
+  *then_branch.add_output() = FloatValue("t", {2});
+  onnx::GraphProto else_branch;
+  else_branch.set_name("else");
+  *else_branch.add_node() = MakeNode("Abs", {"a"}, {"e"});
+  *else_branch.add_output() = FloatValue("e", {2});
+
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"r"});
+  *proto.add_node() = MakeNode("Identity", {"r"}, {"a"});
+  onnx::NodeProto if_node = MakeNode("If", {"cond"}, {"y"});
+  auto* then_attr = if_node.add_attribute();
+  then_attr->set_name("then_branch");
+  then_attr->set_type(onnx::AttributeProto::GRAPH);
+  *then_attr->mutable_g() = then_branch;
+  auto* else_attr = if_node.add_attribute();
+  else_attr->set_name("else_branch");
+  else_attr->set_type(onnx::AttributeProto::GRAPH);
+  *else_attr->mutable_g() = else_branch;
+  *proto.add_node() = if_node;
+  {
+    Graph graph(&proto);
+    ASSERT_EQ(graph.Consumers("a").size(), 1u);
+    EXPECT_EQ(graph.Consumers("a")[0]->op_type(), "If");
+    EXPECT_TRUE(graph.Consumers("a")[0]->implicit_inputs().count("a"));
+    EXPECT_EQ(graph.NodeCountRecursive(), 5);
+    graph.RemoveNode(graph.Producer("a"));
+    graph.ReplaceAllUsesWith("a", "r");
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  ASSERT_EQ(proto.node_size(), 2);
+  EXPECT_EQ(proto.node(1).attribute(0).g().node(0).input(0), "r");
+  EXPECT_EQ(proto.node(1).attribute(1).g().node(0).input(0), "r");
+  EXPECT_EQ(CountNodes(proto), 4);
+}
+
+TEST(GraphTest, CycleIsReportedNotWritten) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Neg", {"a"}, {"b"});
+  Graph graph(&proto);
+  graph.SetInput(graph.Producer("a"), 0, "b");  // a = Relu(b), b = Neg(a)
+  absl::Status status = graph.Commit();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+}
+
+TEST(GraphTest, UniqueNamesDoNotCollide) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"v_onnxopt_0"});
+  Graph graph(&proto);
+  const std::string name = graph.UniqueName("v");
+  EXPECT_NE(name, "v_onnxopt_0");
+  EXPECT_NE(graph.UniqueName("v"), name);
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
+}  // namespace
+}  // namespace onnxopt

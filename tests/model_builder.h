@@ -1,0 +1,79 @@
+// Small helpers to write ONNX models by hand in tests, in the spirit of onnx.helper.
+#ifndef ONNXOPT_TESTS_MODEL_BUILDER_H_
+#define ONNXOPT_TESTS_MODEL_BUILDER_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+
+namespace onnxopt::testing {
+
+inline onnx::NodeProto MakeNode(const std::string& op, std::vector<std::string> inputs, std::vector<std::string> outputs,
+                                const std::string& name = "") {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name(name.empty() ? op + "_" + (outputs.empty() ? std::string("x") : outputs[0]) : name);
+  for (auto& input : inputs) node.add_input(input);
+  for (auto& output : outputs) node.add_output(output);
+  return node;
+}
+
+inline onnx::ValueInfoProto MakeValue(const std::string& name, int32_t element_type, std::vector<int64_t> dims) {
+  onnx::ValueInfoProto value;
+  value.set_name(name);
+  auto* tensor = value.mutable_type()->mutable_tensor_type();
+  tensor->set_elem_type(element_type);
+  auto* shape = tensor->mutable_shape();
+  for (int64_t dim : dims) {
+    if (dim < 0) {
+      shape->add_dim()->set_dim_param("batch");
+    } else {
+      shape->add_dim()->set_dim_value(dim);
+    }
+  }
+  return value;
+}
+
+inline onnx::ValueInfoProto FloatValue(const std::string& name, std::vector<int64_t> dims) {
+  return MakeValue(name, onnx::TensorProto::FLOAT, std::move(dims));
+}
+
+inline onnx::TensorProto FloatTensor(const std::string& name, std::vector<int64_t> dims, std::vector<float> values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t dim : dims) tensor.add_dims(dim);
+  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  return tensor;
+}
+
+inline onnx::TensorProto BoolScalar(const std::string& name, bool value) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::BOOL);
+  tensor.add_int32_data(value ? 1 : 0);
+  return tensor;
+}
+
+inline onnx::ModelProto MakeModel(onnx::GraphProto graph, int64_t opset = 14) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.set_producer_name("onnxopt-tests");
+  auto* import = model.add_opset_import();
+  import->set_domain("");
+  import->set_version(opset);
+  *model.mutable_graph() = std::move(graph);
+  return model;
+}
+
+// Where the fixtures live; CMake passes the source folder in ONNXOPT_SOURCE_DIR.
+inline std::filesystem::path FixturePath(const std::string& name) {
+  return std::filesystem::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / name;
+}
+
+}  // namespace onnxopt::testing
+
+#endif  // ONNXOPT_TESTS_MODEL_BUILDER_H_

@@ -1,0 +1,150 @@
+#include "optimizer/pass_manager.h"
+
+#include <atomic>
+
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+
+v1::OptimizationConfig ConfigFromJson(const std::string& json) {
+  v1::OptimizationConfig config;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &config).ok()) << json;
+  return config;
+}
+
+// A pass that rewrites a fixed number of times, to drive the fixed-point logic.
+class CountingPass final : public Pass {
+ public:
+  explicit CountingPass(int* budget) : budget_(budget) {}
+  absl::string_view name() const override { return "counting"; }
+  absl::string_view description() const override { return "rewrites while its budget lasts"; }
+  std::vector<ParamSpec> params() const override {
+    return {{"step", ParamType::kInt, "1", "rewrites per run"}, {"scale", ParamType::kDouble, "0.5", "unused"}};
+  }
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    if (*budget_ > 0) {
+      --*budget_;
+      context.CountRewrite(context.params().GetInt("step"));
+    } else {
+      context.Skip("budget spent");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int* budget_;
+};
+
+TEST(BuildPipelineTest, DefaultIsTheBasicPresetAsOneFixedPointGroup) {
+  auto pipeline = BuildPipeline(v1::OptimizationConfig(), DefaultPassRegistry());
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  ASSERT_EQ(pipeline->steps.size(), 1u);
+  EXPECT_EQ(pipeline->steps[0].max_iterations, kDefaultMaxIterations);
+  EXPECT_EQ(pipeline->ToString(),
+            "fixed_point(eliminate_identity,eliminate_dropout,eliminate_dead_nodes,eliminate_unused_initializers)<=8");
+}
+
+TEST(BuildPipelineTest, RejectsBadConfigsWithReasons) {
+  struct Case {
+    const char* json;
+    const char* message_part;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"preset": "fastest"})", "unknown preset 'fastest'"},
+           {R"({"passes": [{"name": "fold_everything"}]})", "unknown pass 'fold_everything'"},
+           {R"({"passes": [{"name": "eliminate_identity", "params": {"x": 1}}]})", "has no parameter 'x'"},
+           {R"({"preset": "basic", "passes": [{"name": "eliminate_identity"}]})", "not both"},
+           {R"({"max_iterations": 1000})", "max_iterations"},
+       }) {
+    auto pipeline = BuildPipeline(ConfigFromJson(c.json), DefaultPassRegistry());
+    ASSERT_FALSE(pipeline.ok()) << c.json;
+    EXPECT_EQ(pipeline.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(pipeline.status().message().find(c.message_part), std::string::npos) << pipeline.status();
+  }
+}
+
+TEST(BuildPipelineTest, TypeChecksParameters) {
+  int budget = 0;
+  PassRegistry registry;
+  registry.Register(std::make_unique<CountingPass>(&budget));
+  auto good = BuildPipeline(ConfigFromJson(R"({"passes": [{"name": "counting", "params": {"step": 3, "scale": "0.25"}}]})"),
+                            registry);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->steps[0].passes[0].params.GetInt("step"), 3);
+  EXPECT_DOUBLE_EQ(good->steps[0].passes[0].params.GetDouble("scale"), 0.25);
+  for (const char* json : {R"({"passes": [{"name": "counting", "params": {"step": 1.5}}]})",
+                           R"({"passes": [{"name": "counting", "params": {"step": true}}]})",
+                           R"({"passes": [{"name": "counting", "params": {"scale": "abc"}}]})"}) {
+    auto bad = BuildPipeline(ConfigFromJson(json), registry);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << json;
+  }
+}
+
+onnx::ModelProto TinyModel() {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"y"});
+  *graph.add_input() = FloatValue("x", {2});
+  *graph.add_output() = FloatValue("y", {2});
+  return MakeModel(graph);
+}
+
+TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) {
+  int budget = 3;
+  PassRegistry registry;
+  registry.Register(std::make_unique<CountingPass>(&budget));
+  registry.AddPreset({"loop", "", {"counting"}, true});
+  onnx::ModelProto model = TinyModel();
+  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
+  ASSERT_TRUE(pipeline.ok());
+  std::vector<v1::PassReport> reports;
+  ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
+  ASSERT_EQ(reports.size(), 4u);  // 3 rewriting sweeps, then one that finds nothing
+  EXPECT_EQ(reports[3].iteration(), 4);
+  EXPECT_EQ(reports[3].skipped(0).reason(), "budget spent");
+
+  budget = 100;
+  reports.clear();
+  auto capped = BuildPipeline(ConfigFromJson(R"({"preset": "loop", "max_iterations": 5})"), registry);
+  ASSERT_TRUE(capped.ok());
+  ASSERT_TRUE(RunPipeline(*capped, &model, {}, &reports).ok());
+  EXPECT_EQ(reports.size(), 5u);
+  EXPECT_EQ(budget, 95);
+}
+
+TEST(RunPipelineTest, CancellationStopsBetweenPasses) {
+  onnx::ModelProto model = TinyModel();
+  auto pipeline = BuildPipeline(v1::OptimizationConfig(), DefaultPassRegistry());
+  ASSERT_TRUE(pipeline.ok());
+  std::atomic<bool> cancelled{false};
+  PassManagerOptions options;
+  options.cancelled = &cancelled;
+  int started = 0;
+  options.on_pass_start = [&](const std::string&, int, int) {
+    if (++started == 2) cancelled = true;
+  };
+  std::vector<v1::PassReport> reports;
+  absl::Status status = RunPipeline(*pipeline, &model, options, &reports);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(reports.size(), 2u);
+}
+
+TEST(OpHistogramTest, CountsSubgraphsAndQualifiesDomains) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  onnx::NodeProto contrib = MakeNode("FastGelu", {"a"}, {"y"});
+  contrib.set_domain("com.microsoft");
+  *graph.add_node() = contrib;
+  auto histogram = OpHistogram(graph);
+  EXPECT_EQ(histogram["Relu"], 1);
+  EXPECT_EQ(histogram["com.microsoft::FastGelu"], 1);
+}
+
+}  // namespace
+}  // namespace onnxopt

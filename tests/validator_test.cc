@@ -1,0 +1,151 @@
+#include "optimizer/validator.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "optimizer/input_generator.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::FixturePath;
+
+Ort::Value FloatTensorValue(std::vector<float>& data) {
+  static Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  const int64_t shape[] = {static_cast<int64_t>(data.size())};
+  return Ort::Value::CreateTensor<float>(memory, data.data(), data.size(), shape, 1);
+}
+
+TEST(AllCloseTest, FollowsTheAllcloseRule) {
+  EXPECT_TRUE(AllClose(1.0, 1.0, 0, 0));
+  EXPECT_FALSE(AllClose(1.0 + 1e-9, 1.0, 0, 0));
+  EXPECT_TRUE(AllClose(1.001, 1.0, 0, 1e-3 + 1e-12));
+  EXPECT_TRUE(AllClose(1e-5, 0.0, 1e-4, 0));
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(AllClose(nan, nan, 0, 0));
+  EXPECT_FALSE(AllClose(nan, 1.0, 1, 1));
+  EXPECT_TRUE(AllClose(inf, inf, 0, 0));
+  EXPECT_FALSE(AllClose(-inf, inf, 1, 1));
+}
+
+TEST(CompareOutputTest, MeasuresErrorsAndFlagsIntroducedNaN) {
+  std::vector<float> expected = {1, 2, 3, 4};
+  std::vector<float> close = {1, 2, 3, 4.0001f};
+  std::vector<float> broken = {1, std::nanf(""), 3, 5};
+  v1::OutputParity ok;
+  CompareOutput(FloatTensorValue(expected), FloatTensorValue(close), 1e-3, 0, &ok);
+  EXPECT_TRUE(ok.passed());
+  EXPECT_NEAR(ok.max_abs_error(), 1e-4, 1e-5);
+  v1::OutputParity bad;
+  CompareOutput(FloatTensorValue(expected), FloatTensorValue(broken), 1e-3, 0, &bad);
+  EXPECT_FALSE(bad.passed());
+  EXPECT_TRUE(bad.nan_or_inf_introduced());
+  EXPECT_DOUBLE_EQ(bad.mismatch_fraction(), 0.5);
+  EXPECT_DOUBLE_EQ(bad.max_abs_error(), 1.0);
+  std::vector<float> shorter = {1, 2, 3};
+  v1::OutputParity shape;
+  CompareOutput(FloatTensorValue(expected), FloatTensorValue(shorter), 1, 1, &shape);
+  EXPECT_FALSE(shape.passed());
+  EXPECT_NE(shape.note().find("shape"), std::string::npos);
+}
+
+TEST(SummarizeTest, Percentiles) {
+  std::vector<double> latencies;
+  for (int i = 100; i >= 1; --i) latencies.push_back(i);
+  v1::LatencyStats stats = Summarize(latencies);
+  EXPECT_EQ(stats.runs(), 100);
+  EXPECT_NEAR(stats.p50_ms(), 50.5, 1e-9);
+  EXPECT_NEAR(stats.p90_ms(), 90.1, 1e-9);
+  EXPECT_DOUBLE_EQ(stats.min_ms(), 1);
+  EXPECT_DOUBLE_EQ(stats.max_ms(), 100);
+  EXPECT_NEAR(stats.mean_ms(), 50.5, 1e-9);
+}
+
+TEST(InputGeneratorTest, IdsStayInsideTheEmbeddingTableAndDimsFollowTheConfig) {
+  auto model = LoadModel(FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(model.ok());
+  auto session = CreateSession({model->SerializeAsString(), {}}, {});
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ValidationConfig config;
+  (*config.mutable_dim_values())["sequence"] = 24;
+  config.set_seed(7);
+  auto inputs = GenerateInputs(**session, *model, config, 0);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  ASSERT_EQ(inputs->names.size(), 3u);
+  for (size_t i = 0; i < inputs->names.size(); ++i) {
+    EXPECT_EQ(inputs->shapes[inputs->names[i]], "1x24");
+    const int64_t* data = inputs->values[i].GetTensorData<int64_t>();
+    int64_t low = INT64_MAX, high = INT64_MIN;
+    for (int k = 0; k < 24; ++k) {
+      low = std::min(low, data[k]);
+      high = std::max(high, data[k]);
+    }
+    if (inputs->names[i] == "input_ids") {
+      EXPECT_GE(low, 0);
+      EXPECT_LT(high, 128);
+      EXPECT_GT(high, low) << "ids should vary";
+    } else if (inputs->names[i] == "attention_mask") {
+      EXPECT_EQ(low, 1);
+      EXPECT_EQ(high, 1);
+    } else {
+      EXPECT_GE(low, 0);
+      EXPECT_LT(high, 2);  // token types index a table of 2 rows
+    }
+  }
+}
+
+TEST(OptimizeTest, LocalRunProducesAModelAndACompleteReport) {
+  const auto out = std::filesystem::temp_directory_path() / ("onnxopt_optimize_" + std::to_string(::getpid()));
+  OptimizeRequest request;
+  request.model_path = FixturePath("bert_tiny.onnx");
+  request.output_dir = out;
+  request.config.mutable_benchmark()->set_iterations(5);
+  request.config.mutable_benchmark()->set_warmup_runs(1);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::Report& report = result->report;
+  EXPECT_EQ(report.original().nodes(), 261);
+  EXPECT_EQ(report.optimized().nodes(), 253);
+  EXPECT_TRUE(report.parity().passed());
+  EXPECT_EQ(report.parity().outputs_size(), 2);
+  EXPECT_EQ(report.benchmark().original().runs(), 5);
+  EXPECT_GT(report.benchmark().speedup(), 0);
+  EXPECT_EQ(report.benchmark().execution_provider(), "CPUExecutionProvider");
+  EXPECT_TRUE(std::filesystem::exists(out / "model.onnx"));
+  std::filesystem::remove_all(out);
+}
+
+TEST(OptimizeTest, CudaIsAnErrorWhereThereIsNoneNeverASilentFallback) {
+  if (ProviderFor(v1::DEVICE_CUDA).ok()) GTEST_SKIP() << "this machine has CUDA";
+  OptimizeRequest request;
+  request.model_path = FixturePath("cnn_tiny.onnx");
+  request.output_dir = std::filesystem::temp_directory_path() / ("onnxopt_cuda_" + std::to_string(::getpid()));
+  request.config.mutable_benchmark()->set_device(v1::DEVICE_CUDA);
+  auto result = Optimize(request);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(result.status().message().find("CUDA_UNAVAILABLE"), std::string::npos);
+  std::filesystem::remove_all(request.output_dir);
+}
+
+TEST(OptimizeTest, NewerOpsetsLoadWithAWarningInsteadOfTheChecker) {
+  onnx::GraphProto graph;
+  *graph.add_node() = testing::MakeNode("Relu", {"x"}, {"y"});
+  *graph.add_input() = testing::FloatValue("x", {2});
+  *graph.add_output() = testing::FloatValue("y", {2});
+  std::vector<std::string> warnings;
+  EXPECT_TRUE(CheckModel(testing::MakeModel(graph, 21), &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("opset 21"), std::string::npos);
+  onnx::GraphProto broken = graph;
+  broken.mutable_node(0)->set_input(0, "missing");
+  EXPECT_EQ(CheckModel(testing::MakeModel(broken, 14), &warnings).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace onnxopt
