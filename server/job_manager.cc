@@ -19,6 +19,12 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
+// Now() has whole seconds in this protobuf build; jobs need finer times.
+google::protobuf::Timestamp Now() {
+  return TimeUtil::NanosecondsToTimestamp(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
 v1::JobPhase ToProto(Phase phase) {
   switch (phase) {
     case Phase::kLoading: return v1::PHASE_LOADING;
@@ -171,7 +177,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) 
   job.set_state(v1::QUEUED);
   *job.mutable_model() = request.model();
   *job.mutable_config() = request.config();
-  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  *job.mutable_create_time() = Now();
   bool created = false;
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
   if (!stored.ok() || !created) return stored;
@@ -240,7 +246,7 @@ void JobManager::Finish(const std::string& name, const absl::Status& status, con
                         double seconds) {
   std::string outcome = "succeeded";
   auto updated = store_->Update(name, [&](v1::Job& job) {
-    *job.mutable_end_time() = TimeUtil::GetCurrentTime();
+    *job.mutable_end_time() = Now();
     if (status.ok()) {
       job.set_state(v1::SUCCEEDED);
       *job.mutable_result() = *result;
@@ -276,7 +282,7 @@ void JobManager::RunJob(const std::string& name) {
   if (job->cancel_requested()) flag->store(true);
   UpdateOrLog(name, [](v1::Job& j) {
     j.set_state(v1::RUNNING);
-    *j.mutable_start_time() = TimeUtil::GetCurrentTime();
+    *j.mutable_start_time() = Now();
     j.mutable_progress()->set_phase(v1::PHASE_LOADING);
   });
 
