@@ -181,6 +181,21 @@ absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const 
       return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on "
                                                      "generated inputs: ", expected.status().message()));
     }
+    if (sample == 0) {
+      // A model that disagrees with itself (random ops, training-mode Dropout) cannot be judged.
+      auto again = RunSession(original, *inputs, output_names);
+      if (!again.ok()) return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ", again.status().message()));
+      for (size_t i = 0; i < names.size(); ++i) {
+        v1::OutputParity self;
+        CompareOutput((*expected)[i], (*again)[i], atol, rtol, &self);
+        if (!self.passed()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "NONDETERMINISTIC_MODEL: the original model's output '", names[i],
+              "' differs between two runs on the same inputs (random operators or training-mode Dropout?), so "
+              "parity cannot be judged; set validation.skip to optimize it without a parity check"));
+        }
+      }
+    }
     auto actual = RunSession(optimized, *inputs, output_names);
     if (!actual.ok()) {
       return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the optimized model: ", actual.status().message()));

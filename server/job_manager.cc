@@ -12,6 +12,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "server/worker_protocol.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
@@ -288,42 +289,30 @@ void JobManager::RunJob(const std::string& name) {
 
   const fs::path input_dir = JobDir(name) / "input";
   const fs::path output_dir = OutputDir(name);
-  v1::Report report;
-  absl::StatusOr<OptimizeResult> outcome = absl::UnknownError("not run");
-  try {
-    std::error_code error;
-    fs::remove_all(output_dir, error);
-    absl::Status staged = PrepareInputs(*job, input_dir);
-    if (!staged.ok()) {
-      outcome = staged;
-    } else {
-      OptimizeRequest request;
-      request.model_path = input_dir / "model.onnx";
-      request.output_dir = output_dir;
-      request.config = job->config();
-      request.cancelled = flag.get();
-      request.on_progress = [&](Phase phase, const std::string& pass, int done, int total) {
-        UpdateOrLog(name, [&](v1::Job& j) {
-          v1::JobProgress* progress = j.mutable_progress();
-          progress->set_phase(ToProto(phase));
-          progress->set_current_pass(pass);
-          progress->set_passes_done(done);
-          progress->set_passes_total(total);
-        });
-      };
-      outcome = Optimize(request, &report);
-    }
-  } catch (const std::exception& e) {
-    outcome = absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
-  } catch (...) {
-    outcome = absl::InternalError("unexpected error");
-  }
+  const fs::path config_path = JobDir(name) / "config.pb";
+  absl::Status outcome = absl::OkStatus();
   std::error_code ignored;
+  fs::remove_all(output_dir, ignored);
+  fs::create_directories(output_dir, ignored);
+  outcome = PrepareInputs(*job, input_dir);
+  if (outcome.ok()) outcome = WriteFileAtomically(config_path, job->config().SerializeAsString());
+  if (outcome.ok()) {
+    outcome = RunWorkerProcess(options_.worker, input_dir / "model.onnx", output_dir, config_path, *flag,
+                               [&](const WorkerLine& line) {
+                                 UpdateOrLog(name, [&](v1::Job& j) {
+                                   v1::JobProgress* progress = j.mutable_progress();
+                                   progress->set_phase(ToProto(line.phase));
+                                   progress->set_current_pass(line.pass);
+                                   progress->set_passes_done(line.done);
+                                   progress->set_passes_total(line.total);
+                                 });
+                               });
+  }
   fs::remove_all(input_dir, ignored);
   forget_flag();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  if (!outcome.ok() && outcome.status().code() == absl::StatusCode::kCancelled && interrupting_) {
+  if (outcome.code() == absl::StatusCode::kCancelled && interrupting_) {
     // Shutdown, not the user: run it again at the next start.
     UpdateOrLog(name, [](v1::Job& j) {
       j.set_state(v1::QUEUED);
@@ -332,21 +321,26 @@ void JobManager::RunJob(const std::string& name) {
     });
     return;
   }
+  // The worker leaves a report (partial when it failed) unless it crashed before writing one.
+  v1::Report report;
+  absl::StatusOr<std::string> report_bytes = ReadFile(output_dir / "report.pb");
+  if (report_bytes.ok()) report.ParseFromString(*report_bytes);
   report.set_job(name);
   for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
-  fs::create_directories(output_dir, ignored);
   absl::Status report_written = WriteReport(report, output_dir);
   if (!outcome.ok()) {
-    Finish(name, outcome.status(), nullptr, seconds);
+    Finish(name, outcome, nullptr, seconds);
     return;
   }
   if (!report_written.ok()) {
     Finish(name, report_written, nullptr, seconds);
     return;
   }
+  std::vector<fs::path> files;
+  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json"}) {
+    if (fs::exists(output_dir / artifact, ignored)) files.push_back(output_dir / artifact);
+  }
   v1::JobResult result;
-  std::vector<fs::path> files = outcome->files;
-  files.push_back(output_dir / "report.json");
   for (const fs::path& file : files) {
     absl::StatusOr<std::string> digest = Sha256OfFile(file);
     if (!digest.ok()) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "onnxopt/v1/service.pb.h"
 #include "server/blob_store.h"
+#include "server/job_process.h"
 #include "server/job_queue.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -29,6 +30,7 @@ struct JobManagerOptions {
   std::filesystem::path data_dir;
   int workers = 2;
   size_t queue_capacity = 64;
+  WorkerLimits worker;  // each job runs in an onnxopt-worker child under these limits
 };
 
 class JobManager {

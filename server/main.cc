@@ -3,8 +3,13 @@
 //   onnxopt-server [--listen=127.0.0.1:50051] [--workers=2] [--queue_capacity=64]
 //                  [--data_dir=onnxopt-data] [--max_upload_bytes=...] [--metrics_listen=127.0.0.1:9464]
 //
+// Each job runs in an onnxopt-worker child process (--job_memory_limit_mb, --job_timeout_seconds), so a
+// model that crashes or exhausts it fails its own job only.
+//
 // SIGTERM or SIGINT drains: new jobs and uploads are refused (UNAVAILABLE), health turns NOT_SERVING,
 // running jobs get --drain_grace_seconds to finish, and whatever is left stays queued for the next start.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -35,6 +40,9 @@ ABSL_FLAG(std::string, data_dir, "onnxopt-data", "folder for the job database, b
 ABSL_FLAG(int64_t, max_upload_bytes, int64_t{8} << 30, "largest file (model or external data) one upload may be");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "address serving Prometheus /metrics; empty disables");
 ABSL_FLAG(int, drain_grace_seconds, 30, "on SIGTERM, how long running jobs may take to finish");
+ABSL_FLAG(std::string, worker_binary, "", "the onnxopt-worker each job runs in (default: next to this binary)");
+ABSL_FLAG(int64_t, job_memory_limit_mb, 16384, "address-space limit of a job's worker process in MiB; 0: none");
+ABSL_FLAG(int, job_timeout_seconds, 3600, "wall-time limit of one job; past it the job fails with JOB_TIMEOUT");
 ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to this file once serving");
 
 namespace {
@@ -65,8 +73,11 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail("data_dir", absl::InternalError(error.message()));
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
-      absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0) {
-    return Fail("flags", absl::InvalidArgumentError("workers, queue_capacity and max_upload_bytes must be >= 1"));
+      absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
+      absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1) {
+    return Fail("flags", absl::InvalidArgumentError(
+                             "workers, queue_capacity, max_upload_bytes and job_timeout_seconds must be >= 1, "
+                             "drain_grace_seconds and job_memory_limit_mb >= 0"));
   }
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes));
@@ -81,6 +92,13 @@ int main(int argc, char** argv) {
   options.data_dir = data_dir;
   options.workers = absl::GetFlag(FLAGS_workers);
   options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty() ? srv::DefaultWorkerBinary()
+                                                                     : std::filesystem::path(absl::GetFlag(FLAGS_worker_binary));
+  options.worker.memory_limit_mb = absl::GetFlag(FLAGS_job_memory_limit_mb);
+  options.worker.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
+  if (::access(options.worker.binary.c_str(), X_OK) != 0) {
+    return Fail("worker", absl::NotFoundError(absl::StrCat("cannot execute ", options.worker.binary.string())));
+  }
   srv::JobManager jobs(options, store->get(), blobs->get(), &metrics);
   absl::Status started = jobs.Start();
   if (!started.ok()) return Fail("job manager", started);

@@ -269,6 +269,26 @@ TEST_F(E2eTest, FullQueueAnswersResourceExhausted) {
   EXPECT_EQ(Cli({"watch", running}).code, 4);
 }
 
+// Each job runs in its own worker process: a job that blows its memory or time limit fails alone.
+TEST_F(E2eTest, JobsOverTheirLimitsFailAloneAndTheServerKeepsServing) {
+  StartServer({"--job_memory_limit_mb=40"});
+  Result starved = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--wait", "-o", (dir_ / "a.onnx").string()});
+  EXPECT_EQ(starved.code, 1) << starved.out << starved.err;
+  EXPECT_TRUE(absl::StrContains(starved.err, "FAILED")) << starved.err;
+  EXPECT_FALSE(fs::exists(dir_ / "a.onnx"));
+  EXPECT_EQ(Cli({"info"}).code, 0);
+  EXPECT_EQ(StopServer(), 0);
+
+  StartServer({"--job_timeout_seconds=2"});
+  Result slow = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", LongJobConfig().string(), "--wait"});
+  EXPECT_EQ(slow.code, 1) << slow.out << slow.err;
+  EXPECT_TRUE(absl::StrContains(slow.err, "JOB_TIMEOUT")) << slow.err;
+  const fs::path quick = WriteFile("quick.json", R"({"benchmark": {"iterations": 3}})");
+  Result after = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", quick.string(), "--wait",
+                      "-o", (dir_ / "c.onnx").string()});
+  EXPECT_EQ(after.code, 0) << after.err;
+}
+
 TEST_F(E2eTest, RequestIdMakesRetriesReturnTheSameJob) {
   StartServer();
   const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");

@@ -66,6 +66,7 @@ inline onnx::ModelProto MakeModel(onnx::GraphProto graph, int64_t opset = 14) {
   import->set_domain("");
   import->set_version(opset);
   *model.mutable_graph() = std::move(graph);
+  if (model.graph().name().empty()) model.mutable_graph()->set_name("test");
   return model;
 }
 

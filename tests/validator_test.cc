@@ -133,6 +133,31 @@ TEST(OptimizeTest, CudaIsAnErrorWhereThereIsNoneNeverASilentFallback) {
   std::filesystem::remove_all(request.output_dir);
 }
 
+TEST(OptimizeTest, ARandomOriginalIsReportedAsSuchNotBlamedOnTheOptimizer) {
+  // y = x + RandomNormalLike(x): every run differs, whatever the optimizer does.
+  onnx::GraphProto graph;
+  *graph.add_node() = testing::MakeNode("RandomNormalLike", {"x"}, {"noise"});
+  *graph.add_node() = testing::MakeNode("Add", {"x", "noise"}, {"y"});
+  *graph.add_input() = testing::FloatValue("x", {64});
+  *graph.add_output() = testing::FloatValue("y", {64});
+  const auto dir = std::filesystem::temp_directory_path() / ("onnxopt_random_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(WriteFileAtomically(dir / "random.onnx", testing::MakeModel(graph).SerializeAsString()).ok());
+  OptimizeRequest request;
+  request.model_path = dir / "random.onnx";
+  request.output_dir = dir / "out";
+  request.config.mutable_benchmark()->set_skip(true);
+  auto result = Optimize(request);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(result.status().message().find("NONDETERMINISTIC_MODEL"), std::string::npos) << result.status();
+  request.config.mutable_validation()->set_skip(true);
+  auto unchecked = Optimize(request);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status();
+  EXPECT_TRUE(unchecked->report.parity().skipped());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(OptimizeTest, NewerOpsetsLoadWithAWarningInsteadOfTheChecker) {
   onnx::GraphProto graph;
   *graph.add_node() = testing::MakeNode("Relu", {"x"}, {"y"});

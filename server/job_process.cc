@@ -1,0 +1,144 @@
+#include "server/job_process.h"
+
+#include <fcntl.h>
+#include <optional>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace onnxopt::server {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Exit code of a child whose execv failed (127 is the dynamic loader's, e.g. out of memory).
+constexpr int kExecFailed = 125;
+
+fs::path DefaultWorkerBinary() {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  return (error ? fs::path(".") : self.parent_path()) / "onnxopt-worker";
+}
+
+absl::Status RunWorkerProcess(const WorkerLimits& limits, const fs::path& model, const fs::path& output_dir,
+                              const fs::path& config, const std::atomic<bool>& cancel,
+                              const std::function<void(const WorkerLine&)>& on_progress) {
+  if (::access(limits.binary.c_str(), X_OK) != 0) {
+    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe calls.
+  const std::vector<std::string> args = {limits.binary.string(), absl::StrCat("--model=", model.string()),
+                                         absl::StrCat("--output_dir=", output_dir.string()),
+                                         absl::StrCat("--config=", config.string())};
+  std::vector<char*> argv;
+  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  const rlim_t memory_bytes = static_cast<rlim_t>(limits.memory_limit_mb) << 20;
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("WORKER_SPAWN_FAILED: fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the server
+    if (::getppid() != parent) ::_exit(126);
+    ::setpgid(0, 0);                      // a terminal's Ctrl-C goes to the server, which decides
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM; the worker must not
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    if (memory_bytes > 0) {
+      struct rlimit limit = {memory_bytes, memory_bytes};
+      ::setrlimit(RLIMIT_AS, &limit);
+    }
+    struct rlimit no_core = {0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    ::execv(argv[0], argv.data());
+    ::_exit(kExecFailed);
+  }
+  ::close(pipe_fds[1]);
+  const int fd = pipe_fds[0];
+
+  const auto started = Clock::now();
+  std::optional<Clock::time_point> terminated_at;
+  bool timed_out = false, cancelled = false, killed = false;
+  std::optional<absl::Status> reported;
+  std::string buffer;
+  char chunk[4096];
+  bool open = true;
+  while (open) {
+    struct pollfd poll_fd = {fd, POLLIN, 0};
+    const int ready = ::poll(&poll_fd, 1, 100);
+    if (ready > 0) {
+      const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+      if (n > 0) {
+        buffer.append(chunk, static_cast<size_t>(n));
+        size_t newline;
+        while ((newline = buffer.find('\n')) != std::string::npos) {
+          WorkerLine line = ParseWorkerLine(buffer.substr(0, newline));
+          buffer.erase(0, newline + 1);
+          if (line.kind == WorkerLine::Kind::kProgress && on_progress) on_progress(line);
+          if (line.kind == WorkerLine::Kind::kStatus) reported = line.status;
+        }
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        open = false;
+      }
+    }
+    const auto now = Clock::now();
+    if (!terminated_at && (cancel.load() || now - started > limits.timeout)) {
+      timed_out = !cancel.load();
+      cancelled = !timed_out;
+      ::kill(pid, SIGTERM);
+      terminated_at = now;
+    }
+    if (terminated_at && !killed && now - *terminated_at > limits.cancel_grace) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+  }
+  ::close(fd);
+  int wait_status = 0;
+  while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat("JOB_TIMEOUT: the job ran past the server's limit of ",
+                                                    limits.timeout.count(), " s"));
+  }
+  if (reported) return *reported;
+  if (cancelled) return absl::CancelledError("CANCELLED: the worker was stopped");
+  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExecFailed) {
+    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot execute ", limits.binary.string()));
+  }
+  if (WIFSIGNALED(wait_status)) {
+    const int signal = WTERMSIG(wait_status);
+    std::string message = absl::StrCat("the worker died with signal ", signal, " (", strsignal(signal),
+                                       ") while working on this model");
+    if (limits.memory_limit_mb > 0) {
+      absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
+    }
+    return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+  }
+  std::string message = absl::StrCat("the worker exited with code ", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1,
+                                     " without reporting a result");
+  if (limits.memory_limit_mb > 0) {
+    absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
+  }
+  return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+}
+
+}  // namespace onnxopt::server

@@ -1,0 +1,64 @@
+// onnxopt-worker: runs one optimization for onnxopt-server in a process of its own, so that a model
+// which crashes a parser or ONNX Runtime, or eats all memory, fails its own job and nothing else.
+//
+//   onnxopt-worker --model=DIR/model.onnx --output_dir=OUT --config=CONFIG.pb
+//
+// Speaks the protocol in worker_protocol.h on stdout. SIGTERM asks it to stop at the next pass or
+// phase boundary (it then reports CANCELLED).
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "server/worker_protocol.h"
+
+ABSL_FLAG(std::string, model, "", "the model file; its external data sits next to it");
+ABSL_FLAG(std::string, output_dir, "", "where the optimized model and report.pb go");
+ABSL_FLAG(std::string, config, "", "serialized onnxopt.v1.OptimizationConfig");
+
+namespace {
+
+std::atomic<bool> cancelled{false};
+void OnTerminate(int) { cancelled.store(true); }
+
+void Emit(const std::string& line) {
+  std::cout << line << std::flush;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::signal(SIGTERM, OnTerminate);
+  std::signal(SIGINT, SIG_IGN);  // the server decides when its children stop
+  namespace srv = onnxopt::server;
+
+  onnxopt::OptimizeRequest request;
+  request.model_path = absl::GetFlag(FLAGS_model);
+  request.output_dir = absl::GetFlag(FLAGS_output_dir);
+  request.cancelled = &cancelled;
+  request.on_progress = [](onnxopt::Phase phase, const std::string& pass, int done, int total) {
+    Emit(srv::FormatProgress(phase, done, total, pass));
+  };
+  absl::StatusOr<std::string> config = onnxopt::ReadFile(absl::GetFlag(FLAGS_config));
+  if (!config.ok() || !request.config.ParseFromString(*config)) {
+    Emit(srv::FormatStatus(absl::InternalError("worker: cannot read its config")));
+    return 0;
+  }
+  onnxopt::v1::Report report;
+  absl::Status status;
+  try {
+    status = onnxopt::Optimize(request, &report).status();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("WORKER_OUT_OF_MEMORY: the job needed more memory than the worker may use");
+  } catch (const std::exception& e) {
+    status = absl::InternalError(std::string("unexpected error: ") + e.what());
+  }
+  absl::Status saved = onnxopt::WriteFileAtomically(request.output_dir / "report.pb", report.SerializeAsString());
+  if (status.ok() && !saved.ok()) status = saved;
+  Emit(srv::FormatStatus(status));
+  return 0;
+}

@@ -1,0 +1,45 @@
+#include "server/worker_protocol.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+
+namespace onnxopt::server {
+
+std::string FormatProgress(Phase phase, int done, int total, const std::string& pass) {
+  return absl::StrCat("progress ", static_cast<int>(phase), " ", done, " ", total, " ", pass, "\n");
+}
+
+std::string FormatStatus(const absl::Status& status) {
+  const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}, {"\r", " "}});
+  return absl::StrCat("status ", static_cast<int>(status.code()), " ", message, "\n");
+}
+
+WorkerLine ParseWorkerLine(const std::string& line) {
+  WorkerLine parsed;
+  std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 4));
+  int numbers[3] = {0, 0, 0};
+  if (parts.size() >= 4 && parts[0] == "progress" && absl::SimpleAtoi(parts[1], &numbers[0]) &&
+      absl::SimpleAtoi(parts[2], &numbers[1]) && absl::SimpleAtoi(parts[3], &numbers[2]) && numbers[0] >= 0 &&
+      numbers[0] <= static_cast<int>(Phase::kBenchmarking)) {
+    parsed.kind = WorkerLine::Kind::kProgress;
+    parsed.phase = static_cast<Phase>(numbers[0]);
+    parsed.done = numbers[1];
+    parsed.total = numbers[2];
+    parsed.pass = parts.size() > 4 ? parts[4] : "";
+    return parsed;
+  }
+  std::vector<std::string> status_parts = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+  int code = 0;
+  if (status_parts.size() >= 2 && status_parts[0] == "status" && absl::SimpleAtoi(status_parts[1], &code) &&
+      code >= 0 && code <= 16) {
+    parsed.kind = WorkerLine::Kind::kStatus;
+    parsed.status = absl::Status(static_cast<absl::StatusCode>(code), status_parts.size() > 2 ? status_parts[2] : "");
+  }
+  return parsed;
+}
+
+}  // namespace onnxopt::server
