@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
   auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
-  absl::Status metrics_status = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));
-  if (!metrics_status.ok()) return Fail("metrics", metrics_status);
+  absl::StatusOr<int> metrics_port = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));
+  if (!metrics_port.ok()) return Fail("metrics", metrics_port.status());
 
   srv::JobManagerOptions options;
   options.data_dir = data_dir;
@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
   }
   std::cout << "onnxopt-server " << onnxopt::kOptimizerVersion << " (ONNX Runtime " << onnxopt::OrtVersion()
             << ") listening on port " << port << ", data in " << data_dir.string() << ", " << options.workers
-            << " workers, queue of " << options.queue_capacity << std::endl;
+            << " workers, queue of " << options.queue_capacity;
+  if (*metrics_port > 0) std::cout << ", metrics on port " << *metrics_port;
+  std::cout << std::endl;
 
   int received = 0;
   sigwait(&signals, &received);

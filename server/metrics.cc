@@ -53,15 +53,16 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   for (const char* result : {"succeeded", "failed", "cancelled"}) jobs_total_->Add({{"result", result}});
 }
 
-absl::Status Metrics::Serve(const std::string& address) {
-  if (address.empty()) return absl::OkStatus();
+absl::StatusOr<int> Metrics::Serve(const std::string& address) {
+  if (address.empty()) return 0;
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   exposer_->RegisterCollectable(registry_);
-  return absl::OkStatus();
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
 }
 
 void Metrics::JobFinished(const std::string& result, double seconds) {

@@ -19,8 +19,9 @@ namespace onnxopt::server {
 class Metrics {
  public:
   Metrics();
-  // Serves /metrics on `address` ("host:port"); empty: metrics are kept but not served.
-  absl::Status Serve(const std::string& address);
+  // Serves /metrics on `address` ("host:port", port 0 picks one); empty: kept but not served.
+  // Returns the port it listens on (0 when not serving).
+  absl::StatusOr<int> Serve(const std::string& address);
 
   void JobCreated() { jobs_created_->Increment(); }
   void JobFinished(const std::string& result, double seconds);

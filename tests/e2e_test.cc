@@ -22,6 +22,10 @@
 #include "optimizer/sha256.h"
 #include "tests/model_builder.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 extern char** environ;
 
 namespace onnxopt {
@@ -63,6 +67,26 @@ int WaitFor(pid_t pid, std::chrono::seconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// GET http://127.0.0.1:port/metrics with a plain socket; "" on failure.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return response;
 }
 
 class E2eTest : public ::testing::Test {
@@ -172,6 +196,15 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_TRUE(absl::StrContains(Cli({"list", "--state", "succeeded"}).out, job));
   EXPECT_TRUE(absl::StrContains(Cli({"passes"}).out, "eliminate_dead_nodes"));
   EXPECT_TRUE(absl::StrContains(Cli({"info"}).out, "ONNX Runtime   1.29"));
+
+  const std::string banner = Slurp(dir_ / "server.out");
+  const size_t at = banner.find("metrics on port ");
+  ASSERT_NE(at, std::string::npos) << banner;
+  const std::string metrics = ScrapeMetrics(std::stoi(banner.substr(at + 16)));
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{result=\"succeeded\"} 1")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_pass_duration_seconds_count{pass=\"eliminate_identity\"}"));
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_upload_bytes_total"));
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_build_info{"));
   EXPECT_EQ(StopServer(), 0);
 }
 
@@ -249,6 +282,52 @@ TEST_F(E2eTest, BadInputsGetClearErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(unknown_job.code, 5);
   EXPECT_TRUE(absl::StrContains(unknown_job.err, "NOT_FOUND"));
   EXPECT_EQ(Cli({"frobnicate"}).code, 2);
+
+  // Hostile or malformed requests straight at the API.
+  {
+    grpc::ClientContext context;
+    v1::DownloadRequest request;
+    request.set_name("jobs/x");
+    request.set_artifact("../../jobs.sqlite3");
+    auto reader = stub->Download(&context, request);
+    v1::DownloadChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    v1::ModelRef traversal;
+    auto model_blob = client.UploadFile(FixturePath("cnn_tiny.onnx"));
+    ASSERT_TRUE(model_blob.ok());
+    traversal.set_sha256(model_blob->sha256());
+    auto* file = traversal.add_external_data();
+    file->set_name("../../escape.bin");
+    file->set_sha256(model_blob->sha256());
+    auto job = client.CreateJob(traversal, {});
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(job.status().message(), "EXTERNAL_DATA_PATH")) << job.status();
+  }
+  {
+    grpc::ClientContext context;
+    v1::Blob blob;
+    auto writer = stub->UploadBlob(&context, &blob);
+    v1::UploadBlobRequest chunk;
+    chunk.set_sha256(Sha256OfBytes("0123456789"));
+    chunk.set_total_size(10);
+    chunk.set_data("01234");
+    writer->Write(chunk);
+    writer->WritesDone();  // ends without finish_write
+    grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "UPLOAD_INCOMPLETE"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ListJobsRequest request;
+    request.set_page_size(-1);
+    v1::ListJobsResponse response;
+    EXPECT_EQ(stub->ListJobs(&context, request, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(Cli({"watch", "jobs/nope"}).code, 5);
 
   EXPECT_EQ(Cli({"info"}).code, 0) << "still serving";
   EXPECT_EQ(StopServer(), 0);
