@@ -1,6 +1,7 @@
 #include "optimizer/ort_runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +19,14 @@ std::vector<std::string> OrtAvailableProviders() {
   }
 }
 
+namespace {
+std::atomic<int> logging_level{ORT_LOGGING_LEVEL_ERROR};
+}  // namespace
+
+void SetOrtLoggingLevel(OrtLoggingLevel level) { logging_level.store(level); }
+
 Ort::Env& OrtEnvironment() {
-  static Ort::Env* const env = new Ort::Env(ORT_LOGGING_LEVEL_ERROR, "onnxopt");
+  static Ort::Env* const env = new Ort::Env(static_cast<OrtLoggingLevel>(logging_level.load()), "onnxopt");
   return *env;
 }
 

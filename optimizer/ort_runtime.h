@@ -28,7 +28,9 @@ struct SessionSettings {
 
 std::string OrtVersion();
 std::vector<std::string> OrtAvailableProviders();
+// The process-wide environment; the first call creates it with the logging level last set.
 Ort::Env& OrtEnvironment();
+void SetOrtLoggingLevel(OrtLoggingLevel level);
 // "CPU (model name)" from /proc/cpuinfo.
 std::string CpuDescription();
 // The provider that runs `device`; FAILED_PRECONDITION (CUDA_UNAVAILABLE) if this build or machine

@@ -20,7 +20,7 @@ apt_packages=(
   cmake ninja-build ccache pkg-config g++ ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libsqlite3-dev libssl-dev openssl
+  libsqlite3-dev libssl-dev openssl libonnx-testdata
 )
 
 missing=()
