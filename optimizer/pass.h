@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "onnx/onnx_pb.h"
 #include "optimizer/graph.h"
+#include "optimizer/shape_info.h"
 
 namespace onnxopt {
 
@@ -49,8 +50,11 @@ class PassParams {
 
 class PassContext {
  public:
-  PassContext(const PassParams& params, const onnx::ModelProto& model);
+  PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes = nullptr);
   const PassParams& params() const { return params_; }
+  // Types and shapes of main-graph values as the pass started; null unless the pass needs_shapes().
+  const ShapeInfo* shapes() const { return shapes_; }
+  const onnx::ModelProto& model() const { return model_; }
   // Opset version the model imports for `domain` ("" and "ai.onnx" are the same); 0 if none.
   int64_t OpsetVersion(absl::string_view domain) const;
 
@@ -61,6 +65,8 @@ class PassContext {
 
  private:
   const PassParams& params_;
+  const onnx::ModelProto& model_;
+  const ShapeInfo* shapes_;
   std::map<std::string, int64_t> opsets_;
   int64_t rewrites_ = 0;
   std::map<std::string, int64_t> skipped_;
@@ -72,6 +78,10 @@ class Pass {
   virtual absl::string_view name() const = 0;
   virtual absl::string_view description() const = 0;
   virtual std::vector<ParamSpec> params() const { return {}; }
+  // Whether the pass manager should run shape inference before this pass.
+  virtual bool needs_shapes() const { return false; }
+  // Called for the main graph and every subgraph. The model (PassContext::model) must not be read
+  // for nodes while the pass runs: they live in the Graph until it is committed.
   virtual absl::Status RunOnGraph(Graph& graph, PassContext& context) const = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -103,18 +104,16 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
   const Preset* preset = registry.FindPreset(preset_name);
   if (preset == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset_name, "'"));
   const google::protobuf::Map<std::string, google::protobuf::Value> no_params;
-  PipelineStep group;
-  group.max_iterations = preset->fixed_point ? max_iterations : 1;
-  for (const std::string& name : preset->passes) {
-    auto invocation = MakeInvocation(registry, name, no_params);
-    if (!invocation.ok()) return invocation.status();
-    if (preset->fixed_point) {
-      group.passes.push_back(*std::move(invocation));
-    } else {
-      pipeline.steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
+  for (const PresetGroup& group : preset->groups) {
+    PipelineStep step;
+    step.max_iterations = group.fixed_point ? max_iterations : 1;
+    for (const std::string& name : group.passes) {
+      auto invocation = MakeInvocation(registry, name, no_params);
+      if (!invocation.ok()) return invocation.status();
+      step.passes.push_back(*std::move(invocation));
     }
+    if (!step.passes.empty()) pipeline.steps.push_back(std::move(step));
   }
-  if (!group.passes.empty()) pipeline.steps.push_back(std::move(group));
   return pipeline;
 }
 
@@ -141,7 +140,9 @@ absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::M
                         std::vector<v1::PassReport>* reports, int64_t* rewrites) {
   const auto start = std::chrono::steady_clock::now();
   const std::map<std::string, int64_t> before = OpHistogram(model->graph());
-  PassContext context(invocation.params, *model);
+  std::optional<ShapeInfo> shapes;
+  if (invocation.pass->needs_shapes()) shapes = ShapeInfo::Infer(*model);
+  PassContext context(invocation.params, *model, shapes ? &*shapes : nullptr);
   int64_t nodes_before = 0;
   {
     Graph graph(model->mutable_graph());

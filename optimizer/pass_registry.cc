@@ -36,20 +36,41 @@ std::vector<const Preset*> PassRegistry::presets() const {
   return result;
 }
 
+std::vector<std::string> Preset::AllPasses() const {
+  std::vector<std::string> all;
+  for (const auto& group : groups) all.insert(all.end(), group.passes.begin(), group.passes.end());
+  return all;
+}
+
 const PassRegistry& DefaultPassRegistry() {
   static const PassRegistry* const registry = [] {
     auto* built = new PassRegistry();
     built->Register(MakeEliminateIdentityPass());
     built->Register(MakeEliminateDropoutPass());
+    built->Register(MakeEliminateNoopOpsPass());
+    built->Register(MakeFoldConstantsPass());
+    built->Register(MakeEliminateCommonSubexpressionsPass());
+    built->Register(MakeEliminateDuplicateInitializersPass());
     built->Register(MakeEliminateDeadNodesPass());
     built->Register(MakeEliminateUnusedInitializersPass());
-    built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}, false});
+    built->Register(MakeGatherRangeToSlicePass());
+    built->Register(MakeFuseConvBatchNormPass());
+    built->Register(MakeFuseConsecutiveTransposesPass());
+    const std::vector<std::string> cleanups = {
+        "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
+        "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
+        "eliminate_dead_nodes",       "eliminate_unused_initializers"};
+    std::vector<std::string> extended = {"fuse_conv_batchnorm", "fuse_consecutive_transposes", "gather_range_to_slice"};
+    extended.insert(extended.end(), cleanups.begin(), cleanups.end());
+    built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
-                      "safe cleanups repeated until nothing changes: Identity and inference Dropout "
-                      "removal, dead nodes, unused initializers",
-                      {"eliminate_identity", "eliminate_dropout", "eliminate_dead_nodes",
-                       "eliminate_unused_initializers"},
-                      true});
+                      "safe cleanups until nothing changes: Identity, inference Dropout and no-op nodes, constant "
+                      "folding (ONNX Runtime as the evaluator), common subexpressions, duplicate and unused "
+                      "initializers, dead nodes",
+                      {{cleanups, true}}});
+    built->AddPreset({"extended",
+                      "basic plus fusions: Conv+BatchNormalization, consecutive Transposes, Range+Gather into Slice",
+                      {{extended, true}}});
     return built;
   }();
   return *registry;

@@ -12,12 +12,17 @@
 
 namespace onnxopt {
 
-// A named pipeline: its passes repeat as one fixed-point group when `fixed_point` is set.
+// A named pipeline: groups run in order; a fixed-point group repeats until a sweep changes nothing.
+struct PresetGroup {
+  std::vector<std::string> passes;
+  bool fixed_point = true;
+};
+
 struct Preset {
   std::string name;
   std::string description;
-  std::vector<std::string> passes;
-  bool fixed_point = false;
+  std::vector<PresetGroup> groups;
+  std::vector<std::string> AllPasses() const;
 };
 
 class PassRegistry {

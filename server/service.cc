@@ -231,7 +231,7 @@ grpc::Status OptimizerService::ListPasses(grpc::ServerContext*, const v1::ListPa
       v1::Preset* out = response->add_presets();
       out->set_name(preset->name);
       out->set_description(preset->description);
-      for (const auto& pass : preset->passes) out->add_passes(pass);
+      for (const auto& pass : preset->AllPasses()) out->add_passes(pass);
     }
     return grpc::Status::OK;
   });

@@ -3,7 +3,7 @@
 // with the original model, the optimized model must reproduce them too. Models ONNX Runtime cannot
 // run (or gets wrong) before optimization are counted apart, never hidden.
 //
-//   onnxopt-conformance [--verbose] DATA_ROOT...      (e.g. /usr/share/libonnx-testdata/data/node)
+//   onnxopt-conformance [--verbose] [--preset=NAME] DATA_ROOT...   (e.g. /usr/share/libonnx-testdata/data)
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -165,20 +165,23 @@ Outcome RunCase(const fs::path& dir, const Pipeline& pipeline) {
 int main(int argc, char** argv) {
   bool verbose = false;
   std::vector<fs::path> roots;
+  onnxopt::v1::OptimizationConfig config;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--verbose") {
       verbose = true;
+    } else if (absl::StartsWith(arg, "--preset=")) {
+      config.set_preset(arg.substr(9));
     } else {
       roots.emplace_back(arg);
     }
   }
   if (roots.empty()) {
-    std::cerr << "usage: onnxopt-conformance [--verbose] DATA_ROOT...\n";
+    std::cerr << "usage: onnxopt-conformance [--verbose] [--preset=NAME] DATA_ROOT...\n";
     return 2;
   }
   onnxopt::SetOrtLoggingLevel(ORT_LOGGING_LEVEL_FATAL);  // ONNX Runtime's own failures are counted, not logged
-  auto pipeline = onnxopt::BuildPipeline(onnxopt::v1::OptimizationConfig(), onnxopt::DefaultPassRegistry());
+  auto pipeline = onnxopt::BuildPipeline(config, onnxopt::DefaultPassRegistry());
   if (!pipeline.ok()) {
     std::cerr << pipeline.status() << "\n";
     return 2;
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
                 << dir.string() << ": " << outcome.detail << "\n";
     }
   }
-  std::cout << "conformance: " << cases.size() << " models; " << counts[onnxopt::Verdict::kOrtFailsOriginal]
+  std::cout << "conformance (" << pipeline->ToString() << "): " << cases.size() << " models; " << counts[onnxopt::Verdict::kOrtFailsOriginal]
             << " that ONNX Runtime " << onnxopt::OrtVersion()
             << " cannot run or gets wrong before optimization, and "
             << counts[onnxopt::Verdict::kUnsupported] << " with sequence/optional I/O, are not counted\n";

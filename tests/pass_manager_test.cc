@@ -48,7 +48,9 @@ TEST(BuildPipelineTest, DefaultIsTheBasicPresetAsOneFixedPointGroup) {
   ASSERT_EQ(pipeline->steps.size(), 1u);
   EXPECT_EQ(pipeline->steps[0].max_iterations, kDefaultMaxIterations);
   EXPECT_EQ(pipeline->ToString(),
-            "fixed_point(eliminate_identity,eliminate_dropout,eliminate_dead_nodes,eliminate_unused_initializers)<=8");
+            "fixed_point(eliminate_identity,eliminate_dropout,eliminate_noop_ops,fold_constants,"
+            "eliminate_common_subexpressions,eliminate_duplicate_initializers,eliminate_dead_nodes,"
+            "eliminate_unused_initializers)<=8");
 }
 
 TEST(BuildPipelineTest, RejectsBadConfigsWithReasons) {
@@ -99,7 +101,7 @@ TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) 
   int budget = 3;
   PassRegistry registry;
   registry.Register(std::make_unique<CountingPass>(&budget));
-  registry.AddPreset({"loop", "", {"counting"}, true});
+  registry.AddPreset({"loop", "", {{{"counting"}, true}}});
   onnx::ModelProto model = TinyModel();
   auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
   ASSERT_TRUE(pipeline.ok());

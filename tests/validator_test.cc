@@ -110,7 +110,8 @@ TEST(OptimizeTest, LocalRunProducesAModelAndACompleteReport) {
   ASSERT_TRUE(result.ok()) << result.status();
   const v1::Report& report = result->report;
   EXPECT_EQ(report.original().nodes(), 261);
-  EXPECT_EQ(report.optimized().nodes(), 253);
+  EXPECT_LT(report.optimized().nodes(), 253) << "more than the 8 Identity nodes go";
+  EXPECT_EQ(report.optimized().op_histogram().count("Constant"), 0u) << "constants are folded";
   EXPECT_TRUE(report.parity().passed());
   EXPECT_EQ(report.parity().outputs_size(), 2);
   EXPECT_EQ(report.benchmark().original().runs(), 5);

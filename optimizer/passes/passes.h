@@ -12,6 +12,13 @@ std::unique_ptr<Pass> MakeEliminateIdentityPass();
 std::unique_ptr<Pass> MakeEliminateDropoutPass();
 std::unique_ptr<Pass> MakeEliminateDeadNodesPass();
 std::unique_ptr<Pass> MakeEliminateUnusedInitializersPass();
+std::unique_ptr<Pass> MakeEliminateNoopOpsPass();
+std::unique_ptr<Pass> MakeEliminateCommonSubexpressionsPass();
+std::unique_ptr<Pass> MakeEliminateDuplicateInitializersPass();
+std::unique_ptr<Pass> MakeFoldConstantsPass();
+std::unique_ptr<Pass> MakeGatherRangeToSlicePass();
+std::unique_ptr<Pass> MakeFuseConvBatchNormPass();
+std::unique_ptr<Pass> MakeFuseConsecutiveTransposesPass();
 
 }  // namespace onnxopt
 

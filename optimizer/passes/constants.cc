@@ -1,0 +1,79 @@
+#include "optimizer/passes/constants.h"
+
+#include <cstring>
+
+namespace onnxopt {
+namespace {
+
+template <typename T>
+std::vector<T> FromRaw(const std::string& raw) {
+  std::vector<T> values(raw.size() / sizeof(T));
+  if (!values.empty()) std::memcpy(values.data(), raw.data(), values.size() * sizeof(T));
+  return values;
+}
+
+}  // namespace
+
+const onnx::TensorProto* ConstantTensor(const Graph& graph, const std::string& value) {
+  if (!graph.IsGraphInput(value)) {
+    if (const onnx::TensorProto* init = graph.Initializer(value)) return init;
+  }
+  const Node* producer = graph.Producer(value);
+  if (producer == nullptr || producer->op_type() != "Constant" || !producer->domain().empty()) return nullptr;
+  const onnx::AttributeProto* attribute = producer->FindAttribute("value");
+  return attribute != nullptr && attribute->has_t() ? &attribute->t() : nullptr;
+}
+
+std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor) {
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
+  if (tensor.data_type() == onnx::TensorProto::INT64) {
+    if (tensor.has_raw_data()) return FromRaw<int64_t>(tensor.raw_data());
+    return std::vector<int64_t>(tensor.int64_data().begin(), tensor.int64_data().end());
+  }
+  if (tensor.data_type() == onnx::TensorProto::INT32) {
+    std::vector<int32_t> narrow = tensor.has_raw_data()
+                                      ? FromRaw<int32_t>(tensor.raw_data())
+                                      : std::vector<int32_t>(tensor.int32_data().begin(), tensor.int32_data().end());
+    return std::vector<int64_t>(narrow.begin(), narrow.end());
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor) {
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL || tensor.data_type() != onnx::TensorProto::FLOAT) {
+    return std::nullopt;
+  }
+  if (tensor.has_raw_data()) return FromRaw<float>(tensor.raw_data());
+  return std::vector<float>(tensor.float_data().begin(), tensor.float_data().end());
+}
+
+std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::string& value) {
+  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
+  return tensor == nullptr ? std::nullopt : TensorInts(*tensor);
+}
+
+std::optional<std::vector<float>> ConstantFloats(const Graph& graph, const std::string& value) {
+  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
+  return tensor == nullptr ? std::nullopt : TensorFloats(*tensor);
+}
+
+onnx::TensorProto MakeInt64Tensor(const std::string& name, const std::vector<int64_t>& values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::INT64);
+  tensor.add_dims(static_cast<int64_t>(values.size()));
+  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t)));
+  return tensor;
+}
+
+onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                  const std::vector<float>& values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t dim : dims) tensor.add_dims(dim);
+  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  return tensor;
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,31 @@
+// Reading and writing small constant tensors in passes: initializers, or Constant nodes' values.
+#ifndef ONNXOPT_OPTIMIZER_PASSES_CONSTANTS_H_
+#define ONNXOPT_OPTIMIZER_PASSES_CONSTANTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+#include "optimizer/graph.h"
+
+namespace onnxopt {
+
+// The tensor behind `value` if it is an initializer (not an overridable graph input) or the output of
+// a Constant node with a `value` tensor; nullptr otherwise.
+const onnx::TensorProto* ConstantTensor(const Graph& graph, const std::string& value);
+
+// Elements of an INT64/INT32 constant tensor, or of a FLOAT one.
+std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::string& value);
+std::optional<std::vector<float>> ConstantFloats(const Graph& graph, const std::string& value);
+std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor);
+std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor);
+
+onnx::TensorProto MakeInt64Tensor(const std::string& name, const std::vector<int64_t>& values);  // 1-D
+onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                  const std::vector<float>& values);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_CONSTANTS_H_

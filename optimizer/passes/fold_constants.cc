@@ -1,0 +1,212 @@
+// fold_constants: evaluates nodes whose inputs are all constant, and Shape/Size of values whose shape
+// is static, and stores the results as initializers.
+//
+// Before:  W (initializer) -> Transpose -> Wt -> MatMul(x, Wt)       After:  Wt' (initializer) -> MatMul(x, Wt')
+//          Shape(x: 1x16x64) -> Gather(.., 2) -> Unsqueeze -> ...            [64] (initializer) -> ...
+// The evaluator is ONNX Runtime itself: all foldable nodes of a graph go into one small model that
+// one session runs, so results are exactly what ONNX Runtime would compute. A folded value larger
+// than max_output_bytes and than its constant inputs stays computed (folding Expand or
+// ConstantOfShape must not blow the model up); its inputs are folded instead. Random operators,
+// nodes with subgraphs, other domains and graph inputs with initializers (overridable) never fold.
+#include <numeric>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/passes/passes.h"
+#include "optimizer/tensor_convert.h"
+
+namespace onnxopt {
+namespace {
+
+bool FoldableOp(const Node& node) {
+  static const std::unordered_set<std::string> kNever = {
+      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+      "Dropout", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"};
+  return node.domain().empty() && node.subgraphs().empty() && node.implicit_inputs().empty() &&
+         kNever.count(node.op_type()) == 0;
+}
+
+int64_t TensorBytes(const onnx::TensorProto& tensor) { return static_cast<int64_t>(tensor.ByteSizeLong()); }
+
+// Shape/Size of a value whose shape shape inference knows completely.
+std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* shapes, int64_t opset) {
+  if (shapes == nullptr || node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
+  std::optional<std::vector<int64_t>> dims = shapes->StaticShape(node.input(0));
+  if (!dims) return std::nullopt;
+  onnx::TensorProto tensor;
+  tensor.set_name(node.output(0));
+  tensor.set_data_type(onnx::TensorProto::INT64);
+  if (node.op_type() == "Size") {
+    tensor.add_int64_data(std::accumulate(dims->begin(), dims->end(), int64_t{1}, std::multiplies<int64_t>()));
+    return tensor;
+  }
+  const int64_t rank = static_cast<int64_t>(dims->size());
+  int64_t start = opset >= 15 ? node.GetAttributeInt("start", 0) : 0;
+  int64_t end = opset >= 15 ? node.GetAttributeInt("end", rank) : rank;
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  start = std::clamp<int64_t>(start, 0, rank);
+  end = std::clamp<int64_t>(end, start, rank);
+  tensor.add_dims(end - start);
+  for (int64_t i = start; i < end; ++i) tensor.add_int64_data((*dims)[static_cast<size_t>(i)]);
+  return tensor;
+}
+
+class FoldConstantsPass final : public Pass {
+ public:
+  absl::string_view name() const override { return "fold_constants"; }
+  absl::string_view description() const override {
+    return "Evaluate constant subgraphs (and Shape/Size of static shapes) with ONNX Runtime into initializers";
+  }
+  std::vector<ParamSpec> params() const override {
+    return {{"max_output_bytes", ParamType::kInt, "1048576",
+             "a folded value bigger than this and than its constant inputs stays computed"}};
+  }
+  bool needs_shapes() const override { return true; }
+
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    const int64_t opset = context.OpsetVersion("");
+    std::unordered_set<std::string> constant;
+    for (const auto& tensor : graph.proto().initializer()) {
+      if (!graph.IsGraphInput(tensor.name()) && graph.Initializer(tensor.name()) != nullptr) constant.insert(tensor.name());
+    }
+    std::vector<Node*> foldable;
+    std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
+    for (Node* node : graph.Nodes()) {
+      if (!FoldableOp(*node)) continue;
+      bool all_constant = node->input_size() > 0 || node->op_type() == "Constant";
+      for (int i = 0; i < node->input_size(); ++i) {
+        if (!node->input(i).empty() && constant.count(node->input(i)) == 0) all_constant = false;
+      }
+      if (!all_constant && (node->op_type() == "Shape" || node->op_type() == "Size")) {
+        std::optional<onnx::TensorProto> folded = FoldShape(*node, context.shapes(), opset);
+        if (!folded) continue;
+        values[node->output(0)] = *std::move(folded);
+        all_constant = true;
+      }
+      if (!all_constant) continue;
+      foldable.push_back(node);
+      for (int i = 0; i < node->output_size(); ++i) {
+        if (!node->output(i).empty()) constant.insert(node->output(i));
+      }
+    }
+    if (foldable.empty()) return absl::OkStatus();
+    absl::Status evaluated = Evaluate(graph, context, foldable, &values);
+    if (!evaluated.ok()) {
+      context.Skip(absl::StrCat("ONNX Runtime could not evaluate the constant nodes: ", evaluated.message()));
+      return absl::OkStatus();
+    }
+
+    std::unordered_set<Node*> folding(foldable.begin(), foldable.end());
+    auto consumed_outside = [&](const std::string& value) {
+      if (graph.IsGraphOutput(value)) return true;
+      for (Node* consumer : graph.Consumers(value)) {
+        if (folding.count(consumer) == 0) return true;
+      }
+      return false;
+    };
+    auto input_bytes = [&](const Node& node) {
+      int64_t bytes = 0;
+      for (int i = 0; i < node.input_size(); ++i) {
+        if (const onnx::TensorProto* init = graph.Initializer(node.input(i))) bytes += TensorBytes(*init);
+        auto it = values.find(node.input(i));
+        if (it != values.end()) bytes += TensorBytes(it->second);
+      }
+      return bytes;
+    };
+    const int64_t max_bytes = context.params().GetInt("max_output_bytes");
+    // Unfold producers of oversized results until every value that leaves the folded set is acceptable.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (Node* node : foldable) {
+        if (folding.count(node) == 0) continue;
+        for (int i = 0; i < node->output_size(); ++i) {
+          const std::string& output = node->output(i);
+          auto it = values.find(output);
+          const bool unknown = !output.empty() && it == values.end();
+          if (unknown || (!output.empty() && consumed_outside(output) && TensorBytes(it->second) > max_bytes &&
+                          TensorBytes(it->second) > input_bytes(*node))) {
+            context.Skip(unknown ? "result is not a tensor" : "folded value would be larger than the limit");
+            folding.erase(node);
+            changed = true;
+            break;
+          }
+        }
+      }
+    }
+    std::vector<std::string> materialize;
+    for (Node* node : foldable) {
+      if (folding.count(node) == 0) continue;
+      for (int i = 0; i < node->output_size(); ++i) {
+        if (!node->output(i).empty() && consumed_outside(node->output(i))) materialize.push_back(node->output(i));
+      }
+    }
+    for (Node* node : foldable) {
+      if (folding.count(node) == 0) continue;
+      graph.RemoveNode(node);
+      context.CountRewrite();
+    }
+    for (const std::string& value : materialize) {
+      onnx::TensorProto tensor = std::move(values[value]);
+      tensor.set_name(value);
+      graph.AddInitializer(std::move(tensor));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Runs the foldable nodes (those not already folded directly) in one ONNX Runtime session.
+  static absl::Status Evaluate(const Graph& graph, const PassContext& context, const std::vector<Node*>& foldable,
+                               std::unordered_map<std::string, onnx::TensorProto>* values) {
+    onnx::ModelProto model;
+    model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
+    *model.mutable_opset_import() = context.model().opset_import();
+    onnx::GraphProto* eval = model.mutable_graph();
+    eval->set_name("fold_constants");
+    std::unordered_set<std::string> added;
+    std::vector<std::string> fetch;
+    for (const Node* node : foldable) {
+      if (values->count(node->output(0)) > 0 && (node->op_type() == "Shape" || node->op_type() == "Size")) {
+        if (added.insert(node->output(0)).second) *eval->add_initializer() = values->at(node->output(0));
+        continue;
+      }
+      *eval->add_node() = node->proto();
+      for (int i = 0; i < node->input_size(); ++i) {
+        const onnx::TensorProto* init = graph.Initializer(node->input(i));
+        if (init != nullptr && added.insert(node->input(i)).second) *eval->add_initializer() = *init;
+      }
+      for (int i = 0; i < node->output_size(); ++i) {
+        if (node->output(i).empty()) continue;
+        eval->add_output()->set_name(node->output(i));
+        fetch.push_back(node->output(i));
+      }
+    }
+    if (fetch.empty()) return absl::OkStatus();
+    SessionSettings settings;
+    settings.optimization_level = ORT_DISABLE_ALL;
+    settings.intra_op_threads = 1;
+    auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+    if (!session.ok()) return session.status();
+    std::vector<const char*> names;
+    for (const auto& name : fetch) names.push_back(name.c_str());
+    try {
+      std::vector<Ort::Value> results =
+          (*session)->Run(Ort::RunOptions{nullptr}, nullptr, nullptr, 0, names.data(), names.size());
+      for (size_t i = 0; i < results.size(); ++i) {
+        auto tensor = OrtValueToTensorProto(results[i], fetch[i]);
+        if (tensor.ok()) (*values)[fetch[i]] = *std::move(tensor);
+      }
+    } catch (const Ort::Exception& e) {
+      return absl::InternalError(e.what());
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeFoldConstantsPass() { return std::make_unique<FoldConstantsPass>(); }
+
+}  // namespace onnxopt

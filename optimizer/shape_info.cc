@@ -1,0 +1,109 @@
+#include "optimizer/shape_info.h"
+
+#include "onnx/shape_inference/implementation.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr int kMaxInferableOpset = 17;
+// Initializers bigger than this are weights, never shape tensors: inference sees only their type.
+constexpr size_t kKeepInitializerBytes = 4096;
+
+}  // namespace
+
+ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
+  ShapeInfo info;
+  int64_t opset = 0;
+  for (const auto& import : model.opset_import()) {
+    if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
+  }
+  onnx::ModelProto copy;
+  copy.set_ir_version(model.ir_version());
+  *copy.mutable_opset_import() = model.opset_import();
+  *copy.mutable_functions() = model.functions();
+  onnx::GraphProto* graph = copy.mutable_graph();
+  const onnx::GraphProto& source = model.graph();
+  *graph->mutable_node() = source.node();
+  *graph->mutable_input() = source.input();
+  *graph->mutable_output() = source.output();
+  *graph->mutable_value_info() = source.value_info();
+  graph->set_name(source.name());
+  for (const auto& tensor : source.initializer()) {
+    onnx::TensorProto* kept = graph->add_initializer();
+    if (tensor.ByteSizeLong() <= kKeepInitializerBytes) {
+      *kept = tensor;
+      continue;
+    }
+    kept->set_name(tensor.name());
+    kept->set_data_type(tensor.data_type());
+    *kept->mutable_dims() = tensor.dims();
+  }
+  if (opset > 0 && opset <= kMaxInferableOpset) {
+    try {
+      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(false, 0, true));
+      info.inferred_ = true;
+    } catch (const std::exception&) {
+      // What the model declares is still used below.
+    }
+  }
+  for (const auto& tensor : source.initializer()) {
+    onnx::TypeProto type;
+    type.mutable_tensor_type()->set_elem_type(tensor.data_type());
+    auto* shape = type.mutable_tensor_type()->mutable_shape();
+    for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
+    info.types_[tensor.name()] = type;
+  }
+  for (const auto* values : {&graph->input(), &graph->output(), &graph->value_info()}) {
+    for (const auto& value : *values) {
+      if (value.has_type()) info.types_.emplace(value.name(), value.type());
+    }
+  }
+  return info;
+}
+
+const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {
+  auto it = types_.find(value);
+  return it == types_.end() ? nullptr : &it->second;
+}
+
+std::optional<int32_t> ShapeInfo::ElementType(const std::string& value) const {
+  const onnx::TypeProto* type = TypeOf(value);
+  if (type == nullptr || !type->has_tensor_type() || type->tensor_type().elem_type() == 0) return std::nullopt;
+  return type->tensor_type().elem_type();
+}
+
+std::optional<int> ShapeInfo::Rank(const std::string& value) const {
+  const onnx::TypeProto* type = TypeOf(value);
+  if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape()) return std::nullopt;
+  return type->tensor_type().shape().dim_size();
+}
+
+std::optional<std::vector<int64_t>> ShapeInfo::StaticShape(const std::string& value) const {
+  const onnx::TypeProto* type = TypeOf(value);
+  if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape()) return std::nullopt;
+  std::vector<int64_t> dims;
+  for (const auto& dim : type->tensor_type().shape().dim()) {
+    if (!dim.has_dim_value()) return std::nullopt;
+    dims.push_back(dim.dim_value());
+  }
+  return dims;
+}
+
+bool ShapeInfo::SameShape(const std::string& a, const std::string& b) const {
+  const onnx::TypeProto* ta = TypeOf(a);
+  const onnx::TypeProto* tb = TypeOf(b);
+  if (ta == nullptr || tb == nullptr || !ta->tensor_type().has_shape() || !tb->tensor_type().has_shape()) return false;
+  const auto& da = ta->tensor_type().shape().dim();
+  const auto& db = tb->tensor_type().shape().dim();
+  if (da.size() != db.size()) return false;
+  for (int i = 0; i < da.size(); ++i) {
+    const bool same_value = da[i].has_dim_value() && db[i].has_dim_value() && da[i].dim_value() == db[i].dim_value();
+    const bool same_param = da[i].has_dim_param() && db[i].has_dim_param() && !da[i].dim_param().empty() &&
+                            da[i].dim_param() == db[i].dim_param();
+    if (!same_value && !same_param) return false;
+  }
+  return true;
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,39 @@
+// Types and shapes of a model's values, from onnx's shape inference where onnx 1.12 knows the
+// model's opsets (<= 17), plus whatever the model itself declares (inputs, outputs, value_info,
+// initializers). Passes that need a shape they cannot get here leave the graph alone.
+#ifndef ONNXOPT_OPTIMIZER_SHAPE_INFO_H_
+#define ONNXOPT_OPTIMIZER_SHAPE_INFO_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+
+namespace onnxopt {
+
+class ShapeInfo {
+ public:
+  // Main-graph values of `model`; `inferred()` says whether shape inference ran.
+  static ShapeInfo Infer(const onnx::ModelProto& model);
+
+  const onnx::TypeProto* TypeOf(const std::string& value) const;
+  std::optional<int32_t> ElementType(const std::string& value) const;
+  std::optional<int> Rank(const std::string& value) const;
+  // All dimensions known numbers.
+  std::optional<std::vector<int64_t>> StaticShape(const std::string& value) const;
+  // True if both values have shapes of one rank whose dims are equal: the same number, or the same
+  // symbolic name.
+  bool SameShape(const std::string& a, const std::string& b) const;
+  bool inferred() const { return inferred_; }
+
+ private:
+  std::unordered_map<std::string, onnx::TypeProto> types_;
+  bool inferred_ = false;
+};
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_SHAPE_INFO_H_

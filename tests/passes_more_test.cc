@@ -1,0 +1,310 @@
+// Tests for the no-op, folding, CSE, duplicate-initializer, Range/Gather, Conv+BN and Transpose
+// passes: each fires where it may, skips where it may not, and keeps the outputs in ONNX Runtime.
+#include <map>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/passes/constants.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::ExpectSameOutputs;
+using testing::FloatTensor;
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::MakeValue;
+
+struct PassRun {
+  onnx::ModelProto model;
+  v1::PassReport report;
+};
+
+PassRun RunPass(const std::string& pass, onnx::ModelProto model, const std::string& params_json = "") {
+  v1::OptimizationConfig config;
+  v1::PassSpec* spec = config.add_passes();
+  spec->set_name(pass);
+  if (!params_json.empty()) {
+    google::protobuf::Value value;
+    value.set_number_value(std::stod(params_json));
+    (*spec->mutable_params())["max_output_bytes"] = value;
+  }
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+  EXPECT_TRUE(pipeline.ok()) << pipeline.status();
+  std::vector<v1::PassReport> reports;
+  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
+  EXPECT_TRUE(status.ok()) << status;
+  return {std::move(model), reports.empty() ? v1::PassReport() : reports[0]};
+}
+
+std::map<std::string, int> Ops(const onnx::ModelProto& model) {
+  std::map<std::string, int> ops;
+  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
+  return ops;
+}
+
+onnx::NodeProto WithInts(onnx::NodeProto node, const std::string& name, std::vector<int64_t> values) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values) attribute->add_ints(v);
+  return node;
+}
+
+onnx::NodeProto WithInt(onnx::NodeProto node, const std::string& name, int64_t value) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INT);
+  attribute->set_i(value);
+  return node;
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(n);
+  for (auto& v : values) v = normal(random);
+  return values;
+}
+
+TEST(EliminateNoopOpsTest, RemovesEveryKindOfNoop) {
+  onnx::GraphProto graph;
+  *graph.add_node() = WithInt(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::FLOAT);
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"a"}, {"b"}), "perm", {0, 1});
+  *graph.add_node() = MakeNode("Concat", {"b"}, {"c"});
+  (*graph.mutable_node(2)->add_attribute()) = WithInt(onnx::NodeProto(), "axis", 0).attribute(0);
+  *graph.add_node() = MakeNode("Reshape", {"c", "shape"}, {"d"});
+  *graph.add_node() = MakeNode("Slice", {"d", "zeros", "big"}, {"e"});
+  *graph.add_node() = MakeNode("Pad", {"e", "no_pads"}, {"f"});
+  *graph.add_node() = MakeNode("Relu", {"f"}, {"y"});
+  *graph.add_initializer() = MakeInt64Tensor("shape", {2, 3});
+  *graph.add_initializer() = MakeInt64Tensor("zeros", {0, 0});
+  *graph.add_initializer() = MakeInt64Tensor("big", {INT64_MAX, INT64_MAX});
+  *graph.add_initializer() = MakeInt64Tensor("no_pads", {0, 0, 0, 0});
+  *graph.add_input() = FloatValue("x", {2, 3});
+  *graph.add_output() = FloatValue("y", {2, 3});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunPass("eliminate_noop_ops", original);
+  EXPECT_EQ(run.report.rewrites(), 6);
+  EXPECT_EQ(run.model.graph().node_size(), 1);
+  ExpectSameOutputs(original, run.model);
+}
+
+TEST(EliminateNoopOpsTest, KeepsCastsThatConvertAndReshapesThatReshape) {
+  onnx::GraphProto graph;
+  *graph.add_node() = WithInt(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::DOUBLE);
+  *graph.add_node() = MakeNode("Reshape", {"a", "shape"}, {"y"});
+  *graph.add_initializer() = MakeInt64Tensor("shape", {3, 2});
+  *graph.add_input() = FloatValue("x", {2, 3});
+  *graph.add_output() = MakeValue("y", onnx::TensorProto::DOUBLE, {3, 2});
+  PassRun run = RunPass("eliminate_noop_ops", MakeModel(graph, 13));
+  EXPECT_EQ(run.report.rewrites(), 0);
+  EXPECT_EQ(run.model.graph().node_size(), 2);
+}
+
+TEST(FoldConstantsTest, FoldsConstantChainsAndStaticShapes) {
+  onnx::GraphProto graph;
+  onnx::NodeProto constant = MakeNode("Constant", {}, {"k"});
+  auto* value = constant.add_attribute();
+  value->set_name("value");
+  value->set_type(onnx::AttributeProto::TENSOR);
+  *value->mutable_t() = FloatTensor("", {3}, {1, 2, 3});
+  *graph.add_node() = constant;
+  *graph.add_node() = MakeNode("Add", {"k", "w"}, {"kw"});               // constant
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"m"}, {"mt"}), "perm", {1, 0});  // constant
+  *graph.add_node() = MakeNode("Shape", {"x"}, {"s"});                    // static shape
+  *graph.add_node() = MakeNode("Reshape", {"x", "s"}, {"xr"});
+  *graph.add_node() = MakeNode("MatMul", {"xr", "mt"}, {"p"});
+  *graph.add_node() = MakeNode("Add", {"p", "kw"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {3}, {10, 20, 30});
+  *graph.add_initializer() = FloatTensor("m", {3, 3}, RandomFloats(9, 1));
+  *graph.add_input() = FloatValue("x", {2, 3});
+  *graph.add_output() = FloatValue("y", {2, 3});
+  const onnx::ModelProto original = MakeModel(graph, 14);
+  PassRun run = RunPass("fold_constants", original);
+  EXPECT_EQ(run.report.rewrites(), 4);
+  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Add", 1}, {"MatMul", 1}, {"Reshape", 1}}));
+  ExpectSameOutputs(original, run.model);
+}
+
+TEST(FoldConstantsTest, NeverBlowsTheModelUpNorTouchesOverridableInputs) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("ConstantOfShape", {"big_shape"}, {"big"});  // 4 MB of zeros from 16 bytes
+  *graph.add_node() = MakeNode("ReduceSum", {"big"}, {"total"});
+  *graph.add_node() = MakeNode("Add", {"x", "total"}, {"sum"});
+  *graph.add_node() = MakeNode("Mul", {"sum", "overridable"}, {"y"});
+  *graph.add_node() = MakeNode("Neg", {"overridable"}, {"z"});
+  *graph.add_initializer() = MakeInt64Tensor("big_shape", {1024, 1024});
+  *graph.add_initializer() = FloatTensor("overridable", {1}, {2});
+  *graph.add_input() = FloatValue("x", {1});
+  *graph.add_input() = FloatValue("overridable", {1});
+  *graph.add_output() = FloatValue("y", {1});
+  *graph.add_output() = FloatValue("z", {1});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunPass("fold_constants", original);
+  // ConstantOfShape -> ReduceSum folds as a whole (its result is one float); the 4 MB value is never
+  // stored, and nothing reading `overridable` folds.
+  EXPECT_EQ(run.report.rewrites(), 2);
+  EXPECT_LT(run.model.ByteSizeLong(), 1000u);
+  EXPECT_EQ(Ops(run.model).count("Neg"), 1u);
+  ExpectSameOutputs(original, run.model);
+
+  // With ReduceSum fed by a graph input too, the big value would have to be stored: it is not.
+  onnx::GraphProto mixed = graph;
+  mixed.mutable_node(1)->set_op_type("Add");
+  mixed.mutable_node(1)->add_input("x");
+  PassRun kept = RunPass("fold_constants", MakeModel(mixed, 13));
+  EXPECT_EQ(kept.report.rewrites(), 0);
+  EXPECT_EQ(kept.report.skipped(0).reason(), "folded value would be larger than the limit");
+}
+
+TEST(EliminateCommonSubexpressionsTest, MergesTwinsButNotRandomOps) {
+  onnx::GraphProto graph;
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"a"}), "perm", {1, 0});
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"b"}), "perm", {1, 0});
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"c"}), "perm", {0, 1});  // different attribute
+  *graph.add_node() = MakeNode("Add", {"a", "b"}, {"s"});
+  *graph.add_node() = MakeNode("RandomNormalLike", {"x"}, {"r1"});
+  *graph.add_node() = MakeNode("RandomNormalLike", {"x"}, {"r2"});
+  *graph.add_node() = MakeNode("Sub", {"r1", "r2"}, {"noise"});
+  *graph.add_input() = FloatValue("x", {3, 3});
+  *graph.add_output() = FloatValue("s", {3, 3});
+  *graph.add_output() = FloatValue("c", {3, 3});
+  *graph.add_output() = FloatValue("noise", {3, 3});
+  PassRun run = RunPass("eliminate_common_subexpressions", MakeModel(graph, 13));
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(Ops(run.model)["Transpose"], 2);
+  EXPECT_EQ(Ops(run.model)["RandomNormalLike"], 2);
+}
+
+TEST(EliminateDuplicateInitializersTest, MergesEqualContents) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Add", {"x", "w1"}, {"a"});
+  *graph.add_node() = MakeNode("Mul", {"a", "w2"}, {"b"});
+  *graph.add_node() = MakeNode("Sub", {"b", "w3"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w1", {2}, {1, 2});
+  *graph.add_initializer() = FloatTensor("w2", {2}, {1, 2});
+  *graph.add_initializer() = FloatTensor("w3", {2}, {2, 1});
+  *graph.add_input() = FloatValue("x", {2});
+  *graph.add_output() = FloatValue("y", {2});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunPass("eliminate_duplicate_initializers", original);
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(run.model.graph().initializer_size(), 2);
+  EXPECT_EQ(run.model.graph().node(1).input(1), "w1");
+  ExpectSameOutputs(original, run.model);
+}
+
+// data [4, 6, 5] -> Gather(axis 1, Range(start, limit, delta))
+onnx::ModelProto RangeGatherModel(int64_t start, int64_t delta, std::optional<int64_t> limit) {
+  onnx::GraphProto graph;
+  *graph.add_initializer() = MakeInt64Tensor("start", {start});
+  graph.mutable_initializer(0)->clear_dims();  // scalar
+  *graph.add_initializer() = MakeInt64Tensor("delta", {delta});
+  graph.mutable_initializer(1)->clear_dims();
+  if (limit) {
+    *graph.add_initializer() = MakeInt64Tensor("limit", {*limit});
+    graph.mutable_initializer(2)->clear_dims();
+  } else {  // the size of dim 2 of x, a value only known at run time
+    *graph.add_node() = MakeNode("Shape", {"x"}, {"shape"});
+    *graph.add_initializer() = MakeInt64Tensor("two", {2});
+    graph.mutable_initializer(2)->clear_dims();
+    *graph.add_node() = MakeNode("Gather", {"shape", "two"}, {"limit"});
+  }
+  *graph.add_node() = MakeNode("Range", {"start", "limit", "delta"}, {"indices"});
+  *graph.add_node() = WithInt(MakeNode("Gather", {"x", "indices"}, {"y"}), "axis", 1);
+  *graph.add_input() = FloatValue("x", {4, 6, 5});
+  onnx::ValueInfoProto output = FloatValue("y", {});
+  output.mutable_type()->mutable_tensor_type()->clear_shape();
+  *graph.add_output() = output;
+  return MakeModel(graph, 13);
+}
+
+TEST(GatherRangeToSliceTest, RewritesExactlyWhenBothAgree) {
+  struct Case {
+    int64_t start, delta;
+    std::optional<int64_t> limit;
+    bool fires;
+  };
+  for (const Case& c : std::vector<Case>{{0, 1, 6, true},
+                                         {1, 2, 6, true},
+                                         {3, 1, 2, true},          // empty range, empty slice
+                                         {0, 1, std::nullopt, true},  // limit = a size
+                                         {5, -1, -1, true},        // down to index 0
+                                         {4, -2, 0, true},
+                                         {-2, 1, 2, false},        // negative indices wrap in Gather
+                                         {0, 1, -1, false}}) {     // Slice would read -1 as "dim - 1"
+    const onnx::ModelProto original = RangeGatherModel(c.start, c.delta, c.limit);
+    PassRun run = RunPass("gather_range_to_slice", original);
+    const std::string where = ::testing::PrintToString(std::make_tuple(c.start, c.delta, c.limit.value_or(-99)));
+    EXPECT_EQ(run.report.rewrites(), c.fires ? 1 : 0) << where;
+    if (!c.fires) continue;
+    EXPECT_EQ(Ops(run.model).count("Range"), 0u) << where;
+    EXPECT_EQ(Ops(run.model)["Slice"], 1) << where;
+    ExpectSameOutputs(original, run.model, 0, 0);
+  }
+}
+
+TEST(FuseConvBatchNormTest, FoldsInferenceBatchNorm) {
+  for (bool conv_bias : {true, false}) {
+    onnx::GraphProto graph;
+    std::vector<std::string> conv_inputs = {"x", "w"};
+    if (conv_bias) conv_inputs.push_back("b");
+    *graph.add_node() = WithInts(MakeNode("Conv", conv_inputs, {"c"}), "pads", {1, 1, 1, 1});
+    *graph.add_node() = MakeNode("BatchNormalization", {"c", "scale", "bias", "mean", "var"}, {"y"});
+    *graph.add_initializer() = FloatTensor("w", {4, 3, 3, 3}, RandomFloats(108, 2));
+    *graph.add_initializer() = FloatTensor("b", {4}, RandomFloats(4, 3));
+    *graph.add_initializer() = FloatTensor("scale", {4}, RandomFloats(4, 4));
+    *graph.add_initializer() = FloatTensor("bias", {4}, RandomFloats(4, 5));
+    *graph.add_initializer() = FloatTensor("mean", {4}, RandomFloats(4, 6));
+    *graph.add_initializer() = FloatTensor("var", {4}, {0.5f, 1.0f, 2.0f, 0.1f});
+    *graph.add_input() = FloatValue("x", {1, 3, 8, 8});
+    *graph.add_output() = FloatValue("y", {1, 4, 8, 8});
+    const onnx::ModelProto original = MakeModel(graph, 13);
+    PassRun run = RunPass("fuse_conv_batchnorm", original);
+    EXPECT_EQ(run.report.rewrites(), 1) << conv_bias;
+    EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Conv", 1}})) << conv_bias;
+    ExpectSameOutputs(original, run.model, 1e-4, 1e-4);
+  }
+}
+
+TEST(FuseConsecutiveTransposesTest, ComposesAndCancels) {
+  onnx::GraphProto graph;
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"a"}), "perm", {0, 2, 1});
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"a"}, {"b"}), "perm", {2, 0, 1});
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"c"}), "perm", {1, 0, 2});
+  *graph.add_node() = WithInts(MakeNode("Transpose", {"c"}, {"d"}), "perm", {1, 0, 2});
+  *graph.add_node() = MakeNode("Relu", {"d"}, {"e"});
+  *graph.add_input() = FloatValue("x", {2, 3, 4});
+  *graph.add_output() = FloatValue("b", {3, 2, 4});
+  *graph.add_output() = FloatValue("e", {2, 3, 4});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunPass("fuse_consecutive_transposes", original);
+  EXPECT_EQ(run.report.rewrites(), 2);
+  EXPECT_EQ(Ops(run.model)["Transpose"], 1);
+  ExpectSameOutputs(original, run.model, 0, 0);
+}
+
+TEST(ExtendedPresetTest, KeepsTheConformanceFixturesExact) {
+  for (const char* name : {"bert_tiny.onnx", "cnn_tiny.onnx"}) {
+    auto original = LoadModel(testing::FixturePath(name));
+    ASSERT_TRUE(original.ok());
+    v1::OptimizationConfig config;
+    config.set_preset("extended");
+    auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+    ASSERT_TRUE(pipeline.ok());
+    onnx::ModelProto model = *original;
+    std::vector<v1::PassReport> reports;
+    ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
+    EXPECT_LE(model.graph().node_size(), original->graph().node_size()) << name;
+    ExpectSameOutputs(*original, model, 1e-5, 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace onnxopt
