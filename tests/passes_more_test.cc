@@ -308,3 +308,44 @@ TEST(ExtendedPresetTest, KeepsTheConformanceFixturesExact) {
 
 }  // namespace
 }  // namespace onnxopt
+
+namespace onnxopt {
+namespace {
+
+// Each seed pass fires on a model PyTorch exported with the pattern (tests/fixtures/make_fixtures.py)
+// and the result matches the original in ONNX Runtime.
+TEST(PyTorchExportsTest, SeedPassesFireOnRealExports) {
+  struct Case {
+    const char* fixture;
+    const char* pass;
+    int64_t min_rewrites;
+  };
+  for (const Case& c : std::vector<Case>{{"bert_tiny.onnx", "eliminate_identity", 8},
+                                         {"bert_tiny.onnx", "fold_constants", 73},
+                                         {"bert_tiny.onnx", "eliminate_common_subexpressions", 8},
+                                         {"constants_heavy.onnx", "fold_constants", 14},
+                                         {"index_select_arange.onnx", "gather_range_to_slice", 1},
+                                         {"cnn_bn.onnx", "fuse_conv_batchnorm", 3}}) {
+    auto original = LoadModel(testing::FixturePath(c.fixture));
+    ASSERT_TRUE(original.ok()) << c.fixture;
+    // The pass after the basic cleanups, as in the extended preset.
+    v1::OptimizationConfig config;
+    for (const char* name : {"eliminate_identity", "fold_constants", "eliminate_dead_nodes", c.pass}) {
+      config.add_passes()->set_name(name);
+    }
+    auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+    ASSERT_TRUE(pipeline.ok());
+    onnx::ModelProto model = *original;
+    std::vector<v1::PassReport> reports;
+    ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
+    int64_t rewrites = 0;
+    for (const auto& report : reports) {
+      if (report.name() == c.pass) rewrites = std::max(rewrites, report.rewrites());
+    }
+    EXPECT_GE(rewrites, c.min_rewrites) << c.fixture << " " << c.pass;
+    ExpectSameOutputs(*original, model, 1e-5, 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace onnxopt

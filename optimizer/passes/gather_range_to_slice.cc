@@ -6,8 +6,8 @@
 // It fires only where both give the same result on every input the original accepts:
 // - start and delta are constant integer scalars, start >= 0, delta != 0 (Gather's negative indices
 //   wrap around, Slice's negative bounds mean something else);
-// - delta > 0: limit is a constant >= 0, or a size (Shape/Size, or Gather/Slice/Cast of one), so it
-//   cannot be negative; an empty range gives an empty slice either way;
+// - delta > 0: limit is a constant >= 0, or a size (Shape/Size, or Gather/Slice/Cast of one, or one
+//   divided by a positive constant), so it cannot be negative; an empty range gives an empty slice;
 // - delta < 0: limit is a constant >= -1 (-1 becomes "before the first element").
 // A Range read elsewhere stays for its other readers.
 #include <limits>
@@ -31,12 +31,16 @@ std::optional<int64_t> ScalarInt(const Graph& graph, const std::string& value) {
 // True if `value` is a tensor size by construction (never negative).
 bool IsSize(const Graph& graph, const std::string& value, int depth = 0) {
   const Node* producer = graph.Producer(value);
-  if (producer == nullptr || depth > 4 || !producer->domain().empty()) return false;
+  if (producer == nullptr || depth > 8 || !producer->domain().empty()) return false;
   const std::string& op = producer->op_type();
   if (op == "Shape" || op == "Size") return true;
   if (op == "Gather" || op == "Slice" || op == "Squeeze" || op == "Unsqueeze" || op == "Reshape" || op == "Cast" ||
       op == "Identity") {
     return IsSize(graph, producer->input(0), depth + 1);
+  }
+  if (op == "Div" && producer->input_size() == 2) {  // size // positive constant
+    auto divisor = ConstantInts(graph, producer->input(1));
+    return divisor && divisor->size() == 1 && (*divisor)[0] > 0 && IsSize(graph, producer->input(0), depth + 1);
   }
   return false;
 }

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Benchmarks (they print figures; they are not tests): per-pass latency ratios in ONNX Runtime on the
+# PyTorch fixtures, and optimizer throughput on generated graphs of 25k-200k nodes.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+bash scripts/build.sh
+./build/tests/onnxopt-pass-benchmark "$@"
+echo
+./build/tests/onnxopt-throughput-benchmark
