@@ -300,6 +300,12 @@ void Graph::RemoveInitializer(const std::string& name) {
   changed_ = true;
 }
 
+void Graph::RemoveGraphInput(const std::string& name) {
+  if (graph_inputs_.erase(name) == 0) return;
+  CompactRepeated(proto_->mutable_input(), [&](const onnx::ValueInfoProto& input) { return input.name() != name; });
+  changed_ = true;
+}
+
 const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
   onnx::TensorProto* added = proto_->add_initializer();
   *added = std::move(tensor);

@@ -106,6 +106,8 @@ class Graph {
   // Fails if `from` is a graph input, an initializer, or comes from an outer scope.
   absl::Status RenameValue(const std::string& from, const std::string& to);
   void RemoveInitializer(const std::string& name);
+  // Drops `name` from the graph's inputs (the value itself stays defined if it is an initializer).
+  void RemoveGraphInput(const std::string& name);
   // Appends an initializer to the GraphProto and indexes it; the name must be new.
   const onnx::TensorProto* AddInitializer(onnx::TensorProto tensor);
   // Sets input i of `node` and keeps the indexes right.

@@ -78,11 +78,19 @@ class Pass {
   virtual absl::string_view name() const = 0;
   virtual absl::string_view description() const = 0;
   virtual std::vector<ParamSpec> params() const { return {}; }
+  // Checks parameter values beyond their type (e.g. the syntax of a string); INVALID_ARGUMENT.
+  virtual absl::Status ValidateParams(const PassParams& params) const { return absl::OkStatus(); }
   // Whether the pass manager should run shape inference before this pass.
   virtual bool needs_shapes() const { return false; }
   // Called for the main graph and every subgraph. The model (PassContext::model) must not be read
   // for nodes while the pass runs: they live in the Graph until it is committed.
   virtual absl::Status RunOnGraph(Graph& graph, PassContext& context) const = 0;
+  // A pass that works on the model as a whole (opset conversion) says so; the manager then calls
+  // RunOnModel instead of RunOnGraph.
+  virtual bool is_model_pass() const { return false; }
+  virtual absl::Status RunOnModel(onnx::ModelProto* model, PassContext& context) const {
+    return absl::UnimplementedError("not a model pass");
+  }
 };
 
 }  // namespace onnxopt

@@ -58,7 +58,10 @@ absl::StatusOr<PassInvocation> MakeInvocation(const PassRegistry& registry, cons
       return absl::InvalidArgumentError(absl::StrCat("pass '", name, "' has no parameter '", entry.first, "'"));
     }
   }
-  return PassInvocation{pass, PassParams(std::move(values))};
+  PassParams params(std::move(values));
+  absl::Status valid = pass->ValidateParams(params);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("pass '", name, "': ", valid.message()));
+  return PassInvocation{pass, std::move(params)};
 }
 
 }  // namespace
@@ -144,7 +147,13 @@ absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::M
   if (invocation.pass->needs_shapes()) shapes = ShapeInfo::Infer(*model);
   PassContext context(invocation.params, *model, shapes ? &*shapes : nullptr);
   int64_t nodes_before = 0;
-  {
+  if (invocation.pass->is_model_pass()) {
+    nodes_before = CountNodes(model->graph());
+    absl::Status status = invocation.pass->RunOnModel(model, context);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("pass '", invocation.pass->name(), "': ", status.message()));
+    }
+  } else {
     Graph graph(model->mutable_graph());
     nodes_before = graph.NodeCountRecursive();
     absl::Status status = absl::OkStatus();

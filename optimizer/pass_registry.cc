@@ -56,11 +56,19 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeGatherRangeToSlicePass());
     built->Register(MakeFuseConvBatchNormPass());
     built->Register(MakeFuseConsecutiveTransposesPass());
+    built->Register(MakeFixDynamicDimsPass());
+    built->Register(MakeEliminateInitializerInputsPass());
+    built->Register(MakeFuseReshapeChainsPass());
+    built->Register(MakeFuseMatMulAddIntoGemmPass());
+    built->Register(MakeFuseConvAddMulPass());
+    built->Register(MakeConvertOpsetPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
-    std::vector<std::string> extended = {"fuse_conv_batchnorm", "fuse_consecutive_transposes", "gather_range_to_slice"};
+    std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul",
+                                         "fuse_matmul_add_into_gemm", "fuse_consecutive_transposes",
+                                         "fuse_reshape_chains", "gather_range_to_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
@@ -69,7 +77,9 @@ const PassRegistry& DefaultPassRegistry() {
                       "initializers, dead nodes",
                       {{cleanups, true}}});
     built->AddPreset({"extended",
-                      "basic plus fusions: Conv+BatchNormalization, consecutive Transposes, Range+Gather into Slice",
+                      "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transpose "
+                      "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice; initializers listed as inputs "
+                      "become constants (they can no longer be fed)",
                       {{extended, true}}});
     return built;
   }();

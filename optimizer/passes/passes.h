@@ -19,6 +19,12 @@ std::unique_ptr<Pass> MakeFoldConstantsPass();
 std::unique_ptr<Pass> MakeGatherRangeToSlicePass();
 std::unique_ptr<Pass> MakeFuseConvBatchNormPass();
 std::unique_ptr<Pass> MakeFuseConsecutiveTransposesPass();
+std::unique_ptr<Pass> MakeFixDynamicDimsPass();
+std::unique_ptr<Pass> MakeEliminateInitializerInputsPass();
+std::unique_ptr<Pass> MakeFuseReshapeChainsPass();
+std::unique_ptr<Pass> MakeFuseMatMulAddIntoGemmPass();
+std::unique_ptr<Pass> MakeFuseConvAddMulPass();
+std::unique_ptr<Pass> MakeConvertOpsetPass();
 
 }  // namespace onnxopt
 

@@ -1,0 +1,166 @@
+// Tests for fix_dynamic_dims, eliminate_initializer_inputs, fuse_reshape_chains,
+// fuse_matmul_add_into_gemm, fuse_conv_add_mul and convert_opset.
+#include <map>
+#include <random>
+
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/passes/constants.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::ExpectSameOutputs;
+using testing::FloatTensor;
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+
+struct Outcome {
+  onnx::ModelProto model;
+  v1::PassReport report;
+  absl::Status status;
+};
+
+Outcome Apply(const std::string& config_json, onnx::ModelProto model) {
+  v1::OptimizationConfig config;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(config_json, &config).ok()) << config_json;
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+  if (!pipeline.ok()) return {std::move(model), {}, pipeline.status()};
+  std::vector<v1::PassReport> reports;
+  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
+  return {std::move(model), reports.empty() ? v1::PassReport() : reports.back(), status};
+}
+
+std::map<std::string, int> Ops(const onnx::ModelProto& model) {
+  std::map<std::string, int> ops;
+  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
+  return ops;
+}
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(n);
+  for (auto& v : values) v = normal(random);
+  return values;
+}
+
+TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
+  auto model = LoadModel(testing::FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(model.ok());
+  Outcome fixed = Apply(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2, sequence=32"}}]})", *model);
+  ASSERT_TRUE(fixed.status.ok()) << fixed.status;
+  EXPECT_EQ(fixed.report.rewrites(), 10);  // 3 inputs and 2 outputs, 2 dims each
+  const auto& dims = fixed.model.graph().input(0).type().tensor_type().shape().dim();
+  EXPECT_EQ(dims[0].dim_value(), 2);
+  EXPECT_EQ(dims[1].dim_value(), 32);
+  for (const char* bad : {R"({"passes": [{"name": "fix_dynamic_dims"}]})",
+                          R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=0"}}]})",
+                          R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch"}}]})"}) {
+    EXPECT_EQ(Apply(bad, *model).status.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(EliminateInitializerInputsTest, MakesOverridableInitializersConstant) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {2}, {1, 2});
+  *graph.add_input() = FloatValue("x", {2});
+  *graph.add_input() = FloatValue("w", {2});
+  *graph.add_output() = FloatValue("y", {2});
+  Outcome run = Apply(R"({"passes": [{"name": "eliminate_initializer_inputs"}, {"name": "fold_constants"}]})",
+                      MakeModel(graph, 13));
+  ASSERT_TRUE(run.status.ok());
+  ASSERT_EQ(run.model.graph().input_size(), 1);
+  EXPECT_EQ(run.model.graph().input(0).name(), "x");
+}
+
+TEST(FuseReshapeChainsTest, CollapsesChains) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Reshape", {"x", "s1"}, {"a"});
+  *graph.add_node() = MakeNode("Reshape", {"a", "s2"}, {"b"});
+  *graph.add_node() = MakeNode("Unsqueeze", {"b", "ax0"}, {"c"});
+  *graph.add_node() = MakeNode("Unsqueeze", {"c", "ax2"}, {"d"});    // [1, 6, 1, 4]
+  *graph.add_node() = MakeNode("Squeeze", {"d", "ax0"}, {"e"});      // [6, 1, 4]
+  *graph.add_node() = MakeNode("Squeeze", {"e", "ax1"}, {"f"});      // [6, 4]
+  *graph.add_node() = MakeNode("Unsqueeze", {"f", "ax1"}, {"g"});
+  *graph.add_node() = MakeNode("Squeeze", {"g", "ax1"}, {"y"});      // cancels out
+  *graph.add_initializer() = MakeInt64Tensor("s1", {4, 6});
+  *graph.add_initializer() = MakeInt64Tensor("s2", {6, 4});
+  *graph.add_initializer() = MakeInt64Tensor("ax0", {0});
+  *graph.add_initializer() = MakeInt64Tensor("ax1", {1});
+  *graph.add_initializer() = MakeInt64Tensor("ax2", {2});
+  *graph.add_input() = FloatValue("x", {2, 12});
+  *graph.add_output() = FloatValue("y", {6, 4});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  Outcome run = Apply(R"({"preset": "extended"})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Reshape", 1}})) << run.model.graph().DebugString();
+  ExpectSameOutputs(original, run.model, 0, 0);
+}
+
+TEST(FuseMatMulAddIntoGemmTest, FusesOnlyTwoDimensionalMatMuls) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"m"});
+  *graph.add_node() = MakeNode("Add", {"bias", "m"}, {"y"});
+  *graph.add_node() = MakeNode("MatMul", {"x3", "w"}, {"m3"});
+  *graph.add_node() = MakeNode("Add", {"m3", "bias"}, {"y3"});
+  *graph.add_initializer() = FloatTensor("w", {4, 3}, Random(12, 1));
+  *graph.add_initializer() = FloatTensor("bias", {3}, Random(3, 2));
+  *graph.add_input() = FloatValue("x", {5, 4});
+  *graph.add_input() = FloatValue("x3", {2, 5, 4});
+  *graph.add_output() = FloatValue("y", {5, 3});
+  *graph.add_output() = FloatValue("y3", {2, 5, 3});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  Outcome run = Apply(R"({"passes": [{"name": "fuse_matmul_add_into_gemm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Add", 1}, {"Gemm", 1}, {"MatMul", 1}}));
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
+TEST(FuseConvAddMulTest, FoldsPerChannelScaleAndBias) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Conv", {"x", "w"}, {"c"});
+  *graph.add_node() = MakeNode("Mul", {"c", "scale"}, {"m"});
+  *graph.add_node() = MakeNode("Conv", {"m", "w2", "b2"}, {"c2"});
+  *graph.add_node() = MakeNode("Add", {"shift", "c2"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {4, 3, 3, 3}, Random(108, 3));
+  *graph.add_initializer() = FloatTensor("scale", {4, 1, 1}, Random(4, 4));
+  *graph.add_initializer() = FloatTensor("w2", {2, 4, 1, 1}, Random(8, 5));
+  *graph.add_initializer() = FloatTensor("b2", {2}, Random(2, 6));
+  *graph.add_initializer() = FloatTensor("shift", {1, 2, 1, 1}, Random(2, 7));
+  *graph.add_input() = FloatValue("x", {1, 3, 8, 8});
+  *graph.add_output() = FloatValue("y", {1, 2, 6, 6});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  Outcome run = Apply(R"({"passes": [{"name": "fuse_conv_add_mul"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 2);
+  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Conv", 2}}));
+  ExpectSameOutputs(original, run.model, 1e-4, 1e-4);
+}
+
+TEST(ConvertOpsetTest, ConvertsAndRefusesWhatOnnxCannot) {
+  auto model = LoadModel(testing::FixturePath("cnn_tiny.onnx"));  // opset 13
+  ASSERT_TRUE(model.ok());
+  Outcome run = Apply(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 15}}]})", *model);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  int64_t opset = 0;
+  for (const auto& import : run.model.opset_import()) {
+    if (import.domain().empty()) opset = import.version();
+  }
+  EXPECT_EQ(opset, 15);
+  ExpectSameOutputs(*model, run.model, 1e-6, 1e-6);
+  EXPECT_EQ(Apply(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 21}}]})", *model).status.code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Apply(R"({"passes": [{"name": "convert_opset"}]})", *model).status.code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace onnxopt
