@@ -62,13 +62,14 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeFuseMatMulAddIntoGemmPass());
     built->Register(MakeFuseConvAddMulPass());
     built->Register(MakeConvertOpsetPass());
+    built->Register(MakeUpstreamSlicePass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
     std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul",
                                          "fuse_matmul_add_into_gemm", "fuse_consecutive_transposes",
-                                         "fuse_reshape_chains", "gather_range_to_slice"};
+                                         "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
@@ -78,7 +79,7 @@ const PassRegistry& DefaultPassRegistry() {
                       {{cleanups, true}}});
     built->AddPreset({"extended",
                       "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transpose "
-                      "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice; initializers listed as inputs "
+                      "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, slices moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});
     return built;

@@ -164,3 +164,111 @@ TEST(ConvertOpsetTest, ConvertsAndRefusesWhatOnnxCannot) {
 
 }  // namespace
 }  // namespace onnxopt
+
+namespace onnxopt {
+namespace {
+
+onnx::NodeProto Attr(onnx::NodeProto node, const std::string& name, int64_t value) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INT);
+  attribute->set_i(value);
+  return node;
+}
+
+onnx::NodeProto Ints(onnx::NodeProto node, const std::string& name, std::vector<int64_t> values) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values) attribute->add_ints(v);
+  return node;
+}
+
+// x[2,5,8] -> MatMul(W[8,8]) -> Add(b[8]) -> LayerNorm-like (ReduceMean, Sub, Div) -> Softmax -> Tanh
+// -> Gather(axis 1, index 0) -> y[2,8]: every step is one the slice may climb.
+onnx::ModelProto HeadModel(bool scalar_index) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"m"});
+  *graph.add_node() = MakeNode("Add", {"m", "b"}, {"a"});
+  *graph.add_node() = Ints(MakeNode("ReduceMean", {"a"}, {"mean"}), "axes", {-1});
+  *graph.add_node() = MakeNode("Sub", {"a", "mean"}, {"centered"});
+  *graph.add_node() = MakeNode("Div", {"centered", "two"}, {"scaled"});
+  *graph.add_node() = Attr(MakeNode("Softmax", {"scaled"}, {"p"}), "axis", -1);
+  *graph.add_node() = MakeNode("Tanh", {"p"}, {"t"});
+  *graph.add_node() = Attr(MakeNode("Gather", {"t", "index"}, {"y"}), "axis", 1);
+  *graph.add_initializer() = FloatTensor("w", {8, 8}, Random(64, 11));
+  *graph.add_initializer() = FloatTensor("b", {8}, Random(8, 12));
+  *graph.add_initializer() = FloatTensor("two", {}, {2.0f});
+  onnx::TensorProto index = MakeInt64Tensor("index", {3});
+  if (scalar_index) index.clear_dims();
+  *graph.add_initializer() = index;
+  *graph.add_input() = FloatValue("x", {2, 5, 8});
+  onnx::ValueInfoProto output = FloatValue("y", {});
+  output.mutable_type()->mutable_tensor_type()->clear_shape();
+  *graph.add_output() = output;
+  return MakeModel(graph, 13);
+}
+
+TEST(UpstreamSliceTest, ClimbsToTheInputSoEveryNodeComputesOneRow) {
+  for (bool scalar : {true, false}) {
+    const onnx::ModelProto original = HeadModel(scalar);
+    Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}, {"name": "eliminate_common_subexpressions"},
+                                      {"name": "upstream_slice"}]})", original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    // The only Gather left reads the graph input: everything after it runs on one row.
+    int gathers_on_input = 0, gathers = 0;
+    for (const auto& node : run.model.graph().node()) {
+      if (node.op_type() != "Gather") continue;
+      ++gathers;
+      gathers_on_input += node.input(0) == "x";
+    }
+    EXPECT_EQ(gathers, 1) << run.model.graph().DebugString();
+    EXPECT_EQ(gathers_on_input, 1);
+    ExpectSameOutputs(original, run.model, 0, 0);
+  }
+}
+
+TEST(UpstreamSliceTest, StaysWhereMovingWouldChangeTheResult) {
+  // Softmax over the sliced axis, and an input broadcasting along it with size 1.
+  onnx::GraphProto graph;
+  *graph.add_node() = Attr(MakeNode("Softmax", {"x"}, {"p"}), "axis", 1);
+  *graph.add_node() = Attr(MakeNode("Gather", {"p", "index"}, {"y"}), "axis", 1);
+  *graph.add_node() = MakeNode("Add", {"x", "ones"}, {"s"});
+  *graph.add_node() = Attr(MakeNode("Gather", {"s", "index"}, {"z"}), "axis", 1);
+  onnx::TensorProto index = MakeInt64Tensor("index", {0});
+  index.clear_dims();
+  *graph.add_initializer() = index;
+  *graph.add_input() = FloatValue("x", {2, 5, 8});
+  *graph.add_input() = FloatValue("ones", {2, 1, 8});
+  *graph.add_output() = FloatValue("y", {2, 8});
+  *graph.add_output() = FloatValue("z", {2, 8});
+  Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}]})", MakeModel(graph, 13));
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 0);
+}
+
+TEST(UpstreamSliceTest, ShrinksTheRobertaHeadOnceShapesAreKnown) {
+  auto original = LoadModel(testing::FixturePath("roberta_cls.onnx"));
+  ASSERT_TRUE(original.ok());
+  Outcome fixed = Apply(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2,sequence=16"}}]})",
+                        *original);
+  ASSERT_TRUE(fixed.status.ok());
+  Outcome run = Apply(R"({"preset": "extended", "max_iterations": 20})", fixed.model);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  int64_t moves = 0;
+  v1::OptimizationConfig config;
+  config.set_preset("extended");
+  config.set_max_iterations(20);
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+  onnx::ModelProto model = fixed.model;
+  std::vector<v1::PassReport> reports;
+  ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
+  for (const auto& report : reports) {
+    if (report.name() == "upstream_slice") moves += report.rewrites();
+  }
+  EXPECT_GE(moves, 10) << "the token slice climbs through the last layer";
+  ExpectSameOutputs(fixed.model, model, 1e-5, 1e-4);
+}
+
+}  // namespace
+}  // namespace onnxopt
