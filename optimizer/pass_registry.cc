@@ -63,12 +63,13 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeFuseConvAddMulPass());
     built->Register(MakeConvertOpsetPass());
     built->Register(MakeUpstreamSlicePass());
+    built->Register(MakeFuseTransposeIntoGemmPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
     std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul",
-                                         "fuse_matmul_add_into_gemm", "fuse_consecutive_transposes",
+                                         "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
@@ -78,7 +79,7 @@ const PassRegistry& DefaultPassRegistry() {
                       "initializers, dead nodes",
                       {{cleanups, true}}});
     built->AddPreset({"extended",
-                      "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transpose "
+                      "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transposes into Gemm, Transpose "
                       "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, slices moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});

@@ -1,7 +1,8 @@
 // onnxopt-conformance: the ONNX conformance suite (Debian's libonnx-testdata) through the default
 // pipeline. For every model and reference data set: if ONNX Runtime reproduces the reference outputs
 // with the original model, the optimized model must reproduce them too. Models ONNX Runtime cannot
-// run (or gets wrong) before optimization are counted apart, never hidden.
+// run (or gets wrong) before optimization are counted apart, never hidden. Every model must also
+// survive parse -> IR -> serialize byte for byte.
 //
 //   onnxopt-conformance [--verbose] [--preset=NAME] DATA_ROOT...   (e.g. /usr/share/libonnx-testdata/data)
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "optimizer/graph.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
@@ -139,7 +141,21 @@ absl::StatusOr<std::string> Check(const onnx::ModelProto& model, const std::vect
   return std::string();
 }
 
+// parse -> IR -> serialize must give back the same bytes when no pass edits the graph.
+bool RoundTripsLosslessly(const fs::path& path) {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return false;
+  auto model = ParseModel(*bytes);
+  if (!model.ok()) return false;
+  {
+    Graph graph(model->mutable_graph());
+    if (!graph.Commit().ok()) return false;
+  }
+  return model->SerializeAsString() == *bytes;
+}
+
 Outcome RunCase(const fs::path& dir, const Pipeline& pipeline) {
+  if (!RoundTripsLosslessly(dir / "model.onnx")) return {Verdict::kFailed, "IR round trip is not byte-identical"};
   auto model = LoadModel(dir / "model.onnx");
   if (!model.ok()) return {Verdict::kUnsupported, std::string(model.status().message())};
   if (!AllTensorIo(model->graph())) return {Verdict::kUnsupported, "sequence, map or optional inputs/outputs"};

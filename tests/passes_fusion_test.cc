@@ -228,6 +228,28 @@ TEST(UpstreamSliceTest, ClimbsToTheInputSoEveryNodeComputesOneRow) {
   }
 }
 
+TEST(UpstreamSliceTest, CrossesTransposes) {
+  for (bool scalar : {true, false}) {
+    onnx::GraphProto graph;
+    *graph.add_node() = Ints(MakeNode("Transpose", {"x"}, {"t"}), "perm", {2, 0, 1});  // [4,2,3]
+    *graph.add_node() = MakeNode("Relu", {"t"}, {"r"});
+    *graph.add_node() = Attr(MakeNode("Gather", {"r", "index"}, {"y"}), "axis", 1);
+    onnx::TensorProto index = MakeInt64Tensor("index", {1});
+    if (scalar) index.clear_dims();
+    *graph.add_initializer() = index;
+    *graph.add_input() = FloatValue("x", {2, 3, 4});
+    onnx::ValueInfoProto output = FloatValue("y", {});
+    output.mutable_type()->mutable_tensor_type()->clear_shape();
+    *graph.add_output() = output;
+    const onnx::ModelProto original = MakeModel(graph, 13);
+    Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}]})", original);
+    ASSERT_TRUE(run.status.ok());
+    EXPECT_EQ(run.report.rewrites(), 2) << scalar;
+    EXPECT_EQ(run.model.graph().node(0).op_type(), "Gather") << run.model.graph().DebugString();
+    ExpectSameOutputs(original, run.model, 0, 0);
+  }
+}
+
 TEST(UpstreamSliceTest, StaysWhereMovingWouldChangeTheResult) {
   // Softmax over the sliced axis, and an input broadcasting along it with size 1.
   onnx::GraphProto graph;
@@ -268,6 +290,45 @@ TEST(UpstreamSliceTest, ShrinksTheRobertaHeadOnceShapesAreKnown) {
   }
   EXPECT_GE(moves, 10) << "the token slice climbs through the last layer";
   ExpectSameOutputs(fixed.model, model, 1e-5, 1e-4);
+}
+
+}  // namespace
+}  // namespace onnxopt
+
+namespace onnxopt {
+namespace {
+
+TEST(FuseTransposeIntoGemmTest, FoldsTransposesIntoGemmAttributes) {
+  onnx::GraphProto graph;
+  onnx::NodeProto t1 = MakeNode("Transpose", {"a"}, {"at"});
+  auto* perm = t1.add_attribute();
+  perm->set_name("perm");
+  perm->set_type(onnx::AttributeProto::INTS);
+  perm->add_ints(1);
+  perm->add_ints(0);
+  onnx::NodeProto t2 = t1;
+  t2.set_input(0, "w");
+  t2.set_output(0, "wt");
+  t2.set_name("t2");
+  *graph.add_node() = t1;
+  *graph.add_node() = t2;
+  onnx::NodeProto gemm = MakeNode("Gemm", {"at", "w", "c"}, {"g"});
+  auto* trans_b = gemm.add_attribute();
+  trans_b->set_name("transB");
+  trans_b->set_type(onnx::AttributeProto::INT);
+  trans_b->set_i(1);
+  *graph.add_node() = gemm;
+  *graph.add_node() = MakeNode("MatMul", {"g", "wt"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {3, 3}, Random(9, 21));
+  *graph.add_initializer() = FloatTensor("c", {3}, Random(3, 22));
+  *graph.add_input() = FloatValue("a", {3, 4});
+  *graph.add_output() = FloatValue("y", {4, 3});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  Outcome run = Apply(R"({"passes": [{"name": "fuse_transpose_into_gemm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 2);
+  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Gemm", 2}}));
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ std::unique_ptr<Pass> MakeFuseMatMulAddIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseConvAddMulPass();
 std::unique_ptr<Pass> MakeConvertOpsetPass();
 std::unique_ptr<Pass> MakeUpstreamSlicePass();
+std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
 
 }  // namespace onnxopt
 

@@ -13,7 +13,9 @@
 // - Softmax, LayerNormalization and ReduceMean/ReduceSum (keepdims=1, axes attribute) whose
 //   reduction axes all come after the sliced axis;
 // - the left operand of MatMul when the sliced axis is the row axis (-2) and the right operand is a
-//   2-D matrix, or a batch axis the right operand does not have.
+//   2-D matrix, or a batch axis the right operand does not have;
+// - Transpose: the slice moves to axis perm[k] of its input (a scalar Gather drops that entry from
+//   perm). Reshape is not crossed: exporters compute its target shape at run time.
 // The producer's output must be read by the slice alone (or by identical slices, which become one).
 // A Gather with a scalar index removes the axis, so positive reduction axes after it shift down.
 // Shapes come from shape inference; where a rank or size is unknown, the slice stays.
@@ -191,6 +193,19 @@ class UpstreamSlicePass final : public Pass {
       sliced_inputs = {0};
       input_axes = {axis};
       if (slicer->removes_axis) axes_updates.push_back({"axes", shifted});
+    } else if (op == "Transpose") {
+      const onnx::AttributeProto* perm = producer->FindAttribute("perm");
+      if (perm == nullptr || perm->ints_size() != rank) return {};
+      const int64_t source_axis = perm->ints(static_cast<int>(axis));
+      sliced_inputs = {0};
+      input_axes = {source_axis};
+      if (slicer->removes_axis) {  // the input loses source_axis: drop it from perm and renumber
+        std::vector<int64_t> new_perm;
+        for (int64_t p : perm->ints()) {
+          if (p != source_axis) new_perm.push_back(p > source_axis ? p - 1 : p);
+        }
+        axes_updates.push_back({"perm", new_perm});
+      }
     } else if (op == "MatMul") {
       const auto a_rank = shapes.Rank(producer->input(0));
       const auto b_rank = shapes.Rank(producer->input(1));
@@ -249,7 +264,7 @@ class UpstreamSlicePass final : public Pass {
       if (target == nullptr) {  // a default axis (Softmax < 13: 1) must now be spelled out
         target = rewired.add_attribute();
         target->set_name(name);
-        target->set_type(name == "axis" ? onnx::AttributeProto::INT : onnx::AttributeProto::INTS);
+        target->set_type(name == "axis" ? onnx::AttributeProto::INT : onnx::AttributeProto::INTS);  // axes, perm
       }
       if (target->type() == onnx::AttributeProto::INT) {
         target->set_i(values[0]);
