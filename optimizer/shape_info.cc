@@ -1,6 +1,7 @@
 #include "optimizer/shape_info.h"
 
 #include "onnx/shape_inference/implementation.h"
+#include "optimizer/symbolic_shapes.h"
 
 namespace onnxopt {
 namespace {
@@ -47,18 +48,21 @@ ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
       // What the model declares is still used below.
     }
   }
+  std::unordered_map<std::string, onnx::TypeProto> inferred;
   for (const auto& tensor : source.initializer()) {
     onnx::TypeProto type;
     type.mutable_tensor_type()->set_elem_type(tensor.data_type());
     auto* shape = type.mutable_tensor_type()->mutable_shape();
     for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
-    info.types_[tensor.name()] = type;
+    inferred[tensor.name()] = type;
   }
   for (const auto* values : {&graph->input(), &graph->output(), &graph->value_info()}) {
     for (const auto& value : *values) {
-      if (value.has_type()) info.types_.emplace(value.name(), value.type());
+      if (value.has_type()) inferred.emplace(value.name(), value.type());
     }
   }
+  if (info.inferred_) RecoverSymbolicShapes(&copy, &inferred);
+  for (auto& [name, type] : inferred) info.types_.emplace(name, std::move(type));
   return info;
 }
 

@@ -1,0 +1,390 @@
+#include "optimizer/symbolic_shapes.h"
+
+#include <map>
+#include <optional>
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "onnx/shape_inference/implementation.h"
+
+namespace onnxopt {
+namespace {
+
+// One dimension: a number, a named symbol, or unknown.
+struct Dim {
+  enum class Kind { kUnknown, kValue, kParam } kind = Kind::kUnknown;
+  int64_t value = 0;
+  std::string param;
+  static Dim Value(int64_t v) { return {Kind::kValue, v, ""}; }
+  static Dim Param(std::string p) { return {Kind::kParam, 0, std::move(p)}; }
+  bool known() const { return kind != Kind::kUnknown; }
+  bool operator==(const Dim& o) const { return kind == o.kind && value == o.value && param == o.param; }
+};
+
+// onnx's inference names the dims it cannot work out "unk__N"; for recovery those are unknown.
+bool IsGeneratedName(const std::string& param) { return param.rfind("unk__", 0) == 0; }
+
+Dim FromProto(const onnx::TensorShapeProto::Dimension& d) {
+  if (d.has_dim_value()) return Dim::Value(d.dim_value());
+  if (d.has_dim_param() && !d.dim_param().empty() && !IsGeneratedName(d.dim_param())) return Dim::Param(d.dim_param());
+  return {};
+}
+
+void ToProto(const Dim& dim, onnx::TensorShapeProto::Dimension* d) {
+  if (dim.kind == Dim::Kind::kValue) d->set_dim_value(dim.value);
+  if (dim.kind == Dim::Kind::kParam) d->set_dim_param(dim.param);
+}
+
+// A product of dims as coefficient * symbols^powers, to solve Reshape's -1.
+struct Monomial {
+  int64_t coefficient = 1;
+  std::map<std::string, int> powers;
+  bool Multiply(const Dim& d) {
+    if (d.kind == Dim::Kind::kValue) {
+      coefficient *= d.value;
+      return true;
+    }
+    if (d.kind == Dim::Kind::kParam) {
+      ++powers[d.param];
+      return true;
+    }
+    return false;
+  }
+};
+
+// a / b as a Dim, when it is a number or a single symbol.
+Dim Divide(const Monomial& a, const Monomial& b) {
+  if (b.coefficient == 0 || a.coefficient % b.coefficient != 0) return {};
+  std::map<std::string, int> powers = a.powers;
+  for (const auto& [symbol, power] : b.powers) {
+    powers[symbol] -= power;
+    if (powers[symbol] == 0) powers.erase(symbol);
+  }
+  const int64_t coefficient = a.coefficient / b.coefficient;
+  if (powers.empty()) return Dim::Value(coefficient);
+  if (powers.size() == 1 && powers.begin()->second == 1 && coefficient == 1) return Dim::Param(powers.begin()->first);
+  return {};
+}
+
+using Shape = std::vector<Dim>;
+
+std::optional<Shape> ShapeOf(const std::unordered_map<std::string, onnx::TypeProto>& types, const std::string& name) {
+  auto it = types.find(name);
+  if (it == types.end() || !it->second.tensor_type().has_shape()) return std::nullopt;
+  Shape shape;
+  for (const auto& d : it->second.tensor_type().shape().dim()) shape.push_back(FromProto(d));
+  return shape;
+}
+
+std::optional<std::vector<int64_t>> Ints(const onnx::TensorProto& tensor) {
+  if (tensor.data_type() == onnx::TensorProto::INT64) {
+    if (tensor.has_raw_data()) {
+      std::vector<int64_t> v(tensor.raw_data().size() / 8);
+      std::memcpy(v.data(), tensor.raw_data().data(), v.size() * 8);
+      return v;
+    }
+    return std::vector<int64_t>(tensor.int64_data().begin(), tensor.int64_data().end());
+  }
+  if (tensor.data_type() == onnx::TensorProto::INT32 && !tensor.has_raw_data()) {
+    return std::vector<int64_t>(tensor.int32_data().begin(), tensor.int32_data().end());
+  }
+  return std::nullopt;
+}
+
+int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {
+  for (const auto& a : node.attribute()) {
+    if (a.name() == name) return a.i();
+  }
+  return fallback;
+}
+
+const std::set<std::string>& BroadcastOps() {
+  static const auto* ops = new std::set<std::string>{"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less",
+                                                     "Greater", "And", "Or", "Max", "Min"};
+  return *ops;
+}
+
+// Symbolic values of small integer tensors (shape arithmetic), by value name.
+std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph,
+                                                   const std::unordered_map<std::string, onnx::TypeProto>& types,
+                                                   int64_t opset) {
+  std::unordered_map<std::string, Shape> values;
+  auto from_tensor = [&](const std::string& name, const onnx::TensorProto& tensor) {
+    if (tensor.dims_size() > 1) return;
+    auto ints = Ints(tensor);
+    if (!ints || ints->size() > 64) return;
+    Shape shape;
+    for (int64_t v : *ints) shape.push_back(Dim::Value(v));
+    values[name] = shape;
+  };
+  for (const auto& tensor : graph.initializer()) from_tensor(tensor.name(), tensor);
+  for (const auto& node : graph.node()) {
+    if (!node.domain().empty() && node.domain() != "ai.onnx") continue;
+    const std::string& op = node.op_type();
+    auto input = [&](int i) -> const Shape* {
+      if (i >= node.input_size()) return nullptr;
+      auto it = values.find(node.input(i));
+      return it == values.end() ? nullptr : &it->second;
+    };
+    if (node.output_size() < 1) continue;
+    const std::string& out = node.output(0);
+    if (op == "Constant") {
+      for (const auto& a : node.attribute()) {
+        if (a.name() == "value" && a.has_t()) from_tensor(out, a.t());
+      }
+    } else if (op == "Shape" && node.input_size() == 1) {
+      auto shape = ShapeOf(types, node.input(0));
+      if (!shape) continue;
+      const int64_t rank = static_cast<int64_t>(shape->size());
+      int64_t start = opset >= 15 ? IntAttribute(node, "start", 0) : 0;
+      int64_t end = opset >= 15 ? IntAttribute(node, "end", rank) : rank;
+      if (start < 0) start += rank;
+      if (end < 0) end += rank;
+      start = std::clamp<int64_t>(start, 0, rank);
+      end = std::clamp<int64_t>(end, start, rank);
+      values[out] = Shape(shape->begin() + start, shape->begin() + end);
+    } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") && input(0)) {
+      values[out] = *input(0);
+    } else if (op == "Gather" && input(0) && input(1) && IntAttribute(node, "axis", 0) == 0) {
+      Shape picked;
+      for (const Dim& index : *input(1)) {
+        if (index.kind != Dim::Kind::kValue) {
+          picked.clear();
+          break;
+        }
+        int64_t i = index.value < 0 ? index.value + static_cast<int64_t>(input(0)->size()) : index.value;
+        if (i < 0 || i >= static_cast<int64_t>(input(0)->size())) {
+          picked.clear();
+          break;
+        }
+        picked.push_back((*input(0))[static_cast<size_t>(i)]);
+      }
+      if (!picked.empty()) values[out] = picked;
+    } else if (op == "Concat") {
+      Shape joined;
+      bool complete = true;
+      for (int i = 0; i < node.input_size() && complete; ++i) {
+        if (const Shape* part = input(i)) {
+          joined.insert(joined.end(), part->begin(), part->end());
+        } else {
+          complete = false;
+        }
+      }
+      if (complete) values[out] = joined;
+    } else if ((op == "Mul" || op == "Add" || op == "Sub" || op == "Div") && input(0) && input(1) &&
+               input(0)->size() == input(1)->size()) {
+      Shape result;
+      for (size_t i = 0; i < input(0)->size(); ++i) {
+        const Dim& a = (*input(0))[i];
+        const Dim& b = (*input(1))[i];
+        if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
+          if (op == "Mul") result.push_back(Dim::Value(a.value * b.value));
+          if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
+          if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
+          if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
+        } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
+          result.push_back(a);
+        } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
+          result.push_back(a);
+        } else {
+          result.push_back({});
+        }
+      }
+      values[out] = result;
+    }
+  }
+  return values;
+}
+
+// A better type for `name` from `shape` if it knows more than `types` does; true if updated.
+bool Improve(std::unordered_map<std::string, onnx::TypeProto>* types, const std::string& name, const Shape& shape,
+             int32_t element_type) {
+  onnx::TypeProto& type = (*types)[name];
+  auto* tensor = type.mutable_tensor_type();
+  if (tensor->elem_type() == 0 && element_type != 0) tensor->set_elem_type(element_type);
+  if (tensor->has_shape() && tensor->shape().dim_size() != static_cast<int>(shape.size())) return false;
+  bool improved = false;
+  if (!tensor->has_shape()) {
+    for (size_t i = 0; i < shape.size(); ++i) tensor->mutable_shape()->add_dim();
+    improved = true;
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    auto* d = tensor->mutable_shape()->mutable_dim(static_cast<int>(i));
+    if (FromProto(*d).known() || !shape[i].known()) continue;
+    ToProto(shape[i], d);
+    improved = true;
+  }
+  return improved;
+}
+
+int32_t ElementType(const std::unordered_map<std::string, onnx::TypeProto>& types, const std::string& name) {
+  auto it = types.find(name);
+  return it == types.end() ? 0 : it->second.tensor_type().elem_type();
+}
+
+int OneRound(const onnx::GraphProto& graph, std::unordered_map<std::string, onnx::TypeProto>* types, int64_t opset) {
+  const auto values = TrackValues(graph, *types, opset);
+  int improved = 0;
+  for (const auto& node : graph.node()) {
+    if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) continue;
+    const std::string& op = node.op_type();
+    const std::string& out = node.output(0);
+    if (op == "Reshape" && node.input_size() == 2) {
+      auto target = values.find(node.input(1));
+      auto input = ShapeOf(*types, node.input(0));
+      if (target == values.end()) continue;
+      const bool allow_zero = IntAttribute(node, "allowzero", 0) != 0;
+      Shape result;
+      int infer_at = -1;
+      for (size_t i = 0; i < target->second.size(); ++i) {
+        const Dim& d = target->second[i];
+        if (d.kind == Dim::Kind::kValue && d.value == 0 && !allow_zero) {
+          result.push_back(input && i < input->size() ? (*input)[i] : Dim());
+        } else if (d.kind == Dim::Kind::kValue && d.value == -1) {
+          infer_at = static_cast<int>(i);
+          result.push_back({});
+        } else {
+          result.push_back(d);
+        }
+      }
+      if (infer_at >= 0 && input) {
+        Monomial total, others;
+        bool ok = true;
+        for (const Dim& d : *input) ok &= total.Multiply(d);
+        for (size_t i = 0; i < result.size(); ++i) {
+          if (static_cast<int>(i) != infer_at) ok &= others.Multiply(result[i]);
+        }
+        if (ok) result[static_cast<size_t>(infer_at)] = Divide(total, others);
+      }
+      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+    } else if (op == "Slice" && node.input_size() >= 3) {
+      // Same rank as the input; a sliced dim is known only when the slice provably takes all of it
+      // (start 0, step 1, end the dim itself).
+      auto input = ShapeOf(*types, node.input(0));
+      if (!input) continue;
+      auto get = [&](int i) -> const Shape* {
+        if (i >= node.input_size() || node.input(i).empty()) return nullptr;
+        auto it = values.find(node.input(i));
+        return it == values.end() ? nullptr : &it->second;
+      };
+      const Shape* starts = get(1);
+      const Shape* ends = get(2);
+      const Shape* axes = get(3);
+      const Shape* steps = get(4);
+      Shape result = *input;
+      const int64_t rank = static_cast<int64_t>(input->size());
+      const size_t count = starts ? starts->size() : 0;
+      for (size_t k = 0; k < std::max<size_t>(count, 1); ++k) {
+        int64_t axis = static_cast<int64_t>(k);
+        if (axes != nullptr) {
+          if (k >= axes->size() || (*axes)[k].kind != Dim::Kind::kValue) {
+            result.assign(input->size(), Dim());  // unknown axes: only the rank is certain
+            break;
+          }
+          axis = (*axes)[k].value < 0 ? (*axes)[k].value + rank : (*axes)[k].value;
+        }
+        if (axis < 0 || axis >= rank) break;
+        const bool whole = starts && ends && k < ends->size() && (*starts)[k] == Dim::Value(0) &&
+                           (!steps || (k < steps->size() && (*steps)[k] == Dim::Value(1))) &&
+                           (*ends)[k] == (*input)[static_cast<size_t>(axis)] && (*input)[static_cast<size_t>(axis)].known();
+        if (!whole) result[static_cast<size_t>(axis)] = Dim();
+        if (!starts) result.assign(input->size(), Dim());
+      }
+      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+    } else if (BroadcastOps().count(op) > 0) {
+      std::vector<Shape> inputs;
+      size_t rank = 0;
+      bool all_ranked = true;
+      for (int i = 0; i < node.input_size() && all_ranked; ++i) {
+        auto shape = ShapeOf(*types, node.input(i));
+        if (!shape) {
+          all_ranked = false;
+        } else {
+          rank = std::max(rank, shape->size());
+          inputs.push_back(*shape);
+        }
+      }
+      if (!all_ranked || inputs.empty()) continue;
+      Shape result(rank);
+      for (size_t d = 0; d < rank; ++d) {
+        std::optional<Dim> chosen;
+        bool conflict = false, any_unknown = false, all_one = true;
+        for (const Shape& shape : inputs) {
+          const size_t offset = rank - shape.size();
+          if (d < offset) continue;  // broadcasts as 1
+          const Dim& dim = shape[d - offset];
+          if (!dim.known()) {
+            any_unknown = true;
+            all_one = false;
+            continue;
+          }
+          if (dim == Dim::Value(1)) continue;
+          all_one = false;
+          if (!chosen) {
+            chosen = dim;
+          } else if (!(*chosen == dim)) {
+            conflict = true;
+          }
+        }
+        if (conflict) continue;
+        if (chosen) {
+          result[d] = *chosen;
+        } else if (all_one && !any_unknown) {
+          result[d] = Dim::Value(1);
+        }
+      }
+      const int32_t element_type = op == "Equal" || op == "Less" || op == "Greater" || op == "And" || op == "Or"
+                                       ? onnx::TensorProto::BOOL
+                                       : ElementType(*types, node.input(op == "Where" ? 1 : 0));
+      improved += Improve(types, out, result, element_type);
+    }
+  }
+  return improved;
+}
+
+}  // namespace
+
+// Each round resolves what the last one exposed (roughly one Reshape deep per round).
+constexpr int kMaxRounds = 32;
+
+int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types) {
+  int64_t opset = 0;
+  for (const auto& import : model->opset_import()) {
+    if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
+  }
+  int total = 0;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    const int improved = OneRound(model->graph(), types, opset);
+    if (improved == 0) break;
+    total += improved;
+    // Let onnx's inference carry the recovered shapes through the rest of the graph.
+    onnx::GraphProto* graph = model->mutable_graph();
+    graph->clear_value_info();
+    std::set<std::string> io;
+    for (const auto& v : graph->input()) io.insert(v.name());
+    for (const auto& v : graph->output()) io.insert(v.name());
+    for (const auto& t : graph->initializer()) io.insert(t.name());
+    for (const auto& [name, type] : *types) {
+      if (io.count(name) > 0) continue;
+      auto* value = graph->add_value_info();
+      value->set_name(name);
+      *value->mutable_type() = type;
+    }
+    try {
+      onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(false, 0, true));
+    } catch (const std::exception&) {
+      break;
+    }
+    for (const auto& value : graph->value_info()) {
+      auto shape = ShapeOf({{value.name(), value.type()}}, value.name());
+      if (!shape) continue;
+      total += Improve(types, value.name(), *shape, value.type().tensor_type().elem_type());
+    }
+  }
+  return total;
+}
+
+}  // namespace onnxopt
