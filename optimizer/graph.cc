@@ -52,19 +52,9 @@ float Node::GetAttributeFloat(absl::string_view name, float default_value) const
 }
 
 Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
-  for (const auto& input : proto_->input()) {
-    graph_inputs_.insert(input.name());
-    used_names_.insert(input.name());
-  }
-  for (const auto& output : proto_->output()) {
-    ++graph_outputs_[output.name()];
-    used_names_.insert(output.name());
-  }
-  for (const auto& initializer : proto_->initializer()) {
-    initializers_[initializer.name()] = &initializer;
-    used_names_.insert(initializer.name());
-  }
-  for (const auto& value_info : proto_->value_info()) used_names_.insert(value_info.name());
+  for (const auto& input : proto_->input()) graph_inputs_.insert(input.name());
+  for (const auto& output : proto_->output()) ++graph_outputs_[output.name()];
+  for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
 
   nodes_.reserve(proto_->node_size());
   for (int i = 0; i < proto_->node_size(); ++i) {
@@ -78,10 +68,7 @@ Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
         node->subgraphs_.push_back(std::make_unique<Graph>(&graph));
       }
     }
-    for (const auto& subgraph : node->subgraphs_) {
-      subgraph->CollectOuterReads(&node->implicit_inputs_);
-      used_names_.insert(subgraph->used_names_.begin(), subgraph->used_names_.end());
-    }
+    for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
     IndexNode(node.get());
     ++live_nodes_;
     nodes_.push_back(std::move(node));
@@ -117,8 +104,9 @@ void Graph::RemoveConsumer(const std::string& value, Node* node) {
   auto it = consumers_.find(value);
   if (it == consumers_.end()) return;
   auto& list = it->second;
-  auto position = std::find(list.begin(), list.end(), node);
-  if (position != list.end()) list.erase(position);
+  // From the back: the most recently indexed readers are the likeliest to go.
+  auto position = std::find(list.rbegin(), list.rend(), node);
+  if (position != list.rend()) list.erase(std::next(position).base());
   if (list.empty()) consumers_.erase(it);
 }
 
@@ -126,7 +114,7 @@ void Graph::IndexNode(Node* node) {
   for (const auto& output : node->proto_.output()) {
     if (output.empty()) continue;
     producer_[output] = node;
-    used_names_.insert(output);
+    if (names_collected_) used_names_.insert(output);
   }
   for (const auto& input : node->proto_.input()) AddConsumer(input, node);
   for (const auto& implicit : node->implicit_inputs_) AddConsumer(implicit, node);
@@ -169,12 +157,11 @@ Node* Graph::Producer(const std::string& value) const {
 }
 
 std::vector<Node*> Graph::Consumers(const std::string& value) const {
-  std::vector<Node*> result;
   auto it = consumers_.find(value);
-  if (it == consumers_.end()) return result;
-  for (Node* node : it->second) {
-    if (std::find(result.begin(), result.end(), node) == result.end()) result.push_back(node);
-  }
+  if (it == consumers_.end()) return {};
+  std::vector<Node*> result = it->second;
+  std::sort(result.begin(), result.end(), [](const Node* a, const Node* b) { return a->sequence_ < b->sequence_; });
+  result.erase(std::unique(result.begin(), result.end()), result.end());
   return result;
 }
 
@@ -238,9 +225,10 @@ void Graph::ReplaceAllUsesWith(const std::string& from, const std::string& to) {
   }
   auto it = consumers_.find(from);
   if (it != consumers_.end()) {
+    std::vector<Node*> readers = std::move(it->second);
+    consumers_.erase(it);
     auto& target = consumers_[to];
-    target.insert(target.end(), it->second.begin(), it->second.end());
-    consumers_.erase(from);
+    target.insert(target.end(), readers.begin(), readers.end());
   }
   changed_ = true;
 }
@@ -270,7 +258,7 @@ absl::Status Graph::RenameValue(const std::string& from, const std::string& to) 
   }
   producer_.erase(from);
   producer_[to] = producer;
-  used_names_.insert(to);
+  if (names_collected_) used_names_.insert(to);
   ReplaceAllUsesWith(from, to);
   auto it = graph_outputs_.find(from);
   if (it != graph_outputs_.end()) {
@@ -311,7 +299,7 @@ const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
   *added = std::move(tensor);
   removed_initializers_.erase(added->name());
   initializers_[added->name()] = added;
-  used_names_.insert(added->name());
+  if (names_collected_) used_names_.insert(added->name());
   changed_ = true;
   return added;
 }
@@ -324,7 +312,23 @@ void Graph::ForEachGraph(const std::function<void(Graph&)>& fn) {
   }
 }
 
+void Graph::CollectNames(std::unordered_set<std::string>* names) const {
+  for (const auto& value : proto_->input()) names->insert(value.name());
+  for (const auto& value : proto_->output()) names->insert(value.name());
+  for (const auto& value : proto_->value_info()) names->insert(value.name());
+  for (const auto& tensor : proto_->initializer()) names->insert(tensor.name());
+  for (const auto& node : nodes_) {
+    for (const auto& name : node->proto_.input()) names->insert(name);
+    for (const auto& name : node->proto_.output()) names->insert(name);
+    for (const auto& subgraph : node->subgraphs_) subgraph->CollectNames(names);
+  }
+}
+
 std::string Graph::UniqueName(absl::string_view hint) {
+  if (!names_collected_) {  // built on first use: most passes never need a new name
+    CollectNames(&used_names_);
+    names_collected_ = true;
+  }
   std::string candidate;
   do {
     candidate = absl::StrCat(hint, "_onnxopt_", unique_counter_++);

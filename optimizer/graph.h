@@ -87,7 +87,7 @@ class Graph {
   int64_t NodeCountRecursive() const;
 
   Node* Producer(const std::string& value) const;
-  // Nodes that read `value`, explicitly or through a subgraph; one entry per node.
+  // Nodes that read `value`, explicitly or through a subgraph; one entry per node, in creation order.
   std::vector<Node*> Consumers(const std::string& value) const;
   bool HasConsumers(const std::string& value) const;
   bool IsGraphInput(const std::string& value) const { return graph_inputs_.count(value) > 0; }
@@ -137,13 +137,17 @@ class Graph {
   bool changed_ = false;
   bool committed_ = false;
   std::unordered_map<std::string, Node*> producer_;
+  // value -> readers, one entry per reading input (a node reading a value twice is listed twice)
   std::unordered_map<std::string, std::vector<Node*>> consumers_;
   std::unordered_set<std::string> graph_inputs_;
   std::unordered_map<std::string, int> graph_outputs_;  // name -> times listed
   std::unordered_map<std::string, const onnx::TensorProto*> initializers_;
   std::unordered_set<std::string> removed_initializers_;
   std::unordered_set<std::string> dropped_values_;  // values whose producer was removed
+  // Every name in this graph and its subgraphs, collected when UniqueName is first called.
+  void CollectNames(std::unordered_set<std::string>* names) const;
   std::unordered_set<std::string> used_names_;
+  bool names_collected_ = false;
   uint64_t unique_counter_ = 0;
 };
 
