@@ -233,8 +233,7 @@ void Graph::ReplaceAllUsesWith(const std::string& from, const std::string& to) {
   changed_ = true;
 }
 
-void Graph::RenameOuterUse(const std::string& from, const std::string& to) {
-  ReplaceAllUsesWith(from, to);
+void Graph::RenameGraphOutput(const std::string& from, const std::string& to) {
   auto it = graph_outputs_.find(from);
   if (it != graph_outputs_.end()) {
     for (auto& output : *proto_->mutable_output()) {
@@ -243,6 +242,11 @@ void Graph::RenameOuterUse(const std::string& from, const std::string& to) {
     graph_outputs_[to] += it->second;
     graph_outputs_.erase(from);
   }
+}
+
+void Graph::RenameOuterUse(const std::string& from, const std::string& to) {
+  ReplaceAllUsesWith(from, to);
+  RenameGraphOutput(from, to);
 }
 
 absl::Status Graph::RenameValue(const std::string& from, const std::string& to) {
@@ -260,14 +264,7 @@ absl::Status Graph::RenameValue(const std::string& from, const std::string& to) 
   producer_[to] = producer;
   if (names_collected_) used_names_.insert(to);
   ReplaceAllUsesWith(from, to);
-  auto it = graph_outputs_.find(from);
-  if (it != graph_outputs_.end()) {
-    for (auto& output : *proto_->mutable_output()) {
-      if (output.name() == from) output.set_name(to);
-    }
-    graph_outputs_[to] += it->second;
-    graph_outputs_.erase(from);
-  }
+  RenameGraphOutput(from, to);
   // Keep the type information of `from` under its new name unless `to` already has its own.
   bool to_has_info = false;
   for (const auto& value_info : proto_->value_info()) to_has_info |= value_info.name() == to;

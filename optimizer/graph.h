@@ -127,6 +127,8 @@ class Graph {
   void RenameInSubgraphs(Node* node, const std::string& from, const std::string& to);
   // Renames uses of an outer value inside this (sub)graph.
   void RenameOuterUse(const std::string& from, const std::string& to);
+  // Renames the graph outputs that name `from`.
+  void RenameGraphOutput(const std::string& from, const std::string& to);
   void CollectOuterReads(std::unordered_set<std::string>* out) const;
   std::vector<Node*> TopologicalOrder() const;
 

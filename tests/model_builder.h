@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,38 @@ inline onnx::ModelProto MakeModel(onnx::GraphProto graph, int64_t opset = 14) {
   *model.mutable_graph() = std::move(graph);
   if (model.graph().name().empty()) model.mutable_graph()->set_name("test");
   return model;
+}
+
+inline onnx::NodeProto WithIntAttribute(onnx::NodeProto node, const std::string& name, int64_t value) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INT);
+  attribute->set_i(value);
+  return node;
+}
+
+inline onnx::NodeProto WithIntsAttribute(onnx::NodeProto node, const std::string& name, std::vector<int64_t> values) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::INTS);
+  for (int64_t value : values) attribute->add_ints(value);
+  return node;
+}
+
+// Seeded standard-normal floats.
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(n);
+  for (auto& value : values) value = normal(random);
+  return values;
+}
+
+// Op type -> count over the main graph.
+inline std::map<std::string, int> OpCounts(const onnx::ModelProto& model) {
+  std::map<std::string, int> ops;
+  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
+  return ops;
 }
 
 // Where the fixtures live; CMake passes the source folder in ONNXOPT_SOURCE_DIR.

@@ -20,6 +20,10 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::WithIntsAttribute;
+using testing::WithIntAttribute;
+using testing::RandomFloats;
+using testing::OpCounts;
 
 struct Outcome {
   onnx::ModelProto model;
@@ -35,20 +39,6 @@ Outcome Apply(const std::string& config_json, onnx::ModelProto model) {
   std::vector<v1::PassReport> reports;
   absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
   return {std::move(model), reports.empty() ? v1::PassReport() : reports.back(), status};
-}
-
-std::map<std::string, int> Ops(const onnx::ModelProto& model) {
-  std::map<std::string, int> ops;
-  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
-  return ops;
-}
-
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 random(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> values(n);
-  for (auto& v : values) v = normal(random);
-  return values;
 }
 
 TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
@@ -101,7 +91,7 @@ TEST(FuseReshapeChainsTest, CollapsesChains) {
   const onnx::ModelProto original = MakeModel(graph, 13);
   Outcome run = Apply(R"({"preset": "extended"})", original);
   ASSERT_TRUE(run.status.ok()) << run.status;
-  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Reshape", 1}})) << run.model.graph().DebugString();
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Reshape", 1}})) << run.model.graph().DebugString();
   ExpectSameOutputs(original, run.model, 0, 0);
 }
 
@@ -111,8 +101,8 @@ TEST(FuseMatMulAddIntoGemmTest, FusesOnlyTwoDimensionalMatMuls) {
   *graph.add_node() = MakeNode("Add", {"bias", "m"}, {"y"});
   *graph.add_node() = MakeNode("MatMul", {"x3", "w"}, {"m3"});
   *graph.add_node() = MakeNode("Add", {"m3", "bias"}, {"y3"});
-  *graph.add_initializer() = FloatTensor("w", {4, 3}, Random(12, 1));
-  *graph.add_initializer() = FloatTensor("bias", {3}, Random(3, 2));
+  *graph.add_initializer() = FloatTensor("w", {4, 3}, RandomFloats(12, 1));
+  *graph.add_initializer() = FloatTensor("bias", {3}, RandomFloats(3, 2));
   *graph.add_input() = FloatValue("x", {5, 4});
   *graph.add_input() = FloatValue("x3", {2, 5, 4});
   *graph.add_output() = FloatValue("y", {5, 3});
@@ -121,7 +111,7 @@ TEST(FuseMatMulAddIntoGemmTest, FusesOnlyTwoDimensionalMatMuls) {
   Outcome run = Apply(R"({"passes": [{"name": "fuse_matmul_add_into_gemm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 1);
-  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Add", 1}, {"Gemm", 1}, {"MatMul", 1}}));
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 1}, {"Gemm", 1}, {"MatMul", 1}}));
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
@@ -131,18 +121,18 @@ TEST(FuseConvAddMulTest, FoldsPerChannelScaleAndBias) {
   *graph.add_node() = MakeNode("Mul", {"c", "scale"}, {"m"});
   *graph.add_node() = MakeNode("Conv", {"m", "w2", "b2"}, {"c2"});
   *graph.add_node() = MakeNode("Add", {"shift", "c2"}, {"y"});
-  *graph.add_initializer() = FloatTensor("w", {4, 3, 3, 3}, Random(108, 3));
-  *graph.add_initializer() = FloatTensor("scale", {4, 1, 1}, Random(4, 4));
-  *graph.add_initializer() = FloatTensor("w2", {2, 4, 1, 1}, Random(8, 5));
-  *graph.add_initializer() = FloatTensor("b2", {2}, Random(2, 6));
-  *graph.add_initializer() = FloatTensor("shift", {1, 2, 1, 1}, Random(2, 7));
+  *graph.add_initializer() = FloatTensor("w", {4, 3, 3, 3}, RandomFloats(108, 3));
+  *graph.add_initializer() = FloatTensor("scale", {4, 1, 1}, RandomFloats(4, 4));
+  *graph.add_initializer() = FloatTensor("w2", {2, 4, 1, 1}, RandomFloats(8, 5));
+  *graph.add_initializer() = FloatTensor("b2", {2}, RandomFloats(2, 6));
+  *graph.add_initializer() = FloatTensor("shift", {1, 2, 1, 1}, RandomFloats(2, 7));
   *graph.add_input() = FloatValue("x", {1, 3, 8, 8});
   *graph.add_output() = FloatValue("y", {1, 2, 6, 6});
   const onnx::ModelProto original = MakeModel(graph, 13);
   Outcome run = Apply(R"({"passes": [{"name": "fuse_conv_add_mul"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 2);
-  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Conv", 2}}));
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Conv", 2}}));
   ExpectSameOutputs(original, run.model, 1e-4, 1e-4);
 }
 
@@ -169,36 +159,20 @@ TEST(ConvertOpsetTest, ConvertsAndRefusesWhatOnnxCannot) {
 namespace onnxopt {
 namespace {
 
-onnx::NodeProto Attr(onnx::NodeProto node, const std::string& name, int64_t value) {
-  auto* attribute = node.add_attribute();
-  attribute->set_name(name);
-  attribute->set_type(onnx::AttributeProto::INT);
-  attribute->set_i(value);
-  return node;
-}
-
-onnx::NodeProto Ints(onnx::NodeProto node, const std::string& name, std::vector<int64_t> values) {
-  auto* attribute = node.add_attribute();
-  attribute->set_name(name);
-  attribute->set_type(onnx::AttributeProto::INTS);
-  for (int64_t v : values) attribute->add_ints(v);
-  return node;
-}
-
 // x[2,5,8] -> MatMul(W[8,8]) -> Add(b[8]) -> LayerNorm-like (ReduceMean, Sub, Div) -> Softmax -> Tanh
 // -> Gather(axis 1, index 0) -> y[2,8]: every step is one the slice may climb.
 onnx::ModelProto HeadModel(bool scalar_index) {
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"m"});
   *graph.add_node() = MakeNode("Add", {"m", "b"}, {"a"});
-  *graph.add_node() = Ints(MakeNode("ReduceMean", {"a"}, {"mean"}), "axes", {-1});
+  *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {"a"}, {"mean"}), "axes", {-1});
   *graph.add_node() = MakeNode("Sub", {"a", "mean"}, {"centered"});
   *graph.add_node() = MakeNode("Div", {"centered", "two"}, {"scaled"});
-  *graph.add_node() = Attr(MakeNode("Softmax", {"scaled"}, {"p"}), "axis", -1);
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"scaled"}, {"p"}), "axis", -1);
   *graph.add_node() = MakeNode("Tanh", {"p"}, {"t"});
-  *graph.add_node() = Attr(MakeNode("Gather", {"t", "index"}, {"y"}), "axis", 1);
-  *graph.add_initializer() = FloatTensor("w", {8, 8}, Random(64, 11));
-  *graph.add_initializer() = FloatTensor("b", {8}, Random(8, 12));
+  *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"t", "index"}, {"y"}), "axis", 1);
+  *graph.add_initializer() = FloatTensor("w", {8, 8}, RandomFloats(64, 11));
+  *graph.add_initializer() = FloatTensor("b", {8}, RandomFloats(8, 12));
   *graph.add_initializer() = FloatTensor("two", {}, {2.0f});
   onnx::TensorProto index = MakeInt64Tensor("index", {3});
   if (scalar_index) index.clear_dims();
@@ -232,9 +206,9 @@ TEST(UpstreamSliceTest, ClimbsToTheInputSoEveryNodeComputesOneRow) {
 TEST(UpstreamSliceTest, CrossesTransposes) {
   for (bool scalar : {true, false}) {
     onnx::GraphProto graph;
-    *graph.add_node() = Ints(MakeNode("Transpose", {"x"}, {"t"}), "perm", {2, 0, 1});  // [4,2,3]
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"t"}), "perm", {2, 0, 1});  // [4,2,3]
     *graph.add_node() = MakeNode("Relu", {"t"}, {"r"});
-    *graph.add_node() = Attr(MakeNode("Gather", {"r", "index"}, {"y"}), "axis", 1);
+    *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"r", "index"}, {"y"}), "axis", 1);
     onnx::TensorProto index = MakeInt64Tensor("index", {1});
     if (scalar) index.clear_dims();
     *graph.add_initializer() = index;
@@ -254,10 +228,10 @@ TEST(UpstreamSliceTest, CrossesTransposes) {
 TEST(UpstreamSliceTest, StaysWhereMovingWouldChangeTheResult) {
   // Softmax over the sliced axis, and an input broadcasting along it with size 1.
   onnx::GraphProto graph;
-  *graph.add_node() = Attr(MakeNode("Softmax", {"x"}, {"p"}), "axis", 1);
-  *graph.add_node() = Attr(MakeNode("Gather", {"p", "index"}, {"y"}), "axis", 1);
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"x"}, {"p"}), "axis", 1);
+  *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"p", "index"}, {"y"}), "axis", 1);
   *graph.add_node() = MakeNode("Add", {"x", "ones"}, {"s"});
-  *graph.add_node() = Attr(MakeNode("Gather", {"s", "index"}, {"z"}), "axis", 1);
+  *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"s", "index"}, {"z"}), "axis", 1);
   onnx::TensorProto index = MakeInt64Tensor("index", {0});
   index.clear_dims();
   *graph.add_initializer() = index;
@@ -340,15 +314,15 @@ TEST(FuseTransposeIntoGemmTest, FoldsTransposesIntoGemmAttributes) {
   trans_b->set_i(1);
   *graph.add_node() = gemm;
   *graph.add_node() = MakeNode("MatMul", {"g", "wt"}, {"y"});
-  *graph.add_initializer() = FloatTensor("w", {3, 3}, Random(9, 21));
-  *graph.add_initializer() = FloatTensor("c", {3}, Random(3, 22));
+  *graph.add_initializer() = FloatTensor("w", {3, 3}, RandomFloats(9, 21));
+  *graph.add_initializer() = FloatTensor("c", {3}, RandomFloats(3, 22));
   *graph.add_input() = FloatValue("a", {3, 4});
   *graph.add_output() = FloatValue("y", {4, 3});
   const onnx::ModelProto original = MakeModel(graph, 13);
   Outcome run = Apply(R"({"passes": [{"name": "fuse_transpose_into_gemm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 2);
-  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Gemm", 2}}));
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Gemm", 2}}));
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 

@@ -18,6 +18,10 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::WithIntsAttribute;
+using testing::WithIntAttribute;
+using testing::RandomFloats;
+using testing::OpCounts;
 using testing::MakeValue;
 
 struct PassRun {
@@ -42,42 +46,12 @@ PassRun RunPass(const std::string& pass, onnx::ModelProto model, const std::stri
   return {std::move(model), reports.empty() ? v1::PassReport() : reports[0]};
 }
 
-std::map<std::string, int> Ops(const onnx::ModelProto& model) {
-  std::map<std::string, int> ops;
-  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
-  return ops;
-}
-
-onnx::NodeProto WithInts(onnx::NodeProto node, const std::string& name, std::vector<int64_t> values) {
-  auto* attribute = node.add_attribute();
-  attribute->set_name(name);
-  attribute->set_type(onnx::AttributeProto::INTS);
-  for (int64_t v : values) attribute->add_ints(v);
-  return node;
-}
-
-onnx::NodeProto WithInt(onnx::NodeProto node, const std::string& name, int64_t value) {
-  auto* attribute = node.add_attribute();
-  attribute->set_name(name);
-  attribute->set_type(onnx::AttributeProto::INT);
-  attribute->set_i(value);
-  return node;
-}
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed) {
-  std::mt19937 random(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> values(n);
-  for (auto& v : values) v = normal(random);
-  return values;
-}
-
 TEST(EliminateNoopOpsTest, RemovesEveryKindOfNoop) {
   onnx::GraphProto graph;
-  *graph.add_node() = WithInt(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::FLOAT);
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"a"}, {"b"}), "perm", {0, 1});
+  *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::FLOAT);
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"a"}, {"b"}), "perm", {0, 1});
   *graph.add_node() = MakeNode("Concat", {"b"}, {"c"});
-  (*graph.mutable_node(2)->add_attribute()) = WithInt(onnx::NodeProto(), "axis", 0).attribute(0);
+  (*graph.mutable_node(2)->add_attribute()) = WithIntAttribute(onnx::NodeProto(), "axis", 0).attribute(0);
   *graph.add_node() = MakeNode("Reshape", {"c", "shape"}, {"d"});
   *graph.add_node() = MakeNode("Slice", {"d", "zeros", "big"}, {"e"});
   *graph.add_node() = MakeNode("Pad", {"e", "no_pads"}, {"f"});
@@ -97,7 +71,7 @@ TEST(EliminateNoopOpsTest, RemovesEveryKindOfNoop) {
 
 TEST(EliminateNoopOpsTest, KeepsCastsThatConvertAndReshapesThatReshape) {
   onnx::GraphProto graph;
-  *graph.add_node() = WithInt(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::DOUBLE);
+  *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"x"}, {"a"}), "to", onnx::TensorProto::DOUBLE);
   *graph.add_node() = MakeNode("Reshape", {"a", "shape"}, {"y"});
   *graph.add_initializer() = MakeInt64Tensor("shape", {3, 2});
   *graph.add_input() = FloatValue("x", {2, 3});
@@ -116,7 +90,7 @@ TEST(FoldConstantsTest, FoldsConstantChainsAndStaticShapes) {
   *value->mutable_t() = FloatTensor("", {3}, {1, 2, 3});
   *graph.add_node() = constant;
   *graph.add_node() = MakeNode("Add", {"k", "w"}, {"kw"});               // constant
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"m"}, {"mt"}), "perm", {1, 0});  // constant
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"m"}, {"mt"}), "perm", {1, 0});  // constant
   *graph.add_node() = MakeNode("Shape", {"x"}, {"s"});                    // static shape
   *graph.add_node() = MakeNode("Reshape", {"x", "s"}, {"xr"});
   *graph.add_node() = MakeNode("MatMul", {"xr", "mt"}, {"p"});
@@ -128,7 +102,7 @@ TEST(FoldConstantsTest, FoldsConstantChainsAndStaticShapes) {
   const onnx::ModelProto original = MakeModel(graph, 14);
   PassRun run = RunPass("fold_constants", original);
   EXPECT_EQ(run.report.rewrites(), 4);
-  EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Add", 1}, {"MatMul", 1}, {"Reshape", 1}}));
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 1}, {"MatMul", 1}, {"Reshape", 1}}));
   ExpectSameOutputs(original, run.model);
 }
 
@@ -151,7 +125,7 @@ TEST(FoldConstantsTest, NeverBlowsTheModelUpNorTouchesOverridableInputs) {
   // stored, and nothing reading `overridable` folds.
   EXPECT_EQ(run.report.rewrites(), 2);
   EXPECT_LT(run.model.ByteSizeLong(), 1000u);
-  EXPECT_EQ(Ops(run.model).count("Neg"), 1u);
+  EXPECT_EQ(OpCounts(run.model).count("Neg"), 1u);
   ExpectSameOutputs(original, run.model);
 
   // With ReduceSum fed by a graph input too, the big value would have to be stored: it is not.
@@ -165,9 +139,9 @@ TEST(FoldConstantsTest, NeverBlowsTheModelUpNorTouchesOverridableInputs) {
 
 TEST(EliminateCommonSubexpressionsTest, MergesTwinsButNotRandomOps) {
   onnx::GraphProto graph;
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"a"}), "perm", {1, 0});
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"b"}), "perm", {1, 0});
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"c"}), "perm", {0, 1});  // different attribute
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"a"}), "perm", {1, 0});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"b"}), "perm", {1, 0});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"c"}), "perm", {0, 1});  // different attribute
   *graph.add_node() = MakeNode("Add", {"a", "b"}, {"s"});
   *graph.add_node() = MakeNode("RandomNormalLike", {"x"}, {"r1"});
   *graph.add_node() = MakeNode("RandomNormalLike", {"x"}, {"r2"});
@@ -178,8 +152,8 @@ TEST(EliminateCommonSubexpressionsTest, MergesTwinsButNotRandomOps) {
   *graph.add_output() = FloatValue("noise", {3, 3});
   PassRun run = RunPass("eliminate_common_subexpressions", MakeModel(graph, 13));
   EXPECT_EQ(run.report.rewrites(), 1);
-  EXPECT_EQ(Ops(run.model)["Transpose"], 2);
-  EXPECT_EQ(Ops(run.model)["RandomNormalLike"], 2);
+  EXPECT_EQ(OpCounts(run.model)["Transpose"], 2);
+  EXPECT_EQ(OpCounts(run.model)["RandomNormalLike"], 2);
 }
 
 TEST(EliminateDuplicateInitializersTest, MergesEqualContents) {
@@ -217,7 +191,7 @@ onnx::ModelProto RangeGatherModel(int64_t start, int64_t delta, std::optional<in
     *graph.add_node() = MakeNode("Gather", {"shape", "two"}, {"limit"});
   }
   *graph.add_node() = MakeNode("Range", {"start", "limit", "delta"}, {"indices"});
-  *graph.add_node() = WithInt(MakeNode("Gather", {"x", "indices"}, {"y"}), "axis", 1);
+  *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"x", "indices"}, {"y"}), "axis", 1);
   *graph.add_input() = FloatValue("x", {4, 6, 5});
   onnx::ValueInfoProto output = FloatValue("y", {});
   output.mutable_type()->mutable_tensor_type()->clear_shape();
@@ -244,8 +218,8 @@ TEST(GatherRangeToSliceTest, RewritesExactlyWhenBothAgree) {
     const std::string where = ::testing::PrintToString(std::make_tuple(c.start, c.delta, c.limit.value_or(-99)));
     EXPECT_EQ(run.report.rewrites(), c.fires ? 1 : 0) << where;
     if (!c.fires) continue;
-    EXPECT_EQ(Ops(run.model).count("Range"), 0u) << where;
-    EXPECT_EQ(Ops(run.model)["Slice"], 1) << where;
+    EXPECT_EQ(OpCounts(run.model).count("Range"), 0u) << where;
+    EXPECT_EQ(OpCounts(run.model)["Slice"], 1) << where;
     ExpectSameOutputs(original, run.model, 0, 0);
   }
 }
@@ -255,7 +229,7 @@ TEST(FuseConvBatchNormTest, FoldsInferenceBatchNorm) {
     onnx::GraphProto graph;
     std::vector<std::string> conv_inputs = {"x", "w"};
     if (conv_bias) conv_inputs.push_back("b");
-    *graph.add_node() = WithInts(MakeNode("Conv", conv_inputs, {"c"}), "pads", {1, 1, 1, 1});
+    *graph.add_node() = WithIntsAttribute(MakeNode("Conv", conv_inputs, {"c"}), "pads", {1, 1, 1, 1});
     *graph.add_node() = MakeNode("BatchNormalization", {"c", "scale", "bias", "mean", "var"}, {"y"});
     *graph.add_initializer() = FloatTensor("w", {4, 3, 3, 3}, RandomFloats(108, 2));
     *graph.add_initializer() = FloatTensor("b", {4}, RandomFloats(4, 3));
@@ -268,17 +242,17 @@ TEST(FuseConvBatchNormTest, FoldsInferenceBatchNorm) {
     const onnx::ModelProto original = MakeModel(graph, 13);
     PassRun run = RunPass("fuse_conv_batchnorm", original);
     EXPECT_EQ(run.report.rewrites(), 1) << conv_bias;
-    EXPECT_EQ(Ops(run.model), (std::map<std::string, int>{{"Conv", 1}})) << conv_bias;
+    EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Conv", 1}})) << conv_bias;
     ExpectSameOutputs(original, run.model, 1e-4, 1e-4);
   }
 }
 
 TEST(FuseConsecutiveTransposesTest, ComposesAndCancels) {
   onnx::GraphProto graph;
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"a"}), "perm", {0, 2, 1});
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"a"}, {"b"}), "perm", {2, 0, 1});
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"x"}, {"c"}), "perm", {1, 0, 2});
-  *graph.add_node() = WithInts(MakeNode("Transpose", {"c"}, {"d"}), "perm", {1, 0, 2});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"a"}), "perm", {0, 2, 1});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"a"}, {"b"}), "perm", {2, 0, 1});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"x"}, {"c"}), "perm", {1, 0, 2});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"c"}, {"d"}), "perm", {1, 0, 2});
   *graph.add_node() = MakeNode("Relu", {"d"}, {"e"});
   *graph.add_input() = FloatValue("x", {2, 3, 4});
   *graph.add_output() = FloatValue("b", {3, 2, 4});
@@ -286,7 +260,7 @@ TEST(FuseConsecutiveTransposesTest, ComposesAndCancels) {
   const onnx::ModelProto original = MakeModel(graph, 13);
   PassRun run = RunPass("fuse_consecutive_transposes", original);
   EXPECT_EQ(run.report.rewrites(), 2);
-  EXPECT_EQ(Ops(run.model)["Transpose"], 1);
+  EXPECT_EQ(OpCounts(run.model)["Transpose"], 1);
   ExpectSameOutputs(original, run.model, 0, 0);
 }
 

@@ -18,6 +18,7 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::OpCounts;
 
 struct PassRun {
   onnx::ModelProto model;
@@ -44,12 +45,6 @@ int64_t SkipCount(const v1::PassReport& report, const std::string& reason_part) 
   return count;
 }
 
-std::map<std::string, int> Ops(const onnx::ModelProto& model) {
-  std::map<std::string, int> ops;
-  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
-  return ops;
-}
-
 // x -> Relu -> Identity -> Neg -> y ; x -> Identity -> z (z is an output fed by an input)
 onnx::ModelProto IdentityModel() {
   onnx::GraphProto graph;
@@ -70,7 +65,7 @@ TEST(EliminateIdentityTest, RemovesIdentitiesAndKeepsOutputNames) {
   PassRun run = RunPass("eliminate_identity", original);
   EXPECT_EQ(run.report.rewrites(), 2);
   EXPECT_EQ(SkipCount(run.report, "graph output"), 1);
-  EXPECT_EQ(Ops(run.model)["Identity"], 1);
+  EXPECT_EQ(OpCounts(run.model)["Identity"], 1);
   EXPECT_EQ(run.model.graph().output(1).name(), "w");
   ExpectSameOutputs(original, run.model);
 }
@@ -107,7 +102,7 @@ TEST(EliminateDropoutTest, RemovesInferenceDropout) {
     const onnx::ModelProto original = DropoutModel(opset, false, false);
     PassRun run = RunPass("eliminate_dropout", original);
     EXPECT_EQ(run.report.rewrites(), 1) << "opset " << opset;
-    EXPECT_EQ(Ops(run.model)["Dropout"], 0);
+    EXPECT_EQ(OpCounts(run.model)["Dropout"], 0);
     ExpectSameOutputs(original, run.model);
   }
 }
