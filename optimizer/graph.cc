@@ -189,6 +189,7 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
   IndexNode(node.get());
   ++live_nodes_;
   changed_ = true;
+  if (names_collected_) used_names_.insert(node->proto_.name());
   nodes_.push_back(std::move(node));
   return nodes_.back().get();
 }
@@ -315,6 +316,7 @@ void Graph::CollectNames(std::unordered_set<std::string>* names) const {
   for (const auto& value : proto_->value_info()) names->insert(value.name());
   for (const auto& tensor : proto_->initializer()) names->insert(tensor.name());
   for (const auto& node : nodes_) {
+    names->insert(node->proto_.name());  // node names share the space: ONNX Runtime wants them unique too
     for (const auto& name : node->proto_.input()) names->insert(name);
     for (const auto& name : node->proto_.output()) names->insert(name);
     for (const auto& subgraph : node->subgraphs_) subgraph->CollectNames(names);

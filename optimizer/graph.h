@@ -115,7 +115,7 @@ class Graph {
 
   // Calls fn on this graph and then every subgraph, depth first.
   void ForEachGraph(const std::function<void(Graph&)>& fn);
-  // A name not yet used in this graph, starting with `hint`.
+  // A name not yet used in this graph (for a value or a node), starting with `hint`.
   std::string UniqueName(absl::string_view hint);
   bool changed() const { return changed_; }
 

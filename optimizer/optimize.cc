@@ -27,11 +27,16 @@ void Progress(const OptimizeRequest& request, Phase phase) {
   if (request.on_progress) request.on_progress(phase, "", 0, 0);
 }
 
-// What can run the result: contrib-op domains narrow it to ONNX Runtime.
+// What can run the result: contrib-op domains, or LayerNormalization before opset 17 (ONNX Runtime
+// registers it in the ONNX domain for older opsets), narrow it to ONNX Runtime.
 std::vector<std::string> Runtimes(const v1::ModelSummary& summary) {
   bool contrib = false;
   for (const auto& op : summary.op_histogram()) contrib |= op.first.find("com.microsoft::") == 0;
+  auto opset = summary.opset_imports().find("ai.onnx");
+  const bool early_layer_norm = summary.op_histogram().count("LayerNormalization") > 0 &&
+                                opset != summary.opset_imports().end() && opset->second < 17;
   if (contrib) return {"ONNX Runtime (uses com.microsoft contrib operators)"};
+  if (early_layer_norm) return {"ONNX Runtime (LayerNormalization below opset 17 is ONNX Runtime's)"};
   return {"any ONNX runtime supporting the model's opsets (standard operators only)"};
 }
 

@@ -64,6 +64,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeConvertOpsetPass());
     built->Register(MakeUpstreamSlicePass());
     built->Register(MakeFuseTransposeIntoGemmPass());
+    built->Register(MakeFuseLayerNormPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
@@ -72,6 +73,8 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
+    std::vector<std::string> transformer = {"fuse_layer_norm"};
+    transformer.insert(transformer.end(), extended.begin(), extended.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
                       "safe cleanups until nothing changes: Identity, inference Dropout and no-op nodes, constant "
@@ -83,6 +86,9 @@ const PassRegistry& DefaultPassRegistry() {
                       "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, slices moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});
+    built->AddPreset({"transformer",
+                      "extended plus transformer fusions (so far LayerNormalization from its decomposed form)",
+                      {{transformer, true}}});
     return built;
   }();
   return *registry;

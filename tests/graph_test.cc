@@ -148,13 +148,14 @@ TEST(GraphTest, CycleIsReportedNotWritten) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
 }
 
-TEST(GraphTest, UniqueNamesDoNotCollide) {
+TEST(GraphTest, UniqueNamesDoNotCollideWithValuesOrNodes) {
   onnx::GraphProto proto;
-  *proto.add_node() = MakeNode("Relu", {"x"}, {"v_onnxopt_0"});
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"v_onnxopt_0"}, "n_onnxopt_0");
   Graph graph(&proto);
   const std::string name = graph.UniqueName("v");
   EXPECT_NE(name, "v_onnxopt_0");
   EXPECT_NE(graph.UniqueName("v"), name);
+  EXPECT_NE(graph.UniqueName("n"), "n_onnxopt_0") << "node names count too";
   ASSERT_TRUE(graph.Commit().ok());
 }
 

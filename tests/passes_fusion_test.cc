@@ -328,3 +328,57 @@ TEST(FuseTransposeIntoGemmTest, FoldsTransposesIntoGemmAttributes) {
 
 }  // namespace
 }  // namespace onnxopt
+
+namespace onnxopt {
+namespace {
+
+// x[2,4,8] -> decomposed LayerNorm (as torch exports it) -> y
+onnx::ModelProto DecomposedLayerNorm(float exponent, bool leak) {
+  onnx::GraphProto graph;
+  *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {"x"}, {"mean"}), "axes", {-1});
+  *graph.add_node() = MakeNode("Sub", {"x", "mean"}, {"d"});
+  *graph.add_node() = MakeNode("Pow", {"d", "two"}, {"sq"});
+  *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {"sq"}, {"var"}), "axes", {-1});
+  *graph.add_node() = MakeNode("Add", {"var", "eps"}, {"ve"});
+  *graph.add_node() = MakeNode("Sqrt", {"ve"}, {"std"});
+  *graph.add_node() = MakeNode("Div", {"d", "std"}, {"n"});
+  *graph.add_node() = MakeNode("Mul", {"n", "gamma"}, {"scaled"});
+  *graph.add_node() = MakeNode("Add", {"scaled", "beta"}, {"y"});
+  *graph.add_initializer() = FloatTensor("two", {}, {exponent});
+  *graph.add_initializer() = FloatTensor("eps", {}, {1e-5f});
+  *graph.add_initializer() = FloatTensor("gamma", {8}, RandomFloats(8, 31));
+  *graph.add_initializer() = FloatTensor("beta", {8}, RandomFloats(8, 32));
+  *graph.add_input() = FloatValue("x", {2, 4, 8});
+  *graph.add_output() = FloatValue("y", {2, 4, 8});
+  if (leak) *graph.add_output() = FloatValue("std", {2, 4, 1});
+  return MakeModel(graph, 17);
+}
+
+TEST(FuseLayerNormTest, FusesTheExportedFormExactly) {
+  const onnx::ModelProto original = DecomposedLayerNorm(2.0f, false);
+  Outcome run = Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"LayerNormalization", 1}}));
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
+}
+
+TEST(FuseLayerNormTest, LeavesLookalikesAlone) {
+  EXPECT_EQ(Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(3.0f, false)).report.rewrites(), 0)
+      << "a cube is no variance";
+  Outcome leak = Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(2.0f, true));
+  EXPECT_EQ(leak.report.rewrites(), 0) << "the standard deviation is an output";
+}
+
+TEST(FuseLayerNormTest, FusesEveryLayerNormOfTheExportedEncoder) {
+  auto original = LoadModel(testing::FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(original.ok());
+  Outcome run = Apply(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model)["LayerNormalization"], 5);
+  EXPECT_EQ(OpCounts(run.model).count("ReduceMean"), 0u);
+  ExpectSameOutputs(*original, run.model, 1e-5, 1e-4);
+}
+
+}  // namespace
+}  // namespace onnxopt

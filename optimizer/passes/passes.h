@@ -27,6 +27,7 @@ std::unique_ptr<Pass> MakeFuseConvAddMulPass();
 std::unique_ptr<Pass> MakeConvertOpsetPass();
 std::unique_ptr<Pass> MakeUpstreamSlicePass();
 std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
+std::unique_ptr<Pass> MakeFuseLayerNormPass();
 
 }  // namespace onnxopt
 
