@@ -58,6 +58,11 @@ class PassContext {
   // Opset version the model imports for `domain` ("" and "ai.onnx" are the same); 0 if none.
   int64_t OpsetVersion(absl::string_view domain) const;
 
+  // A pass that emits operators of another domain (com.microsoft) declares the opset it needs; the
+  // pass manager adds the import to the model.
+  void RequireOpset(const std::string& domain, int64_t version) { required_opsets_[domain] = version; }
+  const std::map<std::string, int64_t>& required_opsets() const { return required_opsets_; }
+
   void CountRewrite(int64_t n = 1) { rewrites_ += n; }
   void Skip(absl::string_view reason) { ++skipped_[std::string(reason)]; }
   int64_t rewrites() const { return rewrites_; }
@@ -70,6 +75,7 @@ class PassContext {
   std::map<std::string, int64_t> opsets_;
   int64_t rewrites_ = 0;
   std::map<std::string, int64_t> skipped_;
+  std::map<std::string, int64_t> required_opsets_;
 };
 
 class Pass {

@@ -167,6 +167,14 @@ absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::M
     }
     if (!committed.ok()) return committed;
   }
+  for (const auto& [domain, version] : context.required_opsets()) {
+    bool present = false;
+    for (const auto& import : model->opset_import()) present |= import.domain() == domain;
+    if (present) continue;
+    auto* import = model->add_opset_import();
+    import->set_domain(domain);
+    import->set_version(version);
+  }
   const std::map<std::string, int64_t> after = OpHistogram(model->graph());
   v1::PassReport report;
   report.set_name(std::string(invocation.pass->name()));

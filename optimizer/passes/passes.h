@@ -28,6 +28,7 @@ std::unique_ptr<Pass> MakeConvertOpsetPass();
 std::unique_ptr<Pass> MakeUpstreamSlicePass();
 std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseLayerNormPass();
+std::unique_ptr<Pass> MakeFuseGeluPass();
 
 }  // namespace onnxopt
 

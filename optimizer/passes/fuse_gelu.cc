@@ -1,0 +1,207 @@
+// fuse_gelu: the Gelu family, as exporters write it, becomes ONNX Runtime's fused operators.
+//
+// Before (erf):   y = x * 0.5 * (1 + Erf(x / sqrt(2)))                    After:  y = Gelu(x)
+// Before (tanh):  y = 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))      y = FastGelu(x)
+// Before (quick): y = x * Sigmoid(alpha * x)                                      y = QuickGelu(x, alpha)
+// With x = Add(h, bias[N]) read by nothing else, the bias is absorbed: BiasGelu(h, bias) and
+// FastGelu(h, bias). Operands of Mul/Add may come in either order; x / sqrt(2) may be written
+// x * (1 / sqrt(2)). Constants must match to 1e-4 relative. All emitted operators are in
+// com.microsoft: the result runs on ONNX Runtime.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
+#include "optimizer/passes/passes.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr char kMicrosoft[] = "com.microsoft";
+
+std::optional<float> ScalarConstant(const Graph& graph, const std::string& value) {
+  auto floats = ConstantFloats(graph, value);
+  if (!floats || floats->size() != 1) return std::nullopt;
+  return (*floats)[0];
+}
+
+bool Near(float value, double expected) { return std::fabs(value - expected) <= 1e-4 * std::fabs(expected); }
+
+// For a binary `op` node with one constant operand near `expected`, the other operand.
+std::optional<std::string> WithConstant(const Graph& graph, const Node* node, const char* op, double expected) {
+  if (node == nullptr || node->op_type() != op || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    auto value = ScalarConstant(graph, node->input(side));
+    if (value && Near(*value, expected)) return node->input(1 - side);
+  }
+  return std::nullopt;
+}
+
+Node* OnlyConsumer(const Graph& graph, const std::string& value) {
+  auto consumers = graph.Consumers(value);
+  return consumers.size() == 1 && !graph.IsGraphOutput(value) ? consumers[0] : nullptr;
+}
+
+bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
+  return node != nullptr && node->op_type() == "Mul" && node->domain().empty() && node->input_size() == 2 &&
+         ((node->input(0) == a && node->input(1) == b) || (node->input(0) == b && node->input(1) == a));
+}
+
+// The tail `x * 0.5 * one_plus` (any grouping of the three factors); returns the nodes and the output.
+bool MatchHalfProductTail(const Graph& graph, const std::string& x, const std::string& one_plus,
+                          std::vector<Node*>* nodes, std::string* output) {
+  Node* consumer = OnlyConsumer(graph, one_plus);
+  if (consumer == nullptr) return false;
+  // (x * one_plus) * 0.5
+  if (IsMulOf(consumer, x, one_plus)) {
+    Node* half = OnlyConsumer(graph, consumer->output(0));
+    if (!WithConstant(graph, half, "Mul", 0.5)) return false;
+    nodes->insert(nodes->end(), {consumer, half});
+    *output = half->output(0);
+    return true;
+  }
+  // (x * 0.5) * one_plus, or (0.5 * one_plus) * x
+  if (consumer->op_type() != "Mul" || consumer->input_size() != 2) return false;
+  const std::string other = consumer->input(0) == one_plus ? consumer->input(1) : consumer->input(0);
+  Node* other_node = graph.Producer(other);
+  if (auto base = WithConstant(graph, other_node, "Mul", 0.5); base && *base == x) {
+    nodes->insert(nodes->end(), {other_node, consumer});
+    *output = consumer->output(0);
+    return true;
+  }
+  if (ScalarConstant(graph, other) && Near(*ScalarConstant(graph, other), 0.5)) {
+    Node* last = OnlyConsumer(graph, consumer->output(0));
+    if (!IsMulOf(last, consumer->output(0), x)) return false;
+    nodes->insert(nodes->end(), {consumer, last});
+    *output = last->output(0);
+    return true;
+  }
+  return false;
+}
+
+class FuseGeluPass final : public Pass {
+ public:
+  absl::string_view name() const override { return "fuse_gelu"; }
+  absl::string_view description() const override {
+    return "Fuse the Gelu family (erf, tanh and sigmoid forms, with a bias Add) into ONNX Runtime's Gelu, "
+           "FastGelu, QuickGelu and BiasGelu";
+  }
+
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    for (Node* node : graph.Nodes()) {
+      if (node->removed() || !node->domain().empty()) continue;
+      std::vector<Node*> nodes;
+      std::string x, output, fused_op;
+      float alpha = 0;
+      if (node->op_type() == "Erf") {
+        Node* scale = graph.Producer(node->input(0));
+        auto divided = WithConstant(graph, scale, "Div", std::sqrt(2.0));
+        auto multiplied = WithConstant(graph, scale, "Mul", 1.0 / std::sqrt(2.0));
+        if (!divided && !multiplied) continue;
+        if (divided && scale->input(0) != *divided) continue;  // x / sqrt(2), not sqrt(2) / x
+        x = divided ? *divided : *multiplied;
+        Node* one_plus = OnlyConsumer(graph, node->output(0));
+        if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
+        nodes = {scale, node, one_plus};
+        if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
+        fused_op = "Gelu";
+      } else if (node->op_type() == "Tanh") {
+        Node* scale = graph.Producer(node->input(0));
+        auto inner = WithConstant(graph, scale, "Mul", std::sqrt(2.0 / M_PI));
+        if (!inner) continue;
+        Node* sum = graph.Producer(*inner);
+        if (sum == nullptr || sum->op_type() != "Add" || sum->input_size() != 2) continue;
+        bool matched = false;
+        for (int side = 0; side < 2 && !matched; ++side) {
+          Node* cubic = graph.Producer(sum->input(1 - side));
+          auto cube = WithConstant(graph, cubic, "Mul", 0.044715);
+          if (!cube) continue;
+          Node* power = graph.Producer(*cube);
+          auto base = WithConstant(graph, power, "Pow", 3.0);
+          if (!base || power->input(1) == *base || *base != sum->input(side)) continue;
+          x = *base;
+          nodes = {power, cubic, sum, scale, node};
+          matched = true;
+        }
+        if (!matched) continue;
+        Node* one_plus = OnlyConsumer(graph, node->output(0));
+        if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
+        nodes.push_back(one_plus);
+        if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
+        fused_op = "FastGelu";
+      } else if (node->op_type() == "Sigmoid") {
+        Node* scale = graph.Producer(node->input(0));
+        if (scale == nullptr || scale->op_type() != "Mul" || scale->input_size() != 2) continue;
+        for (int side = 0; side < 2; ++side) {
+          auto constant = ScalarConstant(graph, scale->input(side));
+          if (constant) {
+            alpha = *constant;
+            x = scale->input(1 - side);
+          }
+        }
+        Node* product = OnlyConsumer(graph, node->output(0));
+        if (x.empty() || !IsMulOf(product, x, node->output(0))) continue;
+        nodes = {scale, node, product};
+        output = product->output(0);
+        fused_op = "QuickGelu";
+      } else {
+        continue;
+      }
+      // Intermediate values stay inside; x itself is read only by the pattern's nodes.
+      bool leaks = false;
+      for (Node* n : nodes) {
+        if (n->output(0) == output) continue;
+        if (graph.IsGraphOutput(n->output(0))) leaks = true;
+        for (Node* consumer : graph.Consumers(n->output(0))) {
+          leaks |= std::find(nodes.begin(), nodes.end(), consumer) == nodes.end();
+        }
+      }
+      if (leaks) {
+        context.Skip(absl::StrCat("fuse_gelu: an intermediate value of the ", fused_op, " pattern is read elsewhere"));
+        continue;
+      }
+      // Absorb a constant bias: x = Add(h, bias[N]) read only by this pattern.
+      std::string input = x, bias;
+      Node* bias_add = graph.Producer(x);
+      if (fused_op != "QuickGelu" && bias_add != nullptr && bias_add->op_type() == "Add" && bias_add->domain().empty() &&
+          bias_add->input_size() == 2 && !graph.IsGraphOutput(x)) {
+        bool only_pattern = true;
+        for (Node* consumer : graph.Consumers(x)) {
+          only_pattern &= std::find(nodes.begin(), nodes.end(), consumer) != nodes.end();
+        }
+        for (int side = 0; side < 2 && only_pattern && bias.empty(); ++side) {
+          const onnx::TensorProto* constant = ConstantTensor(graph, bias_add->input(side));
+          if (constant != nullptr && constant->dims_size() == 1 && constant->data_type() == onnx::TensorProto::FLOAT) {
+            bias = bias_add->input(side);
+            input = bias_add->input(1 - side);
+          }
+        }
+      }
+      onnx::NodeProto fused;
+      fused.set_op_type(fused_op == "Gelu" && !bias.empty() ? "BiasGelu" : fused_op);
+      fused.set_domain(kMicrosoft);
+      fused.set_name(graph.UniqueName(fused.op_type()));
+      fused.add_input(input);
+      if (!bias.empty()) fused.add_input(bias);
+      fused.add_output(output);
+      if (fused_op == "QuickGelu") {
+        auto* attribute = fused.add_attribute();
+        attribute->set_name("alpha");
+        attribute->set_type(onnx::AttributeProto::FLOAT);
+        attribute->set_f(alpha);
+      }
+      Node* anchor = nodes.back();
+      for (Node* n : nodes) graph.RemoveNode(n);
+      if (!bias.empty()) graph.RemoveNode(bias_add);
+      graph.AddNode(std::move(fused), anchor, /*after=*/true);
+      context.RequireOpset(kMicrosoft, 1);
+      context.CountRewrite();
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeFuseGeluPass() { return std::make_unique<FuseGeluPass>(); }
+
+}  // namespace onnxopt
