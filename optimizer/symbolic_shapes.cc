@@ -224,10 +224,27 @@ int32_t ElementType(const std::unordered_map<std::string, onnx::TypeProto>& type
   return it == types.end() ? 0 : it->second.tensor_type().elem_type();
 }
 
+// Operators onnx 1.12 has no schema for here (ONNX Runtime's fused ones, LayerNormalization below
+// opset 17) whose first output has the shape of their first input.
+bool KeepsInputShape(const onnx::NodeProto& node) {
+  static const auto* microsoft = new std::set<std::string>{
+      "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "SkipLayerNormalization", "LayerNormalization",
+      "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasAdd"};
+  if (node.domain() == "com.microsoft") return microsoft->count(node.op_type()) > 0;
+  return (node.domain().empty() || node.domain() == "ai.onnx") &&
+         (node.op_type() == "LayerNormalization" || node.op_type() == "SimplifiedLayerNormalization");
+}
+
 int OneRound(const onnx::GraphProto& graph, std::unordered_map<std::string, onnx::TypeProto>* types, int64_t opset) {
   const auto values = TrackValues(graph, *types, opset);
   int improved = 0;
   for (const auto& node : graph.node()) {
+    if (KeepsInputShape(node) && node.input_size() >= 1 && node.output_size() >= 1) {
+      if (auto shape = ShapeOf(*types, node.input(0))) {
+        improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
+      }
+      continue;
+    }
     if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) continue;
     const std::string& op = node.op_type();
     const std::string& out = node.output(0);

@@ -377,9 +377,39 @@ TEST(FuseLayerNormTest, FusesEveryLayerNormOfTheExportedEncoder) {
   ASSERT_TRUE(original.ok());
   Outcome run = Apply(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
-  EXPECT_EQ(OpCounts(run.model)["LayerNormalization"], 5);
-  EXPECT_EQ(OpCounts(run.model).count("ReduceMean"), 0u);
-  ExpectSameOutputs(*original, run.model, 1e-5, 1e-4);
+  // Each of the 5 LayerNorms follows a residual Add, so the preset makes them SkipLayerNormalization.
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops["SkipLayerNormalization"], 5);
+  EXPECT_EQ(ops["BiasGelu"], 2);
+  EXPECT_EQ(ops.count("ReduceMean"), 0u);
+  ExpectSameOutputs(*original, run.model, 1e-5, 1e-3);
+}
+
+onnx::ModelProto ResidualLayerNorm(bool sum_is_output) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"m"});
+  *graph.add_node() = MakeNode("Add", {"bias", "m"}, {"biased"});
+  *graph.add_node() = MakeNode("Add", {"biased", "x"}, {"sum"});
+  *graph.add_node() = WithIntAttribute(MakeNode("LayerNormalization", {"sum", "gamma", "beta"}, {"y"}), "axis", -1);
+  *graph.add_initializer() = FloatTensor("w", {8, 8}, RandomFloats(64, 51));
+  *graph.add_initializer() = FloatTensor("bias", {8}, RandomFloats(8, 52));
+  *graph.add_initializer() = FloatTensor("gamma", {8}, RandomFloats(8, 53));
+  *graph.add_initializer() = FloatTensor("beta", {8}, RandomFloats(8, 54));
+  *graph.add_input() = FloatValue("x", {2, 4, 8});
+  *graph.add_output() = FloatValue("y", {2, 4, 8});
+  if (sum_is_output) *graph.add_output() = FloatValue("sum", {2, 4, 8});
+  return MakeModel(graph, 17);
+}
+
+TEST(FuseSkipLayerNormTest, FusesTheResidualAndItsBias) {
+  const onnx::ModelProto original = ResidualLayerNorm(false);
+  Outcome run = Apply(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"MatMul", 1}, {"SkipLayerNormalization", 1}}));
+  EXPECT_EQ(run.model.graph().node(1).input_size(), 5) << "the bias became SkipLayerNormalization's fifth input";
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
+  Outcome kept = Apply(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", ResidualLayerNorm(true));
+  EXPECT_EQ(kept.report.rewrites(), 0) << "the residual sum is a graph output";
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ std::unique_ptr<Pass> MakeUpstreamSlicePass();
 std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseLayerNormPass();
 std::unique_ptr<Pass> MakeFuseGeluPass();
+std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
 
 }  // namespace onnxopt
 

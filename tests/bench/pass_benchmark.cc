@@ -25,6 +25,8 @@ struct Case {
   // Instead: the basic preset against the extended one (upstream_slice above all), on the model as
   // exported (dynamic dims).
   bool basic_vs_extended = false;
+  // Instead: the untouched export against this preset.
+  const char* whole_preset = nullptr;
 };
 
 absl::StatusOr<double> Ratio(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
@@ -60,8 +62,11 @@ int Main(int argc, char** argv) {
       {"index_select_arange.onnx", "gather_range_to_slice", {{"batch", 8}, {"sequence", 512}}},
       {"cnn_bn.onnx", "fuse_conv_batchnorm", {{"batch", 16}}},
       {"roberta_cls.onnx", "extended vs basic", {{"batch", 4}, {"sequence", 64}}, true},
+      {"bert_tiny.onnx", "transformer preset", {{"batch", 1}, {"sequence", 16}}, false, "transformer"},
+      {"bert_tiny.onnx", "transformer preset", {{"batch", 1}, {"sequence", 64}}, false, "transformer"},
+      {"bert_tiny.onnx", "transformer preset", {{"batch", 4}, {"sequence", 64}}, false, "transformer"},
   };
-  std::cout << absl::StrFormat("%-26s %-32s %8s | %-27s | %-27s\n", "model", "pass", "rewrites",
+  std::cout << absl::StrFormat("%-26s %-32s %8s | %-27s | %-27s\n", "model (dims)", "pass", "rewrites",
                                "ORT all optimizations", "ORT optimizations off");
   std::cout << absl::StrFormat("%-26s %-32s %8s | %8s %8s %9s | %8s %8s %9s\n", "", "", "", "orig ms", "opt ms",
                                "orig/opt", "orig ms", "opt ms", "orig/opt");
@@ -73,7 +78,7 @@ int Main(int argc, char** argv) {
     }
     v1::OptimizationConfig config;
     for (const char* name : {"eliminate_identity", "fold_constants", "eliminate_dead_nodes", c.pass}) {
-      if (c.basic_vs_extended) break;
+      if (c.basic_vs_extended || c.whole_preset != nullptr) break;
       config.add_passes()->set_name(name);
     }
     for (const auto& [name, value] : c.dims) (*config.mutable_validation()->mutable_dim_values())[name] = value;
@@ -81,7 +86,10 @@ int Main(int argc, char** argv) {
     config.mutable_benchmark()->set_warmup_runs(20);
     config.mutable_benchmark()->set_time_budget_seconds(60);
     v1::OptimizationConfig baseline_config = config;
-    if (c.basic_vs_extended) {
+    if (c.whole_preset != nullptr) {
+      config.set_preset(c.whole_preset);
+      baseline_config.set_preset("none");
+    } else if (c.basic_vs_extended) {
       config.set_preset("extended");
       config.set_max_iterations(30);
       baseline_config.set_preset("basic");
@@ -100,13 +108,16 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const std::string pass = c.pass;
-    const bool pass_is_cleanup = !c.basic_vs_extended && reports.size() == 4 && baseline_config.passes_size() == 3 &&
+    const bool pass_is_cleanup = !c.basic_vs_extended && c.whole_preset == nullptr && reports.size() == 4 && baseline_config.passes_size() == 3 &&
                                  (pass == "eliminate_identity" || pass == "fold_constants");
     // For a pass that is itself one of the cleanups, compare against the untouched export.
     const onnx::ModelProto& before = pass_is_cleanup ? *original : baseline;
     int64_t rewrites = 0;
     for (const auto& report : reports) {
-      if (report.name() == pass || (c.basic_vs_extended && report.name() == "upstream_slice")) rewrites += report.rewrites();
+      if (report.name() == pass || (c.basic_vs_extended && report.name() == "upstream_slice") ||
+          c.whole_preset != nullptr) {
+        rewrites += report.rewrites();
+      }
     }
     double all_a = 0, all_b = 0, off_a = 0, off_b = 0;
     auto all = Ratio(before, optimized, ORT_ENABLE_ALL, config, &all_a, &all_b);
@@ -115,7 +126,9 @@ int Main(int argc, char** argv) {
       std::cerr << c.fixture << ": " << (all.ok() ? off.status() : all.status()) << "\n";
       return 1;
     }
-    std::cout << absl::StrFormat("%-26s %-32s %8d | %8.3f %8.3f %8.3fx | %8.3f %8.3f %8.3fx\n", c.fixture, c.pass,
+    std::string label = c.fixture;
+    for (const auto& [name, value] : c.dims) label += " " + std::to_string(value);
+    std::cout << absl::StrFormat("%-26s %-32s %8d | %8.3f %8.3f %8.3fx | %8.3f %8.3f %8.3fx\n", label, c.pass,
                                  rewrites, all_a, all_b, *all, off_a, off_b, *off);
   }
   std::cout << "orig/opt > 1: the optimized model is faster. Medians of " << iterations
