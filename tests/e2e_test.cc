@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "client/client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "optimizer/sha256.h"
 #include "tests/model_builder.h"
@@ -87,6 +90,31 @@ std::string ScrapeMetrics(int port) {
   }
   close(fd);
   return response;
+}
+
+// grpc.health.v1.Health/Check through a generic stub (the health protos are not in Debian's
+// packages): 1 SERVING, 2 NOT_SERVING, 0 unknown, -1 RPC error.
+int HealthStatus(const std::string& address, const std::string& service) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::string request_bytes;  // HealthCheckRequest { string service = 1; }
+  if (!service.empty()) {
+    request_bytes.push_back(0x0a);
+    request_bytes.push_back(static_cast<char>(service.size()));
+    request_bytes += service;
+  }
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status status) { done.set_value(status); });
+  if (!done.get_future().get().ok()) return -1;
+  grpc::Slice bytes;
+  if (!response.DumpToSingleSlice(&bytes).ok()) return -1;
+  // HealthCheckResponse { ServingStatus status = 1; }: 0x08 then the value (absent when 0)
+  if (bytes.size() >= 2 && bytes.begin()[0] == 0x08) return bytes.begin()[1];
+  return 0;
 }
 
 class E2eTest : public ::testing::Test {
@@ -379,11 +407,23 @@ TEST_F(E2eTest, RequestIdMakesRetriesReturnTheSameJob) {
 }
 
 TEST_F(E2eTest, DrainKeepsUnfinishedJobsForTheNextStart) {
-  StartServer({"--workers=1", "--drain_grace_seconds=0"});
+  StartServer({"--workers=1", "--drain_grace_seconds=3"});
   const std::string running = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());
   ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
   const std::string waiting = Submit(FixturePath("cnn_tiny.onnx"), WriteFile("quick.json", R"({"benchmark": {"iterations": 3}})"));
-  EXPECT_EQ(StopServer(), 0) << Slurp(dir_ / "server.err");
+  EXPECT_EQ(HealthStatus(address_, ""), 1);
+  EXPECT_EQ(HealthStatus(address_, "onnxopt.v1.Optimizer"), 1);
+  // SIGTERM: while the running job has its grace period, health says NOT_SERVING and new work is refused.
+  kill(server_, SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  int health = 1;
+  while (health == 1 && Clock::now() < deadline) health = HealthStatus(address_, "onnxopt.v1.Optimizer");
+  EXPECT_EQ(health, 2);
+  Result refused = Cli({"submit", FixturePath("cnn_tiny.onnx").string()});
+  EXPECT_EQ(refused.code, 3) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "DRAINING")) << refused.err;
+  EXPECT_EQ(WaitFor(server_, std::chrono::seconds(60)), 0) << Slurp(dir_ / "server.err");
+  server_ = -1;
   EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), "queued job(s) kept for the next start"));
 
   StartServer({"--workers=1"});

@@ -2,7 +2,7 @@
 //
 // Before:  X -> Shape -> a ; X -> Shape -> b ; f(a, b)         After:  X -> Shape -> a ; f(a, a)
 // Two nodes are the same when op type, domain, inputs (in order) and attributes are equal. Random
-// operators, nodes with subgraphs and nodes of unknown domains are never merged; a duplicate whose
+// operators, nodes with subgraphs and nodes outside the ONNX domains are never merged; a duplicate whose
 // output is a graph output keeps its node.
 #include <unordered_map>
 #include <unordered_set>
@@ -17,7 +17,8 @@ namespace {
 bool Mergeable(const Node& node) {
   static const std::unordered_set<std::string> kRandom = {"RandomNormal", "RandomUniform", "RandomNormalLike",
                                                           "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
-  const bool known_domain = node.domain().empty() || node.domain() == "com.microsoft" || node.domain() == "ai.onnx.ml";
+  // com.microsoft has random operators of its own (BiasDropout, BitmaskDropout...): left out.
+  const bool known_domain = node.domain().empty() || node.domain() == "ai.onnx.ml";
   return known_domain && node.subgraphs().empty() && node.implicit_inputs().empty() && kRandom.count(node.op_type()) == 0;
 }
 
