@@ -67,6 +67,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeFuseLayerNormPass());
     built->Register(MakeFuseGeluPass());
     built->Register(MakeFuseSkipLayerNormPass());
+    built->Register(MakeFuseAttentionPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
@@ -75,7 +76,7 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
-    std::vector<std::string> transformer = {"fuse_layer_norm", "fuse_gelu", "fuse_skip_layer_norm"};
+    std::vector<std::string> transformer = {"fuse_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
@@ -89,8 +90,8 @@ const PassRegistry& DefaultPassRegistry() {
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});
     built->AddPreset({"transformer",
-                      "extended plus transformer fusions (so far LayerNormalization, SkipLayerNormalization and the Gelu "
-                      "family)",
+                      "extended plus transformer fusions: encoder Attention, LayerNormalization, SkipLayerNormalization and "
+                      "the Gelu family",
                       {{transformer, true}}});
     return built;
   }();

@@ -30,6 +30,7 @@ std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseLayerNormPass();
 std::unique_ptr<Pass> MakeFuseGeluPass();
 std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
+std::unique_ptr<Pass> MakeFuseAttentionPass();
 
 }  // namespace onnxopt
 
