@@ -19,26 +19,15 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
 namespace {
 
-Node* Produced(const Graph& graph, const std::string& value, const char* op) {
-  Node* node = graph.Producer(value);
-  return node != nullptr && node->op_type() == op && node->domain().empty() ? node : nullptr;
-}
-
 std::vector<int64_t> Perm(const Node* node) {
   const onnx::AttributeProto* perm = node == nullptr ? nullptr : node->FindAttribute("perm");
   return perm == nullptr ? std::vector<int64_t>() : std::vector<int64_t>(perm->ints().begin(), perm->ints().end());
-}
-
-std::optional<float> Scalar(const Graph& graph, const std::string& value) {
-  auto floats = ConstantFloats(graph, value);
-  if (!floats || floats->size() != 1) return std::nullopt;
-  return (*floats)[0];
 }
 
 // One projection: Add(MatMul(x, W), b) -> Reshape -> (Transpose chain). Returns false if it is not.
@@ -54,17 +43,17 @@ bool MatchProjection(const Graph& graph, const std::string& head_value, const st
                      Projection* projection) {
   std::string value = head_value;
   for (auto it = perms.rbegin(); it != perms.rend(); ++it) {
-    Node* transpose = Produced(graph, value, "Transpose");
+    Node* transpose = ProducerWithOp(graph, value, "Transpose");
     if (transpose == nullptr || Perm(transpose) != *it) return false;
     projection->transposes.push_back(transpose);
     value = transpose->input(0);
   }
-  projection->reshape = Produced(graph, value, "Reshape");
+  projection->reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection->reshape == nullptr) return false;
-  projection->add = Produced(graph, projection->reshape->input(0), "Add");
+  projection->add = ProducerWithOp(graph, projection->reshape->input(0), "Add");
   if (projection->add == nullptr) return false;
   for (int side = 0; side < 2; ++side) {
-    Node* matmul = Produced(graph, projection->add->input(side), "MatMul");
+    Node* matmul = ProducerWithOp(graph, projection->add->input(side), "MatMul");
     if (matmul == nullptr) continue;
     projection->matmul = matmul;
     projection->bias = projection->add->input(1 - side);
@@ -107,7 +96,7 @@ class FuseAttentionPass final : public Pass {
     std::string scaled = softmax->input(0);
     Node* mask_add = nullptr;
     std::string mask_term;
-    if (Node* add = Produced(graph, scaled, "Add")) {
+    if (Node* add = ProducerWithOp(graph, scaled, "Add")) {
       for (int side = 0; side < 2; ++side) {
         Node* candidate = graph.Producer(add->input(side));
         if (candidate != nullptr && (candidate->op_type() == "Div" || candidate->op_type() == "Mul" ||
@@ -125,12 +114,12 @@ class FuseAttentionPass final : public Pass {
     float scale = 1.0f;
     if (scale_node != nullptr && scale_node->domain().empty() &&
         (scale_node->op_type() == "Div" || scale_node->op_type() == "Mul")) {
-      auto constant = Scalar(graph, scale_node->input(1));
-      qk = Produced(graph, scale_node->input(0), "MatMul");
+      auto constant = ConstantScalarFloat(graph, scale_node->input(1));
+      qk = ProducerWithOp(graph, scale_node->input(0), "MatMul");
       if (!constant || qk == nullptr || *constant == 0) return false;
       scale = scale_node->op_type() == "Div" ? 1.0f / *constant : *constant;
     } else {
-      qk = Produced(graph, scaled, "MatMul");
+      qk = ProducerWithOp(graph, scaled, "MatMul");
       scale_node = nullptr;
       if (qk == nullptr) return false;
     }
@@ -203,28 +192,28 @@ class FuseAttentionPass final : public Pass {
     float mask_filter = -10000.0f;
     std::vector<Node*> mask_nodes;  // only removed if nothing else reads them
     if (mask_add != nullptr) {
-      Node* mul = Produced(graph, mask_term, "Mul");
+      Node* mul = ProducerWithOp(graph, mask_term, "Mul");
       if (mul == nullptr) {
         *reason = "the mask is not in the (1 - mask) * c form";
         return false;
       }
       Node* sub = nullptr;
       for (int side = 0; side < 2 && sub == nullptr; ++side) {
-        auto c = Scalar(graph, mul->input(1 - side));
-        Node* candidate = Produced(graph, mul->input(side), "Sub");
+        auto c = ConstantScalarFloat(graph, mul->input(1 - side));
+        Node* candidate = ProducerWithOp(graph, mul->input(side), "Sub");
         if (c && candidate != nullptr) {
           sub = candidate;
           mask_filter = *c;
         }
       }
-      auto one = sub ? Scalar(graph, sub->input(0)) : std::nullopt;
+      auto one = sub ? ConstantScalarFloat(graph, sub->input(0)) : std::nullopt;
       if (sub == nullptr || !one || *one != 1.0f) {
         *reason = "the mask is not in the (1 - mask) * c form";
         return false;
       }
       std::string value = sub->input(1);
-      if (Node* cast = Produced(graph, value, "Cast")) value = cast->input(0);
-      Node* unsqueeze = Produced(graph, value, "Unsqueeze");
+      if (Node* cast = ProducerWithOp(graph, value, "Cast")) value = cast->input(0);
+      Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
       std::optional<std::vector<int64_t>> axes;
       if (unsqueeze != nullptr) {
         axes = unsqueeze->input_size() > 1 ? ConstantInts(graph, unsqueeze->input(1)) : std::nullopt;

@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
@@ -18,27 +18,16 @@ namespace {
 
 constexpr char kMicrosoft[] = "com.microsoft";
 
-std::optional<float> ScalarConstant(const Graph& graph, const std::string& value) {
-  auto floats = ConstantFloats(graph, value);
-  if (!floats || floats->size() != 1) return std::nullopt;
-  return (*floats)[0];
-}
-
 bool Near(float value, double expected) { return std::fabs(value - expected) <= 1e-4 * std::fabs(expected); }
 
 // For a binary `op` node with one constant operand near `expected`, the other operand.
 std::optional<std::string> WithConstant(const Graph& graph, const Node* node, const char* op, double expected) {
   if (node == nullptr || node->op_type() != op || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
   for (int side = 0; side < 2; ++side) {
-    auto value = ScalarConstant(graph, node->input(side));
+    auto value = ConstantScalarFloat(graph, node->input(side));
     if (value && Near(*value, expected)) return node->input(1 - side);
   }
   return std::nullopt;
-}
-
-Node* OnlyConsumer(const Graph& graph, const std::string& value) {
-  auto consumers = graph.Consumers(value);
-  return consumers.size() == 1 && !graph.IsGraphOutput(value) ? consumers[0] : nullptr;
 }
 
 bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
@@ -49,11 +38,11 @@ bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
 // The tail `x * 0.5 * one_plus` (any grouping of the three factors); returns the nodes and the output.
 bool MatchHalfProductTail(const Graph& graph, const std::string& x, const std::string& one_plus,
                           std::vector<Node*>* nodes, std::string* output) {
-  Node* consumer = OnlyConsumer(graph, one_plus);
+  Node* consumer = SoleConsumer(graph, one_plus);
   if (consumer == nullptr) return false;
   // (x * one_plus) * 0.5
   if (IsMulOf(consumer, x, one_plus)) {
-    Node* half = OnlyConsumer(graph, consumer->output(0));
+    Node* half = SoleConsumer(graph, consumer->output(0));
     if (!WithConstant(graph, half, "Mul", 0.5)) return false;
     nodes->insert(nodes->end(), {consumer, half});
     *output = half->output(0);
@@ -68,8 +57,8 @@ bool MatchHalfProductTail(const Graph& graph, const std::string& x, const std::s
     *output = consumer->output(0);
     return true;
   }
-  if (ScalarConstant(graph, other) && Near(*ScalarConstant(graph, other), 0.5)) {
-    Node* last = OnlyConsumer(graph, consumer->output(0));
+  if (ConstantScalarFloat(graph, other) && Near(*ConstantScalarFloat(graph, other), 0.5)) {
+    Node* last = SoleConsumer(graph, consumer->output(0));
     if (!IsMulOf(last, consumer->output(0), x)) return false;
     nodes->insert(nodes->end(), {consumer, last});
     *output = last->output(0);
@@ -99,7 +88,7 @@ class FuseGeluPass final : public Pass {
         if (!divided && !multiplied) continue;
         if (divided && scale->input(0) != *divided) continue;  // x / sqrt(2), not sqrt(2) / x
         x = divided ? *divided : *multiplied;
-        Node* one_plus = OnlyConsumer(graph, node->output(0));
+        Node* one_plus = SoleConsumer(graph, node->output(0));
         if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
         nodes = {scale, node, one_plus};
         if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
@@ -123,7 +112,7 @@ class FuseGeluPass final : public Pass {
           matched = true;
         }
         if (!matched) continue;
-        Node* one_plus = OnlyConsumer(graph, node->output(0));
+        Node* one_plus = SoleConsumer(graph, node->output(0));
         if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
         nodes.push_back(one_plus);
         if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
@@ -132,13 +121,13 @@ class FuseGeluPass final : public Pass {
         Node* scale = graph.Producer(node->input(0));
         if (scale == nullptr || scale->op_type() != "Mul" || scale->input_size() != 2) continue;
         for (int side = 0; side < 2; ++side) {
-          auto constant = ScalarConstant(graph, scale->input(side));
+          auto constant = ConstantScalarFloat(graph, scale->input(side));
           if (constant) {
             alpha = *constant;
             x = scale->input(1 - side);
           }
         }
-        Node* product = OnlyConsumer(graph, node->output(0));
+        Node* product = SoleConsumer(graph, node->output(0));
         if (x.empty() || !IsMulOf(product, x, node->output(0))) continue;
         nodes = {scale, node, product};
         output = product->output(0);

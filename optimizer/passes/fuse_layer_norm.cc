@@ -8,17 +8,11 @@
 // eps is a scalar constant, gamma/beta are constants that broadcast over the last axis, and no
 // intermediate value is read outside the pattern. LayerNormalization is standard from opset 17;
 // below that it is ONNX Runtime's (same name, ONNX domain), which the report's runtimes say.
-#include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
 namespace {
-
-// The node producing `value` if it has op `op` in the default domain.
-Node* ProducerOf(const Graph& graph, const std::string& value, const char* op) {
-  Node* node = graph.Producer(value);
-  return node != nullptr && node->op_type() == op && node->domain().empty() ? node : nullptr;
-}
 
 // The other input of a binary node, given one.
 std::string Other(const Node& node, const std::string& one) { return node.input(0) == one ? node.input(1) : node.input(0); }
@@ -33,12 +27,6 @@ bool ReducesLastAxis(const Node& node, const Graph& graph, int64_t opset, int ra
     axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
   }
   return axes && axes->size() == 1 && ((*axes)[0] == -1 || (rank > 0 && (*axes)[0] == rank - 1));
-}
-
-std::optional<float> ScalarFloat(const Graph& graph, const std::string& value) {
-  auto floats = ConstantFloats(graph, value);
-  if (!floats || floats->size() != 1) return std::nullopt;
-  return (*floats)[0];
 }
 
 class FuseLayerNormPass final : public Pass {
@@ -77,7 +65,7 @@ class FuseLayerNormPass final : public Pass {
       }
       if (square == nullptr || divide == nullptr) continue;
       if (square->op_type() == "Pow") {
-        auto exponent = ScalarFloat(graph, square->input(1));
+        auto exponent = ConstantScalarFloat(graph, square->input(1));
         if (!exponent || *exponent != 2.0f) {
           context.Skip("fuse_layer_norm: Pow exponent is not the constant 2");
           continue;
@@ -90,7 +78,7 @@ class FuseLayerNormPass final : public Pass {
       }
       Node* add_eps = graph.Consumers(variance->output(0)).size() == 1 ? graph.Consumers(variance->output(0))[0] : nullptr;
       if (add_eps == nullptr || add_eps->op_type() != "Add") continue;
-      auto epsilon = ScalarFloat(graph, Other(*add_eps, variance->output(0)));
+      auto epsilon = ConstantScalarFloat(graph, Other(*add_eps, variance->output(0)));
       Node* sqrt = graph.Consumers(add_eps->output(0)).size() == 1 ? graph.Consumers(add_eps->output(0))[0] : nullptr;
       if (!epsilon || sqrt == nullptr || sqrt->op_type() != "Sqrt") {
         context.Skip("fuse_layer_norm: epsilon is not a scalar constant added before Sqrt");
@@ -100,7 +88,7 @@ class FuseLayerNormPass final : public Pass {
       if (divide->op_type() == "Div") {
         if (divide->input(1) != sqrt->output(0)) continue;
       } else {  // Mul(d, Reciprocal(sqrt))
-        Node* reciprocal = ProducerOf(graph, Other(*divide, d), "Reciprocal");
+        Node* reciprocal = ProducerWithOp(graph, Other(*divide, d), "Reciprocal");
         if (reciprocal == nullptr || reciprocal->input(0) != sqrt->output(0)) continue;
         pattern.push_back(reciprocal);
       }
@@ -108,9 +96,8 @@ class FuseLayerNormPass final : public Pass {
       std::string output = divide->output(0);
       std::string gamma, beta;
       auto single_consumer = [&](const std::string& value, const char* op) -> Node* {
-        auto consumers = graph.Consumers(value);
-        if (consumers.size() != 1 || consumers[0]->op_type() != op || graph.IsGraphOutput(value)) return nullptr;
-        return consumers[0];
+        Node* consumer = SoleConsumer(graph, value);
+        return consumer != nullptr && consumer->op_type() == op ? consumer : nullptr;
       };
       auto last_axis_constant = [&](const std::string& value) {
         const onnx::TensorProto* tensor = ConstantTensor(graph, value);
