@@ -162,6 +162,24 @@ std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph
         picked.push_back((*input(0))[static_cast<size_t>(i)]);
       }
       if (!picked.empty()) values[out] = picked;
+    } else if (op == "Slice" && input(0) && node.input_size() >= 3) {  // a slice of a shape tensor
+      const Shape* starts = input(1);
+      const Shape* ends = input(2);
+      const Shape* axes = node.input_size() > 3 && !node.input(3).empty() ? input(3) : nullptr;
+      const Shape* steps = node.input_size() > 4 && !node.input(4).empty() ? input(4) : nullptr;
+      if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (node.input_size() > 3 && !node.input(3).empty() && !axes) ||
+          (axes && !(axes->size() == 1 && ((*axes)[0] == Dim::Value(0) || (*axes)[0] == Dim::Value(-1)))) ||
+          (steps && !(steps->size() == 1 && (*steps)[0] == Dim::Value(1))) ||
+          (*starts)[0].kind != Dim::Kind::kValue || (*ends)[0].kind != Dim::Kind::kValue) {
+        continue;
+      }
+      const int64_t size = static_cast<int64_t>(input(0)->size());
+      int64_t start = (*starts)[0].value, end = (*ends)[0].value;
+      if (start < 0) start += size;
+      if (end < 0) end += size;
+      start = std::clamp<int64_t>(start, 0, size);
+      end = std::clamp<int64_t>(end, start, size);
+      values[out] = Shape(input(0)->begin() + start, input(0)->begin() + end);
     } else if (op == "Concat") {
       Shape joined;
       bool complete = true;
@@ -388,6 +406,11 @@ int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::strin
       auto* value = graph->add_value_info();
       value->set_name(name);
       *value->mutable_type() = type;
+      // onnx's own placeholder names would outrank what it can now infer: hand them back as unknown.
+      if (!value->type().tensor_type().has_shape()) continue;
+      for (auto& dim : *value->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+        if (dim.has_dim_param() && IsGeneratedName(dim.dim_param())) dim.clear_dim_param();
+      }
     }
     try {
       onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),

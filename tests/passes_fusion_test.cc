@@ -527,3 +527,36 @@ TEST(FuseAttentionTest, FusesEveryLayerAndKeepsMaskedOutputs) {
 
 }  // namespace
 }  // namespace onnxopt
+
+namespace onnxopt {
+namespace {
+
+TEST(FuseAttentionTest, FusesGpt2CausalAttentionAndChecksTheBuffer) {
+  auto original = LoadModel(testing::FixturePath("gpt2_tiny.onnx"));
+  ASSERT_TRUE(original.ok());
+  Outcome run = Apply(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  int causal = 0;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "Attention") continue;
+    for (const auto& attribute : node.attribute()) causal += attribute.name() == "unidirectional" && attribute.i() == 1;
+  }
+  EXPECT_EQ(causal, 2) << "one causal Attention per layer";
+  EXPECT_EQ(OpCounts(run.model).count("Softmax"), 0u);
+  ExpectSameOutputs(*original, run.model, 1e-5, 1e-4);
+
+  // One entry above the diagonal: no longer causal, so no fusion.
+  onnx::ModelProto tampered = *original;
+  for (auto& tensor : *tampered.mutable_graph()->mutable_initializer()) {
+    if (tensor.name() != "bias") continue;
+    ASSERT_TRUE(tensor.has_raw_data());
+    (*tensor.mutable_raw_data())[1] = 1;  // row 0, column 1
+  }
+  Outcome refused = Apply(R"({"preset": "transformer"})", tampered);
+  ASSERT_TRUE(refused.status.ok());
+  EXPECT_EQ(OpCounts(refused.model).count("Attention"), 0u);
+  ExpectSameOutputs(tampered, refused.model, 1e-5, 1e-4);
+}
+
+}  // namespace
+}  // namespace onnxopt

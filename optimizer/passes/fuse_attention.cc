@@ -1,5 +1,5 @@
-// fuse_attention: encoder self-attention, as PyTorch exports Hugging Face style modules, becomes
-// ONNX Runtime's com.microsoft::Attention.
+// fuse_attention: self-attention, as PyTorch exports Hugging Face style modules (BERT-style encoders
+// and GPT-2 style decoders without past state), becomes ONNX Runtime's com.microsoft::Attention.
 //
 // Before:  q = Add(MatMul(x, Wq), bq) -> Reshape [B,S,N,D] -> Transpose(0,2,1,3)
 //          k = Add(MatMul(x, Wk), bk) -> Reshape -> Transpose(0,2,3,1)   (or (0,2,1,3) then (0,1,3,2))
@@ -9,6 +9,9 @@
 //          mask_term = Mul(Sub(1, Cast(Unsqueeze(mask[B,S], axes=[1,2]))), c)   (c = -10000 or finfo.min)
 // After:   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N,
 //                        mask_filter_value=c, scale=the graph's own scale)
+// GPT-2:   Q/K/V are outputs 0/1/2 of Split(Add(MatMul(x, W[H,3H]), b[3H])), and the scores go through
+//          Where(bias[:, :, :S, :S], scores, c <= -1e4) with `bias` a lower-triangular buffer
+//          -> Attention(x, W, b, unidirectional=1)
 // Checked: one x, constant float weights [H,H] and biases [H], N and D from the Reshape's inferred
 // shape with N*D = H, the exact perms, Softmax on the last axis, the mask in the (1 - mask) * c form
 // of a [B,S] mask (Attention's raw mask reads 0 as masked: masks must hold 0/1, as attention masks
@@ -35,6 +38,8 @@ struct Projection {
   Node* matmul = nullptr;
   Node* add = nullptr;
   Node* reshape = nullptr;
+  Node* split = nullptr;  // packed Q/K/V (GPT-2's c_attn): output `split_index` of one Split
+  int split_index = -1;
   std::vector<Node*> transposes;
   std::string x, weight, bias;
 };
@@ -50,7 +55,15 @@ bool MatchProjection(const Graph& graph, const std::string& head_value, const st
   }
   projection->reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection->reshape == nullptr) return false;
-  projection->add = ProducerWithOp(graph, projection->reshape->input(0), "Add");
+  std::string projected = projection->reshape->input(0);
+  if (Node* split = ProducerWithOp(graph, projected, "Split")) {
+    projection->split = split;
+    for (int i = 0; i < split->output_size(); ++i) {
+      if (split->output(i) == projected) projection->split_index = i;
+    }
+    projected = split->input(0);
+  }
+  projection->add = ProducerWithOp(graph, projected, "Add");
   if (projection->add == nullptr) return false;
   for (int side = 0; side < 2; ++side) {
     Node* matmul = ProducerWithOp(graph, projection->add->input(side), "MatMul");
@@ -62,6 +75,53 @@ bool MatchProjection(const Graph& graph, const std::string& head_value, const st
     return true;
   }
   return false;
+}
+
+// True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 on its last two axes,
+// as GPT-2 style models write `bias[:, :, :seq, :seq]`.
+bool IsCausalSlice(const Graph& graph, const std::string& cond) {
+  std::string value = cond;
+  std::set<int64_t> sliced_axes;
+  for (int depth = 0; depth < 3; ++depth) {
+    Node* slice = ProducerWithOp(graph, value, "Slice");
+    if (slice == nullptr) break;
+    if (slice->input_size() < 4) return false;
+    auto starts = ConstantInts(graph, slice->input(1));
+    auto axes = ConstantInts(graph, slice->input(3));
+    auto steps = slice->input_size() > 4 && !slice->input(4).empty() ? ConstantInts(graph, slice->input(4))
+                                                                      : std::optional<std::vector<int64_t>>(std::vector<int64_t>{1});
+    if (!starts || !axes || !steps || starts->size() != axes->size()) return false;
+    for (size_t i = 0; i < axes->size(); ++i) {
+      const int64_t axis = (*axes)[i] < 0 ? (*axes)[i] + 4 : (*axes)[i];
+      const int64_t step = steps->size() == 1 ? (*steps)[0] : (i < steps->size() ? (*steps)[i] : 0);
+      if ((*starts)[i] != 0 || step != 1 || (axis != 2 && axis != 3)) return false;
+      sliced_axes.insert(axis);
+    }
+    value = slice->input(0);
+  }
+  const onnx::TensorProto* buffer = ConstantTensor(graph, value);
+  if (buffer == nullptr || buffer->dims_size() != 4 || buffer->dims(0) != 1 || buffer->dims(1) != 1 ||
+      buffer->dims(2) != buffer->dims(3) || sliced_axes != std::set<int64_t>{2, 3}) {
+    return false;
+  }
+  const int64_t n = buffer->dims(2);
+  std::vector<bool> on;
+  if (buffer->data_type() == onnx::TensorProto::BOOL || buffer->data_type() == onnx::TensorProto::UINT8) {
+    if (buffer->has_raw_data()) {
+      for (char c : buffer->raw_data()) on.push_back(c != 0);
+    } else {
+      for (int32_t v : buffer->int32_data()) on.push_back(v != 0);
+    }
+  } else if (auto floats = TensorFloats(*buffer)) {
+    for (float v : *floats) on.push_back(v != 0);
+  }
+  if (static_cast<int64_t>(on.size()) != n * n) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (on[static_cast<size_t>(i * n + j)] != (j <= i)) return false;
+    }
+  }
+  return true;
 }
 
 class FuseAttentionPass final : public Pass {
@@ -92,8 +152,18 @@ class FuseAttentionPass final : public Pass {
     const auto rank = shapes.Rank(softmax->input(0));
     const int64_t axis = softmax->GetAttributeInt("axis", -1);
     if (!rank || *rank != 4 || (axis != -1 && axis != 3)) return false;
-    // Scores, optionally masked.
+    // Scores, optionally masked: causally (Where over a tril buffer) and/or additively.
     std::string scaled = softmax->input(0);
+    Node* causal_where = nullptr;
+    if (Node* where = ProducerWithOp(graph, scaled, "Where")) {
+      auto fill = ConstantScalarFloat(graph, where->input(2));
+      if (!IsCausalSlice(graph, where->input(0)) || !fill || *fill > -1e4f) {
+        *reason = "Where before Softmax is not a causal mask";
+        return false;
+      }
+      causal_where = where;
+      scaled = where->input(1);
+    }
     Node* mask_add = nullptr;
     std::string mask_term;
     if (Node* add = ProducerWithOp(graph, scaled, "Add")) {
@@ -173,7 +243,23 @@ class FuseAttentionPass final : public Pass {
     const int64_t hidden = num_heads * head_size;
     std::vector<float> weights[3], biases[3];
     const Projection* projections[3] = {&q, &k, &v};
-    for (int i = 0; i < 3; ++i) {
+    const bool packed_qkv = q.split != nullptr;
+    if (packed_qkv) {
+      // One projection split three ways: its weight [H_in, 3H] and bias [3H] are already in Q|K|V order.
+      auto split_sizes = q.split->input_size() > 1 ? ConstantInts(graph, q.split->input(1)) : std::nullopt;
+      const int64_t split_axis = q.split->GetAttributeInt("axis", 0);
+      const onnx::TensorProto* w = ConstantTensor(graph, q.weight);
+      const onnx::TensorProto* b = ConstantTensor(graph, q.bias);
+      if (k.split != q.split || v.split != q.split || q.split_index != 0 || k.split_index != 1 ||
+          v.split_index != 2 || q.split->output_size() != 3 || (split_axis != 2 && split_axis != -1) ||
+          !split_sizes || *split_sizes != std::vector<int64_t>{hidden, hidden, hidden} || w == nullptr ||
+          b == nullptr || w->dims_size() != 2 || w->dims(1) != 3 * hidden || b->dims_size() != 1 ||
+          b->dims(0) != 3 * hidden || !TensorFloats(*w) || !TensorFloats(*b)) {
+        *reason = "packed Q/K/V projection is not split into three equal float parts";
+        return false;
+      }
+    }
+    for (int i = 0; i < 3 && !packed_qkv; ++i) {
       const onnx::TensorProto* w = ConstantTensor(graph, projections[i]->weight);
       auto wf = w ? TensorFloats(*w) : std::nullopt;
       auto bf = ConstantFloats(graph, projections[i]->bias);
@@ -185,7 +271,7 @@ class FuseAttentionPass final : public Pass {
       biases[i] = *std::move(bf);
       if (i > 0 && w->dims(0) != ConstantTensor(graph, q.weight)->dims(0)) return false;
     }
-    const int64_t input_hidden = ConstantTensor(graph, q.weight)->dims(0);
+
     (void)x_shape;
     // The mask: (1 - Cast(Unsqueeze(mask, [1,2]))) * c, or none.
     std::string raw_mask;
@@ -234,10 +320,13 @@ class FuseAttentionPass final : public Pass {
     std::vector<Node*> pattern = {softmax, qk, context_matmul, ctx_transpose, out_reshape};
     if (scale_node != nullptr) pattern.push_back(scale_node);
     if (mask_add != nullptr) pattern.push_back(mask_add);
+    if (causal_where != nullptr) pattern.push_back(causal_where);
     for (const Projection* p : projections) {
-      pattern.insert(pattern.end(), {p->matmul, p->add, p->reshape});
+      if (!packed_qkv || p == &q) pattern.insert(pattern.end(), {p->matmul, p->add});
+      pattern.push_back(p->reshape);
       pattern.insert(pattern.end(), p->transposes.begin(), p->transposes.end());
     }
+    if (packed_qkv) pattern.push_back(q.split);
     const std::set<Node*> members(pattern.begin(), pattern.end());
     const std::set<Node*> reshapes = {q.reshape, k.reshape, v.reshape, out_reshape};
     std::vector<Node*> shape_nodes;
@@ -253,6 +342,9 @@ class FuseAttentionPass final : public Pass {
       }
     }
     // Rewrite.
+    const int64_t input_hidden = ConstantTensor(graph, q.weight)->dims(0);
+    std::string w_name = q.weight, b_name = q.bias;
+    if (!packed_qkv) {
     std::vector<float> packed(static_cast<size_t>(input_hidden * 3 * hidden));
     for (int64_t row = 0; row < input_hidden; ++row) {
       for (int i = 0; i < 3; ++i) {
@@ -262,10 +354,11 @@ class FuseAttentionPass final : public Pass {
     }
     std::vector<float> packed_bias;
     for (int i = 0; i < 3; ++i) packed_bias.insert(packed_bias.end(), biases[i].begin(), biases[i].end());
-    const std::string w_name = graph.UniqueName("attention_qkv_weight");
-    const std::string b_name = graph.UniqueName("attention_qkv_bias");
+    w_name = graph.UniqueName("attention_qkv_weight");
+    b_name = graph.UniqueName("attention_qkv_bias");
     graph.AddInitializer(MakeFloatTensor(w_name, {input_hidden, 3 * hidden}, packed));
     graph.AddInitializer(MakeFloatTensor(b_name, {3 * hidden}, packed_bias));
+    }
     onnx::NodeProto attention;
     attention.set_op_type("Attention");
     attention.set_domain("com.microsoft");
@@ -304,6 +397,7 @@ class FuseAttentionPass final : public Pass {
       }
     };
     add_attribute("num_heads", num_heads);
+    if (causal_where != nullptr) add_attribute("unidirectional", int64_t{1});
     if (!raw_mask.empty()) add_attribute("mask_filter_value", mask_filter);
     if (std::fabs(scale * std::sqrt(static_cast<float>(head_size)) - 1.0f) > 1e-6f) add_attribute("scale", scale);
     for (Node* node : pattern) graph.RemoveNode(node);

@@ -65,6 +65,8 @@ int Main(int argc, char** argv) {
       {"bert_tiny.onnx", "transformer preset", {{"batch", 1}, {"sequence", 16}}, false, "transformer"},
       {"bert_tiny.onnx", "transformer preset", {{"batch", 1}, {"sequence", 64}}, false, "transformer"},
       {"bert_tiny.onnx", "transformer preset", {{"batch", 4}, {"sequence", 64}}, false, "transformer"},
+      {"gpt2_tiny.onnx", "transformer preset", {{"batch", 1}, {"sequence", 16}}, false, "transformer"},
+      {"gpt2_tiny.onnx", "transformer preset", {{"batch", 4}, {"sequence", 64}}, false, "transformer"},
   };
   std::cout << absl::StrFormat("%-26s %-32s %8s | %-27s | %-27s\n", "model (dims)", "pass", "rewrites",
                                "ORT all optimizations", "ORT optimizations off");
