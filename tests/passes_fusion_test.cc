@@ -12,6 +12,7 @@
 #include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
 #include "tests/model_builder.h"
+#include "tests/pass_runner.h"
 #include "tests/parity_matchers.h"
 
 namespace onnxopt {
@@ -22,31 +23,17 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::PassRun;
+using testing::RunConfig;
 using testing::WithIntsAttribute;
 using testing::WithIntAttribute;
 using testing::RandomFloats;
 using testing::OpCounts;
 
-struct Outcome {
-  onnx::ModelProto model;
-  v1::PassReport report;
-  absl::Status status;
-};
-
-Outcome Apply(const std::string& config_json, onnx::ModelProto model) {
-  v1::OptimizationConfig config;
-  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(config_json, &config).ok()) << config_json;
-  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-  if (!pipeline.ok()) return {std::move(model), {}, pipeline.status()};
-  std::vector<v1::PassReport> reports;
-  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
-  return {std::move(model), reports.empty() ? v1::PassReport() : reports.back(), status};
-}
-
 TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
   auto model = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(model.ok());
-  Outcome fixed = Apply(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2, sequence=32"}}]})", *model);
+  PassRun fixed = RunConfig(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2, sequence=32"}}]})", *model);
   ASSERT_TRUE(fixed.status.ok()) << fixed.status;
   EXPECT_EQ(fixed.report.rewrites(), 10);  // 3 inputs and 2 outputs, 2 dims each
   const auto& dims = fixed.model.graph().input(0).type().tensor_type().shape().dim();
@@ -55,7 +42,7 @@ TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
   for (const char* bad : {R"({"passes": [{"name": "fix_dynamic_dims"}]})",
                           R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=0"}}]})",
                           R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch"}}]})"}) {
-    EXPECT_EQ(Apply(bad, *model).status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(RunConfig(bad, *model).status.code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
 
@@ -66,7 +53,7 @@ TEST(EliminateInitializerInputsTest, MakesOverridableInitializersConstant) {
   *graph.add_input() = FloatValue("x", {2});
   *graph.add_input() = FloatValue("w", {2});
   *graph.add_output() = FloatValue("y", {2});
-  Outcome run = Apply(R"({"passes": [{"name": "eliminate_initializer_inputs"}, {"name": "fold_constants"}]})",
+  PassRun run = RunConfig(R"({"passes": [{"name": "eliminate_initializer_inputs"}, {"name": "fold_constants"}]})",
                       MakeModel(graph, 13));
   ASSERT_TRUE(run.status.ok());
   ASSERT_EQ(run.model.graph().input_size(), 1);
@@ -91,7 +78,7 @@ TEST(FuseReshapeChainsTest, CollapsesChains) {
   *graph.add_input() = FloatValue("x", {2, 12});
   *graph.add_output() = FloatValue("y", {6, 4});
   const onnx::ModelProto original = MakeModel(graph, 13);
-  Outcome run = Apply(R"({"preset": "extended"})", original);
+  PassRun run = RunConfig(R"({"preset": "extended"})", original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Reshape", 1}})) << run.model.graph().DebugString();
   ExpectSameOutputs(original, run.model, 0, 0);
@@ -110,7 +97,7 @@ TEST(FuseMatMulAddIntoGemmTest, FusesOnlyTwoDimensionalMatMuls) {
   *graph.add_output() = FloatValue("y", {5, 3});
   *graph.add_output() = FloatValue("y3", {2, 5, 3});
   const onnx::ModelProto original = MakeModel(graph, 13);
-  Outcome run = Apply(R"({"passes": [{"name": "fuse_matmul_add_into_gemm"}]})", original);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_matmul_add_into_gemm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 1);
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 1}, {"Gemm", 1}, {"MatMul", 1}}));
@@ -131,7 +118,7 @@ TEST(FuseConvAddMulTest, FoldsPerChannelScaleAndBias) {
   *graph.add_input() = FloatValue("x", {1, 3, 8, 8});
   *graph.add_output() = FloatValue("y", {1, 2, 6, 6});
   const onnx::ModelProto original = MakeModel(graph, 13);
-  Outcome run = Apply(R"({"passes": [{"name": "fuse_conv_add_mul"}]})", original);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_conv_add_mul"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 2);
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Conv", 2}}));
@@ -141,7 +128,7 @@ TEST(FuseConvAddMulTest, FoldsPerChannelScaleAndBias) {
 TEST(ConvertOpsetTest, ConvertsAndRefusesWhatOnnxCannot) {
   auto model = LoadModel(testing::FixturePath("cnn_tiny.onnx"));  // opset 13
   ASSERT_TRUE(model.ok());
-  Outcome run = Apply(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 15}}]})", *model);
+  PassRun run = RunConfig(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 15}}]})", *model);
   ASSERT_TRUE(run.status.ok()) << run.status;
   int64_t opset = 0;
   for (const auto& import : run.model.opset_import()) {
@@ -149,9 +136,9 @@ TEST(ConvertOpsetTest, ConvertsAndRefusesWhatOnnxCannot) {
   }
   EXPECT_EQ(opset, 15);
   ExpectSameOutputs(*model, run.model, 1e-6, 1e-6);
-  EXPECT_EQ(Apply(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 21}}]})", *model).status.code(),
+  EXPECT_EQ(RunConfig(R"({"passes": [{"name": "convert_opset", "params": {"target_opset": 21}}]})", *model).status.code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Apply(R"({"passes": [{"name": "convert_opset"}]})", *model).status.code(),
+  EXPECT_EQ(RunConfig(R"({"passes": [{"name": "convert_opset"}]})", *model).status.code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -189,7 +176,7 @@ onnx::ModelProto HeadModel(bool scalar_index) {
 TEST(UpstreamSliceTest, ClimbsToTheInputSoEveryNodeComputesOneRow) {
   for (bool scalar : {true, false}) {
     const onnx::ModelProto original = HeadModel(scalar);
-    Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}, {"name": "eliminate_common_subexpressions"},
+    PassRun run = RunConfig(R"({"passes": [{"name": "upstream_slice"}, {"name": "eliminate_common_subexpressions"},
                                       {"name": "upstream_slice"}]})", original);
     ASSERT_TRUE(run.status.ok()) << run.status;
     // The only Gather left reads the graph input: everything after it runs on one row.
@@ -219,7 +206,7 @@ TEST(UpstreamSliceTest, CrossesTransposes) {
     output.mutable_type()->mutable_tensor_type()->clear_shape();
     *graph.add_output() = output;
     const onnx::ModelProto original = MakeModel(graph, 13);
-    Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}]})", original);
+    PassRun run = RunConfig(R"({"passes": [{"name": "upstream_slice"}]})", original);
     ASSERT_TRUE(run.status.ok());
     EXPECT_EQ(run.report.rewrites(), 2) << scalar;
     EXPECT_EQ(run.model.graph().node(0).op_type(), "Gather") << run.model.graph().DebugString();
@@ -241,7 +228,7 @@ TEST(UpstreamSliceTest, StaysWhereMovingWouldChangeTheResult) {
   *graph.add_input() = FloatValue("ones", {2, 1, 8});
   *graph.add_output() = FloatValue("y", {2, 8});
   *graph.add_output() = FloatValue("z", {2, 8});
-  Outcome run = Apply(R"({"passes": [{"name": "upstream_slice"}]})", MakeModel(graph, 13));
+  PassRun run = RunConfig(R"({"passes": [{"name": "upstream_slice"}]})", MakeModel(graph, 13));
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 0);
 }
@@ -254,7 +241,7 @@ TEST(UpstreamSliceTest, ShrinksTheDynamicRobertaHead) {
   for (bool fixed_dims : {false, true}) {
     onnx::ModelProto start = *original;
     if (fixed_dims) {
-      Outcome fixed = Apply(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2,sequence=16"}}]})",
+      PassRun fixed = RunConfig(R"({"passes": [{"name": "fix_dynamic_dims", "params": {"dims": "batch=2,sequence=16"}}]})",
                             *original);
       ASSERT_TRUE(fixed.status.ok());
       start = fixed.model;
@@ -321,7 +308,7 @@ TEST(FuseTransposeIntoGemmTest, FoldsTransposesIntoGemmAttributes) {
   *graph.add_input() = FloatValue("a", {3, 4});
   *graph.add_output() = FloatValue("y", {4, 3});
   const onnx::ModelProto original = MakeModel(graph, 13);
-  Outcome run = Apply(R"({"passes": [{"name": "fuse_transpose_into_gemm"}]})", original);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_transpose_into_gemm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 2);
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Gemm", 2}}));
@@ -358,7 +345,7 @@ onnx::ModelProto DecomposedLayerNorm(float exponent, bool leak) {
 
 TEST(FuseLayerNormTest, FusesTheExportedFormExactly) {
   const onnx::ModelProto original = DecomposedLayerNorm(2.0f, false);
-  Outcome run = Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", original);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(run.report.rewrites(), 1);
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"LayerNormalization", 1}}));
@@ -366,16 +353,16 @@ TEST(FuseLayerNormTest, FusesTheExportedFormExactly) {
 }
 
 TEST(FuseLayerNormTest, LeavesLookalikesAlone) {
-  EXPECT_EQ(Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(3.0f, false)).report.rewrites(), 0)
+  EXPECT_EQ(RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(3.0f, false)).report.rewrites(), 0)
       << "a cube is no variance";
-  Outcome leak = Apply(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(2.0f, true));
+  PassRun leak = RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(2.0f, true));
   EXPECT_EQ(leak.report.rewrites(), 0) << "the standard deviation is an output";
 }
 
 TEST(FuseLayerNormTest, FusesEveryLayerNormOfTheExportedEncoder) {
   auto original = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(original.ok());
-  Outcome run = Apply(R"({"preset": "transformer"})", *original);
+  PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   // Each of the 5 LayerNorms follows a residual Add, so the preset makes them SkipLayerNormalization.
   auto ops = OpCounts(run.model);
@@ -403,12 +390,12 @@ onnx::ModelProto ResidualLayerNorm(bool sum_is_output) {
 
 TEST(FuseSkipLayerNormTest, FusesTheResidualAndItsBias) {
   const onnx::ModelProto original = ResidualLayerNorm(false);
-  Outcome run = Apply(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", original);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", original);
   ASSERT_TRUE(run.status.ok());
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"MatMul", 1}, {"SkipLayerNormalization", 1}}));
   EXPECT_EQ(run.model.graph().node(1).input_size(), 5) << "the bias became SkipLayerNormalization's fifth input";
   ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
-  Outcome kept = Apply(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", ResidualLayerNorm(true));
+  PassRun kept = RunConfig(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", ResidualLayerNorm(true));
   EXPECT_EQ(kept.report.rewrites(), 0) << "the residual sum is a graph output";
 }
 
@@ -460,7 +447,7 @@ TEST(FuseGeluTest, FusesEachFormAndAbsorbsTheBias) {
   for (const auto& [form, op, bias_absorbed] : std::vector<std::tuple<std::string, std::string, bool>>{
            {"erf", "BiasGelu", true}, {"tanh", "FastGelu", true}, {"quick", "QuickGelu", false}}) {
     const onnx::ModelProto original = GeluModel(form);
-    Outcome run = Apply(R"({"passes": [{"name": "fuse_gelu"}, {"name": "eliminate_unused_initializers"}]})", original);
+    PassRun run = RunConfig(R"({"passes": [{"name": "fuse_gelu"}, {"name": "eliminate_unused_initializers"}]})", original);
     ASSERT_TRUE(run.status.ok()) << form;
     std::map<std::string, int> expected = {{op, 1}};
     if (!bias_absorbed) expected["Add"] = 1;
@@ -474,7 +461,7 @@ TEST(FuseGeluTest, FusesEachFormAndAbsorbsTheBias) {
 
 TEST(FuseGeluTest, LeavesPatternsWithOutsideReadersAlone) {
   for (const char* form : {"erf", "tanh", "quick"}) {
-    Outcome run = Apply(R"({"passes": [{"name": "fuse_gelu"}]})", GeluModel(form, /*leak=*/true));
+    PassRun run = RunConfig(R"({"passes": [{"name": "fuse_gelu"}]})", GeluModel(form, /*leak=*/true));
     ASSERT_TRUE(run.status.ok());
     EXPECT_EQ(run.report.rewrites(), 0) << form;
   }
@@ -508,7 +495,7 @@ std::vector<float> RunEncoder(const onnx::ModelProto& model, const std::vector<i
 TEST(FuseAttentionTest, FusesEveryLayerAndKeepsMaskedOutputs) {
   auto original = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(original.ok());
-  Outcome run = Apply(R"({"preset": "transformer"})", *original);
+  PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   auto ops = OpCounts(run.model);
   EXPECT_EQ(ops["Attention"], 2) << "one per layer";
@@ -534,7 +521,7 @@ namespace {
 TEST(FuseAttentionTest, FusesGpt2CausalAttentionAndChecksTheBuffer) {
   auto original = LoadModel(testing::FixturePath("gpt2_tiny.onnx"));
   ASSERT_TRUE(original.ok());
-  Outcome run = Apply(R"({"preset": "transformer"})", *original);
+  PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   int causal = 0;
   for (const auto& node : run.model.graph().node()) {
@@ -552,7 +539,7 @@ TEST(FuseAttentionTest, FusesGpt2CausalAttentionAndChecksTheBuffer) {
     ASSERT_TRUE(tensor.has_raw_data());
     (*tensor.mutable_raw_data())[1] = 1;  // row 0, column 1
   }
-  Outcome refused = Apply(R"({"preset": "transformer"})", tampered);
+  PassRun refused = RunConfig(R"({"preset": "transformer"})", tampered);
   ASSERT_TRUE(refused.status.ok());
   EXPECT_EQ(OpCounts(refused.model).count("Attention"), 0u);
   ExpectSameOutputs(tampered, refused.model, 1e-5, 1e-4);

@@ -8,6 +8,7 @@
 #include "optimizer/pass_manager.h"
 #include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
+#include "tests/pass_runner.h"
 #include "tests/parity_matchers.h"
 
 namespace onnxopt {
@@ -18,33 +19,13 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::PassRun;
+using testing::RunPass;
 using testing::WithIntsAttribute;
 using testing::WithIntAttribute;
 using testing::RandomFloats;
 using testing::OpCounts;
 using testing::MakeValue;
-
-struct PassRun {
-  onnx::ModelProto model;
-  v1::PassReport report;
-};
-
-PassRun RunPass(const std::string& pass, onnx::ModelProto model, const std::string& params_json = "") {
-  v1::OptimizationConfig config;
-  v1::PassSpec* spec = config.add_passes();
-  spec->set_name(pass);
-  if (!params_json.empty()) {
-    google::protobuf::Value value;
-    value.set_number_value(std::stod(params_json));
-    (*spec->mutable_params())["max_output_bytes"] = value;
-  }
-  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-  EXPECT_TRUE(pipeline.ok()) << pipeline.status();
-  std::vector<v1::PassReport> reports;
-  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
-  EXPECT_TRUE(status.ok()) << status;
-  return {std::move(model), reports.empty() ? v1::PassReport() : reports[0]};
-}
 
 TEST(EliminateNoopOpsTest, RemovesEveryKindOfNoop) {
   onnx::GraphProto graph;

@@ -6,6 +6,7 @@
 #include "optimizer/model_io.h"
 #include "optimizer/pass_manager.h"
 #include "tests/model_builder.h"
+#include "tests/pass_runner.h"
 #include "tests/parity_matchers.h"
 
 namespace onnxopt {
@@ -18,24 +19,9 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::PassRun;
+using testing::RunPass;
 using testing::OpCounts;
-
-struct PassRun {
-  onnx::ModelProto model;
-  v1::PassReport report;
-};
-
-PassRun RunPass(const std::string& pass, onnx::ModelProto model) {
-  v1::OptimizationConfig config;
-  config.add_passes()->set_name(pass);
-  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-  EXPECT_TRUE(pipeline.ok()) << pipeline.status();
-  std::vector<v1::PassReport> reports;
-  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
-  EXPECT_TRUE(status.ok()) << status;
-  EXPECT_EQ(reports.size(), 1u);
-  return {std::move(model), reports.empty() ? v1::PassReport() : reports[0]};
-}
 
 int64_t SkipCount(const v1::PassReport& report, const std::string& reason_part) {
   int64_t count = 0;
