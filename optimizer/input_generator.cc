@@ -12,9 +12,9 @@ namespace {
 
 // Number of rows of the embedding table that `input` indexes through a Gather (possibly after a
 // Cast), or 0 if it indexes none.
-int64_t IndexedTableRows(const onnx::GraphProto& graph, const std::string& input) {
-  std::map<std::string, const onnx::TensorProto*> initializers;
-  for (const auto& tensor : graph.initializer()) initializers[tensor.name()] = &tensor;
+using InitializerIndex = std::map<std::string, const onnx::TensorProto*>;
+
+int64_t IndexedTableRows(const onnx::GraphProto& graph, const InitializerIndex& initializers, const std::string& input) {
   std::vector<std::string> aliases = {input};
   for (const auto& node : graph.node()) {
     if (node.op_type() == "Cast" && node.input_size() == 1 && node.input(0) == input) aliases.push_back(node.output(0));
@@ -58,6 +58,8 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
                                                const v1::ValidationConfig& config, int sample) {
   GeneratedInputs inputs;
   std::mt19937_64 random(config.seed() * 1000003 + static_cast<uint64_t>(sample));
+  InitializerIndex initializers;
+  for (const auto& tensor : model.graph().initializer()) initializers[tensor.name()] = &tensor;
   try {
     Ort::AllocatorWithDefaultOptions allocator;
     for (size_t i = 0; i < session.GetInputCount(); ++i) {
@@ -76,7 +78,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       }
       const std::string lower = absl::AsciiStrToLower(name);
       const bool is_mask = absl::StrContains(lower, "mask");
-      const int64_t rows = IndexedTableRows(model.graph(), name);
+      const int64_t rows = IndexedTableRows(model.graph(), initializers, name);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       auto integer = [&]() -> int64_t {
         if (rows > 0) return std::uniform_int_distribution<int64_t>(0, rows - 1)(random);

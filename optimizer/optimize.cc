@@ -116,7 +116,6 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   absl::Status check = CheckModel(*original, &warnings);
   for (auto& warning : warnings) report.add_warnings(std::move(warning));
   if (!check.ok()) return fail(check);
-  std::error_code size_error;
   *report.mutable_original() = Summarize(*original, static_cast<int64_t>(original->ByteSizeLong()));
 
   Progress(request, Phase::kOptimizing);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "onnx/onnx_pb.h"
+#include "optimizer/passes/constants.h"
 
 namespace onnxopt::testing {
 
@@ -44,12 +45,7 @@ inline onnx::ValueInfoProto FloatValue(const std::string& name, std::vector<int6
 }
 
 inline onnx::TensorProto FloatTensor(const std::string& name, std::vector<int64_t> dims, std::vector<float> values) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::FLOAT);
-  for (int64_t dim : dims) tensor.add_dims(dim);
-  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
-  return tensor;
+  return MakeFloatTensor(name, dims, values);
 }
 
 inline onnx::TensorProto BoolScalar(const std::string& name, bool value) {
