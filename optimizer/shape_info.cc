@@ -1,5 +1,9 @@
 #include "optimizer/shape_info.h"
 
+#include <map>
+#include <unordered_set>
+
+#include "onnx/defs/schema.h"
 #include "onnx/shape_inference/implementation.h"
 #include "optimizer/symbolic_shapes.h"
 
@@ -10,7 +14,44 @@ constexpr int kMaxInferableOpset = 17;
 // Initializers bigger than this are weights, never shape tensors: inference sees only their type.
 constexpr size_t kKeepInitializerBytes = 4096;
 
+// True if every output of a node onnx has no schema for carries a declared type.
+bool UnknownOutputsAreTyped(const onnx::ModelProto& model) {
+  std::map<std::string, int> opsets;
+  for (const auto& import : model.opset_import()) {
+    opsets[import.domain() == "ai.onnx" ? "" : import.domain()] = static_cast<int>(import.version());
+  }
+  const onnx::GraphProto& graph = model.graph();
+  std::unordered_set<std::string> typed;
+  for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
+    for (const auto& value : *values) {
+      if (value.has_type()) typed.insert(value.name());
+    }
+  }
+  for (const auto& node : graph.node()) {
+    const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    auto opset = opsets.find(domain);
+    const bool known = opset != opsets.end() &&
+                       onnx::OpSchemaRegistry::Schema(node.op_type(), opset->second, domain) != nullptr;
+    if (known) continue;
+    for (const auto& output : node.output()) {
+      if (!output.empty() && typed.count(output) == 0) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool InferShapesInPlace(onnx::ModelProto* model) {
+  const bool data_propagation = UnknownOutputsAreTyped(*model);
+  try {
+    onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),
+                                       onnx::ShapeInferenceOptions(false, 0, data_propagation));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
   ShapeInfo info;
@@ -40,13 +81,8 @@ ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
     *kept->mutable_dims() = tensor.dims();
   }
   if (opset > 0 && opset <= kMaxInferableOpset) {
-    try {
-      onnx::shape_inference::InferShapes(copy, onnx::OpSchemaRegistry::Instance(),
-                                         onnx::ShapeInferenceOptions(false, 0, true));
-      info.inferred_ = true;
-    } catch (const std::exception&) {
-      // What the model declares is still used below.
-    }
+    // When inference fails, what the model declares is still used below.
+    info.inferred_ = InferShapesInPlace(&copy);
   }
   std::unordered_map<std::string, onnx::TypeProto> inferred;
   for (const auto& tensor : source.initializer()) {

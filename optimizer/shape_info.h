@@ -14,6 +14,12 @@
 
 namespace onnxopt {
 
+// Runs onnx's shape inference on `model` in place; false if it threw. Data propagation (which lets
+// onnx follow Shape -> ... -> Reshape) is turned off when a value made by an operator onnx has no
+// schema for (ONNX Runtime's fused ops, custom domains) has no declared type: onnx 1.12 dereferences
+// the missing type while propagating data through Shape-15 and crashes the process.
+bool InferShapesInPlace(onnx::ModelProto* model);
+
 class ShapeInfo {
  public:
   // Main-graph values of `model`; `inferred()` says whether shape inference ran.

@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "onnx/shape_inference/implementation.h"
+#include "optimizer/shape_info.h"
 
 namespace onnxopt {
 namespace {
@@ -412,12 +412,7 @@ int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::strin
         if (dim.has_dim_param() && IsGeneratedName(dim.dim_param())) dim.clear_dim_param();
       }
     }
-    try {
-      onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),
-                                         onnx::ShapeInferenceOptions(false, 0, true));
-    } catch (const std::exception&) {
-      break;
-    }
+    if (!InferShapesInPlace(model)) break;
     for (const auto& value : graph->value_info()) {
       auto shape = ShapeOf({{value.name(), value.type()}}, value.name());
       if (!shape) continue;
