@@ -39,8 +39,9 @@ absl::StatusOr<ParamValue> ParamValueFromText(ParamType type, absl::string_view 
   return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a valid ", ParamTypeName(type)));
 }
 
-PassContext::PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes)
-    : params_(params), model_(model), shapes_(shapes) {
+PassContext::PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes,
+                         const ModelHints* hints)
+    : params_(params), model_(model), shapes_(shapes), hints_(hints != nullptr ? *hints : ModelHints()) {
   for (const auto& opset : model.opset_import()) {
     const std::string domain = opset.domain() == "ai.onnx" ? "" : opset.domain();
     opsets_[domain] = opset.version();

@@ -48,13 +48,23 @@ class PassParams {
   std::map<std::string, ParamValue> values_;
 };
 
+// What the job's config says about the model's architecture (OptimizationConfig.transformer);
+// empty or 0 where it says nothing and passes work it out from the graph.
+struct ModelHints {
+  std::string family;
+  int64_t num_heads = 0;
+  int64_t hidden_size = 0;
+};
+
 class PassContext {
  public:
-  PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes = nullptr);
+  PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes = nullptr,
+              const ModelHints* hints = nullptr);
   const PassParams& params() const { return params_; }
   // Types and shapes of main-graph values as the pass started; null unless the pass needs_shapes().
   const ShapeInfo* shapes() const { return shapes_; }
   const onnx::ModelProto& model() const { return model_; }
+  const ModelHints& hints() const { return hints_; }
   // Opset version the model imports for `domain` ("" and "ai.onnx" are the same); 0 if none.
   int64_t OpsetVersion(absl::string_view domain) const;
 
@@ -72,6 +82,7 @@ class PassContext {
   const PassParams& params_;
   const onnx::ModelProto& model_;
   const ShapeInfo* shapes_;
+  ModelHints hints_;
   std::map<std::string, int64_t> opsets_;
   int64_t rewrites_ = 0;
   std::map<std::string, int64_t> skipped_;

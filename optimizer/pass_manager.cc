@@ -92,6 +92,20 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
   }
   const int max_iterations = config.max_iterations() > 0 ? config.max_iterations() : kDefaultMaxIterations;
   Pipeline pipeline;
+  const auto& transformer = config.transformer();
+  if (transformer.num_heads() < 0 || transformer.hidden_size() < 0 ||
+      (transformer.num_heads() > 0 && transformer.hidden_size() > 0 && transformer.hidden_size() % transformer.num_heads() != 0)) {
+    return absl::InvalidArgumentError("transformer.num_heads and transformer.hidden_size must be >= 0, and "
+                                      "hidden_size a multiple of num_heads");
+  }
+  static const std::set<std::string> kFamilies = {"", "bert", "gpt2", "vit"};
+  if (kFamilies.count(transformer.family()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer.family '", transformer.family(),
+                                                   "' is unknown (known: bert, gpt2, vit)"));
+  }
+  pipeline.hints.family = transformer.family();
+  pipeline.hints.num_heads = transformer.num_heads();
+  pipeline.hints.hidden_size = transformer.hidden_size();
   if (config.passes_size() > 0) {
     if (!config.preset().empty()) {
       return absl::InvalidArgumentError("give either a preset or an explicit pass list, not both");
@@ -139,13 +153,13 @@ std::map<std::string, int64_t> OpHistogram(const onnx::GraphProto& graph) {
 namespace {
 
 // Runs one pass over every graph of the model and records what it did.
-absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::ModelProto* model,
-                        std::vector<v1::PassReport>* reports, int64_t* rewrites) {
+absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hints, int iteration,
+                        onnx::ModelProto* model, std::vector<v1::PassReport>* reports, int64_t* rewrites) {
   const auto start = std::chrono::steady_clock::now();
   const std::map<std::string, int64_t> before = OpHistogram(model->graph());
   std::optional<ShapeInfo> shapes;
   if (invocation.pass->needs_shapes()) shapes = ShapeInfo::Infer(*model);
-  PassContext context(invocation.params, *model, shapes ? &*shapes : nullptr);
+  PassContext context(invocation.params, *model, shapes ? &*shapes : nullptr, &hints);
   int64_t nodes_before = 0;
   if (invocation.pass->is_model_pass()) {
     nodes_before = CountNodes(model->graph());
@@ -204,21 +218,32 @@ absl::Status RunOnePass(const PassInvocation& invocation, int iteration, onnx::M
 
 }  // namespace
 
+bool PassChangedGraph(const v1::PassReport& report) {
+  return report.rewrites() > 0 || report.nodes_before() != report.nodes_after() || report.op_delta_size() > 0;
+}
+
 absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
                          std::vector<v1::PassReport>* reports) {
   const int total = pipeline.PassCount();
   int done = 0;
+  int64_t changes = 0;
   for (const auto& step : pipeline.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
       int64_t sweep_rewrites = 0;
       int index_in_sweep = 0;
       for (const auto& invocation : step.passes) {
+        if (options.stop_after_changes >= 0 && changes >= options.stop_after_changes) return absl::OkStatus();
         if (options.cancelled != nullptr && options.cancelled->load()) {
           return absl::CancelledError("cancelled between passes");
         }
+        if (options.excluded_passes.count(std::string(invocation.pass->name())) > 0) {
+          ++index_in_sweep;
+          continue;
+        }
         if (options.on_pass_start) options.on_pass_start(std::string(invocation.pass->name()), done + index_in_sweep, total);
-        absl::Status status = RunOnePass(invocation, iteration, model, reports, &sweep_rewrites);
+        absl::Status status = RunOnePass(invocation, pipeline.hints, iteration, model, reports, &sweep_rewrites);
         if (!status.ok()) return status;
+        if (PassChangedGraph(reports->back())) ++changes;
         ++index_in_sweep;
       }
       if (sweep_rewrites == 0) break;  // fixed point reached (or a single run done)

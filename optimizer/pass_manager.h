@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct PipelineStep {
 
 struct Pipeline {
   std::vector<PipelineStep> steps;
+  ModelHints hints;  // from the config's transformer options
   int PassCount() const;  // invocations in one sweep of every step
   std::string ToString() const;  // e.g. "fixed_point(a,b)<=8"
 };
@@ -44,7 +46,15 @@ struct PassManagerOptions {
   const std::atomic<bool>* cancelled = nullptr;
   // Called before each pass with its name, how many have run and the sweep's count.
   std::function<void(const std::string& pass, int done, int total)> on_pass_start;
+  // Replays a prefix of the pipeline (bisection): stop once this many pass runs have changed the
+  // graph. Passes are deterministic, so the model is then what the full run had at that point.
+  int64_t stop_after_changes = -1;
+  // Passes to leave out wherever the pipeline names them.
+  std::set<std::string> excluded_passes;
 };
+
+// Whether a pass run (as reported) changed the graph.
+bool PassChangedGraph(const v1::PassReport& report);
 
 // Runs `pipeline` on `model` in place, appending one PassReport per pass run to `reports`.
 // CANCELLED if cancellation was requested; the model is then as the last finished pass left it.

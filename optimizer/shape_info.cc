@@ -97,9 +97,25 @@ ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
       if (value.has_type()) inferred.emplace(value.name(), value.type());
     }
   }
-  if (info.inferred_) RecoverSymbolicShapes(&copy, &inferred);
+  if (info.inferred_) RecoverSymbolicShapes(&copy, &inferred, &info.known_values_);
   for (auto& [name, type] : inferred) info.types_.emplace(name, std::move(type));
   return info;
+}
+
+const std::vector<onnx::TensorShapeProto::Dimension>* ShapeInfo::SymbolicValue(const std::string& value) const {
+  auto it = known_values_.find(value);
+  return it == known_values_.end() ? nullptr : &it->second;
+}
+
+std::optional<std::vector<int64_t>> ShapeInfo::KnownValue(const std::string& value) const {
+  const auto* dims = SymbolicValue(value);
+  if (dims == nullptr) return std::nullopt;
+  std::vector<int64_t> numbers;
+  for (const auto& d : *dims) {
+    if (!d.has_dim_value()) return std::nullopt;
+    numbers.push_back(d.dim_value());
+  }
+  return numbers;
 }
 
 const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {
@@ -128,6 +144,32 @@ std::optional<std::vector<int64_t>> ShapeInfo::StaticShape(const std::string& va
     dims.push_back(dim.dim_value());
   }
   return dims;
+}
+
+namespace {
+
+const onnx::TensorShapeProto::Dimension* DimOf(const onnx::TypeProto* type, int i) {
+  if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape()) return nullptr;
+  const int rank = type->tensor_type().shape().dim_size();
+  if (i < 0) i += rank;
+  if (i < 0 || i >= rank) return nullptr;
+  return &type->tensor_type().shape().dim(i);
+}
+
+}  // namespace
+
+bool ShapeInfo::SameDim(const std::string& a, int i, const std::string& b, int j) const {
+  const auto* da = DimOf(TypeOf(a), i);
+  const auto* db = DimOf(TypeOf(b), j);
+  if (da == nullptr || db == nullptr) return false;
+  if (da->has_dim_value() && db->has_dim_value()) return da->dim_value() == db->dim_value();
+  return da->has_dim_param() && db->has_dim_param() && !da->dim_param().empty() && da->dim_param() == db->dim_param();
+}
+
+std::optional<int64_t> ShapeInfo::DimValue(const std::string& value, int i) const {
+  const auto* d = DimOf(TypeOf(value), i);
+  if (d == nullptr || !d->has_dim_value()) return std::nullopt;
+  return d->dim_value();
 }
 
 bool ShapeInfo::SameShape(const std::string& a, const std::string& b) const {

@@ -33,10 +33,21 @@ class ShapeInfo {
   // True if both values have shapes of one rank whose dims are equal: the same number, or the same
   // symbolic name.
   bool SameShape(const std::string& a, const std::string& b) const;
+  // True if dim `i` of `a` and dim `j` of `b` (negative: from the end) are the same number or the
+  // same symbolic name.
+  bool SameDim(const std::string& a, int i, const std::string& b, int j) const;
+  // Dim `i` of `value` (negative: from the end) if it is a known number.
+  std::optional<int64_t> DimValue(const std::string& value, int i) const;
   bool inferred() const { return inferred_; }
+  // The elements of a computed integer tensor (shape arithmetic) when the shapes pin them all down
+  // to numbers.
+  std::optional<std::vector<int64_t>> KnownValue(const std::string& value) const;
+  // The same, where elements may also be named dims ("sequence").
+  const std::vector<onnx::TensorShapeProto::Dimension>* SymbolicValue(const std::string& value) const;
 
  private:
   std::unordered_map<std::string, onnx::TypeProto> types_;
+  std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>> known_values_;
   bool inferred_ = false;
 };
 

@@ -202,6 +202,8 @@ std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph
           if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
           if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
           if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
+        } else if ((op == "Sub" || op == "Div") && a.kind == Dim::Kind::kParam && a == b) {
+          result.push_back(Dim::Value(op == "Sub" ? 0 : 1));  // seq - seq, seq / seq
         } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
           result.push_back(a);
         } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
@@ -384,7 +386,8 @@ int OneRound(const onnx::GraphProto& graph, std::unordered_map<std::string, onnx
 // Each round resolves what the last one exposed (roughly one Reshape deep per round).
 constexpr int kMaxRounds = 32;
 
-int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types) {
+int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types,
+                          KnownIntValues* known) {
   int64_t opset = 0;
   for (const auto& import : model->opset_import()) {
     if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
@@ -417,6 +420,22 @@ int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::strin
       auto shape = ShapeOf({{value.name(), value.type()}}, value.name());
       if (!shape) continue;
       total += Improve(types, value.name(), *shape, value.type().tensor_type().elem_type());
+    }
+  }
+  if (known != nullptr) {
+    std::set<std::string> computed;
+    for (const auto& node : model->graph().node()) {
+      if (node.op_type() == "Constant" || node.output_size() != 1) continue;
+      computed.insert(node.output(0));
+    }
+    for (auto& [name, value] : TrackValues(model->graph(), *types, opset)) {
+      if (computed.count(name) == 0) continue;
+      std::vector<onnx::TensorShapeProto::Dimension> dims;
+      for (const Dim& d : value) {
+        if (!d.known()) break;
+        ToProto(d, &dims.emplace_back());
+      }
+      if (dims.size() == value.size()) known->emplace(name, std::move(dims));
     }
   }
   return total;

@@ -13,14 +13,22 @@
 
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "onnx/onnx_pb.h"
 
 namespace onnxopt {
 
+// Node outputs that are small integer tensors (shape arithmetic) whose every element the shapes fix
+// to a number or a named dim, e.g. the static last dim of a [batch, sequence, 64] tensor read through
+// Shape -> Gather, key_length - query_length when both are the same symbolic dim (0), or "sequence".
+using KnownIntValues = std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>>;
+
 // `model` is a weight-free copy onnx inference already ran on; `types` holds what it found and is
-// updated in place. Returns the number of values whose shape got better.
-int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types);
+// updated in place. Returns the number of values whose shape got better. `known`, if given,
+// receives the node outputs whose values the final shapes pin down.
+int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types,
+                          KnownIntValues* known = nullptr);
 
 }  // namespace onnxopt
 

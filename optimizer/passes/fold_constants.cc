@@ -1,8 +1,11 @@
-// fold_constants: evaluates nodes whose inputs are all constant, and Shape/Size of values whose shape
-// is static, and stores the results as initializers.
+// fold_constants: evaluates nodes whose inputs are all constant, Shape/Size of values whose shape
+// is static, and shape arithmetic whose value the shapes pin down, and stores the results as
+// initializers.
 //
 // Before:  W (initializer) -> Transpose -> Wt -> MatMul(x, Wt)       After:  Wt' (initializer) -> MatMul(x, Wt')
 //          Shape(x: 1x16x64) -> Gather(.., 2) -> Unsqueeze -> ...            [64] (initializer) -> ...
+//          Shape(v: Bx4xSx16) -> Slice(-1:) -> Squeeze -> Cast(float)        16.0 (initializer) -> ...
+//          Sub(Gather(Shape(k), 2), Gather(Shape(q), 2)), both S              0 (initializer)
 // The evaluator is ONNX Runtime itself: all foldable nodes of a graph go into one small model that
 // one session runs, so results are exactly what ONNX Runtime would compute. A folded value larger
 // than max_output_bytes and than its constant inputs stays computed (folding Expand or
@@ -54,11 +57,35 @@ std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* sh
   return tensor;
 }
 
+// A small integer tensor the shapes pin down (symbolic shape tracking), as the tensor its node makes.
+std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInfo* shapes) {
+  if (shapes == nullptr || node.output_size() != 1) return std::nullopt;
+  const std::optional<std::vector<int64_t>> known = shapes->KnownValue(node.output(0));
+  const auto rank = shapes->Rank(node.output(0));
+  const auto element_type = shapes->ElementType(node.output(0));
+  if (!known || !rank || *rank > 1 || !element_type || (*rank == 0 && known->size() != 1)) return std::nullopt;
+  onnx::TensorProto tensor;
+  tensor.set_name(node.output(0));
+  tensor.set_data_type(*element_type);
+  if (*rank == 1) tensor.add_dims(static_cast<int64_t>(known->size()));
+  for (int64_t v : *known) {
+    switch (*element_type) {
+      case onnx::TensorProto::INT64: tensor.add_int64_data(v); break;
+      case onnx::TensorProto::INT32: tensor.add_int32_data(static_cast<int32_t>(v)); break;
+      case onnx::TensorProto::FLOAT: tensor.add_float_data(static_cast<float>(v)); break;
+      case onnx::TensorProto::DOUBLE: tensor.add_double_data(static_cast<double>(v)); break;
+      default: return std::nullopt;
+    }
+  }
+  return tensor;
+}
+
 class FoldConstantsPass final : public Pass {
  public:
   absl::string_view name() const override { return "fold_constants"; }
   absl::string_view description() const override {
-    return "Evaluate constant subgraphs (and Shape/Size of static shapes) with ONNX Runtime into initializers";
+    return "Evaluate constant subgraphs (and Shape/Size of static shapes, shape arithmetic the shapes fix) with "
+           "ONNX Runtime into initializers";
   }
   std::vector<ParamSpec> params() const override {
     return {{"max_output_bytes", ParamType::kInt, "1048576",
@@ -73,6 +100,7 @@ class FoldConstantsPass final : public Pass {
       if (!graph.IsGraphInput(tensor.name()) && graph.Initializer(tensor.name()) != nullptr) constant.insert(tensor.name());
     }
     std::vector<Node*> foldable;
+    std::unordered_set<const Node*> folded_directly;  // values known without running the node
     std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
     for (Node* node : graph.Nodes()) {
       if (!FoldableOp(*node)) continue;
@@ -80,10 +108,13 @@ class FoldConstantsPass final : public Pass {
       for (int i = 0; i < node->input_size(); ++i) {
         if (!node->input(i).empty() && constant.count(node->input(i)) == 0) all_constant = false;
       }
-      if (!all_constant && (node->op_type() == "Shape" || node->op_type() == "Size")) {
-        std::optional<onnx::TensorProto> folded = FoldShape(*node, context.shapes(), opset);
+      if (!all_constant) {
+        std::optional<onnx::TensorProto> folded = node->op_type() == "Shape" || node->op_type() == "Size"
+                                                      ? FoldShape(*node, context.shapes(), opset)
+                                                      : FoldKnownValue(*node, context.shapes());
         if (!folded) continue;
         values[node->output(0)] = *std::move(folded);
+        folded_directly.insert(node);
         all_constant = true;
       }
       if (!all_constant) continue;
@@ -93,7 +124,7 @@ class FoldConstantsPass final : public Pass {
       }
     }
     if (foldable.empty()) return absl::OkStatus();
-    absl::Status evaluated = Evaluate(graph, context, foldable, &values);
+    absl::Status evaluated = Evaluate(graph, context, foldable, folded_directly, &values);
     if (!evaluated.ok()) {
       context.Skip(absl::StrCat("ONNX Runtime could not evaluate the constant nodes: ", evaluated.message()));
       return absl::OkStatus();
@@ -159,6 +190,7 @@ class FoldConstantsPass final : public Pass {
  private:
   // Runs the foldable nodes (those not already folded directly) in one ONNX Runtime session.
   static absl::Status Evaluate(const Graph& graph, const PassContext& context, const std::vector<Node*>& foldable,
+                               const std::unordered_set<const Node*>& folded_directly,
                                std::unordered_map<std::string, onnx::TensorProto>* values) {
     onnx::ModelProto model;
     model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
@@ -168,7 +200,7 @@ class FoldConstantsPass final : public Pass {
     std::unordered_set<std::string> added;
     std::vector<std::string> fetch;
     for (const Node* node : foldable) {
-      if (values->count(node->output(0)) > 0 && (node->op_type() == "Shape" || node->op_type() == "Size")) {
+      if (folded_directly.count(node) > 0) {
         if (added.insert(node->output(0)).second) *eval->add_initializer() = values->at(node->output(0));
         continue;
       }

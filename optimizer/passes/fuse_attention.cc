@@ -1,22 +1,27 @@
-// fuse_attention: self-attention, as PyTorch exports Hugging Face style modules (BERT-style encoders
-// and GPT-2 style decoders without past state), becomes ONNX Runtime's com.microsoft::Attention.
+// fuse_attention: self-attention, as exporters write it, becomes ONNX Runtime's com.microsoft::Attention.
 //
-// Before:  q = Add(MatMul(x, Wq), bq) -> Reshape [B,S,N,D] -> Transpose(0,2,1,3)
-//          k = Add(MatMul(x, Wk), bk) -> Reshape -> Transpose(0,2,3,1)   (or (0,2,1,3) then (0,1,3,2))
-//          v = Add(MatMul(x, Wv), bv) -> Reshape -> Transpose(0,2,1,3)
-//          p = Softmax(Add(Div(MatMul(q, k), sqrt(D)) | Mul(.., 1/sqrt(D)), mask_term), axis=-1)
-//          y = Reshape(Transpose(MatMul(p, v), (0,2,1,3)), [B,S,N*D])
-//          mask_term = Mul(Sub(1, Cast(Unsqueeze(mask[B,S], axes=[1,2]))), c)   (c = -10000 or finfo.min)
-// After:   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N,
-//                        mask_filter_value=c, scale=the graph's own scale)
-// GPT-2:   Q/K/V are outputs 0/1/2 of Split(Add(MatMul(x, W[H,3H]), b[3H])), and the scores go through
-//          Where(bias[:, :, :S, :S], scores, c <= -1e4) with `bias` a lower-triangular buffer
-//          -> Attention(x, W, b, unidirectional=1)
-// Checked: one x, constant float weights [H,H] and biases [H], N and D from the Reshape's inferred
-// shape with N*D = H, the exact perms, Softmax on the last axis, the mask in the (1 - mask) * c form
-// of a [B,S] mask (Attention's raw mask reads 0 as masked: masks must hold 0/1, as attention masks
-// do), and no reader outside the pattern but the shape arithmetic (Shape -> Gather -> Unsqueeze ->
-// Concat) feeding its own Reshapes, which goes with it.
+// Before (BERT, GPT-2; batch-first heads):
+//   q = Reshape(Add(MatMul(x, Wq), bq), [B,S,N,D]) -> Transpose(0,2,1,3)
+//   k = ... -> Transpose(0,2,3,1)   (or (0,2,1,3) then (0,1,3,2))
+//   v = ... -> Transpose(0,2,1,3)
+//   p = Softmax(masks(scale(MatMul(q, k))), axis=-1);  y = Reshape(Transpose(MatMul(p, v), (0,2,1,3)), [B,S,H])
+// Before (torch.nn.MultiheadAttention, e.g. torchvision's ViT; sequence-first heads):
+//   t = Transpose(x, (1,0,2)); qkv = Add(MatMul(t, W[H,3H]), b[3H]); q/k/v = three Slices of qkv
+//   q = Transpose(Reshape(q, [S, B*N, D]), (1,0,2)) / sqrt(D); k -> Transpose(1,2,0); v -> Transpose(1,0,2)
+//   c = Reshape(Transpose(MatMul(Softmax(MatMul(q, k)), v), (1,0,2)), [S*B, H]);
+//   y = Transpose(Reshape(Gemm(c, Wo, bo, transB=1), [S,B,H]), (1,0,2))
+// After:
+//   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N, scale, unidirectional,
+//                 mask_filter_value)   (followed by MatMul(Wo^T) + bo for the sequence-first form)
+//
+// Forms accepted: separate Q/K/V projections or one packed projection split by Split (sizes as input
+// or attribute) or Slices; the scale as Div/Mul by a constant after Q*K or on Q (and/or K) before;
+// masks: additive `(1 - mask[B,S]) * c` (c = -10000 or finfo.min) and causal Where over a sliced
+// lower-triangular buffer, in either order. Checked: one x; constant float weights; N and D from
+// inferred shapes or constant Reshape targets (else the config's num_heads); exact permutations;
+// Softmax on the last axis; every buffer element of a causal mask; the causal slice's shape equal to
+// the scores'; and no reader outside the pattern but shape arithmetic feeding the pattern's own
+// Reshapes, which goes with it. Attention's raw mask treats 0 as masked, so masks must hold 0/1.
 #include <cmath>
 #include <set>
 #include <unordered_map>
@@ -28,41 +33,95 @@
 namespace onnxopt {
 namespace {
 
-std::vector<int64_t> Perm(const Node* node) {
+using Perm = std::vector<int64_t>;
+
+Perm PermOf(const Node* node) {
   const onnx::AttributeProto* perm = node == nullptr ? nullptr : node->FindAttribute("perm");
-  return perm == nullptr ? std::vector<int64_t>() : std::vector<int64_t>(perm->ints().begin(), perm->ints().end());
+  return perm == nullptr ? Perm() : Perm(perm->ints().begin(), perm->ints().end());
 }
 
-// One projection: Add(MatMul(x, W), b) -> Reshape -> (Transpose chain). Returns false if it is not.
+// Heads laid out [B,N,S,D] (BERT, GPT-2) or [B*N,S,D] from a sequence-first [S,B,H] projection
+// (torch.nn.MultiheadAttention).
+enum class Layout { kBatchFirst, kSequenceFirst };
+
+// One of Q, K, V: Add(MatMul(x, W), b) [-> part of a packed projection] -> Reshape -> Transposes.
 struct Projection {
   Node* matmul = nullptr;
   Node* add = nullptr;
+  Node* part = nullptr;  // packed Q/K/V: the Split or Slice taking this part
+  int64_t offset = -1;   // packed: where this part starts in the packed projection's last axis
+  int64_t size = -1;     // packed: its width
   Node* reshape = nullptr;
-  Node* split = nullptr;  // packed Q/K/V (GPT-2's c_attn): output `split_index` of one Split
-  int split_index = -1;
   std::vector<Node*> transposes;
   std::string x, weight, bias;
 };
 
-bool MatchProjection(const Graph& graph, const std::string& head_value, const std::vector<std::vector<int64_t>>& perms,
-                     Projection* projection) {
+// The part of a packed projection `value` is: output `index` of a Split, or a Slice, on the last axis.
+bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::string& value, Projection* projection) {
+  Node* producer = graph.Producer(value);
+  if (producer == nullptr || !producer->domain().empty()) return false;
+  const auto rank = shapes.Rank(producer->input(0));
+  if (!rank) return false;
+  auto last_axis = [&](int64_t axis) { return axis == -1 || axis == *rank - 1; };
+  if (producer->op_type() == "Split") {
+    std::optional<std::vector<int64_t>> sizes;
+    if (producer->input_size() > 1 && !producer->input(1).empty()) {
+      sizes = ConstantInts(graph, producer->input(1));
+    } else if (const onnx::AttributeProto* split = producer->FindAttribute("split")) {
+      sizes = std::vector<int64_t>(split->ints().begin(), split->ints().end());
+    }
+    if (!sizes || static_cast<int>(sizes->size()) != producer->output_size() ||
+        !last_axis(producer->GetAttributeInt("axis", 0))) {
+      return false;
+    }
+    int64_t offset = 0;
+    for (int i = 0; i < producer->output_size(); ++i) {
+      if (producer->output(i) == value) {
+        projection->part = producer;
+        projection->offset = offset;
+        projection->size = (*sizes)[static_cast<size_t>(i)];
+        return true;
+      }
+      offset += (*sizes)[static_cast<size_t>(i)];
+    }
+    return false;
+  }
+  if (producer->op_type() == "Slice" && producer->input_size() >= 4) {
+    auto starts = ConstantInts(graph, producer->input(1));
+    auto ends = ConstantInts(graph, producer->input(2));
+    auto axes = ConstantInts(graph, producer->input(3));
+    auto steps = producer->input_size() > 4 && !producer->input(4).empty() ? ConstantInts(graph, producer->input(4))
+                                                                            : std::optional<std::vector<int64_t>>(std::vector<int64_t>{1});
+    const auto width = shapes.DimValue(producer->input(0), -1);
+    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 ||
+        *steps != std::vector<int64_t>{1} || !last_axis((*axes)[0]) || !width || (*starts)[0] < 0) {
+      return false;
+    }
+    const int64_t end = std::min((*ends)[0], *width);
+    if (end <= (*starts)[0]) return false;
+    projection->part = producer;
+    projection->offset = (*starts)[0];
+    projection->size = end - (*starts)[0];
+    return true;
+  }
+  return false;
+}
+
+// Follows `head_value` back through Transposes with the given perms (last first), a Reshape, an
+// optional packed part and Add(MatMul(x, W), b).
+bool MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::string& head_value,
+                     const std::vector<Perm>& perms, Projection* projection) {
   std::string value = head_value;
   for (auto it = perms.rbegin(); it != perms.rend(); ++it) {
     Node* transpose = ProducerWithOp(graph, value, "Transpose");
-    if (transpose == nullptr || Perm(transpose) != *it) return false;
+    if (transpose == nullptr || PermOf(transpose) != *it) return false;
     projection->transposes.push_back(transpose);
     value = transpose->input(0);
   }
   projection->reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection->reshape == nullptr) return false;
   std::string projected = projection->reshape->input(0);
-  if (Node* split = ProducerWithOp(graph, projected, "Split")) {
-    projection->split = split;
-    for (int i = 0; i < split->output_size(); ++i) {
-      if (split->output(i) == projected) projection->split_index = i;
-    }
-    projected = split->input(0);
-  }
+  if (MatchPackedPart(graph, shapes, projected, projection)) projected = projection->part->input(0);
   projection->add = ProducerWithOp(graph, projected, "Add");
   if (projection->add == nullptr) return false;
   for (int side = 0; side < 2; ++side) {
@@ -77,11 +136,45 @@ bool MatchProjection(const Graph& graph, const std::string& head_value, const st
   return false;
 }
 
-// True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 on its last two axes,
-// as GPT-2 style models write `bias[:, :, :seq, :seq]`.
-bool IsCausalSlice(const Graph& graph, const std::string& cond) {
+bool MatchHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout, const std::string& q_heads,
+                const std::string& k_heads, const std::string& v_heads, Projection* q, Projection* k, Projection* v) {
+  const Perm plain = layout == Layout::kBatchFirst ? Perm{0, 2, 1, 3} : Perm{1, 0, 2};
+  const Perm key = layout == Layout::kBatchFirst ? Perm{0, 2, 3, 1} : Perm{1, 2, 0};
+  const Perm swap_last = layout == Layout::kBatchFirst ? Perm{0, 1, 3, 2} : Perm{0, 2, 1};
+  if (!MatchProjection(graph, shapes, q_heads, {plain}, q) || !MatchProjection(graph, shapes, v_heads, {plain}, v)) {
+    return false;
+  }
+  if (MatchProjection(graph, shapes, k_heads, {key}, k)) return true;
+  *k = Projection();
+  return MatchProjection(graph, shapes, k_heads, {plain, swap_last}, k);
+}
+
+// True if element `index` of the Slice end `end` is the same number or named dim as dim `dim` of `value`.
+bool EndIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& end, size_t index,
+              const std::string& value, int dim) {
+  const onnx::TypeProto* type = shapes.TypeOf(value);
+  if (type == nullptr || !type->tensor_type().has_shape()) return false;
+  const auto& dims = type->tensor_type().shape().dim();
+  const int at = dim < 0 ? dim + dims.size() : dim;
+  if (at < 0 || at >= dims.size()) return false;
+  const auto& want = dims[at];
+  if (auto ints = ConstantInts(graph, end)) {
+    return index < ints->size() && want.has_dim_value() && want.dim_value() == (*ints)[index];
+  }
+  const auto* symbolic = shapes.SymbolicValue(end);
+  if (symbolic == nullptr || index >= symbolic->size()) return false;
+  const auto& got = (*symbolic)[index];
+  if (got.has_dim_value()) return want.has_dim_value() && want.dim_value() == got.dim_value();
+  return got.has_dim_param() && want.has_dim_param() && got.dim_param() == want.dim_param();
+}
+
+// True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 to the scores'
+// [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]`.
+bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond, const std::string& scores) {
   std::string value = cond;
   std::set<int64_t> sliced_axes;
+  // Either shape inference shows the slice is [.., S, S], or every end is the scores' dim.
+  bool ends_match = true;
   for (int depth = 0; depth < 3; ++depth) {
     Node* slice = ProducerWithOp(graph, value, "Slice");
     if (slice == nullptr) break;
@@ -96,9 +189,11 @@ bool IsCausalSlice(const Graph& graph, const std::string& cond) {
       const int64_t step = steps->size() == 1 ? (*steps)[0] : (i < steps->size() ? (*steps)[i] : 0);
       if ((*starts)[i] != 0 || step != 1 || (axis != 2 && axis != 3)) return false;
       sliced_axes.insert(axis);
+      ends_match &= EndIsDim(graph, shapes, slice->input(2), i, scores, static_cast<int>(axis));
     }
     value = slice->input(0);
   }
+  if (!ends_match && !(shapes.SameDim(cond, -1, scores, -1) && shapes.SameDim(cond, -2, scores, -2))) return false;
   const onnx::TensorProto* buffer = ConstantTensor(graph, value);
   if (buffer == nullptr || buffer->dims_size() != 4 || buffer->dims(0) != 1 || buffer->dims(1) != 1 ||
       buffer->dims(2) != buffer->dims(3) || sliced_axes != std::set<int64_t>{2, 3}) {
@@ -124,11 +219,296 @@ bool IsCausalSlice(const Graph& graph, const std::string& cond) {
   return true;
 }
 
+// What feeds the Softmax: Q*K^T, scaled, with an additive mask and/or a causal Where (either order).
+struct Scores {
+  Node* qk = nullptr;
+  Node* post_scale = nullptr;              // Div/Mul after Q*K^T
+  std::vector<Node*> pre_scales;           // Div/Mul on Q and/or K before it
+  std::string q_heads, k_heads;            // Q*K^T's inputs before pre-scaling
+  float scale = 1.0f;
+  Node* causal_where = nullptr;
+  Node* mask_add = nullptr;
+  std::string mask_term;
+};
+
+// A Div or Mul by a scalar constant; its multiplier and the scaled input.
+std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, Node* node) {
+  if (node == nullptr || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
+  if (node->op_type() == "Div") {
+    auto c = ConstantScalarFloat(graph, node->input(1));
+    if (c && *c != 0) return std::make_pair(1.0f / *c, node->input(0));
+  } else if (node->op_type() == "Mul") {
+    for (int side = 0; side < 2; ++side) {
+      auto c = ConstantScalarFloat(graph, node->input(1 - side));
+      if (c) return std::make_pair(*c, node->input(side));
+    }
+  }
+  return std::nullopt;
+}
+
+// True if `value` is Q*K^T, possibly scaled or causally masked: the side of a mask Add that is not
+// the mask.
+bool LeadsToScores(const Graph& graph, const std::string& value, int depth = 0) {
+  Node* producer = graph.Producer(value);
+  if (producer == nullptr || !producer->domain().empty() || depth > 3) return false;
+  if (producer->op_type() == "MatMul") return true;
+  if (producer->op_type() == "Where") return LeadsToScores(graph, producer->input(1), depth + 1);
+  if (auto scaled = ScalarScale(graph, producer)) return LeadsToScores(graph, scaled->second, depth + 1);
+  return false;
+}
+
+bool MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax, Scores* scores, std::string* reason) {
+  std::string value = softmax->input(0);
+  for (int step = 0; step < 2; ++step) {
+    if (Node* where = ProducerWithOp(graph, value, "Where"); where != nullptr && scores->causal_where == nullptr) {
+      auto fill = ConstantScalarFloat(graph, where->input(2));
+      if (!IsCausalSlice(graph, shapes, where->input(0), where->input(1)) || !fill || *fill > -1e4f) {
+        *reason = "Where before Softmax is not a causal mask of the scores' [S, S]";
+        return false;
+      }
+      scores->causal_where = where;
+      value = where->input(1);
+      continue;
+    }
+    Node* add = ProducerWithOp(graph, value, "Add");
+    if (add == nullptr || scores->mask_add != nullptr) break;
+    bool matched = false;
+    for (int side = 0; side < 2 && !matched; ++side) {
+      if (LeadsToScores(graph, add->input(side))) {
+        scores->mask_add = add;
+        scores->mask_term = add->input(1 - side);
+        value = add->input(side);
+        matched = true;
+      }
+    }
+    if (!matched) return false;
+  }
+  if (auto post = ScalarScale(graph, graph.Producer(value))) {
+    scores->post_scale = graph.Producer(value);
+    scores->scale = post->first;
+    value = post->second;
+  }
+  scores->qk = ProducerWithOp(graph, value, "MatMul");
+  if (scores->qk == nullptr) return false;
+  scores->q_heads = scores->qk->input(0);
+  scores->k_heads = scores->qk->input(1);
+  for (std::string* heads : {&scores->q_heads, &scores->k_heads}) {
+    Node* producer = graph.Producer(*heads);
+    if (auto pre = ScalarScale(graph, producer)) {
+      scores->pre_scales.push_back(producer);
+      scores->scale *= pre->first;
+      *heads = pre->second;
+    }
+  }
+  return true;
+}
+
+// Where the context goes after MatMul(probs, v), back to [B,S,H].
+struct ContextOutput {
+  Node* matmul = nullptr;               // MatMul(probs, v)
+  std::vector<Node*> nodes;             // the merge (and for sequence-first: output projection) chain
+  std::vector<Node*> reshapes;          // Reshapes among them (their shape inputs may be pattern arithmetic)
+  std::string output;                   // the [B,S,H] value the fused node replaces
+  // Sequence-first only: the output projection, applied after the fused node.
+  std::string out_weight, out_bias;
+  bool out_weight_transposed = false;   // Gemm transB
+};
+
+// The one reader of `value` that is `op` reading it as its first input. Other readers (shape
+// arithmetic) are allowed here; the pattern check decides about them.
+Node* OnlyReader(const Graph& graph, const std::string& value, const char* op) {
+  if (graph.IsGraphOutput(value)) return nullptr;
+  Node* found = nullptr;
+  for (Node* reader : graph.Consumers(value)) {
+    if (reader->op_type() != op || !reader->domain().empty() || reader->input(0) != value) continue;
+    if (found != nullptr) return nullptr;
+    found = reader;
+  }
+  return found;
+}
+
+bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, Node* context_matmul, ContextOutput* out) {
+  out->matmul = context_matmul;
+  Node* transpose = OnlyReader(graph, context_matmul->output(0), "Transpose");
+  if (transpose == nullptr) return false;
+  out->nodes.push_back(transpose);
+  if (layout == Layout::kBatchFirst) {
+    if (PermOf(transpose) != Perm{0, 2, 1, 3}) return false;
+    Node* reshape = OnlyReader(graph, transpose->output(0), "Reshape");
+    if (reshape == nullptr || shapes.Rank(reshape->output(0)).value_or(0) != 3) return false;
+    out->nodes.push_back(reshape);
+    out->reshapes.push_back(reshape);
+    out->output = reshape->output(0);
+    return true;
+  }
+  // [B*N,S,D] -> (1,0,2) -> [S,B*N,D] -> Reshape [S*B,H] or [S,B,H] -> projection -> [S,B,H] -> (1,0,2).
+  if (PermOf(transpose) != Perm{1, 0, 2}) return false;
+  Node* merge = OnlyReader(graph, transpose->output(0), "Reshape");
+  if (merge == nullptr) return false;
+  out->nodes.push_back(merge);
+  out->reshapes.push_back(merge);
+  const int merged_rank = shapes.Rank(merge->output(0)).value_or(0);
+  std::string value = merge->output(0);
+  Node* projection = OnlyReader(graph, value, "Gemm");
+  if (projection == nullptr) projection = OnlyReader(graph, value, "MatMul");
+  if (projection == nullptr) return false;
+  if (projection->op_type() == "Gemm" && merged_rank == 2 && projection->GetAttributeInt("transA", 0) == 0 &&
+      projection->GetAttributeFloat("alpha", 1.0f) == 1.0f && projection->GetAttributeFloat("beta", 1.0f) == 1.0f &&
+      projection->input_size() == 3) {
+    out->out_weight = projection->input(1);
+    out->out_bias = projection->input(2);
+    out->out_weight_transposed = projection->GetAttributeInt("transB", 0) != 0;
+    out->nodes.push_back(projection);
+    value = projection->output(0);
+  } else if (projection->op_type() == "MatMul" && projection->input(0) == value) {
+    Node* add = SoleConsumer(graph, projection->output(0));
+    if (add == nullptr || add->op_type() != "Add" || !add->domain().empty()) return false;
+    out->out_weight = projection->input(1);
+    out->out_bias = add->input(0) == projection->output(0) ? add->input(1) : add->input(0);
+    out->nodes.insert(out->nodes.end(), {projection, add});
+    value = add->output(0);
+  } else {
+    return false;
+  }
+  if (merged_rank == 2) {
+    Node* split = OnlyReader(graph, value, "Reshape");
+    if (split == nullptr || shapes.Rank(split->output(0)).value_or(0) != 3) return false;
+    out->nodes.push_back(split);
+    out->reshapes.push_back(split);
+    value = split->output(0);
+  } else if (merged_rank != 3) {
+    return false;
+  }
+  Node* back = OnlyReader(graph, value, "Transpose");
+  if (back == nullptr || PermOf(back) != Perm{1, 0, 2}) return false;
+  out->nodes.push_back(back);
+  out->output = back->output(0);
+  return true;
+}
+
+// The additive mask `(1 - Cast(Unsqueeze(mask[B,S], [1,2]))) * c`: the raw [B,S] mask and c.
+bool MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::string& term, std::string* raw_mask,
+                       float* filter, std::string* reason) {
+  Node* mul = ProducerWithOp(graph, term, "Mul");
+  Node* sub = nullptr;
+  for (int side = 0; side < 2 && mul != nullptr && sub == nullptr; ++side) {
+    auto c = ConstantScalarFloat(graph, mul->input(1 - side));
+    Node* candidate = ProducerWithOp(graph, mul->input(side), "Sub");
+    if (c && candidate != nullptr) {
+      sub = candidate;
+      *filter = *c;
+    }
+  }
+  auto one = sub ? ConstantScalarFloat(graph, sub->input(0)) : std::nullopt;
+  if (sub == nullptr || !one || *one != 1.0f || *filter > -1.0f) {
+    *reason = "the mask is not in the (1 - mask) * c form";
+    return false;
+  }
+  std::string value = sub->input(1);
+  if (Node* cast = ProducerWithOp(graph, value, "Cast")) value = cast->input(0);
+  Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
+  std::optional<std::vector<int64_t>> axes;
+  if (unsqueeze != nullptr) {
+    axes = unsqueeze->input_size() > 1 ? ConstantInts(graph, unsqueeze->input(1)) : std::nullopt;
+    if (!axes) {
+      const onnx::AttributeProto* attribute = unsqueeze->FindAttribute("axes");
+      if (attribute != nullptr) axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
+    }
+  }
+  if (unsqueeze == nullptr || !axes || *axes != std::vector<int64_t>{1, 2} ||
+      shapes.Rank(unsqueeze->input(0)).value_or(0) != 2) {
+    *reason = "the mask is not a [B,S] mask unsqueezed to [B,1,1,S]";
+    return false;
+  }
+  *raw_mask = unsqueeze->input(0);
+  return true;
+}
+
+// N and D of the heads: from the inferred head shape, else the Reshape's constant target, else
+// the configured number of heads.
+bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context, Layout layout,
+                const Projection& q, int64_t hidden, int64_t* num_heads, int64_t* head_size) {
+  const std::string& heads = q.reshape->output(0);
+  const auto target = ConstantInts(graph, q.reshape->input(1));
+  if (layout == Layout::kBatchFirst) {
+    auto n = shapes.DimValue(heads, 2), d = shapes.DimValue(heads, 3);
+    if ((!n || !d) && target && target->size() == 4 && (*target)[2] > 0 && (*target)[3] > 0) {
+      n = (*target)[2];
+      d = (*target)[3];
+    }
+    if (n && d) {
+      *num_heads = *n;
+      *head_size = *d;
+      return *n * *d == hidden;
+    }
+  } else {
+    auto d = shapes.DimValue(heads, 2);
+    if (!d && target && target->size() == 3 && (*target)[2] > 0) d = (*target)[2];
+    if (d && *d > 0 && hidden % *d == 0) {
+      *head_size = *d;
+      *num_heads = hidden / *d;
+      return true;
+    }
+  }
+  const int64_t configured = context.hints().num_heads;
+  if (configured > 0 && hidden % configured == 0) {
+    *num_heads = configured;
+    *head_size = hidden / configured;
+    return true;
+  }
+  return false;
+}
+
+// True if everything `node` computes reaches only shape inputs (not input 0) of the `targets` (the
+// pattern's Reshapes and causal-mask Slices): shape arithmetic, and nodes such as the unused
+// Transpose an exporter keeps only to read its shape. Collects the nodes on the way.
+bool FeedsOnlyShapeInputs(const Graph& graph, Node* node, const std::set<Node*>& targets,
+                          std::vector<Node*>* collected, int depth = 0) {
+  if (depth > 10 || !node->domain().empty() || !node->subgraphs().empty()) return false;
+  for (const std::string& output : node->proto().output()) {
+    if (output.empty()) continue;
+    if (graph.IsGraphOutput(output)) return false;
+    for (Node* reader : graph.Consumers(output)) {
+      if (targets.count(reader) > 0 && reader->input(0) != output) continue;
+      if (!FeedsOnlyShapeInputs(graph, reader, targets, collected, depth + 1)) return false;
+    }
+  }
+  collected->push_back(node);
+  return true;
+}
+
+// The Slices that cut the causal mask out of its buffer, nearest first.
+std::vector<Node*> CausalSlices(const Graph& graph, const std::string& cond) {
+  std::vector<Node*> slices;
+  for (Node* slice = ProducerWithOp(graph, cond, "Slice"); slice != nullptr && slices.size() < 3;
+       slice = ProducerWithOp(graph, slice->input(0), "Slice")) {
+    slices.push_back(slice);
+  }
+  return slices;
+}
+
+onnx::AttributeProto IntAttribute(const char* name, int64_t value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INT);
+  attribute.set_i(value);
+  return attribute;
+}
+
+onnx::AttributeProto FloatAttribute(const char* name, float value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::FLOAT);
+  attribute.set_f(value);
+  return attribute;
+}
+
 class FuseAttentionPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_attention"; }
   absl::string_view description() const override {
-    return "Fuse encoder self-attention (Q/K/V projections, scaled masked softmax) into ONNX Runtime's Attention";
+    return "Fuse self-attention (BERT/GPT-2 style and torch.nn.MultiheadAttention; separate or packed Q/K/V, "
+           "additive and causal masks) into ONNX Runtime's Attention";
   }
   bool needs_shapes() const override { return true; }
 
@@ -151,221 +531,189 @@ class FuseAttentionPass final : public Pass {
                       std::unordered_map<std::string, std::string>* int32_masks, std::string* reason) {
     const auto rank = shapes.Rank(softmax->input(0));
     const int64_t axis = softmax->GetAttributeInt("axis", -1);
-    if (!rank || *rank != 4 || (axis != -1 && axis != 3)) return false;
-    // Scores, optionally masked: causally (Where over a tril buffer) and/or additively.
-    std::string scaled = softmax->input(0);
-    Node* causal_where = nullptr;
-    if (Node* where = ProducerWithOp(graph, scaled, "Where")) {
-      auto fill = ConstantScalarFloat(graph, where->input(2));
-      if (!IsCausalSlice(graph, where->input(0)) || !fill || *fill > -1e4f) {
-        *reason = "Where before Softmax is not a causal mask";
-        return false;
-      }
-      causal_where = where;
-      scaled = where->input(1);
-    }
-    Node* mask_add = nullptr;
-    std::string mask_term;
-    if (Node* add = ProducerWithOp(graph, scaled, "Add")) {
-      for (int side = 0; side < 2; ++side) {
-        Node* candidate = graph.Producer(add->input(side));
-        if (candidate != nullptr && (candidate->op_type() == "Div" || candidate->op_type() == "Mul" ||
-                                     candidate->op_type() == "MatMul")) {
-          mask_add = add;
-          scaled = add->input(side);
-          mask_term = add->input(1 - side);
-          break;
-        }
-      }
-      if (mask_add == nullptr) return false;
-    }
-    Node* scale_node = graph.Producer(scaled);
-    Node* qk = nullptr;
-    float scale = 1.0f;
-    if (scale_node != nullptr && scale_node->domain().empty() &&
-        (scale_node->op_type() == "Div" || scale_node->op_type() == "Mul")) {
-      auto constant = ConstantScalarFloat(graph, scale_node->input(1));
-      qk = ProducerWithOp(graph, scale_node->input(0), "MatMul");
-      if (!constant || qk == nullptr || *constant == 0) return false;
-      scale = scale_node->op_type() == "Div" ? 1.0f / *constant : *constant;
-    } else {
-      qk = ProducerWithOp(graph, scaled, "MatMul");
-      scale_node = nullptr;
-      if (qk == nullptr) return false;
-    }
-    // Context: MatMul(probs, v) -> Transpose(0,2,1,3) -> Reshape [B,S,H].
-    auto probs_readers = graph.Consumers(softmax->output(0));
-    if (probs_readers.size() != 1 || probs_readers[0]->op_type() != "MatMul" || probs_readers[0]->input(0) != softmax->output(0)) {
+    if (!rank || (*rank != 4 && *rank != 3) || (axis != -1 && axis != *rank - 1)) return false;
+    const Layout layout = *rank == 4 ? Layout::kBatchFirst : Layout::kSequenceFirst;
+    Scores scores;
+    if (!MatchScores(graph, shapes, softmax, &scores, reason)) return false;
+    Node* context_matmul = SoleConsumer(graph, softmax->output(0));
+    if (context_matmul == nullptr || context_matmul->op_type() != "MatMul" ||
+        context_matmul->input(0) != softmax->output(0)) {
       return false;
     }
-    Node* context_matmul = probs_readers[0];
-    auto ctx_readers = graph.Consumers(context_matmul->output(0));
-    Node* ctx_transpose = ctx_readers.size() == 1 ? ctx_readers[0] : nullptr;
-    if (ctx_transpose == nullptr || ctx_transpose->op_type() != "Transpose" ||
-        Perm(ctx_transpose) != std::vector<int64_t>{0, 2, 1, 3}) {
-      return false;
-    }
-    Node* out_reshape = nullptr;
-    for (Node* reader : graph.Consumers(ctx_transpose->output(0))) {
-      if (reader->op_type() == "Reshape" && reader->input(0) == ctx_transpose->output(0)) out_reshape = reader;
-    }
-    if (out_reshape == nullptr || shapes.Rank(out_reshape->output(0)).value_or(0) != 3) {
-      *reason = "the context is not reshaped back to [B,S,H]";
+    ContextOutput out;
+    if (!MatchContext(graph, shapes, layout, context_matmul, &out)) {
+      *reason = "the context is not merged back to [B,S,H]";
       return false;
     }
     Projection q, k, v;
-    if (!MatchProjection(graph, qk->input(0), {{0, 2, 1, 3}}, &q) ||
-        !MatchProjection(graph, context_matmul->input(1), {{0, 2, 1, 3}}, &v)) {
+    if (!MatchHeads(graph, shapes, layout, scores.q_heads, scores.k_heads, context_matmul->input(1), &q, &k, &v)) {
+      *reason = "Q, K and V are not head-split projections";
       return false;
-    }
-    if (!MatchProjection(graph, qk->input(1), {{0, 2, 3, 1}}, &k)) {
-      k = Projection();
-      if (!MatchProjection(graph, qk->input(1), {{0, 2, 1, 3}, {0, 1, 3, 2}}, &k)) return false;
     }
     if (q.x != k.x || q.x != v.x) {
       *reason = "Q, K and V are not projections of one input";
       return false;
     }
-    // Heads and sizes.
-    auto head_shape = shapes.TypeOf(q.reshape->output(0));
-    auto x_shape = shapes.StaticShape(q.x);
-    const auto x_rank = shapes.Rank(q.x);
-    if (head_shape == nullptr || head_shape->tensor_type().shape().dim_size() != 4 || !x_rank || *x_rank != 3) {
-      *reason = "head shapes are unknown";
-      return false;
-    }
-    const auto& dims = head_shape->tensor_type().shape().dim();
-    if (!dims[2].has_dim_value() || !dims[3].has_dim_value()) {
-      *reason = "the number of heads is unknown";
-      return false;
-    }
-    const int64_t num_heads = dims[2].dim_value(), head_size = dims[3].dim_value();
-    const int64_t hidden = num_heads * head_size;
-    std::vector<float> weights[3], biases[3];
-    const Projection* projections[3] = {&q, &k, &v};
-    const bool packed_qkv = q.split != nullptr;
-    if (packed_qkv) {
-      // One projection split three ways: its weight [H_in, 3H] and bias [3H] are already in Q|K|V order.
-      auto split_sizes = q.split->input_size() > 1 ? ConstantInts(graph, q.split->input(1)) : std::nullopt;
-      const int64_t split_axis = q.split->GetAttributeInt("axis", 0);
-      const onnx::TensorProto* w = ConstantTensor(graph, q.weight);
-      const onnx::TensorProto* b = ConstantTensor(graph, q.bias);
-      if (k.split != q.split || v.split != q.split || q.split_index != 0 || k.split_index != 1 ||
-          v.split_index != 2 || q.split->output_size() != 3 || (split_axis != 2 && split_axis != -1) ||
-          !split_sizes || *split_sizes != std::vector<int64_t>{hidden, hidden, hidden} || w == nullptr ||
-          b == nullptr || w->dims_size() != 2 || w->dims(1) != 3 * hidden || b->dims_size() != 1 ||
-          b->dims(0) != 3 * hidden || !TensorFloats(*w) || !TensorFloats(*b)) {
-        *reason = "packed Q/K/V projection is not split into three equal float parts";
+    // The attention input: x itself, or for the sequence-first form the batch-first tensor it transposes.
+    std::string input = q.x;
+    Node* input_transpose = nullptr;
+    if (layout == Layout::kSequenceFirst) {
+      input_transpose = ProducerWithOp(graph, q.x, "Transpose");
+      if (input_transpose == nullptr || PermOf(input_transpose) != Perm{1, 0, 2}) {
+        *reason = "the sequence-first projections do not read a transposed batch-first input";
         return false;
       }
+      input = input_transpose->input(0);
     }
-    for (int i = 0; i < 3 && !packed_qkv; ++i) {
-      const onnx::TensorProto* w = ConstantTensor(graph, projections[i]->weight);
-      auto wf = w ? TensorFloats(*w) : std::nullopt;
-      auto bf = ConstantFloats(graph, projections[i]->bias);
-      if (!wf || !bf || w->dims_size() != 2 || w->dims(1) != hidden || bf->size() != static_cast<size_t>(hidden)) {
-        *reason = "projection weights are not float constants of the attention's width";
-        return false;
-      }
-      weights[i] = *std::move(wf);
-      biases[i] = *std::move(bf);
-      if (i > 0 && w->dims(0) != ConstantTensor(graph, q.weight)->dims(0)) return false;
+    if (shapes.Rank(input).value_or(0) != 3) {
+      *reason = "the attention input is not known to be 3-D";
+      return false;
     }
 
-    (void)x_shape;
-    // The mask: (1 - Cast(Unsqueeze(mask, [1,2]))) * c, or none.
-    std::string raw_mask;
-    float mask_filter = -10000.0f;
-    std::vector<Node*> mask_nodes;  // only removed if nothing else reads them
-    if (mask_add != nullptr) {
-      Node* mul = ProducerWithOp(graph, mask_term, "Mul");
-      if (mul == nullptr) {
-        *reason = "the mask is not in the (1 - mask) * c form";
-        return false;
-      }
-      Node* sub = nullptr;
-      for (int side = 0; side < 2 && sub == nullptr; ++side) {
-        auto c = ConstantScalarFloat(graph, mul->input(1 - side));
-        Node* candidate = ProducerWithOp(graph, mul->input(side), "Sub");
-        if (c && candidate != nullptr) {
-          sub = candidate;
-          mask_filter = *c;
-        }
-      }
-      auto one = sub ? ConstantScalarFloat(graph, sub->input(0)) : std::nullopt;
-      if (sub == nullptr || !one || *one != 1.0f) {
-        *reason = "the mask is not in the (1 - mask) * c form";
-        return false;
-      }
-      std::string value = sub->input(1);
-      if (Node* cast = ProducerWithOp(graph, value, "Cast")) value = cast->input(0);
-      Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
-      std::optional<std::vector<int64_t>> axes;
-      if (unsqueeze != nullptr) {
-        axes = unsqueeze->input_size() > 1 ? ConstantInts(graph, unsqueeze->input(1)) : std::nullopt;
-        if (!axes) {
-          const onnx::AttributeProto* attribute = unsqueeze->FindAttribute("axes");
-          if (attribute != nullptr) axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
-        }
-      }
-      if (unsqueeze == nullptr || !axes || *axes != std::vector<int64_t>{1, 2} ||
-          shapes.Rank(unsqueeze->input(0)).value_or(0) != 2) {
-        *reason = "the mask is not a [B,S] mask unsqueezed to [B,1,1,S]";
-        return false;
-      }
-      raw_mask = unsqueeze->input(0);
+    // Weights: one packed projection (Q|K|V parts in order) or three separate ones.
+    const bool packed = q.part != nullptr;
+    const onnx::TensorProto* q_weight = ConstantTensor(graph, q.weight);
+    if (q_weight == nullptr || q_weight->dims_size() != 2) {
+      *reason = "projection weights are not constant";
+      return false;
     }
-    // Every intermediate is read only inside the pattern, or by shape arithmetic that feeds the
-    // pattern's own Reshapes.
-    std::vector<Node*> pattern = {softmax, qk, context_matmul, ctx_transpose, out_reshape};
-    if (scale_node != nullptr) pattern.push_back(scale_node);
-    if (mask_add != nullptr) pattern.push_back(mask_add);
-    if (causal_where != nullptr) pattern.push_back(causal_where);
-    for (const Projection* p : projections) {
-      if (!packed_qkv || p == &q) pattern.insert(pattern.end(), {p->matmul, p->add});
-      pattern.push_back(p->reshape);
-      pattern.insert(pattern.end(), p->transposes.begin(), p->transposes.end());
-    }
-    if (packed_qkv) pattern.push_back(q.split);
-    const std::set<Node*> members(pattern.begin(), pattern.end());
-    const std::set<Node*> reshapes = {q.reshape, k.reshape, v.reshape, out_reshape};
-    std::vector<Node*> shape_nodes;
-    for (Node* node : pattern) {
-      if (node == out_reshape) continue;
-      if (graph.IsGraphOutput(node->output(0))) return false;
-      for (Node* reader : graph.Consumers(node->output(0))) {
-        if (members.count(reader) > 0) continue;
-        if (!FeedsOnlyReshapeTargets(graph, reader, reshapes, &shape_nodes)) {
-          *reason = "an intermediate value is read outside the pattern";
+    const int64_t input_hidden = q_weight->dims(0);
+    int64_t hidden = 0;
+    std::vector<float> weights[3], biases[3];
+    const Projection* projections[3] = {&q, &k, &v};
+    if (packed) {
+      const onnx::TensorProto* b = ConstantTensor(graph, q.bias);
+      hidden = q.size;
+      if (k.add != q.add || v.add != q.add || q.offset != 0 || k.offset != hidden || v.offset != 2 * hidden ||
+          k.size != hidden || v.size != hidden || q_weight->dims(1) != 3 * hidden || b == nullptr ||
+          b->dims_size() != 1 || b->dims(0) != 3 * hidden || !TensorFloats(*q_weight) || !TensorFloats(*b)) {
+        *reason = "the packed Q/K/V projection is not split into three equal float parts in order";
+        return false;
+      }
+    } else {
+      hidden = q_weight->dims(1);
+      for (int i = 0; i < 3; ++i) {
+        const onnx::TensorProto* w = ConstantTensor(graph, projections[i]->weight);
+        auto wf = w ? TensorFloats(*w) : std::nullopt;
+        auto bf = ConstantFloats(graph, projections[i]->bias);
+        if (!wf || !bf || w->dims_size() != 2 || w->dims(0) != input_hidden || w->dims(1) != hidden ||
+            bf->size() != static_cast<size_t>(hidden)) {
+          *reason = "projection weights are not float constants of one width";
           return false;
         }
+        weights[i] = *std::move(wf);
+        biases[i] = *std::move(bf);
       }
     }
+    int64_t num_heads = 0, head_size = 0;
+    if (!HeadCounts(graph, shapes, context, layout, q, hidden, &num_heads, &head_size)) {
+      *reason = "the number of heads is unknown (set transformer.num_heads in the config)";
+      return false;
+    }
+    for (const Projection* p : projections) {
+      const auto target = ConstantInts(graph, p->reshape->input(1));
+      const bool known = layout == Layout::kBatchFirst
+                             ? (shapes.DimValue(p->reshape->output(0), 2) == num_heads &&
+                                shapes.DimValue(p->reshape->output(0), 3) == head_size) ||
+                                   (target && target->size() == 4 && (*target)[2] == num_heads && (*target)[3] == head_size)
+                             : shapes.DimValue(p->reshape->output(0), 2) == head_size ||
+                                   (target && target->size() == 3 && (*target)[2] == head_size);
+      if (!known) {
+        *reason = "Q, K and V are not split into the same heads";
+        return false;
+      }
+    }
+    // Output projection of the sequence-first form, as a [H, H] float constant.
+    std::vector<float> out_weight;
+    if (layout == Layout::kSequenceFirst) {
+      const onnx::TensorProto* w = ConstantTensor(graph, out.out_weight);
+      auto wf = w ? TensorFloats(*w) : std::nullopt;
+      auto bf = ConstantFloats(graph, out.out_bias);
+      if (!wf || !bf || w->dims_size() != 2 || w->dims(0) != hidden || w->dims(1) != hidden ||
+          bf->size() != static_cast<size_t>(hidden)) {
+        *reason = "the output projection is not a float constant [H, H]";
+        return false;
+      }
+      out_weight = *std::move(wf);
+    }
+
+    std::string raw_mask;
+    float mask_filter = -10000.0f;
+    if (scores.mask_add != nullptr &&
+        !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, reason)) {
+      return false;
+    }
+
+    // Every intermediate is read only inside the pattern, or by shape arithmetic that feeds the
+    // pattern's own Reshapes.
+    std::vector<Node*> pattern = {softmax, scores.qk, context_matmul};
+    pattern.insert(pattern.end(), out.nodes.begin(), out.nodes.end());
+    pattern.insert(pattern.end(), scores.pre_scales.begin(), scores.pre_scales.end());
+    for (Node* node : {scores.post_scale, scores.mask_add, scores.causal_where, input_transpose}) {
+      if (node != nullptr) pattern.push_back(node);
+    }
+    std::set<Node*> members;
+    for (const Projection* p : projections) {
+      for (Node* node : {p->matmul, p->add, p->part, p->reshape}) {
+        if (node != nullptr && members.insert(node).second) pattern.push_back(node);
+      }
+      pattern.insert(pattern.end(), p->transposes.begin(), p->transposes.end());
+    }
+    members.insert(pattern.begin(), pattern.end());
+    std::set<Node*> targets = {q.reshape, k.reshape, v.reshape};
+    targets.insert(out.reshapes.begin(), out.reshapes.end());
+    // The causal mask's Slices go too when nothing else reads them (layers may share one after CSE).
+    if (scores.causal_where != nullptr) {
+      for (Node* slice : CausalSlices(graph, scores.causal_where->input(0))) {
+        bool only_pattern = !graph.IsGraphOutput(slice->output(0));
+        for (Node* reader : graph.Consumers(slice->output(0))) only_pattern &= members.count(reader) > 0;
+        if (!only_pattern) break;
+        pattern.push_back(slice);
+        members.insert(slice);
+        targets.insert(slice);
+      }
+    }
+    std::vector<Node*> shape_nodes;
+    for (Node* node : pattern) {
+      for (const std::string& value : node->proto().output()) {
+        if (value.empty() || value == out.output) continue;
+        if (graph.IsGraphOutput(value)) {
+          *reason = "an intermediate value is a graph output";
+          return false;
+        }
+        for (Node* reader : graph.Consumers(value)) {
+          if (members.count(reader) > 0) continue;
+          if (!FeedsOnlyShapeInputs(graph, reader, targets, &shape_nodes)) {
+            *reason = absl::StrCat("an intermediate value (", node->op_type(), " output) is read outside the pattern by ",
+                                   reader->op_type());
+            return false;
+          }
+        }
+      }
+    }
+
     // Rewrite.
-    const int64_t input_hidden = ConstantTensor(graph, q.weight)->dims(0);
     std::string w_name = q.weight, b_name = q.bias;
-    if (!packed_qkv) {
-    std::vector<float> packed(static_cast<size_t>(input_hidden * 3 * hidden));
-    for (int64_t row = 0; row < input_hidden; ++row) {
-      for (int i = 0; i < 3; ++i) {
-        std::copy(weights[i].begin() + row * hidden, weights[i].begin() + (row + 1) * hidden,
-                  packed.begin() + row * 3 * hidden + i * hidden);
+    if (!packed) {
+      std::vector<float> packed_weight(static_cast<size_t>(input_hidden * 3 * hidden));
+      for (int64_t row = 0; row < input_hidden; ++row) {
+        for (int i = 0; i < 3; ++i) {
+          std::copy(weights[i].begin() + row * hidden, weights[i].begin() + (row + 1) * hidden,
+                    packed_weight.begin() + row * 3 * hidden + i * hidden);
+        }
       }
-    }
-    std::vector<float> packed_bias;
-    for (int i = 0; i < 3; ++i) packed_bias.insert(packed_bias.end(), biases[i].begin(), biases[i].end());
-    w_name = graph.UniqueName("attention_qkv_weight");
-    b_name = graph.UniqueName("attention_qkv_bias");
-    graph.AddInitializer(MakeFloatTensor(w_name, {input_hidden, 3 * hidden}, packed));
-    graph.AddInitializer(MakeFloatTensor(b_name, {3 * hidden}, packed_bias));
+      std::vector<float> packed_bias;
+      for (int i = 0; i < 3; ++i) packed_bias.insert(packed_bias.end(), biases[i].begin(), biases[i].end());
+      w_name = graph.UniqueName("attention_qkv_weight");
+      b_name = graph.UniqueName("attention_qkv_bias");
+      graph.AddInitializer(MakeFloatTensor(w_name, {input_hidden, 3 * hidden}, packed_weight));
+      graph.AddInitializer(MakeFloatTensor(b_name, {3 * hidden}, packed_bias));
     }
     onnx::NodeProto attention;
     attention.set_op_type("Attention");
     attention.set_domain("com.microsoft");
     attention.set_name(graph.UniqueName("Attention"));
-    attention.add_input(q.x);
-    attention.add_input(w_name);
-    attention.add_input(b_name);
+    for (const std::string& name : {input, w_name, b_name}) attention.add_input(name);
     if (!raw_mask.empty()) {
       auto known = int32_masks->find(raw_mask);
       if (known == int32_masks->end()) {
@@ -375,53 +723,56 @@ class FuseAttentionPass final : public Pass {
         cast.set_name(cast_name);
         cast.add_input(raw_mask);
         cast.add_output(cast_name);
-        auto* to = cast.add_attribute();
-        to->set_name("to");
-        to->set_type(onnx::AttributeProto::INT);
-        to->set_i(onnx::TensorProto::INT32);
+        *cast.add_attribute() = IntAttribute("to", onnx::TensorProto::INT32);
         graph.AddNode(std::move(cast), q.matmul, /*after=*/false);
         known = int32_masks->emplace(raw_mask, cast_name).first;
       }
       attention.add_input(known->second);
     }
-    attention.add_output(out_reshape->output(0));
-    auto add_attribute = [&](const char* name, auto value) {
-      auto* attribute = attention.add_attribute();
-      attribute->set_name(name);
-      if constexpr (std::is_same_v<decltype(value), float>) {
-        attribute->set_type(onnx::AttributeProto::FLOAT);
-        attribute->set_f(value);
-      } else {
-        attribute->set_type(onnx::AttributeProto::INT);
-        attribute->set_i(value);
-      }
-    };
-    add_attribute("num_heads", num_heads);
-    if (causal_where != nullptr) add_attribute("unidirectional", int64_t{1});
-    if (!raw_mask.empty()) add_attribute("mask_filter_value", mask_filter);
-    if (std::fabs(scale * std::sqrt(static_cast<float>(head_size)) - 1.0f) > 1e-6f) add_attribute("scale", scale);
+    const std::string attended =
+        layout == Layout::kBatchFirst ? out.output : graph.UniqueName(out.output + "_attention");
+    attention.add_output(attended);
+    *attention.add_attribute() = IntAttribute("num_heads", num_heads);
+    if (scores.causal_where != nullptr) *attention.add_attribute() = IntAttribute("unidirectional", 1);
+    if (!raw_mask.empty()) *attention.add_attribute() = FloatAttribute("mask_filter_value", mask_filter);
+    if (std::fabs(scores.scale * std::sqrt(static_cast<float>(head_size)) - 1.0f) > 1e-6f) {
+      *attention.add_attribute() = FloatAttribute("scale", scores.scale);
+    }
+    Node* anchor = out.nodes.back();
     for (Node* node : pattern) graph.RemoveNode(node);
     for (Node* node : shape_nodes) {
       if (!node->removed()) graph.RemoveNode(node);
     }
-    graph.AddNode(std::move(attention), out_reshape, /*after=*/true);
+    Node* fused = graph.AddNode(std::move(attention), anchor, /*after=*/true);
+    if (layout == Layout::kSequenceFirst) {
+      // The output projection, row-wise, now on the batch-first result: MatMul(W [H_in, H_out]) + b.
+      std::string weight = out.out_weight;
+      if (out.out_weight_transposed) {
+        std::vector<float> transposed(out_weight.size());
+        for (int64_t row = 0; row < hidden; ++row) {
+          for (int64_t col = 0; col < hidden; ++col) transposed[col * hidden + row] = out_weight[row * hidden + col];
+        }
+        weight = graph.UniqueName(out.out_weight + "_transposed");
+        graph.AddInitializer(MakeFloatTensor(weight, {hidden, hidden}, transposed));
+      }
+      onnx::NodeProto matmul;
+      matmul.set_op_type("MatMul");
+      matmul.set_name(graph.UniqueName("attention_output_projection"));
+      const std::string projected = graph.UniqueName(out.output + "_projected");
+      matmul.add_input(attended);
+      matmul.add_input(weight);
+      matmul.add_output(projected);
+      Node* added = graph.AddNode(std::move(matmul), fused, /*after=*/true);
+      onnx::NodeProto add;
+      add.set_op_type("Add");
+      add.set_name(graph.UniqueName("attention_output_bias"));
+      add.add_input(projected);
+      add.add_input(out.out_bias);
+      add.add_output(out.output);
+      graph.AddNode(std::move(add), added, /*after=*/true);
+    }
     context.RequireOpset("com.microsoft", 1);
     context.CountRewrite();
-    return true;
-  }
-
-  // True if `node` is shape arithmetic whose results reach only the given Reshapes' shape inputs;
-  // collects the nodes on the way.
-  static bool FeedsOnlyReshapeTargets(const Graph& graph, Node* node, const std::set<Node*>& reshapes,
-                                      std::vector<Node*>* collected, int depth = 0) {
-    static const std::set<std::string> kShapeOps = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Slice"};
-    if (depth > 8 || !node->domain().empty() || kShapeOps.count(node->op_type()) == 0) return false;
-    if (graph.IsGraphOutput(node->output(0))) return false;
-    for (Node* reader : graph.Consumers(node->output(0))) {
-      if (reshapes.count(reader) > 0 && reader->input(1) == node->output(0)) continue;
-      if (!FeedsOnlyReshapeTargets(graph, reader, reshapes, collected, depth + 1)) return false;
-    }
-    collected->push_back(node);
     return true;
   }
 };

@@ -31,6 +31,7 @@ std::unique_ptr<Pass> MakeFuseLayerNormPass();
 std::unique_ptr<Pass> MakeFuseGeluPass();
 std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
 std::unique_ptr<Pass> MakeFuseAttentionPass();
+std::unique_ptr<Pass> MakeUnflattenGemmPass();
 
 }  // namespace onnxopt
 
