@@ -69,6 +69,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeFuseSkipLayerNormPass());
     built->Register(MakeFuseAttentionPass());
     built->Register(MakeUnflattenGemmPass());
+    built->Register(MakeFuseEmbedLayerNormPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
@@ -77,7 +78,7 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
-    std::vector<std::string> transformer = {"unflatten_gemm", "fuse_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
+    std::vector<std::string> transformer = {"unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",
@@ -90,10 +91,13 @@ const PassRegistry& DefaultPassRegistry() {
                       "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, slices moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});
+    // The cleanups run to a fixed point first, so the fusions see constants as initializers; the
+    // fusions come before extended's structural rewrites (upstream_slice would cut into the last
+    // layer's attention).
     built->AddPreset({"transformer",
-                      "extended plus transformer fusions: encoder Attention, LayerNormalization, SkipLayerNormalization and "
-                      "the Gelu family",
-                      {{transformer, true}}});
+                      "basic, then transformer fusions with extended: Attention, EmbedLayerNormalization, "
+                      "LayerNormalization (and RMSNorm), SkipLayerNormalization and the Gelu family",
+                      {{cleanups, true}, {transformer, true}}});
     return built;
   }();
   return *registry;

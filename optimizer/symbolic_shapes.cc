@@ -180,6 +180,42 @@ std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph
       start = std::clamp<int64_t>(start, 0, size);
       end = std::clamp<int64_t>(end, start, size);
       values[out] = Shape(input(0)->begin() + start, input(0)->begin() + end);
+    } else if (op == "ConstantOfShape" && input(0) && input(0)->size() == 1 &&
+               (*input(0))[0].kind == Dim::Kind::kValue && (*input(0))[0].value <= 64) {
+      // A small integer tensor filled with the attribute's value (0 if none).
+      std::optional<int64_t> fill = 0;
+      for (const auto& a : node.attribute()) {
+        if (a.name() != "value" || !a.has_t()) continue;
+        auto ints = Ints(a.t());
+        fill = ints && ints->size() == 1 ? std::optional<int64_t>((*ints)[0]) : std::nullopt;
+      }
+      if (fill) values[out] = Shape(static_cast<size_t>((*input(0))[0].value), Dim::Value(*fill));
+    } else if (op == "Equal" && input(0) && input(1) && input(0)->size() == input(1)->size()) {
+      // Elementwise; a named dim is a size, never negative, so it differs from any negative number.
+      Shape result;
+      for (size_t i = 0; i < input(0)->size(); ++i) {
+        const Dim& a = (*input(0))[i];
+        const Dim& b = (*input(1))[i];
+        if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
+          result.push_back(Dim::Value(a.value == b.value ? 1 : 0));
+        } else if (a.known() && b.known() && a == b) {
+          result.push_back(Dim::Value(1));
+        } else if ((a.kind == Dim::Kind::kParam && b.kind == Dim::Kind::kValue && b.value < 0) ||
+                   (b.kind == Dim::Kind::kParam && a.kind == Dim::Kind::kValue && a.value < 0)) {
+          result.push_back(Dim::Value(0));
+        } else {
+          result.push_back({});
+        }
+      }
+      values[out] = result;
+    } else if (op == "Where" && input(0) && input(1) && input(2) && input(0)->size() == input(1)->size() &&
+               input(1)->size() == input(2)->size()) {
+      Shape result;
+      for (size_t i = 0; i < input(0)->size(); ++i) {
+        const Dim& c = (*input(0))[i];
+        result.push_back(c.kind != Dim::Kind::kValue ? Dim() : (c.value != 0 ? (*input(1))[i] : (*input(2))[i]));
+      }
+      values[out] = result;
     } else if (op == "Concat") {
       Shape joined;
       bool complete = true;
@@ -262,12 +298,75 @@ int OneRound(const onnx::GraphProto& graph, std::unordered_map<std::string, onnx
     if (KeepsInputShape(node) && node.input_size() >= 1 && node.output_size() >= 1) {
       if (auto shape = ShapeOf(*types, node.input(0))) {
         improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
+        // Skip(Simplified)LayerNormalization's 4th output, input + skip + bias, has the input's shape too.
+        if (node.output_size() >= 4 && !node.output(3).empty()) {
+          improved += Improve(types, node.output(3), *shape, ElementType(*types, node.input(0)));
+        }
+      }
+      continue;
+    }
+    if (node.domain() == "com.microsoft" && node.op_type() == "Attention" && node.input_size() >= 2) {
+      // [B, S, W/3] for weights W[H_in, 3 * H] (no qkv_hidden_sizes).
+      auto shape = ShapeOf(*types, node.input(0));
+      auto weights = ShapeOf(*types, node.input(1));
+      if (shape && shape->size() == 3 && weights && weights->size() == 2 && (*weights)[1].kind == Dim::Kind::kValue &&
+          (*weights)[1].value % 3 == 0) {
+        (*shape)[2] = Dim::Value((*weights)[1].value / 3);
+        improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
+      }
+      continue;
+    }
+    if (node.domain() == "com.microsoft" && node.op_type() == "EmbedLayerNormalization" && node.input_size() >= 3) {
+      // [B, S, H] from the ids [B, S] and the word table [V, H]; mask_index [B].
+      auto ids = ShapeOf(*types, node.input(0));
+      auto table = ShapeOf(*types, node.input(2));
+      if (ids && ids->size() == 2 && table && table->size() == 2) {
+        const Shape shape = {(*ids)[0], (*ids)[1], (*table)[1]};
+        const int32_t element_type = ElementType(*types, node.input(2));
+        improved += Improve(types, node.output(0), shape, element_type);
+        if (node.output_size() >= 2 && !node.output(1).empty()) {
+          improved += Improve(types, node.output(1), Shape{(*ids)[0]}, onnx::TensorProto::INT32);
+        }
+        if (node.output_size() >= 3 && !node.output(2).empty()) improved += Improve(types, node.output(2), shape, element_type);
       }
       continue;
     }
     if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) continue;
     const std::string& op = node.op_type();
     const std::string& out = node.output(0);
+    if (op == "Range" && node.input_size() == 3) {
+      // Range(0, n, 1) has n elements.
+      auto start = values.find(node.input(0));
+      auto limit = values.find(node.input(1));
+      auto delta = values.find(node.input(2));
+      if (start == values.end() || limit == values.end() || delta == values.end() || start->second.size() != 1 ||
+          limit->second.size() != 1 || delta->second.size() != 1 || !(start->second[0] == Dim::Value(0)) ||
+          !(delta->second[0] == Dim::Value(1)) || !limit->second[0].known()) {
+        continue;
+      }
+      improved += Improve(types, out, Shape{limit->second[0]}, ElementType(*types, node.input(0)));
+      continue;
+    }
+    if (op == "Expand" && node.input_size() == 2) {
+      // Broadcast of the input's shape with the (tracked) target shape; a 1 keeps the input's dim.
+      auto target = values.find(node.input(1));
+      auto input = ShapeOf(*types, node.input(0));
+      if (target == values.end() || !input) continue;
+      const size_t rank = std::max(target->second.size(), input->size());
+      Shape result(rank);
+      for (size_t d = 0; d < rank; ++d) {
+        const size_t ti = d + target->second.size() - rank, ii = d + input->size() - rank;
+        const Dim t = d + target->second.size() >= rank ? target->second[ti] : Dim::Value(1);
+        const Dim i = d + input->size() >= rank ? (*input)[ii] : Dim::Value(1);
+        if (t == Dim::Value(1)) {
+          result[d] = i;
+        } else if (i == Dim::Value(1) || i == t) {
+          result[d] = t;
+        }
+      }
+      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+      continue;
+    }
     if (op == "Reshape" && node.input_size() == 2) {
       auto target = values.find(node.input(1));
       auto input = ShapeOf(*types, node.input(0));

@@ -149,25 +149,6 @@ bool MatchHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout, cons
   return MatchProjection(graph, shapes, k_heads, {plain, swap_last}, k);
 }
 
-// True if element `index` of the Slice end `end` is the same number or named dim as dim `dim` of `value`.
-bool EndIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& end, size_t index,
-              const std::string& value, int dim) {
-  const onnx::TypeProto* type = shapes.TypeOf(value);
-  if (type == nullptr || !type->tensor_type().has_shape()) return false;
-  const auto& dims = type->tensor_type().shape().dim();
-  const int at = dim < 0 ? dim + dims.size() : dim;
-  if (at < 0 || at >= dims.size()) return false;
-  const auto& want = dims[at];
-  if (auto ints = ConstantInts(graph, end)) {
-    return index < ints->size() && want.has_dim_value() && want.dim_value() == (*ints)[index];
-  }
-  const auto* symbolic = shapes.SymbolicValue(end);
-  if (symbolic == nullptr || index >= symbolic->size()) return false;
-  const auto& got = (*symbolic)[index];
-  if (got.has_dim_value()) return want.has_dim_value() && want.dim_value() == got.dim_value();
-  return got.has_dim_param() && want.has_dim_param() && got.dim_param() == want.dim_param();
-}
-
 // True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 to the scores'
 // [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]`.
 bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond, const std::string& scores) {
@@ -189,7 +170,7 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
       const int64_t step = steps->size() == 1 ? (*steps)[0] : (i < steps->size() ? (*steps)[i] : 0);
       if ((*starts)[i] != 0 || step != 1 || (axis != 2 && axis != 3)) return false;
       sliced_axes.insert(axis);
-      ends_match &= EndIsDim(graph, shapes, slice->input(2), i, scores, static_cast<int>(axis));
+      ends_match &= ElementIsDim(graph, shapes, slice->input(2), i, scores, static_cast<int>(axis));
     }
     value = slice->input(0);
   }

@@ -4,8 +4,9 @@
 // Before (tanh):  y = 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))      y = FastGelu(x)
 // Before (quick): y = x * Sigmoid(alpha * x)                                      y = QuickGelu(x, alpha)
 // With x = Add(h, bias[N]) read by nothing else, the bias is absorbed: BiasGelu(h, bias) and
-// FastGelu(h, bias). Operands of Mul/Add may come in either order; x / sqrt(2) may be written
-// x * (1 / sqrt(2)). Constants must match to 1e-4 relative. All emitted operators are in
+// FastGelu(h, bias), also for a Gelu/FastGelu fused earlier whose bias Add appeared later. Operands
+// of Mul/Add may come in either order; x / sqrt(2) may be written x * (1 / sqrt(2)); x^3 as Pow or
+// x * x * x. Constants must match to 1e-4 relative. All emitted operators are in
 // com.microsoft: the result runs on ONNX Runtime.
 #include <cmath>
 
@@ -67,6 +68,51 @@ bool MatchHalfProductTail(const Graph& graph, const std::string& x, const std::s
   return false;
 }
 
+// The base x of `value` = x^3: Pow(x, 3), Mul(Mul(x, x), x) or Mul(x, Mul(x, x)).
+std::optional<std::string> CubeOf(const Graph& graph, const std::string& value, std::vector<Node*>* nodes) {
+  Node* node = graph.Producer(value);
+  if (auto base = WithConstant(graph, node, "Pow", 3.0); base && node->input(0) == *base) {
+    nodes->push_back(node);
+    return base;
+  }
+  if (node == nullptr || node->op_type() != "Mul" || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    Node* square = graph.Producer(node->input(side));
+    const std::string& x = node->input(1 - side);
+    if (IsMulOf(square, x, x) && SoleConsumer(graph, square->output(0)) == node) {
+      nodes->insert(nodes->end(), {square, node});
+      return x;
+    }
+  }
+  return std::nullopt;
+}
+
+// Gelu(Add(h, bias)) -> BiasGelu(h, bias); FastGelu(Add(h, bias)) -> FastGelu(h, bias), for Gelu nodes
+// fused before their bias Add became visible (an earlier rewrite produced it).
+void AbsorbBiasIntoFusedGelu(Graph& graph, PassContext& context) {
+  for (Node* gelu : graph.Nodes()) {
+    if (gelu->removed() || gelu->domain() != kMicrosoft || gelu->input_size() != 1 ||
+        (gelu->op_type() != "Gelu" && gelu->op_type() != "FastGelu")) {
+      continue;
+    }
+    Node* add = ProducerWithOp(graph, gelu->input(0), "Add");
+    if (add == nullptr || add->input_size() != 2 || SoleConsumer(graph, add->output(0)) != gelu) continue;
+    for (int side = 0; side < 2; ++side) {
+      const onnx::TensorProto* constant = ConstantTensor(graph, add->input(side));
+      if (constant == nullptr || constant->dims_size() != 1 || constant->data_type() != onnx::TensorProto::FLOAT) continue;
+      onnx::NodeProto fused = gelu->proto();
+      if (fused.op_type() == "Gelu") fused.set_op_type("BiasGelu");
+      fused.set_input(0, add->input(1 - side));
+      fused.add_input(add->input(side));
+      graph.RemoveNode(add);
+      graph.RemoveNode(gelu);
+      graph.AddNode(std::move(fused), gelu, /*after=*/true);
+      context.CountRewrite();
+      break;
+    }
+  }
+}
+
 class FuseGeluPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_gelu"; }
@@ -104,11 +150,12 @@ class FuseGeluPass final : public Pass {
           Node* cubic = graph.Producer(sum->input(1 - side));
           auto cube = WithConstant(graph, cubic, "Mul", 0.044715);
           if (!cube) continue;
-          Node* power = graph.Producer(*cube);
-          auto base = WithConstant(graph, power, "Pow", 3.0);
-          if (!base || power->input(1) == *base || *base != sum->input(side)) continue;
+          std::vector<Node*> cube_nodes;
+          auto base = CubeOf(graph, *cube, &cube_nodes);
+          if (!base || *base != sum->input(side)) continue;
           x = *base;
-          nodes = {power, cubic, sum, scale, node};
+          nodes = cube_nodes;
+          nodes.insert(nodes.end(), {cubic, sum, scale, node});
           matched = true;
         }
         if (!matched) continue;
@@ -185,6 +232,7 @@ class FuseGeluPass final : public Pass {
       context.RequireOpset(kMicrosoft, 1);
       context.CountRewrite();
     }
+    AbsorbBiasIntoFusedGelu(graph, context);
     return absl::OkStatus();
   }
 };

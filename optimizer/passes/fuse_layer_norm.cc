@@ -1,13 +1,21 @@
-// fuse_layer_norm: the decomposed LayerNorm exporters write becomes one LayerNormalization.
+// fuse_layer_norm: the decomposed LayerNorm and RMSNorm exporters write become one normalization.
 //
 // Before:  mean = ReduceMean(X, axes=[-1]); d = Sub(X, mean); v = ReduceMean(Pow(d, 2) | Mul(d, d));
-//          n = Div(d, Sqrt(Add(v, eps)))  [or Mul(d, Reciprocal(Sqrt(...)))];
-//          Y = Add(Mul(n, gamma), beta)   [operands in either order; gamma/beta optional]
+//          n = d / sqrt(v + eps);  Y = Add(Mul(n, gamma), beta)
 // After:   Y = LayerNormalization(X, gamma, beta, axis=-1, epsilon=eps)
-// Checked before rewriting: both reductions over the last axis only (keepdims), the exponent is 2,
-// eps is a scalar constant, gamma/beta are constants that broadcast over the last axis, and no
-// intermediate value is read outside the pattern. LayerNormalization is standard from opset 17;
-// below that it is ONNX Runtime's (same name, ONNX domain), which the report's runtimes say.
+// Before:  v = ReduceMean(Pow(X, 2) | Mul(X, X)); n = X / sqrt(v + eps); Y = Mul(n, gamma)   (RMSNorm:
+//          T5, LLaMA)
+// After:   Y = SimplifiedLayerNormalization(X, gamma, axis=-1, epsilon=eps)
+// The division may be written Div(d, Sqrt(s)), Mul(d, Reciprocal(Sqrt(s))), Mul(d, Div(1, Sqrt(s))),
+// with Pow(s, 0.5) for Sqrt, or Mul(d, Pow(s, -0.5)); eps may come first in its Add; Mul and Add
+// operands in either order; gamma and beta optional (a missing gamma becomes ones when the last dim
+// is static). An unfused LayerNormalization followed by a constant bias Add takes it as its beta.
+// Checked before rewriting: both reductions over the last axis only (keepdims), the exponents, eps
+// a scalar constant, gamma/beta 1-D float constants, and no intermediate value read outside the
+// pattern. LayerNormalization is standard from opset 17; below that it and SimplifiedLayerNormalization
+// are ONNX Runtime's (same name, ONNX domain), which the report's runtimes say.
+#include <cmath>
+
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 
@@ -18,7 +26,7 @@ namespace {
 std::string Other(const Node& node, const std::string& one) { return node.input(0) == one ? node.input(1) : node.input(0); }
 
 bool ReducesLastAxis(const Node& node, const Graph& graph, int64_t opset, int rank) {
-  if (node.GetAttributeInt("keepdims", 1) != 1) return false;
+  if (node.op_type() != "ReduceMean" || !node.domain().empty() || node.GetAttributeInt("keepdims", 1) != 1) return false;
   std::optional<std::vector<int64_t>> axes;
   if (opset >= 18) {
     if (node.input_size() < 2) return false;
@@ -29,128 +37,198 @@ bool ReducesLastAxis(const Node& node, const Graph& graph, int64_t opset, int ra
   return axes && axes->size() == 1 && ((*axes)[0] == -1 || (rank > 0 && (*axes)[0] == rank - 1));
 }
 
+bool IsConstant(const Graph& graph, const std::string& value, float expected) {
+  auto c = ConstantScalarFloat(graph, value);
+  return c && std::fabs(*c - expected) <= 1e-6f * std::max(1.0f, std::fabs(expected));
+}
+
+// The value squared: Pow(d, 2) or Mul(d, d).
+std::optional<std::string> Squared(const Graph& graph, const Node* node) {
+  if (node == nullptr || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
+  if (node->op_type() == "Pow" && IsConstant(graph, node->input(1), 2.0f)) return node->input(0);
+  if (node->op_type() == "Mul" && node->input(0) == node->input(1)) return node->input(0);
+  return std::nullopt;
+}
+
+bool Is1DFloatConstant(const Graph& graph, const std::string& value) {
+  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
+  return tensor != nullptr && tensor->dims_size() == 1 && tensor->data_type() == onnx::TensorProto::FLOAT;
+}
+
+onnx::AttributeProto Attribute(const char* name, float value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::FLOAT);
+  attribute.set_f(value);
+  return attribute;
+}
+
+onnx::AttributeProto Attribute(const char* name, int64_t value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INT);
+  attribute.set_i(value);
+  return attribute;
+}
+
+// From s = v + eps to the normalized value n = d / sqrt(s); the nodes on the way go into `pattern`.
+std::optional<std::string> MatchDivision(const Graph& graph, const std::string& s, const std::string& d,
+                                         std::vector<Node*>* pattern) {
+  Node* next = SoleConsumer(graph, s);
+  if (next == nullptr || !next->domain().empty() || next->input(0) != s) return std::nullopt;
+  auto finish_mul = [&](Node* factor_node) -> std::optional<std::string> {
+    Node* mul = SoleConsumer(graph, factor_node->output(0));
+    if (mul == nullptr || mul->op_type() != "Mul" || !mul->domain().empty() ||
+        Other(*mul, factor_node->output(0)) != d) {
+      return std::nullopt;
+    }
+    pattern->insert(pattern->end(), {factor_node, mul});
+    return mul->output(0);
+  };
+  if (next->op_type() == "Pow" && IsConstant(graph, next->input(1), -0.5f)) return finish_mul(next);  // rsqrt
+  const bool root = next->op_type() == "Sqrt" || (next->op_type() == "Pow" && IsConstant(graph, next->input(1), 0.5f));
+  if (!root) return std::nullopt;
+  pattern->push_back(next);
+  const std::string& sqrt = next->output(0);
+  Node* after = SoleConsumer(graph, sqrt);
+  if (after == nullptr || !after->domain().empty()) return std::nullopt;
+  if (after->op_type() == "Div" && after->input(1) == sqrt && after->input(0) == d) {
+    pattern->push_back(after);
+    return after->output(0);
+  }
+  if (after->op_type() == "Reciprocal" || (after->op_type() == "Div" && after->input(1) == sqrt &&
+                                           IsConstant(graph, after->input(0), 1.0f))) {
+    return finish_mul(after);
+  }
+  return std::nullopt;
+}
+
 class FuseLayerNormPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_layer_norm"; }
   absl::string_view description() const override {
-    return "Fuse ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div(/Mul/Add) into LayerNormalization";
+    return "Fuse decomposed LayerNorm into LayerNormalization and RMSNorm into SimplifiedLayerNormalization";
   }
   bool needs_shapes() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     const int64_t opset = context.OpsetVersion("");
-    for (Node* mean : graph.Nodes()) {
-      if (mean->removed() || mean->op_type() != "ReduceMean" || !mean->domain().empty()) continue;
-      const std::string x = mean->input(0);
-      const auto rank = context.shapes() ? context.shapes()->Rank(x) : std::nullopt;
-      if (!ReducesLastAxis(*mean, graph, opset, rank.value_or(0))) continue;
-      // d = Sub(X, mean): the one Sub that reads both.
-      Node* sub = nullptr;
-      for (Node* consumer : graph.Consumers(mean->output(0))) {
-        if (consumer->op_type() == "Sub" && consumer->domain().empty() && consumer->input(0) == x &&
-            consumer->input(1) == mean->output(0)) {
-          sub = consumer;
-        }
+    for (Node* variance : graph.Nodes()) {
+      if (variance->removed()) continue;
+      TryFuse(graph, variance, opset, context);
+    }
+    AbsorbBias(graph, context);
+    return absl::OkStatus();
+  }
+
+ private:
+  static void TryFuse(Graph& graph, Node* variance, int64_t opset, PassContext& context) {
+    if (variance->op_type() != "ReduceMean" || !variance->domain().empty()) return;
+    Node* square = graph.Producer(variance->input(0));
+    const std::optional<std::string> d = Squared(graph, square);
+    if (!d) return;
+    const auto rank = context.shapes() ? context.shapes()->Rank(*d) : std::nullopt;
+    if (!ReducesLastAxis(*variance, graph, opset, rank.value_or(0))) return;
+    // LayerNorm when d = X - mean(X); RMSNorm when d is X itself.
+    std::vector<Node*> pattern = {square, variance};
+    std::string x = *d;
+    bool simplified = true;
+    if (Node* sub = ProducerWithOp(graph, *d, "Sub")) {
+      Node* mean = graph.Producer(sub->input(1));
+      if (mean != nullptr && mean->input(0) == sub->input(0) && ReducesLastAxis(*mean, graph, opset, rank.value_or(0))) {
+        x = sub->input(0);
+        simplified = false;
+        pattern.insert(pattern.end(), {mean, sub});
       }
-      if (sub == nullptr) continue;
-      const std::string d = sub->output(0);
-      Node* square = nullptr;
-      Node* divide = nullptr;  // Div(d, s) or Mul(d, Reciprocal(s))
-      for (Node* consumer : graph.Consumers(d)) {
-        const std::string& op = consumer->op_type();
-        if (op == "Pow" && consumer->input(0) == d) square = consumer;
-        if (op == "Mul" && consumer->input(0) == d && consumer->input(1) == d) square = consumer;
-        if (op == "Div" && consumer->input(0) == d) divide = consumer;
-        if (op == "Mul" && !(consumer->input(0) == d && consumer->input(1) == d)) divide = consumer;
+    }
+    Node* add_eps = SoleConsumer(graph, variance->output(0));
+    auto epsilon = add_eps != nullptr && add_eps->op_type() == "Add" && add_eps->domain().empty()
+                       ? ConstantScalarFloat(graph, Other(*add_eps, variance->output(0)))
+                       : std::nullopt;
+    if (!epsilon) {
+      context.Skip("fuse_layer_norm: epsilon is not a scalar constant added to the variance");
+      return;
+    }
+    pattern.push_back(add_eps);
+    std::optional<std::string> normalized = MatchDivision(graph, add_eps->output(0), *d, &pattern);
+    if (!normalized) {
+      context.Skip("fuse_layer_norm: the variance is not turned into a division by its square root");
+      return;
+    }
+    // Optional scale and (LayerNorm only) shift.
+    std::string output = *normalized, gamma, beta;
+    if (Node* scale = SoleConsumer(graph, output);
+        scale != nullptr && scale->op_type() == "Mul" && Is1DFloatConstant(graph, Other(*scale, output))) {
+      gamma = Other(*scale, output);
+      pattern.push_back(scale);
+      output = scale->output(0);
+    }
+    if (Node* shift = SoleConsumer(graph, output); !simplified && shift != nullptr && shift->op_type() == "Add" &&
+                                                   Is1DFloatConstant(graph, Other(*shift, output))) {
+      beta = Other(*shift, output);
+      pattern.push_back(shift);
+      output = shift->output(0);
+    }
+    if (gamma.empty()) {
+      const auto width = context.shapes() ? context.shapes()->DimValue(x, -1) : std::nullopt;
+      if (!width || *width <= 0) {
+        context.Skip("fuse_layer_norm: no constant scale and the last dim is not static");
+        return;
       }
-      if (square == nullptr || divide == nullptr) continue;
-      if (square->op_type() == "Pow") {
-        auto exponent = ConstantScalarFloat(graph, square->input(1));
-        if (!exponent || *exponent != 2.0f) {
-          context.Skip("fuse_layer_norm: Pow exponent is not the constant 2");
-          continue;
-        }
-      }
-      Node* variance = graph.Consumers(square->output(0)).size() == 1 ? graph.Consumers(square->output(0))[0] : nullptr;
-      if (variance == nullptr || variance->op_type() != "ReduceMean" ||
-          !ReducesLastAxis(*variance, graph, opset, rank.value_or(0))) {
-        continue;
-      }
-      Node* add_eps = graph.Consumers(variance->output(0)).size() == 1 ? graph.Consumers(variance->output(0))[0] : nullptr;
-      if (add_eps == nullptr || add_eps->op_type() != "Add") continue;
-      auto epsilon = ConstantScalarFloat(graph, Other(*add_eps, variance->output(0)));
-      Node* sqrt = graph.Consumers(add_eps->output(0)).size() == 1 ? graph.Consumers(add_eps->output(0))[0] : nullptr;
-      if (!epsilon || sqrt == nullptr || sqrt->op_type() != "Sqrt") {
-        context.Skip("fuse_layer_norm: epsilon is not a scalar constant added before Sqrt");
-        continue;
-      }
-      std::vector<Node*> pattern = {mean, sub, square, variance, add_eps, sqrt, divide};
-      if (divide->op_type() == "Div") {
-        if (divide->input(1) != sqrt->output(0)) continue;
-      } else {  // Mul(d, Reciprocal(sqrt))
-        Node* reciprocal = ProducerWithOp(graph, Other(*divide, d), "Reciprocal");
-        if (reciprocal == nullptr || reciprocal->input(0) != sqrt->output(0)) continue;
-        pattern.push_back(reciprocal);
-      }
-      // Optional scale and shift.
-      std::string output = divide->output(0);
-      std::string gamma, beta;
-      auto single_consumer = [&](const std::string& value, const char* op) -> Node* {
-        Node* consumer = SoleConsumer(graph, value);
-        return consumer != nullptr && consumer->op_type() == op ? consumer : nullptr;
-      };
-      auto last_axis_constant = [&](const std::string& value) {
-        const onnx::TensorProto* tensor = ConstantTensor(graph, value);
-        return tensor != nullptr && tensor->dims_size() == 1 && tensor->data_type() == onnx::TensorProto::FLOAT;
-      };
-      if (Node* scale = single_consumer(output, "Mul"); scale != nullptr && last_axis_constant(Other(*scale, output))) {
-        gamma = Other(*scale, output);
-        pattern.push_back(scale);
-        output = scale->output(0);
-        if (Node* shift = single_consumer(output, "Add"); shift != nullptr && last_axis_constant(Other(*shift, output))) {
-          beta = Other(*shift, output);
-          pattern.push_back(shift);
-          output = shift->output(0);
-        }
-      }
-      if (gamma.empty()) {
-        context.Skip("fuse_layer_norm: no constant scale after the normalization");
-        continue;
-      }
-      // Nothing outside the pattern may read an intermediate value.
-      bool leaks = false;
-      for (Node* node : pattern) {
-        if (node->output(0) == output) continue;
-        if (graph.IsGraphOutput(node->output(0))) leaks = true;
-        for (Node* consumer : graph.Consumers(node->output(0))) {
-          if (std::find(pattern.begin(), pattern.end(), consumer) == pattern.end()) leaks = true;
-        }
+      gamma = graph.UniqueName("layer_norm_ones");
+      graph.AddInitializer(MakeFloatTensor(gamma, {*width}, std::vector<float>(static_cast<size_t>(*width), 1.0f)));
+    }
+    // Nothing outside the pattern may read an intermediate value.
+    for (Node* node : pattern) {
+      if (node->output(0) == output) continue;
+      bool leaks = graph.IsGraphOutput(node->output(0));
+      for (Node* consumer : graph.Consumers(node->output(0))) {
+        leaks |= std::find(pattern.begin(), pattern.end(), consumer) == pattern.end();
       }
       if (leaks) {
         context.Skip("fuse_layer_norm: an intermediate value is read outside the pattern");
+        return;
+      }
+    }
+    onnx::NodeProto fused;
+    fused.set_op_type(simplified ? "SimplifiedLayerNormalization" : "LayerNormalization");
+    fused.set_name(graph.UniqueName(simplified ? "RMSNorm" : "LayerNorm"));
+    fused.add_input(x);
+    fused.add_input(gamma);
+    if (!beta.empty()) fused.add_input(beta);
+    fused.add_output(output);
+    *fused.add_attribute() = Attribute("axis", int64_t{-1});
+    *fused.add_attribute() = Attribute("epsilon", *epsilon);
+    Node* anchor = pattern.back();
+    for (Node* node : pattern) graph.RemoveNode(node);
+    graph.AddNode(std::move(fused), anchor, /*after=*/true);
+    context.CountRewrite();
+  }
+
+  // LayerNormalization(X, gamma) whose only reader adds a constant [H] takes it as its beta.
+  static void AbsorbBias(Graph& graph, PassContext& context) {
+    for (Node* norm : graph.Nodes()) {
+      if (norm->removed() || norm->op_type() != "LayerNormalization" || !norm->domain().empty() ||
+          norm->input_size() != 2 || norm->output_size() != 1) {
         continue;
       }
-      onnx::NodeProto fused;
-      fused.set_op_type("LayerNormalization");
-      fused.set_name(graph.UniqueName("LayerNorm"));
-      fused.add_input(x);
-      fused.add_input(gamma);
-      if (!beta.empty()) fused.add_input(beta);
-      fused.add_output(output);
-      auto* axis = fused.add_attribute();
-      axis->set_name("axis");
-      axis->set_type(onnx::AttributeProto::INT);
-      axis->set_i(-1);
-      auto* eps = fused.add_attribute();
-      eps->set_name("epsilon");
-      eps->set_type(onnx::AttributeProto::FLOAT);
-      eps->set_f(*epsilon);
-      Node* anchor = pattern.back();
-      for (Node* node : pattern) graph.RemoveNode(node);
-      graph.AddNode(std::move(fused), anchor, /*after=*/true);
+      Node* shift = SoleConsumer(graph, norm->output(0));
+      if (shift == nullptr || shift->op_type() != "Add" || !shift->domain().empty()) continue;
+      const std::string beta = Other(*shift, norm->output(0));
+      const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
+      const onnx::TensorProto* bias = ConstantTensor(graph, beta);
+      if (gamma == nullptr || bias == nullptr || bias->data_type() != gamma->data_type() || bias->dims_size() != 1 ||
+          gamma->dims_size() != 1 || bias->dims(0) != gamma->dims(0)) {
+        continue;
+      }
+      onnx::NodeProto fused = norm->proto();
+      fused.add_input(beta);
+      fused.set_output(0, shift->output(0));
+      graph.RemoveNode(shift);
+      graph.RemoveNode(norm);
+      graph.AddNode(std::move(fused), norm, /*after=*/true);
       context.CountRewrite();
     }
-    return absl::OkStatus();
   }
 };
 

@@ -32,6 +32,7 @@ std::unique_ptr<Pass> MakeFuseGeluPass();
 std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
 std::unique_ptr<Pass> MakeFuseAttentionPass();
 std::unique_ptr<Pass> MakeUnflattenGemmPass();
+std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
 
 }  // namespace onnxopt
 
