@@ -20,7 +20,8 @@
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/validator.h"
+#include "optimizer/parity.h"
+#include "optimizer/benchmark.h"
 
 namespace fs = std::filesystem;
 using onnxopt::client::Client;

@@ -27,8 +27,58 @@ std::string PhaseName(v1::JobPhase phase) {
 }
 
 std::string Latency(const v1::LatencyStats& stats) {
-  return absl::StrFormat("%9.3f %9.3f %9.3f %9.3f %8.3f %6d", stats.p50_ms(), stats.p90_ms(), stats.p99_ms(),
-                         stats.mean_ms(), stats.stddev_ms(), stats.runs());
+  return absl::StrFormat("%9.3f %9.3f %9.3f %9.3f %9.3f %8.3f %6d %10s", stats.p50_ms(), stats.p90_ms(), stats.p95_ms(),
+                         stats.p99_ms(), stats.mean_ms(), stats.stddev_ms(), stats.runs(),
+                         stats.peak_memory_bytes() > 0 ? Bytes(stats.peak_memory_bytes()) : "-");
+}
+
+std::string Shapes(const google::protobuf::Map<std::string, std::string>& shapes) {
+  std::vector<std::string> parts;
+  for (const auto& shape : shapes) parts.push_back(absl::StrCat(shape.first, "=", shape.second));
+  std::sort(parts.begin(), parts.end());
+  return absl::StrJoin(parts, ", ");
+}
+
+void AppendTransformer(const v1::TransformerReport& transformer, std::string* out) {
+  if (transformer.family().empty()) return;
+  absl::StrAppend(out, "\ntransformer: ", transformer.family(), " (", transformer.family_source(), "), ",
+                  transformer.layers(), " layers, ", transformer.num_heads(), " heads, hidden ", transformer.hidden_size(),
+                  transformer.fully_fused() ? ", fully fused\n" : ", NOT fully fused\n");
+  std::vector<std::string> counts;
+  for (const auto& [op, expected] : transformer.expected_ops()) {
+    int64_t have = 0;
+    if (op == "Gelu") {
+      for (const char* gelu : {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}) {
+        auto it = transformer.fused_ops().find(gelu);
+        if (it != transformer.fused_ops().end()) have += it->second;
+      }
+    } else {
+      auto it = transformer.fused_ops().find(op);
+      if (it != transformer.fused_ops().end()) have = it->second;
+      if (op == "SkipLayerNormalization") {
+        auto simplified = transformer.fused_ops().find("SkipSimplifiedLayerNormalization");
+        if (simplified != transformer.fused_ops().end()) have += simplified->second;
+      }
+    }
+    counts.push_back(absl::StrCat(op, " ", have, "/", expected));
+  }
+  absl::StrAppend(out, "fused (have/expected): ", absl::StrJoin(counts, ", "), "\n");
+  for (const auto& missing : transformer.missing()) absl::StrAppend(out, "  missing ", missing, "\n");
+}
+
+void AppendBisection(const v1::Bisection& bisection, std::string* out) {
+  if (!bisection.ran()) return;
+  absl::StrAppend(out, "bisection (", bisection.probes(), " probes): ", bisection.note(), "\n");
+  for (const auto& culprit : bisection.culprits()) {
+    absl::StrAppend(out, "  culprit ", culprit.pass(), " (pass run ", culprit.position(), ", sweep ", culprit.iteration(),
+                    ")", culprit.worst_output().empty() ? "" : absl::StrFormat(": %s off by %.3e", culprit.worst_output(),
+                                                                                  culprit.max_abs_error()),
+                    "\n");
+    if (culprit.removed_nodes_size() > 0) {
+      absl::StrAppend(out, "    removed ", absl::StrJoin(culprit.removed_nodes(), ", "), "\n");
+    }
+    if (culprit.added_nodes_size() > 0) absl::StrAppend(out, "    added   ", absl::StrJoin(culprit.added_nodes(), ", "), "\n");
+  }
 }
 
 }  // namespace
@@ -120,18 +170,27 @@ std::string FormatReport(const v1::Report& report) {
   if (report.parity().skipped()) {
     absl::StrAppend(&out, "skipped\n");
   } else {
-    absl::StrAppend(&out, report.parity().passed() ? "PASSED" : "FAILED", " (seed ", report.parity().seed(), ")\n");
-    std::vector<std::string> shapes;
-    for (const auto& shape : report.parity().input_shapes()) shapes.push_back(absl::StrCat(shape.first, "=", shape.second));
-    if (!shapes.empty()) absl::StrAppend(&out, "inputs: ", absl::StrJoin(shapes, ", "), "\n");
-    absl::StrAppend(&out, absl::StrFormat("%-24s %6s %12s %12s %10s  %s\n", "output", "sample", "max abs err",
-                                          "max rel err", "mismatch", "verdict"));
-    for (const auto& output : report.parity().outputs()) {
-      absl::StrAppend(&out, absl::StrFormat("%-24s %6d %12.3e %12.3e %9.4f%%  %s%s\n", output.name(), output.sample(),
-                                            output.max_abs_error(), output.max_rel_error(),
-                                            output.mismatch_fraction() * 100, output.passed() ? "ok" : "FAIL",
+    const auto& parity = report.parity();
+    absl::StrAppend(&out, parity.passed() ? "PASSED" : "FAILED", " (", parity.precision().empty() ? "fp32" : parity.precision(),
+                    ", ", parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
+                    ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
+                    parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
+    for (int i = 0; i < parity.shape_sets_size(); ++i) {
+      absl::StrAppend(&out, "shape ", i, ": ", Shapes(parity.shape_sets(i).shapes()), "\n");
+    }
+    if (parity.shape_sets_size() == 0 && parity.input_shapes_size() > 0) {
+      absl::StrAppend(&out, "inputs: ", Shapes(parity.input_shapes()), "\n");
+    }
+    absl::StrAppend(&out, absl::StrFormat("%-24s %5s %6s %12s %12s %10s %9s %9s  %s\n", "output", "shape", "sample",
+                                          "max abs err", "max rel err", "mismatch", "atol", "rtol", "verdict"));
+    for (const auto& output : parity.outputs()) {
+      absl::StrAppend(&out, absl::StrFormat("%-24s %5d %6d %12.3e %12.3e %9.4f%% %9.1e %9.1e  %s%s\n", output.name(),
+                                            output.shape_set(), output.sample(), output.max_abs_error(),
+                                            output.max_rel_error(), output.mismatch_fraction() * 100, output.atol(),
+                                            output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    AppendBisection(parity.bisection(), &out);
   }
 
   absl::StrAppend(&out, "\nbenchmark: ");
@@ -140,13 +199,45 @@ std::string FormatReport(const v1::Report& report) {
     absl::StrAppend(&out, benchmark.skipped() ? "skipped\n" : "not run\n");
   } else {
     absl::StrAppend(&out, benchmark.device(), ", ", benchmark.execution_provider(), ", ONNX Runtime ",
-                    benchmark.onnxruntime_version(), ", warm-up ", benchmark.warmup_runs(), "\n");
-    absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %8s %6s\n", "model", "p50 ms", "p90 ms", "p99 ms",
-                                          "mean ms", "std ms", "runs"));
-    absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(benchmark.original())));
-    absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "optimized", Latency(benchmark.optimized())));
-    absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
+                    benchmark.onnxruntime_version(), " (optimizations ", benchmark.ort_optimization_level(), ", ",
+                    benchmark.execution_mode(), ", ",
+                    benchmark.intra_op_threads() > 0 ? absl::StrCat(benchmark.intra_op_threads(), " threads") : "default threads",
+                    "), warm-up ", benchmark.warmup_runs(), "\n");
+    if (!benchmark.fallback().empty()) absl::StrAppend(&out, "FALLBACK: ", benchmark.fallback(), "\n");
+    auto table = [&](const v1::LatencyStats& original, const v1::LatencyStats& optimized) {
+      absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %9s %8s %6s %10s\n", "model", "p50 ms", "p90 ms",
+                                            "p95 ms", "p99 ms", "mean ms", "std ms", "runs", "peak mem"));
+      absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(original)));
+      absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "optimized", Latency(optimized)));
+    };
+    const bool several = benchmark.shapes_size() > 1;
+    if (benchmark.shapes_size() == 0) table(benchmark.original(), benchmark.optimized());
+    for (int i = 0; i < benchmark.shapes_size(); ++i) {
+      const v1::ShapeBenchmark& shape = benchmark.shapes(i);
+      if (several) absl::StrAppend(&out, "shape ", i, ": ", Shapes(shape.input_shapes()), "\n");
+      table(shape.original(), shape.optimized());
+      absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized; side-by-side runs %.3fx-%.3fx, "
+                                            "10th-90th percentile), %s after %d windows (drift %.1f%%)\n",
+                                            shape.speedup(), shape.speedup_p10(), shape.speedup_p90(),
+                                            shape.stable() ? "stable" : "NOT stable", shape.windows(),
+                                            shape.median_drift() * 100));
+    }
+    if (benchmark.shapes_size() == 0) {
+      absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
+    }
+    if (benchmark.regression()) absl::StrAppend(&out, "REGRESSION: the optimized model is slower beyond the noise\n");
+    if (benchmark.has_tuning()) {
+      const auto& best = benchmark.tuning().best();
+      absl::StrAppend(&out, absl::StrFormat("session tuning (%d trials): best %s threads, %s, optimizations %s: p50 %.3f ms, "
+                                            "%.3fx over the defaults\n",
+                                            benchmark.tuning().trials_size(),
+                                            best.intra_op_threads() > 0 ? absl::StrCat(best.intra_op_threads()) : "default",
+                                            best.execution_mode(), best.optimization_level(), best.p50_ms(),
+                                            benchmark.tuning().gain()));
+    }
   }
+  AppendTransformer(report.transformer(), &out);
+  if (report.returned_original()) absl::StrAppend(&out, "\nreturned: the ORIGINAL model (see warnings)\n");
   for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);
   if (report.runtimes_size() > 0) absl::StrAppend(&out, "\n");
   for (const auto& warning : report.warnings()) absl::StrAppend(&out, "warning: ", warning, "\n");

@@ -1,11 +1,14 @@
 #include "optimizer/input_generator.h"
 
 #include <random>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/model_io.h"
+#include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
 namespace {
@@ -45,18 +48,106 @@ Ort::Value MakeTensor(const std::vector<int64_t>& shape, Fill fill) {
   return value;
 }
 
+// Zeros at the end of each row of a mask [.., S]: row r of R loses mask_padding * S * (R - r) / R
+// positions, so the rows differ, and at least one position stays.
+template <typename T>
+void PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double padding) {
+  if (padding <= 0 || shape.empty() || shape.back() <= 1) return;
+  const int64_t length = shape.back();
+  const size_t count = value.GetTensorTypeAndShapeInfo().GetElementCount();
+  const int64_t rows = static_cast<int64_t>(count) / length;
+  T* data = value.GetTensorMutableData<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t pad = static_cast<int64_t>(padding * static_cast<double>(length) * static_cast<double>(rows - r) /
+                                       static_cast<double>(rows));
+    pad = std::min(pad, length - 1);
+    for (int64_t i = length - pad; i < length; ++i) data[r * length + i] = T(0);
+  }
+}
+
+// A supplied tensor for `name`, checked against what the session expects.
+absl::StatusOr<Ort::Value> SuppliedValue(const std::string& name, const onnx::TensorProto& tensor,
+                                         const Ort::ConstTensorTypeAndShapeInfo& expected) {
+  if (static_cast<int>(tensor.data_type()) != static_cast<int>(expected.GetElementType())) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: supplied input '", name, "' has element type ",
+                                                   tensor.data_type(), ", the model wants ",
+                                                   static_cast<int>(expected.GetElementType())));
+  }
+  const std::vector<int64_t> want = expected.GetShape();
+  bool fits = static_cast<size_t>(tensor.dims_size()) == want.size();
+  for (size_t d = 0; fits && d < want.size(); ++d) fits = want[d] < 0 || want[d] == tensor.dims(static_cast<int>(d));
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: supplied input '", name, "' has shape ",
+                                                   absl::StrJoin(tensor.dims(), "x"), ", the model wants ",
+                                                   absl::StrJoin(want, "x"), " (-1: any)"));
+  }
+  absl::StatusOr<Ort::Value> value = TensorProtoToOrtValue(tensor);
+  if (!value.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied input '", name, "': ", value.status().message()));
+  }
+  return value;
+}
+
 }  // namespace
 
-int64_t DynamicDimValue(const std::string& dim_name, int position, const v1::ValidationConfig& config) {
-  auto it = config.dim_values().find(dim_name);
-  if (it != config.dim_values().end()) return it->second;
+std::vector<DimValues> ShapeSets(const v1::ValidationConfig& config) {
+  const DimValues base(config.dim_values().begin(), config.dim_values().end());
+  if (config.shapes_size() == 0) return {base};
+  std::vector<DimValues> sets;
+  for (const auto& shape_set : config.shapes()) {
+    DimValues dims = base;
+    for (const auto& [name, value] : shape_set.dim_values()) dims[name] = value;
+    sets.push_back(std::move(dims));
+  }
+  return sets;
+}
+
+absl::StatusOr<std::vector<SuppliedSample>> LoadSuppliedInputs(
+    const std::vector<std::map<std::string, std::filesystem::path>>& files) {
+  std::vector<SuppliedSample> samples;
+  for (const auto& set : files) {
+    SuppliedSample sample;
+    for (const auto& [name, path] : set) {
+      absl::StatusOr<std::string> bytes = ReadFile(path);
+      if (!bytes.ok()) return bytes.status();
+      onnx::TensorProto tensor;
+      if (!tensor.ParseFromString(*bytes) || tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: the file supplied for input '", name,
+                                                       "' is not a serialized ONNX TensorProto with its data"));
+      }
+      sample[name] = std::move(tensor);
+    }
+    samples.push_back(std::move(sample));
+  }
+  return samples;
+}
+
+int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValues& dims) {
+  auto it = dims.find(dim_name);
+  if (it != dims.end()) return it->second;
   if (position == 0 || absl::StrContains(absl::AsciiStrToLower(dim_name), "batch")) return 1;
   return 16;
 }
 
 absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx::ModelProto& model,
                                                const v1::ValidationConfig& config, int sample) {
+  return GenerateInputs(session, model, config, ShapeSets(config).front(), sample);
+}
+
+absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx::ModelProto& model,
+                                               const v1::ValidationConfig& config, const DimValues& dims, int sample,
+                                               const SuppliedSample* supplied) {
   GeneratedInputs inputs;
+  if (supplied != nullptr) {
+    std::set<std::string> known;
+    Ort::AllocatorWithDefaultOptions allocator;
+    for (size_t i = 0; i < session.GetInputCount(); ++i) known.insert(session.GetInputNameAllocated(i, allocator).get());
+    for (const auto& entry : *supplied) {
+      if (known.count(entry.first) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: the model has no input '", entry.first, "'"));
+      }
+    }
+  }
   std::mt19937_64 random(config.seed() * 1000003 + static_cast<uint64_t>(sample));
   InitializerIndex initializers;
   for (const auto& tensor : model.graph().initializer()) initializers[tensor.name()] = &tensor;
@@ -70,11 +161,20 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
                                                        "' is not a tensor; supply inputs with the job"));
       }
       auto tensor_info = type_info.GetTensorTypeAndShapeInfo();
+      if (supplied != nullptr && supplied->count(name) > 0) {
+        const onnx::TensorProto& tensor = supplied->at(name);
+        absl::StatusOr<Ort::Value> value = SuppliedValue(name, tensor, tensor_info);
+        if (!value.ok()) return value.status();
+        inputs.shapes[name] = absl::StrJoin(tensor.dims(), "x");
+        inputs.names.push_back(name);
+        inputs.values.push_back(*std::move(value));
+        continue;
+      }
       std::vector<int64_t> shape = tensor_info.GetShape();
       std::vector<const char*> symbolic(shape.size(), nullptr);
       tensor_info.GetSymbolicDimensions(symbolic.data(), symbolic.size());
       for (size_t d = 0; d < shape.size(); ++d) {
-        if (shape[d] < 0) shape[d] = DynamicDimValue(symbolic[d] ? symbolic[d] : "", static_cast<int>(d), config);
+        if (shape[d] < 0) shape[d] = DynamicDimValue(symbolic[d] ? symbolic[d] : "", static_cast<int>(d), dims);
       }
       const std::string lower = absl::AsciiStrToLower(name);
       const bool is_mask = absl::StrContains(lower, "mask");
@@ -87,7 +187,9 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       Ort::Value value(nullptr);
       switch (tensor_info.GetElementType()) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-          value = MakeTensor<float>(shape, [&] { return normal(random); });
+          value = is_mask ? MakeTensor<float>(shape, [] { return 1.0f; })
+                          : MakeTensor<float>(shape, [&] { return normal(random); });
+          if (is_mask) PadMask<float>(value, shape, config.mask_padding());
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE:
           value = MakeTensor<double>(shape, [&] { return static_cast<double>(normal(random)); });
@@ -97,9 +199,11 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
           value = MakeTensor<int64_t>(shape, integer);
+          if (is_mask) PadMask<int64_t>(value, shape, config.mask_padding());
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
           value = MakeTensor<int32_t>(shape, [&] { return static_cast<int32_t>(integer()); });
+          if (is_mask) PadMask<int32_t>(value, shape, config.mask_padding());
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8:
           value = MakeTensor<uint8_t>(shape, [&] { return static_cast<uint8_t>(integer()); });
@@ -109,6 +213,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
           value = MakeTensor<bool>(shape, [] { return true; });
+          if (is_mask) PadMask<bool>(value, shape, config.mask_padding());
           break;
         default:
           return absl::InvalidArgumentError(absl::StrCat("INPUT_UNSUPPORTED: input '", name, "' has element type ",

@@ -1,10 +1,13 @@
-// Generated model inputs: seeded, dtype-aware and shaped from the config's named dimension values.
-// Integer inputs that index an embedding table (Gather indices) get ids inside the table, inputs
-// named like masks get ones, other integers zeros, floats a standard normal.
+// Model inputs for validation and the benchmark: supplied with the job (ONNX TensorProto files), or
+// generated: seeded, dtype-aware and shaped from the config's named dimension values (one set of
+// values per shape set). Integer inputs that index an embedding table (Gather indices) get ids inside
+// the table, inputs named like masks get ones (with trailing zeros per row when mask_padding is set),
+// token type ids and other integers zeros, floats a standard normal.
 #ifndef ONNXOPT_OPTIMIZER_INPUT_GENERATOR_H_
 #define ONNXOPT_OPTIMIZER_INPUT_GENERATOR_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,13 +25,34 @@ struct GeneratedInputs {
   std::map<std::string, std::string> shapes;  // name -> "1x16"
 };
 
+// Named dimension values of one shape set.
+using DimValues = std::map<std::string, int64_t>;
+
+// The shape sets a config asks for: each of validation.shapes over validation.dim_values, or
+// dim_values alone.
+std::vector<DimValues> ShapeSets(const v1::ValidationConfig& config);
+
+// One supplied input set: model input name -> tensor.
+using SuppliedSample = std::map<std::string, onnx::TensorProto>;
+
+// Reads supplied input sets: `files[i]` maps input names to TensorProto files of set i.
+// INVALID_ARGUMENT (INPUT_INVALID) for a file that is no tensor.
+absl::StatusOr<std::vector<SuppliedSample>> LoadSuppliedInputs(
+    const std::vector<std::map<std::string, std::filesystem::path>>& files);
+
 // Builds one sample of inputs for `session`. `model` (the original) supplies hints such as the size
-// of the embedding table an input indexes. Different `sample` values give different data.
+// of the embedding table an input indexes. Different `sample` values give different data. Inputs in
+// `supplied` are taken from it (checked against the model's types and static dims: INVALID_ARGUMENT
+// INPUT_MISMATCH otherwise); the rest are generated.
+absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx::ModelProto& model,
+                                               const v1::ValidationConfig& config, const DimValues& dims, int sample,
+                                               const SuppliedSample* supplied = nullptr);
+// The same with the config's dim_values.
 absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx::ModelProto& model,
                                                const v1::ValidationConfig& config, int sample);
 
 // The value used for a dynamic dimension; see ValidationConfig.dim_values.
-int64_t DynamicDimValue(const std::string& dim_name, int position, const v1::ValidationConfig& config);
+int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValues& dims);
 
 }  // namespace onnxopt
 

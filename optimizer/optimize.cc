@@ -3,12 +3,17 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "onnx/checker.h"
 #include "optimizer/graph.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
-#include "optimizer/validator.h"
+#include "optimizer/benchmark.h"
+#include "optimizer/bisect.h"
+#include "optimizer/parity.h"
+#include "optimizer/transformer_report.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -55,12 +60,94 @@ absl::StatusOr<ModelSource> SourceFor(const fs::path& path) {
   return ModelSource{*std::move(bytes), {}};
 }
 
+std::string CulpritList(const v1::Bisection& bisection) {
+  std::vector<std::string> names;
+  for (const auto& culprit : bisection.culprits()) {
+    names.push_back(absl::StrCat(culprit.pass(), " (run ", culprit.position(), ", sweep ", culprit.iteration(), ")"));
+  }
+  return absl::StrJoin(names, ", then ");
+}
+
+absl::StatusOr<OptimizeResult> Finish(const OptimizeRequest& request, std::chrono::steady_clock::time_point start,
+                                      v1::Report* partial_report, OptimizeResult* result) {
+  result->report.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (partial_report != nullptr) *partial_report = result->report;
+  return std::move(*result);
+}
+
+// Times the original against the result (the file just written), measures both sessions' peak
+// memory and, when asked, searches the fastest session settings for the result.
+absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto& original,
+                          const ModelSource& original_source, const onnx::ModelProto& optimized,
+                          const fs::path& output_path, const SessionSettings& device,
+                          const std::vector<SuppliedSample>& supplied, v1::Report* report, OptimizeResult* result) {
+  const v1::OptimizationConfig& config = request.config;
+  v1::BenchmarkReport* benchmark = report->mutable_benchmark();
+  SessionSettings settings = device;
+  settings.optimization_level = OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
+  benchmark->set_device(settings.device == v1::DEVICE_CUDA ? "CUDA GPU" : CpuDescription());
+  benchmark->set_execution_provider(*ProviderFor(settings.device));
+  benchmark->set_ort_optimization_level(OrtLevelName(settings.optimization_level));
+  benchmark->set_execution_mode("sequential");
+  absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
+  if (!optimized_source.ok()) return optimized_source.status();
+  auto original_session = CreateSession(original_source, settings);
+  if (!original_session.ok()) return original_session.status();
+  auto optimized_session = CreateSession(*optimized_source, settings);
+  if (!optimized_session.ok()) {
+    return absl::InternalError(absl::StrCat("the optimized model does not load in ONNX Runtime: ",
+                                            optimized_session.status().message()));
+  }
+  // One input set per shape set (the first supplied set when inputs came with the job).
+  std::vector<GeneratedInputs> inputs;
+  const std::vector<DimValues> shape_sets = supplied.empty() ? ShapeSets(config.validation()) : std::vector<DimValues>{{}};
+  for (const DimValues& dims : shape_sets) {
+    absl::StatusOr<GeneratedInputs> generated = GenerateInputs(**original_session, original, config.validation(), dims, 0,
+                                                               supplied.empty() ? nullptr : &supplied.front());
+    if (!generated.ok()) return generated.status();
+    inputs.push_back(*std::move(generated));
+  }
+  absl::Status timed = Benchmark(**original_session, **optimized_session, inputs, config.benchmark(), request.cancelled,
+                                 benchmark);
+  if (!timed.ok()) return timed;
+  // Peak memory, each model in a fresh session of its own.
+  const std::pair<const ModelSource*, v1::LatencyStats*> measured[] = {{&original_source, benchmark->mutable_original()},
+                                                                       {&*optimized_source, benchmark->mutable_optimized()}};
+  for (const auto& [source, stats] : measured) {
+    absl::StatusOr<int64_t> peak = MeasurePeakMemory(*source, settings, inputs.front());
+    if (peak.ok()) stats->set_peak_memory_bytes(*peak);
+  }
+  if (benchmark->shapes_size() > 0) {
+    benchmark->mutable_shapes(0)->mutable_original()->set_peak_memory_bytes(benchmark->original().peak_memory_bytes());
+    benchmark->mutable_shapes(0)->mutable_optimized()->set_peak_memory_bytes(benchmark->optimized().peak_memory_bytes());
+  }
+  if (config.benchmark().tune_session()) {
+    const double budget = config.benchmark().time_budget_seconds() > 0 ? config.benchmark().time_budget_seconds()
+                                                                       : kDefaultTimeBudgetSeconds;
+    absl::StatusOr<v1::SessionTuning> tuning = TuneSession(*optimized_source, device, inputs.front(), budget, request.cancelled);
+    if (!tuning.ok()) return tuning.status();
+    *benchmark->mutable_tuning() = *tuning;
+    const v1::TuningTrial& best = tuning->best();
+    const std::string settings_json = absl::StrFormat(
+        "{\n  \"intra_op_threads\": %d,\n  \"execution_mode\": \"%s\",\n  \"graph_optimization_level\": \"%s\",\n"
+        "  \"p50_ms\": %.4f,\n  \"gain_over_defaults\": %.4f,\n  \"execution_provider\": \"%s\"\n}\n",
+        best.intra_op_threads(), best.execution_mode(), best.optimization_level(), best.p50_ms(), tuning->gain(),
+        benchmark->execution_provider());
+    const fs::path path = output_path.parent_path() / "ort_session.json";
+    absl::Status written = WriteFileAtomically(path, settings_json);
+    if (!written.ok()) return written;
+    result->files.push_back(path);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckConfig(const v1::OptimizationConfig& config) {
   absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, DefaultPassRegistry());
   if (!pipeline.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", pipeline.status().message()));
-  absl::Status status = CheckValidationConfig(config);
+  absl::Status status = CheckValidationSettings(config.validation());
+  if (status.ok()) status = CheckBenchmarkSettings(config.benchmark());
   if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", status.message()));
   return absl::OkStatus();
 }
@@ -106,9 +193,10 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     if (partial_report != nullptr) *partial_report = report;
     return status;
   };
+  const v1::OptimizationConfig& config = request.config;
 
   Progress(request, Phase::kLoading);
-  absl::Status config_status = CheckConfig(request.config);
+  absl::Status config_status = CheckConfig(config);
   if (!config_status.ok()) return fail(config_status);
   absl::StatusOr<onnx::ModelProto> original = LoadModel(request.model_path);
   if (!original.ok()) return fail(original.status());
@@ -117,9 +205,11 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   for (auto& warning : warnings) report.add_warnings(std::move(warning));
   if (!check.ok()) return fail(check);
   *report.mutable_original() = Summarize(*original, static_cast<int64_t>(original->ByteSizeLong()));
+  absl::StatusOr<std::vector<SuppliedSample>> supplied = LoadSuppliedInputs(request.input_files);
+  if (!supplied.ok()) return fail(supplied.status());
 
   Progress(request, Phase::kOptimizing);
-  absl::StatusOr<Pipeline> pipeline = BuildPipeline(request.config, DefaultPassRegistry());
+  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, DefaultPassRegistry());
   if (!pipeline.ok()) return fail(pipeline.status());
   onnx::ModelProto optimized = *original;
   PassManagerOptions options;
@@ -129,7 +219,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   };
   std::vector<v1::PassReport> pass_reports;
   absl::Status passes = RunPipeline(*pipeline, &optimized, options, &pass_reports);
-  for (auto& pass_report : pass_reports) *report.add_passes() = std::move(pass_report);
+  for (const auto& pass_report : pass_reports) *report.add_passes() = pass_report;
   if (!passes.ok()) return fail(passes);
 
   Progress(request, Phase::kSaving);
@@ -138,59 +228,132 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   fs::create_directories(request.output_dir, error);
   if (error) return fail(absl::InternalError(absl::StrCat("cannot create ", request.output_dir.string())));
   const fs::path output_path = request.output_dir / "model.onnx";
-  absl::StatusOr<std::vector<fs::path>> files = SaveModel(optimized, output_path);
-  if (!files.ok()) return fail(files.status());
-  result.files = *files;
-  int64_t saved_bytes = 0;
-  for (const auto& file : result.files) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
-  *report.mutable_optimized() = Summarize(optimized, saved_bytes);
-  for (auto& runtime : Runtimes(report.optimized())) report.add_runtimes(std::move(runtime));
+  // Writes `model` as the result and describes it in the report.
+  auto save_result = [&](const onnx::ModelProto& model, const std::vector<v1::PassReport>& runs) -> absl::Status {
+    absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, output_path);
+    if (!files.ok()) return files.status();
+    for (const auto& stale : result.files) {
+      if (std::find(files->begin(), files->end(), stale) == files->end()) fs::remove(stale, error);
+    }
+    result.files = *files;
+    int64_t saved_bytes = 0;
+    for (const auto& file : result.files) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
+    *report.mutable_optimized() = Summarize(model, saved_bytes);
+    report.clear_runtimes();
+    for (auto& runtime : Runtimes(report.optimized())) report.add_runtimes(std::move(runtime));
+    *report.mutable_transformer() = JudgeTransformerFusion(*original, model, runs, pipeline->hints);
+    return absl::OkStatus();
+  };
+  absl::Status saved = save_result(optimized, pass_reports);
+  if (!saved.ok()) return fail(saved);
 
-  const bool skip_parity = request.config.validation().skip();
-  const bool skip_benchmark = request.config.benchmark().skip();
+  const bool skip_parity = config.validation().skip();
+  const bool skip_benchmark = config.benchmark().skip();
   report.mutable_parity()->set_skipped(skip_parity);
   report.mutable_benchmark()->set_skipped(skip_benchmark);
-  if (!skip_parity || !skip_benchmark) {
+  if (skip_parity && skip_benchmark) return Finish(request, start, partial_report, &result);
+
+  // The original as loaded (external data pulled in); a model too big for memory goes by path.
+  absl::StatusOr<ModelSource> original_source =
+      original->ByteSizeLong() < (size_t{1} << 30) ? absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}})
+                                                   : SourceFor(request.model_path);
+  if (!original_source.ok()) return fail(original_source.status());
+  SessionSettings device;
+  device.device = config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
+  device.intra_op_threads = config.benchmark().intra_op_threads();
+  if (absl::StatusOr<std::string> provider = ProviderFor(device.device); !provider.ok()) {
+    if (!config.benchmark().allow_cpu_fallback()) return fail(provider.status());
+    const std::string fallback = absl::StrCat("CUDA was asked for but is not available (", provider.status().message(),
+                                              "); everything ran on the CPU because benchmark.allow_cpu_fallback is set");
+    report.mutable_benchmark()->set_fallback(fallback);
+    report.add_warnings(fallback);
+    device.device = v1::DEVICE_CPU;
+  }
+
+  bool returned_original = false;
+  if (!skip_parity) {
     Progress(request, Phase::kValidating);
-    // The original as loaded (external data pulled in); a model too big for memory goes by path.
-    absl::StatusOr<ModelSource> original_source =
-        original->ByteSizeLong() < (size_t{1} << 30) ? absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}})
-                                                     : SourceFor(request.model_path);
-    if (!original_source.ok()) return fail(original_source.status());
-    absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
-    if (!optimized_source.ok()) return fail(optimized_source.status());
-    SessionSettings settings;
-    settings.device = request.config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
-    settings.intra_op_threads = request.config.benchmark().intra_op_threads();
+    SessionSettings settings = device;
+    settings.optimization_level = OrtLevel(config.validation().ort_optimization_level(), ORT_DISABLE_ALL);
     auto original_session = CreateSession(*original_source, settings);
     if (!original_session.ok()) return fail(original_session.status());
-    auto optimized_session = CreateSession(*optimized_source, settings);
-    if (!optimized_session.ok()) {
-      return fail(absl::InternalError(absl::StrCat("the optimized model does not load in ONNX Runtime: ",
-                                                   optimized_session.status().message())));
-    }
-    if (!skip_parity) {
-      absl::Status parity = CheckParity(**original_session, **optimized_session, *original,
-                                        request.config.validation(), request.cancelled, report.mutable_parity());
-      if (!parity.ok()) return fail(parity);
-      if (!report.parity().passed()) {
-        return fail(absl::AbortedError("PARITY_FAILED: the optimized model's outputs differ from the original's "
-                                       "beyond the tolerance; see the report's parity section"));
+    v1::ParityReport* parity = report.mutable_parity();
+    parity->set_ort_optimization_level(OrtLevelName(settings.optimization_level));
+    absl::StatusOr<ParityReference> reference = BuildParityReference(**original_session, *original, config.validation(),
+                                                                     *supplied, request.cancelled, parity);
+    if (!reference.ok()) return fail(reference.status());
+    // Judges a candidate in memory (the bisection's probes) or, for the result, from its file.
+    auto judge = [&](const ModelSource& source, const std::string& precision,
+                     v1::ParityReport* into) -> absl::StatusOr<bool> {
+      auto session = CreateSession(source, settings);
+      if (!session.ok()) {
+        return absl::InternalError(absl::StrCat("the optimized model does not load in ONNX Runtime: ",
+                                                session.status().message()));
       }
-    }
-    if (!skip_benchmark) {
-      Progress(request, Phase::kBenchmarking);
-      v1::BenchmarkReport* benchmark = report.mutable_benchmark();
-      benchmark->set_device(settings.device == v1::DEVICE_CUDA ? "CUDA GPU" : CpuDescription());
-      benchmark->set_execution_provider(*ProviderFor(settings.device));
-      absl::Status timed = Benchmark(**original_session, **optimized_session, *original, request.config,
-                                     request.cancelled, benchmark);
-      if (!timed.ok()) return fail(timed);
+      absl::Status compared = CompareWithReference(**session, precision, *reference, config.validation(),
+                                                   request.cancelled, into);
+      if (!compared.ok()) return compared;
+      return into->passed();
+    };
+    absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
+    if (!optimized_source.ok()) return fail(optimized_source.status());
+    absl::StatusOr<bool> passed = judge(*optimized_source, ModelPrecision(optimized), parity);
+    if (!passed.ok()) return fail(passed.status());
+    if (!*passed) {
+      ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
+        *into = *parity;
+        return judge(ModelSource{candidate.SerializeAsString(), {}}, ModelPrecision(candidate), into);
+      };
+      absl::StatusOr<BisectionResult> bisected =
+          BisectAndRecover(*original, *pipeline, optimized, pass_reports, probe, request.cancelled);
+      if (!bisected.ok()) return fail(bisected.status());
+      const std::string culprits = CulpritList(bisected->bisection);
+      if (config.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
+        *parity->mutable_bisection() = bisected->bisection;
+        return fail(absl::AbortedError(absl::StrCat(
+            "PARITY_FAILED: the optimized model's outputs differ from the original's beyond the tolerance",
+            culprits.empty() ? "" : absl::StrCat("; the first pass to break parity: ", culprits),
+            "; see the report's parity section")));
+      }
+      // Recover: the best model that passes becomes the result.
+      *parity = bisected->parity;
+      *parity->mutable_bisection() = bisected->bisection;
+      returned_original = bisected->bisection.returned_original();
+      report.add_warnings(absl::StrCat("the full pipeline broke parity", culprits.empty() ? "" : absl::StrCat(" (", culprits, ")"),
+                                       returned_original ? "; the original model is returned"
+                                                         : "; the returned model was optimized without the culprit passes"));
+      optimized = std::move(bisected->model);
+      report.clear_passes();
+      for (const auto& pass_report : bisected->passes) *report.add_passes() = pass_report;
+      absl::Status resaved = save_result(optimized, bisected->passes);
+      if (!resaved.ok()) return fail(resaved);
     }
   }
-  report.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (partial_report != nullptr) *partial_report = report;
-  return result;
+
+  if (!skip_benchmark) {
+    Progress(request, Phase::kBenchmarking);
+    absl::Status timed = RunBenchmark(request, *original, *original_source, optimized, output_path, device, *supplied,
+                                      &report, &result);
+    if (!timed.ok()) return fail(timed);
+    if (report.benchmark().regression()) {
+      report.add_warnings(absl::StrFormat(
+          "the optimized model is slower than the original beyond the noise (speedup %.3fx, 90%% of side-by-side "
+          "runs below %.3fx)%s",
+          report.benchmark().speedup(), report.benchmark().speedup_p90(),
+          config.benchmark().on_regression() == v1::ON_REGRESSION_RETURN_ORIGINAL ? "; the original model is returned"
+                                                                                  : ""));
+      if (config.benchmark().on_regression() == v1::ON_REGRESSION_RETURN_ORIGINAL && !returned_original) {
+        returned_original = true;
+        const v1::ModelSummary pipeline_output = report.optimized();
+        absl::Status resaved = save_result(*original, {});
+        if (!resaved.ok()) return fail(resaved);
+        // `optimized` keeps describing what the pipeline produced; the files are the original's.
+        *report.mutable_optimized() = pipeline_output;
+      }
+    }
+  }
+  report.set_returned_original(returned_original);
+  return Finish(request, start, partial_report, &result);
 }
 
 }  // namespace onnxopt

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,11 @@ enum class Phase { kLoading, kOptimizing, kSaving, kValidating, kBenchmarking };
 
 struct OptimizeRequest {
   std::filesystem::path model_path;   // external data files sit next to it
-  std::filesystem::path output_dir;   // receives model.onnx (and model.onnx.data for big models)
+  // Receives model.onnx (and model.onnx.data for big models), and ort_session.json after tuning.
+  std::filesystem::path output_dir;
   v1::OptimizationConfig config;
+  // Inputs supplied with the job: per input set, model input name -> TensorProto file.
+  std::vector<std::map<std::string, std::filesystem::path>> input_files;
   const std::atomic<bool>* cancelled = nullptr;
   std::function<void(Phase phase, const std::string& pass, int done, int total)> on_progress;
 };
@@ -45,8 +49,10 @@ absl::Status CheckConfig(const v1::OptimizationConfig& config);
 absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>* warnings);
 
 // Errors: INVALID_ARGUMENT for models that do not load or check (reason in the message), CANCELLED,
-// ABORTED (PARITY_FAILED) when the optimized model does not match the original; `report` is then
-// still filled as far as it got, so the caller can keep it.
+// ABORTED (PARITY_FAILED) when the optimized model does not match the original and the config says
+// to fail rather than recover; `report` is then still filled as far as it got, so the caller can keep
+// it. A parity failure is otherwise bisected and the best model that passes is returned (the report
+// names the culprit passes); a regression can return the original (Report.returned_original).
 absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Report* partial_report = nullptr);
 
 v1::ModelSummary Summarize(const onnx::ModelProto& model, int64_t model_bytes);

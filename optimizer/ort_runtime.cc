@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
     Ort::SessionOptions options;
     options.SetGraphOptimizationLevel(settings.optimization_level);
     if (settings.intra_op_threads > 0) options.SetIntraOpNumThreads(settings.intra_op_threads);
+    options.SetExecutionMode(settings.parallel_execution ? ORT_PARALLEL : ORT_SEQUENTIAL);
     if (*provider == "CUDAExecutionProvider") {
       OrtCUDAProviderOptionsV2* cuda_options = nullptr;
       Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));

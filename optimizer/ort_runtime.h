@@ -24,6 +24,7 @@ struct SessionSettings {
   v1::Device device = v1::DEVICE_CPU;
   int intra_op_threads = 0;  // 0: ONNX Runtime's default
   GraphOptimizationLevel optimization_level = ORT_ENABLE_ALL;
+  bool parallel_execution = false;  // ORT_PARALLEL: independent branches on the inter-op pool
 };
 
 std::string OrtVersion();

@@ -7,7 +7,8 @@
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/validator.h"
+#include "optimizer/parity.h"
+#include "optimizer/benchmark.h"
 
 namespace onnxopt::testing {
 

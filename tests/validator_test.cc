@@ -1,4 +1,5 @@
-#include "optimizer/validator.h"
+#include "optimizer/parity.h"
+#include "optimizer/benchmark.h"
 
 #include <cmath>
 #include <limits>

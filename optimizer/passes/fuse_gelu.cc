@@ -2,7 +2,7 @@
 //
 // Before (erf):   y = x * 0.5 * (1 + Erf(x / sqrt(2)))                    After:  y = Gelu(x)
 // Before (tanh):  y = 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))      y = FastGelu(x)
-// Before (quick): y = x * Sigmoid(alpha * x)                                      y = QuickGelu(x, alpha)
+// Before (quick): y = x * Sigmoid(alpha * x), or SiLU x * Sigmoid(x)              y = QuickGelu(x, alpha)
 // With x = Add(h, bias[N]) read by nothing else, the bias is absorbed: BiasGelu(h, bias) and
 // FastGelu(h, bias), also for a Gelu/FastGelu fused earlier whose bias Add appeared later. Operands
 // of Mul/Add may come in either order; x / sqrt(2) may be written x * (1 / sqrt(2)); x^3 as Pow or
@@ -166,17 +166,25 @@ class FuseGeluPass final : public Pass {
         fused_op = "FastGelu";
       } else if (node->op_type() == "Sigmoid") {
         Node* scale = graph.Producer(node->input(0));
-        if (scale == nullptr || scale->op_type() != "Mul" || scale->input_size() != 2) continue;
-        for (int side = 0; side < 2; ++side) {
-          auto constant = ConstantScalarFloat(graph, scale->input(side));
-          if (constant) {
-            alpha = *constant;
-            x = scale->input(1 - side);
+        if (scale != nullptr && scale->op_type() == "Mul" && scale->domain().empty() && scale->input_size() == 2) {
+          for (int side = 0; side < 2; ++side) {
+            auto constant = ConstantScalarFloat(graph, scale->input(side));
+            if (constant) {
+              alpha = *constant;
+              x = scale->input(1 - side);
+            }
           }
         }
         Node* product = SoleConsumer(graph, node->output(0));
-        if (x.empty() || !IsMulOf(product, x, node->output(0))) continue;
-        nodes = {scale, node, product};
+        if (!x.empty() && IsMulOf(product, x, node->output(0))) {
+          nodes = {scale, node, product};
+        } else if (IsMulOf(product, node->input(0), node->output(0))) {  // SiLU: x * sigmoid(x)
+          x = node->input(0);
+          alpha = 1.0f;
+          nodes = {node, product};
+        } else {
+          continue;
+        }
         output = product->output(0);
         fused_op = "QuickGelu";
       } else {

@@ -13,7 +13,8 @@
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
-#include "optimizer/validator.h"
+#include "optimizer/parity.h"
+#include "optimizer/benchmark.h"
 
 namespace onnxopt {
 namespace {

@@ -1,0 +1,339 @@
+#include "optimizer/benchmark.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "optimizer/parity.h"
+
+namespace onnxopt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double rank = p / 100.0 * (sorted.size() - 1);
+  const size_t low = static_cast<size_t>(std::floor(rank));
+  const size_t high = std::min(sorted.size() - 1, low + 1);
+  return sorted[low] + (sorted[high] - sorted[low]) * (rank - low);
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return Percentile(values, 50);
+}
+
+// Largest relative gap between the medians of the last three windows.
+double Drift(const std::vector<double>& medians) {
+  if (medians.size() < 3) return std::numeric_limits<double>::infinity();
+  const auto last = medians.end() - 3;
+  const auto [low, high] = std::minmax_element(last, medians.end());
+  return *low > 0 ? (*high - *low) / *low : std::numeric_limits<double>::infinity();
+}
+
+// Runs `session` once; its wall time in milliseconds.
+absl::StatusOr<double> TimedRun(Ort::Session& session, const GeneratedInputs& inputs,
+                                const std::vector<const char*>& output_names) {
+  std::vector<const char*> input_names;
+  for (const auto& name : inputs.names) input_names.push_back(name.c_str());
+  const auto start = Clock::now();
+  try {
+    session.Run(Ort::RunOptions{nullptr}, input_names.data(), inputs.values.data(), inputs.values.size(),
+                output_names.data(), output_names.size());
+  } catch (const Ort::Exception& e) {
+    return absl::InternalError(absl::StrCat("ONNX Runtime failed during the benchmark: ", e.what()));
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+struct OutputNames {
+  explicit OutputNames(Ort::Session& session) {
+    Ort::AllocatorWithDefaultOptions allocator;
+    for (size_t i = 0; i < session.GetOutputCount(); ++i) names.push_back(session.GetOutputNameAllocated(i, allocator).get());
+    for (const auto& name : names) pointers.push_back(name.c_str());
+  }
+  std::vector<std::string> names;
+  std::vector<const char*> pointers;
+};
+
+// Reads a "Name:   123 kB" line of /proc/self/status, in bytes.
+std::optional<int64_t> StatusKilobytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, key + ":")) continue;
+    std::string digits;
+    for (char c : line) {
+      if (std::isdigit(static_cast<unsigned char>(c))) digits += c;
+    }
+    int64_t kilobytes = 0;
+    if (absl::SimpleAtoi(digits, &kilobytes)) return kilobytes * 1024;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config) {
+  if (config.warmup_runs() < 0 || config.warmup_runs() > 10000 || config.iterations() < 0 ||
+      config.iterations() > kMaxTimedRuns) {
+    return absl::InvalidArgumentError(absl::StrCat("benchmark.warmup_runs must be in [0, 10000] and benchmark.iterations in [0, ",
+                                                   kMaxTimedRuns, "]"));
+  }
+  if (!(config.time_budget_seconds() >= 0 && config.time_budget_seconds() <= 3600)) {
+    return absl::InvalidArgumentError("benchmark.time_budget_seconds must be between 0 and 3600");
+  }
+  if (config.intra_op_threads() < 0 || config.intra_op_threads() > 1024) {
+    return absl::InvalidArgumentError("benchmark.intra_op_threads must be between 0 and 1024");
+  }
+  if (!(config.stability() >= 0 && config.stability() < 1)) {
+    return absl::InvalidArgumentError("benchmark.stability must be in [0, 1) (0 for the default 0.02)");
+  }
+  if (config.window_runs() < 0 || config.window_runs() > 1000) {
+    return absl::InvalidArgumentError("benchmark.window_runs must be between 1 and 1000 (0 for the default)");
+  }
+  if (!v1::Device_IsValid(config.device()) || !v1::RegressionAction_IsValid(config.on_regression()) ||
+      !v1::OrtOptimizationLevel_IsValid(config.ort_optimization_level())) {
+    return absl::InvalidArgumentError("benchmark.device, benchmark.on_regression or benchmark.ort_optimization_level is unknown");
+  }
+  return absl::OkStatus();
+}
+
+v1::LatencyStats Summarize(const std::vector<double>& latencies_ms) {
+  v1::LatencyStats stats;
+  if (latencies_ms.empty()) return stats;
+  std::vector<double> sorted = latencies_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double n = static_cast<double>(sorted.size());
+  const double mean = std::accumulate(sorted.begin(), sorted.end(), 0.0) / n;
+  double variance = 0;
+  for (double latency : sorted) variance += (latency - mean) * (latency - mean);
+  stats.set_runs(static_cast<int32_t>(sorted.size()));
+  stats.set_p50_ms(Percentile(sorted, 50));
+  stats.set_p90_ms(Percentile(sorted, 90));
+  stats.set_p95_ms(Percentile(sorted, 95));
+  stats.set_p99_ms(Percentile(sorted, 99));
+  stats.set_mean_ms(mean);
+  stats.set_stddev_ms(n > 1 ? std::sqrt(variance / (n - 1)) : 0);
+  stats.set_min_ms(sorted.front());
+  stats.set_max_ms(sorted.back());
+  stats.set_throughput_per_second(mean > 0 ? 1000.0 / mean : 0);
+  const size_t keep = std::min<size_t>(latencies_ms.size(), kMaxLatencySamples);
+  for (size_t i = 0; i < keep; ++i) stats.add_samples_ms(latencies_ms[i * latencies_ms.size() / keep]);
+  return stats;
+}
+
+absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
+                       const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                       v1::BenchmarkReport* report) {
+  const int warmup = config.warmup_runs() > 0 ? config.warmup_runs() : kDefaultWarmupRuns;
+  const bool fixed = config.iterations() > 0;
+  const int target = fixed ? config.iterations() : kMaxTimedRuns;
+  const double budget = config.time_budget_seconds() > 0 ? config.time_budget_seconds() : kDefaultTimeBudgetSeconds;
+  const double stability = config.stability() > 0 ? config.stability() : kDefaultStability;
+  const int window = config.window_runs() > 0 ? config.window_runs() : kDefaultWindowRuns;
+  const OutputNames outputs(original);
+  Ort::Session* sessions[2] = {&original, &optimized};
+  const auto start = Clock::now();
+  bool all_stable = true, regression = false;
+  for (size_t set = 0; set < inputs.size(); ++set) {
+    // Each shape set gets an equal share of what is left of the budget.
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const double share = std::max(0.0, budget - elapsed) / static_cast<double>(inputs.size() - set);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share));
+    for (int i = 0; i < warmup; ++i) {
+      for (Ort::Session* session : sessions) {
+        absl::StatusOr<double> latency = TimedRun(*session, inputs[set], outputs.pointers);
+        if (!latency.ok()) return latency.status();
+      }
+    }
+    std::vector<double> latencies[2], ratios, medians[2];
+    int runs = 0;
+    bool stable = false;
+    while (runs < target) {
+      std::vector<double> window_latencies[2];
+      for (int i = 0; i < window && runs < target; ++i, ++runs) {
+        if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+        double pair[2];
+        for (int k = 0; k < 2; ++k) {
+          const int which = runs % 2 == 0 ? k : 1 - k;  // alternate who goes first: neither gets a warmer cache
+          absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs[set], outputs.pointers);
+          if (!latency.ok()) return latency.status();
+          pair[which] = *latency;
+          latencies[which].push_back(*latency);
+          window_latencies[which].push_back(*latency);
+        }
+        if (pair[1] > 0) ratios.push_back(pair[0] / pair[1]);
+      }
+      for (int k = 0; k < 2; ++k) medians[k].push_back(Median(window_latencies[k]));
+      stable = std::max(Drift(medians[0]), Drift(medians[1])) <= stability;
+      if (!fixed && stable) break;
+      if (Clock::now() > deadline && runs >= std::min(target, 10)) break;
+    }
+    v1::ShapeBenchmark* shape = report->add_shapes();
+    shape->mutable_input_shapes()->insert(inputs[set].shapes.begin(), inputs[set].shapes.end());
+    *shape->mutable_original() = Summarize(latencies[0]);
+    *shape->mutable_optimized() = Summarize(latencies[1]);
+    if (shape->optimized().p50_ms() > 0) shape->set_speedup(shape->original().p50_ms() / shape->optimized().p50_ms());
+    std::sort(ratios.begin(), ratios.end());
+    shape->set_speedup_p10(Percentile(ratios, 10));
+    shape->set_speedup_p90(Percentile(ratios, 90));
+    shape->set_stable(stable);
+    shape->set_windows(static_cast<int32_t>(medians[0].size()));
+    const double drift = std::max(Drift(medians[0]), Drift(medians[1]));
+    shape->set_median_drift(std::isfinite(drift) ? drift : -1);
+    all_stable &= stable;
+    // Slower beyond the noise: the median says slower and so do nine in ten side-by-side pairs.
+    regression |= shape->speedup() < 1.0 && shape->speedup_p90() < 1.0;
+  }
+  if (report->shapes_size() > 0) {
+    const v1::ShapeBenchmark& first = report->shapes(0);
+    *report->mutable_original() = first.original();
+    *report->mutable_optimized() = first.optimized();
+    report->set_speedup(first.speedup());
+    report->set_speedup_p10(first.speedup_p10());
+    report->set_speedup_p90(first.speedup_p90());
+  }
+  report->set_stable(all_stable);
+  report->set_regression(regression);
+  report->set_warmup_runs(warmup);
+  report->set_intra_op_threads(config.intra_op_threads());
+  report->set_onnxruntime_version(OrtVersion());
+  return absl::OkStatus();
+}
+
+absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                       const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
+                       v1::BenchmarkReport* report) {
+  std::vector<GeneratedInputs> inputs;
+  for (const DimValues& dims : ShapeSets(config.validation())) {
+    absl::StatusOr<GeneratedInputs> generated = GenerateInputs(original, original_model, config.validation(), dims, 0);
+    if (!generated.ok()) return generated.status();
+    inputs.push_back(*std::move(generated));
+  }
+  return Benchmark(original, optimized, inputs, config.benchmark(), cancelled, report);
+}
+
+absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const SessionSettings& settings,
+                                          const GeneratedInputs& inputs) {
+  // Hand freed heap pages back first, or this session would reuse what an earlier one left and
+  // look free.
+  malloc_trim(0);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // resets the peak resident size (VmHWM) to the current one
+    if (!clear) return absl::UnavailableError("cannot reset the peak resident size");
+  }
+  const std::optional<int64_t> before = StatusKilobytes("VmRSS");
+  {
+    absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(model, settings);
+    if (!session.ok()) return session.status();
+    const OutputNames outputs(**session);
+    absl::StatusOr<double> ran = TimedRun(**session, inputs, outputs.pointers);
+    if (!ran.ok()) return ran.status();
+  }
+  const std::optional<int64_t> peak = StatusKilobytes("VmHWM");
+  if (!before || !peak) return absl::UnavailableError("cannot read the resident size");
+  return std::max<int64_t>(0, *peak - *before);
+}
+
+absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const SessionSettings& base,
+                                              const GeneratedInputs& inputs, double budget_seconds,
+                                              const std::atomic<bool>* cancelled) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> threads = {0, 1};
+  if (cores / 2 > 1) threads.push_back(cores / 2);
+  if (cores > 1) threads.push_back(cores);
+  const GraphOptimizationLevel levels[] = {ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL};
+  const size_t trials = threads.size() * 2 * 3;
+  const double per_trial = std::max(0.05, budget_seconds / static_cast<double>(trials));
+  v1::SessionTuning tuning;
+  double default_p50 = 0;
+  for (GraphOptimizationLevel level : levels) {
+    for (int count : threads) {
+      for (bool parallel : {false, true}) {
+        if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during session tuning");
+        v1::TuningTrial* trial = tuning.add_trials();
+        trial->set_intra_op_threads(count);
+        trial->set_execution_mode(parallel ? "parallel" : "sequential");
+        trial->set_optimization_level(OrtLevelName(level));
+        SessionSettings settings = base;
+        settings.intra_op_threads = count;
+        settings.parallel_execution = parallel;
+        settings.optimization_level = level;
+        absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(model, settings);
+        if (!session.ok()) {
+          trial->set_error(std::string(session.status().message()));
+          continue;
+        }
+        const OutputNames outputs(**session);
+        std::vector<double> latencies;
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(per_trial));
+        for (int i = 0; i < 200 && (i < 5 || Clock::now() < deadline); ++i) {
+          absl::StatusOr<double> latency = TimedRun(**session, inputs, outputs.pointers);
+          if (!latency.ok()) {
+            trial->set_error(std::string(latency.status().message()));
+            break;
+          }
+          if (i >= 2) latencies.push_back(*latency);  // the first runs warm up
+        }
+        if (!trial->error().empty() || latencies.empty()) continue;
+        trial->set_p50_ms(Median(latencies));
+        if (!tuning.has_best() || trial->p50_ms() < tuning.best().p50_ms()) *tuning.mutable_best() = *trial;
+        if (level == ORT_ENABLE_ALL && count == 0 && !parallel) default_p50 = trial->p50_ms();
+      }
+    }
+  }
+  if (!tuning.has_best()) return absl::InternalError("no session settings could run the model");
+  if (default_p50 <= 0) return tuning;
+  // Brief one-after-another trials are noisy: confirm the winner against the defaults side by side.
+  SessionSettings best = base, defaults = base;
+  best.intra_op_threads = tuning.best().intra_op_threads();
+  best.parallel_execution = tuning.best().execution_mode() == "parallel";
+  for (GraphOptimizationLevel level : levels) {
+    if (OrtLevelName(level) == tuning.best().optimization_level()) best.optimization_level = level;
+  }
+  defaults.intra_op_threads = 0;
+  defaults.parallel_execution = false;
+  defaults.optimization_level = ORT_ENABLE_ALL;
+  auto best_session = CreateSession(model, best);
+  auto default_session = CreateSession(model, defaults);
+  if (!best_session.ok() || !default_session.ok()) return tuning;
+  const OutputNames outputs(**best_session);
+  std::vector<double> latencies[2];
+  Ort::Session* sessions[2] = {default_session->get(), best_session->get()};
+  for (int i = 0; i < 60; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const int which = i % 2 == 0 ? k : 1 - k;
+      absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs, outputs.pointers);
+      if (!latency.ok()) return tuning;
+      if (i >= 4) latencies[which].push_back(*latency);
+    }
+  }
+  const double gain = Median(latencies[0]) / Median(latencies[1]);
+  if (gain < 1.0) {
+    // Not better in the end: the defaults stay.
+    for (const auto& trial : tuning.trials()) {
+      if (trial.intra_op_threads() == 0 && trial.execution_mode() == "sequential" && trial.optimization_level() == "all") {
+        *tuning.mutable_best() = trial;
+      }
+    }
+    tuning.set_gain(1.0);
+  } else {
+    tuning.set_gain(gain);
+  }
+  return tuning;
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,59 @@
+// The latency benchmark: the original and the optimized model timed interleaved in one process,
+// after warm-up, in windows of runs until the windows' medians agree (or a run count or time
+// budget ends), for every shape set; plus the peak memory a session adds and, on request, a search
+// for the fastest ONNX Runtime session settings.
+#ifndef ONNXOPT_OPTIMIZER_BENCHMARK_H_
+#define ONNXOPT_OPTIMIZER_BENCHMARK_H_
+
+#include <atomic>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxopt/v1/report.pb.h"
+#include "optimizer/input_generator.h"
+#include "optimizer/ort_runtime.h"
+
+namespace onnxopt {
+
+inline constexpr int kDefaultWarmupRuns = 5;
+inline constexpr double kDefaultTimeBudgetSeconds = 30;
+inline constexpr double kDefaultStability = 0.02;
+inline constexpr int kDefaultWindowRuns = 20;
+inline constexpr int kMaxTimedRuns = 100000;
+inline constexpr int kMaxLatencySamples = 2000;
+
+// Checks that a config's benchmark settings make sense (INVALID_ARGUMENT otherwise).
+absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config);
+
+// Order statistics of latencies in milliseconds, in the order they were taken (samples_ms keeps at
+// most kMaxLatencySamples of them, evenly picked).
+v1::LatencyStats Summarize(const std::vector<double>& latencies_ms);
+
+// Times both sessions on `inputs` (one entry per shape set); fills shapes, the first shape set's
+// figures at the top level, stability and the regression flag. CANCELLED on cancel.
+absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
+                       const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                       v1::BenchmarkReport* report);
+
+// The same on generated inputs for every shape set of `config.validation()`.
+absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                       const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
+                       v1::BenchmarkReport* report);
+
+// Resident memory a fresh session of `model` adds while it loads and runs once on `inputs`, in
+// bytes; UNAVAILABLE where the kernel does not let the process reset its peak (/proc/self/clear_refs).
+absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const SessionSettings& settings,
+                                          const GeneratedInputs& inputs);
+
+// Times `model` under thread counts, sequential/parallel execution and ONNX Runtime's optimization
+// levels (briefly each) and names the fastest; `base` gives the device.
+absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const SessionSettings& base,
+                                              const GeneratedInputs& inputs, double budget_seconds,
+                                              const std::atomic<bool>* cancelled);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_BENCHMARK_H_

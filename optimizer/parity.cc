@@ -1,0 +1,343 @@
+#include "optimizer/parity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace onnxopt {
+namespace {
+
+// Element values as doubles; false for element types that cannot be compared numerically.
+bool ToDoubles(const Ort::Value& value, std::vector<double>* out) {
+  auto info = value.GetTensorTypeAndShapeInfo();
+  const size_t count = info.GetElementCount();
+  out->resize(count);
+  auto copy = [&](auto* data) {
+    for (size_t i = 0; i < count; ++i) (*out)[i] = static_cast<double>(data[i]);
+  };
+  switch (info.GetElementType()) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: copy(value.GetTensorData<float>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: copy(value.GetTensorData<double>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: copy(value.GetTensorData<int64_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: copy(value.GetTensorData<int32_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16: copy(value.GetTensorData<int16_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: copy(value.GetTensorData<int8_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: copy(value.GetTensorData<uint8_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16: copy(value.GetTensorData<uint16_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32: copy(value.GetTensorData<uint32_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT64: copy(value.GetTensorData<uint64_t>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: copy(value.GetTensorData<bool>()); return true;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: {
+      const auto* data = value.GetTensorData<Ort::Float16_t>();
+      for (size_t i = 0; i < count; ++i) (*out)[i] = data[i].ToFloat();
+      return true;
+    }
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: {
+      const auto* data = value.GetTensorData<Ort::BFloat16_t>();
+      for (size_t i = 0; i < count; ++i) (*out)[i] = data[i].ToFloat();
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<std::vector<Ort::Value>> RunSession(Ort::Session& session, const GeneratedInputs& inputs,
+                                                   const std::vector<const char*>& output_names) {
+  std::vector<const char*> input_names;
+  for (const auto& name : inputs.names) input_names.push_back(name.c_str());
+  try {
+    return session.Run(Ort::RunOptions{nullptr}, input_names.data(), inputs.values.data(), inputs.values.size(),
+                       output_names.data(), output_names.size());
+  } catch (const Ort::Exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
+std::vector<std::string> OutputNames(Ort::Session& session) {
+  std::vector<std::string> names;
+  Ort::AllocatorWithDefaultOptions allocator;
+  for (size_t i = 0; i < session.GetOutputCount(); ++i) names.push_back(session.GetOutputNameAllocated(i, allocator).get());
+  return names;
+}
+
+std::vector<const char*> CStrings(const std::vector<std::string>& names) {
+  std::vector<const char*> pointers;
+  for (const auto& name : names) pointers.push_back(name.c_str());
+  return pointers;
+}
+
+bool Valid(const v1::Tolerance& tolerance) {
+  auto ok = [](double v) { return std::isfinite(v) && v >= 0; };
+  return (!tolerance.has_atol() || ok(tolerance.atol())) && (!tolerance.has_rtol() || ok(tolerance.rtol()));
+}
+
+}  // namespace
+
+bool AllClose(double actual, double expected, double atol, double rtol) {
+  if (std::isnan(expected) || std::isnan(actual)) return std::isnan(expected) && std::isnan(actual);
+  if (std::isinf(expected) || std::isinf(actual)) return actual == expected;
+  return std::fabs(actual - expected) <= atol + rtol * std::fabs(expected);
+}
+
+void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
+                   v1::OutputParity* result) {
+  result->set_atol(atol);
+  result->set_rtol(rtol);
+  if (!expected.IsTensor() || !actual.IsTensor()) {
+    result->set_passed(expected.IsTensor() == actual.IsTensor());
+    result->set_note("non-tensor output: not compared element-wise");
+    return;
+  }
+  auto expected_info = expected.GetTensorTypeAndShapeInfo();
+  auto actual_info = actual.GetTensorTypeAndShapeInfo();
+  for (int64_t d : expected_info.GetShape()) result->add_shape(d);
+  if (expected_info.GetShape() != actual_info.GetShape()) {
+    result->set_passed(false);
+    result->set_note(absl::StrCat("shape differs: original ", absl::StrJoin(expected_info.GetShape(), "x"),
+                                  ", optimized ", absl::StrJoin(actual_info.GetShape(), "x")));
+    return;
+  }
+  if (expected_info.GetElementType() != actual_info.GetElementType()) {
+    result->set_passed(false);
+    result->set_note("element type differs");
+    return;
+  }
+  std::vector<double> want, got;
+  if (!ToDoubles(expected, &want) || !ToDoubles(actual, &got)) {
+    result->set_passed(false);
+    result->set_note("element type cannot be compared");
+    return;
+  }
+  double max_abs = 0, max_rel = 0;
+  int64_t mismatches = 0;
+  bool introduced = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool finite_expected = std::isfinite(want[i]);
+    if (finite_expected && !std::isfinite(got[i])) introduced = true;
+    if (!AllClose(got[i], want[i], atol, rtol)) ++mismatches;
+    if (finite_expected && std::isfinite(got[i])) {
+      const double abs_error = std::fabs(got[i] - want[i]);
+      max_abs = std::max(max_abs, abs_error);
+      max_rel = std::max(max_rel, abs_error / std::max(std::fabs(want[i]), 1e-12));
+    }
+  }
+  result->set_elements(static_cast<int64_t>(want.size()));
+  result->set_max_abs_error(max_abs);
+  result->set_max_rel_error(max_rel);
+  result->set_mismatch_fraction(want.empty() ? 0.0 : static_cast<double>(mismatches) / want.size());
+  result->set_nan_or_inf_introduced(introduced);
+  result->set_passed(mismatches == 0 && !introduced);
+}
+
+std::string ModelPrecision(const onnx::ModelProto& model) {
+  static const std::set<std::string> kQuantized = {
+      "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+      "ConvInteger", "QAttention", "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearAdd",
+      "QLinearMul", "MatMulNBits"};
+  bool fp16 = false, bf16 = false;
+  auto note_type = [&](int32_t type) {
+    fp16 |= type == onnx::TensorProto::FLOAT16;
+    bf16 |= type == onnx::TensorProto::BFLOAT16;
+  };
+  for (const auto& node : model.graph().node()) {
+    if (kQuantized.count(node.op_type()) > 0) return "int8";
+    if (node.op_type() == "Cast") {
+      for (const auto& attribute : node.attribute()) {
+        if (attribute.name() == "to") note_type(static_cast<int32_t>(attribute.i()));
+      }
+    }
+  }
+  for (const auto& tensor : model.graph().initializer()) note_type(tensor.data_type());
+  for (const auto* values : {&model.graph().input(), &model.graph().output()}) {
+    for (const auto& value : *values) note_type(value.type().tensor_type().elem_type());
+  }
+  return bf16 ? "bf16" : (fp16 ? "fp16" : "fp32");
+}
+
+Tolerance ToleranceFor(const v1::ValidationConfig& config, const std::string& name, const std::string& precision) {
+  Tolerance tolerance;
+  tolerance.source = precision;
+  if (precision == "fp16") tolerance = {1e-2, 1e-2, precision};
+  if (precision == "bf16") tolerance = {2e-2, 2e-2, precision};
+  if (precision == "int8") tolerance = {5e-2, 5e-2, precision};
+  auto apply = [&](const v1::Tolerance& given, const char* source) {
+    if (given.has_atol()) tolerance.atol = given.atol();
+    if (given.has_rtol()) tolerance.rtol = given.rtol();
+    if (given.has_atol() || given.has_rtol()) tolerance.source = source;
+  };
+  auto by_precision = config.precision_tolerances().find(precision);
+  if (by_precision != config.precision_tolerances().end()) apply(by_precision->second, "config");
+  v1::Tolerance global;
+  if (config.has_atol()) global.set_atol(config.atol());
+  if (config.has_rtol()) global.set_rtol(config.rtol());
+  apply(global, "config");
+  auto by_output = config.output_tolerances().find(name);
+  if (by_output != config.output_tolerances().end()) apply(by_output->second, "output");
+  return tolerance;
+}
+
+absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
+  v1::Tolerance global;
+  if (config.has_atol()) global.set_atol(config.atol());
+  if (config.has_rtol()) global.set_rtol(config.rtol());
+  if (!Valid(global)) return absl::InvalidArgumentError("validation.atol and validation.rtol must be finite and >= 0");
+  for (const auto& [name, tolerance] : config.output_tolerances()) {
+    if (!Valid(tolerance)) {
+      return absl::InvalidArgumentError(absl::StrCat("validation.output_tolerances['", name, "'] must be finite and >= 0"));
+    }
+  }
+  static const std::set<std::string> kPrecisions = {"fp32", "fp16", "bf16", "int8"};
+  for (const auto& [name, tolerance] : config.precision_tolerances()) {
+    if (kPrecisions.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("validation.precision_tolerances: unknown precision '", name,
+                                                     "' (known: fp32, fp16, bf16, int8)"));
+    }
+    if (!Valid(tolerance)) {
+      return absl::InvalidArgumentError(absl::StrCat("validation.precision_tolerances['", name, "'] must be finite and >= 0"));
+    }
+  }
+  if (config.samples() < 0 || config.samples() > 100) {
+    return absl::InvalidArgumentError("validation.samples must be between 1 and 100 (0 for the default)");
+  }
+  if (config.shapes_size() > 16) return absl::InvalidArgumentError("validation.shapes: at most 16 shape sets");
+  auto check_dims = [](const google::protobuf::Map<std::string, int64_t>& dims) -> absl::Status {
+    for (const auto& dim : dims) {
+      if (dim.second < 1 || dim.second > (int64_t{1} << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat("dim_values['", dim.first, "'] must be between 1 and 2^20"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = check_dims(config.dim_values()); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("validation.", status.message()));
+  }
+  for (const auto& shape_set : config.shapes()) {
+    if (absl::Status status = check_dims(shape_set.dim_values()); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("validation.shapes[].", status.message()));
+    }
+  }
+  if (!(config.mask_padding() >= 0 && config.mask_padding() < 1)) {
+    return absl::InvalidArgumentError("validation.mask_padding must be in [0, 1)");
+  }
+  if (!v1::ParityFailureAction_IsValid(config.on_parity_failure()) ||
+      !v1::OrtOptimizationLevel_IsValid(config.ort_optimization_level())) {
+    return absl::InvalidArgumentError("validation.on_parity_failure or validation.ort_optimization_level is unknown");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, const onnx::ModelProto& original_model,
+                                                     const v1::ValidationConfig& config,
+                                                     const std::vector<SuppliedSample>& supplied,
+                                                     const std::atomic<bool>* cancelled, v1::ParityReport* report) {
+  ParityReference reference;
+  reference.output_names = OutputNames(original);
+  const std::vector<const char*> output_names = CStrings(reference.output_names);
+  report->set_seed(config.seed());
+  report->set_supplied_inputs(!supplied.empty());
+  // Supplied inputs are one shape set of their own; generated ones follow the config's shape sets.
+  const std::vector<DimValues> shape_sets = supplied.empty() ? ShapeSets(config) : std::vector<DimValues>{ShapeSets(config).front()};
+  const int samples = !supplied.empty() ? static_cast<int>(supplied.size()) : (config.samples() > 0 ? config.samples() : 1);
+  report->set_samples(samples);
+  for (size_t shape_set = 0; shape_set < shape_sets.size(); ++shape_set) {
+    v1::InputShapes* described = report->add_shape_sets();
+    described->mutable_dim_values()->insert(shape_sets[shape_set].begin(), shape_sets[shape_set].end());
+    for (int sample = 0; sample < samples; ++sample) {
+      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+      absl::StatusOr<GeneratedInputs> inputs =
+          GenerateInputs(original, original_model, config, shape_sets[shape_set], sample,
+                         supplied.empty() ? nullptr : &supplied[static_cast<size_t>(sample)]);
+      if (!inputs.ok()) return inputs.status();
+      if (sample == 0) described->mutable_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
+      if (shape_set == 0 && sample == 0) report->mutable_input_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
+      auto expected = RunSession(original, *inputs, output_names);
+      if (!expected.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on ",
+                                                       supplied.empty() ? "generated" : "the supplied", " inputs: ",
+                                                       expected.status().message()));
+      }
+      if (shape_set == 0 && sample == 0) {
+        // A model that disagrees with itself (random ops, training-mode Dropout) cannot be judged.
+        auto again = RunSession(original, *inputs, output_names);
+        if (!again.ok()) return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ", again.status().message()));
+        for (size_t i = 0; i < reference.output_names.size(); ++i) {
+          v1::OutputParity self;
+          // Loose enough for thread-level reordering, far tighter than what random operators change.
+          CompareOutput((*expected)[i], (*again)[i], 1e-6, 1e-5, &self);
+          if (!self.passed()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "NONDETERMINISTIC_MODEL: the original model's output '", reference.output_names[i],
+                "' differs between two runs on the same inputs (random operators or training-mode Dropout?), so "
+                "parity cannot be judged; set validation.skip to optimize it without a parity check"));
+          }
+        }
+      }
+      reference.sets.push_back({static_cast<int>(shape_set), sample, *std::move(inputs), *std::move(expected)});
+    }
+  }
+  return reference;
+}
+
+absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
+                                  const ParityReference& reference, const v1::ValidationConfig& config,
+                                  const std::atomic<bool>* cancelled, v1::ParityReport* report) {
+  if (OutputNames(candidate) != reference.output_names) {
+    return absl::InternalError("the optimized model's outputs differ from the original's");
+  }
+  const std::vector<const char*> output_names = CStrings(reference.output_names);
+  report->clear_outputs();
+  report->set_precision(candidate_precision);
+  bool passed = true;
+  for (const auto& set : reference.sets) {
+    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+    auto actual = RunSession(candidate, set.inputs, output_names);
+    if (!actual.ok()) {
+      return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the optimized model: ", actual.status().message()));
+    }
+    for (size_t i = 0; i < reference.output_names.size(); ++i) {
+      const Tolerance tolerance = ToleranceFor(config, reference.output_names[i], candidate_precision);
+      v1::OutputParity* output = report->add_outputs();
+      output->set_name(reference.output_names[i]);
+      output->set_sample(set.sample);
+      output->set_shape_set(set.shape_set);
+      output->set_tolerance_source(tolerance.source);
+      CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output);
+      passed &= output->passed();
+    }
+  }
+  report->set_passed(passed);
+  return absl::OkStatus();
+}
+
+absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                         const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
+                         v1::ParityReport* report, const std::string& candidate_precision) {
+  absl::StatusOr<ParityReference> reference = BuildParityReference(original, original_model, config, {}, cancelled, report);
+  if (!reference.ok()) return reference.status();
+  return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report);
+}
+
+GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback) {
+  switch (level) {
+    case v1::ORT_LEVEL_DISABLED: return ORT_DISABLE_ALL;
+    case v1::ORT_LEVEL_BASIC: return ORT_ENABLE_BASIC;
+    case v1::ORT_LEVEL_EXTENDED: return ORT_ENABLE_EXTENDED;
+    case v1::ORT_LEVEL_ALL: return ORT_ENABLE_ALL;
+    default: return fallback;
+  }
+}
+
+std::string OrtLevelName(GraphOptimizationLevel level) {
+  switch (level) {
+    case ORT_DISABLE_ALL: return "disabled";
+    case ORT_ENABLE_BASIC: return "basic";
+    case ORT_ENABLE_EXTENDED: return "extended";
+    default: return "all";
+  }
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,194 @@
+#include "optimizer/transformer_report.h"
+
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr char kMicrosoft[] = "com.microsoft";
+
+bool DefaultDomain(const onnx::NodeProto& node) { return node.domain().empty() || node.domain() == "ai.onnx"; }
+
+// Producers of the main graph's values.
+std::unordered_map<std::string, const onnx::NodeProto*> Producers(const onnx::GraphProto& graph) {
+  std::unordered_map<std::string, const onnx::NodeProto*> producers;
+  for (const auto& node : graph.node()) {
+    for (const auto& output : node.output()) producers[output] = &node;
+  }
+  return producers;
+}
+
+// True if a MatMul is found walking up from `value` through at most `depth` single-path nodes
+// (scale, mask, causal Where): the Softmax is attention's.
+bool ReachesMatMul(const std::unordered_map<std::string, const onnx::NodeProto*>& producers, const std::string& value,
+                   int depth) {
+  auto it = producers.find(value);
+  if (it == producers.end() || depth < 0) return false;
+  const onnx::NodeProto& node = *it->second;
+  if (node.op_type() == "MatMul") return true;
+  for (const auto& input : node.input()) {
+    if (ReachesMatMul(producers, input, depth - 1)) return true;
+  }
+  return false;
+}
+
+// True if `value` is cut (Slice, Identity) out of a lower-triangular square constant [1,1,P,P]: the
+// causal mask of a decoder.
+bool IsCausalBuffer(const std::unordered_map<std::string, const onnx::NodeProto*>& producers,
+                    const std::unordered_map<std::string, const onnx::TensorProto*>& initializers, std::string value) {
+  for (int depth = 0; depth < 4; ++depth) {
+    auto it = producers.find(value);
+    if (it == producers.end()) break;
+    if (it->second->op_type() != "Slice" && it->second->op_type() != "Identity") return false;
+    value = it->second->input(0);
+  }
+  auto buffer = initializers.find(value);
+  if (buffer == initializers.end()) return false;
+  const onnx::TensorProto& tensor = *buffer->second;
+  if (tensor.dims_size() != 4 || tensor.dims(2) != tensor.dims(3) || tensor.data_type() != onnx::TensorProto::BOOL ||
+      !tensor.has_raw_data()) {
+    return false;
+  }
+  const int64_t n = tensor.dims(2);
+  const std::string& raw = tensor.raw_data();
+  if (static_cast<int64_t>(raw.size()) != n * n * tensor.dims(0) * tensor.dims(1)) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if ((raw[static_cast<size_t>(i * n + j)] != 0) != (j <= i)) return false;
+    }
+  }
+  return true;
+}
+
+int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& attribute : node.attribute()) {
+    if (attribute.name() == name) return attribute.i();
+  }
+  return 0;
+}
+
+}  // namespace
+
+TransformerShape DetectTransformer(const onnx::ModelProto& original) {
+  TransformerShape shape;
+  const onnx::GraphProto& graph = original.graph();
+  const auto producers = Producers(graph);
+  std::unordered_map<std::string, const onnx::TensorProto*> initializers;
+  for (const auto& tensor : graph.initializer()) initializers[tensor.name()] = &tensor;
+  std::set<std::string> integer_inputs;
+  for (const auto& input : graph.input()) {
+    const int32_t type = input.type().tensor_type().elem_type();
+    if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
+  }
+  bool causal = false, token_lookup = false, convolution = false;
+  int first_softmax = -1;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& node = graph.node(i);
+    const std::string& op = node.op_type();
+    if (node.domain() == kMicrosoft && op == "Attention") {
+      ++shape.layers;
+      causal |= IntAttribute(node, "unidirectional") != 0;
+      if (first_softmax < 0) first_softmax = i;
+    } else if (DefaultDomain(node) && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
+      ++shape.layers;
+      if (first_softmax < 0) first_softmax = i;
+    } else if (DefaultDomain(node) && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
+      causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
+    } else if ((DefaultDomain(node) && op == "Gather" && node.input_size() == 2 && integer_inputs.count(node.input(1)) > 0) ||
+               (node.domain() == kMicrosoft && op == "EmbedLayerNormalization")) {
+      token_lookup = true;
+    } else if (DefaultDomain(node) && op == "Conv" && first_softmax < 0) {
+      convolution = true;
+    }
+  }
+  if (shape.layers == 0) return shape;
+  shape.family = causal ? "gpt2" : (convolution && !token_lookup ? "vit" : "bert");
+  return shape;
+}
+
+v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
+                                             const std::vector<v1::PassReport>& passes, const ModelHints& hints) {
+  v1::TransformerReport report;
+  TransformerShape shape = DetectTransformer(original);
+  if (shape.family.empty() && hints.family.empty()) return report;
+  report.set_family(hints.family.empty() ? shape.family : hints.family);
+  report.set_family_source(hints.family.empty() ? "detected" : "config");
+  report.set_layers(shape.layers);
+
+  // Heads and width: the config's, else what the fused operators say.
+  std::map<std::string, int64_t> fused;
+  int64_t heads = hints.num_heads, hidden = hints.hidden_size;
+  std::unordered_map<std::string, const onnx::TensorProto*> initializers;
+  for (const auto& tensor : optimized.graph().initializer()) initializers[tensor.name()] = &tensor;
+  static const std::set<std::string> kFusedOps = {
+      "Attention", "MultiHeadAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+      "EmbedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "LayerNormalization",
+      "SimplifiedLayerNormalization"};
+  for (const auto& node : optimized.graph().node()) {
+    if (kFusedOps.count(node.op_type()) == 0) continue;
+    ++fused[node.op_type()];
+    if (node.op_type() == "Attention") {
+      if (heads == 0) heads = IntAttribute(node, "num_heads");
+      auto weight = initializers.find(node.input_size() > 1 ? node.input(1) : "");
+      if (hidden == 0 && weight != initializers.end() && weight->second->dims_size() == 2) {
+        hidden = weight->second->dims(1) / 3;
+      }
+    }
+  }
+  report.set_num_heads(static_cast<int32_t>(heads));
+  report.set_hidden_size(static_cast<int32_t>(hidden));
+  for (const auto& [op, count] : fused) (*report.mutable_fused_ops())[op] = count;
+
+  // What a fully fused model of the family has, per operator group, and the pass that makes it.
+  struct Expectation {
+    std::string label;
+    std::vector<std::string> ops;
+    int64_t count;
+    std::string pass;
+  };
+  const int64_t layers = shape.layers;
+  std::vector<Expectation> expected = {
+      {"Attention", {"Attention", "MultiHeadAttention"}, layers, "fuse_attention"},
+      {"SkipLayerNormalization", {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}, 2 * layers,
+       "fuse_skip_layer_norm"},
+      {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers, "fuse_gelu"},
+  };
+  if (report.family() == "bert" || report.family() == "gpt2") {
+    expected.push_back({"EmbedLayerNormalization", {"EmbedLayerNormalization"}, 1, "fuse_embed_layer_norm"});
+  }
+  // The last run of each pass says why it left what it left.
+  std::map<std::string, const v1::PassReport*> last_run;
+  for (const auto& pass : passes) last_run[pass.name()] = &pass;
+  bool fully_fused = true;
+  for (const Expectation& expectation : expected) {
+    (*report.mutable_expected_ops())[expectation.label] = expectation.count;
+    int64_t have = 0;
+    for (const auto& op : expectation.ops) {
+      auto it = fused.find(op);
+      if (it != fused.end()) have += it->second;
+    }
+    if (have >= expectation.count) continue;
+    fully_fused = false;
+    std::string missing = absl::StrCat(expectation.label, ": ", have, " of ", expectation.count);
+    auto run = last_run.find(expectation.pass);
+    if (run == last_run.end()) {
+      absl::StrAppend(&missing, " (", expectation.pass, " is not in the pipeline)");
+    } else if (run->second->skipped_size() > 0) {
+      std::vector<std::string> reasons;
+      for (const auto& skip : run->second->skipped()) reasons.push_back(absl::StrCat(skip.count(), "x ", skip.reason()));
+      absl::StrAppend(&missing, " (", absl::StrJoin(reasons, "; "), ")");
+    } else {
+      absl::StrAppend(&missing, " (", expectation.pass, " found no pattern it knows)");
+    }
+    report.add_missing(std::move(missing));
+  }
+  report.set_fully_fused(fully_fused);
+  return report;
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,35 @@
+// What kind of transformer a model is, and whether the transformer fusions covered it: the family
+// (BERT/RoBERTa-like encoder, GPT-2-like decoder, ViT), layer count, heads and width are read from
+// the original graph (or taken from the config), and the optimized model's fused operators are
+// counted against what a fully fused model of that family has, naming the pattern that stopped
+// where one is short.
+#ifndef ONNXOPT_OPTIMIZER_TRANSFORMER_REPORT_H_
+#define ONNXOPT_OPTIMIZER_TRANSFORMER_REPORT_H_
+
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/report.pb.h"
+#include "optimizer/pass.h"
+
+namespace onnxopt {
+
+struct TransformerShape {
+  std::string family;  // "bert", "gpt2", "vit", or "" when the graph has no attention
+  int layers = 0;      // attention Softmaxes
+  int num_heads = 0;
+  int hidden_size = 0;
+};
+
+// Reads the family from the original graph: attention Softmaxes (layers), a causal mask (GPT-2), a
+// convolution before the first attention with no token lookups (ViT), else an encoder (BERT).
+TransformerShape DetectTransformer(const onnx::ModelProto& original);
+
+// The report section: `hints` override what detection found; `passes` give the skip reasons of
+// each fusion's last run. Empty family: the model is no transformer and the section stays empty.
+v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
+                                             const std::vector<v1::PassReport>& passes, const ModelHints& hints);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_TRANSFORMER_REPORT_H_
