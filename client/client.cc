@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
@@ -120,13 +121,82 @@ absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, con
   return reference;
 }
 
+absl::StatusOr<std::vector<std::map<std::string, fs::path>>> FindInputFiles(const fs::path& dir) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: ", dir.string(), " is not a folder"));
+  }
+  // The tensor's own name, else the stem of a file given directly.
+  auto input_name = [](const fs::path& file, bool stem_allowed) -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> bytes = ReadFile(file);
+    if (!bytes.ok()) return bytes.status();
+    onnx::TensorProto tensor;
+    if (!tensor.ParseFromString(*bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: ", file.string(), " is not an ONNX TensorProto"));
+    }
+    if (!tensor.name().empty()) return tensor.name();
+    if (stem_allowed) return file.stem().string();
+    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: the tensor in ", file.string(),
+                                                   " has no name, so it matches no input"));
+  };
+  auto sorted_entries = [&](const fs::path& folder) {
+    std::vector<fs::path> entries;
+    for (const auto& entry : fs::directory_iterator(folder, error)) entries.push_back(entry.path());
+    std::sort(entries.begin(), entries.end());
+    return entries;
+  };
+  std::vector<std::map<std::string, fs::path>> sets;
+  std::map<std::string, fs::path> loose;
+  for (const fs::path& entry : sorted_entries(dir)) {
+    if (fs::is_directory(entry, error) && absl::StartsWith(entry.filename().string(), "test_data_set_")) {
+      std::map<std::string, fs::path> set;
+      for (const fs::path& file : sorted_entries(entry)) {
+        if (!absl::StartsWith(file.filename().string(), "input_") || file.extension() != ".pb") continue;
+        absl::StatusOr<std::string> name = input_name(file, false);
+        if (!name.ok()) return name.status();
+        set[*name] = file;
+      }
+      if (!set.empty()) sets.push_back(std::move(set));
+    } else if (fs::is_regular_file(entry, error) && entry.extension() == ".pb") {
+      absl::StatusOr<std::string> name = input_name(entry, true);
+      if (!name.ok()) return name.status();
+      loose[*name] = entry;
+    }
+  }
+  if (!loose.empty()) sets.insert(sets.begin(), std::move(loose));
+  if (sets.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: no .pb tensors in ", dir.string(),
+                                                   " (nor test_data_set_N/input_K.pb)"));
+  }
+  return sets;
+}
+
+absl::StatusOr<std::vector<v1::InputTensor>> Client::UploadInputs(const fs::path& dir) {
+  absl::StatusOr<std::vector<std::map<std::string, fs::path>>> sets = FindInputFiles(dir);
+  if (!sets.ok()) return sets.status();
+  std::vector<v1::InputTensor> inputs;
+  for (size_t sample = 0; sample < sets->size(); ++sample) {
+    for (const auto& [name, file] : (*sets)[sample]) {
+      absl::StatusOr<v1::Blob> blob = UploadFile(file);
+      if (!blob.ok()) return blob.status();
+      v1::InputTensor input;
+      input.set_sample(static_cast<int32_t>(sample));
+      input.set_name(name);
+      input.set_sha256(blob->sha256());
+      inputs.push_back(std::move(input));
+    }
+  }
+  return inputs;
+}
+
 absl::StatusOr<v1::Job> Client::CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
-                                          const std::string& request_id) {
+                                          const std::string& request_id, const std::vector<v1::InputTensor>& inputs) {
   grpc::ClientContext context;
   v1::CreateJobRequest request;
   *request.mutable_model() = model;
   *request.mutable_config() = config;
   request.set_request_id(request_id);
+  for (const auto& input : inputs) *request.add_inputs() = input;
   v1::Job job;
   absl::Status status = FromGrpc(stub_->CreateJob(&context, request, &job));
   if (!status.ok()) return status;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@ absl::Status FromGrpc(const grpc::Status& status);
 absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json);
 absl::StatusOr<v1::OptimizationConfig> LoadConfigFile(const std::filesystem::path& path);
 
+// Input sets in `dir`, per set input name -> TensorProto file, in ONNX's test data layout:
+// test_data_set_<N>/input_<K>.pb (one set per folder), or .pb files directly in `dir` (one set). The
+// input name is the tensor's own name, else (for files directly in `dir`) the file's stem.
+absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> FindInputFiles(const std::filesystem::path& dir);
+
 class Client {
  public:
   explicit Client(const std::string& address);
@@ -32,8 +38,12 @@ class Client {
   // Uploads a model and every external data file it names (found next to it).
   absl::StatusOr<v1::ModelRef> UploadModel(const std::filesystem::path& model_path, const Progress& progress = nullptr);
 
+  // Uploads the input sets FindInputFiles finds in `dir`.
+  absl::StatusOr<std::vector<v1::InputTensor>> UploadInputs(const std::filesystem::path& dir);
+
   absl::StatusOr<v1::Job> CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
-                                    const std::string& request_id = "");
+                                    const std::string& request_id = "",
+                                    const std::vector<v1::InputTensor>& inputs = {});
   absl::StatusOr<v1::Job> GetJob(const std::string& name);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(v1::JobState state, int page_size, const std::string& page_token);
   absl::StatusOr<v1::Job> CancelJob(const std::string& name);

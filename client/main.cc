@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/report_format.h"
+#include "client/report_html.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -41,21 +42,25 @@ enum ExitCode : int {
 constexpr char kUsageText[] = R"(usage: onnxopt [--server ADDR] COMMAND [ARGS]
 
 Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
-  submit MODEL [--config FILE.json] [--wait] [-o OUT.onnx] [--request-id ID]
+  submit MODEL [--config FILE.json] [--inputs DIR] [--wait] [-o OUT.onnx] [--request-id ID]
                       upload MODEL (and its external data) and queue a job; with --wait or -o,
-                      follow it and download the optimized model and its report
+                      follow it and download the optimized model and its report. --inputs DIR
+                      validates on real inputs: DIR/test_data_set_N/input_K.pb (ONNX's test data
+                      layout) or DIR/NAME.pb, serialized TensorProtos named like the inputs
   status JOB [--json]       show a job
   list [--state STATE] [--page-size N] [--page-token T] [--json]
   watch JOB                 print progress until the job ends
   cancel JOB                cancel a queued or running job
   download JOB [-o OUT] [--artifact NAME]
-  report JOB [--json]       the job's report as a table (or JSON)
+  report JOB [--json] [--html FILE]
+                            the job's report as a table (or JSON); --html writes it as one
+                            self-contained page with charts
   passes [--json]           passes and presets the server offers
   info [--json]             server version, ONNX Runtime version, execution providers
 
 Local commands (no server):
-  optimize MODEL -o OUT.onnx [--config FILE.json] [--json]
-  compare ORIGINAL OPTIMIZED [--config FILE.json] [--json]
+  optimize MODEL -o OUT.onnx [--config FILE.json] [--inputs DIR] [--json] [--html FILE]
+  compare ORIGINAL OPTIMIZED [--config FILE.json] [--inputs DIR] [--json]
                       run both in ONNX Runtime on the same generated inputs and compare outputs
 
 Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.
@@ -74,6 +79,7 @@ struct Args {
 const std::map<std::string, bool> kKnownOptions = {  // name -> takes a value
     {"--server", true},    {"--config", true},     {"-o", true},           {"--request-id", true},
     {"--state", true},     {"--page-size", true},  {"--page-token", true}, {"--artifact", true},
+    {"--inputs", true},    {"--html", true},
     {"--wait", false},     {"--json", false},      {"--help", false},      {"-h", false}};
 
 std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
@@ -125,6 +131,11 @@ int ExitFor(const absl::Status& status) {
 int Report(const absl::Status& status) {
   std::cerr << "onnxopt: " << absl::StatusCodeToString(status.code()) << ": " << status.message() << std::endl;
   return ExitFor(status);
+}
+
+absl::Status WriteHtml(const onnxopt::v1::Report& report, const fs::path& path) {
+  if (path.empty()) return absl::InvalidArgumentError("--html needs a file name");
+  return onnxopt::WriteFileAtomically(path, onnxopt::client::RenderReportHtml(report));
 }
 
 int ExitForJob(const onnxopt::v1::Job& job) {
@@ -216,7 +227,13 @@ int Submit(Client& client, const Args& args) {
   });
   line.Done();
   if (!reference.ok()) return Report(reference.status());
-  auto job = client.CreateJob(*reference, *config, args.Get("--request-id"));
+  std::vector<onnxopt::v1::InputTensor> inputs;
+  if (args.Has("--inputs")) {
+    auto uploaded = client.UploadInputs(args.Get("--inputs"));
+    if (!uploaded.ok()) return Report(uploaded.status());
+    inputs = *std::move(uploaded);
+  }
+  auto job = client.CreateJob(*reference, *config, args.Get("--request-id"), inputs);
   if (!job.ok()) return Report(job.status());
   std::cout << job->name() << std::endl;
   if (!args.Has("--wait") && !args.Has("-o")) return kOk;
@@ -239,6 +256,11 @@ int Local(const Args& args) {
     request.model_path = args.positional[1];
     request.output_dir = staging;
     request.config = *config;
+    if (args.Has("--inputs")) {
+      auto files = onnxopt::client::FindInputFiles(args.Get("--inputs"));
+      if (!files.ok()) return Report(files.status());
+      request.input_files = *std::move(files);
+    }
     ProgressLine line;
     request.on_progress = [&](onnxopt::Phase, const std::string& pass, int done, int total) {
       if (!pass.empty()) line.Show(absl::StrCat("pass ", done + 1, "/", total, " ", pass));
@@ -256,6 +278,10 @@ int Local(const Args& args) {
     }
     fs::remove_all(staging, error);
     std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
+    if (args.Has("--html")) {
+      absl::Status written = WriteHtml(report, args.Get("--html"));
+      if (!written.ok()) return Report(written);
+    }
     if (!result.ok()) return Report(result.status());
     std::cout << "optimized model: " << out.string() << std::endl;
     return kOk;
@@ -273,8 +299,19 @@ int Local(const Args& args) {
   if (!optimized_session.ok()) return Report(optimized_session.status());
   onnxopt::v1::Report report;
   report.set_job("compare");
-  absl::Status status = onnxopt::CheckParity(**original_session, **optimized_session, *original, config->validation(),
-                                             nullptr, report.mutable_parity());
+  std::vector<onnxopt::SuppliedSample> supplied;
+  if (args.Has("--inputs")) {
+    auto files = onnxopt::client::FindInputFiles(args.Get("--inputs"));
+    if (!files.ok()) return Report(files.status());
+    auto loaded = onnxopt::LoadSuppliedInputs(*files);
+    if (!loaded.ok()) return Report(loaded.status());
+    supplied = *std::move(loaded);
+  }
+  auto reference = onnxopt::BuildParityReference(**original_session, *original, config->validation(), supplied, nullptr,
+                                                 report.mutable_parity());
+  if (!reference.ok()) return Report(reference.status());
+  absl::Status status = onnxopt::CompareWithReference(**optimized_session, onnxopt::ModelPrecision(*optimized), *reference,
+                                                      config->validation(), nullptr, report.mutable_parity());
   if (!status.ok()) return Report(status);
   report.mutable_benchmark()->set_skipped(true);
   std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report.parity()) : onnxopt::client::FormatReport(report));
@@ -311,6 +348,12 @@ int Run(const Args& args) {
     if (command == "report") {
       auto report = client.GetReport(*name);
       if (!report.ok()) return Report(report.status());
+      if (args.Has("--html")) {
+        absl::Status written = WriteHtml(*report, args.Get("--html"));
+        if (!written.ok()) return Report(written);
+        std::cout << "report: " << args.Get("--html") << std::endl;
+        return kOk;
+      }
       std::cout << (json ? onnxopt::client::ToJson(*report) : onnxopt::client::FormatReport(*report));
       return kOk;
     }

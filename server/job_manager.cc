@@ -121,6 +121,44 @@ absl::Status JobManager::Start() {
   return absl::OkStatus();
 }
 
+absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs) const {
+  if (inputs.size() > kMaxSuppliedTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: at most ", kMaxSuppliedTensors, " input tensors per job"));
+  }
+  std::set<std::pair<int, std::string>> seen;
+  int max_sample = -1;
+  for (const auto& input : inputs) {
+    if (input.sample() < 0 || input.sample() >= kMaxSuppliedTensors) {
+      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: sample ", input.sample(), " is out of range"));
+    }
+    const bool printable = std::all_of(input.name().begin(), input.name().end(),
+                                       [](char c) { return static_cast<unsigned char>(c) >= 0x20 && c != 0x7f; });
+    if (input.name().empty() || input.name().size() > 1024 || !printable) {
+      return absl::InvalidArgumentError("INPUTS_INVALID: an input name is empty, too long or has control characters");
+    }
+    if (!IsValidSha256(input.sha256())) {
+      return absl::InvalidArgumentError("BAD_DIGEST: inputs[].sha256 must be 64 lowercase hexadecimal digits");
+    }
+    if (!blobs_->Exists(input.sha256())) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for input '", input.name(), "' of sample ",
+                                              input.sample()));
+    }
+    if (!seen.insert({input.sample(), input.name()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: input '", input.name(), "' is given twice in sample ",
+                                                     input.sample()));
+    }
+    max_sample = std::max(max_sample, input.sample());
+  }
+  for (int sample = 0; sample <= max_sample; ++sample) {
+    const bool present = std::any_of(seen.begin(), seen.end(), [&](const auto& entry) { return entry.first == sample; });
+    if (!present) {
+      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: samples must be numbered from 0 without gaps; ",
+                                                     sample, " is missing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) const {
   const v1::ModelRef& model = request.model();
   if (!IsValidSha256(model.sha256())) {
@@ -144,6 +182,8 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   }
   absl::Status config = CheckConfig(request.config());
   if (!config.ok()) return config;
+  absl::Status inputs = ValidateInputs(request.inputs());
+  if (!inputs.ok()) return inputs;
   // Parse now so that a file that is no model is refused at once rather than failing a job later.
   absl::StatusOr<std::string> bytes = ReadFile(blobs_->PathOf(model.sha256()));
   if (!bytes.ok()) return bytes.status();
@@ -178,6 +218,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) 
   job.set_state(v1::QUEUED);
   *job.mutable_model() = request.model();
   *job.mutable_config() = request.config();
+  *job.mutable_inputs() = request.inputs();
   *job.mutable_create_time() = Now();
   bool created = false;
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
@@ -240,8 +281,21 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
     if (!status.ok()) break;
     status = LinkOrCopy(blobs_->PathOf(file.sha256()), input_dir / file.name());
   }
-  return status;
+  if (!status.ok() || job.inputs().empty()) return status;
+  // Supplied inputs: tensors under inputs/, named by position, and a manifest the worker reads.
+  std::vector<SuppliedInputFile> files;
+  fs::create_directories(input_dir / "inputs", error);
+  for (int i = 0; i < job.inputs_size() && status.ok(); ++i) {
+    const v1::InputTensor& input = job.inputs(i);
+    const std::string file = absl::StrCat(i, ".pb");
+    status = LinkOrCopy(blobs_->PathOf(input.sha256()), input_dir / "inputs" / file);
+    files.push_back({input.sample(), input.name(), file});
+  }
+  if (!status.ok()) return status;
+  return WriteFileAtomically(InputManifest(input_dir), FormatInputManifest(files));
 }
+
+fs::path JobManager::InputManifest(const fs::path& input_dir) { return input_dir / "inputs" / "manifest.tsv"; }
 
 void JobManager::Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result,
                         double seconds) {
@@ -297,7 +351,8 @@ void JobManager::RunJob(const std::string& name) {
   outcome = PrepareInputs(*job, input_dir);
   if (outcome.ok()) outcome = WriteFileAtomically(config_path, job->config().SerializeAsString());
   if (outcome.ok()) {
-    outcome = RunWorkerProcess(options_.worker, input_dir / "model.onnx", output_dir, config_path, *flag,
+    outcome = RunWorkerProcess(options_.worker, input_dir / "model.onnx", output_dir, config_path,
+                               job->inputs().empty() ? fs::path() : InputManifest(input_dir), *flag,
                                [&](const WorkerLine& line) {
                                  UpdateOrLog(name, [&](v1::Job& j) {
                                    v1::JobProgress* progress = j.mutable_progress();
@@ -337,7 +392,7 @@ void JobManager::RunJob(const std::string& name) {
     return;
   }
   std::vector<fs::path> files;
-  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json"}) {
+  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json"}) {
     if (fs::exists(output_dir / artifact, ignored)) files.push_back(output_dir / artifact);
   }
   v1::JobResult result;
@@ -356,6 +411,8 @@ void JobManager::RunJob(const std::string& name) {
   result.set_nodes_after(report.optimized().nodes());
   result.set_parity_passed(!report.parity().skipped() && report.parity().passed());
   result.set_speedup(report.benchmark().speedup());
+  result.set_returned_original(report.returned_original());
+  for (const auto& excluded : report.parity().bisection().excluded_passes()) result.add_excluded_passes(excluded);
   Finish(name, absl::OkStatus(), &result, seconds);
 }
 

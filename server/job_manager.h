@@ -33,6 +33,9 @@ struct JobManagerOptions {
   WorkerLimits worker;  // each job runs in an onnxopt-worker child under these limits
 };
 
+// Tensors a job may bring for validation.
+inline constexpr int kMaxSuppliedTensors = 1000;
+
 class JobManager {
  public:
   JobManager(JobManagerOptions options, JobStore* store, BlobStore* blobs, Metrics* metrics);
@@ -59,6 +62,8 @@ class JobManager {
   void RunJob(const std::string& name);
   absl::Status PrepareInputs(const v1::Job& job, const std::filesystem::path& input_dir) const;
   absl::Status ValidateRequest(const v1::CreateJobRequest& request) const;
+  absl::Status ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs) const;
+  static std::filesystem::path InputManifest(const std::filesystem::path& input_dir);
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
   std::filesystem::path JobDir(const std::string& job_name) const;
 

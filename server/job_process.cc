@@ -29,8 +29,9 @@ fs::path DefaultWorkerBinary() {
   return (error ? fs::path(".") : self.parent_path()) / "onnxopt-worker";
 }
 
-absl::Status RunWorkerProcess(const WorkerLimits& limits, const fs::path& model, const fs::path& output_dir,
-                              const fs::path& config, const std::atomic<bool>& cancel,
+absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem::path& model,
+                              const std::filesystem::path& output_dir, const std::filesystem::path& config,
+                              const std::filesystem::path& inputs, const std::atomic<bool>& cancel,
                               const std::function<void(const WorkerLine&)>& on_progress) {
   if (::access(limits.binary.c_str(), X_OK) != 0) {
     return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
@@ -38,9 +39,10 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const fs::path& model,
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe calls.
-  const std::vector<std::string> args = {limits.binary.string(), absl::StrCat("--model=", model.string()),
-                                         absl::StrCat("--output_dir=", output_dir.string()),
-                                         absl::StrCat("--config=", config.string())};
+  std::vector<std::string> args = {limits.binary.string(), absl::StrCat("--model=", model.string()),
+                                   absl::StrCat("--output_dir=", output_dir.string()),
+                                   absl::StrCat("--config=", config.string())};
+  if (!inputs.empty()) args.push_back(absl::StrCat("--inputs=", inputs.string()));
   std::vector<char*> argv;
   for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);

@@ -24,9 +24,11 @@ struct WorkerLimits {
 
 // The worker's own final status, or: CANCELLED (cancel set), DEADLINE_EXCEEDED (JOB_TIMEOUT),
 // RESOURCE_EXHAUSTED / INTERNAL (WORKER_CRASHED) when it died without reporting.
+// `inputs` is the manifest of inputs supplied with the job (worker_protocol.h), or empty.
 absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem::path& model,
                               const std::filesystem::path& output_dir, const std::filesystem::path& config,
-                              const std::atomic<bool>& cancel, const std::function<void(const WorkerLine&)>& on_progress);
+                              const std::filesystem::path& inputs, const std::atomic<bool>& cancel,
+                              const std::function<void(const WorkerLine&)>& on_progress);
 
 // The onnxopt-worker next to the running executable.
 std::filesystem::path DefaultWorkerBinary();

@@ -1,7 +1,7 @@
 // onnxopt-worker: runs one optimization for onnxopt-server in a process of its own, so that a model
 // which crashes a parser or ONNX Runtime, or eats all memory, fails its own job and nothing else.
 //
-//   onnxopt-worker --model=DIR/model.onnx --output_dir=OUT --config=CONFIG.pb
+//   onnxopt-worker --model=DIR/model.onnx --output_dir=OUT --config=CONFIG.pb [--inputs=DIR/inputs.tsv]
 //
 // Speaks the protocol in worker_protocol.h on stdout. SIGTERM asks it to stop at the next pass or
 // phase boundary (it then reports CANCELLED).
@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "server/worker_protocol.h"
@@ -18,6 +19,7 @@
 ABSL_FLAG(std::string, model, "", "the model file; its external data sits next to it");
 ABSL_FLAG(std::string, output_dir, "", "where the optimized model and report.pb go");
 ABSL_FLAG(std::string, config, "", "serialized onnxopt.v1.OptimizationConfig");
+ABSL_FLAG(std::string, inputs, "", "manifest of the inputs supplied with the job (worker_protocol.h); empty: none");
 
 namespace {
 
@@ -47,6 +49,17 @@ int main(int argc, char** argv) {
   if (!config.ok() || !request.config.ParseFromString(*config)) {
     Emit(srv::FormatStatus(absl::InternalError("worker: cannot read its config")));
     return 0;
+  }
+  if (const std::string manifest = absl::GetFlag(FLAGS_inputs); !manifest.empty()) {
+    absl::StatusOr<std::string> text = onnxopt::ReadFile(manifest);
+    auto files = text.ok() ? srv::ParseInputManifest(*text, std::filesystem::path(manifest).parent_path())
+                           : absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>>(text.status());
+    if (!files.ok()) {
+      Emit(srv::FormatStatus(absl::InternalError(absl::StrCat("worker: cannot read its input manifest: ",
+                                                              files.status().message()))));
+      return 0;
+    }
+    request.input_files = *std::move(files);
   }
   onnxopt::v1::Report report;
   absl::Status status;

@@ -42,4 +42,26 @@ WorkerLine ParseWorkerLine(const std::string& line) {
   return parsed;
 }
 
+std::string FormatInputManifest(const std::vector<SuppliedInputFile>& files) {
+  std::string text;
+  for (const auto& file : files) absl::StrAppend(&text, file.sample, "\t", file.name, "\t", file.file, "\n");
+  return text;
+}
+
+absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> ParseInputManifest(
+    const std::string& text, const std::filesystem::path& folder) {
+  std::vector<std::map<std::string, std::filesystem::path>> sets;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> fields = absl::StrSplit(line, '\t');
+    int sample = 0;
+    if (fields.size() != 3 || !absl::SimpleAtoi(fields[0], &sample) || sample < 0 || sample > 10000 ||
+        fields[1].empty() || fields[2].empty() || fields[2].find("..") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed input manifest line '", line, "'"));
+    }
+    if (static_cast<size_t>(sample) >= sets.size()) sets.resize(static_cast<size_t>(sample) + 1);
+    sets[static_cast<size_t>(sample)][fields[1]] = folder / fields[2];
+  }
+  return sets;
+}
+
 }  // namespace onnxopt::server

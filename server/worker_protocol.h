@@ -6,9 +6,13 @@
 #ifndef ONNXOPT_SERVER_WORKER_PROTOCOL_H_
 #define ONNXOPT_SERVER_WORKER_PROTOCOL_H_
 
+#include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "optimizer/optimize.h"
 
 namespace onnxopt::server {
@@ -25,6 +29,19 @@ struct WorkerLine {
   absl::Status status;
 };
 WorkerLine ParseWorkerLine(const std::string& line);
+
+// The manifest of inputs supplied with a job, one line per tensor: "<sample>\t<input name>\t<file>",
+// the file relative to the manifest's folder. Input names hold no tabs or line breaks (the server
+// refuses those).
+struct SuppliedInputFile {
+  int sample = 0;
+  std::string name;
+  std::string file;
+};
+std::string FormatInputManifest(const std::vector<SuppliedInputFile>& files);
+// Per input set, input name -> file; INVALID_ARGUMENT for a malformed manifest.
+absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> ParseInputManifest(
+    const std::string& text, const std::filesystem::path& folder);
 
 }  // namespace onnxopt::server
 
