@@ -74,10 +74,15 @@ void AppendBisection(const v1::Bisection& bisection, std::string* out) {
                     ")", culprit.worst_output().empty() ? "" : absl::StrFormat(": %s off by %.3e", culprit.worst_output(),
                                                                                   culprit.max_abs_error()),
                     "\n");
-    if (culprit.removed_nodes_size() > 0) {
-      absl::StrAppend(out, "    removed ", absl::StrJoin(culprit.removed_nodes(), ", "), "\n");
-    }
-    if (culprit.added_nodes_size() > 0) absl::StrAppend(out, "    added   ", absl::StrJoin(culprit.added_nodes(), ", "), "\n");
+    // The first few nodes say what the pass did; the HTML and JSON reports list them all.
+    auto some = [](const google::protobuf::RepeatedPtrField<std::string>& nodes) {
+      constexpr int kShown = 6;
+      std::vector<std::string> shown(nodes.begin(), nodes.begin() + std::min(nodes.size(), kShown));
+      if (nodes.size() > kShown) shown.push_back(absl::StrCat("and ", nodes.size() - kShown, " more"));
+      return absl::StrJoin(shown, ", ");
+    };
+    if (culprit.removed_nodes_size() > 0) absl::StrAppend(out, "    removed ", some(culprit.removed_nodes()), "\n");
+    if (culprit.added_nodes_size() > 0) absl::StrAppend(out, "    added   ", some(culprit.added_nodes()), "\n");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <string>
@@ -433,6 +434,101 @@ TEST_F(E2eTest, DrainKeepsUnfinishedJobsForTheNextStart) {
   EXPECT_EQ(Cli({"cancel", running}).code, 0);
   Result watch = Cli({"watch", waiting});
   EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
+  EXPECT_EQ(StopServer(), 0);
+}
+
+// Real inputs in ONNX's test data layout go up with the model; the report says they were used.
+// Tensors that do not fit the model fail the job with the reason; files that are no tensors are
+// refused by the CLI before anything is sent.
+TEST_F(E2eTest, SuppliedInputsValidateTheModel) {
+  StartServer();
+  for (int set = 0; set < 2; ++set) {
+    const fs::path folder = dir_ / "inputs" / absl::StrCat("test_data_set_", set);
+    fs::create_directories(folder);
+    const onnx::TensorProto image = MakeFloatTensor("image", {3, 3, 32, 32}, testing::RandomFloats(3 * 3 * 32 * 32, set));
+    std::ofstream(folder / "input_0.pb", std::ios::binary) << image.SerializeAsString();
+  }
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 5}})");
+  const fs::path out = dir_ / "out" / "cnn.onnx";
+  Result submit = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string(), "--inputs",
+                       (dir_ / "inputs").string(), "-o", out.string()});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  const std::string job = submit.out.substr(0, submit.out.find('\n'));
+  Result report = Cli({"report", job, "--json"});
+  EXPECT_TRUE(absl::StrContains(report.out, "\"supplied_inputs\": true")) << report.out;
+  EXPECT_TRUE(absl::StrContains(report.out, "\"samples\": 2")) << report.out;
+  EXPECT_TRUE(absl::StrContains(report.out, "\"image\": \"3x3x32x32\"")) << report.out;
+
+  const fs::path wrong = dir_ / "wrong";
+  fs::create_directories(wrong);
+  std::ofstream(wrong / "pixels.pb", std::ios::binary)
+      << MakeFloatTensor("", {1, 3, 32, 32}, testing::RandomFloats(3 * 32 * 32, 9)).SerializeAsString();
+  Result mismatch = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--inputs", wrong.string(), "--wait"});
+  EXPECT_EQ(mismatch.code, 1) << mismatch.err;
+  EXPECT_TRUE(absl::StrContains(mismatch.err, "INPUT_MISMATCH")) << mismatch.err;
+
+  const fs::path junk = dir_ / "junk";
+  fs::create_directories(junk);
+  std::ofstream(junk / "image.pb", std::ios::binary) << "\xff\xff\xff not a tensor";
+  Result refused = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--inputs", junk.string()});
+  EXPECT_EQ(refused.code, 5) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "INPUTS_INVALID")) << refused.err;
+  EXPECT_EQ(StopServer(), 0);
+}
+
+// The transformer preset through the server: the report's table says the family is fully fused,
+// `report --html` writes a page that headless Chromium renders with every chart drawn, and the
+// screenshot is a real picture.
+TEST_F(E2eTest, TransformerReportRendersInHeadlessChromium) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"preset": "transformer",
+      "validation": {"maskPadding": 0.25, "shapes": [{"dimValues": {"sequence": 16}}, {"dimValues": {"sequence": 64}}]},
+      "benchmark": {"iterations": 40}})");
+  Result submit = Cli({"submit", FixturePath("transformers/gpt2_opset17.onnx").string(), "--config", config.string(), "--wait"});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  const std::string job = submit.out.substr(0, submit.out.find('\n'));
+  Result table = Cli({"report", job});
+  EXPECT_TRUE(absl::StrContains(table.out, "transformer: gpt2 (detected), 2 layers, 4 heads, hidden 64, fully fused"))
+      << table.out;
+  EXPECT_TRUE(absl::StrContains(table.out, "shape 1: attention_mask=1x64, input_ids=1x64")) << table.out;
+  const fs::path html = dir_ / "report.html";
+  Result written = Cli({"report", job, "--html", html.string()});
+  ASSERT_EQ(written.code, 0) << written.err;
+  const std::string page = Slurp(html);
+  for (const char* expected : {"id=\"latency-chart-0\"", "id=\"latency-chart-1\"", "id=\"pass-chart\"", "id=\"op-chart\"",
+                               "fuse_attention", "com.microsoft::Attention", "parity passed", "gpt2 fully fused"}) {
+    EXPECT_TRUE(absl::StrContains(page, expected)) << expected;
+  }
+  EXPECT_FALSE(absl::StrContains(page, "http://")) << "self-contained";
+  EXPECT_FALSE(absl::StrContains(page, "https://")) << "self-contained";
+
+  const std::vector<std::string> chromium = {"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                                             "--disable-quic", "--no-first-run", "--disable-background-networking",
+                                             "--disable-component-update", "--disable-sync",
+                                             absl::StrCat("--user-data-dir=", (dir_ / "chromium").string())};
+  ASSERT_TRUE(fs::exists(chromium[0])) << "scripts/setup.sh installs Debian's chromium";
+  std::vector<std::string> dump = chromium;
+  dump.insert(dump.end(), {"--virtual-time-budget=5000", "--dump-dom", absl::StrCat("file://", html.string())});
+  const pid_t dumped = Spawn(dump, dir_ / "dom.html", dir_ / "chromium.err");
+  ASSERT_EQ(WaitFor(dumped, std::chrono::seconds(120)), 0) << Slurp(dir_ / "chromium.err");
+  const std::string dom = Slurp(dir_ / "dom.html");
+  const size_t at = dom.find("data-rendered=\"");
+  ASSERT_NE(at, std::string::npos) << "the page's layout probe ran";
+  const std::string rendered = dom.substr(at + 15, dom.find('"', at + 15) - at - 15);
+  int charts = 0, marks = 0, drawn = 0;
+  ASSERT_EQ(std::sscanf(rendered.c_str(), "charts=%d;marks=%d;drawn=%d", &charts, &marks, &drawn), 3) << rendered;
+  EXPECT_EQ(charts, 4) << "two latency charts, the pass chart, the operator chart";
+  EXPECT_GT(marks, 50);
+  EXPECT_GE(drawn, marks * 9 / 10) << "marks laid out with a size: " << rendered;
+
+  std::vector<std::string> shot = chromium;
+  shot.insert(shot.end(), {"--window-size=1200,1800", absl::StrCat("--screenshot=", (dir_ / "report.png").string()),
+                           absl::StrCat("file://", html.string())});
+  const pid_t shooting = Spawn(shot, dir_ / "shot.out", dir_ / "shot.err");
+  ASSERT_EQ(WaitFor(shooting, std::chrono::seconds(120)), 0) << Slurp(dir_ / "shot.err");
+  const std::string png = Slurp(dir_ / "report.png");
+  ASSERT_GT(png.size(), 20000u) << "a blank page compresses to a few KiB";
+  EXPECT_EQ(png.substr(1, 3), "PNG");
   EXPECT_EQ(StopServer(), 0);
 }
 
