@@ -207,7 +207,7 @@ std::string FormatReport(const v1::Report& report) {
                     benchmark.onnxruntime_version(), " (optimizations ", benchmark.ort_optimization_level(), ", ",
                     benchmark.execution_mode(), ", ",
                     benchmark.intra_op_threads() > 0 ? absl::StrCat(benchmark.intra_op_threads(), " threads") : "default threads",
-                    "), warm-up ", benchmark.warmup_runs(), "\n");
+                    benchmark.thread_spinning() ? "" : ", no thread spinning", "), warm-up ", benchmark.warmup_runs(), "\n");
     if (!benchmark.fallback().empty()) absl::StrAppend(&out, "FALLBACK: ", benchmark.fallback(), "\n");
     auto table = [&](const v1::LatencyStats& original, const v1::LatencyStats& optimized) {
       absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %9s %8s %6s %10s\n", "model", "p50 ms", "p90 ms",

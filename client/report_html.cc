@@ -271,7 +271,8 @@ std::string RenderReportHtml(const v1::Report& report) {
     absl::StrAppend(&html, "<p>", HtmlEscape(benchmark.device()), ", ", HtmlEscape(benchmark.execution_provider()),
                     ", ONNX Runtime ", HtmlEscape(benchmark.onnxruntime_version()), ", optimizations ",
                     HtmlEscape(benchmark.ort_optimization_level()), ", ", HtmlEscape(benchmark.execution_mode()),
-                    ", warm-up ", benchmark.warmup_runs(), "</p>\n");
+                    benchmark.thread_spinning() ? "" : ", no thread spinning", ", warm-up ", benchmark.warmup_runs(),
+                    "</p>\n");
     if (!benchmark.fallback().empty()) absl::StrAppend(&html, "<p class=\"warning\">", HtmlEscape(benchmark.fallback()), "</p>");
     absl::StrAppend(&html, Legend());
     for (int i = 0; i < benchmark.shapes_size(); ++i) {

@@ -161,6 +161,10 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
     std::vector<double> latencies[2], ratios, medians[2];
     int runs = 0;
     bool stable = false;
+    // Three agreeing windows can happen by chance in a quiet second: settling also needs a few more
+    // windows and a third of this shape's budget (at most 5 s) of timing.
+    const auto settle_after = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(std::min(5.0, share / 3)));
     while (runs < target) {
       std::vector<double> window_latencies[2];
       for (int i = 0; i < window && runs < target; ++i, ++runs) {
@@ -178,7 +182,7 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
       }
       for (int k = 0; k < 2; ++k) medians[k].push_back(Median(window_latencies[k]));
       stable = std::max(Drift(medians[0]), Drift(medians[1])) <= stability;
-      if (!fixed && stable) break;
+      if (!fixed && stable && medians[0].size() >= kMinStableWindows && Clock::now() >= settle_after) break;
       if (Clock::now() > deadline && runs >= std::min(target, 10)) break;
     }
     v1::ShapeBenchmark* shape = report->add_shapes();
@@ -307,6 +311,7 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   defaults.intra_op_threads = 0;
   defaults.parallel_execution = false;
   defaults.optimization_level = ORT_ENABLE_ALL;
+  best.allow_spinning = defaults.allow_spinning = false;  // timed in turns
   auto best_session = CreateSession(model, best);
   auto default_session = CreateSession(model, defaults);
   if (!best_session.ok() || !default_session.ok()) return tuning;

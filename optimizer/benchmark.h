@@ -24,6 +24,7 @@ inline constexpr double kDefaultStability = 0.02;
 inline constexpr int kDefaultWindowRuns = 20;
 inline constexpr int kMaxTimedRuns = 100000;
 inline constexpr int kMaxLatencySamples = 2000;
+inline constexpr size_t kMinStableWindows = 5;
 
 // Checks that a config's benchmark settings make sense (INVALID_ARGUMENT otherwise).
 absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config);

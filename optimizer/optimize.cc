@@ -85,6 +85,8 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
   v1::BenchmarkReport* benchmark = report->mutable_benchmark();
   SessionSettings settings = device;
   settings.optimization_level = OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
+  settings.allow_spinning = false;  // two sessions in turns: see SessionSettings
+  benchmark->set_thread_spinning(settings.allow_spinning);
   benchmark->set_device(settings.device == v1::DEVICE_CUDA ? "CUDA GPU" : CpuDescription());
   benchmark->set_execution_provider(*ProviderFor(settings.device));
   benchmark->set_ort_optimization_level(OrtLevelName(settings.optimization_level));

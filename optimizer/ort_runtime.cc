@@ -61,6 +61,10 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
     options.SetGraphOptimizationLevel(settings.optimization_level);
     if (settings.intra_op_threads > 0) options.SetIntraOpNumThreads(settings.intra_op_threads);
     options.SetExecutionMode(settings.parallel_execution ? ORT_PARALLEL : ORT_SEQUENTIAL);
+    if (!settings.allow_spinning) {
+      options.AddConfigEntry("session.intra_op.allow_spinning", "0");
+      options.AddConfigEntry("session.inter_op.allow_spinning", "0");
+    }
     if (*provider == "CUDAExecutionProvider") {
       OrtCUDAProviderOptionsV2* cuda_options = nullptr;
       Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));

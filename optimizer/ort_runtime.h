@@ -25,6 +25,9 @@ struct SessionSettings {
   int intra_op_threads = 0;  // 0: ONNX Runtime's default
   GraphOptimizationLevel optimization_level = ORT_ENABLE_ALL;
   bool parallel_execution = false;  // ORT_PARALLEL: independent branches on the inter-op pool
+  // Intra-op threads spin after a run waiting for the next one. Two sessions timed in turns would
+  // then compete with each other's spinning threads, so side-by-side timing turns it off.
+  bool allow_spinning = true;
 };
 
 std::string OrtVersion();

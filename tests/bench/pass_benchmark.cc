@@ -35,6 +35,7 @@ absl::StatusOr<double> Ratio(const onnx::ModelProto& original, const onnx::Model
                              double* p50_optimized) {
   SessionSettings settings;
   settings.optimization_level = level;
+  settings.allow_spinning = false;  // timed in turns: see SessionSettings
   auto a = CreateSession({original.SerializeAsString(), {}}, settings);
   if (!a.ok()) return a.status();
   auto b = CreateSession({optimized.SerializeAsString(), {}}, settings);

@@ -1,0 +1,173 @@
+// onnxopt-transformer-benchmark: every exported transformer family (tests/fixtures/transformers) at
+// batch 1 and sequence 16 and 128 (ViT: its 17 tokens, batch 1 and 8): the median latency of the
+// original export and of the transformer preset's output, both run by ONNX Runtime with all its own
+// optimizations on, timed interleaved in one process until the medians settle, and their ratio.
+//
+//   onnxopt-transformer-benchmark [--opsets=11,14,17] [--budget=SECONDS]
+//   onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=128] [--threads=N]
+//       runs one job (onnxopt's own Optimize, the path a server job takes) N times and prints each
+//       reported median and their spread: how far the report can be trusted run to run.
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "optimizer/benchmark.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/pass_manager.h"
+
+namespace onnxopt {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path Fixture(const std::string& name) {
+  return fs::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / "transformers" / (name + ".onnx");
+}
+
+int Repeat(int times, const std::string& fixture, int64_t sequence, double budget, int threads) {
+  std::vector<double> original, optimized, speedups;
+  std::cout << absl::StrFormat("%s, batch 1, sequence %d: the same job %d times\n", fixture, sequence, times);
+  std::cout << absl::StrFormat("%4s %12s %12s %9s %8s %8s\n", "run", "orig p50 ms", "opt p50 ms", "speedup", "runs", "stable");
+  for (int run = 1; run <= times; ++run) {
+    const fs::path out = fs::temp_directory_path() / absl::StrFormat("onnxopt_repeat_%d_%d", ::getpid(), run);
+    OptimizeRequest request;
+    request.model_path = Fixture(fixture);
+    request.output_dir = out;
+    request.config.set_preset("transformer");
+    (*request.config.mutable_validation()->mutable_dim_values())["sequence"] = sequence;
+    request.config.mutable_benchmark()->set_time_budget_seconds(budget);
+    request.config.mutable_benchmark()->set_intra_op_threads(threads);
+    auto result = Optimize(request);
+    fs::remove_all(out);
+    if (!result.ok()) {
+      std::cerr << result.status() << "\n";
+      return 1;
+    }
+    const v1::BenchmarkReport& benchmark = result->report.benchmark();
+    original.push_back(benchmark.original().p50_ms());
+    optimized.push_back(benchmark.optimized().p50_ms());
+    speedups.push_back(benchmark.speedup());
+    std::cout << absl::StrFormat("%4d %12.4f %12.4f %8.3fx %8d %8s\n", run, original.back(), optimized.back(),
+                                 speedups.back(), benchmark.original().runs(), benchmark.stable() ? "yes" : "no");
+  }
+  auto spread = [](const std::vector<double>& values) {
+    const auto [low, high] = std::minmax_element(values.begin(), values.end());
+    const double mean = std::accumulate(values.begin(), values.end(), 0.0) / values.size();
+    return (*high - *low) / mean;
+  };
+  std::cout << absl::StrFormat("spread of the reported medians, (max - min) / mean: original %.1f%%, optimized %.1f%%, "
+                               "speedup %.1f%%\n",
+                               spread(original) * 100, spread(optimized) * 100, spread(speedups) * 100);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> opsets = {11, 14, 17};
+  double budget = 6;
+  int repeat = 0;
+  int threads = 0;
+  std::string fixture = "bert_opset14";
+  int64_t sequence = 128;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool ok = false;
+    if (absl::StartsWith(arg, "--opsets=")) {
+      opsets.clear();
+      ok = true;
+      for (absl::string_view part : absl::StrSplit(arg.substr(9), ',')) {
+        int opset = 0;
+        ok &= absl::SimpleAtoi(part, &opset);
+        opsets.push_back(opset);
+      }
+    } else if (absl::StartsWith(arg, "--budget=")) {
+      ok = absl::SimpleAtod(arg.substr(9), &budget) && budget > 0;
+    } else if (absl::StartsWith(arg, "--repeat=")) {
+      ok = absl::SimpleAtoi(arg.substr(9), &repeat) && repeat > 0;
+    } else if (absl::StartsWith(arg, "--fixture=")) {
+      fixture = arg.substr(10);
+      ok = fs::exists(Fixture(fixture));
+    } else if (absl::StartsWith(arg, "--threads=")) {
+      ok = absl::SimpleAtoi(arg.substr(10), &threads) && threads >= 0;
+    } else if (absl::StartsWith(arg, "--sequence=")) {
+      ok = absl::SimpleAtoi(arg.substr(11), &sequence) && sequence > 0 && sequence <= 128;
+    }
+    if (!ok) {
+      std::cerr << "usage: onnxopt-transformer-benchmark [--opsets=11,14,17] [--budget=SECONDS]\n"
+                   "       onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=1..128]"
+                   " [--threads=N]\n";
+      return 2;
+    }
+  }
+  if (repeat > 0) return Repeat(repeat, fixture, sequence, budget, threads);
+
+  struct Case {
+    std::string family;
+    std::vector<std::pair<std::string, int64_t>> dims;
+  };
+  const std::vector<Case> cases = {
+      {"bert", {{"sequence", 16}}},    {"bert", {{"sequence", 128}}},    {"roberta", {{"sequence", 16}}},
+      {"roberta", {{"sequence", 128}}}, {"gpt2", {{"sequence", 16}}},    {"gpt2", {{"sequence", 128}}},
+      {"vit", {{"batch", 1}}},          {"vit", {{"batch", 8}}},
+  };
+  std::cout << absl::StrFormat("%-18s %-14s %6s | %10s %10s %9s %17s %7s\n", "fixture", "shape", "nodes", "orig ms",
+                               "opt ms", "orig/opt", "pairs p10-p90", "stable");
+  for (int opset : opsets) {
+    for (const Case& c : cases) {
+      const std::string name = absl::StrFormat("%s_opset%d", c.family, opset);
+      auto original = LoadModel(Fixture(name));
+      if (!original.ok()) {
+        std::cerr << name << ": " << original.status() << "\n";
+        return 1;
+      }
+      v1::OptimizationConfig config;
+      config.set_preset("transformer");
+      auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+      onnx::ModelProto optimized = *original;
+      std::vector<v1::PassReport> reports;
+      if (!pipeline.ok() || !RunPipeline(*pipeline, &optimized, {}, &reports).ok()) return 1;
+      for (const auto& [dim, value] : c.dims) (*config.mutable_validation()->mutable_dim_values())[dim] = value;
+      config.mutable_benchmark()->set_time_budget_seconds(budget);
+      config.mutable_benchmark()->set_warmup_runs(20);
+      SessionSettings settings;  // ORT_ENABLE_ALL: ONNX Runtime's own best
+      settings.allow_spinning = false;  // as the job's benchmark: see SessionSettings
+      auto a = CreateSession({original->SerializeAsString(), {}}, settings);
+      auto b = CreateSession({optimized.SerializeAsString(), {}}, settings);
+      if (!a.ok() || !b.ok()) {
+        std::cerr << name << ": " << (a.ok() ? b.status() : a.status()) << "\n";
+        return 1;
+      }
+      v1::BenchmarkReport report;
+      absl::Status status = Benchmark(**a, **b, *original, config, nullptr, &report);
+      if (!status.ok()) {
+        std::cerr << name << ": " << status << "\n";
+        return 1;
+      }
+      const std::string shape = c.family == "vit" ? absl::StrFormat("batch %d", c.dims[0].second)
+                                                  : absl::StrFormat("1 x %d", c.dims[0].second);
+      std::cout << absl::StrFormat("%-18s %-14s %6d | %10.4f %10.4f %8.3fx %8.3fx-%.3fx %7s\n", name, shape,
+                                   CountNodes(optimized.graph()), report.original().p50_ms(), report.optimized().p50_ms(),
+                                   report.speedup(), report.speedup_p10(), report.speedup_p90(),
+                                   report.stable() ? "yes" : "no");
+    }
+  }
+  std::cout << "orig/opt > 1: the optimized model is faster. Medians of interleaved runs until stable (2%) or "
+            << budget << " s, ONNX Runtime " << OrtVersion() << " with all its optimizations on for both, "
+            << CpuDescription() << ".\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace onnxopt
+
+int main(int argc, char** argv) { return onnxopt::Main(argc, argv); }
