@@ -32,7 +32,9 @@ echo "quickstart: optimizing $model through the server"
 job=$(./build/client/onnxopt list --page-size 1 | awk 'NR==1 {print $1}')
 echo
 ./build/client/onnxopt report "$job"
+./build/client/onnxopt report "$job" --html out/bert_tiny.report.html >/dev/null
 echo
 echo "optimized model: $repo_root/out/bert_tiny.optimized.onnx"
 echo "report (JSON):   $repo_root/out/bert_tiny.optimized.onnx.report.json"
+echo "report (HTML):   $repo_root/out/bert_tiny.report.html"
 echo "server log:      $server_log"

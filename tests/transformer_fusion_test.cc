@@ -155,7 +155,7 @@ TEST(TransformerHintsTest, ConfigOverridesAndValidation) {
   EXPECT_EQ(report.num_heads(), 8);
   EXPECT_FALSE(report.fully_fused());
   ASSERT_GT(report.missing_size(), 0);
-  EXPECT_NE(report.missing(0).find("not in the pipeline"), std::string::npos) << report.missing(0);
+  EXPECT_NE(report.missing(0).find("not in this pipeline"), std::string::npos) << report.missing(0);
 }
 
 }  // namespace
