@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -468,22 +469,6 @@ std::vector<Node*> CausalSlices(const Graph& graph, const std::string& cond) {
   return slices;
 }
 
-onnx::AttributeProto IntAttribute(const char* name, int64_t value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::INT);
-  attribute.set_i(value);
-  return attribute;
-}
-
-onnx::AttributeProto FloatAttribute(const char* name, float value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::FLOAT);
-  attribute.set_f(value);
-  return attribute;
-}
-
 class FuseAttentionPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_attention"; }
@@ -698,15 +683,7 @@ class FuseAttentionPass final : public Pass {
     if (!raw_mask.empty()) {
       auto known = int32_masks->find(raw_mask);
       if (known == int32_masks->end()) {
-        onnx::NodeProto cast;
-        cast.set_op_type("Cast");
-        const std::string cast_name = graph.UniqueName(raw_mask + "_int32");
-        cast.set_name(cast_name);
-        cast.add_input(raw_mask);
-        cast.add_output(cast_name);
-        *cast.add_attribute() = IntAttribute("to", onnx::TensorProto::INT32);
-        graph.AddNode(std::move(cast), q.matmul, /*after=*/false);
-        known = int32_masks->emplace(raw_mask, cast_name).first;
+        known = int32_masks->emplace(raw_mask, AddCast(graph, raw_mask, onnx::TensorProto::INT32, q.matmul)).first;
       }
       attention.add_input(known->second);
     }

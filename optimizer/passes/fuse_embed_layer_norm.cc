@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -187,18 +188,7 @@ class FuseEmbedLayerNormPass final : public Pass {
     // Rewrite.
     auto to_int32 = [&](const std::string& value) {
       if (shapes.ElementType(value) == onnx::TensorProto::INT32) return value;
-      onnx::NodeProto cast;
-      cast.set_op_type("Cast");
-      const std::string name = graph.UniqueName(value + "_int32");
-      cast.set_name(name);
-      cast.add_input(value);
-      cast.add_output(name);
-      auto* to = cast.add_attribute();
-      to->set_name("to");
-      to->set_type(onnx::AttributeProto::INT);
-      to->set_i(onnx::TensorProto::INT32);
-      graph.AddNode(std::move(cast), norm, /*after=*/false);
-      return name;
+      return AddCast(graph, value, onnx::TensorProto::INT32, norm);
     };
     std::string beta_name = norm->input_size() > 2 ? norm->input(2) : "";
     if (beta_name.empty()) {
@@ -222,10 +212,7 @@ class FuseEmbedLayerNormPass final : public Pass {
     // ONNX Runtime's type inference wants mask_index named even when nothing reads it.
     fused.add_output(graph.UniqueName(norm->output(0) + "_mask_index"));
     if (sum_read_elsewhere) fused.add_output(sum);
-    auto* epsilon = fused.add_attribute();
-    epsilon->set_name("epsilon");
-    epsilon->set_type(onnx::AttributeProto::FLOAT);
-    epsilon->set_f(norm->GetAttributeFloat("epsilon", 1e-5f));
+    *fused.add_attribute() = FloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
     graph.RemoveNode(norm);
     for (Node* add : adds) graph.RemoveNode(add);
     for (const Lookup& lookup : lookups) graph.RemoveNode(lookup.gather);

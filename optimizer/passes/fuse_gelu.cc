@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -227,12 +228,7 @@ class FuseGeluPass final : public Pass {
       fused.add_input(input);
       if (!bias.empty()) fused.add_input(bias);
       fused.add_output(output);
-      if (fused_op == "QuickGelu") {
-        auto* attribute = fused.add_attribute();
-        attribute->set_name("alpha");
-        attribute->set_type(onnx::AttributeProto::FLOAT);
-        attribute->set_f(alpha);
-      }
+      if (fused_op == "QuickGelu") *fused.add_attribute() = FloatAttribute("alpha", alpha);
       Node* anchor = nodes.back();
       for (Node* n : nodes) graph.RemoveNode(n);
       if (!bias.empty()) graph.RemoveNode(bias_add);

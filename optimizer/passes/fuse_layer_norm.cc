@@ -18,6 +18,7 @@
 
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -53,22 +54,6 @@ std::optional<std::string> Squared(const Graph& graph, const Node* node) {
 bool Is1DFloatConstant(const Graph& graph, const std::string& value) {
   const onnx::TensorProto* tensor = ConstantTensor(graph, value);
   return tensor != nullptr && tensor->dims_size() == 1 && tensor->data_type() == onnx::TensorProto::FLOAT;
-}
-
-onnx::AttributeProto Attribute(const char* name, float value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::FLOAT);
-  attribute.set_f(value);
-  return attribute;
-}
-
-onnx::AttributeProto Attribute(const char* name, int64_t value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::INT);
-  attribute.set_i(value);
-  return attribute;
 }
 
 // From s = v + eps to the normalized value n = d / sqrt(s); the nodes on the way go into `pattern`.
@@ -197,8 +182,8 @@ class FuseLayerNormPass final : public Pass {
     fused.add_input(gamma);
     if (!beta.empty()) fused.add_input(beta);
     fused.add_output(output);
-    *fused.add_attribute() = Attribute("axis", int64_t{-1});
-    *fused.add_attribute() = Attribute("epsilon", *epsilon);
+    *fused.add_attribute() = IntAttribute("axis", -1);
+    *fused.add_attribute() = FloatAttribute("epsilon", *epsilon);
     Node* anchor = pattern.back();
     for (Node* node : pattern) graph.RemoveNode(node);
     graph.AddNode(std::move(fused), anchor, /*after=*/true);

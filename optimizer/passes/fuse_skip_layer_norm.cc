@@ -13,6 +13,7 @@
 // over the last axis (run after fuse_layer_norm).
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -103,10 +104,7 @@ class FuseSkipLayerNormPass final : public Pass {
         fused.add_output("");  // inv_std_var
         fused.add_output(add->output(0));
       }
-      auto* epsilon = fused.add_attribute();
-      epsilon->set_name("epsilon");
-      epsilon->set_type(onnx::AttributeProto::FLOAT);
-      epsilon->set_f(norm->GetAttributeFloat("epsilon", 1e-5f));
+      *fused.add_attribute() = FloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
       graph.RemoveNode(norm);
       graph.RemoveNode(add);
       if (bias_add != nullptr) graph.RemoveNode(bias_add);

@@ -1,0 +1,45 @@
+// Small helpers shared by the fusion passes for building the nodes they emit.
+#ifndef ONNXOPT_OPTIMIZER_PASSES_REWRITE_H_
+#define ONNXOPT_OPTIMIZER_PASSES_REWRITE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "onnx/onnx_pb.h"
+#include "optimizer/graph.h"
+
+namespace onnxopt {
+
+inline onnx::AttributeProto IntAttribute(const std::string& name, int64_t value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INT);
+  attribute.set_i(value);
+  return attribute;
+}
+
+inline onnx::AttributeProto FloatAttribute(const std::string& name, float value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::FLOAT);
+  attribute.set_f(value);
+  return attribute;
+}
+
+// Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
+// int32 ids and masks where exports have int64).
+inline std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {
+  onnx::NodeProto cast;
+  cast.set_op_type("Cast");
+  const std::string name = graph.UniqueName(value + (to == onnx::TensorProto::INT32 ? "_int32" : "_cast"));
+  cast.set_name(name);
+  cast.add_input(value);
+  cast.add_output(name);
+  *cast.add_attribute() = IntAttribute("to", to);
+  graph.AddNode(std::move(cast), anchor, /*after=*/false);
+  return name;
+}
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_REWRITE_H_
