@@ -128,6 +128,10 @@ std::string FormatJob(const v1::Job& job) {
     absl::StrAppend(&out, "nodes    ", result.nodes_before(), " -> ", result.nodes_after(), "\n");
     absl::StrAppend(&out, "parity   ", result.parity_passed() ? "passed" : "not checked", "\n");
     if (result.speedup() > 0) absl::StrAppend(&out, "speedup  ", absl::StrFormat("%.3fx", result.speedup()), "\n");
+    if (result.returned_original()) absl::StrAppend(&out, "returned the ORIGINAL model (see the report's warnings)\n");
+    if (result.excluded_passes_size() > 0) {
+      absl::StrAppend(&out, "left out ", absl::StrJoin(result.excluded_passes(), ", "), " (they broke parity)\n");
+    }
     for (const auto& artifact : result.artifacts()) {
       absl::StrAppend(&out, "artifact ", absl::StrFormat("%-20s %12s", artifact.name(), Bytes(artifact.size())), "\n");
     }
