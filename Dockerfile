@@ -6,7 +6,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY scripts/setup.sh scripts/setup.sh
-RUN bash scripts/setup.sh
+RUN bash scripts/setup.sh --no-test-deps
 COPY . .
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DONNXOPT_BUILD_TESTS=OFF \
  && cmake --build build -j"$(nproc)" \

@@ -10,10 +10,12 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps_dir="${ONNXOPT_DEPS_DIR:-$repo_root/.deps}"
 want_gpu="${ONNXOPT_FETCH_GPU:-0}"
+test_deps=1
 for arg in "$@"; do
   case "$arg" in
     --gpu) want_gpu=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (known: --gpu)" >&2; exit 2 ;;
+    --no-test-deps) test_deps=0 ;;  # image builds: no conformance data, no browser
+    *) echo "setup.sh: unknown argument '$arg' (known: --gpu, --no-test-deps)" >&2; exit 2 ;;
   esac
 done
 
@@ -21,9 +23,10 @@ apt_packages=(
   cmake ninja-build ccache pkg-config g++ ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libsqlite3-dev libssl-dev openssl libonnx-testdata
-  chromium
+  libsqlite3-dev libssl-dev openssl
 )
+# Only the tests use these: the ONNX conformance data and a browser to render the HTML report in.
+((test_deps)) && apt_packages+=(libonnx-testdata chromium)
 
 missing=()
 for pkg in "${apt_packages[@]}"; do
