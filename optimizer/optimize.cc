@@ -285,15 +285,23 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
                                                                      *supplied, request.cancelled, parity);
     if (!reference.ok()) return fail(reference.status());
     // Judges a candidate in memory (the bisection's probes) or, for the result, from its file.
+    // A candidate ONNX Runtime cannot load or run fails parity like one with wrong numbers, so that
+    // bisection can find the pass that made it and recover.
     auto judge = [&](const ModelSource& source, const std::string& precision,
                      v1::ParityReport* into) -> absl::StatusOr<bool> {
+      auto broken = [&](absl::string_view what, const absl::Status& status) {
+        into->clear_outputs();
+        into->set_passed(false);
+        v1::OutputParity* output = into->add_outputs();
+        output->set_name("(model)");
+        output->set_note(absl::StrCat(what, status.message()));
+        return false;
+      };
       auto session = CreateSession(source, settings);
-      if (!session.ok()) {
-        return absl::InternalError(absl::StrCat("the optimized model does not load in ONNX Runtime: ",
-                                                session.status().message()));
-      }
+      if (!session.ok()) return broken("the optimized model does not load in ONNX Runtime: ", session.status());
       absl::Status compared = CompareWithReference(**session, precision, *reference, config.validation(),
                                                    request.cancelled, into);
+      if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
       if (!compared.ok()) return compared;
       return into->passed();
     };
@@ -346,11 +354,12 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
                                                                                   : ""));
       if (config.benchmark().on_regression() == v1::ON_REGRESSION_RETURN_ORIGINAL && !returned_original) {
         returned_original = true;
-        const v1::ModelSummary pipeline_output = report.optimized();
-        absl::Status resaved = save_result(*original, {});
+        report.add_warnings(absl::StrCat("the pipeline's output (", report.optimized().nodes(),
+                                         " nodes) was slower; the report's model sections describe the returned "
+                                         "original, its benchmark section the pipeline's output"));
+        absl::Status resaved = save_result(*original, {});  // the report now describes the file returned
         if (!resaved.ok()) return fail(resaved);
-        // `optimized` keeps describing what the pipeline produced; the files are the original's.
-        *report.mutable_optimized() = pipeline_output;
+        report.mutable_benchmark()->clear_tuning();  // it tuned the model that is not returned
       }
     }
   }

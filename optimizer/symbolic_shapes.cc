@@ -145,7 +145,14 @@ std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph
       start = std::clamp<int64_t>(start, 0, rank);
       end = std::clamp<int64_t>(end, start, rank);
       values[out] = Shape(shape->begin() + start, shape->begin() + end);
-    } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") && input(0)) {
+    } else if (op == "Cast" && input(0)) {
+      // Casts that keep integer values as they are (not to bool, which would make 5 a 1).
+      const int64_t to = IntAttribute(node, "to", 0);
+      if (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::FLOAT ||
+          to == onnx::TensorProto::DOUBLE) {
+        values[out] = *input(0);
+      }
+    } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Identity") && input(0)) {
       values[out] = *input(0);
     } else if (op == "Gather" && input(0) && input(1) && IntAttribute(node, "axis", 0) == 0) {
       Shape picked;
@@ -238,8 +245,9 @@ std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph
           if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
           if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
           if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
-        } else if ((op == "Sub" || op == "Div") && a.kind == Dim::Kind::kParam && a == b) {
-          result.push_back(Dim::Value(op == "Sub" ? 0 : 1));  // seq - seq, seq / seq
+        } else if (op == "Sub" && a.kind == Dim::Kind::kParam && a == b) {
+          // One symbolic name is one size (ONNX's rule for dim_param): key_length - query_length.
+          result.push_back(Dim::Value(0));
         } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
           result.push_back(a);
         } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {

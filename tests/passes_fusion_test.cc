@@ -352,6 +352,19 @@ TEST(FuseLayerNormTest, FusesTheExportedFormExactly) {
   ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
 }
 
+// The fused kernels take scale and bias of the normalized width only: a broadcasting bias [1]
+// stays an Add, and the result still loads and matches.
+TEST(FuseLayerNormTest, KeepsABroadcastingBiasOutside) {
+  onnx::ModelProto original = DecomposedLayerNorm(2.0f, false);
+  for (auto& tensor : *original.mutable_graph()->mutable_initializer()) {
+    if (tensor.name() == "beta") tensor = FloatTensor("beta", {1}, {0.25f});
+  }
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 1}, {"LayerNormalization", 1}}));
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
+}
+
 TEST(FuseLayerNormTest, LeavesLookalikesAlone) {
   EXPECT_EQ(RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", DecomposedLayerNorm(3.0f, false)).report.rewrites(), 0)
       << "a cube is no variance";
@@ -389,6 +402,24 @@ onnx::ModelProto ResidualLayerNorm(bool sum_is_output) {
   *graph.add_output() = FloatValue("y", {2, 4, 8});
   if (sum_is_output) *graph.add_output() = FloatValue("sum", {2, 4, 8});
   return MakeModel(graph, 17);
+}
+
+TEST(FuseSkipLayerNormTest, LeavesADoubledValueAlone) {
+  // s = Add(y, y) with y = Add(h, bias): fusing would read y after removing its producer.
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Add", {"x", "bias"}, {"y"});
+  *graph.add_node() = MakeNode("Add", {"y", "y"}, {"sum"});
+  *graph.add_node() = WithIntAttribute(MakeNode("LayerNormalization", {"sum", "gamma", "beta"}, {"out"}), "axis", -1);
+  *graph.add_initializer() = FloatTensor("bias", {8}, RandomFloats(8, 61));
+  *graph.add_initializer() = FloatTensor("gamma", {8}, RandomFloats(8, 62));
+  *graph.add_initializer() = FloatTensor("beta", {8}, RandomFloats(8, 63));
+  *graph.add_input() = FloatValue("x", {2, 4, 8});
+  *graph.add_output() = FloatValue("out", {2, 4, 8});
+  const onnx::ModelProto original = MakeModel(graph, 17);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_skip_layer_norm"}]})", original);
+  ASSERT_TRUE(run.status.ok());
+  EXPECT_EQ(run.report.rewrites(), 0);
+  ExpectSameOutputs(original, run.model, 0, 0);
 }
 
 TEST(FuseSkipLayerNormTest, FusesTheResidualAndItsBias) {

@@ -4,7 +4,7 @@
 //
 // Before:  W (initializer) -> Transpose -> Wt -> MatMul(x, Wt)       After:  Wt' (initializer) -> MatMul(x, Wt')
 //          Shape(x: 1x16x64) -> Gather(.., 2) -> Unsqueeze -> ...            [64] (initializer) -> ...
-//          Shape(v: Bx4xSx16) -> Slice(-1:) -> Squeeze -> Cast(float)        16.0 (initializer) -> ...
+//          Shape(v: Bx4xSx16) -> Slice(-1:) -> Squeeze                        16 (initializer) -> ...
 //          Sub(Gather(Shape(k), 2), Gather(Shape(q), 2)), both S              0 (initializer)
 // The evaluator is ONNX Runtime itself: all foldable nodes of a graph go into one small model that
 // one session runs, so results are exactly what ONNX Runtime would compute. A folded value larger
@@ -63,7 +63,12 @@ std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInf
   const std::optional<std::vector<int64_t>> known = shapes->KnownValue(node.output(0));
   const auto rank = shapes->Rank(node.output(0));
   const auto element_type = shapes->ElementType(node.output(0));
-  if (!known || !rank || *rank > 1 || !element_type || (*rank == 0 && known->size() != 1)) return std::nullopt;
+  // Integer results only: the tracking reasons about integers; ONNX Runtime then folds the
+  // casts and arithmetic that follow.
+  if (!known || !rank || *rank > 1 || !element_type || (*rank == 0 && known->size() != 1) ||
+      (*element_type != onnx::TensorProto::INT64 && *element_type != onnx::TensorProto::INT32)) {
+    return std::nullopt;
+  }
   onnx::TensorProto tensor;
   tensor.set_name(node.output(0));
   tensor.set_data_type(*element_type);
@@ -71,10 +76,7 @@ std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInf
   for (int64_t v : *known) {
     switch (*element_type) {
       case onnx::TensorProto::INT64: tensor.add_int64_data(v); break;
-      case onnx::TensorProto::INT32: tensor.add_int32_data(static_cast<int32_t>(v)); break;
-      case onnx::TensorProto::FLOAT: tensor.add_float_data(static_cast<float>(v)); break;
-      case onnx::TensorProto::DOUBLE: tensor.add_double_data(static_cast<double>(v)); break;
-      default: return std::nullopt;
+      default: tensor.add_int32_data(static_cast<int32_t>(v)); break;
     }
   }
   return tensor;

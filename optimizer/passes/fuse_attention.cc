@@ -496,7 +496,8 @@ class FuseAttentionPass final : public Pass {
   static bool TryFuse(Graph& graph, Node* softmax, const ShapeInfo& shapes, PassContext& context,
                       std::unordered_map<std::string, std::string>* int32_masks, std::string* reason) {
     const auto rank = shapes.Rank(softmax->input(0));
-    const int64_t axis = softmax->GetAttributeInt("axis", -1);
+    // Before opset 13 Softmax defaults to axis 1 (over everything after it, flattened).
+    const int64_t axis = softmax->GetAttributeInt("axis", context.OpsetVersion("") < 13 ? 1 : -1);
     if (!rank || (*rank != 4 && *rank != 3) || (axis != -1 && axis != *rank - 1)) return false;
     const Layout layout = *rank == 4 ? Layout::kBatchFirst : Layout::kSequenceFirst;
     Scores scores;

@@ -51,9 +51,12 @@ std::optional<std::string> Squared(const Graph& graph, const Node* node) {
   return std::nullopt;
 }
 
-bool Is1DFloatConstant(const Graph& graph, const std::string& value) {
+// A float constant [H] for the normalized width H (the kernels take no broadcasting scale or bias);
+// with H unknown, any width but 1.
+bool IsWidthConstant(const Graph& graph, const std::string& value, std::optional<int64_t> width) {
   const onnx::TensorProto* tensor = ConstantTensor(graph, value);
-  return tensor != nullptr && tensor->dims_size() == 1 && tensor->data_type() == onnx::TensorProto::FLOAT;
+  return tensor != nullptr && tensor->dims_size() == 1 && tensor->data_type() == onnx::TensorProto::FLOAT &&
+         (width ? tensor->dims(0) == *width : tensor->dims(0) > 1);
 }
 
 // From s = v + eps to the normalized value n = d / sqrt(s); the nodes on the way go into `pattern`.
@@ -141,21 +144,21 @@ class FuseLayerNormPass final : public Pass {
       return;
     }
     // Optional scale and (LayerNorm only) shift.
+    const auto width = context.shapes() ? context.shapes()->DimValue(x, -1) : std::nullopt;
     std::string output = *normalized, gamma, beta;
     if (Node* scale = SoleConsumer(graph, output);
-        scale != nullptr && scale->op_type() == "Mul" && Is1DFloatConstant(graph, Other(*scale, output))) {
+        scale != nullptr && scale->op_type() == "Mul" && IsWidthConstant(graph, Other(*scale, output), width)) {
       gamma = Other(*scale, output);
       pattern.push_back(scale);
       output = scale->output(0);
     }
     if (Node* shift = SoleConsumer(graph, output); !simplified && shift != nullptr && shift->op_type() == "Add" &&
-                                                   Is1DFloatConstant(graph, Other(*shift, output))) {
+                                                   IsWidthConstant(graph, Other(*shift, output), width)) {
       beta = Other(*shift, output);
       pattern.push_back(shift);
       output = shift->output(0);
     }
     if (gamma.empty()) {
-      const auto width = context.shapes() ? context.shapes()->DimValue(x, -1) : std::nullopt;
       if (!width || *width <= 0) {
         context.Skip("fuse_layer_norm: no constant scale and the last dim is not static");
         return;

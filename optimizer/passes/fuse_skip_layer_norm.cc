@@ -63,9 +63,14 @@ class FuseSkipLayerNormPass final : public Pass {
         context.Skip("fuse_skip_layer_norm: residual inputs are not known to be [B,S,H] and a skip ONNX Runtime broadcasts");
         continue;
       }
+      if (input == skip) continue;  // Add(y, y): one value cannot be both
       const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
       const onnx::TensorProto* beta = simplified ? gamma : ConstantTensor(graph, norm->input(2));
-      if (gamma == nullptr || beta == nullptr || gamma->dims_size() != 1 || beta->dims_size() != 1) continue;
+      const auto width = shapes->DimValue(input, -1);
+      if (gamma == nullptr || beta == nullptr || gamma->dims_size() != 1 || beta->dims_size() != 1 || !width ||
+          gamma->dims(0) != *width || beta->dims(0) != *width) {
+        continue;
+      }
       // Other readers of the sum take output 3.
       const bool sum_read_elsewhere = graph.Consumers(add->output(0)).size() > 1 || graph.IsGraphOutput(add->output(0));
       std::string bias;
