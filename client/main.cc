@@ -307,11 +307,9 @@ int Local(const Args& args) {
     if (!loaded.ok()) return Report(loaded.status());
     supplied = *std::move(loaded);
   }
-  auto reference = onnxopt::BuildParityReference(**original_session, *original, config->validation(), supplied, nullptr,
-                                                 report.mutable_parity());
-  if (!reference.ok()) return Report(reference.status());
-  absl::Status status = onnxopt::CompareWithReference(**optimized_session, onnxopt::ModelPrecision(*optimized), *reference,
-                                                      config->validation(), nullptr, report.mutable_parity());
+  absl::Status status = onnxopt::CheckParity(**original_session, **optimized_session, *original, config->validation(),
+                                             nullptr, report.mutable_parity(), onnxopt::ModelPrecision(*optimized),
+                                             supplied);
   if (!status.ok()) return Report(status);
   report.mutable_benchmark()->set_skipped(true);
   std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report.parity()) : onnxopt::client::FormatReport(report));

@@ -44,28 +44,27 @@ double Drift(const std::vector<double>& medians) {
 
 // Runs `session` once; its wall time in milliseconds.
 absl::StatusOr<double> TimedRun(Ort::Session& session, const GeneratedInputs& inputs,
-                                const std::vector<const char*>& output_names) {
-  std::vector<const char*> input_names;
-  for (const auto& name : inputs.names) input_names.push_back(name.c_str());
+                                const std::vector<std::string>& output_names) {
   const auto start = Clock::now();
-  try {
-    session.Run(Ort::RunOptions{nullptr}, input_names.data(), inputs.values.data(), inputs.values.size(),
-                output_names.data(), output_names.size());
-  } catch (const Ort::Exception& e) {
-    return absl::InternalError(absl::StrCat("ONNX Runtime failed during the benchmark: ", e.what()));
+  absl::StatusOr<std::vector<Ort::Value>> outputs = RunOnInputs(session, inputs, output_names);
+  if (!outputs.ok()) {
+    return absl::InternalError(absl::StrCat("ONNX Runtime failed during the benchmark: ", outputs.status().message()));
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-struct OutputNames {
-  explicit OutputNames(Ort::Session& session) {
-    Ort::AllocatorWithDefaultOptions allocator;
-    for (size_t i = 0; i < session.GetOutputCount(); ++i) names.push_back(session.GetOutputNameAllocated(i, allocator).get());
-    for (const auto& name : names) pointers.push_back(name.c_str());
+// Pair `index` of runs timed in turns: both sessions once, the first one going first on even pairs
+// so that neither gets a warmer cache. `latencies` gets each session's time.
+absl::Status TimedPair(Ort::Session* const sessions[2], const GeneratedInputs& inputs,
+                       const std::vector<std::string>& output_names, int index, double latencies[2]) {
+  for (int k = 0; k < 2; ++k) {
+    const int which = index % 2 == 0 ? k : 1 - k;
+    absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs, output_names);
+    if (!latency.ok()) return latency.status();
+    latencies[which] = *latency;
   }
-  std::vector<std::string> names;
-  std::vector<const char*> pointers;
-};
+  return absl::OkStatus();
+}
 
 // Reads a "Name:   123 kB" line of /proc/self/status, in bytes.
 std::optional<int64_t> StatusKilobytes(const std::string& key) {
@@ -143,8 +142,8 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
   const double budget = config.time_budget_seconds() > 0 ? config.time_budget_seconds() : kDefaultTimeBudgetSeconds;
   const double stability = config.stability() > 0 ? config.stability() : kDefaultStability;
   const int window = config.window_runs() > 0 ? config.window_runs() : kDefaultWindowRuns;
-  const OutputNames outputs(original);
-  Ort::Session* sessions[2] = {&original, &optimized};
+  const std::vector<std::string> outputs = OutputNames(original);
+  Ort::Session* const sessions[2] = {&original, &optimized};
   const auto start = Clock::now();
   bool all_stable = true, regression = false;
   for (size_t set = 0; set < inputs.size(); ++set) {
@@ -154,7 +153,7 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share));
     for (int i = 0; i < warmup; ++i) {
       for (Ort::Session* session : sessions) {
-        absl::StatusOr<double> latency = TimedRun(*session, inputs[set], outputs.pointers);
+        absl::StatusOr<double> latency = TimedRun(*session, inputs[set], outputs);
         if (!latency.ok()) return latency.status();
       }
     }
@@ -170,13 +169,11 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
       for (int i = 0; i < window && runs < target; ++i, ++runs) {
         if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
         double pair[2];
-        for (int k = 0; k < 2; ++k) {
-          const int which = runs % 2 == 0 ? k : 1 - k;  // alternate who goes first: neither gets a warmer cache
-          absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs[set], outputs.pointers);
-          if (!latency.ok()) return latency.status();
-          pair[which] = *latency;
-          latencies[which].push_back(*latency);
-          window_latencies[which].push_back(*latency);
+        absl::Status timed = TimedPair(sessions, inputs[set], outputs, runs, pair);
+        if (!timed.ok()) return timed;
+        for (int which = 0; which < 2; ++which) {
+          latencies[which].push_back(pair[which]);
+          window_latencies[which].push_back(pair[which]);
         }
         if (pair[1] > 0) ratios.push_back(pair[0] / pair[1]);
       }
@@ -220,13 +217,22 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                        const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report) {
+  absl::StatusOr<std::vector<GeneratedInputs>> inputs = BenchmarkInputs(original, original_model, config.validation(), {});
+  if (!inputs.ok()) return inputs.status();
+  return Benchmark(original, optimized, *inputs, config.benchmark(), cancelled, report);
+}
+
+absl::StatusOr<std::vector<GeneratedInputs>> BenchmarkInputs(Ort::Session& original, const onnx::ModelProto& original_model,
+                                                             const v1::ValidationConfig& config,
+                                                             const std::vector<SuppliedSample>& supplied) {
   std::vector<GeneratedInputs> inputs;
-  for (const DimValues& dims : ShapeSets(config.validation())) {
-    absl::StatusOr<GeneratedInputs> generated = GenerateInputs(original, original_model, config.validation(), dims, 0);
+  for (const DimValues& dims : InputShapeSets(config, !supplied.empty())) {
+    absl::StatusOr<GeneratedInputs> generated =
+        GenerateInputs(original, original_model, config, dims, 0, supplied.empty() ? nullptr : &supplied.front());
     if (!generated.ok()) return generated.status();
     inputs.push_back(*std::move(generated));
   }
-  return Benchmark(original, optimized, inputs, config.benchmark(), cancelled, report);
+  return inputs;
 }
 
 absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const SessionSettings& settings,
@@ -243,8 +249,7 @@ absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const Sessio
   {
     absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(model, settings);
     if (!session.ok()) return session.status();
-    const OutputNames outputs(**session);
-    absl::StatusOr<double> ran = TimedRun(**session, inputs, outputs.pointers);
+    absl::StatusOr<double> ran = TimedRun(**session, inputs, OutputNames(**session));
     if (!ran.ok()) return ran.status();
   }
   const std::optional<int64_t> peak = StatusKilobytes("VmHWM");
@@ -281,11 +286,11 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
           trial->set_error(std::string(session.status().message()));
           continue;
         }
-        const OutputNames outputs(**session);
+        const std::vector<std::string> outputs = OutputNames(**session);
         std::vector<double> latencies;
         const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(per_trial));
         for (int i = 0; i < 200 && (i < 5 || Clock::now() < deadline); ++i) {
-          absl::StatusOr<double> latency = TimedRun(**session, inputs, outputs.pointers);
+          absl::StatusOr<double> latency = TimedRun(**session, inputs, outputs);
           if (!latency.ok()) {
             trial->set_error(std::string(latency.status().message()));
             break;
@@ -315,16 +320,14 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   auto best_session = CreateSession(model, best);
   auto default_session = CreateSession(model, defaults);
   if (!best_session.ok() || !default_session.ok()) return tuning;
-  const OutputNames outputs(**best_session);
+  const std::vector<std::string> outputs = OutputNames(**best_session);
   std::vector<double> latencies[2];
-  Ort::Session* sessions[2] = {default_session->get(), best_session->get()};
+  Ort::Session* const sessions[2] = {default_session->get(), best_session->get()};
   for (int i = 0; i < 60; ++i) {
-    for (int k = 0; k < 2; ++k) {
-      const int which = i % 2 == 0 ? k : 1 - k;
-      absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs, outputs.pointers);
-      if (!latency.ok()) return tuning;
-      if (i >= 4) latencies[which].push_back(*latency);
-    }
+    double pair[2];
+    if (!TimedPair(sessions, inputs, outputs, i, pair).ok()) return tuning;
+    if (i < 4) continue;  // warm-up
+    for (int which = 0; which < 2; ++which) latencies[which].push_back(pair[which]);
   }
   const double gain = Median(latencies[0]) / Median(latencies[1]);
   if (gain < 1.0) {

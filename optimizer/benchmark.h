@@ -44,6 +44,11 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const on
                        const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report);
 
+// One input set per shape set to time on: generated, or from the first supplied set.
+absl::StatusOr<std::vector<GeneratedInputs>> BenchmarkInputs(Ort::Session& original, const onnx::ModelProto& original_model,
+                                                             const v1::ValidationConfig& config,
+                                                             const std::vector<SuppliedSample>& supplied);
+
 // Resident memory a fresh session of `model` adds while it loads and runs once on `inputs`, in
 // bytes; UNAVAILABLE where the kernel does not let the process reset its peak (/proc/self/clear_refs).
 absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const SessionSettings& settings,

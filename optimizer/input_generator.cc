@@ -102,6 +102,32 @@ std::vector<DimValues> ShapeSets(const v1::ValidationConfig& config) {
   return sets;
 }
 
+std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied) {
+  std::vector<DimValues> sets = ShapeSets(config);
+  if (supplied) sets.resize(1);
+  return sets;
+}
+
+std::vector<std::string> OutputNames(Ort::Session& session) {
+  std::vector<std::string> names;
+  Ort::AllocatorWithDefaultOptions allocator;
+  for (size_t i = 0; i < session.GetOutputCount(); ++i) names.push_back(session.GetOutputNameAllocated(i, allocator).get());
+  return names;
+}
+
+absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,
+                                                    const std::vector<std::string>& output_names) {
+  std::vector<const char*> input_pointers, output_pointers;
+  for (const auto& name : inputs.names) input_pointers.push_back(name.c_str());
+  for (const auto& name : output_names) output_pointers.push_back(name.c_str());
+  try {
+    return session.Run(Ort::RunOptions{nullptr}, input_pointers.data(), inputs.values.data(), inputs.values.size(),
+                       output_pointers.data(), output_pointers.size());
+  } catch (const Ort::Exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
 absl::StatusOr<std::vector<SuppliedSample>> LoadSuppliedInputs(
     const std::vector<std::map<std::string, std::filesystem::path>>& files) {
   std::vector<SuppliedSample> samples;

@@ -1,4 +1,4 @@
-// Model inputs for validation and the benchmark: supplied with the job (ONNX TensorProto files), or
+// Model inputs for validation and the benchmark, and running a session on them: supplied with the job (ONNX TensorProto files), or
 // generated: seeded, dtype-aware and shaped from the config's named dimension values (one set of
 // values per shape set). Integer inputs that index an embedding table (Gather indices) get ids inside
 // the table, inputs named like masks get ones (with trailing zeros per row when mask_padding is set),
@@ -53,6 +53,17 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
 
 // The value used for a dynamic dimension; see ValidationConfig.dim_values.
 int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValues& dims);
+
+// The shape sets inputs are made for: the config's, or with supplied inputs one (their own shapes;
+// what a set leaves out is generated from dim_values).
+std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied);
+
+// The names of a session's outputs.
+std::vector<std::string> OutputNames(Ort::Session& session);
+
+// Runs `session` on `inputs`, fetching `output_names`; ONNX Runtime's exceptions become INTERNAL.
+absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,
+                                                    const std::vector<std::string>& output_names);
 
 }  // namespace onnxopt
 

@@ -100,23 +100,17 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
     return absl::InternalError(absl::StrCat("the optimized model does not load in ONNX Runtime: ",
                                             optimized_session.status().message()));
   }
-  // One input set per shape set (the first supplied set when inputs came with the job).
-  std::vector<GeneratedInputs> inputs;
-  const std::vector<DimValues> shape_sets = supplied.empty() ? ShapeSets(config.validation()) : std::vector<DimValues>{{}};
-  for (const DimValues& dims : shape_sets) {
-    absl::StatusOr<GeneratedInputs> generated = GenerateInputs(**original_session, original, config.validation(), dims, 0,
-                                                               supplied.empty() ? nullptr : &supplied.front());
-    if (!generated.ok()) return generated.status();
-    inputs.push_back(*std::move(generated));
-  }
-  absl::Status timed = Benchmark(**original_session, **optimized_session, inputs, config.benchmark(), request.cancelled,
+  absl::StatusOr<std::vector<GeneratedInputs>> inputs =
+      BenchmarkInputs(**original_session, original, config.validation(), supplied);
+  if (!inputs.ok()) return inputs.status();
+  absl::Status timed = Benchmark(**original_session, **optimized_session, *inputs, config.benchmark(), request.cancelled,
                                  benchmark);
   if (!timed.ok()) return timed;
   // Peak memory, each model in a fresh session of its own.
   const std::pair<const ModelSource*, v1::LatencyStats*> measured[] = {{&original_source, benchmark->mutable_original()},
                                                                        {&*optimized_source, benchmark->mutable_optimized()}};
   for (const auto& [source, stats] : measured) {
-    absl::StatusOr<int64_t> peak = MeasurePeakMemory(*source, settings, inputs.front());
+    absl::StatusOr<int64_t> peak = MeasurePeakMemory(*source, settings, inputs->front());
     if (peak.ok()) stats->set_peak_memory_bytes(*peak);
   }
   if (benchmark->shapes_size() > 0) {
@@ -126,7 +120,7 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
   if (config.benchmark().tune_session()) {
     const double budget = config.benchmark().time_budget_seconds() > 0 ? config.benchmark().time_budget_seconds()
                                                                        : kDefaultTimeBudgetSeconds;
-    absl::StatusOr<v1::SessionTuning> tuning = TuneSession(*optimized_source, device, inputs.front(), budget, request.cancelled);
+    absl::StatusOr<v1::SessionTuning> tuning = TuneSession(*optimized_source, device, inputs->front(), budget, request.cancelled);
     if (!tuning.ok()) return tuning.status();
     *benchmark->mutable_tuning() = *tuning;
     const v1::TuningTrial& best = tuning->best();

@@ -45,31 +45,6 @@ bool ToDoubles(const Ort::Value& value, std::vector<double>* out) {
   }
 }
 
-absl::StatusOr<std::vector<Ort::Value>> RunSession(Ort::Session& session, const GeneratedInputs& inputs,
-                                                   const std::vector<const char*>& output_names) {
-  std::vector<const char*> input_names;
-  for (const auto& name : inputs.names) input_names.push_back(name.c_str());
-  try {
-    return session.Run(Ort::RunOptions{nullptr}, input_names.data(), inputs.values.data(), inputs.values.size(),
-                       output_names.data(), output_names.size());
-  } catch (const Ort::Exception& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
-std::vector<std::string> OutputNames(Ort::Session& session) {
-  std::vector<std::string> names;
-  Ort::AllocatorWithDefaultOptions allocator;
-  for (size_t i = 0; i < session.GetOutputCount(); ++i) names.push_back(session.GetOutputNameAllocated(i, allocator).get());
-  return names;
-}
-
-std::vector<const char*> CStrings(const std::vector<std::string>& names) {
-  std::vector<const char*> pointers;
-  for (const auto& name : names) pointers.push_back(name.c_str());
-  return pointers;
-}
-
 bool Valid(const v1::Tolerance& tolerance) {
   auto ok = [](double v) { return std::isfinite(v) && v >= 0; };
   return (!tolerance.has_atol() || ok(tolerance.atol())) && (!tolerance.has_rtol() || ok(tolerance.rtol()));
@@ -236,11 +211,10 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
                                                      const std::atomic<bool>* cancelled, v1::ParityReport* report) {
   ParityReference reference;
   reference.output_names = OutputNames(original);
-  const std::vector<const char*> output_names = CStrings(reference.output_names);
   report->set_seed(config.seed());
   report->set_supplied_inputs(!supplied.empty());
   // Supplied inputs are one shape set of their own; generated ones follow the config's shape sets.
-  const std::vector<DimValues> shape_sets = supplied.empty() ? ShapeSets(config) : std::vector<DimValues>{ShapeSets(config).front()};
+  const std::vector<DimValues> shape_sets = InputShapeSets(config, !supplied.empty());
   const int samples = !supplied.empty() ? static_cast<int>(supplied.size()) : (config.samples() > 0 ? config.samples() : 1);
   report->set_samples(samples);
   for (size_t shape_set = 0; shape_set < shape_sets.size(); ++shape_set) {
@@ -254,7 +228,7 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
       if (!inputs.ok()) return inputs.status();
       if (sample == 0) described->mutable_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
       if (shape_set == 0 && sample == 0) report->mutable_input_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
-      auto expected = RunSession(original, *inputs, output_names);
+      auto expected = RunOnInputs(original, *inputs, reference.output_names);
       if (!expected.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on ",
                                                        supplied.empty() ? "generated" : "the supplied", " inputs: ",
@@ -262,7 +236,7 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
       }
       if (shape_set == 0 && sample == 0) {
         // A model that disagrees with itself (random ops, training-mode Dropout) cannot be judged.
-        auto again = RunSession(original, *inputs, output_names);
+        auto again = RunOnInputs(original, *inputs, reference.output_names);
         if (!again.ok()) return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ", again.status().message()));
         for (size_t i = 0; i < reference.output_names.size(); ++i) {
           v1::OutputParity self;
@@ -288,13 +262,12 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
   if (OutputNames(candidate) != reference.output_names) {
     return absl::InternalError("the optimized model's outputs differ from the original's");
   }
-  const std::vector<const char*> output_names = CStrings(reference.output_names);
   report->clear_outputs();
   report->set_precision(candidate_precision);
   bool passed = true;
   for (const auto& set : reference.sets) {
     if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
-    auto actual = RunSession(candidate, set.inputs, output_names);
+    auto actual = RunOnInputs(candidate, set.inputs, reference.output_names);
     if (!actual.ok()) {
       return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the optimized model: ", actual.status().message()));
     }
@@ -315,8 +288,10 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
 
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                          const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
-                         v1::ParityReport* report, const std::string& candidate_precision) {
-  absl::StatusOr<ParityReference> reference = BuildParityReference(original, original_model, config, {}, cancelled, report);
+                         v1::ParityReport* report, const std::string& candidate_precision,
+                         const std::vector<SuppliedSample>& supplied) {
+  absl::StatusOr<ParityReference> reference =
+      BuildParityReference(original, original_model, config, supplied, cancelled, report);
   if (!reference.ok()) return reference.status();
   return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report);
 }

@@ -76,7 +76,8 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
 // Both steps for two sessions: what `onnxopt compare` and the tests use.
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                          const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
-                         v1::ParityReport* report, const std::string& candidate_precision = "fp32");
+                         v1::ParityReport* report, const std::string& candidate_precision = "fp32",
+                         const std::vector<SuppliedSample>& supplied = {});
 
 // ONNX Runtime's level for `level`, `fallback` when unspecified; and its name for reports.
 GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback);
