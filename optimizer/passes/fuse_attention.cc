@@ -24,6 +24,7 @@
 // Reshapes, which goes with it. Attention's raw mask treats 0 as masked, so masks must hold 0/1.
 #include <cmath>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -406,31 +407,33 @@ bool MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::s
   return true;
 }
 
-// N and D of the heads: from the inferred head shape, else the Reshape's constant target, else
-// the configured number of heads.
-bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context, Layout layout,
-                const Projection& q, int64_t hidden, int64_t* num_heads, int64_t* head_size) {
-  const std::string& heads = q.reshape->output(0);
-  const auto target = ConstantInts(graph, q.reshape->input(1));
+// The heads (N, D) a head-split Reshape shows: from its inferred output shape, else its constant
+// target; the sequence-first [S, B*N, D] shows only D, and N = hidden / D.
+std::optional<std::pair<int64_t, int64_t>> ShownHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout,
+                                                      const Node& reshape, int64_t hidden) {
+  const std::string& heads = reshape.output(0);
+  const auto target = ConstantInts(graph, reshape.input(1));
   if (layout == Layout::kBatchFirst) {
     auto n = shapes.DimValue(heads, 2), d = shapes.DimValue(heads, 3);
     if ((!n || !d) && target && target->size() == 4 && (*target)[2] > 0 && (*target)[3] > 0) {
       n = (*target)[2];
       d = (*target)[3];
     }
-    if (n && d) {
-      *num_heads = *n;
-      *head_size = *d;
-      return *n * *d == hidden;
-    }
-  } else {
-    auto d = shapes.DimValue(heads, 2);
-    if (!d && target && target->size() == 3 && (*target)[2] > 0) d = (*target)[2];
-    if (d && *d > 0 && hidden % *d == 0) {
-      *head_size = *d;
-      *num_heads = hidden / *d;
-      return true;
-    }
+    if (n && d) return std::make_pair(*n, *d);
+    return std::nullopt;
+  }
+  auto d = shapes.DimValue(heads, 2);
+  if (!d && target && target->size() == 3 && (*target)[2] > 0) d = (*target)[2];
+  if (d && *d > 0 && hidden % *d == 0) return std::make_pair(hidden / *d, *d);
+  return std::nullopt;
+}
+
+// N and D of the attention: what Q's split shows, else the configured number of heads.
+bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context, Layout layout,
+                const Projection& q, int64_t hidden, int64_t* num_heads, int64_t* head_size) {
+  if (auto shown = ShownHeads(graph, shapes, layout, *q.reshape, hidden)) {
+    std::tie(*num_heads, *head_size) = *shown;
+    return *num_heads * *head_size == hidden;
   }
   const int64_t configured = context.hints().num_heads;
   if (configured > 0 && hidden % configured == 0) {
@@ -578,14 +581,7 @@ class FuseAttentionPass final : public Pass {
       return false;
     }
     for (const Projection* p : projections) {
-      const auto target = ConstantInts(graph, p->reshape->input(1));
-      const bool known = layout == Layout::kBatchFirst
-                             ? (shapes.DimValue(p->reshape->output(0), 2) == num_heads &&
-                                shapes.DimValue(p->reshape->output(0), 3) == head_size) ||
-                                   (target && target->size() == 4 && (*target)[2] == num_heads && (*target)[3] == head_size)
-                             : shapes.DimValue(p->reshape->output(0), 2) == head_size ||
-                                   (target && target->size() == 3 && (*target)[2] == head_size);
-      if (!known) {
+      if (ShownHeads(graph, shapes, layout, *p->reshape, hidden) != std::make_pair(num_heads, head_size)) {
         *reason = "Q, K and V are not split into the same heads";
         return false;
       }
