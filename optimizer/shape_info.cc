@@ -146,9 +146,13 @@ std::optional<std::vector<int64_t>> ShapeInfo::StaticShape(const std::string& va
   return dims;
 }
 
-namespace {
+bool SameDimension(const onnx::TensorShapeProto::Dimension& a, const onnx::TensorShapeProto::Dimension& b) {
+  if (a.has_dim_value() && b.has_dim_value()) return a.dim_value() == b.dim_value();
+  return a.has_dim_param() && b.has_dim_param() && !a.dim_param().empty() && a.dim_param() == b.dim_param();
+}
 
-const onnx::TensorShapeProto::Dimension* DimOf(const onnx::TypeProto* type, int i) {
+const onnx::TensorShapeProto::Dimension* ShapeInfo::Dim(const std::string& value, int i) const {
+  const onnx::TypeProto* type = TypeOf(value);
   if (type == nullptr || !type->has_tensor_type() || !type->tensor_type().has_shape()) return nullptr;
   const int rank = type->tensor_type().shape().dim_size();
   if (i < 0) i += rank;
@@ -156,34 +160,23 @@ const onnx::TensorShapeProto::Dimension* DimOf(const onnx::TypeProto* type, int 
   return &type->tensor_type().shape().dim(i);
 }
 
-}  // namespace
-
 bool ShapeInfo::SameDim(const std::string& a, int i, const std::string& b, int j) const {
-  const auto* da = DimOf(TypeOf(a), i);
-  const auto* db = DimOf(TypeOf(b), j);
-  if (da == nullptr || db == nullptr) return false;
-  if (da->has_dim_value() && db->has_dim_value()) return da->dim_value() == db->dim_value();
-  return da->has_dim_param() && db->has_dim_param() && !da->dim_param().empty() && da->dim_param() == db->dim_param();
+  const auto* da = Dim(a, i);
+  const auto* db = Dim(b, j);
+  return da != nullptr && db != nullptr && SameDimension(*da, *db);
 }
 
 std::optional<int64_t> ShapeInfo::DimValue(const std::string& value, int i) const {
-  const auto* d = DimOf(TypeOf(value), i);
+  const auto* d = Dim(value, i);
   if (d == nullptr || !d->has_dim_value()) return std::nullopt;
   return d->dim_value();
 }
 
 bool ShapeInfo::SameShape(const std::string& a, const std::string& b) const {
-  const onnx::TypeProto* ta = TypeOf(a);
-  const onnx::TypeProto* tb = TypeOf(b);
-  if (ta == nullptr || tb == nullptr || !ta->tensor_type().has_shape() || !tb->tensor_type().has_shape()) return false;
-  const auto& da = ta->tensor_type().shape().dim();
-  const auto& db = tb->tensor_type().shape().dim();
-  if (da.size() != db.size()) return false;
-  for (int i = 0; i < da.size(); ++i) {
-    const bool same_value = da[i].has_dim_value() && db[i].has_dim_value() && da[i].dim_value() == db[i].dim_value();
-    const bool same_param = da[i].has_dim_param() && db[i].has_dim_param() && !da[i].dim_param().empty() &&
-                            da[i].dim_param() == db[i].dim_param();
-    if (!same_value && !same_param) return false;
+  const auto rank = Rank(a);
+  if (!rank || Rank(b) != rank) return false;
+  for (int i = 0; i < *rank; ++i) {
+    if (!SameDim(a, i, b, i)) return false;
   }
   return true;
 }

@@ -20,6 +20,9 @@ namespace onnxopt {
 // the missing type while propagating data through Shape-15 and crashes the process.
 bool InferShapesInPlace(onnx::ModelProto* model);
 
+// Two dims are the same when they are one number or one symbolic name.
+bool SameDimension(const onnx::TensorShapeProto::Dimension& a, const onnx::TensorShapeProto::Dimension& b);
+
 class ShapeInfo {
  public:
   // Main-graph values of `model`; `inferred()` says whether shape inference ran.
@@ -36,6 +39,8 @@ class ShapeInfo {
   // True if dim `i` of `a` and dim `j` of `b` (negative: from the end) are the same number or the
   // same symbolic name.
   bool SameDim(const std::string& a, int i, const std::string& b, int j) const;
+  // Dim `i` of `value` (negative: from the end) when its shape is known.
+  const onnx::TensorShapeProto::Dimension* Dim(const std::string& value, int i) const;
   // Dim `i` of `value` (negative: from the end) if it is a known number.
   std::optional<int64_t> DimValue(const std::string& value, int i) const;
   bool inferred() const { return inferred_; }

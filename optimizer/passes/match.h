@@ -34,20 +34,13 @@ inline std::optional<float> ConstantScalarFloat(const Graph& graph, const std::s
 // shapes pin down) is the same number or named dim as dim `dim` of `shaped` (negative: from the end).
 inline bool ElementIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,
                          const std::string& shaped, int dim) {
-  const onnx::TypeProto* type = shapes.TypeOf(shaped);
-  if (type == nullptr || !type->tensor_type().has_shape()) return false;
-  const auto& dims = type->tensor_type().shape().dim();
-  const int at = dim < 0 ? dim + dims.size() : dim;
-  if (at < 0 || at >= dims.size()) return false;
-  const auto& want = dims[at];
+  const onnx::TensorShapeProto::Dimension* want = shapes.Dim(shaped, dim);
+  if (want == nullptr) return false;
   if (auto ints = ConstantInts(graph, value)) {
-    return index < ints->size() && want.has_dim_value() && want.dim_value() == (*ints)[index];
+    return index < ints->size() && want->has_dim_value() && want->dim_value() == (*ints)[index];
   }
   const auto* symbolic = shapes.SymbolicValue(value);
-  if (symbolic == nullptr || index >= symbolic->size()) return false;
-  const auto& got = (*symbolic)[index];
-  if (got.has_dim_value()) return want.has_dim_value() && want.dim_value() == got.dim_value();
-  return got.has_dim_param() && want.has_dim_param() && got.dim_param() == want.dim_param();
+  return symbolic != nullptr && index < symbolic->size() && SameDimension((*symbolic)[index], *want);
 }
 
 }  // namespace onnxopt
