@@ -45,22 +45,9 @@ void AppendTransformer(const v1::TransformerReport& transformer, std::string* ou
                   transformer.layers(), " layers, ", transformer.num_heads(), " heads, hidden ", transformer.hidden_size(),
                   transformer.fully_fused() ? ", fully fused\n" : ", NOT fully fused\n");
   std::vector<std::string> counts;
-  for (const auto& [op, expected] : transformer.expected_ops()) {
-    int64_t have = 0;
-    if (op == "Gelu") {
-      for (const char* gelu : {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}) {
-        auto it = transformer.fused_ops().find(gelu);
-        if (it != transformer.fused_ops().end()) have += it->second;
-      }
-    } else {
-      auto it = transformer.fused_ops().find(op);
-      if (it != transformer.fused_ops().end()) have = it->second;
-      if (op == "SkipLayerNormalization") {
-        auto simplified = transformer.fused_ops().find("SkipSimplifiedLayerNormalization");
-        if (simplified != transformer.fused_ops().end()) have += simplified->second;
-      }
-    }
-    counts.push_back(absl::StrCat(op, " ", have, "/", expected));
+  for (const auto& [kind, expected] : transformer.expected_ops()) {
+    auto have = transformer.fused_kinds().find(kind);
+    counts.push_back(absl::StrCat(kind, " ", have == transformer.fused_kinds().end() ? 0 : have->second, "/", expected));
   }
   absl::StrAppend(out, "fused (have/expected): ", absl::StrJoin(counts, ", "), "\n");
   for (const auto& missing : transformer.missing()) absl::StrAppend(out, "  missing ", missing, "\n");

@@ -355,9 +355,11 @@ std::string RenderReportHtml(const v1::Report& report) {
     absl::StrAppend(&html, "<h2>Transformer fusion</h2><p>", HtmlEscape(transformer.family()), " (",
                     HtmlEscape(transformer.family_source()), "), ", transformer.layers(), " layers, ", transformer.num_heads(),
                     " heads, hidden ", transformer.hidden_size(), "</p><table><tr><th class=\"text\">operator</th>"
-                    "<th>expected</th></tr>");
-    for (const auto& [op, count] : transformer.expected_ops()) {
-      absl::StrAppend(&html, "<tr><td class=\"text\">", HtmlEscape(op), "</td><td>", count, "</td></tr>");
+                    "<th>fused</th><th>expected</th></tr>");
+    for (const auto& [kind, count] : transformer.expected_ops()) {
+      auto have = transformer.fused_kinds().find(kind);
+      absl::StrAppend(&html, "<tr><td class=\"text\">", HtmlEscape(kind), "</td><td>",
+                      have == transformer.fused_kinds().end() ? 0 : have->second, "</td><td>", count, "</td></tr>");
     }
     absl::StrAppend(&html, "</table><ul>");
     for (const auto& missing : transformer.missing()) absl::StrAppend(&html, "<li>", HtmlEscape(missing), "</li>");

@@ -181,6 +181,7 @@ v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, c
       auto it = fused.find(op);
       if (it != fused.end()) have += it->second;
     }
+    (*report.mutable_fused_kinds())[expectation.label] = have;
     if (have >= expectation.count) continue;
     fully_fused = false;
     if (!any_fusion) continue;
