@@ -68,8 +68,8 @@ std::string CulpritList(const v1::Bisection& bisection) {
   return absl::StrJoin(names, ", then ");
 }
 
-absl::StatusOr<OptimizeResult> Finish(const OptimizeRequest& request, std::chrono::steady_clock::time_point start,
-                                      v1::Report* partial_report, OptimizeResult* result) {
+absl::StatusOr<OptimizeResult> Finish(std::chrono::steady_clock::time_point start, v1::Report* partial_report,
+                                      OptimizeResult* result) {
   result->report.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (partial_report != nullptr) *partial_report = result->report;
   return std::move(*result);
@@ -247,7 +247,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   const bool skip_benchmark = config.benchmark().skip();
   report.mutable_parity()->set_skipped(skip_parity);
   report.mutable_benchmark()->set_skipped(skip_benchmark);
-  if (skip_parity && skip_benchmark) return Finish(request, start, partial_report, &result);
+  if (skip_parity && skip_benchmark) return Finish(start, partial_report, &result);
 
   // The original as loaded (external data pulled in); a model too big for memory goes by path.
   absl::StatusOr<ModelSource> original_source =
@@ -358,7 +358,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     }
   }
   report.set_returned_original(returned_original);
-  return Finish(request, start, partial_report, &result);
+  return Finish(start, partial_report, &result);
 }
 
 }  // namespace onnxopt

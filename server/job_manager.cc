@@ -126,7 +126,7 @@ absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField
     return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: at most ", kMaxSuppliedTensors, " input tensors per job"));
   }
   std::set<std::pair<int, std::string>> seen;
-  int max_sample = -1;
+  std::set<int> samples;
   for (const auto& input : inputs) {
     if (input.sample() < 0 || input.sample() >= kMaxSuppliedTensors) {
       return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: sample ", input.sample(), " is out of range"));
@@ -147,14 +147,16 @@ absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField
       return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: input '", input.name(), "' is given twice in sample ",
                                                      input.sample()));
     }
-    max_sample = std::max(max_sample, input.sample());
+    samples.insert(input.sample());
   }
-  for (int sample = 0; sample <= max_sample; ++sample) {
-    const bool present = std::any_of(seen.begin(), seen.end(), [&](const auto& entry) { return entry.first == sample; });
-    if (!present) {
+  // Numbered 0..n-1: the k-th smallest sample is k.
+  int expected = 0;
+  for (int sample : samples) {
+    if (sample != expected) {
       return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: samples must be numbered from 0 without gaps; ",
-                                                     sample, " is missing"));
+                                                     expected, " is missing"));
     }
+    ++expected;
   }
   return absl::OkStatus();
 }

@@ -467,6 +467,24 @@ TEST_F(E2eTest, SuppliedInputsValidateTheModel) {
   EXPECT_EQ(mismatch.code, 1) << mismatch.err;
   EXPECT_TRUE(absl::StrContains(mismatch.err, "INPUT_MISMATCH")) << mismatch.err;
 
+  // The API refuses input sets that are not numbered 0..n-1 or name an input twice.
+  onnxopt::client::Client client(address_);
+  auto model = client.UploadModel(FixturePath("cnn_tiny.onnx"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto blob = client.UploadFile(dir_ / "inputs" / "test_data_set_0" / "input_0.pb");
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  v1::InputTensor image;
+  image.set_name("image");
+  image.set_sha256(blob->sha256());
+  image.set_sample(1);
+  auto gap = client.CreateJob(*model, v1::OptimizationConfig(), "", {image});
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(gap.status().message(), "0 is missing")) << gap.status();
+  image.set_sample(0);
+  auto twice = client.CreateJob(*model, v1::OptimizationConfig(), "", {image, image});
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(twice.status().message(), "given twice")) << twice.status();
+
   const fs::path junk = dir_ / "junk";
   fs::create_directories(junk);
   std::ofstream(junk / "image.pb", std::ios::binary) << "\xff\xff\xff not a tensor";
