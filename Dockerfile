@@ -21,6 +21,9 @@ RUN apt-get update \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/onnxopt --create-home onnxopt
 COPY --from=build /opt/onnxopt /opt/onnxopt
 USER 10001:10001
+# The server's working directory is its own data folder, never "/": nothing a job does can resolve a
+# relative path against the root file system (each job's worker also runs in its own job folder).
+WORKDIR /var/lib/onnxopt
 VOLUME /var/lib/onnxopt
 EXPOSE 50051 9464
 ENTRYPOINT ["/opt/onnxopt/bin/onnxopt-server", "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", \

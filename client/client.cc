@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <fstream>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -44,6 +45,22 @@ Client::Client(const std::string& address) {
   stub_ = v1::Optimizer::NewStub(channel_);
 }
 
+namespace {
+
+// A fresh upload session id: the server keeps each session's partial data apart, and only whoever
+// knows the id can resume it.
+std::string NewUploadId() {
+  std::random_device random;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  return id;
+}
+
+// An upload that broke off (connection lost, server restarting) is resumed this many times.
+constexpr int kUploadAttempts = 3;
+
+}  // namespace
+
 absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress& progress) {
   std::error_code error;
   const auto size = fs::file_size(path, error);
@@ -51,69 +68,79 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
   absl::StatusOr<std::string> digest = Sha256OfFile(path);
   if (!digest.ok()) return digest.status();
   const int64_t total = static_cast<int64_t>(size);
-
-  v1::UploadStatus status;
-  {
-    grpc::ClientContext context;
-    v1::GetUploadStatusRequest request;
-    request.set_sha256(*digest);
-    absl::Status rpc = FromGrpc(stub_->GetUploadStatus(&context, request, &status));
-    if (!rpc.ok()) return rpc;
-  }
-  if (status.complete()) {
-    if (progress) progress(total, total);
-    v1::Blob blob;
-    blob.set_sha256(*digest);
-    blob.set_size(total);
-    return blob;
-  }
-  int64_t offset = status.committed_size() <= total ? status.committed_size() : 0;  // resume
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(offset);
-  grpc::ClientContext context;
   v1::Blob blob;
-  auto writer = stub_->UploadBlob(&context, &blob);
-  std::string buffer(kChunkBytes, '\0');
-  bool first = true;
-  do {
-    in.read(buffer.data(), kChunkBytes);
-    const std::streamsize got = in.gcount();
-    v1::UploadBlobRequest chunk;
-    if (first) {
-      chunk.set_sha256(*digest);
-      chunk.set_total_size(total);
-      first = false;
+  blob.set_sha256(*digest);
+  blob.set_size(total);
+  const std::string upload_id = NewUploadId();
+  absl::Status finished;
+  for (int attempt = 0; attempt < kUploadAttempts; ++attempt) {
+    v1::UploadStatus status;
+    {
+      grpc::ClientContext context;
+      v1::GetUploadStatusRequest request;
+      request.set_sha256(*digest);
+      request.set_upload_id(upload_id);
+      absl::Status rpc = FromGrpc(stub_->GetUploadStatus(&context, request, &status));
+      if (!rpc.ok()) return rpc;
     }
-    chunk.set_offset(offset);
-    chunk.set_data(buffer.data(), static_cast<size_t>(got));
-    offset += got;
-    chunk.set_finish_write(offset >= total);
-    if (!writer->Write(chunk)) break;  // the server ended the stream; Finish() says why
-    if (progress) progress(offset, total);
-  } while (offset < total && in);
-  writer->WritesDone();
-  absl::Status finished = FromGrpc(writer->Finish());
+    if (status.complete()) {
+      if (progress) progress(total, total);
+      return blob;
+    }
+    int64_t offset = status.committed_size() <= total ? status.committed_size() : 0;  // resume
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(offset);
+    grpc::ClientContext context;
+    v1::Blob response;
+    auto writer = stub_->UploadBlob(&context, &response);
+    std::string buffer(kChunkBytes, '\0');
+    bool first = true;
+    do {
+      in.read(buffer.data(), kChunkBytes);
+      const std::streamsize got = in.gcount();
+      v1::UploadBlobRequest chunk;
+      if (first) {
+        chunk.set_sha256(*digest);
+        chunk.set_total_size(total);
+        chunk.set_upload_id(upload_id);
+        first = false;
+      }
+      chunk.set_offset(offset);
+      chunk.set_data(buffer.data(), static_cast<size_t>(got));
+      offset += got;
+      chunk.set_finish_write(offset >= total);
+      if (!writer->Write(chunk)) break;  // the server ended the stream; Finish() says why
+      if (progress) progress(offset, total);
+    } while (offset < total && in);
+    writer->WritesDone();
+    finished = FromGrpc(writer->Finish());
+    if (finished.code() != absl::StatusCode::kUnavailable) break;
+  }
   if (!finished.ok()) return finished;
   return blob;
 }
 
 absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, const Progress& progress) {
-  absl::StatusOr<std::string> bytes = ReadFile(model_path);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<onnx::ModelProto> model = ParseModel(*bytes);
-  if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat(model_path.string(), ": ", model.status().message()));
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_path);
+  if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(model_path.string(), ": ", model.status().message()));
   v1::ModelRef reference;
   reference.set_display_name(model_path.filename().string());
+  const fs::path folder = model_path.has_parent_path() ? model_path.parent_path() : fs::path(".");
   for (const std::string& location : ExternalDataLocations(*model)) {
-    if (location.empty() || fs::path(location).is_absolute() || location.find("..") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model names external data '", location,
-                                                     "' outside its folder"));
+    // Only regular files inside the model's folder go up: a link could point anywhere (/etc/passwd).
+    std::error_code error;
+    if (fs::is_symlink(fs::symlink_status(folder / location, error))) {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model's external data '", location,
+                                                     "' is a symbolic link; onnxopt uploads only regular files "
+                                                     "inside the model's folder"));
     }
-    absl::StatusOr<v1::Blob> blob = UploadFile(model_path.parent_path() / location, progress);
+    absl::StatusOr<fs::path> file = ResolveExternalDataPath(folder, location);
+    if (!file.ok()) return file.status();
+    absl::StatusOr<v1::Blob> blob = UploadFile(*file, progress);
     if (!blob.ok()) return blob.status();
-    v1::ExternalDataFile* file = reference.add_external_data();
-    file->set_name(location);
-    file->set_sha256(blob->sha256());
+    v1::ExternalDataFile* entry = reference.add_external_data();
+    entry->set_name(location);
+    entry->set_sha256(blob->sha256());
   }
   absl::StatusOr<v1::Blob> blob = UploadFile(model_path, progress);
   if (!blob.ok()) return blob.status();

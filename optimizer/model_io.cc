@@ -1,6 +1,7 @@
 #include "optimizer/model_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,22 +15,52 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
 namespace {
 
-// Calls fn on every tensor a model holds: initializers and tensor attributes, in all subgraphs.
-void ForEachTensor(onnx::GraphProto* graph, const std::function<void(onnx::TensorProto*)>& fn) {
-  for (auto& tensor : *graph->mutable_initializer()) fn(&tensor);
-  for (auto& node : *graph->mutable_node()) {
+// Where a tensor sits: its bytes may be external in every case, and a loader that skips a case lets
+// ONNX Runtime resolve that location on its own, relative to whatever folder it likes.
+enum class TensorKind { kDense, kSparsePart };
+using TensorVisitor = std::function<void(onnx::TensorProto*, TensorKind)>;
+
+void ForEachTensorIn(onnx::GraphProto* graph, const TensorVisitor& fn);
+
+void ForEachSparse(onnx::SparseTensorProto* sparse, const TensorVisitor& fn) {
+  if (sparse->has_values()) fn(sparse->mutable_values(), TensorKind::kSparsePart);
+  if (sparse->has_indices()) fn(sparse->mutable_indices(), TensorKind::kSparsePart);
+}
+
+void ForEachTensorInNodes(google::protobuf::RepeatedPtrField<onnx::NodeProto>* nodes, const TensorVisitor& fn) {
+  for (auto& node : *nodes) {
     for (auto& attribute : *node.mutable_attribute()) {
-      if (attribute.has_t()) fn(attribute.mutable_t());
-      for (auto& tensor : *attribute.mutable_tensors()) fn(&tensor);
-      if (attribute.has_g()) ForEachTensor(attribute.mutable_g(), fn);
-      for (auto& subgraph : *attribute.mutable_graphs()) ForEachTensor(&subgraph, fn);
+      if (attribute.has_t()) fn(attribute.mutable_t(), TensorKind::kDense);
+      for (auto& tensor : *attribute.mutable_tensors()) fn(&tensor, TensorKind::kDense);
+      if (attribute.has_sparse_tensor()) ForEachSparse(attribute.mutable_sparse_tensor(), fn);
+      for (auto& sparse : *attribute.mutable_sparse_tensors()) ForEachSparse(&sparse, fn);
+      if (attribute.has_g()) ForEachTensorIn(attribute.mutable_g(), fn);
+      for (auto& subgraph : *attribute.mutable_graphs()) ForEachTensorIn(&subgraph, fn);
     }
+  }
+}
+
+void ForEachTensorIn(onnx::GraphProto* graph, const TensorVisitor& fn) {
+  for (auto& tensor : *graph->mutable_initializer()) fn(&tensor, TensorKind::kDense);
+  for (auto& sparse : *graph->mutable_sparse_initializer()) ForEachSparse(&sparse, fn);
+  ForEachTensorInNodes(graph->mutable_node(), fn);
+}
+
+// Calls fn on every tensor a model holds: dense and sparse initializers, tensor attributes (Constant
+// values, sparse ones too), in the graph, its subgraphs, the model's functions and training graphs.
+void ForEachTensor(onnx::ModelProto* model, const TensorVisitor& fn) {
+  if (model->has_graph()) ForEachTensorIn(model->mutable_graph(), fn);
+  for (auto& function : *model->mutable_functions()) ForEachTensorInNodes(function.mutable_node(), fn);
+  for (auto& training : *model->mutable_training_info()) {
+    if (training.has_initialization()) ForEachTensorIn(training.mutable_initialization(), fn);
+    if (training.has_algorithm()) ForEachTensorIn(training.mutable_algorithm(), fn);
   }
 }
 
@@ -40,9 +71,9 @@ std::string ExternalField(const onnx::TensorProto& tensor, const std::string& ke
   return "";
 }
 
-// A location is acceptable if it is a plain relative path that stays inside `folder`, also after
-// symbolic links are resolved.
-absl::StatusOr<fs::path> ConfinedPath(const fs::path& folder, const std::string& location) {
+}  // namespace
+
+absl::StatusOr<fs::path> ResolveExternalDataPath(const fs::path& folder, const std::string& location) {
   const fs::path relative(location);
   if (location.empty() || relative.is_absolute() || location.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: bad external data location '", location, "'"));
@@ -69,6 +100,8 @@ absl::StatusOr<fs::path> ConfinedPath(const fs::path& folder, const std::string&
   return resolved;
 }
 
+namespace {
+
 absl::Status ReadRange(const fs::path& path, int64_t offset, int64_t length, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
@@ -88,17 +121,44 @@ absl::Status ReadRange(const fs::path& path, int64_t offset, int64_t length, std
 
 }  // namespace
 
-absl::StatusOr<onnx::ModelProto> ParseModel(const std::string& bytes) {
+namespace {
+
+// Parses from any stream; MODEL_PARSE_FAILED unless it holds exactly one ModelProto with a graph.
+absl::StatusOr<onnx::ModelProto> ParseModelFrom(google::protobuf::io::ZeroCopyInputStream* raw) {
   onnx::ModelProto model;
-  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
-  google::protobuf::io::CodedInputStream coded(&raw);
+  google::protobuf::io::CodedInputStream coded(raw);
   coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
-  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) || !model.ParseFromCodedStream(&coded) ||
-      !coded.ConsumedEntireMessage()) {
+  if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage()) {
     return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the file is not a serialized ONNX ModelProto");
   }
   if (!model.has_graph()) return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the model has no graph");
   if (model.ir_version() <= 0) return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the model has no ir_version");
+  return model;
+}
+
+}  // namespace
+
+absl::StatusOr<onnx::ModelProto> ParseModel(const std::string& bytes) {
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the file is not a serialized ONNX ModelProto");
+  }
+  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+  return ParseModelFrom(&raw);
+}
+
+absl::StatusOr<onnx::ModelProto> ParseModelFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path.string(), ": ", std::strerror(errno)));
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || info.st_size > std::numeric_limits<int>::max()) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("MODEL_PARSE_FAILED: ", path.filename().string(),
+                                                   " is over the 2 GiB a serialized ModelProto can be"));
+  }
+  google::protobuf::io::FileInputStream raw(fd);
+  raw.SetCloseOnDelete(true);
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFrom(&raw);
+  if (raw.GetErrno() != 0) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
   return model;
 }
 
@@ -113,22 +173,20 @@ absl::StatusOr<std::string> ReadFile(const fs::path& path) {
 std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model) {
   std::set<std::string> locations;
   // ForEachTensor only reaches mutable accessors of fields that are set, and the visitor only reads.
-  ForEachTensor(const_cast<onnx::GraphProto*>(&model.graph()), [&](onnx::TensorProto* tensor) {
+  ForEachTensor(const_cast<onnx::ModelProto*>(&model), [&](onnx::TensorProto* tensor, TensorKind) {
     if (tensor->data_location() == onnx::TensorProto::EXTERNAL) locations.insert(ExternalField(*tensor, "location"));
   });
   return {locations.begin(), locations.end()};
 }
 
 absl::StatusOr<onnx::ModelProto> LoadModel(const fs::path& path) {
-  absl::StatusOr<std::string> bytes = ReadFile(path);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<onnx::ModelProto> model = ParseModel(*bytes);
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(path);
   if (!model.ok()) return model.status();
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
   absl::Status status = absl::OkStatus();
-  ForEachTensor(model->mutable_graph(), [&](onnx::TensorProto* tensor) {
+  ForEachTensor(&*model, [&](onnx::TensorProto* tensor, TensorKind) {
     if (!status.ok() || tensor->data_location() != onnx::TensorProto::EXTERNAL) return;
-    absl::StatusOr<fs::path> file = ConfinedPath(folder, ExternalField(*tensor, "location"));
+    absl::StatusOr<fs::path> file = ResolveExternalDataPath(folder, ExternalField(*tensor, "location"));
     if (!file.ok()) {
       status = file.status();
       return;
@@ -183,7 +241,9 @@ absl::StatusOr<std::vector<fs::path>> SaveModel(onnx::ModelProto model, const fs
   if (static_cast<int64_t>(model.ByteSizeLong()) > options.external_threshold_bytes) {
     const std::string data_name = path.filename().string() + ".data";
     std::string data;
-    ForEachTensor(model.mutable_graph(), [&](onnx::TensorProto* tensor) {
+    ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind kind) {
+      // Sparse parts stay inline: runtimes densify them at load and need not read them from files.
+      if (kind != TensorKind::kDense) return;
       if (static_cast<int64_t>(tensor->raw_data().size()) < options.external_min_bytes) return;
       const size_t padding = (4096 - data.size() % 4096) % 4096;  // page-aligned, so runtimes can mmap
       data.append(padding, '\0');

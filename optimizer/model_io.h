@@ -18,12 +18,23 @@ namespace onnxopt {
 // Parses serialized model bytes. INVALID_ARGUMENT (reason MODEL_PARSE_FAILED) if they are not a model.
 absl::StatusOr<onnx::ModelProto> ParseModel(const std::string& bytes);
 
+// Parses a model file as it streams in, so that bytes that are no model fail at once, and the file is
+// never held twice in memory. Its external data is not read.
+absl::StatusOr<onnx::ModelProto> ParseModelFile(const std::filesystem::path& path);
+
 // Reads `path` and pulls every external tensor's bytes into the model (the model then stands alone).
 // External files must be relative names under the model's folder; anything else is INVALID_ARGUMENT.
 absl::StatusOr<onnx::ModelProto> LoadModel(const std::filesystem::path& path);
 
-// Names of the external data files a model references (without loading them).
+// Names of the external data files a model references (without loading them): every tensor's, dense
+// and sparse, initializer or attribute, in subgraphs, functions and training graphs alike.
 std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model);
+
+// The file an external data location names, if it is a plain relative path to a regular file inside
+// `folder`, also after symbolic links are resolved; INVALID_ARGUMENT (EXTERNAL_DATA_PATH or
+// EXTERNAL_DATA_MISSING) otherwise.
+absl::StatusOr<std::filesystem::path> ResolveExternalDataPath(const std::filesystem::path& folder,
+                                                              const std::string& location);
 
 struct SaveOptions {
   // Models whose serialized size would pass this are saved with tensors of at least

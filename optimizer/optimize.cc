@@ -14,6 +14,7 @@
 #include "optimizer/bisect.h"
 #include "optimizer/parity.h"
 #include "optimizer/transformer_report.h"
+#include "optimizer/utf8.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -71,6 +72,7 @@ std::string CulpritList(const v1::Bisection& bisection) {
 absl::StatusOr<OptimizeResult> Finish(std::chrono::steady_clock::time_point start, v1::Report* partial_report,
                                       OptimizeResult* result) {
   result->report.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  MakeStringsValidUtf8(&result->report);  // names and op types are the model's own bytes
   if (partial_report != nullptr) *partial_report = result->report;
   return std::move(*result);
 }
@@ -186,6 +188,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   report.set_optimizer_version(kOptimizerVersion);
   auto fail = [&](absl::Status status) -> absl::Status {
     report.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    MakeStringsValidUtf8(&report);
     if (partial_report != nullptr) *partial_report = report;
     return status;
   };

@@ -1,6 +1,10 @@
 #include "optimizer/ort_runtime.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <atomic>
 #include <fstream>
 
@@ -25,8 +29,43 @@ std::atomic<int> logging_level{ORT_LOGGING_LEVEL_ERROR};
 
 void SetOrtLoggingLevel(OrtLoggingLevel level) { logging_level.store(level); }
 
+namespace {
+
+// ONNX Runtime's telemetry layer writes mat-debug-<pid>.log and .ses into TMPDIR when an environment
+// is created, and never removes them: one pair per process, piling up in /tmp. The environment is
+// created with TMPDIR pointing at a private folder, which is removed when the process exits.
+std::string& PrivateTempDir() {
+  static std::string* const dir = new std::string();
+  return *dir;
+}
+
+void RemovePrivateTempDir() {
+  std::error_code ignored;
+  if (!PrivateTempDir().empty()) std::filesystem::remove_all(PrivateTempDir(), ignored);
+}
+
+Ort::Env* CreateEnvironment() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string previous = tmpdir == nullptr ? "" : tmpdir;
+  std::string pattern = (previous.empty() ? std::string("/tmp") : previous) + "/onnxopt-ort-XXXXXX";
+  if (::mkdtemp(pattern.data()) != nullptr) {
+    PrivateTempDir() = pattern;
+    std::atexit(RemovePrivateTempDir);
+    ::setenv("TMPDIR", pattern.c_str(), 1);
+  }
+  auto* env = new Ort::Env(static_cast<OrtLoggingLevel>(logging_level.load()), "onnxopt");
+  if (tmpdir == nullptr) {
+    ::unsetenv("TMPDIR");
+  } else {
+    ::setenv("TMPDIR", previous.c_str(), 1);
+  }
+  return env;
+}
+
+}  // namespace
+
 Ort::Env& OrtEnvironment() {
-  static Ort::Env* const env = new Ort::Env(static_cast<OrtLoggingLevel>(logging_level.load()), "onnxopt");
+  static Ort::Env* const env = CreateEnvironment();
   return *env;
 }
 

@@ -1,17 +1,43 @@
 #include "server/blob_store.h"
 
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
-BlobUpload::BlobUpload(BlobStore* store, std::string sha256, int64_t total_size, int64_t committed)
-    : store_(store), sha256_(std::move(sha256)), total_size_(total_size), committed_(committed) {
-  out_.open(store_->PartialPathOf(sha256_), std::ios::binary | std::ios::app);
+namespace {
+
+// A session id nobody else can name, for uploads that bring none.
+std::string AnonymousUploadId() {
+  static std::mutex mutex;
+  static std::mt19937_64 random{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mutex);
+  return absl::StrFormat("anonymous-%016x%016x", random(), random());
+}
+
+}  // namespace
+
+bool IsValidUploadId(const std::string& upload_id) {
+  if (upload_id.empty() || upload_id.size() > 128) return false;
+  for (char c : upload_id) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '_') return false;
+  }
+  return true;
+}
+
+BlobUpload::BlobUpload(BlobStore* store, std::string sha256, fs::path partial, int64_t total_size, int64_t committed)
+    : store_(store), sha256_(std::move(sha256)), partial_(std::move(partial)), total_size_(total_size),
+      committed_(committed) {
+  out_.open(partial_, std::ios::binary | std::ios::app);
 }
 
 BlobUpload::~BlobUpload() {
   out_.close();
-  store_->EndUpload(sha256_);
+  store_->EndUpload(partial_);
 }
 
 absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
@@ -34,22 +60,22 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
 absl::Status BlobUpload::Finish() {
   finished_ = true;
   out_.close();
-  const fs::path partial = store_->PartialPathOf(sha256_);
   if (committed_ != total_size_) {
     return absl::InvalidArgumentError(absl::StrCat("SIZE_MISMATCH: upload finished after ", committed_,
                                                    " bytes but declared ", total_size_,
                                                    "; the partial upload is kept for resuming"));
   }
-  absl::StatusOr<std::string> actual = Sha256OfFile(partial);
+  absl::StatusOr<std::string> actual = Sha256OfFile(partial_);
   if (!actual.ok()) return actual.status();
+  std::error_code error;
   if (*actual != sha256_) {
-    std::error_code ignored;
-    fs::remove(partial, ignored);
+    fs::remove(partial_, error);
     return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: received data hashes to ", *actual, ", not the declared ",
                                             sha256_, "; the upload was discarded"));
   }
-  std::error_code error;
-  fs::rename(partial, store_->PathOf(sha256_), error);
+  // Another session may have published the same bytes meanwhile; replacing them with an identical,
+  // verified copy is harmless, and rename is atomic for readers.
+  fs::rename(partial_, store_->PathOf(sha256_), error);
   if (error) return absl::InternalError(absl::StrCat("cannot publish blob: ", error.message()));
   return absl::OkStatus();
 }
@@ -65,7 +91,11 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const fs::path& root,
 }
 
 fs::path BlobStore::PathOf(const std::string& sha256) const { return root_ / "blobs" / sha256; }
-fs::path BlobStore::PartialPathOf(const std::string& sha256) const { return root_ / "uploads" / (sha256 + ".partial"); }
+
+fs::path BlobStore::PartialPathOf(const std::string& sha256, const std::string& upload_id) const {
+  // The id is hashed so that one session's file name tells nothing about another's id.
+  return root_ / "uploads" / absl::StrCat(sha256, ".", Sha256OfBytes(upload_id).substr(0, 32), ".partial");
+}
 
 bool BlobStore::Exists(const std::string& sha256) const {
   std::error_code error;
@@ -79,41 +109,76 @@ absl::StatusOr<int64_t> BlobStore::SizeOf(const std::string& sha256) const {
   return static_cast<int64_t>(size);
 }
 
-int64_t BlobStore::CommittedSize(const std::string& sha256) const {
+int64_t BlobStore::CommittedSize(const std::string& sha256, const std::string& upload_id) const {
   if (!IsValidSha256(sha256)) return 0;
-  if (Exists(sha256)) return *SizeOf(sha256);
+  if (Exists(sha256)) {
+    absl::StatusOr<int64_t> size = SizeOf(sha256);
+    return size.ok() ? *size : 0;
+  }
+  if (!IsValidUploadId(upload_id)) return 0;
   std::error_code error;
-  const auto size = fs::file_size(PartialPathOf(sha256), error);
+  const auto size = fs::file_size(PartialPathOf(sha256, upload_id), error);
   return error ? 0 : static_cast<int64_t>(size);
 }
 
-absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::string& sha256, int64_t total_size) {
+absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::string& sha256, int64_t total_size,
+                                                                   const std::string& upload_id) {
   if (!IsValidSha256(sha256)) {
     return absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits");
   }
+  if (!upload_id.empty() && !IsValidUploadId(upload_id)) {
+    return absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
+  }
   if (total_size < 0) return absl::InvalidArgumentError("BAD_SIZE: total_size must be >= 0");
   if (total_size > max_blob_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size, " bytes is over this server's limit of ",
-                                                   max_blob_bytes_, " bytes per file"));
+    return absl::ResourceExhaustedError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size,
+                                                     " bytes is over this server's limit of ", max_blob_bytes_,
+                                                     " bytes per file"));
   }
+  const std::string session = upload_id.empty() ? AnonymousUploadId() : upload_id;
+  const fs::path partial = PartialPathOf(sha256, session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!active_uploads_.insert(sha256).second) {
-      return absl::AbortedError("UPLOAD_IN_PROGRESS: another upload of this blob is in progress; retry later");
+    if (!active_uploads_.insert(partial).second) {
+      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is already writing; retry later");
     }
   }
-  int64_t committed = CommittedSize(sha256);
+  std::error_code error;
+  auto held = fs::file_size(partial, error);
+  int64_t committed = error ? 0 : static_cast<int64_t>(held);
   if (committed > total_size) {  // a stale partial of a different declared size cannot be resumed
-    std::error_code ignored;
-    fs::remove(PartialPathOf(sha256), ignored);
+    fs::remove(partial, error);
     committed = 0;
   }
-  return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, total_size, committed));
+  return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, partial, total_size, committed));
 }
 
-void BlobStore::EndUpload(const std::string& sha256) {
+int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {
+  const auto cutoff = fs::file_time_type::clock::now() - max_age;
+  int removed = 0;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root_ / "uploads", error)) {
+    if (!absl::EndsWith(entry.path().filename().string(), ".partial")) continue;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_uploads_.count(entry.path()) > 0) continue;
+    std::error_code ignored;
+    const auto written = fs::last_write_time(entry.path(), ignored);
+    if (!ignored && written < cutoff && fs::remove(entry.path(), ignored)) ++removed;
+  }
+  return removed;
+}
+
+bool BlobStore::RemoveIfCorrupt(const std::string& sha256) {
+  if (!Exists(sha256)) return false;
+  absl::StatusOr<std::string> actual = Sha256OfFile(PathOf(sha256));
+  if (!actual.ok() || *actual == sha256) return false;
+  std::error_code ignored;
+  return fs::remove(PathOf(sha256), ignored);
+}
+
+void BlobStore::EndUpload(const fs::path& partial) {
   std::lock_guard<std::mutex> lock(mutex_);
-  active_uploads_.erase(sha256);
+  active_uploads_.erase(partial);
 }
 
 }  // namespace onnxopt::server

@@ -1,9 +1,15 @@
-// Content-addressed blobs on disk: blobs/<sha256>, written through uploads/<sha256>.partial and
+// Content-addressed blobs on disk: blobs/<sha256>, written through a partial file under uploads/ and
 // renamed into place only after the size and SHA-256 check, so a blob that exists is whole and
 // verified. Partial uploads survive restarts, which is what makes uploads resumable.
+//
+// Each upload session writes a partial of its own, named by the blob's hash and the session's upload
+// id, so no other client can add bytes to it or hold it: a stranger who writes garbage under a real
+// file's hash, or keeps an upload of it open, only spoils their own session. Partials nobody touched
+// for the expiry age are deleted.
 #ifndef ONNXOPT_SERVER_BLOB_STORE_H_
 #define ONNXOPT_SERVER_BLOB_STORE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +29,7 @@ using ::onnxopt::Sha256OfFile;
 
 class BlobStore;
 
-// One upload in progress. At most one per blob at a time; destroying it keeps the partial data.
+// One upload in progress. At most one per session at a time; destroying it keeps the partial data.
 class BlobUpload {
  public:
   ~BlobUpload();
@@ -36,9 +42,11 @@ class BlobUpload {
 
  private:
   friend class BlobStore;
-  BlobUpload(BlobStore* store, std::string sha256, int64_t total_size, int64_t committed);
+  BlobUpload(BlobStore* store, std::string sha256, std::filesystem::path partial, int64_t total_size,
+             int64_t committed);
   BlobStore* store_;
   std::string sha256_;
+  std::filesystem::path partial_;
   int64_t total_size_;
   int64_t committed_;
   std::ofstream out_;
@@ -52,23 +60,34 @@ class BlobStore {
   bool Exists(const std::string& sha256) const;
   std::filesystem::path PathOf(const std::string& sha256) const;
   absl::StatusOr<int64_t> SizeOf(const std::string& sha256) const;
-  // Bytes held of an interrupted upload (0 if none); the full size if the blob exists.
-  int64_t CommittedSize(const std::string& sha256) const;
-  // Starts or resumes an upload. ABORTED if another upload of the same blob is in progress.
-  absl::StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t total_size);
+  // Bytes the session `upload_id` holds of an interrupted upload (0 if none); the full size if the blob
+  // exists.
+  int64_t CommittedSize(const std::string& sha256, const std::string& upload_id) const;
+  // Starts or resumes the session `upload_id` (chosen by the client; empty: a fresh session that cannot
+  // be resumed). INVALID_ARGUMENT for a malformed digest or id, RESOURCE_EXHAUSTED (UPLOAD_TOO_LARGE)
+  // over the size limit, ABORTED if the same session is already uploading.
+  absl::StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t total_size,
+                                                          const std::string& upload_id);
+  // Deletes partial uploads that no session is writing and nobody wrote to for `max_age`; returns how many.
+  int ExpireStaleUploads(std::chrono::seconds max_age);
+  // Re-hashes a stored blob and deletes it if its content no longer matches its name; true if deleted.
+  bool RemoveIfCorrupt(const std::string& sha256);
   int64_t max_blob_bytes() const { return max_blob_bytes_; }
 
  private:
   friend class BlobUpload;
   BlobStore(std::filesystem::path root, int64_t max_blob_bytes);
-  std::filesystem::path PartialPathOf(const std::string& sha256) const;
-  void EndUpload(const std::string& sha256);
+  std::filesystem::path PartialPathOf(const std::string& sha256, const std::string& upload_id) const;
+  void EndUpload(const std::filesystem::path& partial);
 
   std::filesystem::path root_;
   int64_t max_blob_bytes_;
   mutable std::mutex mutex_;
-  std::set<std::string> active_uploads_;
+  std::set<std::filesystem::path> active_uploads_;  // partials being written
 };
+
+// Upload ids: 1 to 128 characters of [A-Za-z0-9_-].
+bool IsValidUploadId(const std::string& upload_id);
 
 }  // namespace onnxopt::server
 

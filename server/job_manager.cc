@@ -2,6 +2,7 @@
 
 #include <iostream>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -9,9 +10,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "optimizer/utf8.h"
 #include "server/worker_protocol.h"
 
 namespace onnxopt::server {
@@ -61,9 +64,30 @@ absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
 
 }  // namespace
 
+std::string RequestDifference(const v1::Job& existing, const v1::CreateJobRequest& request) {
+  using google::protobuf::util::MessageDifferencer;
+  auto files = [](const v1::ModelRef& model) {
+    std::set<std::pair<std::string, std::string>> named;
+    for (const auto& file : model.external_data()) named.insert({file.name(), file.sha256()});
+    return named;
+  };
+  auto inputs = [](const google::protobuf::RepeatedPtrField<v1::InputTensor>& tensors) {
+    std::set<std::tuple<int, std::string, std::string>> keyed;
+    for (const auto& tensor : tensors) keyed.insert({tensor.sample(), tensor.name(), tensor.sha256()});
+    return keyed;
+  };
+  if (existing.model().sha256() != request.model().sha256()) return "another model";
+  if (files(existing.model()) != files(request.model())) return "other external data files";
+  if (!MessageDifferencer::Equivalent(existing.config(), request.config())) return "another config";
+  if (inputs(existing.inputs()) != inputs(request.inputs())) return "other inputs";
+  return "";
+}
+
 void JobManager::UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
   absl::StatusOr<v1::Job> updated = store_->Update(name, mutate);
-  if (!updated.ok()) std::cerr << "onnxopt-server: cannot update " << name << ": " << updated.status() << std::endl;
+  if (!updated.ok()) {
+    std::cerr << "onnxopt-server: cannot update " << name << ": " << ValidUtf8(updated.status().ToString()) << std::endl;
+  }
 }
 
 bool IsSafeRelativeName(const std::string& name) {
@@ -117,6 +141,9 @@ absl::Status JobManager::Start() {
     queue_.Push(job.name(), job.config().priority(), /*force=*/true);
   }
   metrics_->SetQueueLength(queue_.size());
+  std::error_code error;
+  fs::create_directories(SandboxDir(), error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", SandboxDir().string(), ": ", error.message()));
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
   return absl::OkStatus();
 }
@@ -182,16 +209,26 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
       return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for external data file '", file.name(), "'"));
     }
   }
+  const int32_t priority = request.config().priority();
+  if (priority < kMinPriority || priority > kMaxPriority) {
+    return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: priority ", priority, " is outside ", kMinPriority,
+                                                   "..", kMaxPriority));
+  }
   absl::Status config = CheckConfig(request.config());
   if (!config.ok()) return config;
   absl::Status inputs = ValidateInputs(request.inputs());
   if (!inputs.ok()) return inputs;
-  // Parse now so that a file that is no model is refused at once rather than failing a job later.
-  absl::StatusOr<std::string> bytes = ReadFile(blobs_->PathOf(model.sha256()));
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<onnx::ModelProto> parsed = ParseModel(*bytes);
-  if (!parsed.ok()) return parsed.status();
-  for (const std::string& location : ExternalDataLocations(*parsed)) {
+  // Parse now so that a file that is no model is refused at once rather than failing a job later; in a
+  // worker process, under the job limits, so the server never holds an uploaded model in its memory.
+  absl::StatusOr<std::vector<std::string>> locations =
+      InspectModel(options_.worker, blobs_->PathOf(model.sha256()), SandboxDir());
+  if (!locations.ok() && SplitReason(locations.status()).first == "WORKER_CRASHED") {
+    // A model that crashes the parser or needs more than the job's memory fails its own job, with the
+    // job's own report of why; the worker checks its external data again when it loads it.
+    return absl::OkStatus();
+  }
+  if (!locations.ok()) return locations.status();
+  for (const std::string& location : *locations) {
     if (provided.count(location) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: the model keeps tensors in '", location,
                                                      "'; upload that file and list it in model.external_data"));
@@ -200,16 +237,37 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   return absl::OkStatus();
 }
 
+absl::Status JobManager::CheckRetry(const v1::Job& existing, const v1::CreateJobRequest& request) {
+  const std::string difference = RequestDifference(existing, request);
+  if (difference.empty()) return absl::OkStatus();
+  // The other job is not named: whoever reused the id need not learn anything about it.
+  return absl::AlreadyExistsError(absl::StrCat("REQUEST_ID_REUSED: request_id '", request.request_id(),
+                                               "' was used before for a different request (", difference,
+                                               "); a retry must repeat the request exactly, a new request needs a "
+                                               "new request_id"));
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) {
-  std::lock_guard<std::mutex> lock(submit_mutex_);
   if (request.request_id().size() > 256) return absl::InvalidArgumentError("BAD_REQUEST_ID: request_id is too long");
-  // A retry of a request that already made a job gets that job, whatever happened since.
-  if (!request.request_id().empty()) {
-    if (std::optional<v1::Job> existing = store_->FindByRequestId(request.request_id())) return *existing;
-  }
+  // A retry of a request that already made a job gets that job, whatever happened since; the same id
+  // on a different request is refused, so nobody gets a job made from someone else's model.
+  auto earlier = [&]() -> std::optional<absl::StatusOr<v1::Job>> {
+    if (request.request_id().empty()) return std::nullopt;
+    std::optional<v1::Job> existing = store_->FindByRequestId(request.request_id());
+    if (!existing) return std::nullopt;
+    absl::Status same = CheckRetry(*existing, request);
+    if (!same.ok()) return absl::StatusOr<v1::Job>(same);
+    return absl::StatusOr<v1::Job>(*existing);
+  };
+  if (auto found = earlier()) return *found;
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  // Checked without the lock: inspecting the model takes a worker process, and other clients' requests
+  // must not wait for it.
   absl::Status valid = ValidateRequest(request);
   if (!valid.ok()) return valid;
+  std::lock_guard<std::mutex> lock(submit_mutex_);
+  if (auto found = earlier()) return *found;  // the same request id may have arrived meanwhile
+  if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
   // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
   if (queue_.size() >= queue_.capacity()) {
     return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),
@@ -278,24 +336,42 @@ void JobManager::WorkerLoop() {
 absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input_dir) const {
   std::error_code error;
   fs::remove_all(input_dir, error);
+  // Every staged file with the digest its blob must still have; the worker checks them first.
+  std::vector<FileDigest> digests = {{job.model().sha256(), "model.onnx"}};
   absl::Status status = LinkOrCopy(blobs_->PathOf(job.model().sha256()), input_dir / "model.onnx");
   for (const auto& file : job.model().external_data()) {
     if (!status.ok()) break;
     status = LinkOrCopy(blobs_->PathOf(file.sha256()), input_dir / file.name());
+    digests.push_back({file.sha256(), file.name()});
   }
-  if (!status.ok() || job.inputs().empty()) return status;
   // Supplied inputs: tensors under inputs/, named by position, and a manifest the worker reads.
   std::vector<SuppliedInputFile> files;
-  fs::create_directories(input_dir / "inputs", error);
   for (int i = 0; i < job.inputs_size() && status.ok(); ++i) {
     const v1::InputTensor& input = job.inputs(i);
     const std::string file = absl::StrCat(i, ".pb");
     status = LinkOrCopy(blobs_->PathOf(input.sha256()), input_dir / "inputs" / file);
     files.push_back({input.sample(), input.name(), file});
+    digests.push_back({input.sha256(), absl::StrCat("inputs/", file)});
   }
-  if (!status.ok()) return status;
-  return WriteFileAtomically(InputManifest(input_dir), FormatInputManifest(files));
+  if (status.ok() && !files.empty()) status = WriteFileAtomically(InputManifest(input_dir), FormatInputManifest(files));
+  if (status.ok()) status = WriteFileAtomically(DigestManifest(input_dir), FormatDigestManifest(digests));
+  return status;
 }
+
+void JobManager::RemoveCorruptBlobs(const v1::Job& job) {
+  std::vector<std::string> digests = {job.model().sha256()};
+  for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
+  for (const auto& input : job.inputs()) digests.push_back(input.sha256());
+  for (const std::string& digest : digests) {
+    if (blobs_->RemoveIfCorrupt(digest)) {
+      std::cerr << "onnxopt-server: blob " << digest << " no longer matched its SHA-256 and was removed" << std::endl;
+    }
+  }
+}
+
+fs::path JobManager::DigestManifest(const fs::path& input_dir) { return input_dir / "digests.tsv"; }
+
+fs::path JobManager::SandboxDir() const { return options_.data_dir / "sandbox"; }
 
 fs::path JobManager::InputManifest(const fs::path& input_dir) { return input_dir / "inputs" / "manifest.tsv"; }
 
@@ -353,9 +429,14 @@ void JobManager::RunJob(const std::string& name) {
   outcome = PrepareInputs(*job, input_dir);
   if (outcome.ok()) outcome = WriteFileAtomically(config_path, job->config().SerializeAsString());
   if (outcome.ok()) {
-    outcome = RunWorkerProcess(options_.worker, input_dir / "model.onnx", output_dir, config_path,
-                               job->inputs().empty() ? fs::path() : InputManifest(input_dir), *flag,
-                               [&](const WorkerLine& line) {
+    WorkerJob work;
+    work.job_dir = JobDir(name);
+    work.model = input_dir / "model.onnx";
+    work.output_dir = output_dir;
+    work.config = config_path;
+    work.inputs = job->inputs().empty() ? fs::path() : InputManifest(input_dir);
+    work.digests = DigestManifest(input_dir);
+    outcome = RunWorkerProcess(options_.worker, work, *flag, [&](const WorkerLine& line) {
                                  UpdateOrLog(name, [&](v1::Job& j) {
                                    v1::JobProgress* progress = j.mutable_progress();
                                    progress->set_phase(ToProto(line.phase));
@@ -366,7 +447,9 @@ void JobManager::RunJob(const std::string& name) {
                                });
   }
   fs::remove_all(input_dir, ignored);
+  fs::remove_all(JobDir(name) / "tmp", ignored);  // the worker's TMPDIR (ONNX Runtime's log files)
   forget_flag();
+  if (SplitReason(outcome).first == "BLOB_CORRUPT") RemoveCorruptBlobs(*job);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (outcome.code() == absl::StatusCode::kCancelled && interrupting_) {

@@ -35,6 +35,9 @@ struct JobManagerOptions {
 
 // Tensors a job may bring for validation.
 inline constexpr int kMaxSuppliedTensors = 1000;
+// The range of OptimizationConfig.priority.
+inline constexpr int32_t kMinPriority = -1000;
+inline constexpr int32_t kMaxPriority = 1000;
 
 class JobManager {
  public:
@@ -63,7 +66,15 @@ class JobManager {
   absl::Status PrepareInputs(const v1::Job& job, const std::filesystem::path& input_dir) const;
   absl::Status ValidateRequest(const v1::CreateJobRequest& request) const;
   absl::Status ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs) const;
+  // OK when `request` repeats the one that made `existing`; ALREADY_EXISTS (REQUEST_ID_REUSED) else.
+  static absl::Status CheckRetry(const v1::Job& existing, const v1::CreateJobRequest& request);
+  // After a worker found a stored blob altered: drop the job's blobs that no longer match their hash,
+  // so the next upload of that file stores it again.
+  void RemoveCorruptBlobs(const v1::Job& job);
   static std::filesystem::path InputManifest(const std::filesystem::path& input_dir);
+  static std::filesystem::path DigestManifest(const std::filesystem::path& input_dir);
+  // An empty folder the model inspection runs in.
+  std::filesystem::path SandboxDir() const;
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
   std::filesystem::path JobDir(const std::string& job_name) const;
 
@@ -83,6 +94,8 @@ class JobManager {
 
 // Safe relative file name for an external data file: no absolute path, no "..", no empty parts.
 bool IsSafeRelativeName(const std::string& name);
+// What differs between the request that made `existing` and `request` ("another model", ...), or "".
+std::string RequestDifference(const v1::Job& existing, const v1::CreateJobRequest& request);
 // Splits "REASON: text" status messages into (reason, text); reason falls back to the code's name.
 std::pair<std::string, std::string> SplitReason(const absl::Status& status);
 

@@ -16,9 +16,14 @@
 
 #include "absl/strings/str_cat.h"
 
+extern char** environ;
+
 namespace onnxopt::server {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+// Parsing a model to check it should take seconds; a file that takes longer is refused.
+constexpr std::chrono::seconds kInspectTimeout{120};
 
 // Exit code of a child whose execv failed (127 is the dynamic loader's, e.g. out of memory).
 constexpr int kExecFailed = 125;
@@ -29,23 +34,45 @@ fs::path DefaultWorkerBinary() {
   return (error ? fs::path(".") : self.parent_path()) / "onnxopt-worker";
 }
 
-absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem::path& model,
-                              const std::filesystem::path& output_dir, const std::filesystem::path& config,
-                              const std::filesystem::path& inputs, const std::atomic<bool>& cancel,
-                              const std::function<void(const WorkerLine&)>& on_progress) {
+namespace {
+
+// The child's environment: ours, with TMPDIR pointing into its own folder.
+std::vector<std::string> ChildEnvironment(const fs::path& tmp_dir) {
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::strncmp(*entry, "TMPDIR=", 7) != 0) environment.emplace_back(*entry);
+  }
+  environment.push_back(absl::StrCat("TMPDIR=", tmp_dir.string()));
+  return environment;
+}
+
+std::vector<char*> NullTerminated(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (auto& text : strings) pointers.push_back(text.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+}  // namespace
+
+absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
+                       const std::function<void(const WorkerLine&)>& on_line) {
   if (::access(limits.binary.c_str(), X_OK) != 0) {
     return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
   }
+  const fs::path tmp_dir = run.folder / "tmp";
+  std::error_code error;
+  fs::create_directories(tmp_dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir.string(), ": ", error.message()));
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe calls.
-  std::vector<std::string> args = {limits.binary.string(), absl::StrCat("--model=", model.string()),
-                                   absl::StrCat("--output_dir=", output_dir.string()),
-                                   absl::StrCat("--config=", config.string())};
-  if (!inputs.empty()) args.push_back(absl::StrCat("--inputs=", inputs.string()));
-  std::vector<char*> argv;
-  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
+  std::vector<std::string> args = {limits.binary.string()};
+  args.insert(args.end(), run.args.begin(), run.args.end());
+  std::vector<char*> argv = NullTerminated(args);
+  std::vector<std::string> environment = ChildEnvironment(tmp_dir);
+  std::vector<char*> envp = NullTerminated(environment);
+  const std::string folder = run.folder.string();
   const rlim_t memory_bytes = static_cast<rlim_t>(limits.memory_limit_mb) << 20;
   const pid_t parent = ::getpid();
 
@@ -63,13 +90,14 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem:
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM; the worker must not
     ::dup2(pipe_fds[1], STDOUT_FILENO);
+    if (::chdir(folder.c_str()) != 0) ::_exit(kExecFailed);
     if (memory_bytes > 0) {
       struct rlimit limit = {memory_bytes, memory_bytes};
       ::setrlimit(RLIMIT_AS, &limit);
     }
     struct rlimit no_core = {0, 0};
     ::setrlimit(RLIMIT_CORE, &no_core);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(kExecFailed);
   }
   ::close(pipe_fds[1]);
@@ -93,15 +121,15 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem:
         while ((newline = buffer.find('\n')) != std::string::npos) {
           WorkerLine line = ParseWorkerLine(buffer.substr(0, newline));
           buffer.erase(0, newline + 1);
-          if (line.kind == WorkerLine::Kind::kProgress && on_progress) on_progress(line);
           if (line.kind == WorkerLine::Kind::kStatus) reported = line.status;
+          if (on_line) on_line(line);
         }
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
         open = false;
       }
     }
     const auto now = Clock::now();
-    if (!terminated_at && (cancel.load() || now - started > limits.timeout)) {
+    if (!terminated_at && (cancel.load() || now - started > run.timeout)) {
       timed_out = !cancel.load();
       cancelled = !timed_out;
       ::kill(pid, SIGTERM);
@@ -119,7 +147,7 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem:
 
   if (timed_out) {
     return absl::DeadlineExceededError(absl::StrCat("JOB_TIMEOUT: the job ran past the server's limit of ",
-                                                    limits.timeout.count(), " s"));
+                                                    run.timeout.count(), " s"));
   }
   if (reported) return *reported;
   if (cancelled) return absl::CancelledError("CANCELLED: the worker was stopped");
@@ -141,6 +169,39 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem:
     absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
   }
   return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+}
+
+absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, const std::atomic<bool>& cancel,
+                              const std::function<void(const WorkerLine&)>& on_progress) {
+  WorkerRun run;
+  run.folder = job.job_dir;
+  run.timeout = limits.timeout;
+  run.args = {absl::StrCat("--model=", job.model.string()), absl::StrCat("--output_dir=", job.output_dir.string()),
+              absl::StrCat("--config=", job.config.string())};
+  if (!job.inputs.empty()) run.args.push_back(absl::StrCat("--inputs=", job.inputs.string()));
+  if (!job.digests.empty()) run.args.push_back(absl::StrCat("--digests=", job.digests.string()));
+  return RunWorker(limits, run, cancel, [&](const WorkerLine& line) {
+    if (line.kind == WorkerLine::Kind::kProgress && on_progress) on_progress(line);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> InspectModel(const WorkerLimits& limits, const fs::path& model,
+                                                      const fs::path& folder) {
+  WorkerRun run;
+  run.folder = folder;
+  run.timeout = std::min(limits.timeout, kInspectTimeout);
+  run.args = {absl::StrCat("--inspect=", model.string())};
+  std::vector<std::string> locations;
+  const std::atomic<bool> never{false};
+  absl::Status status = RunWorker(limits, run, never, [&](const WorkerLine& line) {
+    if (line.kind == WorkerLine::Kind::kExternalData) locations.push_back(line.text);
+  });
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::InvalidArgumentError(absl::StrCat("MODEL_PARSE_FAILED: reading the model took longer than ",
+                                                   run.timeout.count(), " s"));
+  }
+  if (!status.ok()) return status;
+  return locations;
 }
 
 }  // namespace onnxopt::server

@@ -9,8 +9,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/worker_protocol.h"
 
 namespace onnxopt::server {
@@ -22,13 +25,38 @@ struct WorkerLimits {
   std::chrono::seconds cancel_grace{10};     // after SIGTERM, how long before SIGKILL
 };
 
+// One run of the worker binary: its arguments, and the folder it runs in. The child's working
+// directory is `folder` and its TMPDIR is `folder`/tmp, so nothing it or ONNX Runtime resolves against
+// either (a relative external-data path, ONNX Runtime's own log files) reaches outside it.
+struct WorkerRun {
+  std::vector<std::string> args;
+  std::filesystem::path folder;
+  std::chrono::seconds timeout{3600};
+};
+
 // The worker's own final status, or: CANCELLED (cancel set), DEADLINE_EXCEEDED (JOB_TIMEOUT),
-// RESOURCE_EXHAUSTED / INTERNAL (WORKER_CRASHED) when it died without reporting.
-// `inputs` is the manifest of inputs supplied with the job (worker_protocol.h), or empty.
-absl::Status RunWorkerProcess(const WorkerLimits& limits, const std::filesystem::path& model,
-                              const std::filesystem::path& output_dir, const std::filesystem::path& config,
-                              const std::filesystem::path& inputs, const std::atomic<bool>& cancel,
+// INTERNAL (WORKER_CRASHED) when it died without reporting. Every line it prints goes to on_line.
+absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
+                       const std::function<void(const WorkerLine&)>& on_line);
+
+// One job: the model and its files under `job_dir`/input (`inputs`: the supplied-input manifest or
+// empty; `digests`: the SHA-256 manifest the worker checks the files against), results in `output_dir`.
+struct WorkerJob {
+  std::filesystem::path job_dir;
+  std::filesystem::path model;
+  std::filesystem::path output_dir;
+  std::filesystem::path config;
+  std::filesystem::path inputs;
+  std::filesystem::path digests;
+};
+absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, const std::atomic<bool>& cancel,
                               const std::function<void(const WorkerLine&)>& on_progress);
+
+// Parses the model file in a worker (the server never holds an uploaded model in its own memory) and
+// returns the external data files it names; INVALID_ARGUMENT (MODEL_PARSE_FAILED) for a file that is
+// no model. `folder` is an empty folder the worker may run in.
+absl::StatusOr<std::vector<std::string>> InspectModel(const WorkerLimits& limits, const std::filesystem::path& model,
+                                                      const std::filesystem::path& folder);
 
 // The onnxopt-worker next to the running executable.
 std::filesystem::path DefaultWorkerBinary();

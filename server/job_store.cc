@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/utf8.h"
 
 namespace onnxopt::server {
 namespace {
@@ -18,6 +19,28 @@ std::string NewJobId() {
   const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::system_clock::now().time_since_epoch()).count();
   return absl::StrFormat("jobs/%011x%06x", millis, random() & 0xffffff);
+}
+
+std::string ColumnText(sqlite3_stmt* statement, int column) {
+  const unsigned char* text = sqlite3_column_text(statement, column);
+  return text == nullptr ? "" : ValidUtf8(reinterpret_cast<const char*>(text));
+}
+
+// What is left of a job whose stored record does not parse (written by an older version, or damaged).
+// One that had not finished cannot be run again without its request, so it is failed, saying why.
+v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state) {
+  v1::Job job;
+  job.set_name(name);
+  job.set_request_id(request_id);
+  job.set_state(IsTerminal(state) ? state : v1::FAILED);
+  if (state != v1::SUCCEEDED) {
+    v1::JobError* error = job.mutable_error();
+    error->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+    error->set_reason("JOB_RECORD_UNREADABLE");
+    error->set_message(absl::StrCat("the job store could not read this job's record (it was ",
+                                    v1::JobState_Name(state), "); submit the model again"));
+  }
+  return job;
 }
 
 absl::Status Exec(sqlite3* db, const char* sql) {
@@ -55,18 +78,31 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
     if (!status.ok()) return status;
   }
   sqlite3_stmt* statement = nullptr;
-  sqlite3_prepare_v2(db, "SELECT sequence, job FROM jobs ORDER BY sequence", -1, &statement, nullptr);
+  sqlite3_prepare_v2(db, "SELECT sequence, name, request_id, state, job FROM jobs ORDER BY sequence", -1, &statement,
+                     nullptr);
+  std::vector<Entry> unreadable;
   while (sqlite3_step(statement) == SQLITE_ROW) {
     Entry entry;
     entry.sequence = sqlite3_column_int64(statement, 0);
-    const void* blob = sqlite3_column_blob(statement, 1);
-    if (!entry.job.ParseFromArray(blob, sqlite3_column_bytes(statement, 1))) continue;  // unreadable row: skip it
+    // Every row counts for numbering, readable or not: a new job must never reuse a sequence.
     store->next_sequence_ = std::max(store->next_sequence_, entry.sequence + 1);
+    const void* blob = sqlite3_column_blob(statement, 4);
+    if (!entry.job.ParseFromArray(blob, sqlite3_column_bytes(statement, 4))) {
+      entry.job = UnreadableJob(ColumnText(statement, 1), ColumnText(statement, 2),
+                                static_cast<v1::JobState>(sqlite3_column_int(statement, 3)));
+      unreadable.push_back(entry);
+    }
+    if (entry.job.name().empty() || store->jobs_.count(entry.job.name()) > 0) continue;
     store->by_sequence_[entry.sequence] = entry.job.name();
     if (!entry.job.request_id().empty()) store->by_request_id_[entry.job.request_id()] = entry.job.name();
     store->jobs_[entry.job.name()] = std::move(entry);
   }
   sqlite3_finalize(statement);
+  // A job whose record cannot be read is kept, as what the columns still say, and written back so.
+  for (const Entry& entry : unreadable) {
+    absl::Status status = store->Persist(entry, /*insert=*/false);
+    if (!status.ok()) return status;
+  }
   return store;
 }
 
@@ -104,6 +140,7 @@ absl::StatusOr<v1::Job> JobStore::Create(v1::Job job, bool* created) {
   do {
     job.set_name(NewJobId());
   } while (jobs_.count(job.name()) > 0);
+  MakeStringsValidUtf8(&job);  // proto3 strings: an invalid one makes the record unreadable
   entry.job = std::move(job);
   entry.sequence = next_sequence_++;
   absl::Status status = Persist(entry, /*insert=*/true);
@@ -137,6 +174,7 @@ absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::fun
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
   Entry updated = it->second;
   mutate(updated.job);
+  MakeStringsValidUtf8(&updated.job);  // errors and progress may quote a model's own text
   absl::Status status = Persist(updated, /*insert=*/false);
   if (!status.ok()) return status;
   ++updated.version;

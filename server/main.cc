@@ -14,7 +14,10 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -43,11 +46,43 @@ ABSL_FLAG(int, drain_grace_seconds, 30, "on SIGTERM, how long running jobs may t
 ABSL_FLAG(std::string, worker_binary, "", "the onnxopt-worker each job runs in (default: next to this binary)");
 ABSL_FLAG(int64_t, job_memory_limit_mb, 16384, "address-space limit of a job's worker process in MiB; 0: none");
 ABSL_FLAG(int, job_timeout_seconds, 3600, "wall-time limit of one job; past it the job fails with JOB_TIMEOUT");
+ABSL_FLAG(double, upload_expiry_hours, 24, "partial uploads nobody wrote to for this long are deleted (checked at start and hourly)");
 ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to this file once serving");
 
 namespace {
 
 constexpr char kServiceName[] = "onnxopt.v1.Optimizer";
+
+// Deletes abandoned partial uploads now and then every hour, until destroyed.
+class UploadJanitor {
+ public:
+  UploadJanitor(onnxopt::server::BlobStore* blobs, std::chrono::seconds max_age)
+      : blobs_(blobs), max_age_(max_age), thread_([this] { Run(); }) {}
+  ~UploadJanitor() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    do {
+      const int removed = blobs_->ExpireStaleUploads(max_age_);
+      if (removed > 0) std::cout << "onnxopt-server: removed " << removed << " abandoned partial upload(s)" << std::endl;
+    } while (!wake_.wait_for(lock, std::chrono::hours(1), [this] { return stopping_; }));
+  }
+
+  onnxopt::server::BlobStore* const blobs_;
+  const std::chrono::seconds max_age_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is set
+};
 
 int Fail(const std::string& what, const absl::Status& status) {
   std::cerr << "onnxopt-server: " << what << ": " << status << std::endl;
@@ -68,20 +103,24 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::filesystem::path data_dir = absl::GetFlag(FLAGS_data_dir);
+  // Absolute: each job's worker runs in its own job folder, so relative paths would not reach the files.
   std::error_code error;
+  const std::filesystem::path data_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), error);
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail("data_dir", absl::InternalError(error.message()));
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
-      absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1) {
+      absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
+      !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0)) {
     return Fail("flags", absl::InvalidArgumentError(
                              "workers, queue_capacity, max_upload_bytes and job_timeout_seconds must be >= 1, "
-                             "drain_grace_seconds and job_memory_limit_mb >= 0"));
+                             "drain_grace_seconds and job_memory_limit_mb >= 0, upload_expiry_hours > 0"));
   }
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes));
   if (!blobs.ok()) return Fail("blob store", blobs.status());
+  UploadJanitor janitor(blobs->get(), std::chrono::seconds(static_cast<int64_t>(
+                                          absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)));
   auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
@@ -92,8 +131,9 @@ int main(int argc, char** argv) {
   options.data_dir = data_dir;
   options.workers = absl::GetFlag(FLAGS_workers);
   options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
-  options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty() ? srv::DefaultWorkerBinary()
-                                                                     : std::filesystem::path(absl::GetFlag(FLAGS_worker_binary));
+  options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty()
+                              ? srv::DefaultWorkerBinary()
+                              : std::filesystem::absolute(absl::GetFlag(FLAGS_worker_binary), error);
   options.worker.memory_limit_mb = absl::GetFlag(FLAGS_job_memory_limit_mb);
   options.worker.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
   if (::access(options.worker.binary.c_str(), X_OK) != 0) {

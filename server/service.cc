@@ -54,10 +54,10 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   const int64_t total_size = message.total_size();
   response->set_sha256(sha256);
   if (blobs_->Exists(sha256)) {  // content-addressed: nothing more to receive
-    response->set_size(blobs_->CommittedSize(sha256));
+    response->set_size(blobs_->CommittedSize(sha256, ""));
     return grpc::Status::OK;
   }
-  absl::StatusOr<std::unique_ptr<BlobUpload>> upload = blobs_->BeginUpload(sha256, total_size);
+  absl::StatusOr<std::unique_ptr<BlobUpload>> upload = blobs_->BeginUpload(sha256, total_size, message.upload_id());
   if (!upload.ok()) return ToGrpc(upload.status());
   do {
     if (context->IsCancelled()) return ToGrpc(absl::CancelledError("CANCELLED: the client went away"));
@@ -87,9 +87,13 @@ grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext*, const v1::G
     if (!IsValidSha256(request->sha256())) {
       return ToGrpc(absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits"));
     }
+    if (!request->upload_id().empty() && !IsValidUploadId(request->upload_id())) {
+      return ToGrpc(absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, "
+                                               "0-9, '-' and '_'"));
+    }
     response->set_sha256(request->sha256());
     response->set_complete(blobs_->Exists(request->sha256()));
-    response->set_committed_size(blobs_->CommittedSize(request->sha256()));
+    response->set_committed_size(blobs_->CommittedSize(request->sha256(), request->upload_id()));
     return grpc::Status::OK;
   });
 }

@@ -2,8 +2,11 @@
 // which crashes a parser or ONNX Runtime, or eats all memory, fails its own job and nothing else.
 //
 //   onnxopt-worker --model=DIR/model.onnx --output_dir=OUT --config=CONFIG.pb [--inputs=DIR/inputs.tsv]
+//                  [--digests=DIR/digests.tsv]
+//   onnxopt-worker --inspect=MODEL     parse the model, list the external data files it names
 //
-// Speaks the protocol in worker_protocol.h on stdout. SIGTERM asks it to stop at the next pass or
+// Speaks the protocol in worker_protocol.h on stdout. Every text it reports is valid UTF-8 (model
+// names and op types are arbitrary bytes; proto3 strings and the job store must not be). SIGTERM asks it to stop at the next pass or
 // phase boundary (it then reports CANCELLED).
 #include <csignal>
 #include <cstdio>
@@ -20,6 +23,8 @@ ABSL_FLAG(std::string, model, "", "the model file; its external data sits next t
 ABSL_FLAG(std::string, output_dir, "", "where the optimized model and report.pb go");
 ABSL_FLAG(std::string, config, "", "serialized onnxopt.v1.OptimizationConfig");
 ABSL_FLAG(std::string, inputs, "", "manifest of the inputs supplied with the job (worker_protocol.h); empty: none");
+ABSL_FLAG(std::string, digests, "", "manifest of the SHA-256 each input file must have (worker_protocol.h); empty: none");
+ABSL_FLAG(std::string, inspect, "", "only parse this model file and list the external data files it names");
 
 namespace {
 
@@ -30,13 +35,32 @@ void Emit(const std::string& line) {
   std::cout << line << std::flush;
 }
 
+namespace srv = onnxopt::server;
+
+int Inspect(const std::string& path) {
+  absl::StatusOr<onnx::ModelProto> model = onnxopt::ParseModelFile(path);
+  if (model.ok()) {
+    for (const std::string& location : onnxopt::ExternalDataLocations(*model)) Emit(srv::FormatExternalData(location));
+  }
+  Emit(srv::FormatStatus(model.status()));
+  return 0;
+}
+
+absl::Status VerifyInputFiles(const std::string& manifest) {
+  absl::StatusOr<std::string> text = onnxopt::ReadFile(manifest);
+  if (!text.ok()) return absl::InternalError(absl::StrCat("worker: cannot read its digest manifest: ", text.status().message()));
+  absl::StatusOr<std::vector<srv::FileDigest>> files = srv::ParseDigestManifest(*text);
+  if (!files.ok()) return absl::InternalError(absl::StrCat("worker: ", files.status().message()));
+  return srv::VerifyDigests(*files, std::filesystem::path(manifest).parent_path());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::signal(SIGTERM, OnTerminate);
   std::signal(SIGINT, SIG_IGN);  // the server decides when its children stop
-  namespace srv = onnxopt::server;
+  if (const std::string model = absl::GetFlag(FLAGS_inspect); !model.empty()) return Inspect(model);
 
   onnxopt::OptimizeRequest request;
   request.model_path = absl::GetFlag(FLAGS_model);
@@ -63,8 +87,9 @@ int main(int argc, char** argv) {
   }
   onnxopt::v1::Report report;
   absl::Status status;
+  if (const std::string digests = absl::GetFlag(FLAGS_digests); !digests.empty()) status = VerifyInputFiles(digests);
   try {
-    status = onnxopt::Optimize(request, &report).status();
+    if (status.ok()) status = onnxopt::Optimize(request, &report).status();
   } catch (const std::bad_alloc&) {
     status = absl::ResourceExhaustedError("WORKER_OUT_OF_MEMORY: the job needed more memory than the worker may use");
   } catch (const std::exception& e) {

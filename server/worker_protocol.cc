@@ -2,10 +2,14 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "optimizer/sha256.h"
+#include "optimizer/utf8.h"
 
 namespace onnxopt::server {
 
@@ -14,8 +18,12 @@ std::string FormatProgress(Phase phase, int done, int total, const std::string& 
 }
 
 std::string FormatStatus(const absl::Status& status) {
-  const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}, {"\r", " "}});
+  const std::string message = absl::StrReplaceAll(ValidUtf8(status.message()), {{"\n", " "}, {"\r", " "}});
   return absl::StrCat("status ", static_cast<int>(status.code()), " ", message, "\n");
+}
+
+std::string FormatExternalData(const std::string& location) {
+  return absl::StrCat("external ", absl::CEscape(location), "\n");
 }
 
 WorkerLine ParseWorkerLine(const std::string& line) {
@@ -37,7 +45,12 @@ WorkerLine ParseWorkerLine(const std::string& line) {
   if (status_parts.size() >= 2 && status_parts[0] == "status" && absl::SimpleAtoi(status_parts[1], &code) &&
       code >= 0 && code <= 16) {
     parsed.kind = WorkerLine::Kind::kStatus;
-    parsed.status = absl::Status(static_cast<absl::StatusCode>(code), status_parts.size() > 2 ? status_parts[2] : "");
+    parsed.status = absl::Status(static_cast<absl::StatusCode>(code),
+                                 ValidUtf8(status_parts.size() > 2 ? status_parts[2] : ""));
+    return parsed;
+  }
+  if (absl::StartsWith(line, "external ") && absl::CUnescape(line.substr(9), &parsed.text)) {
+    parsed.kind = WorkerLine::Kind::kExternalData;
   }
   return parsed;
 }
@@ -62,6 +75,38 @@ absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> ParseI
     sets[static_cast<size_t>(sample)][fields[1]] = folder / fields[2];
   }
   return sets;
+}
+
+std::string FormatDigestManifest(const std::vector<FileDigest>& files) {
+  std::string text;
+  for (const auto& file : files) absl::StrAppend(&text, file.sha256, "\t", file.file, "\n");
+  return text;
+}
+
+absl::StatusOr<std::vector<FileDigest>> ParseDigestManifest(const std::string& text) {
+  std::vector<FileDigest> files;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits('\t', 1));
+    if (fields.size() != 2 || !IsValidSha256(fields[0]) || fields[1].empty() ||
+        std::filesystem::path(fields[1]).is_absolute() || fields[1].find("..") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed digest manifest line '", line, "'"));
+    }
+    files.push_back({fields[0], fields[1]});
+  }
+  return files;
+}
+
+absl::Status VerifyDigests(const std::vector<FileDigest>& files, const std::filesystem::path& folder) {
+  for (const FileDigest& file : files) {
+    absl::StatusOr<std::string> actual = Sha256OfFile(folder / file.file);
+    if (!actual.ok()) return actual.status();
+    if (*actual != file.sha256) {
+      return absl::DataLossError(absl::StrCat("BLOB_CORRUPT: the server's stored copy of ", file.file, " (blob ",
+                                              file.sha256, ") no longer matches its SHA-256; it was removed, so "
+                                              "submitting again uploads it anew"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace onnxopt::server

@@ -1,6 +1,9 @@
 // The line protocol between onnxopt-server and an onnxopt-worker child, on the child's stdout:
 //   progress <phase> <done> <total> <pass>      any number of times
-//   status <code> <message>                     once, last; <code> is an absl::StatusCode number
+//   external <location>                         --inspect only: an external data file the model names,
+//                                               C-escaped
+//   status <code> <message>                     once, last; <code> is an absl::StatusCode number and
+//                                               <message> valid UTF-8 on one line
 // The worker also leaves report.pb (complete or partial) and the model files in its output folder.
 // A child that exits without a status line crashed, and its job fails with WORKER_CRASHED.
 #ifndef ONNXOPT_SERVER_WORKER_PROTOCOL_H_
@@ -19,14 +22,16 @@ namespace onnxopt::server {
 
 std::string FormatProgress(Phase phase, int done, int total, const std::string& pass);
 std::string FormatStatus(const absl::Status& status);
+std::string FormatExternalData(const std::string& location);
 
 struct WorkerLine {
-  enum class Kind { kProgress, kStatus, kOther } kind = Kind::kOther;
+  enum class Kind { kProgress, kStatus, kExternalData, kOther } kind = Kind::kOther;
   Phase phase = Phase::kLoading;
   int done = 0;
   int total = 0;
   std::string pass;
   absl::Status status;
+  std::string text;  // kExternalData: the location
 };
 WorkerLine ParseWorkerLine(const std::string& line);
 
@@ -42,6 +47,18 @@ std::string FormatInputManifest(const std::vector<SuppliedInputFile>& files);
 // Per input set, input name -> file; INVALID_ARGUMENT for a malformed manifest.
 absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> ParseInputManifest(
     const std::string& text, const std::filesystem::path& folder);
+
+// The files of a job's input folder with the SHA-256 each must have, one line per file:
+// "<sha256>\t<file>", the file relative to the manifest's folder. Stored blobs are checked against it
+// before a job uses them, so a blob altered on disk fails its job instead of being used.
+struct FileDigest {
+  std::string sha256;
+  std::string file;
+};
+std::string FormatDigestManifest(const std::vector<FileDigest>& files);
+absl::StatusOr<std::vector<FileDigest>> ParseDigestManifest(const std::string& text);
+// DATA_LOSS (BLOB_CORRUPT) naming the first file under `folder` whose content no longer has its digest.
+absl::Status VerifyDigests(const std::vector<FileDigest>& files, const std::filesystem::path& folder);
 
 }  // namespace onnxopt::server
 

@@ -82,11 +82,84 @@ TEST_F(ModelIoTest, ReportsMissingFilesAndBadRanges) {
   EXPECT_NE(short_file.status().message().find("EXTERNAL_DATA_RANGE"), std::string::npos) << short_file.status();
 }
 
+// Every place ONNX lets a tensor live can point at external data; a loader that skips one lets ONNX
+// Runtime resolve that location itself (for sparse initializers: relative to its working directory).
+TEST_F(ModelIoTest, EveryExternalTensorIsFoundAndConfined) {
+  auto external = [](const std::string& location, onnx::TensorProto tensor) {
+    tensor.clear_raw_data();
+    tensor.set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* entry = tensor.add_external_data();
+    entry->set_key("location");
+    entry->set_value(location);
+    return tensor;
+  };
+  auto sparse = [&](const std::string& values, const std::string& indices) {
+    onnx::SparseTensorProto tensor;
+    tensor.add_dims(4);
+    onnx::TensorProto v = FloatTensor("s", {1}, {1});
+    *tensor.mutable_values() = values.empty() ? v : external(values, v);
+    onnx::TensorProto i;
+    i.set_data_type(onnx::TensorProto::INT64);
+    i.add_dims(1);
+    i.add_int64_data(2);
+    *tensor.mutable_indices() = indices.empty() ? i : external(indices, i);
+    return tensor;
+  };
+  onnx::GraphProto graph;
+  *graph.add_sparse_initializer() = sparse("sparse_values.bin", "sparse_indices.bin");
+  onnx::NodeProto constant = MakeNode("Constant", {}, {"c"});
+  auto* value = constant.add_attribute();
+  value->set_name("value");
+  value->set_type(onnx::AttributeProto::TENSOR);
+  *value->mutable_t() = external("constant.bin", FloatTensor("", {1}, {1}));
+  *graph.add_node() = constant;
+  onnx::NodeProto sparse_constant = MakeNode("Constant", {}, {"sc"});
+  auto* sparse_value = sparse_constant.add_attribute();
+  sparse_value->set_name("sparse_value");
+  sparse_value->set_type(onnx::AttributeProto::SPARSE_TENSOR);
+  *sparse_value->mutable_sparse_tensor() = sparse("constant_sparse.bin", "");
+  *graph.add_node() = sparse_constant;
+  onnx::NodeProto branch = MakeNode("If", {"cond"}, {"y"});
+  auto* then_branch = branch.add_attribute();
+  then_branch->set_name("then_branch");
+  then_branch->set_type(onnx::AttributeProto::GRAPH);
+  *then_branch->mutable_g()->add_sparse_initializer() = sparse("subgraph.bin", "");
+  *graph.add_node() = branch;
+  onnx::ModelProto model = MakeModel(graph);
+  onnx::FunctionProto* function = model.add_functions();
+  function->set_name("f");
+  *function->add_node() = constant;
+  function->mutable_node(0)->mutable_attribute(0)->mutable_t()->mutable_external_data(0)->set_value("function.bin");
+
+  std::vector<std::string> expected = {"constant.bin",  "constant_sparse.bin", "function.bin",
+                                       "sparse_indices.bin", "sparse_values.bin", "subgraph.bin"};
+  EXPECT_EQ(ExternalDataLocations(model), expected);
+
+  // The files are there: all of them are read into the model. A sparse location outside the folder
+  // (as in "etc/passwd" resolved from "/") is refused like any other.
+  for (const std::string& file : expected) std::ofstream(dir_ / "model" / file, std::ios::binary) << std::string(8, 'x');
+  const fs::path path = dir_ / "model" / "model.onnx";
+  std::ofstream(path, std::ios::binary) << model.SerializeAsString();
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(ExternalDataLocations(*loaded).empty());
+  EXPECT_EQ(loaded->graph().sparse_initializer(0).values().raw_data().size(), 8u);
+  model.mutable_graph()->mutable_sparse_initializer(0)->mutable_values()->mutable_external_data(0)->set_value(
+      "../secret.bin");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << model.SerializeAsString();
+  auto refused = LoadModel(path);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("EXTERNAL_DATA_PATH"), std::string::npos) << refused.status();
+}
+
 TEST_F(ModelIoTest, GarbageIsNotAModel) {
   auto model = ParseModel("this is not protobuf \x01\x02\x03");
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("MODEL_PARSE_FAILED"), std::string::npos);
   EXPECT_EQ(ParseModel("").status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir_ / "junk.onnx", std::ios::binary) << std::string(1 << 20, '\x07');
+  EXPECT_NE(ParseModelFile(dir_ / "junk.onnx").status().message().find("MODEL_PARSE_FAILED"), std::string::npos);
+  EXPECT_EQ(ParseModelFile(dir_ / "absent.onnx").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {

@@ -1,4 +1,7 @@
 // Blob store, job store and queue on their own, against a temporary data folder.
+#include <sqlite3.h>
+
+#include <fstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -7,6 +10,7 @@
 #include "server/job_manager.h"
 #include "server/job_queue.h"
 #include "server/job_store.h"
+#include "server/worker_protocol.h"
 
 namespace onnxopt::server {
 namespace {
@@ -34,14 +38,15 @@ TEST(BlobStoreTest, VerifiedUploadInChunksWithResume) {
   const std::string data = "0123456789abcdefghij";
   const std::string digest = Sha256OfBytes(data);
   {
-    auto upload = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()));
+    auto upload = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()), "session-1");
     ASSERT_TRUE(upload.ok());
     ASSERT_TRUE((*upload)->Append(0, data.substr(0, 8)).ok());
     // The connection drops here; the partial upload stays.
   }
-  EXPECT_EQ((*store)->CommittedSize(digest), 8);
+  EXPECT_EQ((*store)->CommittedSize(digest, "session-1"), 8);
+  EXPECT_EQ((*store)->CommittedSize(digest, "session-2"), 0) << "another session holds nothing";
   EXPECT_FALSE((*store)->Exists(digest));
-  auto resumed = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()));
+  auto resumed = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()), "session-1");
   ASSERT_TRUE(resumed.ok());
   EXPECT_EQ((*resumed)->Append(0, "01234567").code(), absl::StatusCode::kInvalidArgument) << "wrong offset";
   ASSERT_TRUE((*resumed)->Append(8, data.substr(8)).ok());
@@ -54,26 +59,74 @@ TEST(BlobStoreTest, ChecksumMismatchIsDataLossAndDiscardsTheUpload) {
   TempDir dir;
   auto store = BlobStore::Open(dir.path(), 1 << 20);
   const std::string claimed = Sha256OfBytes("what the client meant to send");
-  auto upload = (*store)->BeginUpload(claimed, 5);
+  auto upload = (*store)->BeginUpload(claimed, 5, "s");
   ASSERT_TRUE((*upload)->Append(0, "12345").ok());
   absl::Status finished = (*upload)->Finish();
   EXPECT_EQ(finished.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(finished.message().find("CHECKSUM_MISMATCH"), std::string::npos);
   upload->reset();
-  EXPECT_EQ((*store)->CommittedSize(claimed), 0);
+  EXPECT_EQ((*store)->CommittedSize(claimed, "s"), 0);
   EXPECT_FALSE((*store)->Exists(claimed));
 }
 
-TEST(BlobStoreTest, RefusesBadDigestsOversizeDataAndConcurrentUploads) {
+TEST(BlobStoreTest, RefusesBadDigestsOversizeDataAndConcurrentWritesToOneSession) {
   TempDir dir;
   auto store = BlobStore::Open(dir.path(), 100);
-  EXPECT_EQ((*store)->BeginUpload("ABC", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->BeginUpload("ABC", 1, "").status().code(), absl::StatusCode::kInvalidArgument);
   const std::string digest = Sha256OfBytes("x");
-  EXPECT_NE((*store)->BeginUpload(digest, 1000).status().message().find("UPLOAD_TOO_LARGE"), std::string::npos);
-  auto first = (*store)->BeginUpload(digest, 1);
+  EXPECT_EQ((*store)->BeginUpload(digest, 1, "no spaces").status().code(), absl::StatusCode::kInvalidArgument);
+  auto too_large = (*store)->BeginUpload(digest, 1000, "");
+  EXPECT_EQ(too_large.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_large.status().message().find("UPLOAD_TOO_LARGE"), std::string::npos);
+  auto first = (*store)->BeginUpload(digest, 1, "mine");
   ASSERT_TRUE(first.ok());
-  EXPECT_EQ((*store)->BeginUpload(digest, 1).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*store)->BeginUpload(digest, 1, "mine").status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE((*store)->BeginUpload(digest, 1, "theirs").ok()) << "other sessions are not blocked";
+  EXPECT_TRUE((*store)->BeginUpload(digest, 1, "").ok()) << "nor anonymous ones";
   EXPECT_EQ((*first)->Append(0, "xy").code(), absl::StatusCode::kInvalidArgument) << "past the declared size";
+}
+
+// Garbage written under a real file's hash, finished or left open, spoils only the writer's session.
+TEST(BlobStoreTest, OneSessionCannotPoisonAnother) {
+  TempDir dir;
+  auto store = BlobStore::Open(dir.path(), 1 << 20);
+  const std::string data(4096, 'm');
+  const std::string digest = Sha256OfBytes(data);
+  auto attacker = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()), "");
+  ASSERT_TRUE(attacker.ok());
+  ASSERT_TRUE((*attacker)->Append(0, std::string(1024, 'X')).ok());  // held open, never finished
+  EXPECT_EQ((*store)->CommittedSize(digest, "owner"), 0);
+  auto owner = (*store)->BeginUpload(digest, static_cast<int64_t>(data.size()), "owner");
+  ASSERT_TRUE(owner.ok());
+  ASSERT_TRUE((*owner)->Append(0, data).ok());
+  ASSERT_TRUE((*owner)->Finish().ok());
+  EXPECT_TRUE((*store)->Exists(digest));
+}
+
+TEST(BlobStoreTest, AbandonedPartialsExpireAndAlteredBlobsAreFound) {
+  TempDir dir;
+  auto store = BlobStore::Open(dir.path(), 1 << 20);
+  const std::string digest = Sha256OfBytes("0123456789");
+  {
+    auto stale = (*store)->BeginUpload(digest, 10, "stale");
+    ASSERT_TRUE((*stale)->Append(0, "01234").ok());
+  }
+  auto writing = (*store)->BeginUpload(digest, 10, "writing");
+  ASSERT_TRUE((*writing)->Append(0, "012").ok());
+  for (const auto& entry : fs::directory_iterator(dir.path() / "uploads")) {
+    fs::last_write_time(entry.path(), fs::file_time_type::clock::now() - std::chrono::hours(48));
+  }
+  EXPECT_EQ((*store)->ExpireStaleUploads(std::chrono::hours(24)), 1) << "the session being written stays";
+  EXPECT_EQ((*store)->CommittedSize(digest, "stale"), 0);
+  EXPECT_EQ((*store)->CommittedSize(digest, "writing"), 3);
+  EXPECT_EQ((*store)->ExpireStaleUploads(std::chrono::hours(24)), 0);
+
+  ASSERT_TRUE((*writing)->Append(3, "3456789").ok());
+  ASSERT_TRUE((*writing)->Finish().ok());
+  EXPECT_FALSE((*store)->RemoveIfCorrupt(digest));
+  std::ofstream((*store)->PathOf(digest), std::ios::binary) << "0123456780";
+  EXPECT_TRUE((*store)->RemoveIfCorrupt(digest));
+  EXPECT_FALSE((*store)->Exists(digest));
 }
 
 v1::Job NewJob(const std::string& request_id = "") {
@@ -107,6 +160,75 @@ TEST(JobStoreTest, PersistsAcrossReopenAndHonoursRequestIds) {
   EXPECT_EQ((*store)->Unfinished().size(), 1u);
   EXPECT_EQ((*store)->FindByRequestId("retry-me")->name(), name);
   EXPECT_EQ((*store)->Get("jobs/nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A model's own bytes (an op type of "Bad\xffOp") reach job errors; proto3 strings must stay valid
+// UTF-8, or the job can be read by no client and by no later start of the server.
+TEST(JobStoreTest, TextFromModelsIsStoredAsValidUtf8) {
+  TempDir dir;
+  std::string name;
+  {
+    auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+    bool created;
+    name = (*store)->Create(NewJob(), &created)->name();
+    auto failed = (*store)->Update(name, [](v1::Job& j) {
+      j.set_state(v1::FAILED);
+      j.mutable_error()->set_message("No Op registered for Bad\xffOp");
+    });
+    ASSERT_TRUE(failed.ok());
+    EXPECT_EQ(failed->error().message(), "No Op registered for Bad\\xffOp");
+  }
+  auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+  auto job = (*store)->Get(name);
+  ASSERT_TRUE(job.ok()) << "the job survives a restart";
+  EXPECT_EQ(job->state(), v1::FAILED);
+}
+
+// A record that does not parse (written before the fix above, or damaged) neither hides its job nor
+// lets a new job reuse its sequence number.
+TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
+  TempDir dir;
+  const fs::path database = dir.path() / "jobs.sqlite3";
+  std::string name;
+  {
+    auto store = JobStore::Open(database);
+    bool created;
+    (*store)->Create(NewJob(), &created);
+    name = (*store)->Create(NewJob("retry-me"), &created)->name();
+  }
+  {
+    // What an older server wrote: a Job whose error message holds the byte 0xff.
+    v1::Job bad;
+    bad.set_name(name);
+    bad.set_state(v1::RUNNING);
+    std::string bytes = bad.SerializeAsString();
+    bytes += std::string("\x22\x05\x12\x03B\xffO", 7);  // progress { current_pass: "B\xffO" }
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(database.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* statement = nullptr;
+    sqlite3_prepare_v2(db, "UPDATE jobs SET job = ?1 WHERE name = ?2", -1, &statement, nullptr);
+    sqlite3_bind_blob(statement, 1, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(statement, 2, name.c_str(), -1, SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(statement), SQLITE_DONE);
+    sqlite3_finalize(statement);
+    sqlite3_close(db);
+    v1::Job check;
+    ASSERT_FALSE(check.ParseFromString(bytes)) << "the record must really be unreadable";
+  }
+  auto store = JobStore::Open(database);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->Get(name);
+  ASSERT_TRUE(job.ok()) << "the job is still there";
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_EQ(job->error().reason(), "JOB_RECORD_UNREADABLE");
+  EXPECT_EQ(job->request_id(), "retry-me");
+  ASSERT_EQ((*store)->Unfinished().size(), 1u) << "only the readable queued job is left to run";
+  EXPECT_NE((*store)->Unfinished()[0].name(), name);
+  bool created = false;
+  auto next = (*store)->Create(NewJob(), &created);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(created);
+  EXPECT_EQ((*store)->List(v1::JOB_STATE_UNSPECIFIED, 10, "")->jobs.size(), 3u);
 }
 
 TEST(JobStoreTest, ListsNewestFirstWithPagesAndStateFilter) {
@@ -166,6 +288,48 @@ TEST(JobQueueTest, PriorityThenFifoWithCapacityRemoveAndClose) {
   queue.Push("f", 0);
   queue.Close();
   EXPECT_FALSE(queue.Pop().has_value()) << "closed queues hand out nothing; f stays for the next start";
+}
+
+TEST(JobManagerHelpersTest, ARetryMustRepeatTheRequest) {
+  v1::Job existing;
+  existing.mutable_model()->set_sha256(std::string(64, 'a'));
+  existing.mutable_config()->set_preset("basic");
+  v1::CreateJobRequest retry;
+  *retry.mutable_model() = existing.model();
+  *retry.mutable_config() = existing.config();
+  retry.mutable_model()->set_display_name("renamed.onnx");  // cosmetic: still the same request
+  EXPECT_EQ(RequestDifference(existing, retry), "");
+  v1::CreateJobRequest other_model = retry;
+  other_model.mutable_model()->set_sha256(std::string(64, 'b'));
+  EXPECT_EQ(RequestDifference(existing, other_model), "another model");
+  v1::CreateJobRequest other_data = retry;
+  other_data.mutable_model()->add_external_data()->set_name("w.bin");
+  EXPECT_EQ(RequestDifference(existing, other_data), "other external data files");
+  v1::CreateJobRequest other_config = retry;
+  other_config.mutable_config()->set_preset("none");
+  EXPECT_EQ(RequestDifference(existing, other_config), "another config");
+  v1::CreateJobRequest other_inputs = retry;
+  other_inputs.add_inputs()->set_name("x");
+  EXPECT_EQ(RequestDifference(existing, other_inputs), "other inputs");
+}
+
+TEST(WorkerProtocolTest, DigestManifestsAndEscapedLines) {
+  const std::vector<FileDigest> files = {{std::string(64, 'a'), "model.onnx"}, {std::string(64, 'b'), "inputs/0.pb"}};
+  auto parsed = ParseDigestManifest(FormatDigestManifest(files));
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)[1].file, "inputs/0.pb");
+  EXPECT_FALSE(ParseDigestManifest(std::string(64, 'a') + "\t../x\n").ok());
+  EXPECT_FALSE(ParseDigestManifest("abc\tmodel.onnx\n").ok());
+  std::string line = FormatExternalData("we\nird\xff.bin");
+  ASSERT_EQ(line.back(), '\n');
+  line.pop_back();
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  WorkerLine external = ParseWorkerLine(line);
+  EXPECT_EQ(external.kind, WorkerLine::Kind::kExternalData);
+  EXPECT_EQ(external.text, "we\nird\xff.bin");
+  WorkerLine status = ParseWorkerLine("status 3 No Op registered for Bad\xffOp");
+  EXPECT_EQ(status.status.message(), "No Op registered for Bad\\xffOp");
 }
 
 TEST(JobManagerHelpersTest, SafeNamesAndReasons) {
