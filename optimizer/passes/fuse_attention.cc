@@ -16,18 +16,26 @@
 //
 // Forms accepted: separate Q/K/V projections or one packed projection split by Split (sizes as input
 // or attribute) or Slices; the scale as Div/Mul by a constant after Q*K or on Q (and/or K) before;
-// masks: additive `(1 - mask[B,S]) * c` (c = -10000 or finfo.min) and causal Where over a sliced
-// lower-triangular buffer, in either order. Checked: one x; constant float weights; N and D from
+// masks: additive `(1 - mask[B,S]) * c` (c = -10000 or finfo.min), causal Where over a sliced
+// lower-triangular buffer, in either order, and the boolean `Where(cond, 0, -inf or finfo.min)` that
+// Hugging Face transformers 5 builds for its SDPA and eager paths, whatever its spelling: cond is
+// probed in ONNX Runtime (attention_masks.h) and taken when it is all true (no mask: ViT) or a
+// key-padding mask of one [B, T] input (BERT, RoBERTa). The SDPA path's NaN guard after Softmax,
+// Where(IsNaN(p), 0, p), goes with the pattern: it only acts on rows that mask every position, where
+// the original gives zeros and Attention the mean of V (padding-only sequences). Checked: one x; constant float weights; N and D from
 // inferred shapes or constant Reshape targets (else the config's num_heads); exact permutations;
 // Softmax on the last axis; every buffer element of a causal mask; the causal slice's shape equal to
 // the scores'; and no reader outside the pattern but shape arithmetic feeding the pattern's own
 // Reshapes, which goes with it. Attention's raw mask treats 0 as masked, so masks must hold 0/1.
 #include <cmath>
+#include <limits>
+#include <map>
 #include <set>
 #include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/passes/attention_masks.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"
@@ -444,6 +452,51 @@ bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& 
   return false;
 }
 
+// The boolean mask `Where(cond, 0, fill)` (fill -inf or below -1e4), as masking_utils writes it for
+// SDPA and eager attention: what cond means is probed (attention_masks.h). All true: no mask at all.
+// A key-padding mask of a [B, T] input: that input is Attention's raw mask. -inf becomes the lowest
+// float, which gives the same probabilities wherever a row keeps any position.
+bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std::string& term,
+                      std::map<std::string, MaskMeaning>* probed, std::string* raw_mask, float* filter,
+                      std::string* reason) {
+  Node* where = ProducerWithOp(graph, term, "Where");
+  auto zero = where ? ConstantScalarFloat(graph, where->input(1)) : std::nullopt;
+  auto fill = where ? ConstantScalarFloat(graph, where->input(2)) : std::nullopt;
+  if (where == nullptr || !zero || *zero != 0.0f || !fill || !(*fill <= -1e4f)) return false;
+  auto known = probed->find(where->input(0));
+  if (known == probed->end()) known = probed->emplace(where->input(0), ProbeMaskMeaning(graph, context, where->input(0))).first;
+  const MaskMeaning& meaning = known->second;
+  switch (meaning.kind) {
+    case MaskMeaning::Kind::kAllTrue:  // raw_mask stays empty: no mask input
+      return true;
+    case MaskMeaning::Kind::kKeyPadding:
+      *raw_mask = meaning.padding_input;
+      *filter = std::isinf(*fill) ? std::numeric_limits<float>::lowest() : *fill;
+      return true;
+    case MaskMeaning::Kind::kUnknown:
+      *reason = absl::StrCat("the boolean mask is not understood: ", meaning.why);
+      return false;
+  }
+  return false;
+}
+
+// The guard transformers puts after Softmax for rows that mask every position: Where(IsNaN(p), 0, p).
+// Attention's finite mask value never makes such rows NaN, so the guard goes with the pattern.
+std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax) {
+  const std::string& probs = softmax->output(0);
+  std::vector<Node*> readers = graph.Consumers(probs);
+  if (readers.size() != 2 || graph.IsGraphOutput(probs)) return {};
+  Node* is_nan = readers[0]->op_type() == "IsNaN" ? readers[0] : readers[1];
+  Node* where = is_nan == readers[0] ? readers[1] : readers[0];
+  auto zero = ConstantScalarFloat(graph, where->input_size() == 3 ? where->input(1) : "");
+  if (is_nan->op_type() != "IsNaN" || where->op_type() != "Where" || !is_nan->domain().empty() ||
+      !where->domain().empty() || where->input(0) != is_nan->output(0) || where->input(2) != probs || !zero ||
+      *zero != 0.0f || SoleConsumer(graph, is_nan->output(0)) != where) {
+    return {};
+  }
+  return {is_nan, where};
+}
+
 // True if everything `node` computes reaches only shape inputs (not input 0) of the `targets` (the
 // pattern's Reshapes and causal-mask Slices): shape arithmetic, and nodes such as the unused
 // Transpose an exporter keeps only to read its shape. Collects the nodes on the way.
@@ -485,10 +538,11 @@ class FuseAttentionPass final : public Pass {
     const ShapeInfo* shapes = context.shapes();
     if (shapes == nullptr) return absl::OkStatus();
     std::unordered_map<std::string, std::string> int32_masks;  // raw mask -> its int32 Cast
+    std::map<std::string, MaskMeaning> probed;                   // boolean mask -> what it means
     for (Node* softmax : graph.Nodes()) {
       if (softmax->removed() || softmax->op_type() != "Softmax" || !softmax->domain().empty()) continue;
       std::string reason;
-      if (!TryFuse(graph, softmax, *shapes, context, &int32_masks, &reason) && !reason.empty()) {
+      if (!TryFuse(graph, softmax, *shapes, context, &int32_masks, &probed, &reason) && !reason.empty()) {
         context.Skip(absl::StrCat("fuse_attention: ", reason));
       }
     }
@@ -497,7 +551,8 @@ class FuseAttentionPass final : public Pass {
 
  private:
   static bool TryFuse(Graph& graph, Node* softmax, const ShapeInfo& shapes, PassContext& context,
-                      std::unordered_map<std::string, std::string>* int32_masks, std::string* reason) {
+                      std::unordered_map<std::string, std::string>* int32_masks,
+                      std::map<std::string, MaskMeaning>* probed, std::string* reason) {
     const auto rank = shapes.Rank(softmax->input(0));
     // Before opset 13 Softmax defaults to axis 1 (over everything after it, flattened).
     const int64_t axis = softmax->GetAttributeInt("axis", context.OpsetVersion("") < 13 ? 1 : -1);
@@ -505,9 +560,10 @@ class FuseAttentionPass final : public Pass {
     const Layout layout = *rank == 4 ? Layout::kBatchFirst : Layout::kSequenceFirst;
     Scores scores;
     if (!MatchScores(graph, shapes, softmax, &scores, reason)) return false;
-    Node* context_matmul = SoleConsumer(graph, softmax->output(0));
-    if (context_matmul == nullptr || context_matmul->op_type() != "MatMul" ||
-        context_matmul->input(0) != softmax->output(0)) {
+    const std::vector<Node*> nan_guard = MatchNanGuard(graph, softmax);
+    const std::string probs = nan_guard.empty() ? softmax->output(0) : nan_guard.back()->output(0);
+    Node* context_matmul = SoleConsumer(graph, probs);
+    if (context_matmul == nullptr || context_matmul->op_type() != "MatMul" || context_matmul->input(0) != probs) {
       return false;
     }
     ContextOutput out;
@@ -602,14 +658,19 @@ class FuseAttentionPass final : public Pass {
 
     std::string raw_mask;
     float mask_filter = -10000.0f;
-    if (scores.mask_add != nullptr &&
-        !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, reason)) {
-      return false;
+    if (scores.mask_add != nullptr) {
+      std::string boolean_reason;
+      if (!MatchBooleanMask(graph, context, scores.mask_term, probed, &raw_mask, &mask_filter, &boolean_reason) &&
+          !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, reason)) {
+        if (!boolean_reason.empty()) *reason = boolean_reason;
+        return false;
+      }
     }
 
     // Every intermediate is read only inside the pattern, or by shape arithmetic that feeds the
     // pattern's own Reshapes.
     std::vector<Node*> pattern = {softmax, scores.qk, context_matmul};
+    pattern.insert(pattern.end(), nan_guard.begin(), nan_guard.end());
     pattern.insert(pattern.end(), out.nodes.begin(), out.nodes.end());
     pattern.insert(pattern.end(), scores.pre_scales.begin(), scores.pre_scales.end());
     for (Node* node : {scores.post_scale, scores.mask_add, scores.causal_where, input_transpose}) {

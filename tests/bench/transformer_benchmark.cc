@@ -7,6 +7,11 @@
 //   onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=128] [--threads=N]
 //       runs one job (onnxopt's own Optimize, the path a server job takes) N times and prints each
 //       reported median and their spread: how far the report can be trusted run to run.
+//   onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=2]
+//       the Hugging Face exports in tests/fixtures/hf at batch 1 and 8, sequence 128 (ViT: its 197
+//       tokens): Attention fused, and onnxopt's output against the original and against the two peers
+//       beside it, ONNX Runtime's transformers optimizer (.ortopt.onnx) and onnxscript's
+//       optimize_for_ort (.osopt.onnx), each pair interleaved in one process.
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -72,6 +77,88 @@ int Repeat(int times, const std::string& fixture, int64_t sequence, double budge
   return 0;
 }
 
+// Median latency ratio other/ours for one input shape, both under ONNX Runtime's full optimization.
+absl::StatusOr<v1::BenchmarkReport> SideBySide(const onnx::ModelProto& other, const onnx::ModelProto& ours,
+                                               const onnx::ModelProto& original, const v1::OptimizationConfig& config,
+                                               int threads) {
+  SessionSettings settings;         // ORT_ENABLE_ALL: ONNX Runtime's own best
+  settings.allow_spinning = false;  // as the job's benchmark: see SessionSettings
+  settings.intra_op_threads = threads;
+  auto a = CreateSession({other.SerializeAsString(), {}}, settings);
+  if (!a.ok()) return a.status();
+  auto b = CreateSession({ours.SerializeAsString(), {}}, settings);
+  if (!b.ok()) return b.status();
+  v1::BenchmarkReport report;
+  absl::Status status = Benchmark(**a, **b, original, config, nullptr, &report);
+  if (!status.ok()) return status;
+  return report;
+}
+
+int HfExports(double budget, int threads) {
+  const fs::path folder = fs::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string file = entry.path().filename().string();
+    if (absl::EndsWith(file, ".onnx") && !absl::StrContains(file, ".ortopt") && !absl::StrContains(file, ".osopt")) {
+      names.push_back(file.substr(0, file.size() - 5));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  std::cout << absl::StrFormat("%-24s %-8s %9s | %10s %9s | %-18s | %-18s\n", "model", "batch", "Attention", "opt ms",
+                               "vs orig", "vs ORT optimizer", "vs onnxscript");
+  for (const std::string& name : names) {
+    auto original = LoadModel(folder / (name + ".onnx"));
+    if (!original.ok()) {
+      std::cerr << name << ": " << original.status() << "\n";
+      return 1;
+    }
+    v1::OptimizationConfig config;
+    config.set_preset("transformer");
+    auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+    onnx::ModelProto optimized = *original;
+    std::vector<v1::PassReport> reports;
+    if (!pipeline.ok() || !RunPipeline(*pipeline, &optimized, {}, &reports).ok()) return 1;
+    int attention = 0;
+    for (const auto& node : optimized.graph().node()) attention += node.op_type() == "Attention";
+    const int expected = 2;  // every export has two layers
+    std::vector<std::pair<std::string, absl::StatusOr<onnx::ModelProto>>> peers;
+    for (const char* peer : {".ortopt", ".osopt"}) peers.emplace_back(peer, LoadModel(folder / (name + peer + ".onnx")));
+    const bool vision = absl::StartsWith(name, "vit");
+    for (int64_t batch : {1, 8}) {
+      config.mutable_validation()->clear_dim_values();
+      (*config.mutable_validation()->mutable_dim_values())["batch"] = batch;
+      if (!vision) (*config.mutable_validation()->mutable_dim_values())["sequence"] = 128;
+      config.mutable_benchmark()->set_time_budget_seconds(budget);
+      config.mutable_benchmark()->set_warmup_runs(10);
+      auto against_original = SideBySide(*original, optimized, *original, config, threads);
+      if (!against_original.ok()) {
+        std::cerr << name << ": " << against_original.status() << "\n";
+        return 1;
+      }
+      std::string columns[2];
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (!peers[i].second.ok()) {
+          columns[i] = "absent";
+          continue;
+        }
+        auto report = SideBySide(*peers[i].second, optimized, *original, config, threads);
+        columns[i] = report.ok() ? absl::StrFormat("%.3fx (%.3f ms)", report->speedup(), report->original().p50_ms())
+                                 : "does not load";
+      }
+      std::cout << absl::StrFormat("%-24s %-8s %6d/%-2d | %10.4f %8.3fx | %-18s | %-18s\n", name,
+                                   absl::StrFormat("%d x %s", batch, vision ? "197" : "128"), attention, expected,
+                                   against_original->optimized().p50_ms(), against_original->speedup(), columns[0],
+                                   columns[1]);
+    }
+  }
+  std::cout << "vs X = X's median / onnxopt's median (> 1: onnxopt is faster), pairs timed interleaved until stable "
+               "(2%) or "
+            << budget << " s; ONNX Runtime " << OrtVersion() << " with all its optimizations on for every model, "
+            << (threads > 0 ? absl::StrFormat("%d intra-op threads", threads) : std::string("default threads"))
+            << ", thread spinning off, " << CpuDescription() << ".\n";
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<int> opsets = {11, 14, 17};
   double budget = 6;
@@ -79,10 +166,13 @@ int Main(int argc, char** argv) {
   int threads = 0;
   std::string fixture = "bert_opset14";
   int64_t sequence = 128;
+  bool hf = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     bool ok = false;
-    if (absl::StartsWith(arg, "--opsets=")) {
+    if (arg == "--hf") {
+      hf = ok = true;
+    } else if (absl::StartsWith(arg, "--opsets=")) {
       opsets.clear();
       ok = true;
       for (absl::string_view part : absl::StrSplit(arg.substr(9), ',')) {
@@ -105,11 +195,13 @@ int Main(int argc, char** argv) {
     if (!ok) {
       std::cerr << "usage: onnxopt-transformer-benchmark [--opsets=11,14,17] [--budget=SECONDS]\n"
                    "       onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=1..128]"
-                   " [--threads=N]\n";
+                   " [--threads=N]\n"
+                   "       onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=N]\n";
       return 2;
     }
   }
   if (repeat > 0) return Repeat(repeat, fixture, sequence, budget, threads);
+  if (hf) return HfExports(budget, threads);
 
   struct Case {
     std::string family;

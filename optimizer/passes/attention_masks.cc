@@ -1,0 +1,261 @@
+#include "optimizer/passes/attention_masks.h"
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/tensor_convert.h"
+
+namespace onnxopt {
+namespace {
+
+// A mask is shape arithmetic over a few inputs; a bigger subgraph is something else.
+constexpr size_t kMaxMaskNodes = 400;
+
+struct ProbeCase {
+  int64_t batch;
+  int64_t length;
+};
+constexpr ProbeCase kProbeCases[] = {{1, 1}, {2, 7}, {3, 40}};
+
+// The nodes `value` is computed from, in graph order, and the graph inputs they read. False if that
+// takes a subgraph-carrying node or more than kMaxMaskNodes nodes.
+bool CollectAncestors(const Graph& graph, const std::string& value, std::vector<const Node*>* nodes,
+                      std::set<std::string>* inputs) {
+  std::unordered_set<const Node*> seen;
+  std::vector<std::string> pending = {value};
+  while (!pending.empty()) {
+    const std::string current = pending.back();
+    pending.pop_back();
+    if (current.empty() || graph.Initializer(current) != nullptr) continue;
+    if (graph.IsGraphInput(current)) {
+      inputs->insert(current);
+      continue;
+    }
+    const Node* producer = graph.Producer(current);
+    if (producer == nullptr) return false;  // a value of an outer graph
+    if (!seen.insert(producer).second) continue;
+    if (!producer->subgraphs().empty() || seen.size() > kMaxMaskNodes) return false;
+    for (const std::string& input : producer->proto().input()) pending.push_back(input);
+  }
+  for (const Node* node : graph.Nodes()) {
+    if (seen.count(node) > 0) nodes->push_back(node);
+  }
+  return true;
+}
+
+size_t ElementBytes(int32_t type) {
+  switch (type) {
+    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::INT8: return 1;
+    case onnx::TensorProto::FLOAT16:
+    case onnx::TensorProto::BFLOAT16:
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::UINT16: return 2;
+    case onnx::TensorProto::FLOAT:
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::UINT32: return 4;
+    case onnx::TensorProto::DOUBLE:
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::UINT64: return 8;
+    default: return 0;
+  }
+}
+
+// Writes the number `one` (0 or 1) as element `index` of a raw buffer of `type`.
+bool WriteZeroOrOne(int32_t type, bool one, size_t index, std::string* raw) {
+  char* at = raw->data() + index * ElementBytes(type);
+  switch (type) {
+    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::INT8: *at = one ? 1 : 0; return true;
+    case onnx::TensorProto::INT32: {
+      const int32_t v = one ? 1 : 0;
+      std::memcpy(at, &v, sizeof(v));
+      return true;
+    }
+    case onnx::TensorProto::INT64: {
+      const int64_t v = one ? 1 : 0;
+      std::memcpy(at, &v, sizeof(v));
+      return true;
+    }
+    case onnx::TensorProto::FLOAT: {
+      const float v = one ? 1.0f : 0.0f;
+      std::memcpy(at, &v, sizeof(v));
+      return true;
+    }
+    default: return false;
+  }
+}
+
+struct ProbeInput {
+  const onnx::ValueInfoProto* info;
+  bool random;  // a rank-2 input of a type that can hold 0/1: a candidate padding mask
+};
+
+// The probe inputs for one case, or nullopt when a dimension cannot be bound (an unnamed dynamic dim,
+// or one name used both as batch and as length).
+std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<ProbeInput>& inputs, ProbeCase probe,
+                                                               std::mt19937* random) {
+  std::map<std::string, int> roles;  // dim name -> 0 batch, 1 length
+  std::vector<onnx::TensorProto> tensors;
+  for (const ProbeInput& input : inputs) {
+    const auto& type = input.info->type().tensor_type();
+    onnx::TensorProto tensor;
+    tensor.set_name(input.info->name());
+    tensor.set_data_type(type.elem_type());
+    int64_t count = 1;
+    for (int i = 0; i < type.shape().dim_size(); ++i) {
+      const auto& dim = type.shape().dim(i);
+      int64_t size = dim.dim_value();
+      if (!dim.has_dim_value()) {
+        if (dim.dim_param().empty()) return std::nullopt;
+        const int role = i == 0 ? 0 : 1;
+        auto [it, inserted] = roles.emplace(dim.dim_param(), role);
+        if (!inserted && it->second != role) return std::nullopt;
+        size = role == 0 ? probe.batch : probe.length;
+      }
+      tensor.add_dims(size);
+      count *= size;
+    }
+    const size_t bytes = ElementBytes(type.elem_type());
+    if (bytes == 0) return std::nullopt;
+    std::string raw(static_cast<size_t>(count) * bytes, '\0');
+    if (input.random) {
+      for (int64_t i = 0; i < count; ++i) WriteZeroOrOne(type.elem_type(), ((*random)() & 1) != 0, static_cast<size_t>(i), &raw);
+    }
+    tensor.set_raw_data(std::move(raw));
+    tensors.push_back(std::move(tensor));
+  }
+  return tensors;
+}
+
+bool NonZero(const onnx::TensorProto& tensor, size_t index) {
+  const size_t bytes = ElementBytes(tensor.data_type());
+  const std::string& raw = tensor.raw_data();
+  for (size_t i = 0; i < bytes; ++i) {
+    if (raw[index * bytes + i] != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask) {
+  MaskMeaning meaning;
+  std::vector<const Node*> nodes;
+  std::set<std::string> input_names;
+  if (!CollectAncestors(graph, mask, &nodes, &input_names)) {
+    meaning.why = "the mask is computed by more than shape arithmetic";
+    return meaning;
+  }
+  std::vector<ProbeInput> inputs;
+  for (const auto& info : graph.proto().input()) {
+    if (input_names.count(info.name()) == 0) continue;
+    if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) {
+      meaning.why = absl::StrCat("input ", info.name(), " has no tensor shape");
+      return meaning;
+    }
+    const int32_t type = info.type().tensor_type().elem_type();
+    const bool zero_one = type == onnx::TensorProto::BOOL || type == onnx::TensorProto::UINT8 ||
+                          type == onnx::TensorProto::INT8 || type == onnx::TensorProto::INT32 ||
+                          type == onnx::TensorProto::INT64 || type == onnx::TensorProto::FLOAT;
+    inputs.push_back({&info, zero_one && info.type().tensor_type().shape().dim_size() == 2});
+  }
+
+  onnx::ModelProto model;
+  model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
+  *model.mutable_opset_import() = context.model().opset_import();
+  onnx::GraphProto* probe = model.mutable_graph();
+  probe->set_name("attention_mask_probe");
+  for (const ProbeInput& input : inputs) *probe->add_input() = *input.info;
+  std::unordered_set<std::string> added;
+  for (const Node* node : nodes) {
+    *probe->add_node() = node->proto();
+    for (const std::string& input : node->proto().input()) {
+      const onnx::TensorProto* initializer = graph.Initializer(input);
+      if (initializer != nullptr && added.insert(input).second) *probe->add_initializer() = *initializer;
+    }
+  }
+  probe->add_output()->set_name(mask);
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  settings.intra_op_threads = 1;
+  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+  if (!session.ok()) {
+    meaning.why = "the mask's subgraph does not run on its own";
+    return meaning;
+  }
+
+  std::mt19937 random(20261123);
+  bool all_true = true;
+  std::set<std::string> padding_candidates;
+  for (const ProbeInput& input : inputs) {
+    if (input.random) padding_candidates.insert(input.info->name());
+  }
+  for (const ProbeCase& probe_case : kProbeCases) {
+    auto tensors = MakeProbeInputs(inputs, probe_case, &random);
+    if (!tensors) {
+      meaning.why = "the inputs' dynamic dimensions are not named batch-first";
+      return meaning;
+    }
+    std::vector<Ort::Value> values;
+    std::vector<const char*> names;
+    for (const onnx::TensorProto& tensor : *tensors) {
+      auto value = TensorProtoToOrtValue(tensor);
+      if (!value.ok()) {
+        meaning.why = "a probe input cannot be made";
+        return meaning;
+      }
+      values.push_back(*std::move(value));
+      names.push_back(tensor.name().c_str());
+    }
+    const char* output_name = mask.c_str();
+    std::vector<Ort::Value> results;
+    try {
+      results = (*session)->Run(Ort::RunOptions{nullptr}, names.data(), values.data(), values.size(), &output_name, 1);
+    } catch (const Ort::Exception& e) {
+      meaning.why = "the mask's subgraph fails on probe inputs";
+      return meaning;
+    }
+    const auto info = results[0].GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> shape = info.GetShape();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || shape.size() != 4) {
+      meaning.why = "the mask is not a 4-D boolean tensor";
+      return meaning;
+    }
+    const bool* data = results[0].GetTensorData<bool>();
+    const size_t count = info.GetElementCount();
+    for (size_t i = 0; i < count && all_true; ++i) all_true = data[i];
+    // mask[b, h, q, t] == (candidate[b, t] != 0) for every element.
+    for (auto it = padding_candidates.begin(); it != padding_candidates.end();) {
+      const onnx::TensorProto* candidate = nullptr;
+      for (const auto& tensor : *tensors) {
+        if (tensor.name() == *it) candidate = &tensor;
+      }
+      bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == shape[3];
+      for (size_t i = 0; i < count && same; ++i) {
+        const int64_t t = static_cast<int64_t>(i) % shape[3];
+        const int64_t b = static_cast<int64_t>(i) / (shape[1] * shape[2] * shape[3]);
+        same = data[i] == NonZero(*candidate, static_cast<size_t>(b * shape[3] + t));
+      }
+      it = same ? std::next(it) : padding_candidates.erase(it);
+    }
+  }
+  if (all_true) {
+    meaning.kind = MaskMeaning::Kind::kAllTrue;
+  } else if (padding_candidates.size() == 1) {
+    meaning.kind = MaskMeaning::Kind::kKeyPadding;
+    meaning.padding_input = *padding_candidates.begin();
+  } else {
+    meaning.why = "the mask is neither all true nor a key-padding mask of one [B, T] input";
+  }
+  return meaning;
+}
+
+}  // namespace onnxopt

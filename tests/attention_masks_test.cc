@@ -1,0 +1,90 @@
+// What a boolean attention mask means, read by probing it in ONNX Runtime: all true, a key-padding
+// mask of one [B, T] input, or something else (a causal mask) that the fusions must not take for one.
+#include "optimizer/passes/attention_masks.h"
+
+#include "gtest/gtest.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::MakeModel;
+using testing::MakeNode;
+
+onnx::ValueInfoProto MaskInput(const std::string& name) {
+  onnx::ValueInfoProto value = testing::MakeValue(name, onnx::TensorProto::INT64, {-1, 0});
+  value.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+  return value;
+}
+
+onnx::TensorProto Ints(const std::string& name, std::vector<int64_t> values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::INT64);
+  tensor.add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) tensor.add_int64_data(v);
+  return tensor;
+}
+
+MaskMeaning Probe(const onnx::GraphProto& graph_proto, const std::string& mask) {
+  onnx::ModelProto model = MakeModel(graph_proto, 17);
+  Graph graph(model.mutable_graph());
+  PassContext context(PassParams(), model);
+  return ProbeMaskMeaning(graph, context, mask);
+}
+
+TEST(AttentionMaskTest, KeyPaddingFromTheAttentionMaskInput) {
+  onnx::GraphProto graph;
+  *graph.add_input() = MaskInput("input_ids");
+  *graph.add_input() = MaskInput("attention_mask");
+  *graph.add_initializer() = Ints("axes", {1, 2});
+  onnx::NodeProto cast = MakeNode("Cast", {"attention_mask"}, {"bool_mask"});
+  auto* to = cast.add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto::BOOL);
+  *graph.add_node() = cast;
+  *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes"}, {"mask4d"});
+  MaskMeaning meaning = Probe(graph, "mask4d");
+  EXPECT_EQ(meaning.kind, MaskMeaning::Kind::kKeyPadding) << meaning.why;
+  EXPECT_EQ(meaning.padding_input, "attention_mask");
+}
+
+TEST(AttentionMaskTest, AllTrueAndCausalMasks) {
+  onnx::GraphProto graph;
+  *graph.add_input() = MaskInput("attention_mask");
+  *graph.add_initializer() = testing::BoolScalar("yes", true);
+  *graph.add_initializer() = Ints("zero", {0});
+  *graph.add_initializer() = Ints("one", {1});
+  *graph.add_node() = MakeNode("Shape", {"attention_mask"}, {"shape"});
+  *graph.add_node() = MakeNode("Gather", {"shape", "one"}, {"length"});
+  *graph.add_node() = MakeNode("Gather", {"shape", "zero"}, {"batch"});
+  *graph.add_node() = MakeNode("Concat", {"batch", "one", "length", "length"}, {"mask_shape"});
+  graph.mutable_node(3)->add_attribute()->set_name("axis");
+  graph.mutable_node(3)->mutable_attribute(0)->set_type(onnx::AttributeProto::INT);
+  *graph.add_node() = MakeNode("Expand", {"yes", "mask_shape"}, {"everywhere"});
+  MaskMeaning all = Probe(graph, "everywhere");
+  EXPECT_EQ(all.kind, MaskMeaning::Kind::kAllTrue) << all.why;
+
+  // Causal: t <= q, from Ranges over the length.
+  *graph.add_initializer() = Ints("axes_q", {0, 1, 3});
+  *graph.add_initializer() = Ints("axes_t", {0, 1, 2});
+  onnx::TensorProto zero_scalar = Ints("zero_scalar", {0});
+  zero_scalar.clear_dims();
+  onnx::TensorProto one_scalar = Ints("one_scalar", {1});
+  one_scalar.clear_dims();
+  *graph.add_initializer() = zero_scalar;
+  *graph.add_initializer() = one_scalar;
+  *graph.add_node() = MakeNode("Squeeze", {"length", "zero"}, {"length_scalar"});
+  *graph.add_node() = MakeNode("Range", {"zero_scalar", "length_scalar", "one_scalar"}, {"positions"});
+  *graph.add_node() = MakeNode("Unsqueeze", {"positions", "axes_q"}, {"q"});
+  *graph.add_node() = MakeNode("Unsqueeze", {"positions", "axes_t"}, {"t"});
+  *graph.add_node() = MakeNode("LessOrEqual", {"t", "q"}, {"causal"});
+  *graph.add_node() = MakeNode("And", {"causal", "everywhere"}, {"causal_mask"});
+  MaskMeaning causal = Probe(graph, "causal_mask");
+  EXPECT_EQ(causal.kind, MaskMeaning::Kind::kUnknown);
+  EXPECT_NE(causal.why.find("neither all true nor a key-padding mask"), std::string::npos) << causal.why;
+}
+
+}  // namespace
+}  // namespace onnxopt

@@ -1,0 +1,92 @@
+// The transformer preset on real Hugging Face transformers 5.17 exports (torch 2.11's TorchScript
+// exporter, opset 17; tests/fixtures/hf, made by export_hf.py): SDPA attention (sqrt-scale on Q and
+// K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask) and
+// ViT's all-true mask fuse into Attention, and ONNX Runtime gives the same outputs on padded batches.
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/parity.h"
+#include "optimizer/transformer_report.h"
+#include "tests/model_builder.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+struct Export {
+  const char* name;
+  std::map<std::string, int> fused;  // operator -> count in the optimized model
+  const char* family;
+  bool has_mask;
+};
+
+const Export kExports[] = {
+    {"bert_torchscript", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
+    {"bert_eager_torchscript", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
+    {"roberta_cls_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "bert", true},
+    {"vit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
+};
+
+class HfExportTest : public ::testing::TestWithParam<Export> {};
+
+TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
+  const Export& e = GetParam();
+  auto original = LoadModel(testing::FixturePath(absl::StrCat("hf/", e.name, ".onnx")));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops;
+  for (const auto& node : run.model.graph().node()) ++ops[node.op_type()];
+  for (const auto& [op, count] : e.fused) EXPECT_EQ(ops[op], count) << op;
+  for (const char* gone : {"Softmax", "IsNaN", "Erf"}) EXPECT_EQ(ops.count(gone), 0u) << gone;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "Attention") continue;
+    EXPECT_EQ(node.input_size() > 3 && !node.input(3).empty(), e.has_mask) << "mask input of " << node.name();
+  }
+  v1::TransformerReport report = JudgeTransformerFusion(*original, run.model, {}, ModelHints());
+  EXPECT_EQ(report.family(), e.family);
+  EXPECT_EQ(report.fused_kinds().at("Attention"), 2);
+
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  auto a = CreateSession({original->SerializeAsString(), {}}, settings);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = CreateSession({run.model.SerializeAsString(), {}}, settings);
+  ASSERT_TRUE(b.ok()) << b.status();
+  v1::ValidationConfig config;
+  config.set_atol(1e-4);
+  config.set_rtol(0);
+  config.set_samples(2);
+  config.set_mask_padding(0.4);  // a different number of padded positions per row
+  (*config.mutable_dim_values())["batch"] = 3;
+  if (e.has_mask) {
+    for (int64_t sequence : {16, 128}) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
+  }
+  v1::ParityReport parity;
+  absl::Status status = CheckParity(**a, **b, *original, config, nullptr, &parity);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(parity.passed()) << parity.DebugString();
+
+  // The padding reaches the fused model: masking positions changes its output.
+  if (e.has_mask) {
+    v1::ValidationConfig full, padded;
+    padded.set_mask_padding(0.5);
+    v1::ParityReport ignored;
+    auto unmasked = BuildParityReference(**b, *original, full, {}, nullptr, &ignored);
+    auto masked = BuildParityReference(**b, *original, padded, {}, nullptr, &ignored);
+    ASSERT_TRUE(unmasked.ok() && masked.ok());
+    v1::OutputParity difference;
+    CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);
+    EXPECT_FALSE(difference.passed()) << "masking half the positions changes the fused model's output";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TorchScriptExports, HfExportTest, ::testing::ValuesIn(kExports),
+                         [](const ::testing::TestParamInfo<Export>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace onnxopt
