@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -114,7 +115,9 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
     } while (offset < total && in);
     writer->WritesDone();
     finished = FromGrpc(writer->Finish());
-    if (finished.code() != absl::StatusCode::kUnavailable) break;
+    // Connection lost, or the server still holds the broken stream of this session: wait, resume.
+    if (finished.code() != absl::StatusCode::kUnavailable && finished.code() != absl::StatusCode::kAborted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250) * (attempt + 1));
   }
   if (!finished.ok()) return finished;
   return blob;

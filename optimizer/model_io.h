@@ -30,6 +30,10 @@ absl::StatusOr<onnx::ModelProto> LoadModel(const std::filesystem::path& path);
 // and sparse, initializer or attribute, in subgraphs, functions and training graphs alike.
 std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model);
 
+// INVALID_ARGUMENT (MODEL_UNSUPPORTED) if the model holds tensors in a place this onnx version cannot
+// see (function attribute defaults of IR 9), so ExternalDataLocations could not vouch for them.
+absl::Status CheckTensorsVisible(const onnx::ModelProto& model);
+
 // The file an external data location names, if it is a plain relative path to a regular file inside
 // `folder`, also after symbolic links are resolved; INVALID_ARGUMENT (EXTERNAL_DATA_PATH or
 // EXTERNAL_DATA_MISSING) otherwise.

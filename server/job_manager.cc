@@ -40,11 +40,16 @@ v1::JobPhase ToProto(Phase phase) {
   return v1::PHASE_UNSPECIFIED;
 }
 
+// Stages a blob as a job's file. Never writes through an existing file: staged files are hard links to
+// blobs, so overwriting one would overwrite a stored blob.
 absl::Status LinkOrCopy(const fs::path& from, const fs::path& to) {
   std::error_code error;
   fs::create_directories(to.parent_path(), error);
+  if (fs::exists(fs::symlink_status(to, error))) {
+    return absl::InternalError(absl::StrCat("cannot stage ", to.string(), ": a file of that name is already staged"));
+  }
   fs::create_hard_link(from, to, error);
-  if (error) fs::copy_file(from, to, fs::copy_options::overwrite_existing, error);
+  if (error) fs::copy_file(from, to, fs::copy_options::none, error);
   if (error) return absl::InternalError(absl::StrCat("cannot stage ", to.string(), ": ", error.message()));
   return absl::OkStatus();
 }
@@ -88,6 +93,10 @@ void JobManager::UpdateOrLog(const std::string& name, const std::function<void(v
   if (!updated.ok()) {
     std::cerr << "onnxopt-server: cannot update " << name << ": " << ValidUtf8(updated.status().ToString()) << std::endl;
   }
+}
+
+bool IsReservedStagingName(const std::string& name) {
+  return name == "model.onnx" || name == "digests.tsv" || name == "inputs" || absl::StartsWith(name, "inputs/");
 }
 
 bool IsSafeRelativeName(const std::string& name) {
@@ -198,9 +207,10 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   }
   std::set<std::string> provided;
   for (const auto& file : model.external_data()) {
-    if (!IsSafeRelativeName(file.name()) || file.name() == "model.onnx") {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(),
-                                                     "' is not a safe relative file name"));
+    if (!IsSafeRelativeName(file.name()) || IsReservedStagingName(file.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", ValidUtf8(file.name()),
+                                                     "' is not a safe relative file name, or one onnxopt reserves "
+                                                     "(model.onnx, digests.tsv, inputs/)"));
     }
     if (!provided.insert(file.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(), "' is listed twice"));
@@ -220,8 +230,13 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   if (!inputs.ok()) return inputs;
   // Parse now so that a file that is no model is refused at once rather than failing a job later; in a
   // worker process, under the job limits, so the server never holds an uploaded model in its memory.
-  absl::StatusOr<std::vector<std::string>> locations =
-      InspectModel(options_.worker, blobs_->PathOf(model.sha256()), SandboxDir());
+  absl::StatusOr<std::vector<std::string>> locations = InspectModelBounded(model.sha256());
+  if (!locations.ok() && SplitReason(locations.status()).first == "MODEL_PARSE_FAILED" &&
+      blobs_->RemoveIfCorrupt(model.sha256())) {
+    // Not the upload's fault: the stored copy was altered. Dropped, so the next submit uploads it again.
+    return absl::DataLossError("BLOB_CORRUPT: the server's stored copy of the model no longer matches its SHA-256; "
+                               "it was removed, so submitting again uploads it anew");
+  }
   if (!locations.ok() && SplitReason(locations.status()).first == "WORKER_CRASHED") {
     // A model that crashes the parser or needs more than the job's memory fails its own job, with the
     // job's own report of why; the worker checks its external data again when it loads it.
@@ -230,11 +245,30 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   if (!locations.ok()) return locations.status();
   for (const std::string& location : *locations) {
     if (provided.count(location) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: the model keeps tensors in '", location,
+      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: the model keeps tensors in '", ValidUtf8(location),
                                                      "'; upload that file and list it in model.external_data"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> JobManager::InspectModelBounded(const std::string& sha256) const {
+  // Each inspection is a worker process under the job memory limit: at most as many at once as there
+  // are job workers, so a burst of CreateJob calls cannot multiply the server's memory footprint.
+  {
+    std::unique_lock<std::mutex> lock(inspect_mutex_);
+    if (!inspect_slot_free_.wait_for(lock, kInspectWait, [&] { return inspections_ < MaxInspections(); })) {
+      return absl::ResourceExhaustedError("INSPECT_BUSY: every model check slot is taken; retry with backoff");
+    }
+    ++inspections_;
+  }
+  absl::StatusOr<std::vector<std::string>> locations = InspectModel(options_.worker, blobs_->PathOf(sha256), SandboxDir());
+  {
+    std::lock_guard<std::mutex> lock(inspect_mutex_);
+    --inspections_;
+  }
+  inspect_slot_free_.notify_one();
+  return locations;
 }
 
 absl::Status JobManager::CheckRetry(const v1::Job& existing, const v1::CreateJobRequest& request) {

@@ -5,7 +5,9 @@
 #define ONNXOPT_SERVER_JOB_MANAGER_H_
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -75,6 +77,11 @@ class JobManager {
   static std::filesystem::path DigestManifest(const std::filesystem::path& input_dir);
   // An empty folder the model inspection runs in.
   std::filesystem::path SandboxDir() const;
+  // InspectModel on a stored blob, at most MaxInspections() at once (RESOURCE_EXHAUSTED after waiting
+  // kInspectWait for a slot).
+  absl::StatusOr<std::vector<std::string>> InspectModelBounded(const std::string& sha256) const;
+  int MaxInspections() const { return std::max(1, options_.workers); }
+  static constexpr std::chrono::seconds kInspectWait{30};
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
   std::filesystem::path JobDir(const std::string& job_name) const;
 
@@ -85,6 +92,9 @@ class JobManager {
   JobQueue queue_;
   std::vector<std::thread> workers_;
   std::mutex submit_mutex_;
+  mutable std::mutex inspect_mutex_;
+  mutable std::condition_variable inspect_slot_free_;
+  mutable int inspections_ = 0;
   std::mutex flags_mutex_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
   std::atomic<bool> draining_{false};
@@ -94,6 +104,8 @@ class JobManager {
 
 // Safe relative file name for an external data file: no absolute path, no "..", no empty parts.
 bool IsSafeRelativeName(const std::string& name);
+// Names the job folder uses itself, which external data files may not take.
+bool IsReservedStagingName(const std::string& name);
 // What differs between the request that made `existing` and `request` ("another model", ...), or "".
 std::string RequestDifference(const v1::Job& existing, const v1::CreateJobRequest& request);
 // Splits "REASON: text" status messages into (reason, text); reason falls back to the code's name.

@@ -25,6 +25,9 @@ using Clock = std::chrono::steady_clock;
 // Parsing a model to check it should take seconds; a file that takes longer is refused.
 constexpr std::chrono::seconds kInspectTimeout{120};
 
+// The longest line the worker's protocol has (an escaped location, a status message, with room).
+constexpr size_t kMaxWorkerLineBytes = 1 << 20;
+
 // Exit code of a child whose execv failed (127 is the dynamic loader's, e.g. out of memory).
 constexpr int kExecFailed = 125;
 
@@ -73,6 +76,7 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
   std::vector<std::string> environment = ChildEnvironment(tmp_dir);
   std::vector<char*> envp = NullTerminated(environment);
   const std::string folder = run.folder.string();
+  const std::string log_path = run.log.empty() ? std::string("/dev/null") : run.log.string();
   const rlim_t memory_bytes = static_cast<rlim_t>(limits.memory_limit_mb) << 20;
   const pid_t parent = ::getpid();
 
@@ -90,6 +94,14 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM; the worker must not
     ::dup2(pipe_fds[1], STDOUT_FILENO);
+    // stderr (ONNX Runtime's and onnx's own messages, which quote the model's raw names) goes to the
+    // run's log file, not into the server's log.
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log >= 0) ::dup2(log, STDERR_FILENO);
+    // Nothing else of the server's (open uploads, sockets, the job database) reaches the worker.
+    if (::close_range(3, ~0U, 0) != 0) {
+      for (int fd = 3; fd < 65536; ++fd) ::close(fd);
+    }
     if (::chdir(folder.c_str()) != 0) ::_exit(kExecFailed);
     if (memory_bytes > 0) {
       struct rlimit limit = {memory_bytes, memory_bytes};
@@ -105,7 +117,7 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
 
   const auto started = Clock::now();
   std::optional<Clock::time_point> terminated_at;
-  bool timed_out = false, cancelled = false, killed = false;
+  bool timed_out = false, cancelled = false, killed = false, overlong = false;
   std::optional<absl::Status> reported;
   std::string buffer;
   char chunk[4096];
@@ -123,6 +135,11 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
           buffer.erase(0, newline + 1);
           if (line.kind == WorkerLine::Kind::kStatus) reported = line.status;
           if (on_line) on_line(line);
+        }
+        if (buffer.size() > kMaxWorkerLineBytes && !overlong) {  // not the protocol: stop reading it
+          overlong = true;
+          ::kill(pid, SIGKILL);
+          buffer.clear();
         }
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
         open = false;
@@ -145,6 +162,10 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
   while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
   }
 
+  if (overlong) {
+    return absl::InternalError(absl::StrCat("WORKER_CRASHED: the worker wrote a line of over ", kMaxWorkerLineBytes,
+                                            " bytes, which is not its protocol"));
+  }
   if (timed_out) {
     return absl::DeadlineExceededError(absl::StrCat("JOB_TIMEOUT: the job ran past the server's limit of ",
                                                     run.timeout.count(), " s"));
@@ -175,6 +196,7 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, 
                               const std::function<void(const WorkerLine&)>& on_progress) {
   WorkerRun run;
   run.folder = job.job_dir;
+  run.log = job.job_dir / "worker.log";
   run.timeout = limits.timeout;
   run.args = {absl::StrCat("--model=", job.model.string()), absl::StrCat("--output_dir=", job.output_dir.string()),
               absl::StrCat("--config=", job.config.string())};

@@ -31,6 +31,7 @@ struct WorkerLimits {
 struct WorkerRun {
   std::vector<std::string> args;
   std::filesystem::path folder;
+  std::filesystem::path log;  // where the child's stderr goes; empty: nowhere
   std::chrono::seconds timeout{3600};
 };
 

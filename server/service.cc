@@ -9,13 +9,15 @@
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_registry.h"
+#include "optimizer/utf8.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Messages may quote a model's bytes; clients expect text.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), ValidUtf8(status.message()));
 }
 
 namespace {

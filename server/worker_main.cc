@@ -37,12 +37,29 @@ void Emit(const std::string& line) {
 
 namespace srv = onnxopt::server;
 
+// Bounds on what --inspect reports: more than any real model names, little for the server to hold.
+constexpr size_t kMaxLocationBytes = 4096;
+constexpr size_t kMaxLocations = 10000;
+
 int Inspect(const std::string& path) {
   absl::StatusOr<onnx::ModelProto> model = onnxopt::ParseModelFile(path);
-  if (model.ok()) {
-    for (const std::string& location : onnxopt::ExternalDataLocations(*model)) Emit(srv::FormatExternalData(location));
+  absl::Status status = model.ok() ? onnxopt::CheckTensorsVisible(*model) : model.status();
+  std::vector<std::string> locations;
+  if (status.ok()) locations = onnxopt::ExternalDataLocations(*model);
+  for (const std::string& location : locations) {
+    if (location.size() > kMaxLocationBytes) {
+      status = absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: an external data location is longer than ",
+                                                       kMaxLocationBytes, " bytes"));
+    }
   }
-  Emit(srv::FormatStatus(model.status()));
+  if (status.ok() && locations.size() > kMaxLocations) {
+    status = absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model names more than ", kMaxLocations,
+                                                     " external data files"));
+  }
+  if (status.ok()) {
+    for (const std::string& location : locations) Emit(srv::FormatExternalData(location));
+  }
+  Emit(srv::FormatStatus(status));
   return 0;
 }
 

@@ -18,7 +18,14 @@ std::string FormatProgress(Phase phase, int done, int total, const std::string& 
 }
 
 std::string FormatStatus(const absl::Status& status) {
-  const std::string message = absl::StrReplaceAll(ValidUtf8(status.message()), {{"\n", " "}, {"\r", " "}});
+  std::string message = absl::StrReplaceAll(ValidUtf8(status.message()), {{"\n", " "}, {"\r", " "}});
+  // A message quotes the model's own names, which may be megabytes long; a job's error must stay small
+  // enough for every client's ListJobs page.
+  if (message.size() > kMaxStatusMessageBytes) {
+    message.resize(kMaxStatusMessageBytes);
+    while (!message.empty() && !IsValidUtf8(message)) message.pop_back();  // not in the middle of a character
+    message += " [...]";
+  }
   return absl::StrCat("status ", static_cast<int>(status.code()), " ", message, "\n");
 }
 

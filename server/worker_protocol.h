@@ -21,7 +21,9 @@
 namespace onnxopt::server {
 
 std::string FormatProgress(Phase phase, int done, int total, const std::string& pass);
+// The status line; the message is made valid UTF-8 and cut to kMaxStatusMessageBytes.
 std::string FormatStatus(const absl::Status& status);
+inline constexpr size_t kMaxStatusMessageBytes = 4096;
 std::string FormatExternalData(const std::string& location);
 
 struct WorkerLine {

@@ -31,6 +31,8 @@ const Export kExports[] = {
     {"vit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
 };
 
+void PrintTo(const Export& e, std::ostream* os) { *os << e.name; }
+
 class HfExportTest : public ::testing::TestWithParam<Export> {};
 
 TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {

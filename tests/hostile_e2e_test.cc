@@ -105,12 +105,32 @@ TEST_F(E2eTest, SparseExternalDataCannotReadFilesOnTheServer) {
   EXPECT_EQ(StopServer(), 0);
 }
 
+// An external data file named like a file the job folder stages itself (a supplied input) would be
+// staged over it, writing through a hard link into another stored blob.
+TEST_F(E2eTest, ExternalDataCannotTakeTheJobFoldersOwnNames) {
+  StartServer();
+  client::Client client(address_);
+  auto model = client.UploadFile(FixturePath("cnn_tiny.onnx"));
+  ASSERT_TRUE(model.ok());
+  for (const char* name : {"inputs/0.pb", "digests.tsv", "model.onnx", "inputs"}) {
+    v1::ModelRef reference;
+    reference.set_sha256(model->sha256());
+    auto* file = reference.add_external_data();
+    file->set_name(name);
+    file->set_sha256(model->sha256());
+    auto job = client.CreateJob(reference, {});
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_TRUE(absl::StrContains(job.status().message(), "EXTERNAL_DATA_PATH")) << job.status();
+  }
+}
+
 // 2. An op type with invalid UTF-8 made the job's error text invalid for proto3: status, list and
 // watch then failed for every client, and after a restart the job vanished and numbering broke.
 TEST_F(E2eTest, InvalidUtf8FromAModelBreaksOnlyItsOwnJob) {
   StartServer();
   onnx::GraphProto graph;
-  *graph.add_node() = MakeNode("Bad\xffOp", {"x"}, {"y"});
+  // Invalid UTF-8 in the op type, and a megabyte of it in a node name the error may quote.
+  *graph.add_node() = MakeNode("Bad\xffOp", {"x"}, {"y"}, "node" + std::string(1 << 20, '\xfe'));
   *graph.add_input() = testing::FloatValue("x", {2});
   *graph.add_output() = testing::FloatValue("y", {2});
   const fs::path model = WriteFile("bad.onnx", MakeModel(graph).SerializeAsString());
@@ -124,6 +144,7 @@ TEST_F(E2eTest, InvalidUtf8FromAModelBreaksOnlyItsOwnJob) {
   EXPECT_EQ(status.code, 0) << status.err;
   EXPECT_TRUE(absl::StrContains(status.out, "FAILED")) << status.out;
   EXPECT_TRUE(absl::StrContains(status.out, "Bad\\xffOp")) << status.out;
+  EXPECT_LT(status.out.size(), 16u << 10) << "a job's error stays small whatever the model holds";
   Result list = Cli({"list"});
   EXPECT_EQ(list.code, 0) << list.err;
   EXPECT_TRUE(absl::StrContains(list.out, job));
@@ -190,10 +211,29 @@ TEST_F(E2eTest, AnotherClientCannotSpoilAnUpload) {
     ASSERT_TRUE(stub->GetUploadStatus(&context, request, &status).ok());
     EXPECT_EQ(status.committed_size(), 0) << "nobody resumes a stranger's partial";
   }
-  // And one held open while the owner uploads.
+  // And one held open, under a session of the attacker's, while the owner uploads.
   grpc::ClientContext held_context;
   v1::Blob held_blob;
-  auto held = write_garbage(&held_context, &held_blob, 4096);
+  auto held = stub->UploadBlob(&held_context, &held_blob);
+  {
+    v1::UploadBlobRequest chunk;
+    chunk.set_sha256(digest);
+    chunk.set_total_size(size);
+    chunk.set_upload_id("attacker");
+    chunk.set_data(std::string(4096, 'X'));
+    ASSERT_TRUE(held->Write(chunk));
+  }
+  auto attacker_holds = [&] {
+    v1::GetUploadStatusRequest request;
+    request.set_sha256(digest);
+    request.set_upload_id("attacker");
+    v1::UploadStatus status;
+    grpc::ClientContext context;
+    return stub->GetUploadStatus(&context, request, &status).ok() && status.committed_size() == 4096;
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!attacker_holds() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(attacker_holds()) << "the attacker's upload is open on the server before the owner starts";
   const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");
   Result owner = Cli({"submit", model.string(), "--config", config.string(), "--wait", "-o", (dir_ / "out.onnx").string()});
   EXPECT_EQ(owner.code, 0) << owner.out << owner.err;
@@ -266,8 +306,17 @@ TEST_F(E2eTest, AnAlteredBlobFailsItsJobAndIsStoredAgain) {
   const fs::path model = FixturePath("cnn_tiny.onnx");
   ASSERT_EQ(Cli({"submit", model.string(), "--config", config.string(), "--wait"}).code, 0);
   const fs::path stored = dir_ / "data" / "blobs" / *Sha256OfFile(model);
+  // Flip one bit inside the largest weight's bytes: still a model that parses, no longer the upload.
   std::string bytes = Slurp(stored);
-  bytes[bytes.size() / 2] ^= 0x01;
+  onnx::ModelProto parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  std::string weight;
+  for (const auto& tensor : parsed.graph().initializer()) {
+    if (tensor.raw_data().size() > weight.size()) weight = tensor.raw_data();
+  }
+  const size_t at = bytes.find(weight);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + weight.size() / 2] ^= 0x01;
   std::ofstream(stored, std::ios::binary | std::ios::trunc) << bytes;
   Result corrupt = Cli({"submit", model.string(), "--config", config.string(), "--wait"});
   EXPECT_EQ(corrupt.code, 1) << corrupt.out << corrupt.err;

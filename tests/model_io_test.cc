@@ -2,6 +2,8 @@
 
 #include <fstream>
 
+#include "google/protobuf/unknown_field_set.h"
+
 #include "gtest/gtest.h"
 #include "tests/model_builder.h"
 
@@ -150,6 +152,28 @@ TEST_F(ModelIoTest, EveryExternalTensorIsFoundAndConfined) {
   auto refused = LoadModel(path);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("EXTERNAL_DATA_PATH"), std::string::npos) << refused.status();
+}
+
+// Function attribute defaults (IR 9) are unknown bytes to onnx 1.12: tensors there could not be
+// checked, so such a model is refused rather than handed to ONNX Runtime unchecked.
+TEST_F(ModelIoTest, RefusesTensorsThisOnnxCannotSee) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Identity", {"x"}, {"y"});
+  *graph.add_input() = FloatValue("x", {2});
+  *graph.add_output() = FloatValue("y", {2});
+  onnx::ModelProto model = MakeModel(graph);
+  onnx::FunctionProto* function = model.add_functions();
+  function->set_name("with_defaults");
+  onnx::AttributeProto defaults;
+  defaults.set_name("w");
+  defaults.set_type(onnx::AttributeProto::TENSOR);
+  *defaults.mutable_t() = FloatTensor("", {1}, {1});
+  function->mutable_unknown_fields()->AddLengthDelimited(11, defaults.SerializeAsString());
+  const fs::path path = dir_ / "model" / "model.onnx";
+  std::ofstream(path, std::ios::binary) << model.SerializeAsString();
+  auto loaded = LoadModel(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("MODEL_UNSUPPORTED"), std::string::npos) << loaded.status();
 }
 
 TEST_F(ModelIoTest, GarbageIsNotAModel) {
