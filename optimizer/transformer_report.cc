@@ -74,7 +74,30 @@ int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name) {
 
 }  // namespace
 
-TransformerShape DetectTransformer(const onnx::ModelProto& original) {
+namespace {
+
+// True if `value` is computed from a Range within a few steps (Unsqueeze, Add, Mul, Cast, Expand):
+// a position index.
+bool FromRange(const std::unordered_map<std::string, const onnx::NodeProto*>& producers, const std::string& value,
+               int depth, const onnx::NodeProto** range) {
+  auto it = producers.find(value);
+  if (it == producers.end() || depth < 0) return false;
+  const onnx::NodeProto& node = *it->second;
+  if (node.op_type() == "Range") {
+    *range = &node;
+    return true;
+  }
+  static const std::set<std::string> kCarriers = {"Unsqueeze", "Add", "Sub", "Mul", "Cast", "Expand", "Reshape"};
+  if (kCarriers.count(node.op_type()) == 0) return false;
+  for (const auto& input : node.input()) {
+    if (FromRange(producers, input, depth - 1, range)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized) {
   TransformerShape shape;
   const onnx::GraphProto& graph = original.graph();
   const auto producers = Producers(graph);
@@ -86,35 +109,72 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original) {
     if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
   }
   bool causal = false, token_lookup = false, convolution = false;
+  bool rms_norm = false, sine = false, cosine = false, log_buckets = false, cumulative_positions = false;
   int first_softmax = -1;
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& node = graph.node(i);
     const std::string& op = node.op_type();
+    const bool standard = DefaultDomain(node);
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++shape.layers;
       causal |= IntAttribute(node, "unidirectional") != 0;
       if (first_softmax < 0) first_softmax = i;
-    } else if (DefaultDomain(node) && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
+    } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
       ++shape.layers;
       if (first_softmax < 0) first_softmax = i;
-    } else if (DefaultDomain(node) && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
+    } else if (standard && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
       causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
-    } else if ((DefaultDomain(node) && op == "Gather" && node.input_size() == 2 && integer_inputs.count(node.input(1)) > 0) ||
+    } else if (standard && (op == "LessOrEqual" || op == "Less" || op == "GreaterOrEqual" || op == "Greater") &&
+               node.input_size() == 2) {
+      // Two different position ranges compared (key <= query): masking_utils' causal mask.
+      const onnx::NodeProto *a = nullptr, *b = nullptr;
+      causal |= FromRange(producers, node.input(0), 4, &a) && FromRange(producers, node.input(1), 4, &b) && a != b;
+    } else if ((standard && op == "Gather" && node.input_size() == 2 && integer_inputs.count(node.input(1)) > 0) ||
                (node.domain() == kMicrosoft && op == "EmbedLayerNormalization")) {
       token_lookup = true;
-    } else if (DefaultDomain(node) && op == "Conv" && first_softmax < 0) {
+    } else if (standard && op == "Conv" && first_softmax < 0) {
       convolution = true;
+    } else if (standard && op == "ReduceMean" && node.input_size() >= 1) {
+      // mean(x^2) of x itself, not of x - mean(x): RMSNorm (LLaMA, T5), not LayerNorm.
+      auto pow = producers.find(node.input(0));
+      if (pow != producers.end() && (pow->second->op_type() == "Pow" || pow->second->op_type() == "Mul")) {
+        auto base = producers.find(pow->second->input(0));
+        rms_norm |= base == producers.end() || base->second->op_type() != "Sub";
+      }
+    } else if (node.domain() == kMicrosoft && (op == "SimplifiedLayerNormalization" || op == "SkipSimplifiedLayerNormalization")) {
+      rms_norm = true;
+    }
+    sine |= standard && op == "Sin";
+    cosine |= standard && op == "Cos";
+    log_buckets |= standard && op == "Log";
+    cumulative_positions |= standard && op == "CumSum";
+  }
+  if (optimized != nullptr) {
+    for (const auto& node : optimized->graph().node()) {
+      causal |= node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional") != 0;
     }
   }
   if (shape.layers == 0) return shape;
-  shape.family = causal ? "gpt2" : (convolution && !token_lookup ? "vit" : "bert");
+  if (convolution && !token_lookup) {
+    shape.family = "vit";
+  } else if (rms_norm && sine && cosine) {
+    shape.family = "llama";  // RMSNorm and rotary position embeddings: LLaMA, Qwen, Mistral
+  } else if (rms_norm && log_buckets) {
+    shape.family = "t5";     // RMSNorm and log-bucketed relative positions
+  } else if (causal) {
+    shape.family = "gpt2";
+  } else if (cumulative_positions && token_lookup) {
+    shape.family = "roberta";  // position ids counted from the non-padding tokens
+  } else {
+    shape.family = "bert";
+  }
   return shape;
 }
 
 v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
                                              const std::vector<v1::PassReport>& passes, const ModelHints& hints) {
   v1::TransformerReport report;
-  TransformerShape shape = DetectTransformer(original);
+  TransformerShape shape = DetectTransformer(original, &optimized);
   if (shape.family.empty() && hints.family.empty()) return report;
   report.set_family(hints.family.empty() ? shape.family : hints.family);
   report.set_family_source(hints.family.empty() ? "detected" : "config");
@@ -165,7 +225,9 @@ v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, c
        "fuse_skip_layer_norm"},
       {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers, "fuse_gelu"},
   };
-  if (report.family() == "bert" || report.family() == "gpt2") {
+  const std::string& family = report.family();
+  if (family == "t5") expected.erase(expected.begin() + 2);  // ReLU feed-forward: nothing to fuse there
+  if (family == "bert" || family == "roberta" || family == "gpt2") {
     expected.push_back({"EmbedLayerNormalization", {"EmbedLayerNormalization"}, 1, "fuse_embed_layer_norm"});
   }
   // The last run of each pass says why it left what it left.

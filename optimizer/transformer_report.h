@@ -1,5 +1,5 @@
 // What kind of transformer a model is, and whether the transformer fusions covered it: the family
-// (BERT/RoBERTa-like encoder, GPT-2-like decoder, ViT), layer count, heads and width are read from
+// (BERT or RoBERTa encoder, GPT-2-like decoder, LLaMA-like decoder, T5 encoder, ViT), layer count, heads and width are read from
 // the original graph (or taken from the config), and the optimized model's fused operators are
 // counted against what a fully fused model of that family has, naming the pattern that stopped
 // where one is short.
@@ -15,15 +15,18 @@
 namespace onnxopt {
 
 struct TransformerShape {
-  std::string family;  // "bert", "gpt2", "vit", or "" when the graph has no attention
+  std::string family;  // "bert", "roberta", "gpt2", "llama", "t5", "vit", or "" when the graph has no attention
   int layers = 0;      // attention Softmaxes
   int num_heads = 0;
   int hidden_size = 0;
 };
 
-// Reads the family from the original graph: attention Softmaxes (layers), a causal mask (GPT-2), a
-// convolution before the first attention with no token lookups (ViT), else an encoder (BERT).
-TransformerShape DetectTransformer(const onnx::ModelProto& original);
+// Reads the family from the original graph: attention Softmaxes (layers); a convolution before the
+// first attention with no token lookups (ViT); RMSNorm with rotary Sin/Cos (LLaMA) or with log-bucketed
+// relative positions (T5); a causal mask, as a lower-triangular buffer, Trilu, two position ranges
+// compared, or an Attention the fusion proved unidirectional in `optimized` (GPT-2); positions counted
+// by CumSum (RoBERTa); else an encoder (BERT).
+TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized = nullptr);
 
 // The report section: `hints` override what detection found; `passes` give the skip reasons of
 // each fusion's last run. Empty family: the model is no transformer and the section stays empty.

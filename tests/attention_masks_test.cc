@@ -1,5 +1,6 @@
 // What a boolean attention mask means, read by probing it in ONNX Runtime: all true, a key-padding
-// mask of one [B, T] input, or something else (a causal mask) that the fusions must not take for one.
+// mask of one [B, T] input, causal, causal with padding, or something else that the fusions must not
+// take for one of these.
 #include "optimizer/passes/attention_masks.h"
 
 #include "gtest/gtest.h"
@@ -50,7 +51,7 @@ TEST(AttentionMaskTest, KeyPaddingFromTheAttentionMaskInput) {
   EXPECT_EQ(meaning.padding_input, "attention_mask");
 }
 
-TEST(AttentionMaskTest, AllTrueAndCausalMasks) {
+TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   onnx::GraphProto graph;
   *graph.add_input() = MaskInput("attention_mask");
   *graph.add_initializer() = testing::BoolScalar("yes", true);
@@ -82,8 +83,28 @@ TEST(AttentionMaskTest, AllTrueAndCausalMasks) {
   *graph.add_node() = MakeNode("LessOrEqual", {"t", "q"}, {"causal"});
   *graph.add_node() = MakeNode("And", {"causal", "everywhere"}, {"causal_mask"});
   MaskMeaning causal = Probe(graph, "causal_mask");
-  EXPECT_EQ(causal.kind, MaskMeaning::Kind::kUnknown);
-  EXPECT_NE(causal.why.find("neither all true nor a key-padding mask"), std::string::npos) << causal.why;
+  EXPECT_EQ(causal.kind, MaskMeaning::Kind::kCausal) << causal.why;
+
+  // Causal and padded: a decoder's batch.
+  onnx::NodeProto cast = MakeNode("Cast", {"attention_mask"}, {"bool_mask"});
+  auto* to = cast.add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto::BOOL);
+  *graph.add_node() = cast;
+  *graph.add_initializer() = Ints("axes_mask", {1, 2});
+  *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes_mask"}, {"padding"});
+  *graph.add_node() = MakeNode("And", {"causal_mask", "padding"}, {"decoder_mask"});
+  MaskMeaning decoder = Probe(graph, "decoder_mask");
+  EXPECT_EQ(decoder.kind, MaskMeaning::Kind::kCausalKeyPadding) << decoder.why;
+  EXPECT_EQ(decoder.padding_input, "attention_mask");
+
+  // Anything else (here: each position sees only itself and later ones) is not taken for one of these.
+  *graph.add_node() = MakeNode("GreaterOrEqual", {"t", "q"}, {"later"});
+  *graph.add_node() = MakeNode("And", {"later", "everywhere"}, {"later_mask"});
+  MaskMeaning later = Probe(graph, "later_mask");
+  EXPECT_EQ(later.kind, MaskMeaning::Kind::kUnknown);
+  EXPECT_NE(later.why.find("not all true, causal"), std::string::npos) << later.why;
 }
 
 }  // namespace

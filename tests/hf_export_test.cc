@@ -1,7 +1,8 @@
 // The transformer preset on real Hugging Face transformers 5.17 exports (torch 2.11's TorchScript
 // exporter, opset 17; tests/fixtures/hf, made by export_hf.py): SDPA attention (sqrt-scale on Q and
-// K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask) and
-// ViT's all-true mask fuse into Attention, and ONNX Runtime gives the same outputs on padded batches.
+// K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask),
+// ViT's all-true mask and GPT-2's causal + padding mask fuse into Attention, and ONNX Runtime gives the
+// same outputs on padded batches.
 #include <map>
 #include <string>
 
@@ -27,7 +28,8 @@ struct Export {
 const Export kExports[] = {
     {"bert_torchscript", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
     {"bert_eager_torchscript", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
-    {"roberta_cls_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "bert", true},
+    {"roberta_cls_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "roberta", true},
+    {"gpt2_torchscript", {{"Attention", 2}, {"FastGelu", 2}}, "gpt2", true},
     {"vit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
 };
 
@@ -48,6 +50,9 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   for (const auto& node : run.model.graph().node()) {
     if (node.op_type() != "Attention") continue;
     EXPECT_EQ(node.input_size() > 3 && !node.input(3).empty(), e.has_mask) << "mask input of " << node.name();
+    bool unidirectional = false;
+    for (const auto& attribute : node.attribute()) unidirectional |= attribute.name() == "unidirectional" && attribute.i() == 1;
+    EXPECT_EQ(unidirectional, std::string(e.family) == "gpt2") << "a causal mask becomes unidirectional attention";
   }
   v1::TransformerReport report = JudgeTransformerFusion(*original, run.model, {}, ModelHints());
   EXPECT_EQ(report.family(), e.family);

@@ -193,11 +193,13 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
   }
 
   std::mt19937 random(20261123);
-  bool all_true = true;
-  std::set<std::string> padding_candidates;
+  // Which meanings every probe so far agrees with; a padding meaning per candidate input.
+  bool all_true = true, causal = true;
+  std::set<std::string> padding, causal_padding;
   for (const ProbeInput& input : inputs) {
-    if (input.random) padding_candidates.insert(input.info->name());
+    if (input.random) padding.insert(input.info->name());
   }
+  causal_padding = padding;
   for (const ProbeCase& probe_case : kProbeCases) {
     auto tensors = MakeProbeInputs(inputs, probe_case, &random);
     if (!tensors) {
@@ -231,29 +233,47 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
     }
     const bool* data = results[0].GetTensorData<bool>();
     const size_t count = info.GetElementCount();
-    for (size_t i = 0; i < count && all_true; ++i) all_true = data[i];
-    // mask[b, h, q, t] == (candidate[b, t] != 0) for every element.
-    for (auto it = padding_candidates.begin(); it != padding_candidates.end();) {
-      const onnx::TensorProto* candidate = nullptr;
-      for (const auto& tensor : *tensors) {
-        if (tensor.name() == *it) candidate = &tensor;
+    const int64_t keys = shape[3], queries = shape[2];
+    causal &= queries == keys;  // queries and keys are the same tokens
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t t = static_cast<int64_t>(i) % keys;
+      const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
+      all_true &= data[i];
+      causal &= data[i] == (t <= q);
+    }
+    // mask[b, h, q, t] == (candidate[b, t] != 0), alone or with t <= q.
+    for (std::set<std::string>* kept : {&padding, &causal_padding}) {
+      const bool with_causal = kept == &causal_padding;
+      for (auto it = kept->begin(); it != kept->end();) {
+        const onnx::TensorProto* candidate = nullptr;
+        for (const auto& tensor : *tensors) {
+          if (tensor.name() == *it) candidate = &tensor;
+        }
+        bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || queries == keys);
+        for (size_t i = 0; i < count && same; ++i) {
+          const int64_t t = static_cast<int64_t>(i) % keys;
+          const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
+          const int64_t b = static_cast<int64_t>(i) / (shape[1] * queries * keys);
+          same = data[i] == (NonZero(*candidate, static_cast<size_t>(b * keys + t)) && (!with_causal || t <= q));
+        }
+        it = same ? std::next(it) : kept->erase(it);
       }
-      bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == shape[3];
-      for (size_t i = 0; i < count && same; ++i) {
-        const int64_t t = static_cast<int64_t>(i) % shape[3];
-        const int64_t b = static_cast<int64_t>(i) / (shape[1] * shape[2] * shape[3]);
-        same = data[i] == NonZero(*candidate, static_cast<size_t>(b * shape[3] + t));
-      }
-      it = same ? std::next(it) : padding_candidates.erase(it);
     }
   }
+  // The probes include a length of 1, where causal and all-true coincide: all-true wins only when the
+  // mask is all true at every length.
   if (all_true) {
     meaning.kind = MaskMeaning::Kind::kAllTrue;
-  } else if (padding_candidates.size() == 1) {
+  } else if (causal) {
+    meaning.kind = MaskMeaning::Kind::kCausal;
+  } else if (padding.size() == 1) {
     meaning.kind = MaskMeaning::Kind::kKeyPadding;
-    meaning.padding_input = *padding_candidates.begin();
+    meaning.padding_input = *padding.begin();
+  } else if (causal_padding.size() == 1) {
+    meaning.kind = MaskMeaning::Kind::kCausalKeyPadding;
+    meaning.padding_input = *causal_padding.begin();
   } else {
-    meaning.why = "the mask is neither all true nor a key-padding mask of one [B, T] input";
+    meaning.why = "the mask is not all true, causal, a key-padding mask of one [B, T] input, or causal and padding";
   }
   return meaning;
 }

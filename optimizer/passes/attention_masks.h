@@ -8,7 +8,10 @@
 // what it is:
 //   kAllTrue      every position attends everywhere (an encoder without padding, ViT);
 //   kKeyPadding   mask[b, h, q, t] == (attention_mask[b, t] != 0) for one rank-2 graph input, the raw
-//                 mask ONNX Runtime's Attention takes as mask_index.
+//                 mask ONNX Runtime's Attention takes as mask_index;
+//   kCausal       mask[b, h, q, t] == (t <= q), queries and keys the same tokens (a decoder without
+//                 padding): Attention's unidirectional;
+//   kCausalKeyPadding  both at once (a decoder with a padded batch).
 // The probe covers batch sizes 1-3 and lengths 1-40 with random 0/1 masks (rows fully masked among
 // them); a mask that only differs from these meanings at other lengths (a sliding window wider than
 // 40) would be misread, which is why the fusions also require the key and query positions to come
@@ -24,8 +27,8 @@
 namespace onnxopt {
 
 struct MaskMeaning {
-  enum class Kind { kUnknown, kAllTrue, kKeyPadding } kind = Kind::kUnknown;
-  std::string padding_input;  // kKeyPadding: the graph input holding the [B, T] mask
+  enum class Kind { kUnknown, kAllTrue, kKeyPadding, kCausal, kCausalKeyPadding } kind = Kind::kUnknown;
+  std::string padding_input;  // k*KeyPadding: the graph input holding the [B, T] mask
   std::string why;            // kUnknown: what the probe found
 };
 

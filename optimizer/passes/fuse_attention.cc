@@ -19,8 +19,8 @@
 // masks: additive `(1 - mask[B,S]) * c` (c = -10000 or finfo.min), causal Where over a sliced
 // lower-triangular buffer, in either order, and the boolean `Where(cond, 0, -inf or finfo.min)` that
 // Hugging Face transformers 5 builds for its SDPA and eager paths, whatever its spelling: cond is
-// probed in ONNX Runtime (attention_masks.h) and taken when it is all true (no mask: ViT) or a
-// key-padding mask of one [B, T] input (BERT, RoBERTa). The SDPA path's NaN guard after Softmax,
+// probed in ONNX Runtime (attention_masks.h) and taken when it is all true (no mask: ViT), a
+// key-padding mask of one [B, T] input (BERT, RoBERTa), causal, or causal with key padding (GPT-2). The SDPA path's NaN guard after Softmax,
 // Where(IsNaN(p), 0, p), goes with the pattern: it only acts on rows that mask every position, where
 // the original gives zeros and Attention the mean of V (padding-only sequences). Checked: one x; constant float weights; N and D from
 // inferred shapes or constant Reshape targets (else the config's num_heads); exact permutations;
@@ -454,11 +454,12 @@ bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& 
 
 // The boolean mask `Where(cond, 0, fill)` (fill -inf or below -1e4), as masking_utils writes it for
 // SDPA and eager attention: what cond means is probed (attention_masks.h). All true: no mask at all.
-// A key-padding mask of a [B, T] input: that input is Attention's raw mask. -inf becomes the lowest
-// float, which gives the same probabilities wherever a row keeps any position.
+// A key-padding mask of a [B, T] input: that input is Attention's raw mask. Causal (alone or with
+// padding): unidirectional. -inf becomes the lowest float, which gives the same probabilities wherever
+// a row keeps any position.
 bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std::string& term,
                       std::map<std::string, MaskMeaning>* probed, std::string* raw_mask, float* filter,
-                      std::string* reason) {
+                      bool* causal, std::string* reason) {
   Node* where = ProducerWithOp(graph, term, "Where");
   auto zero = where ? ConstantScalarFloat(graph, where->input(1)) : std::nullopt;
   auto fill = where ? ConstantScalarFloat(graph, where->input(2)) : std::nullopt;
@@ -469,6 +470,12 @@ bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std:
   switch (meaning.kind) {
     case MaskMeaning::Kind::kAllTrue:  // raw_mask stays empty: no mask input
       return true;
+    case MaskMeaning::Kind::kCausal:
+      *causal = true;
+      return true;
+    case MaskMeaning::Kind::kCausalKeyPadding:
+      *causal = true;
+      [[fallthrough]];
     case MaskMeaning::Kind::kKeyPadding:
       *raw_mask = meaning.padding_input;
       *filter = std::isinf(*fill) ? std::numeric_limits<float>::lowest() : *fill;
@@ -658,9 +665,11 @@ class FuseAttentionPass final : public Pass {
 
     std::string raw_mask;
     float mask_filter = -10000.0f;
+    bool causal = scores.causal_where != nullptr;
     if (scores.mask_add != nullptr) {
       std::string boolean_reason;
-      if (!MatchBooleanMask(graph, context, scores.mask_term, probed, &raw_mask, &mask_filter, &boolean_reason) &&
+      if (!MatchBooleanMask(graph, context, scores.mask_term, probed, &raw_mask, &mask_filter, &causal,
+                            &boolean_reason) &&
           !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, reason)) {
         if (!boolean_reason.empty()) *reason = boolean_reason;
         return false;
@@ -749,7 +758,7 @@ class FuseAttentionPass final : public Pass {
         layout == Layout::kBatchFirst ? out.output : graph.UniqueName(out.output + "_attention");
     attention.add_output(attended);
     *attention.add_attribute() = IntAttribute("num_heads", num_heads);
-    if (scores.causal_where != nullptr) *attention.add_attribute() = IntAttribute("unidirectional", 1);
+    if (causal) *attention.add_attribute() = IntAttribute("unidirectional", 1);
     if (!raw_mask.empty()) *attention.add_attribute() = FloatAttribute("mask_filter_value", mask_filter);
     if (std::fabs(scores.scale * std::sqrt(static_cast<float>(head_size)) - 1.0f) > 1e-6f) {
       *attention.add_attribute() = FloatAttribute("scale", scores.scale);
