@@ -205,6 +205,45 @@ TEST(GatherRangeToSliceTest, RewritesExactlyWhenBothAgree) {
   }
 }
 
+// Constant indices that count in steps (what fold_constants makes of a static Range) slice too.
+TEST(GatherRangeToSliceTest, ConstantProgressionsSliceToo) {
+  struct Case {
+    std::vector<int64_t> indices;
+    bool fires;
+  };
+  for (const Case& c : std::vector<Case>{{{0, 1, 2, 3}, true},
+                                         {{1, 3, 5}, true},
+                                         {{4}, true},              // one index: a slice of one
+                                         {{5, 4, 3, 2, 1, 0}, true},  // down to index 0
+                                         {{4, 2}, true},
+                                         {{0, 2, 3}, false},       // not one step
+                                         {{1, 1}, false},          // step 0 repeats a row
+                                         {{-1, 0}, false}}) {      // negative indices wrap in Gather
+    onnx::GraphProto graph;
+    *graph.add_initializer() = MakeInt64Tensor("indices", c.indices);
+    *graph.add_node() = WithIntAttribute(MakeNode("Gather", {"x", "indices"}, {"y"}), "axis", 1);
+    *graph.add_input() = FloatValue("x", {4, 6, 5});
+    onnx::ValueInfoProto output = FloatValue("y", {});
+    output.mutable_type()->mutable_tensor_type()->clear_shape();
+    *graph.add_output() = output;
+    const onnx::ModelProto original = MakeModel(graph, 13);
+    PassRun run = RunPass("gather_range_to_slice", original);
+    const std::string where = ::testing::PrintToString(c.indices);
+    EXPECT_EQ(run.report.rewrites(), c.fires ? 1 : 0) << where;
+    if (!c.fires) continue;
+    EXPECT_EQ(OpCounts(run.model).count("Gather"), 0u) << where;
+    ExpectSameOutputs(original, run.model, 0, 0);
+  }
+  // The seed fix: the transformer preset folds a static Range before gather_range_to_slice runs; the
+  // Gather still becomes a Slice.
+  const onnx::ModelProto original = RangeGatherModel(1, 2, 6);
+  PassRun preset = testing::RunConfig(R"({"preset": "transformer"})", original);
+  ASSERT_TRUE(preset.status.ok()) << preset.status;
+  EXPECT_EQ(OpCounts(preset.model).count("Gather"), 0u);
+  EXPECT_EQ(OpCounts(preset.model)["Slice"], 1);
+  ExpectSameOutputs(original, preset.model, 0, 0);
+}
+
 TEST(FuseConvBatchNormTest, FoldsInferenceBatchNorm) {
   for (bool conv_bias : {true, false}) {
     onnx::GraphProto graph;
