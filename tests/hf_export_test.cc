@@ -1,5 +1,5 @@
 // The transformer preset on real Hugging Face transformers 5.17 exports (torch 2.11's TorchScript
-// exporter, opset 17; tests/fixtures/hf, made by export_hf.py): SDPA attention (sqrt-scale on Q and
+// exporter at opset 17 and its dynamo exporter at opset 20; tests/fixtures/hf, made by export_hf.py): SDPA attention (sqrt-scale on Q and
 // K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask),
 // ViT's all-true mask and GPT-2's causal + padding mask fuse into Attention, and ONNX Runtime gives the
 // same outputs on padded batches.
@@ -31,6 +31,11 @@ const Export kExports[] = {
     {"roberta_cls_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "roberta", true},
     {"gpt2_torchscript", {{"Attention", 2}, {"FastGelu", 2}}, "gpt2", true},
     {"vit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
+    // torch.export (dynamo) at opset 20: K^T as Reshape -> 3-D Transpose -> Reshape, GatherND masks.
+    {"bert_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}}, "bert", true},
+    {"bert_eager_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}}, "bert", true},
+    {"roberta_cls_dynamo", {{"Attention", 2}}, "roberta", true},
+    {"vit_dynamo", {{"Attention", 2}}, "vit", false},
 };
 
 void PrintTo(const Export& e, std::ostream* os) { *os << e.name; }
@@ -92,7 +97,7 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TorchScriptExports, HfExportTest, ::testing::ValuesIn(kExports),
+INSTANTIATE_TEST_SUITE_P(Exports, HfExportTest, ::testing::ValuesIn(kExports),
                          [](const ::testing::TestParamInfo<Export>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -33,6 +33,7 @@ std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
 std::unique_ptr<Pass> MakeFuseAttentionPass();
 std::unique_ptr<Pass> MakeUnflattenGemmPass();
 std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
+std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
 
 }  // namespace onnxopt
 

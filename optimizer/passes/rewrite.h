@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "onnx/onnx_pb.h"
 #include "optimizer/graph.h"
@@ -15,6 +16,14 @@ inline onnx::AttributeProto IntAttribute(const std::string& name, int64_t value)
   attribute.set_name(name);
   attribute.set_type(onnx::AttributeProto::INT);
   attribute.set_i(value);
+  return attribute;
+}
+
+inline onnx::AttributeProto IntsAttribute(const std::string& name, const std::vector<int64_t>& values) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INTS);
+  for (int64_t value : values) attribute.add_ints(value);
   return attribute;
 }
 

@@ -1,0 +1,146 @@
+// canonicalize_swap_last_axes: torch's dynamo exporter writes `k.transpose(-2, -1)` on a 4-D tensor as
+// a Reshape to 3-D, a 3-D Transpose and a Reshape back, with both shapes read from the tensor at run
+// time. That is one Transpose of the last two axes, the form the attention fusion matches.
+//
+// Before:  s = Shape(x) (x of rank r)
+//          y = Reshape(Transpose(Reshape(x, Concat([-1], s[-2:-1], s[-1:])), perm=[0,2,1]),
+//                      Concat(s[:-2], s[-1:], s[-2:-1]))
+// After:   y = Transpose(x, perm=[0, .., r-3, r-1, r-2])
+// Checked: every shape piece is a Slice of Shape(x) itself (any Shape node reading x) with exactly
+// those bounds, the first Reshape's lead is the constant -1, x's rank is known, and the intermediate
+// values have no other reader. Equal on every input the original accepts (an empty x makes the -1
+// Reshape fail there).
+#include <limits>
+
+#include "optimizer/passes/match.h"
+#include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+namespace {
+
+// Bounds of a Slice of Shape(x): [start, end) with "to the end" and "from the start" kept as such.
+struct ShapeSlice {
+  std::string of;
+  int64_t start = 0;
+  int64_t end = 0;
+};
+
+constexpr int64_t kToEnd = std::numeric_limits<int64_t>::max();
+constexpr int64_t kFromStart = std::numeric_limits<int64_t>::min();
+
+std::optional<ShapeSlice> MatchShapeSlice(const Graph& graph, const std::string& value) {
+  Node* slice = ProducerWithOp(graph, value, "Slice");
+  if (slice == nullptr || slice->input_size() < 3) return std::nullopt;
+  Node* shape = ProducerWithOp(graph, slice->input(0), "Shape");
+  if (shape == nullptr || shape->GetAttributeInt("start", 0) != 0 || shape->FindAttribute("end") != nullptr) {
+    return std::nullopt;
+  }
+  auto starts = ConstantInts(graph, slice->input(1));
+  auto ends = ConstantInts(graph, slice->input(2));
+  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  if (slice->input_size() > 3 && !slice->input(3).empty()) {
+    auto axes = ConstantInts(graph, slice->input(3));
+    if (!axes || *axes != std::vector<int64_t>{0}) return std::nullopt;
+  }
+  if (slice->input_size() > 4 && !slice->input(4).empty()) {
+    auto steps = ConstantInts(graph, slice->input(4));
+    if (!steps || *steps != std::vector<int64_t>{1}) return std::nullopt;
+  }
+  ShapeSlice result{shape->input(0), (*starts)[0], (*ends)[0]};
+  if (result.end >= kToEnd / 2) result.end = kToEnd;
+  if (result.start <= kFromStart / 2) result.start = kFromStart;
+  return result;
+}
+
+// The pieces of a Concat (axis 0) of shape slices; nullopt unless every input but a leading -1 is one.
+bool MatchPieces(const Graph& graph, const std::string& value, bool lead_minus_one, const std::string& x,
+                 const std::vector<std::pair<int64_t, int64_t>>& bounds, std::vector<Node*>* nodes) {
+  Node* concat = ProducerWithOp(graph, value, "Concat");
+  const size_t offset = lead_minus_one ? 1 : 0;
+  if (concat == nullptr || concat->GetAttributeInt("axis", 0) != 0 ||
+      concat->input_size() != static_cast<int>(bounds.size() + offset)) {
+    return false;
+  }
+  if (lead_minus_one) {
+    auto lead = ConstantInts(graph, concat->input(0));
+    if (!lead || *lead != std::vector<int64_t>{-1}) return false;
+  }
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    auto piece = MatchShapeSlice(graph, concat->input(static_cast<int>(i + offset)));
+    if (!piece || piece->of != x || piece->start != bounds[i].first || piece->end != bounds[i].second) return false;
+  }
+  nodes->push_back(concat);
+  return true;
+}
+
+// The rank of `x`: from inferred shapes, or from the Transpose that made it.
+std::optional<int64_t> RankOf(const Graph& graph, const ShapeInfo* shapes, const std::string& x) {
+  if (shapes != nullptr) {
+    if (auto rank = shapes->Rank(x)) return *rank;
+  }
+  if (Node* transpose = ProducerWithOp(graph, x, "Transpose")) {
+    if (const onnx::AttributeProto* perm = transpose->FindAttribute("perm")) return perm->ints_size();
+  }
+  return std::nullopt;
+}
+
+class CanonicalizeSwapLastAxesPass final : public Pass {
+ public:
+  absl::string_view name() const override { return "canonicalize_swap_last_axes"; }
+  absl::string_view description() const override {
+    return "Turn Reshape to 3-D -> Transpose -> Reshape back (dynamo's transpose(-2, -1)) into one Transpose of the "
+           "last two axes";
+  }
+  bool needs_shapes() const override { return true; }
+
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    for (Node* back : graph.Nodes()) {
+      if (back->removed() || back->op_type() != "Reshape" || !back->domain().empty()) continue;
+      Node* transpose = ProducerWithOp(graph, back->input(0), "Transpose");
+      const onnx::AttributeProto* perm = transpose ? transpose->FindAttribute("perm") : nullptr;
+      if (perm == nullptr || std::vector<int64_t>(perm->ints().begin(), perm->ints().end()) != std::vector<int64_t>{0, 2, 1}) {
+        continue;
+      }
+      Node* flat = ProducerWithOp(graph, transpose->input(0), "Reshape");
+      if (flat == nullptr || SoleConsumer(graph, flat->output(0)) != transpose ||
+          SoleConsumer(graph, transpose->output(0)) != back) {
+        continue;
+      }
+      const std::string& x = flat->input(0);
+      std::vector<Node*> shape_nodes;
+      if (!MatchPieces(graph, flat->input(1), /*lead_minus_one=*/true, x, {{-2, -1}, {-1, kToEnd}}, &shape_nodes) ||
+          !MatchPieces(graph, back->input(1), /*lead_minus_one=*/false, x, {{kFromStart, -2}, {-1, kToEnd}, {-2, -1}},
+                       &shape_nodes)) {
+        continue;
+      }
+      const std::optional<int64_t> rank = RankOf(graph, context.shapes(), x);
+      if (!rank || *rank < 3) {
+        context.Skip("canonicalize_swap_last_axes: the rank of the reshaped tensor is unknown");
+        continue;
+      }
+      onnx::NodeProto swap;
+      swap.set_op_type("Transpose");
+      swap.set_name(graph.UniqueName(back->name().empty() ? "swap_last_axes" : back->name() + "_swap_last_axes"));
+      swap.add_input(x);
+      swap.add_output(back->output(0));
+      std::vector<int64_t> order;
+      for (int64_t axis = 0; axis < *rank - 2; ++axis) order.push_back(axis);
+      order.push_back(*rank - 1);
+      order.push_back(*rank - 2);
+      *swap.add_attribute() = IntsAttribute("perm", order);
+      graph.RemoveNode(back);
+      graph.RemoveNode(transpose);
+      graph.RemoveNode(flat);
+      graph.AddNode(std::move(swap), back, /*after=*/true);
+      context.CountRewrite();  // the shape arithmetic left unread goes with the dead-node cleanup
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass() { return std::make_unique<CanonicalizeSwapLastAxesPass>(); }
+
+}  // namespace onnxopt
