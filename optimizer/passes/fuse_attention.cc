@@ -63,7 +63,7 @@ struct Projection {
   int64_t size = -1;     // packed: its width
   Node* reshape = nullptr;
   std::vector<Node*> transposes;
-  std::string x, weight, bias;
+  std::string x, weight, bias;  // bias empty: the projection has none
 };
 
 // The part of a packed projection `value` is: output `index` of a Split, or a Slice, on the last axis.
@@ -79,6 +79,14 @@ bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::str
       sizes = ConstantInts(graph, producer->input(1));
     } else if (const onnx::AttributeProto* split = producer->FindAttribute("split")) {
       sizes = std::vector<int64_t>(split->ints().begin(), split->ints().end());
+    } else if (const int64_t parts = producer->GetAttributeInt("num_outputs", 0); parts > 0) {
+      // Opset 18's equal split: the width from shapes, or from the projection weight [in, W].
+      std::optional<int64_t> width = shapes.DimValue(producer->input(0), -1);
+      if (Node* matmul = ProducerWithOp(graph, producer->input(0), "MatMul"); !width && matmul != nullptr) {
+        const onnx::TensorProto* weight = ConstantTensor(graph, matmul->input(1));
+        if (weight != nullptr && weight->dims_size() == 2) width = weight->dims(1);
+      }
+      if (width && *width % parts == 0) sizes = std::vector<int64_t>(static_cast<size_t>(parts), *width / parts);
     }
     if (!sizes || static_cast<int>(sizes->size()) != producer->output_size() ||
         !last_axis(producer->GetAttributeInt("axis", 0))) {
@@ -133,7 +141,14 @@ bool MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::str
   std::string projected = projection->reshape->input(0);
   if (MatchPackedPart(graph, shapes, projected, projection)) projected = projection->part->input(0);
   projection->add = ProducerWithOp(graph, projected, "Add");
-  if (projection->add == nullptr) return false;
+  if (projection->add == nullptr) {
+    // A projection without bias (T5, LLaMA, or one whose zero bias the cleanups removed).
+    projection->matmul = ProducerWithOp(graph, projected, "MatMul");
+    if (projection->matmul == nullptr) return false;
+    projection->x = projection->matmul->input(0);
+    projection->weight = projection->matmul->input(1);
+    return true;
+  }
   for (int side = 0; side < 2; ++side) {
     Node* matmul = ProducerWithOp(graph, projection->add->input(side), "MatMul");
     if (matmul == nullptr) continue;
@@ -300,6 +315,7 @@ struct ContextOutput {
   std::vector<Node*> nodes;             // the merge (and for sequence-first: output projection) chain
   std::vector<Node*> reshapes;          // Reshapes among them (their shape inputs may be pattern arithmetic)
   std::string output;                   // the [B,S,H] value the fused node replaces
+  bool flattened = false;               // batch-first: `output` is [B*S, H] (a Reshape follows the fused node)
   // Sequence-first only: the output projection, applied after the fused node.
   std::string out_weight, out_bias;
   bool out_weight_transposed = false;   // Gemm transB
@@ -326,7 +342,13 @@ bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, No
   if (layout == Layout::kBatchFirst) {
     if (PermOf(transpose) != Perm{0, 2, 1, 3}) return false;
     Node* reshape = OnlyReader(graph, transpose->output(0), "Reshape");
-    if (reshape == nullptr || shapes.Rank(reshape->output(0)).value_or(0) != 3) return false;
+    if (reshape == nullptr) return false;
+    const int rank = shapes.Rank(reshape->output(0)).value_or(0);
+    // [B,S,H], or flattened to [B*S, H] for a Gemm (the dynamo export of GPT-2's Conv1D), which the
+    // fused node's output is reshaped to again.
+    auto target = ConstantInts(graph, reshape->input(1));
+    out->flattened = rank == 2 && target && target->size() == 2 && (*target)[0] == -1 && (*target)[1] > 0;
+    if (rank != 3 && !out->flattened) return false;
     out->nodes.push_back(reshape);
     out->reshapes.push_back(reshape);
     out->output = reshape->output(0);
@@ -615,11 +637,13 @@ class FuseAttentionPass final : public Pass {
     std::vector<float> weights[3], biases[3];
     const Projection* projections[3] = {&q, &k, &v};
     if (packed) {
-      const onnx::TensorProto* b = ConstantTensor(graph, q.bias);
+      const onnx::TensorProto* b = q.bias.empty() ? nullptr : ConstantTensor(graph, q.bias);
       hidden = q.size;
-      if (k.add != q.add || v.add != q.add || q.offset != 0 || k.offset != hidden || v.offset != 2 * hidden ||
-          k.size != hidden || v.size != hidden || q_weight->dims(1) != 3 * hidden || b == nullptr ||
-          b->dims_size() != 1 || b->dims(0) != 3 * hidden || !TensorFloats(*q_weight) || !TensorFloats(*b)) {
+      const bool bias_ok = q.bias.empty() || (b != nullptr && b->dims_size() == 1 && b->dims(0) == 3 * hidden &&
+                                              TensorFloats(*b));
+      if (k.matmul != q.matmul || v.matmul != q.matmul || q.offset != 0 || k.offset != hidden ||
+          v.offset != 2 * hidden || k.size != hidden || v.size != hidden || q_weight->dims(1) != 3 * hidden ||
+          !bias_ok || !TensorFloats(*q_weight)) {
         *reason = "the packed Q/K/V projection is not split into three equal float parts in order";
         return false;
       }
@@ -628,7 +652,9 @@ class FuseAttentionPass final : public Pass {
       for (int i = 0; i < 3; ++i) {
         const onnx::TensorProto* w = ConstantTensor(graph, projections[i]->weight);
         auto wf = w ? TensorFloats(*w) : std::nullopt;
-        auto bf = ConstantFloats(graph, projections[i]->bias);
+        auto bf = projections[i]->bias.empty() ? std::optional<std::vector<float>>(std::vector<float>(
+                                                      static_cast<size_t>(w ? w->dims(w->dims_size() - 1) : 0), 0.0f))
+                                                : ConstantFloats(graph, projections[i]->bias);
         if (!wf || !bf || w->dims_size() != 2 || w->dims(0) != input_hidden || w->dims(1) != hidden ||
             bf->size() != static_cast<size_t>(hidden)) {
           *reason = "projection weights are not float constants of one width";
@@ -666,13 +692,25 @@ class FuseAttentionPass final : public Pass {
     std::string raw_mask;
     float mask_filter = -10000.0f;
     bool causal = scores.causal_where != nullptr;
+    std::string attention_bias;
     if (scores.mask_add != nullptr) {
-      std::string boolean_reason;
+      std::string boolean_reason, additive_reason;
       if (!MatchBooleanMask(graph, context, scores.mask_term, probed, &raw_mask, &mask_filter, &causal,
                             &boolean_reason) &&
-          !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, reason)) {
-        if (!boolean_reason.empty()) *reason = boolean_reason;
-        return false;
+          !MatchAdditiveMask(graph, shapes, scores.mask_term, &raw_mask, &mask_filter, &additive_reason)) {
+        // Any other float term added to the scores (T5's relative position bias plus its mask) is
+        // Attention's attention_bias, when it is [B or 1, N or 1, S, T] with the scores' S and T.
+        const std::string& term = scores.mask_term;
+        const bool biased = boolean_reason.empty() && shapes.Rank(term).value_or(0) == 4 &&
+                            shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
+                            shapes.SameDim(term, -1, softmax->input(0), -1) &&
+                            shapes.SameDim(term, -2, softmax->input(0), -2);
+        if (!biased) {
+          *reason = !boolean_reason.empty() ? boolean_reason
+                                            : absl::StrCat(additive_reason, ", nor a [B|1, N|1, S, T] float bias");
+          return false;
+        }
+        attention_bias = term;
       }
     }
 
@@ -727,6 +765,10 @@ class FuseAttentionPass final : public Pass {
 
     // Rewrite.
     std::string w_name = q.weight, b_name = q.bias;
+    if (packed && q.bias.empty()) {  // Attention takes a bias: zeros
+      b_name = graph.UniqueName("attention_qkv_bias");
+      graph.AddInitializer(MakeFloatTensor(b_name, {3 * hidden}, std::vector<float>(static_cast<size_t>(3 * hidden), 0.0f)));
+    }
     if (!packed) {
       std::vector<float> packed_weight(static_cast<size_t>(input_hidden * 3 * hidden));
       for (int64_t row = 0; row < input_hidden; ++row) {
@@ -754,8 +796,14 @@ class FuseAttentionPass final : public Pass {
       }
       attention.add_input(known->second);
     }
-    const std::string attended =
-        layout == Layout::kBatchFirst ? out.output : graph.UniqueName(out.output + "_attention");
+    const std::string attended = layout == Layout::kBatchFirst && !out.flattened
+                                     ? out.output
+                                     : graph.UniqueName(out.output + "_attention");
+    if (!attention_bias.empty()) {
+      if (raw_mask.empty()) attention.add_input("");  // mask_index
+      attention.add_input("");                       // past
+      attention.add_input(attention_bias);           // attention_bias
+    }
     attention.add_output(attended);
     *attention.add_attribute() = IntAttribute("num_heads", num_heads);
     if (causal) *attention.add_attribute() = IntAttribute("unidirectional", 1);
@@ -769,6 +817,17 @@ class FuseAttentionPass final : public Pass {
       if (!node->removed()) graph.RemoveNode(node);
     }
     Node* fused = graph.AddNode(std::move(attention), anchor, /*after=*/true);
+    if (out.flattened) {
+      const std::string flat_shape = graph.UniqueName(out.output + "_flat_shape");
+      graph.AddInitializer(MakeInt64Tensor(flat_shape, {-1, hidden}));
+      onnx::NodeProto flatten;
+      flatten.set_op_type("Reshape");
+      flatten.set_name(graph.UniqueName("attention_flatten"));
+      flatten.add_input(attended);
+      flatten.add_input(flat_shape);
+      flatten.add_output(out.output);
+      graph.AddNode(std::move(flatten), fused, /*after=*/true);
+    }
     if (layout == Layout::kSequenceFirst) {
       // The output projection, row-wise, now on the batch-first result: MatMul(W [H_in, H_out]) + b.
       std::string weight = out.out_weight;
