@@ -75,6 +75,12 @@ void AppendBisection(const v1::Bisection& bisection, std::string* out) {
 
 }  // namespace
 
+std::string PaddedMasks(const v1::ParityReport& parity) {
+  if (parity.padded_masks().empty()) return "";
+  return absl::StrFormat(", %s padded up to %.0f%% per row", absl::StrJoin(parity.padded_masks(), ", "),
+                         parity.mask_padding() * 100);
+}
+
 std::string ToJson(const google::protobuf::Message& message) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -169,7 +175,7 @@ std::string FormatReport(const v1::Report& report) {
     const auto& parity = report.parity();
     absl::StrAppend(&out, parity.passed() ? "PASSED" : "FAILED", " (", parity.precision().empty() ? "fp32" : parity.precision(),
                     ", ", parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
-                    ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
+                    PaddedMasks(parity), ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
                     parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
     for (int i = 0; i < parity.shape_sets_size(); ++i) {
       absl::StrAppend(&out, "shape ", i, ": ", Shapes(parity.shape_sets(i).shapes()), "\n");

@@ -14,6 +14,8 @@ std::string FormatJob(const v1::Job& job);
 // One line, e.g. "RUNNING  optimizing  pass 2/4 eliminate_dropout".
 std::string FormatProgressLine(const v1::Job& job);
 std::string ToJson(const google::protobuf::Message& message);
+// ", attention_mask padded 25%" when generated masks had trailing zeros, else "".
+std::string PaddedMasks(const v1::ParityReport& parity);
 
 }  // namespace onnxopt::client
 

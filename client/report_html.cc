@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/report_format.h"
 #include "absl/strings/str_join.h"
 
 namespace onnxopt::client {
@@ -313,7 +314,7 @@ std::string RenderReportHtml(const v1::Report& report) {
   } else {
     absl::StrAppend(&html, "<p>", parity.passed() ? "Passed" : "FAILED", " (", HtmlEscape(parity.precision()), ", ",
                     parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
-                    ").</p>\n<table><tr><th class=\"text\">output</th><th>shape set</th><th>sample</th><th>max abs err</th>"
+                    HtmlEscape(PaddedMasks(parity)), ").</p>\n<table><tr><th class=\"text\">output</th><th>shape set</th><th>sample</th><th>max abs err</th>"
                     "<th>max rel err</th><th>mismatch</th><th>atol</th><th>rtol</th><th class=\"text\">verdict</th></tr>");
     for (const auto& output : parity.outputs()) {
       absl::StrAppend(&html, "<tr><td class=\"text\">", HtmlEscape(output.name()), "</td><td>", output.shape_set(), "</td><td>",

@@ -11,6 +11,10 @@
 #include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
+double MaskPadding(const v1::ValidationConfig& config) {
+  return config.has_mask_padding() ? config.mask_padding() : kDefaultMaskPadding;
+}
+
 namespace {
 
 // Number of rows of the embedding table that `input` indexes through a Gather (possibly after a
@@ -51,8 +55,8 @@ Ort::Value MakeTensor(const std::vector<int64_t>& shape, Fill fill) {
 // Zeros at the end of each row of a mask [.., S]: row r of R loses mask_padding * S * (R - r) / R
 // positions, so the rows differ, and at least one position stays.
 template <typename T>
-void PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double padding) {
-  if (padding <= 0 || shape.empty() || shape.back() <= 1) return;
+bool PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double padding) {
+  if (padding <= 0 || shape.empty() || shape.back() <= 1) return false;
   const int64_t length = shape.back();
   const size_t count = value.GetTensorTypeAndShapeInfo().GetElementCount();
   const int64_t rows = static_cast<int64_t>(count) / length;
@@ -63,6 +67,7 @@ void PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double paddin
     pad = std::min(pad, length - 1);
     for (int64_t i = length - pad; i < length; ++i) data[r * length + i] = T(0);
   }
+  return true;
 }
 
 // A supplied tensor for `name`, checked against what the session expects.
@@ -211,11 +216,12 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
         return is_mask ? 1 : 0;
       };
       Ort::Value value(nullptr);
+      bool padded = false;
       switch (tensor_info.GetElementType()) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
           value = is_mask ? MakeTensor<float>(shape, [] { return 1.0f; })
                           : MakeTensor<float>(shape, [&] { return normal(random); });
-          if (is_mask) PadMask<float>(value, shape, config.mask_padding());
+          if (is_mask) padded = PadMask<float>(value, shape, MaskPadding(config));
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE:
           value = MakeTensor<double>(shape, [&] { return static_cast<double>(normal(random)); });
@@ -225,11 +231,11 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
           value = MakeTensor<int64_t>(shape, integer);
-          if (is_mask) PadMask<int64_t>(value, shape, config.mask_padding());
+          if (is_mask) padded = PadMask<int64_t>(value, shape, MaskPadding(config));
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
           value = MakeTensor<int32_t>(shape, [&] { return static_cast<int32_t>(integer()); });
-          if (is_mask) PadMask<int32_t>(value, shape, config.mask_padding());
+          if (is_mask) padded = PadMask<int32_t>(value, shape, MaskPadding(config));
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8:
           value = MakeTensor<uint8_t>(shape, [&] { return static_cast<uint8_t>(integer()); });
@@ -239,7 +245,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
           value = MakeTensor<bool>(shape, [] { return true; });
-          if (is_mask) PadMask<bool>(value, shape, config.mask_padding());
+          if (is_mask) padded = PadMask<bool>(value, shape, MaskPadding(config));
           break;
         default:
           return absl::InvalidArgumentError(absl::StrCat("INPUT_UNSUPPORTED: input '", name, "' has element type ",
@@ -247,6 +253,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
                                                          " which onnxopt cannot generate; supply inputs with the job"));
       }
       inputs.shapes[name] = absl::StrJoin(shape, "x");
+      if (padded) inputs.padded_masks.push_back(name);
       inputs.names.push_back(name);
       inputs.values.push_back(std::move(value));
     }

@@ -23,7 +23,12 @@ struct GeneratedInputs {
   std::vector<std::string> names;
   std::vector<Ort::Value> values;
   std::map<std::string, std::string> shapes;  // name -> "1x16"
+  std::vector<std::string> padded_masks;      // generated masks that got trailing zeros
 };
+
+// ValidationConfig.mask_padding when unset: padded batches by default.
+inline constexpr double kDefaultMaskPadding = 0.25;
+double MaskPadding(const v1::ValidationConfig& config);
 
 // Named dimension values of one shape set.
 using DimValues = std::map<std::string, int64_t>;

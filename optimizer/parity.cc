@@ -227,7 +227,11 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
                          supplied.empty() ? nullptr : &supplied[static_cast<size_t>(sample)]);
       if (!inputs.ok()) return inputs.status();
       if (sample == 0) described->mutable_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
-      if (shape_set == 0 && sample == 0) report->mutable_input_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
+      if (shape_set == 0 && sample == 0) {
+        report->mutable_input_shapes()->insert(inputs->shapes.begin(), inputs->shapes.end());
+        for (const auto& mask : inputs->padded_masks) report->add_padded_masks(mask);
+        if (!inputs->padded_masks.empty()) report->set_mask_padding(MaskPadding(config));
+      }
       auto expected = RunOnInputs(original, *inputs, reference.output_names);
       if (!expected.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on ",

@@ -95,6 +95,7 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   // The padding reaches the fused model: masking positions changes its output.
   if (e.has_mask) {
     v1::ValidationConfig full, padded;
+    full.set_mask_padding(0);  // all ones (unset means padded)
     padded.set_mask_padding(0.5);
     v1::ParityReport ignored;
     auto unmasked = BuildParityReference(**b, *original, full, {}, nullptr, &ignored);

@@ -126,6 +126,7 @@ TEST(TransformerMaskTest, PaddingChangesTheOutputOfBothModels) {
     auto session = CreateSession({model->SerializeAsString(), {}}, settings);
     ASSERT_TRUE(session.ok());
     v1::ValidationConfig full, padded;
+    full.set_mask_padding(0);  // all ones (unset means padded)
     padded.set_mask_padding(0.5);
     v1::ParityReport ignored;
     auto unmasked = BuildParityReference(**session, *original, full, {}, nullptr, &ignored);

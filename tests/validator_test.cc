@@ -1,6 +1,7 @@
 #include "optimizer/parity.h"
 #include "optimizer/benchmark.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -67,6 +68,24 @@ TEST(SummarizeTest, Percentiles) {
   EXPECT_NEAR(stats.mean_ms(), 50.5, 1e-9);
 }
 
+TEST(InputGeneratorTest, MaskPaddingZeroMeansAllOnes) {
+  auto model = LoadModel(FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(model.ok());
+  auto session = CreateSession({model->SerializeAsString(), {}}, {});
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ValidationConfig config;
+  config.set_mask_padding(0);
+  auto inputs = GenerateInputs(**session, *model, config, 0);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  EXPECT_TRUE(inputs->padded_masks.empty());
+  for (size_t i = 0; i < inputs->names.size(); ++i) {
+    if (inputs->names[i] != "attention_mask") continue;
+    const int64_t* data = inputs->values[i].GetTensorData<int64_t>();
+    const size_t count = inputs->values[i].GetTensorTypeAndShapeInfo().GetElementCount();
+    EXPECT_EQ(std::count(data, data + count, int64_t{1}), static_cast<std::ptrdiff_t>(count));
+  }
+}
+
 TEST(InputGeneratorTest, IdsStayInsideTheEmbeddingTableAndDimsFollowTheConfig) {
   auto model = LoadModel(FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(model.ok());
@@ -91,8 +110,11 @@ TEST(InputGeneratorTest, IdsStayInsideTheEmbeddingTableAndDimsFollowTheConfig) {
       EXPECT_LT(high, 128);
       EXPECT_GT(high, low) << "ids should vary";
     } else if (inputs->names[i] == "attention_mask") {
-      EXPECT_EQ(low, 1);
-      EXPECT_EQ(high, 1);
+      // Padded by default: the last quarter of the one row is 0, the rest 1.
+      EXPECT_EQ(std::count(data, data + 24, int64_t{0}), 6);
+      EXPECT_EQ(data[0], 1);
+      EXPECT_EQ(data[23], 0);
+      EXPECT_EQ(inputs->padded_masks, std::vector<std::string>{"attention_mask"});
     } else {
       EXPECT_GE(low, 0);
       EXPECT_LT(high, 2);  // token types index a table of 2 rows
