@@ -21,8 +21,8 @@
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/parity.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/parity.h"
+#include "optimizer/validation/benchmark.h"
 
 namespace fs = std::filesystem;
 using onnxopt::client::Client;

@@ -10,9 +10,9 @@
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
-#include "optimizer/benchmark.h"
-#include "optimizer/bisect.h"
-#include "optimizer/parity.h"
+#include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/bisect.h"
+#include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "optimizer/utf8.h"
 

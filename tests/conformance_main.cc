@@ -19,8 +19,8 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
 #include "optimizer/tensor_convert.h"
-#include "optimizer/parity.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/parity.h"
+#include "optimizer/validation/benchmark.h"
 
 namespace fs = std::filesystem;
 namespace onnxopt {

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/parity.h"
+#include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"

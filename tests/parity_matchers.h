@@ -7,8 +7,8 @@
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/parity.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/parity.h"
+#include "optimizer/validation/benchmark.h"
 
 namespace onnxopt::testing {
 

@@ -67,7 +67,9 @@ TEST(CanonicalizeSwapLastAxesTest, ThreeNodesBecomeOneTranspose) {
   EXPECT_EQ(ops.count("Reshape"), 0u);
   EXPECT_EQ(ops.count("Shape"), 0u) << "the shape arithmetic goes with it";
   for (const auto& node : run.model.graph().node()) {
-    if (node.op_type() == "Transpose") EXPECT_EQ(node.attribute(0).ints_size(), 4);
+    if (node.op_type() == "Transpose") {
+      EXPECT_EQ(node.attribute(0).ints_size(), 4);
+    }
   }
   ExpectSameOutputs(original, run.model, 0, 0);
   // Another reshape (here keeping only s[:-3]) is not the same thing, and stays.

@@ -8,11 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "optimizer/benchmark.h"
-#include "optimizer/bisect.h"
+#include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/bisect.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
-#include "optimizer/parity.h"
+#include "optimizer/validation/parity.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {

@@ -1,12 +1,12 @@
-#include "optimizer/parity.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/parity.h"
+#include "optimizer/validation/benchmark.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "gtest/gtest.h"
-#include "optimizer/input_generator.h"
+#include "optimizer/validation/input_generator.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "tests/model_builder.h"

@@ -13,8 +13,8 @@
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
-#include "optimizer/parity.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/parity.h"
+#include "optimizer/validation/benchmark.h"
 
 namespace onnxopt {
 namespace {

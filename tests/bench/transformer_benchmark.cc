@@ -25,7 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/benchmark.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"

@@ -1,4 +1,4 @@
-#include "optimizer/input_generator.h"
+#include "optimizer/validation/input_generator.h"
 
 #include <random>
 #include <set>

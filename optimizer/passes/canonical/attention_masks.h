@@ -16,8 +16,8 @@
 // them); a mask that only differs from these meanings at other lengths (a sliding window wider than
 // 40) would be misread, which is why the fusions also require the key and query positions to come
 // from the same tokens and the job's parity check runs on the user's shapes afterwards.
-#ifndef ONNXOPT_OPTIMIZER_PASSES_ATTENTION_MASKS_H_
-#define ONNXOPT_OPTIMIZER_PASSES_ATTENTION_MASKS_H_
+#ifndef ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
+#define ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
 
 #include <string>
 
@@ -37,4 +37,4 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
 
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_PASSES_ATTENTION_MASKS_H_
+#endif  // ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_

@@ -1,4 +1,4 @@
-#include "optimizer/bisect.h"
+#include "optimizer/validation/bisect.h"
 
 #include <set>
 

@@ -1,4 +1,4 @@
-#include "optimizer/passes/attention_masks.h"
+#include "optimizer/passes/canonical/attention_masks.h"
 
 #include <cstring>
 #include <map>

@@ -3,8 +3,8 @@
 // kept as the reference, so many candidates (bisection probes) can be judged against the same run.
 // Each output is compared by the allclose rule with a tolerance chosen per output: the config's
 // per-output tolerance, else its global atol/rtol, else the default for the candidate's precision.
-#ifndef ONNXOPT_OPTIMIZER_PARITY_H_
-#define ONNXOPT_OPTIMIZER_PARITY_H_
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
 
 #include <atomic>
 #include <string>
@@ -15,8 +15,8 @@
 #include "onnx/onnx_pb.h"
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
-#include "optimizer/input_generator.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
 
@@ -85,4 +85,4 @@ std::string OrtLevelName(GraphOptimizationLevel level);
 
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_PARITY_H_
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_

@@ -1,4 +1,4 @@
-#include "optimizer/benchmark.h"
+#include "optimizer/validation/benchmark.h"
 
 #include <malloc.h>
 
@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
-#include "optimizer/parity.h"
+#include "optimizer/validation/parity.h"
 
 namespace onnxopt {
 namespace {

@@ -35,7 +35,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "optimizer/passes/attention_masks.h"
+#include "optimizer/passes/canonical/attention_masks.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"

@@ -4,8 +4,8 @@
 // over k (the original passes, the full output fails) finds a run whose input passes and whose
 // output fails. The pipeline then runs again without that pass; up to three culprits are taken out
 // before the original itself is returned.
-#ifndef ONNXOPT_OPTIMIZER_BISECT_H_
-#define ONNXOPT_OPTIMIZER_BISECT_H_
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_BISECT_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_BISECT_H_
 
 #include <atomic>
 #include <functional>
@@ -41,4 +41,4 @@ std::vector<std::string> RemovedNodes(const onnx::GraphProto& before, const onnx
 
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_BISECT_H_
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_BISECT_H_

@@ -1,4 +1,4 @@
-#include "optimizer/parity.h"
+#include "optimizer/validation/parity.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,8 +2,8 @@
 // after warm-up, in windows of runs until the windows' medians agree (or a run count or time
 // budget ends), for every shape set; plus the peak memory a session adds and, on request, a search
 // for the fastest ONNX Runtime session settings.
-#ifndef ONNXOPT_OPTIMIZER_BENCHMARK_H_
-#define ONNXOPT_OPTIMIZER_BENCHMARK_H_
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_
 
 #include <atomic>
 #include <vector>
@@ -13,8 +13,8 @@
 #include "onnx/onnx_pb.h"
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
-#include "optimizer/input_generator.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
 
@@ -62,4 +62,4 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
 
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_BENCHMARK_H_
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_

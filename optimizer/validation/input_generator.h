@@ -3,8 +3,8 @@
 // values per shape set). Integer inputs that index an embedding table (Gather indices) get ids inside
 // the table, inputs named like masks get ones (with trailing zeros per row when mask_padding is set),
 // token type ids and other integers zeros, floats a standard normal.
-#ifndef ONNXOPT_OPTIMIZER_INPUT_GENERATOR_H_
-#define ONNXOPT_OPTIMIZER_INPUT_GENERATOR_H_
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_INPUT_GENERATOR_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_INPUT_GENERATOR_H_
 
 #include <cstdint>
 #include <filesystem>
@@ -72,4 +72,4 @@ absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const
 
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_INPUT_GENERATOR_H_
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_INPUT_GENERATOR_H_
