@@ -39,12 +39,8 @@ TEST(AttentionMaskTest, KeyPaddingFromTheAttentionMaskInput) {
   *graph.add_input() = MaskInput("input_ids");
   *graph.add_input() = MaskInput("attention_mask");
   *graph.add_initializer() = Ints("axes", {1, 2});
-  onnx::NodeProto cast = MakeNode("Cast", {"attention_mask"}, {"bool_mask"});
-  auto* to = cast.add_attribute();
-  to->set_name("to");
-  to->set_type(onnx::AttributeProto::INT);
-  to->set_i(onnx::TensorProto::BOOL);
-  *graph.add_node() = cast;
+  *graph.add_node() = testing::WithIntAttribute(MakeNode("Cast", {"attention_mask"}, {"bool_mask"}), "to",
+                                                onnx::TensorProto::BOOL);
   *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes"}, {"mask4d"});
   MaskMeaning meaning = Probe(graph, "mask4d");
   EXPECT_EQ(meaning.kind, MaskMeaning::Kind::kKeyPadding) << meaning.why;
@@ -86,12 +82,8 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   EXPECT_EQ(causal.kind, MaskMeaning::Kind::kCausal) << causal.why;
 
   // Causal and padded: a decoder's batch.
-  onnx::NodeProto cast = MakeNode("Cast", {"attention_mask"}, {"bool_mask"});
-  auto* to = cast.add_attribute();
-  to->set_name("to");
-  to->set_type(onnx::AttributeProto::INT);
-  to->set_i(onnx::TensorProto::BOOL);
-  *graph.add_node() = cast;
+  *graph.add_node() = testing::WithIntAttribute(MakeNode("Cast", {"attention_mask"}, {"bool_mask"}), "to",
+                                                onnx::TensorProto::BOOL);
   *graph.add_initializer() = Ints("axes_mask", {1, 2});
   *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes_mask"}, {"padding"});
   *graph.add_node() = MakeNode("And", {"causal_mask", "padding"}, {"decoder_mask"});

@@ -13,6 +13,7 @@
 #include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
 
 namespace onnxopt {
@@ -71,40 +72,12 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   EXPECT_EQ(report.family(), e.family);
   EXPECT_EQ(report.fused_kinds().at("Attention"), e.fused.at("Attention"));
 
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  auto a = CreateSession({original->SerializeAsString(), {}}, settings);
-  ASSERT_TRUE(a.ok()) << a.status();
-  auto b = CreateSession({run.model.SerializeAsString(), {}}, settings);
-  ASSERT_TRUE(b.ok()) << b.status();
-  v1::ValidationConfig config;
-  config.set_atol(1e-4);
-  config.set_rtol(0);
-  config.set_samples(2);
-  config.set_mask_padding(0.4);  // a different number of padded positions per row
-  (*config.mutable_dim_values())["batch"] = 3;
-  if (e.has_mask) {
-    for (int64_t sequence : {16, 128}) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
-  }
   v1::ParityReport parity;
-  absl::Status status = CheckParity(**a, **b, *original, config, nullptr, &parity);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(parity.passed()) << parity.DebugString();
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 3, e.has_mask ? std::vector<int64_t>{16, 128}
+                                                                           : std::vector<int64_t>{}, &parity);
   EXPECT_GE(parity.outputs_size(), e.has_mask ? 4 : 2) << "every output compared for every sample and length";
-
-  // The padding reaches the fused model: masking positions changes its output.
-  if (e.has_mask) {
-    v1::ValidationConfig full, padded;
-    full.set_mask_padding(0);  // all ones (unset means padded)
-    padded.set_mask_padding(0.5);
-    v1::ParityReport ignored;
-    auto unmasked = BuildParityReference(**b, *original, full, {}, nullptr, &ignored);
-    auto masked = BuildParityReference(**b, *original, padded, {}, nullptr, &ignored);
-    ASSERT_TRUE(unmasked.ok() && masked.ok());
-    v1::OutputParity difference;
-    CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);
-    EXPECT_FALSE(difference.passed()) << "masking half the positions changes the fused model's output";
-  }
+  // The padding reaches the fused model.
+  if (e.has_mask) testing::ExpectPaddingChangesTheOutput(run.model, *original);
 }
 
 INSTANTIATE_TEST_SUITE_P(Exports, HfExportTest, ::testing::ValuesIn(kExports),

@@ -2,7 +2,9 @@
 #ifndef ONNXOPT_TESTS_PARITY_MATCHERS_H_
 #define ONNXOPT_TESTS_PARITY_MATCHERS_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
@@ -29,6 +31,47 @@ inline void ExpectSameOutputs(const onnx::ModelProto& original, const onnx::Mode
   absl::Status status = CheckParity(**a, **b, original, config, nullptr, &report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report.passed()) << report.DebugString();
+}
+
+// Fails the test unless `optimized` reproduces `original` within 1e-4 absolute (rtol 0), both graphs
+// as written, on `batch` rows with masks padded to a different length per row, two samples, at each
+// of `sequences` (none: the inputs' own lengths).
+inline void ExpectParityOnPaddedBatches(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
+                                        int64_t batch, const std::vector<int64_t>& sequences,
+                                        v1::ParityReport* report) {
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  auto a = CreateSession({original.SerializeAsString(), {}}, settings);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = CreateSession({optimized.SerializeAsString(), {}}, settings);
+  ASSERT_TRUE(b.ok()) << b.status();
+  v1::ValidationConfig config;
+  config.set_atol(1e-4);
+  config.set_rtol(0);
+  config.set_samples(2);
+  config.set_mask_padding(0.4);
+  (*config.mutable_dim_values())["batch"] = batch;
+  for (int64_t sequence : sequences) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
+  absl::Status status = CheckParity(**a, **b, original, config, nullptr, report);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(report->passed()) << report->DebugString();
+}
+
+// Fails the test unless masking half the positions of `model`'s generated masks changes its first
+// output (parity alone would pass if neither model looked at the mask). `original` gives the inputs.
+inline void ExpectPaddingChangesTheOutput(const onnx::ModelProto& model, const onnx::ModelProto& original) {
+  auto session = CreateSession({model.SerializeAsString(), {}}, SessionSettings());
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ValidationConfig full, padded;
+  full.set_mask_padding(0);  // all ones (unset means padded)
+  padded.set_mask_padding(0.5);
+  v1::ParityReport ignored;
+  auto unmasked = BuildParityReference(**session, original, full, {}, nullptr, &ignored);
+  auto masked = BuildParityReference(**session, original, padded, {}, nullptr, &ignored);
+  ASSERT_TRUE(unmasked.ok() && masked.ok());
+  v1::OutputParity difference;
+  CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);
+  EXPECT_FALSE(difference.passed()) << "masking half the positions changes the output";
 }
 
 }  // namespace onnxopt::testing

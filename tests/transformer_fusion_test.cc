@@ -13,6 +13,7 @@
 #include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
 
 namespace onnxopt {
@@ -87,25 +88,9 @@ TEST_P(TransformerFamilyTest, EveryFusionFiresAndOutputsMatch) {
   }
 
   // Numbers: both graphs as written (ONNX Runtime's own fusions off), padded masks, two lengths.
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  auto a = CreateSession({original->SerializeAsString(), {}}, settings);
-  ASSERT_TRUE(a.ok()) << a.status();
-  auto b = CreateSession({run.model.SerializeAsString(), {}}, settings);
-  ASSERT_TRUE(b.ok()) << b.status();
-  v1::ValidationConfig config;
-  config.set_atol(1e-4);
-  config.set_rtol(0);
-  config.set_samples(2);
-  config.set_mask_padding(0.4);
-  (*config.mutable_dim_values())["batch"] = 2;
-  if (name != "vit") {
-    for (int64_t sequence : {16, 128}) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
-  }
   v1::ParityReport parity;
-  absl::Status status = CheckParity(**a, **b, *original, config, nullptr, &parity);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(parity.passed()) << parity.DebugString();
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 2, name == "vit" ? std::vector<int64_t>{}
+                                                                              : std::vector<int64_t>{16, 128}, &parity);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TransformerFamilyTest, ::testing::ValuesIn(Fixtures()),
@@ -121,21 +106,7 @@ TEST(TransformerMaskTest, PaddingChangesTheOutputOfBothModels) {
   ASSERT_TRUE(original.ok());
   testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok());
-  SessionSettings settings;
-  for (const onnx::ModelProto* model : {&*original, &run.model}) {
-    auto session = CreateSession({model->SerializeAsString(), {}}, settings);
-    ASSERT_TRUE(session.ok());
-    v1::ValidationConfig full, padded;
-    full.set_mask_padding(0);  // all ones (unset means padded)
-    padded.set_mask_padding(0.5);
-    v1::ParityReport ignored;
-    auto unmasked = BuildParityReference(**session, *original, full, {}, nullptr, &ignored);
-    auto masked = BuildParityReference(**session, *original, padded, {}, nullptr, &ignored);
-    ASSERT_TRUE(unmasked.ok() && masked.ok());
-    v1::OutputParity difference;
-    CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);
-    EXPECT_FALSE(difference.passed()) << "masking half the positions changes the hidden states";
-  }
+  for (const onnx::ModelProto* model : {&*original, &run.model}) testing::ExpectPaddingChangesTheOutput(*model, *original);
 }
 
 // The config's head count is what fuse_attention falls back to; a family that does not exist is

@@ -77,6 +77,18 @@ int Repeat(int times, const std::string& fixture, int64_t sequence, double budge
   return 0;
 }
 
+// The transformer preset's output for `original`.
+absl::StatusOr<onnx::ModelProto> TransformerPreset(onnx::ModelProto model) {
+  v1::OptimizationConfig config;
+  config.set_preset("transformer");
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+  if (!pipeline.ok()) return pipeline.status();
+  std::vector<v1::PassReport> reports;
+  absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
+  if (!status.ok()) return status;
+  return model;
+}
+
 // Median latency ratio other/ours for one input shape, both under ONNX Runtime's full optimization.
 absl::StatusOr<v1::BenchmarkReport> SideBySide(const onnx::ModelProto& other, const onnx::ModelProto& ours,
                                                const onnx::ModelProto& original, const v1::OptimizationConfig& config,
@@ -114,10 +126,12 @@ int HfExports(double budget, int threads) {
     }
     v1::OptimizationConfig config;
     config.set_preset("transformer");
-    auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-    onnx::ModelProto optimized = *original;
-    std::vector<v1::PassReport> reports;
-    if (!pipeline.ok() || !RunPipeline(*pipeline, &optimized, {}, &reports).ok()) return 1;
+    absl::StatusOr<onnx::ModelProto> transformed = TransformerPreset(*original);
+    if (!transformed.ok()) {
+      std::cerr << name << ": " << transformed.status() << "\n";
+      return 1;
+    }
+    const onnx::ModelProto& optimized = *transformed;
     int attention = 0;
     for (const auto& node : optimized.graph().node()) attention += node.op_type() == "Attention";
     const int expected = 2;  // every export has two layers
@@ -223,28 +237,21 @@ int Main(int argc, char** argv) {
         return 1;
       }
       v1::OptimizationConfig config;
-      config.set_preset("transformer");
-      auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-      onnx::ModelProto optimized = *original;
-      std::vector<v1::PassReport> reports;
-      if (!pipeline.ok() || !RunPipeline(*pipeline, &optimized, {}, &reports).ok()) return 1;
+      absl::StatusOr<onnx::ModelProto> transformed = TransformerPreset(*original);
+      if (!transformed.ok()) {
+        std::cerr << name << ": " << transformed.status() << "\n";
+        return 1;
+      }
+      const onnx::ModelProto& optimized = *transformed;
       for (const auto& [dim, value] : c.dims) (*config.mutable_validation()->mutable_dim_values())[dim] = value;
       config.mutable_benchmark()->set_time_budget_seconds(budget);
       config.mutable_benchmark()->set_warmup_runs(20);
-      SessionSettings settings;  // ORT_ENABLE_ALL: ONNX Runtime's own best
-      settings.allow_spinning = false;  // as the job's benchmark: see SessionSettings
-      auto a = CreateSession({original->SerializeAsString(), {}}, settings);
-      auto b = CreateSession({optimized.SerializeAsString(), {}}, settings);
-      if (!a.ok() || !b.ok()) {
-        std::cerr << name << ": " << (a.ok() ? b.status() : a.status()) << "\n";
+      absl::StatusOr<v1::BenchmarkReport> timed = SideBySide(*original, optimized, *original, config, threads);
+      if (!timed.ok()) {
+        std::cerr << name << ": " << timed.status() << "\n";
         return 1;
       }
-      v1::BenchmarkReport report;
-      absl::Status status = Benchmark(**a, **b, *original, config, nullptr, &report);
-      if (!status.ok()) {
-        std::cerr << name << ": " << status << "\n";
-        return 1;
-      }
+      const v1::BenchmarkReport& report = *timed;
       const std::string shape = c.family == "vit" ? absl::StrFormat("batch %d", c.dims[0].second)
                                                   : absl::StrFormat("1 x %d", c.dims[0].second);
       std::cout << absl::StrFormat("%-18s %-14s %6d | %10.4f %10.4f %8.3fx %8.3fx-%.3fx %7s\n", name, shape,
