@@ -71,6 +71,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeUnflattenGemmPass());
     built->Register(MakeFuseEmbedLayerNormPass());
     built->Register(MakeCanonicalizeSwapLastAxesPass());
+    built->Register(MakeCanonicalizeShapeReadsPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
@@ -79,7 +80,7 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
-    std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
+    std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
     built->AddPreset({"basic",

@@ -39,9 +39,9 @@ const Export kExports[] = {
     {"vit_dynamo", {{"Attention", 2}}, "vit", false},
     // Packed QKV split by Split(num_outputs), no projection bias, heads merged to [B*S, H] for a Gemm.
     {"gpt2_dynamo", {{"Attention", 2}, {"EmbedLayerNormalization", 1}}, "gpt2", true},
-    // Relative position bias (plus the padding mask) as Attention's attention_bias, no scaling. The
-    // first layer is left alone for now: its K projection is also read for its shape by the bias.
-    {"t5_encoder_torchscript", {{"Attention", 1}}, "t5", true},
+    // Relative position bias (plus the padding mask) as Attention's attention_bias, no scaling; the
+    // key length the bias reads from K comes from the input instead (canonicalize_shape_reads).
+    {"t5_encoder_torchscript", {{"Attention", 2}}, "t5", true},
 };
 
 void PrintTo(const Export& e, std::ostream* os) { *os << e.name; }

@@ -77,6 +77,38 @@ TEST(CanonicalizeSwapLastAxesTest, ThreeNodesBecomeOneTranspose) {
   EXPECT_EQ(other.report.rewrites(), 0);
 }
 
+// A named dim read from an intermediate value is read from the graph input that defines it, so the
+// intermediate is not kept alive for its size.
+TEST(CanonicalizeShapeReadsTest, ReadsNamedDimsFromTheInput) {
+  onnx::GraphProto graph;
+  onnx::ValueInfoProto x = FloatValue("x", {-1, 0, 4});
+  x.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+  *graph.add_input() = x;
+  *graph.add_initializer() = FloatTensor("w", {4, 4}, RandomFloats(16, 3));
+  *graph.add_initializer() = MakeInt64Tensor("one", {1});
+  graph.mutable_initializer(1)->clear_dims();  // a scalar index
+  *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"h"});
+  *graph.add_node() = MakeNode("Shape", {"h"}, {"h_shape"});
+  *graph.add_node() = MakeNode("Gather", {"h_shape", "one"}, {"length"});
+  onnx::ValueInfoProto length;
+  length.set_name("length");
+  length.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+  *graph.add_output() = length;
+  *graph.add_output() = FloatValue("h", {-1, 0, 4});
+  graph.mutable_output(1)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+  const onnx::ModelProto original = MakeModel(graph, 17);
+  PassRun run = RunConfig(R"({"passes": [{"name": "canonicalize_shape_reads"}, {"name": "eliminate_dead_nodes"}]})",
+                          original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "Shape") {
+      EXPECT_EQ(node.input(0), "x") << "the size comes from the input";
+    }
+  }
+  EXPECT_EQ(OpCounts(run.model)["Shape"], 1);
+  ExpectSameOutputs(original, run.model, 0, 0);
+}
+
 TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
   auto model = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(model.ok());

@@ -34,6 +34,7 @@ std::unique_ptr<Pass> MakeFuseAttentionPass();
 std::unique_ptr<Pass> MakeUnflattenGemmPass();
 std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
 std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
+std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
 
 }  // namespace onnxopt
 
