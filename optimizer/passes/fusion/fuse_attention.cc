@@ -509,6 +509,26 @@ bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std:
   return false;
 }
 
+// True if `heads` is x * cos + rotate_half(x) * sin: an Add of two Muls, one of them reading a Concat
+// whose first part is negated (LLaMA-style rotary position embeddings).
+bool HasRotaryEmbedding(const Graph& graph, const std::string& heads) {
+  std::string value = heads;
+  if (Node* transpose = ProducerWithOp(graph, value, "Transpose")) value = transpose->input(0);  // K^T
+  Node* add = ProducerWithOp(graph, value, "Add");
+  if (add == nullptr) return false;
+  for (const std::string& term : add->proto().input()) {
+    Node* mul = ProducerWithOp(graph, term, "Mul");
+    if (mul == nullptr) continue;
+    for (const std::string& factor : mul->proto().input()) {
+      Node* concat = ProducerWithOp(graph, factor, "Concat");
+      if (concat != nullptr && concat->input_size() == 2 && ProducerWithOp(graph, concat->input(0), "Neg") != nullptr) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The guard transformers puts after Softmax for rows that mask every position: Where(IsNaN(p), 0, p).
 // Attention's finite mask value never makes such rows NaN, so the guard goes with the pattern.
 std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax) {
@@ -602,7 +622,9 @@ class FuseAttentionPass final : public Pass {
     }
     Projection q, k, v;
     if (!MatchHeads(graph, shapes, layout, scores.q_heads, scores.k_heads, context_matmul->input(1), &q, &k, &v)) {
-      *reason = "Q, K and V are not head-split projections";
+      *reason = HasRotaryEmbedding(graph, scores.q_heads)
+                    ? "Q and K carry rotary position embeddings (q * cos + rotate_half(q) * sin), not fused yet"
+                    : "Q, K and V are not head-split projections";
       return false;
     }
     if (q.x != k.x || q.x != v.x) {
