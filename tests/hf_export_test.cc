@@ -1,8 +1,8 @@
 // The transformer preset on real Hugging Face transformers 5.17 exports (torch 2.11's TorchScript
 // exporter at opset 17 and its dynamo exporter at opset 20; tests/fixtures/hf, made by export_hf.py): SDPA attention (sqrt-scale on Q and
 // K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask),
-// ViT's all-true mask and GPT-2's causal + padding mask fuse into Attention, and ONNX Runtime gives the
-// same outputs on padded batches.
+// ViT's all-true mask, GPT-2's causal + padding mask and T5's position bias fuse into Attention, LLaMA's
+// rotary attention into MultiHeadAttention, and ONNX Runtime gives the same outputs on padded batches.
 #include <map>
 #include <string>
 
@@ -42,7 +42,20 @@ const Export kExports[] = {
     // Relative position bias (plus the padding mask) as Attention's attention_bias, no scaling; the
     // key length the bias reads from K comes from the input instead (canonicalize_shape_reads).
     {"t5_encoder_torchscript", {{"Attention", 2}}, "t5", true},
+    // Rotary embeddings on Q and K after the head split: MultiHeadAttention on the rotated heads.
+    {"llama_torchscript", {{"MultiHeadAttention", 2}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
+    {"llama_dynamo", {{"MultiHeadAttention", 2}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
 };
+
+// Fused attention blocks an export expects, of either operator.
+int ExpectedAttention(const Export& e) {
+  int count = 0;
+  for (const char* op : {"Attention", "MultiHeadAttention"}) {
+    auto it = e.fused.find(op);
+    if (it != e.fused.end()) count += it->second;
+  }
+  return count;
+}
 
 void PrintTo(const Export& e, std::ostream* os) { *os << e.name; }
 
@@ -58,8 +71,11 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   for (const auto& node : run.model.graph().node()) ++ops[node.op_type()];
   for (const auto& [op, count] : e.fused) EXPECT_EQ(ops[op], count) << op;
   for (const char* gone : {"IsNaN", "Erf"}) EXPECT_EQ(ops.count(gone), 0u) << gone;
-  EXPECT_EQ(ops.count("Softmax") == 0 ? 0 : ops["Softmax"], 2 - e.fused.at("Attention")) << "every fused block's Softmax goes";
+  EXPECT_EQ(ops.count("Softmax") == 0 ? 0 : ops["Softmax"], 2 - ExpectedAttention(e)) << "every fused block's Softmax goes";
   for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "MultiHeadAttention") {  // the causal + padding mask as attention_bias
+      EXPECT_TRUE(node.input_size() > 5 && !node.input(5).empty()) << "attention_bias of " << node.name();
+    }
     if (node.op_type() != "Attention") continue;
     const bool biased = node.input_size() > 5 && !node.input(5).empty();
     EXPECT_EQ((node.input_size() > 3 && !node.input(3).empty()) || biased, e.has_mask) << "mask of " << node.name();
@@ -70,7 +86,7 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   }
   v1::TransformerReport report = JudgeTransformerFusion(*original, run.model, {}, ModelHints());
   EXPECT_EQ(report.family(), e.family);
-  EXPECT_EQ(report.fused_kinds().at("Attention"), e.fused.at("Attention"));
+  EXPECT_EQ(report.fused_kinds().at("Attention"), ExpectedAttention(e));
 
   v1::ParityReport parity;
   testing::ExpectParityOnPaddedBatches(*original, run.model, 3, e.has_mask ? std::vector<int64_t>{16, 128}
@@ -78,28 +94,6 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   EXPECT_GE(parity.outputs_size(), e.has_mask ? 4 : 2) << "every output compared for every sample and length";
   // The padding reaches the fused model.
   if (e.has_mask) testing::ExpectPaddingChangesTheOutput(run.model, *original);
-}
-
-// LLaMA's rotary embeddings are not fused yet: the report names the family and says so per block,
-// and everything else the preset does keeps the outputs.
-TEST(HfExportGapsTest, LlamaRotaryAttentionIsNamedAsTheReason) {
-  auto original = LoadModel(testing::FixturePath("hf/llama_torchscript.onnx"));
-  ASSERT_TRUE(original.ok()) << original.status();
-  std::vector<v1::PassReport> reports;
-  v1::OptimizationConfig config;
-  config.set_preset("transformer");
-  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-  ASSERT_TRUE(pipeline.ok());
-  onnx::ModelProto optimized = *original;
-  ASSERT_TRUE(RunPipeline(*pipeline, &optimized, {}, &reports).ok());
-  v1::TransformerReport report = JudgeTransformerFusion(*original, optimized, reports, ModelHints());
-  EXPECT_EQ(report.family(), "llama");
-  EXPECT_EQ(report.fused_kinds().at("SkipLayerNormalization"), 4) << "RMSNorm residuals fuse";
-  ASSERT_GT(report.missing_size(), 0);
-  EXPECT_NE(report.missing(0).find("2x fuse_attention: Q and K carry rotary position embeddings"), std::string::npos)
-      << report.missing(0);
-  v1::ParityReport parity;
-  testing::ExpectParityOnPaddedBatches(*original, optimized, 2, {16}, &parity);
 }
 
 INSTANTIATE_TEST_SUITE_P(Exports, HfExportTest, ::testing::ValuesIn(kExports),

@@ -133,7 +133,9 @@ int HfExports(double budget, int threads) {
     }
     const onnx::ModelProto& optimized = *transformed;
     int attention = 0;
-    for (const auto& node : optimized.graph().node()) attention += node.op_type() == "Attention";
+    for (const auto& node : optimized.graph().node()) {
+      attention += node.op_type() == "Attention" || node.op_type() == "MultiHeadAttention";
+    }
     const int expected = 2;  // every export has two layers
     std::vector<std::pair<std::string, absl::StatusOr<onnx::ModelProto>>> peers;
     for (const char* peer : {".ortopt", ".osopt"}) peers.emplace_back(peer, LoadModel(folder / (name + peer + ".onnx")));
@@ -157,7 +159,7 @@ int HfExports(double budget, int threads) {
         }
         auto report = SideBySide(*peers[i].second, optimized, *original, config, threads);
         columns[i] = report.ok() ? absl::StrFormat("%.3fx (%.3f ms)", report->speedup(), report->original().p50_ms())
-                                 : "does not load";
+                                 : "fails to run";
       }
       std::cout << absl::StrFormat("%-24s %-8s %6d/%-2d | %10.4f %8.3fx | %-18s | %-18s\n", name,
                                    absl::StrFormat("%d x %s", batch, vision ? "197" : "128"), attention, expected,
