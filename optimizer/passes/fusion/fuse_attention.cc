@@ -650,6 +650,45 @@ bool FeedsOnlyShapeInputs(const Graph& graph, Node* node, const std::set<Node*>&
   return true;
 }
 
+// True if every value the pattern computes, but `output`, is read only by pattern members or by shape
+// arithmetic that feeds the `targets`' shape inputs (collected into shape_nodes, to go too).
+bool OnlyReadInside(const Graph& graph, const std::vector<Node*>& pattern, const std::set<Node*>& members,
+                    const std::set<Node*>& targets, const std::string& output, std::vector<Node*>* shape_nodes,
+                    std::string* reason) {
+  for (Node* node : pattern) {
+    for (const std::string& value : node->proto().output()) {
+      if (value.empty() || value == output) continue;
+      if (graph.IsGraphOutput(value)) {
+        *reason = "an intermediate value is a graph output";
+        return false;
+      }
+      for (Node* reader : graph.Consumers(value)) {
+        if (members.count(reader) > 0) continue;
+        if (!FeedsOnlyShapeInputs(graph, reader, targets, shape_nodes)) {
+          *reason = absl::StrCat("an intermediate value (", node->op_type(), " output) is read outside the pattern by ",
+                                 reader->op_type());
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// After a fused node writing `attended` [B,S,H]: Reshape it to `output` [B*S, H] for the Gemm that read
+// the flattened context.
+void AddFlatten(Graph& graph, const std::string& attended, const std::string& output, int64_t hidden, const Node* after) {
+  const std::string flat_shape = graph.UniqueName(output + "_flat_shape");
+  graph.AddInitializer(MakeInt64Tensor(flat_shape, {-1, hidden}));
+  onnx::NodeProto flatten;
+  flatten.set_op_type("Reshape");
+  flatten.set_name(graph.UniqueName("attention_flatten"));
+  flatten.add_input(attended);
+  flatten.add_input(flat_shape);
+  flatten.add_output(output);
+  graph.AddNode(std::move(flatten), after, /*after=*/true);
+}
+
 // The Slices that cut the causal mask out of its buffer, nearest first.
 std::vector<Node*> CausalSlices(const Graph& graph, const std::string& cond) {
   std::vector<Node*> slices;
@@ -757,21 +796,9 @@ class FuseAttentionPass final : public Pass {
     const std::set<Node*> members(pattern.begin(), pattern.end());
     const std::set<Node*> targets(out.reshapes.begin(), out.reshapes.end());
     std::vector<Node*> shape_nodes;
-    for (Node* node : pattern) {
-      for (const std::string& value : node->proto().output()) {
-        if (value.empty() || value == out.output) continue;
-        if (graph.IsGraphOutput(value)) {
-          *reason = "rotary attention: an intermediate value is a graph output";
-          return false;
-        }
-        for (Node* reader : graph.Consumers(value)) {
-          if (members.count(reader) == 0 && !FeedsOnlyShapeInputs(graph, reader, targets, &shape_nodes)) {
-            *reason = absl::StrCat("rotary attention: an intermediate value (", node->op_type(),
-                                   " output) is read outside the pattern by ", reader->op_type());
-            return false;
-          }
-        }
-      }
+    if (!OnlyReadInside(graph, pattern, members, targets, out.output, &shape_nodes, reason)) {
+      *reason = absl::StrCat("rotary attention: ", *reason);
+      return false;
     }
 
     // Rewrite: the rotation on [B,S,N,D], flattened heads, MultiHeadAttention.
@@ -841,16 +868,7 @@ class FuseAttentionPass final : public Pass {
     *mha.add_attribute() = IntAttribute("num_heads", num_heads);
     *mha.add_attribute() = FloatAttribute("scale", scores.scale);
     at = graph.AddNode(std::move(mha), at, /*after=*/true);
-    if (out.flattened) {
-      const std::string flat_shape = ints(out.output + "_flat_shape", {-1, hidden});
-      onnx::NodeProto flatten;
-      flatten.set_op_type("Reshape");
-      flatten.set_name(graph.UniqueName("attention_flatten"));
-      flatten.add_input(attended);
-      flatten.add_input(flat_shape);
-      flatten.add_output(out.output);
-      graph.AddNode(std::move(flatten), at, /*after=*/true);
-    }
+    if (out.flattened) AddFlatten(graph, attended, out.output, hidden, at);
     context.RequireOpset("com.microsoft", 1);
     context.CountRewrite();
     return true;
@@ -1025,23 +1043,7 @@ class FuseAttentionPass final : public Pass {
       }
     }
     std::vector<Node*> shape_nodes;
-    for (Node* node : pattern) {
-      for (const std::string& value : node->proto().output()) {
-        if (value.empty() || value == out.output) continue;
-        if (graph.IsGraphOutput(value)) {
-          *reason = "an intermediate value is a graph output";
-          return false;
-        }
-        for (Node* reader : graph.Consumers(value)) {
-          if (members.count(reader) > 0) continue;
-          if (!FeedsOnlyShapeInputs(graph, reader, targets, &shape_nodes)) {
-            *reason = absl::StrCat("an intermediate value (", node->op_type(), " output) is read outside the pattern by ",
-                                   reader->op_type());
-            return false;
-          }
-        }
-      }
-    }
+    if (!OnlyReadInside(graph, pattern, members, targets, out.output, &shape_nodes, reason)) return false;
 
     // Rewrite.
     std::string w_name = q.weight, b_name = q.bias;
@@ -1097,17 +1099,7 @@ class FuseAttentionPass final : public Pass {
       if (!node->removed()) graph.RemoveNode(node);
     }
     Node* fused = graph.AddNode(std::move(attention), anchor, /*after=*/true);
-    if (out.flattened) {
-      const std::string flat_shape = graph.UniqueName(out.output + "_flat_shape");
-      graph.AddInitializer(MakeInt64Tensor(flat_shape, {-1, hidden}));
-      onnx::NodeProto flatten;
-      flatten.set_op_type("Reshape");
-      flatten.set_name(graph.UniqueName("attention_flatten"));
-      flatten.add_input(attended);
-      flatten.add_input(flat_shape);
-      flatten.add_output(out.output);
-      graph.AddNode(std::move(flatten), fused, /*after=*/true);
-    }
+    if (out.flattened) AddFlatten(graph, attended, out.output, hidden, fused);
     if (layout == Layout::kSequenceFirst) {
       // The output projection, row-wise, now on the batch-first result: MatMul(W [H_in, H_out]) + b.
       std::string weight = out.out_weight;
