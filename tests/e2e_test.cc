@@ -53,6 +53,19 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_EQ(StopServer(), 0);
 }
 
+// --help lists the server's own flags with their defaults (abseil only lists those of files named
+// like the program unless told otherwise).
+TEST_F(E2eTest, ServerHelpListsItsFlags) {
+  const pid_t pid = Spawn({ONNXOPT_SERVER_BIN, "--help"}, dir_ / "help.out", dir_ / "help.err");
+  ASSERT_GT(pid, 0);
+  WaitFor(pid, std::chrono::seconds(30));
+  const std::string help = Slurp(dir_ / "help.out") + Slurp(dir_ / "help.err");
+  for (const char* flag : {"--listen", "--workers", "--data_dir", "--job_memory_limit_mb", "--upload_expiry_hours"}) {
+    EXPECT_TRUE(absl::StrContains(help, flag)) << flag << " missing from:\n" << help;
+  }
+  EXPECT_FALSE(absl::StrContains(help, "No flags matched"));
+}
+
 TEST_F(E2eTest, VisionAndExternalDataModels) {
   StartServer();
   const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 5}})");
