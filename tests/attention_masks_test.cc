@@ -91,6 +91,15 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   EXPECT_EQ(decoder.kind, MaskMeaning::Kind::kCausalKeyPadding) << decoder.why;
   EXPECT_EQ(decoder.padding_input, "attention_mask");
 
+  // A sliding window wider than the default probe lengths (64 positions back) is probed past its
+  // width and not taken for causal.
+  *graph.add_initializer() = Ints("window", {64});
+  *graph.add_node() = MakeNode("Sub", {"q", "t"}, {"distance"});
+  *graph.add_node() = MakeNode("Less", {"distance", "window"}, {"near"});
+  *graph.add_node() = MakeNode("And", {"causal_mask", "near"}, {"window_mask"});
+  MaskMeaning window = Probe(graph, "window_mask");
+  EXPECT_EQ(window.kind, MaskMeaning::Kind::kUnknown) << "a 64-wide window is not causal";
+
   // Anything else (here: each position sees only itself and later ones) is not taken for one of these.
   *graph.add_node() = MakeNode("GreaterOrEqual", {"t", "q"}, {"later"});
   *graph.add_node() = MakeNode("And", {"later", "everywhere"}, {"later_mask"});

@@ -1,12 +1,15 @@
 #include "optimizer/passes/canonical/attention_masks.h"
 
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/tensor_convert.h"
 
@@ -21,6 +24,33 @@ struct ProbeCase {
   int64_t length;
 };
 constexpr ProbeCase kProbeCases[] = {{1, 1}, {2, 7}, {3, 40}};
+// A mask that compares positions against a constant (a sliding window) is also probed one step past
+// its largest integer constant, up to this length; a larger constant makes the mask unknown.
+constexpr int64_t kMaxProbeLength = 4096;
+constexpr int64_t kMaxProbeElements = int64_t{1} << 26;
+
+// The largest magnitude among the one-element integer constants the mask's nodes read.
+int64_t LargestIntegerConstant(const Graph& graph, const std::vector<const Node*>& nodes) {
+  int64_t largest = 0;
+  for (const Node* node : nodes) {
+    for (const std::string& input : node->proto().input()) {
+      const onnx::TensorProto* tensor = graph.Initializer(input);
+      if (tensor == nullptr || (tensor->data_type() != onnx::TensorProto::INT64 &&
+                                tensor->data_type() != onnx::TensorProto::INT32)) {
+        continue;
+      }
+      auto values = TensorInts(*tensor);
+      if (!values || values->size() != 1) continue;
+      const int64_t v = (*values)[0];
+      if (v == std::numeric_limits<int64_t>::min() || v == std::numeric_limits<int64_t>::max() ||
+          v == std::numeric_limits<int32_t>::max() || v == std::numeric_limits<int32_t>::min()) {
+        continue;  // "to the end" bounds, not positions
+      }
+      largest = std::max(largest, v < 0 ? -v : v);
+    }
+  }
+  return largest;
+}
 
 // The nodes `value` is computed from, in graph order, and the graph inputs they read. False if that
 // takes a subgraph-carrying node or more than kMaxMaskNodes nodes.
@@ -67,25 +97,27 @@ size_t ElementBytes(int32_t type) {
   }
 }
 
-// Writes the number `one` (0 or 1) as element `index` of a raw buffer of `type`.
-bool WriteZeroOrOne(int32_t type, bool one, size_t index, std::string* raw) {
+// Writes the small number `n` (0 to 3; bools: n != 0) as element `index` of a raw buffer of `type`.
+// Values beyond 0/1 tell `!= 0` (what Attention's raw mask means) from `== 1`, and a padding id of 2
+// or 3 from no padding.
+bool WriteSmall(int32_t type, int n, size_t index, std::string* raw) {
   char* at = raw->data() + index * ElementBytes(type);
   switch (type) {
-    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::BOOL: *at = n != 0 ? 1 : 0; return true;
     case onnx::TensorProto::UINT8:
-    case onnx::TensorProto::INT8: *at = one ? 1 : 0; return true;
+    case onnx::TensorProto::INT8: *at = static_cast<char>(n); return true;
     case onnx::TensorProto::INT32: {
-      const int32_t v = one ? 1 : 0;
+      const int32_t v = n;
       std::memcpy(at, &v, sizeof(v));
       return true;
     }
     case onnx::TensorProto::INT64: {
-      const int64_t v = one ? 1 : 0;
+      const int64_t v = n;
       std::memcpy(at, &v, sizeof(v));
       return true;
     }
     case onnx::TensorProto::FLOAT: {
-      const float v = one ? 1.0f : 0.0f;
+      const float v = static_cast<float>(n);
       std::memcpy(at, &v, sizeof(v));
       return true;
     }
@@ -95,7 +127,8 @@ bool WriteZeroOrOne(int32_t type, bool one, size_t index, std::string* raw) {
 
 struct ProbeInput {
   const onnx::ValueInfoProto* info;
-  bool random;  // a rank-2 input of a type that can hold 0/1: a candidate padding mask
+  bool random;     // of a type that holds small numbers: filled with 0-3 (zeros otherwise)
+  bool candidate;  // and of rank 2: a candidate padding mask
 };
 
 // The probe inputs for one case, or nullopt when a dimension cannot be bound (an unnamed dynamic dim,
@@ -113,6 +146,7 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
     for (int i = 0; i < type.shape().dim_size(); ++i) {
       const auto& dim = type.shape().dim(i);
       int64_t size = dim.dim_value();
+      if (dim.has_dim_value() && dim.dim_value() < 0) return std::nullopt;
       if (!dim.has_dim_value()) {
         if (dim.dim_param().empty()) return std::nullopt;
         const int role = i == 0 ? 0 : 1;
@@ -122,12 +156,13 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
       }
       tensor.add_dims(size);
       count *= size;
+      if (count > kMaxProbeElements) return std::nullopt;
     }
     const size_t bytes = ElementBytes(type.elem_type());
     if (bytes == 0) return std::nullopt;
     std::string raw(static_cast<size_t>(count) * bytes, '\0');
     if (input.random) {
-      for (int64_t i = 0; i < count; ++i) WriteZeroOrOne(type.elem_type(), ((*random)() & 1) != 0, static_cast<size_t>(i), &raw);
+      for (int64_t i = 0; i < count; ++i) WriteSmall(type.elem_type(), static_cast<int>((*random)() & 3), static_cast<size_t>(i), &raw);
     }
     tensor.set_raw_data(std::move(raw));
     tensors.push_back(std::move(tensor));
@@ -162,10 +197,10 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
       return meaning;
     }
     const int32_t type = info.type().tensor_type().elem_type();
-    const bool zero_one = type == onnx::TensorProto::BOOL || type == onnx::TensorProto::UINT8 ||
-                          type == onnx::TensorProto::INT8 || type == onnx::TensorProto::INT32 ||
-                          type == onnx::TensorProto::INT64 || type == onnx::TensorProto::FLOAT;
-    inputs.push_back({&info, zero_one && info.type().tensor_type().shape().dim_size() == 2});
+    const bool small = type == onnx::TensorProto::BOOL || type == onnx::TensorProto::UINT8 ||
+                       type == onnx::TensorProto::INT8 || type == onnx::TensorProto::INT32 ||
+                       type == onnx::TensorProto::INT64 || type == onnx::TensorProto::FLOAT;
+    inputs.push_back({&info, small, small && info.type().tensor_type().shape().dim_size() == 2});
   }
 
   onnx::ModelProto model;
@@ -194,13 +229,21 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
 
   std::mt19937 random(20261123);
   // Which meanings every probe so far agrees with; a padding meaning per candidate input.
-  bool all_true = true, causal = true;
+  bool all_true = true, causal = true, bias_shaped = true;
   std::set<std::string> padding, causal_padding;
   for (const ProbeInput& input : inputs) {
-    if (input.random) padding.insert(input.info->name());
+    if (input.candidate) padding.insert(input.info->name());
   }
+  std::vector<ProbeCase> cases(std::begin(kProbeCases), std::end(kProbeCases));
+  const int64_t constant = LargestIntegerConstant(graph, nodes);
+  if (constant + 2 > kMaxProbeLength) {
+    meaning.why = absl::StrCat("the mask compares positions against ", constant, ", longer than can be probed");
+    return meaning;
+  }
+  if (constant + 2 > cases.back().length) cases.push_back({1, constant + 2});
   causal_padding = padding;
-  for (const ProbeCase& probe_case : kProbeCases) {
+  try {
+  for (const ProbeCase& probe_case : cases) {
     auto tensors = MakeProbeInputs(inputs, probe_case, &random);
     if (!tensors) {
       meaning.why = "the inputs' dynamic dimensions are not named batch-first";
@@ -231,6 +274,8 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
       meaning.why = "the mask is not a 4-D boolean tensor";
       return meaning;
     }
+    bias_shaped &= (shape[0] == probe_case.batch || shape[0] == 1) && shape[1] == 1 &&
+                   shape[2] == probe_case.length && shape[3] == probe_case.length;
     const bool* data = results[0].GetTensorData<bool>();
     const size_t count = info.GetElementCount();
     const int64_t keys = shape[3], queries = shape[2];
@@ -260,6 +305,11 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
       }
     }
   }
+  } catch (const std::exception& e) {  // Ort::Exception and allocation failures alike
+    meaning.why = absl::StrCat("the mask's subgraph fails on probe inputs: ", e.what());
+    return meaning;
+  }
+  meaning.bias_shaped = bias_shaped;
   // The probes include a length of 1, where causal and all-true coincide: all-true wins only when the
   // mask is all true at every length.
   if (all_true) {

@@ -12,10 +12,12 @@
 //   kCausal       mask[b, h, q, t] == (t <= q), queries and keys the same tokens (a decoder without
 //                 padding): Attention's unidirectional;
 //   kCausalKeyPadding  both at once (a decoder with a padded batch).
-// The probe covers batch sizes 1-3 and lengths 1-40 with random 0/1 masks (rows fully masked among
-// them); a mask that only differs from these meanings at other lengths (a sliding window wider than
-// 40) would be misread, which is why the fusions also require the key and query positions to come
-// from the same tokens and the job's parity check runs on the user's shapes afterwards.
+// The probe covers batch sizes 1-3 and lengths 1-40, and one length past the largest integer constant
+// the mask's nodes read (so a sliding window of W is probed at W + 2; past 4096 the mask is unknown),
+// with every input filled with small random numbers 0-3 (a mask must read != 0, as Attention's raw
+// mask does, not == 1; a padding id other than 0 shows). What it cannot see: left padding, under
+// which a causal + padding mask leaves whole rows masked, where the original's NaN guard gives 0 and
+// the fused operator the mean of V; the job's parity on the user's shapes is the backstop.
 #ifndef ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
 #define ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
 
@@ -30,6 +32,8 @@ struct MaskMeaning {
   enum class Kind { kUnknown, kAllTrue, kKeyPadding, kCausal, kCausalKeyPadding } kind = Kind::kUnknown;
   std::string padding_input;  // k*KeyPadding: the graph input holding the [B, T] mask
   std::string why;            // kUnknown: what the probe found
+  // The mask was [B or 1, 1, L, L] on every probe of length L: fit as an attention bias as it is.
+  bool bias_shaped = false;
 };
 
 // The meaning of the boolean value `mask` (rank 4, [B or 1, H or 1, S, T]) of the main graph.

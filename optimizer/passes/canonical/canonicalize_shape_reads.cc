@@ -6,9 +6,11 @@
 // Before:  Gather(Shape(v), i)          v's dim i is the symbolic dim "sequence"
 // After:   Gather(Shape(input), j)      the graph input whose dim j is "sequence"
 // Checked: Shape of the whole tensor (no start/end), Gather on axis 0 with one constant index, the
-// dim a named symbol (static dims are constant folding's), and a graph input with that symbol. Named
-// dims are the same size wherever shape inference gives them the same name.
+// dim a named symbol (static dims are constant folding's), and a graph input with that symbol that the
+// value is computed from (two inputs may declare the same name and still differ at run time).
 #include <map>
+#include <unordered_set>
+#include <vector>
 
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
@@ -16,6 +18,22 @@
 
 namespace onnxopt {
 namespace {
+
+// True if `value` is computed from the graph input `input` (walking producers back).
+bool ComputedFrom(const Graph& graph, const std::string& value, const std::string& input) {
+  std::unordered_set<std::string> seen;
+  std::vector<std::string> pending = {value};
+  while (!pending.empty()) {
+    const std::string current = pending.back();
+    pending.pop_back();
+    if (current == input) return true;
+    if (!seen.insert(current).second) continue;
+    if (const Node* producer = graph.Producer(current)) {
+      for (const std::string& operand : producer->proto().input()) pending.push_back(operand);
+    }
+  }
+  return false;
+}
 
 class CanonicalizeShapeReadsPass final : public Pass {
  public:
@@ -58,6 +76,9 @@ class CanonicalizeShapeReadsPass final : public Pass {
       auto source = sources.find(dim->dim_param());
       if (source == sources.end()) continue;
       const auto& [input, position] = source->second;
+      // Named dims are one size only by declaration (ONNX Runtime does not check that two inputs
+      // declared "sequence" agree): take the input only when the value is computed from it.
+      if (!ComputedFrom(graph, read, input)) continue;
       auto known = input_shapes.find(input);
       if (known == input_shapes.end()) {
         onnx::NodeProto read_shape;

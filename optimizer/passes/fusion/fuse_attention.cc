@@ -323,6 +323,7 @@ struct ContextOutput {
   std::vector<Node*> reshapes;          // Reshapes among them (their shape inputs may be pattern arithmetic)
   std::string output;                   // the [B,S,H] value the fused node replaces
   bool flattened = false;               // batch-first: `output` is [B*S, H] (a Reshape follows the fused node)
+  int64_t flat_width = 0;               // flattened: that H
   // Sequence-first only: the output projection, applied after the fused node.
   std::string out_weight, out_bias;
   bool out_weight_transposed = false;   // Gemm transB
@@ -355,6 +356,7 @@ bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, No
     // fused node's output is reshaped to again.
     auto target = ConstantInts(graph, reshape->input(1));
     out->flattened = rank == 2 && target && target->size() == 2 && (*target)[0] == -1 && (*target)[1] > 0;
+    if (out->flattened) out->flat_width = (*target)[1];
     if (rank != 3 && !out->flattened) return false;
     out->nodes.push_back(reshape);
     out->reshapes.push_back(reshape);
@@ -615,6 +617,17 @@ bool HasRotaryEmbedding(const Graph& graph, const std::string& heads) {
   return false;
 }
 
+// True if `term` can be ONNX Runtime's attention_bias for these scores: [B|1, N|1, S, T] with the
+// scores' S and T (only the first two axes broadcast there).
+bool FitsAttentionBias(const ShapeInfo& shapes, const std::string& term, const std::string& scores, int64_t heads) {
+  if (shapes.Rank(term).value_or(0) != 4 || !shapes.SameDim(term, -1, scores, -1) || !shapes.SameDim(term, -2, scores, -2)) {
+    return false;
+  }
+  const auto batch = shapes.DimValue(term, 0), head = shapes.DimValue(term, 1);
+  return (!batch || *batch == 1 || shapes.SameDim(term, 0, scores, 0)) &&
+         ((head && (*head == 1 || *head == heads)) || shapes.SameDim(term, 1, scores, 1));
+}
+
 // The guard transformers puts after Softmax for rows that mask every position: Where(IsNaN(p), 0, p).
 // Attention's finite mask value never makes such rows NaN, so the guard goes with the pattern.
 std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax) {
@@ -759,6 +772,10 @@ class FuseAttentionPass final : public Pass {
       *reason = "rotary attention: fewer key/value heads than query heads (grouped-query attention), not fused yet";
       return false;
     }
+    if (out.flattened && out.flat_width != hidden) {
+      *reason = "rotary attention: the context is flattened to another width than the attention's";
+      return false;
+    }
     int64_t num_heads = 0, head_size = 0;
     if (!HeadCounts(graph, shapes, context, Layout::kBatchFirst, q, hidden, &num_heads, &head_size) ||
         2 * q_rotary->half != head_size || 2 * k_rotary->half != head_size) {
@@ -772,15 +789,21 @@ class FuseAttentionPass final : public Pass {
       Node* where = ProducerWithOp(graph, bias, "Where");
       auto zero = where ? ConstantScalarFloat(graph, where->input(1)) : std::nullopt;
       auto fill = where ? ConstantScalarFloat(graph, where->input(2)) : std::nullopt;
-      if (zero && *zero == 0.0f && fill && *fill <= -1e4f) {
-        bias_cond = where->input(0);
-      } else if (!(shapes.Rank(bias).value_or(0) == 4 && shapes.SameDim(bias, -1, softmax->input(0), -1) &&
-                   shapes.SameDim(bias, -2, softmax->input(0), -2))) {
-        *reason = "rotary attention: the mask is not a [B|1, 1, S, T] term";
+      const bool boolean = zero && *zero == 0.0f && fill && *fill <= -1e4f;
+      bool fits = FitsAttentionBias(shapes, bias, softmax->input(0), num_heads);
+      if (boolean && !fits) {  // shapes unknown (opset 20): the probe saw [B|1, 1, L, L] at every length
+        auto known = probed->find(where->input(0));
+        if (known == probed->end()) {
+          known = probed->emplace(where->input(0), ProbeMaskMeaning(graph, context, where->input(0))).first;
+        }
+        fits = known->second.kind != MaskMeaning::Kind::kUnknown && known->second.bias_shaped;
+      }
+      if (!fits) {
+        *reason = "rotary attention: the mask is not a [B|1, N|1, S, T] term with the scores' S and T";
         return false;
       }
+      if (boolean) bias_cond = where->input(0);
     }
-    (void)probed;
     if (scores.causal_where != nullptr) {
       *reason = "rotary attention: a causal buffer mask is not supported here";
       return false;
@@ -939,7 +962,8 @@ class FuseAttentionPass final : public Pass {
       hidden = q.size;
       const bool bias_ok = q.bias.empty() || (b != nullptr && b->dims_size() == 1 && b->dims(0) == 3 * hidden &&
                                               TensorFloats(*b));
-      if (k.matmul != q.matmul || v.matmul != q.matmul || q.offset != 0 || k.offset != hidden ||
+      if (k.matmul != q.matmul || v.matmul != q.matmul || k.add != q.add || v.add != q.add || q.offset != 0 ||
+          k.offset != hidden ||
           v.offset != 2 * hidden || k.size != hidden || v.size != hidden || q_weight->dims(1) != 3 * hidden ||
           !bias_ok || !TensorFloats(*q_weight)) {
         *reason = "the packed Q/K/V projection is not split into three equal float parts in order";
@@ -961,6 +985,10 @@ class FuseAttentionPass final : public Pass {
         weights[i] = *std::move(wf);
         biases[i] = *std::move(bf);
       }
+    }
+    if (out.flattened && out.flat_width != hidden) {
+      *reason = "the context is flattened to another width than the attention's";
+      return false;
     }
     int64_t num_heads = 0, head_size = 0;
     if (!HeadCounts(graph, shapes, context, layout, q, hidden, &num_heads, &head_size)) {
@@ -999,10 +1027,8 @@ class FuseAttentionPass final : public Pass {
         // Any other float term added to the scores (T5's relative position bias plus its mask) is
         // Attention's attention_bias, when it is [B or 1, N or 1, S, T] with the scores' S and T.
         const std::string& term = scores.mask_term;
-        const bool biased = boolean_reason.empty() && shapes.Rank(term).value_or(0) == 4 &&
-                            shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
-                            shapes.SameDim(term, -1, softmax->input(0), -1) &&
-                            shapes.SameDim(term, -2, softmax->input(0), -2);
+        const bool biased = boolean_reason.empty() && shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
+                            FitsAttentionBias(shapes, term, softmax->input(0), num_heads);
         if (!biased) {
           *reason = !boolean_reason.empty() ? boolean_reason
                                             : absl::StrCat(additive_reason, ", nor a [B|1, N|1, S, T] float bias");

@@ -57,10 +57,14 @@ std::optional<std::tuple<int64_t, int64_t, int64_t>> Progression(const Graph& gr
   if (tensor == nullptr || tensor->dims_size() != 1 || tensor->dims(0) < 1) return std::nullopt;
   auto ints = TensorInts(*tensor);
   if (!ints || ints->empty()) return std::nullopt;
+  // Non-negative and below the largest int64 first, so the arithmetic below cannot overflow.
+  for (int64_t index : *ints) {
+    if (index < 0 || index == std::numeric_limits<int64_t>::max()) return std::nullopt;
+  }
   const int64_t step = ints->size() == 1 ? 1 : (*ints)[1] - (*ints)[0];
   if (step == 0) return std::nullopt;
-  for (size_t i = 0; i < ints->size(); ++i) {
-    if ((*ints)[i] < 0 || (*ints)[i] != (*ints)[0] + static_cast<int64_t>(i) * step) return std::nullopt;
+  for (size_t i = 1; i < ints->size(); ++i) {
+    if ((*ints)[i] - (*ints)[i - 1] != step) return std::nullopt;
   }
   return std::make_tuple(ints->front(), step, ints->back());
 }
