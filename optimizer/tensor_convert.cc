@@ -6,8 +6,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace onnxopt {
-namespace {
-
 // Bytes per element for fixed-size types onnxopt converts; 0 for others.
 size_t ElementSize(int32_t type) {
   switch (type) {
@@ -19,6 +17,8 @@ size_t ElementSize(int32_t type) {
     default: return 0;
   }
 }
+
+namespace {
 
 // Serializes the typed repeated field of `tensor` into little-endian element bytes.
 std::string TypedFieldBytes(const onnx::TensorProto& tensor, size_t count) {

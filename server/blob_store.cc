@@ -29,6 +29,11 @@ bool IsValidUploadId(const std::string& upload_id) {
   return true;
 }
 
+absl::Status CheckUploadId(const std::string& upload_id) {
+  if (upload_id.empty() || IsValidUploadId(upload_id)) return absl::OkStatus();
+  return absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
+}
+
 BlobUpload::BlobUpload(BlobStore* store, std::string sha256, fs::path partial, int64_t total_size, int64_t committed)
     : store_(store), sha256_(std::move(sha256)), partial_(std::move(partial)), total_size_(total_size),
       committed_(committed) {
@@ -126,9 +131,7 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
   if (!IsValidSha256(sha256)) {
     return absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits");
   }
-  if (!upload_id.empty() && !IsValidUploadId(upload_id)) {
-    return absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
-  }
+  if (absl::Status id = CheckUploadId(upload_id); !id.ok()) return id;
   if (total_size < 0) return absl::InvalidArgumentError("BAD_SIZE: total_size must be >= 0");
   if (total_size > max_blob_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size,

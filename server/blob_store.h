@@ -88,6 +88,8 @@ class BlobStore {
 
 // Upload ids: 1 to 128 characters of [A-Za-z0-9_-].
 bool IsValidUploadId(const std::string& upload_id);
+// OK for an empty (anonymous) or valid id; INVALID_ARGUMENT (BAD_UPLOAD_ID) otherwise.
+absl::Status CheckUploadId(const std::string& upload_id);
 
 }  // namespace onnxopt::server
 

@@ -89,10 +89,7 @@ grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext*, const v1::G
     if (!IsValidSha256(request->sha256())) {
       return ToGrpc(absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits"));
     }
-    if (!request->upload_id().empty() && !IsValidUploadId(request->upload_id())) {
-      return ToGrpc(absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, "
-                                               "0-9, '-' and '_'"));
-    }
+    if (absl::Status id = CheckUploadId(request->upload_id()); !id.ok()) return ToGrpc(id);
     response->set_sha256(request->sha256());
     response->set_complete(blobs_->Exists(request->sha256()));
     response->set_committed_size(blobs_->CommittedSize(request->sha256(), request->upload_id()));

@@ -193,7 +193,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   {
     auto store = JobStore::Open(database);
     bool created;
-    (*store)->Create(NewJob(), &created);
+    ASSERT_TRUE((*store)->Create(NewJob(), &created).ok());
     name = (*store)->Create(NewJob("retry-me"), &created)->name();
   }
   {

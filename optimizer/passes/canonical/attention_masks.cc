@@ -78,30 +78,11 @@ bool CollectAncestors(const Graph& graph, const std::string& value, std::vector<
   return true;
 }
 
-size_t ElementBytes(int32_t type) {
-  switch (type) {
-    case onnx::TensorProto::BOOL:
-    case onnx::TensorProto::UINT8:
-    case onnx::TensorProto::INT8: return 1;
-    case onnx::TensorProto::FLOAT16:
-    case onnx::TensorProto::BFLOAT16:
-    case onnx::TensorProto::INT16:
-    case onnx::TensorProto::UINT16: return 2;
-    case onnx::TensorProto::FLOAT:
-    case onnx::TensorProto::INT32:
-    case onnx::TensorProto::UINT32: return 4;
-    case onnx::TensorProto::DOUBLE:
-    case onnx::TensorProto::INT64:
-    case onnx::TensorProto::UINT64: return 8;
-    default: return 0;
-  }
-}
-
 // Writes the small number `n` (0 to 3; bools: n != 0) as element `index` of a raw buffer of `type`.
 // Values beyond 0/1 tell `!= 0` (what Attention's raw mask means) from `== 1`, and a padding id of 2
 // or 3 from no padding.
 bool WriteSmall(int32_t type, int n, size_t index, std::string* raw) {
-  char* at = raw->data() + index * ElementBytes(type);
+  char* at = raw->data() + index * ElementSize(type);
   switch (type) {
     case onnx::TensorProto::BOOL: *at = n != 0 ? 1 : 0; return true;
     case onnx::TensorProto::UINT8:
@@ -158,7 +139,7 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
       count *= size;
       if (count > kMaxProbeElements) return std::nullopt;
     }
-    const size_t bytes = ElementBytes(type.elem_type());
+    const size_t bytes = ElementSize(type.elem_type());
     if (bytes == 0) return std::nullopt;
     std::string raw(static_cast<size_t>(count) * bytes, '\0');
     if (input.random) {
@@ -171,7 +152,7 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
 }
 
 bool NonZero(const onnx::TensorProto& tensor, size_t index) {
-  const size_t bytes = ElementBytes(tensor.data_type());
+  const size_t bytes = ElementSize(tensor.data_type());
   const std::string& raw = tensor.raw_data();
   for (size_t i = 0; i < bytes; ++i) {
     if (raw[index * bytes + i] != 0) return true;

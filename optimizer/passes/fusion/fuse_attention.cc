@@ -483,6 +483,14 @@ bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& 
   return false;
 }
 
+// The meaning of the boolean mask `cond`, probed once per pass run (masks are shared by layers).
+const MaskMeaning& ProbeOnce(const Graph& graph, const PassContext& context, const std::string& cond,
+                             std::map<std::string, MaskMeaning>* probed) {
+  auto known = probed->find(cond);
+  if (known == probed->end()) known = probed->emplace(cond, ProbeMaskMeaning(graph, context, cond)).first;
+  return known->second;
+}
+
 // The boolean mask `Where(cond, 0, fill)` (fill -inf or below -1e4), as masking_utils writes it for
 // SDPA and eager attention: what cond means is probed (attention_masks.h). All true: no mask at all.
 // A key-padding mask of a [B, T] input: that input is Attention's raw mask. Causal (alone or with
@@ -495,9 +503,7 @@ bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std:
   auto zero = where ? ConstantScalarFloat(graph, where->input(1)) : std::nullopt;
   auto fill = where ? ConstantScalarFloat(graph, where->input(2)) : std::nullopt;
   if (where == nullptr || !zero || *zero != 0.0f || !fill || !(*fill <= -1e4f)) return false;
-  auto known = probed->find(where->input(0));
-  if (known == probed->end()) known = probed->emplace(where->input(0), ProbeMaskMeaning(graph, context, where->input(0))).first;
-  const MaskMeaning& meaning = known->second;
+  const MaskMeaning& meaning = ProbeOnce(graph, context, where->input(0), probed);
   switch (meaning.kind) {
     case MaskMeaning::Kind::kAllTrue:  // raw_mask stays empty: no mask input
       return true;
@@ -792,11 +798,8 @@ class FuseAttentionPass final : public Pass {
       const bool boolean = zero && *zero == 0.0f && fill && *fill <= -1e4f;
       bool fits = FitsAttentionBias(shapes, bias, softmax->input(0), num_heads);
       if (boolean && !fits) {  // shapes unknown (opset 20): the probe saw [B|1, 1, L, L] at every length
-        auto known = probed->find(where->input(0));
-        if (known == probed->end()) {
-          known = probed->emplace(where->input(0), ProbeMaskMeaning(graph, context, where->input(0))).first;
-        }
-        fits = known->second.kind != MaskMeaning::Kind::kUnknown && known->second.bias_shaped;
+        const MaskMeaning& meaning = ProbeOnce(graph, context, where->input(0), probed);
+        fits = meaning.kind != MaskMeaning::Kind::kUnknown && meaning.bias_shaped;
       }
       if (!fits) {
         *reason = "rotary attention: the mask is not a [B|1, N|1, S, T] term with the scores' S and T";
