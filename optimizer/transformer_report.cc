@@ -192,6 +192,7 @@ v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, c
   for (const auto& node : optimized.graph().node()) {
     if (kFusedOps.count(node.op_type()) == 0) continue;
     ++fused[node.op_type()];
+    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = IntAttribute(node, "num_heads");
     if (node.op_type() == "Attention") {
       if (heads == 0) heads = IntAttribute(node, "num_heads");
       auto weight = initializers.find(node.input_size() > 1 ? node.input(1) : "");

@@ -42,9 +42,10 @@ const Export kExports[] = {
     // Relative position bias (plus the padding mask) as Attention's attention_bias, no scaling; the
     // key length the bias reads from K comes from the input instead (canonicalize_shape_reads).
     {"t5_encoder_torchscript", {{"Attention", 2}}, "t5", true},
-    // Rotary embeddings on Q and K after the head split: MultiHeadAttention on the rotated heads.
-    {"llama_torchscript", {{"MultiHeadAttention", 2}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
-    {"llama_dynamo", {{"MultiHeadAttention", 2}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
+    // Rotary embeddings on Q and K after the head split: RotaryEmbedding on the projections (its caches
+    // the first halves of the cos/sin tables), then MultiHeadAttention.
+    {"llama_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
+    {"llama_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
 };
 
 // Fused attention blocks an export expects, of either operator.

@@ -1,5 +1,5 @@
 // The transformer preset on every exported family (BERT, RoBERTa, GPT-2, ViT, a LLaMA-style RMSNorm
-// block) at every opset it was exported at: each fusion fires, the report calls the model fully
+// block, a LLaMA/Mistral-style decoder with grouped-query attention) at every opset it was exported at: each fusion fires, the report calls the model fully
 // fused for its family, and ONNX Runtime gives the same outputs within 1e-4 absolute, on inputs with
 // padded masks at sequence 16 and 128.
 #include <map>
@@ -33,6 +33,8 @@ const std::vector<Family>& Families() {
       {"gpt2", {11, 14, 17}, {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"FastGelu", 2}}, "gpt2"},
       {"vit", {11, 14, 17}, {{"Attention", 2}, {"SkipLayerNormalization", 5}, {"BiasGelu", 2}}, "vit"},
       {"rmsnorm", {14, 17}, {{"SimplifiedLayerNormalization", 1}, {"SkipSimplifiedLayerNormalization", 1}, {"QuickGelu", 1}}, ""},
+      // Rotary Q/K from a position_ids input (a cos/sin row per batch row), grouped-query K/V.
+      {"llama_gqa", {14, 17}, {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama"},
   };
   return *families;
 }

@@ -211,8 +211,18 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       const bool is_mask = absl::StrContains(lower, "mask");
       const int64_t rows = IndexedTableRows(model.graph(), initializers, name);
       std::normal_distribution<float> normal(0.0f, 1.0f);
+      // Position ids that index no table (rotary embeddings compute from them) count along each row,
+      // row r in steps of r + 1: the rows differ by more than a shift, which rotary attention cannot
+      // see (its scores depend on position differences), and no row is all zeros (no rotation).
+      const bool is_position = rows == 0 && !is_mask && absl::StrContains(lower, "position") && !shape.empty();
+      const int64_t row_length = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
+      int64_t element = 0;
       auto integer = [&]() -> int64_t {
         if (rows > 0) return std::uniform_int_distribution<int64_t>(0, rows - 1)(random);
+        if (is_position) {
+          const int64_t i = element++;
+          return (i % row_length) * (i / row_length + 1);
+        }
         return is_mask ? 1 : 0;
       };
       Ort::Value value(nullptr);

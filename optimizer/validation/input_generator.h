@@ -2,7 +2,8 @@
 // generated: seeded, dtype-aware and shaped from the config's named dimension values (one set of
 // values per shape set). Integer inputs that index an embedding table (Gather indices) get ids inside
 // the table, inputs named like masks get ones (with trailing zeros per row when mask_padding is set),
-// token type ids and other integers zeros, floats a standard normal.
+// other integer inputs named like positions count along each row (row r in steps of r + 1), token type ids and
+// other integers zeros, floats a standard normal.
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_INPUT_GENERATOR_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_INPUT_GENERATOR_H_
 

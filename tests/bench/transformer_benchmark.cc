@@ -7,11 +7,12 @@
 //   onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=128] [--threads=N]
 //       runs one job (onnxopt's own Optimize, the path a server job takes) N times and prints each
 //       reported median and their spread: how far the report can be trusted run to run.
-//   onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=2]
+//   onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=2] [--only=llama,t5]
 //       the Hugging Face exports in tests/fixtures/hf at batch 1 and 8, sequence 128 (ViT: its 197
 //       tokens): Attention fused, and onnxopt's output against the original and against the two peers
 //       beside it, ONNX Runtime's transformers optimizer (.ortopt.onnx) and onnxscript's
-//       optimize_for_ort (.osopt.onnx), each pair interleaved in one process.
+//       optimize_for_ort (.osopt.onnx), each pair interleaved in one process; --only keeps the models
+//       whose names contain one of the given words.
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -106,13 +107,17 @@ absl::StatusOr<v1::BenchmarkReport> SideBySide(const onnx::ModelProto& other, co
   return report;
 }
 
-int HfExports(double budget, int threads) {
+int HfExports(double budget, int threads, const std::vector<std::string>& only) {
   const fs::path folder = fs::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(folder)) {
     const std::string file = entry.path().filename().string();
-    if (absl::EndsWith(file, ".onnx") && !absl::StrContains(file, ".ortopt") && !absl::StrContains(file, ".osopt")) {
-      names.push_back(file.substr(0, file.size() - 5));
+    if (!absl::EndsWith(file, ".onnx") || absl::StrContains(file, ".ortopt") || absl::StrContains(file, ".osopt")) {
+      continue;
+    }
+    const std::string name = file.substr(0, file.size() - 5);
+    if (only.empty() || std::any_of(only.begin(), only.end(), [&](const std::string& w) { return absl::StrContains(name, w); })) {
+      names.push_back(name);
     }
   }
   std::sort(names.begin(), names.end());
@@ -183,6 +188,7 @@ int Main(int argc, char** argv) {
   std::string fixture = "bert_opset14";
   int64_t sequence = 128;
   bool hf = false;
+  std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     bool ok = false;
@@ -205,6 +211,9 @@ int Main(int argc, char** argv) {
       ok = fs::exists(Fixture(fixture));
     } else if (absl::StartsWith(arg, "--threads=")) {
       ok = absl::SimpleAtoi(arg.substr(10), &threads) && threads >= 0;
+    } else if (absl::StartsWith(arg, "--only=")) {
+      only = absl::StrSplit(arg.substr(7), ',', absl::SkipEmpty());
+      ok = !only.empty();
     } else if (absl::StartsWith(arg, "--sequence=")) {
       ok = absl::SimpleAtoi(arg.substr(11), &sequence) && sequence > 0 && sequence <= 128;
     }
@@ -212,12 +221,12 @@ int Main(int argc, char** argv) {
       std::cerr << "usage: onnxopt-transformer-benchmark [--opsets=11,14,17] [--budget=SECONDS]\n"
                    "       onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=1..128]"
                    " [--threads=N]\n"
-                   "       onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=N]\n";
+                   "       onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=N] [--only=WORD,...]\n";
       return 2;
     }
   }
   if (repeat > 0) return Repeat(repeat, fixture, sequence, budget, threads);
-  if (hf) return HfExports(budget, threads);
+  if (hf) return HfExports(budget, threads, only);
 
   struct Case {
     std::string family;
