@@ -61,7 +61,8 @@ Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
 Local commands (no server):
   optimize MODEL -o OUT.onnx [--config FILE.json] [--inputs DIR] [--json] [--html FILE]
   compare ORIGINAL OPTIMIZED [--config FILE.json] [--inputs DIR] [--json]
-                      run both in ONNX Runtime on the same generated inputs and compare outputs
+                      run both in ONNX Runtime on the same generated inputs, compare outputs and
+                      time them side by side (the config's "benchmark": {"skip": true} skips that)
 
 Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.
 )";
@@ -241,6 +242,29 @@ int Submit(Client& client, const Args& args) {
   return Follow(client, job->name(), out);
 }
 
+// Both models timed side by side, as a job's benchmark times them: ONNX Runtime's optimizations (all
+// unless the config says otherwise), no thread spinning, interleaved until the medians settle.
+absl::Status CompareLatency(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
+                            const onnxopt::v1::OptimizationConfig& config,
+                            const std::vector<onnxopt::SuppliedSample>& supplied, onnxopt::v1::BenchmarkReport* report) {
+  onnxopt::SessionSettings settings;
+  settings.optimization_level = onnxopt::OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
+  settings.allow_spinning = false;
+  settings.intra_op_threads = config.benchmark().intra_op_threads();
+  report->set_thread_spinning(false);
+  report->set_device(onnxopt::CpuDescription());
+  report->set_execution_provider("CPUExecutionProvider");
+  report->set_ort_optimization_level(onnxopt::OrtLevelName(settings.optimization_level));
+  report->set_execution_mode("sequential");
+  auto a = onnxopt::CreateSession({original.SerializeAsString(), {}}, settings);
+  if (!a.ok()) return a.status();
+  auto b = onnxopt::CreateSession({optimized.SerializeAsString(), {}}, settings);
+  if (!b.ok()) return b.status();
+  auto inputs = onnxopt::BenchmarkInputs(**a, original, config.validation(), supplied);
+  if (!inputs.ok()) return inputs.status();
+  return onnxopt::Benchmark(**a, **b, *inputs, config.benchmark(), nullptr, report);
+}
+
 int Local(const Args& args) {
   const std::string& command = args.positional[0];
   auto config = ConfigFrom(args);
@@ -311,8 +335,13 @@ int Local(const Args& args) {
                                              nullptr, report.mutable_parity(), onnxopt::ModelPrecision(*optimized),
                                              supplied);
   if (!status.ok()) return Report(status);
-  report.mutable_benchmark()->set_skipped(true);
-  std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report.parity()) : onnxopt::client::FormatReport(report));
+  if (config->benchmark().skip()) {
+    report.mutable_benchmark()->set_skipped(true);
+  } else {
+    absl::Status timed = CompareLatency(*original, *optimized, *config, supplied, report.mutable_benchmark());
+    if (!timed.ok()) return Report(timed);
+  }
+  std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
   return report.parity().passed() ? kOk : kJobFailed;
 }
 

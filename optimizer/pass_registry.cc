@@ -54,6 +54,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeEliminateDeadNodesPass());
     built->Register(MakeEliminateUnusedInitializersPass());
     built->Register(MakeGatherRangeToSlicePass());
+    built->Register(MakeFoldRelativePositionBucketsPass());
     built->Register(MakeFuseConvBatchNormPass());
     built->Register(MakeFuseConsecutiveTransposesPass());
     built->Register(MakeFixDynamicDimsPass());
@@ -78,7 +79,8 @@ const PassRegistry& DefaultPassRegistry() {
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
     std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul",
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
-                                         "fuse_reshape_chains", "gather_range_to_slice", "upstream_slice"};
+                                         "fuse_reshape_chains", "gather_range_to_slice", "fold_relative_position_buckets",
+                                         "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
     std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
@@ -90,7 +92,8 @@ const PassRegistry& DefaultPassRegistry() {
                       {{cleanups, true}}});
     built->AddPreset({"extended",
                       "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transposes into Gemm, Transpose "
-                      "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, slices moved upstream; initializers listed as inputs "
+                      "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, relative position buckets into a table, slices "
+                      "moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
                       {{extended, true}}});
     // The cleanups run to a fixed point first, so the fusions see constants as initializers; the

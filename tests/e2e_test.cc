@@ -27,9 +27,10 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   ASSERT_TRUE(fs::exists(out));
   ASSERT_TRUE(fs::exists(out.string() + ".report.json"));
 
-  Result compare = Cli({"compare", FixturePath("bert_tiny.onnx").string(), out.string()});
+  Result compare = Cli({"compare", FixturePath("bert_tiny.onnx").string(), out.string(), "--config", config.string()});
   EXPECT_EQ(compare.code, 0) << compare.out << compare.err;
   EXPECT_TRUE(absl::StrContains(compare.out, "PASSED"));
+  EXPECT_TRUE(absl::StrContains(compare.out, "speedup")) << "compare times both models side by side";
 
   const std::string job = submit.out.substr(0, submit.out.find('\n'));
   Result report = Cli({"report", job});
@@ -73,7 +74,7 @@ TEST_F(E2eTest, VisionAndExternalDataModels) {
     const fs::path out = dir_ / (std::string(model).substr(0, 3) + ".onnx");
     Result submit = Cli({"submit", FixturePath(model).string(), "--config", config.string(), "-o", out.string()});
     ASSERT_EQ(submit.code, 0) << model << ": " << submit.err;
-    Result compare = Cli({"compare", FixturePath(model).string(), out.string()});
+    Result compare = Cli({"compare", FixturePath(model).string(), out.string(), "--config", config.string()});
     EXPECT_EQ(compare.code, 0) << model << ": " << compare.out << compare.err;
   }
 }

@@ -74,8 +74,11 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   for (const char* gone : {"IsNaN", "Erf"}) EXPECT_EQ(ops.count(gone), 0u) << gone;
   EXPECT_EQ(ops.count("Softmax") == 0 ? 0 : ops["Softmax"], 2 - ExpectedAttention(e)) << "every fused block's Softmax goes";
   for (const auto& node : run.model.graph().node()) {
-    if (node.op_type() == "MultiHeadAttention") {  // the causal + padding mask as attention_bias
-      EXPECT_TRUE(node.input_size() > 5 && !node.input(5).empty()) << "attention_bias of " << node.name();
+    if (node.op_type() == "MultiHeadAttention") {  // the causal + padding mask as MHA's own masking
+      EXPECT_TRUE(node.input_size() > 4 && !node.input(4).empty()) << "key_padding_mask of " << node.name();
+      bool unidirectional = false;
+      for (const auto& attribute : node.attribute()) unidirectional |= attribute.name() == "unidirectional" && attribute.i() == 1;
+      EXPECT_TRUE(unidirectional) << "LLaMA's causal mask becomes unidirectional attention";
     }
     if (node.op_type() != "Attention") continue;
     const bool biased = node.input_size() > 5 && !node.input(5).empty();

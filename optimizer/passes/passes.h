@@ -17,6 +17,7 @@ std::unique_ptr<Pass> MakeEliminateCommonSubexpressionsPass();
 std::unique_ptr<Pass> MakeEliminateDuplicateInitializersPass();
 std::unique_ptr<Pass> MakeFoldConstantsPass();
 std::unique_ptr<Pass> MakeGatherRangeToSlicePass();
+std::unique_ptr<Pass> MakeFoldRelativePositionBucketsPass();
 std::unique_ptr<Pass> MakeFuseConvBatchNormPass();
 std::unique_ptr<Pass> MakeFuseConsecutiveTransposesPass();
 std::unique_ptr<Pass> MakeFixDynamicDimsPass();

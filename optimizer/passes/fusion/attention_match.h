@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "optimizer/graph.h"
@@ -48,6 +49,19 @@ struct Scores {
   Node* causal_where = nullptr;
   Node* mask_add = nullptr;
   std::string mask_term;
+};
+
+// What RotaryEmbedding reads besides the projection, built once per cos/sin table pair and shared
+// by every layer that rotates with it.
+struct RotaryInputs {
+  std::string cos_cache, sin_cache, position_ids;
+};
+
+// What one run of fuse_attention builds once and every attention block of the graph reuses.
+struct FusionState {
+  std::unordered_map<std::string, std::string> int32_masks;  // raw mask -> its int32 Cast
+  std::map<std::string, MaskMeaning> probed;                   // boolean mask -> what it means
+  std::map<std::string, RotaryInputs> rotary_inputs;           // cos/sin tables -> RotaryEmbedding's inputs
 };
 
 // Where the context goes after MatMul(probs, v), back to [B,S,H].

@@ -62,7 +62,7 @@ class FuseAttentionPass final : public Pass {
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     const ShapeInfo* shapes = context.shapes();
     if (shapes == nullptr) return absl::OkStatus();
-    RunState state;
+    FusionState state;
     for (Node* softmax : graph.Nodes()) {
       if (softmax->removed() || softmax->op_type() != "Softmax" || !softmax->domain().empty()) continue;
       std::string reason;
@@ -74,15 +74,8 @@ class FuseAttentionPass final : public Pass {
   }
 
  private:
-  // What one run builds once and every attention block reuses.
-  struct RunState {
-    std::unordered_map<std::string, std::string> int32_masks;  // raw mask -> its int32 Cast
-    std::map<std::string, MaskMeaning> probed;                   // boolean mask -> what it means
-    RotaryInputCache rotary_inputs;                              // cos/sin tables -> RotaryEmbedding's inputs
-  };
-
   static bool TryFuse(Graph& graph, Node* softmax, const ShapeInfo& shapes, PassContext& context,
-                      RunState* state, std::string* reason) {
+                      FusionState* state, std::string* reason) {
     const auto rank = shapes.Rank(softmax->input(0));
     // Before opset 13 Softmax defaults to axis 1 (over everything after it, flattened).
     const int64_t axis = softmax->GetAttributeInt("axis", context.OpsetVersion("") < 13 ? 1 : -1);
@@ -104,8 +97,8 @@ class FuseAttentionPass final : public Pass {
     Projection q, k, v;
     if (!MatchHeads(graph, shapes, layout, scores.q_heads, scores.k_heads, context_matmul->input(1), &q, &k, &v)) {
       if (layout == Layout::kBatchFirst && HasRotaryEmbedding(graph, scores.q_heads)) {
-        return FuseRotaryAttention(graph, softmax, shapes, context, scores, nan_guard, context_matmul, out,
-                                   &state->probed, &state->rotary_inputs, reason);
+        return FuseRotaryAttention(graph, softmax, shapes, context, scores, nan_guard, context_matmul, out, state,
+                                   reason);
       }
       *reason = "Q, K and V are not head-split projections";
       return false;

@@ -215,8 +215,7 @@ bool HasRotaryEmbedding(const Graph& graph, const std::string& heads) {
 // The projections stay as they are; the mask term becomes attention_bias (-inf as the lowest float).
 bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, PassContext& context,
                          const Scores& scores, const std::vector<Node*>& nan_guard, Node* context_matmul,
-                         const ContextOutput& out, std::map<std::string, MaskMeaning>* probed,
-                         RotaryInputCache* rotary_inputs, std::string* reason) {
+                         const ContextOutput& out, FusionState* state, std::string* reason) {
   const Perm plain{0, 2, 1, 3};
   Node* k_swap = ProducerWithOp(graph, scores.k_heads, "Transpose");
   auto q_rotary = MatchRotary(graph, scores.q_heads);
@@ -265,9 +264,19 @@ bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, P
     *reason = "rotary attention: the heads or the rotated half are not known to match";
     return false;
   }
-  // The mask term: a boolean Where becomes a float bias with a finite fill; another float term as is.
-  std::string bias_cond;
+  // The mask term: a boolean Where whose meaning the probe knows becomes MultiHeadAttention's own
+  // masking (key_padding_mask of the raw [B, T] mask, unidirectional), which spares the mask's
+  // subgraph and, with no mask at all, lets ONNX Runtime take its flash-attention kernel; another
+  // boolean Where becomes a float bias with a finite fill; another float term goes in as it is.
+  std::string bias_cond, raw_mask;
   std::string bias = scores.mask_add != nullptr ? scores.mask_term : "";
+  float mask_filter = 0.0f;
+  bool causal = false;
+  std::string not_native;
+  if (!bias.empty() &&
+      MatchBooleanMask(graph, context, bias, &state->probed, &raw_mask, &mask_filter, &causal, &not_native)) {
+    bias.clear();
+  }
   if (!bias.empty()) {
     Node* where = ProducerWithOp(graph, bias, "Where");
     auto zero = where ? ConstantScalarFloat(graph, where->input(1)) : std::nullopt;
@@ -275,7 +284,7 @@ bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, P
     const bool boolean = zero && *zero == 0.0f && fill && *fill <= -1e4f;
     bool fits = FitsAttentionBias(shapes, bias, softmax->input(0), num_heads);
     if (boolean && !fits) {  // shapes unknown (opset 20): the probe saw [B|1, 1, L, L] at every length
-      const MaskMeaning& meaning = ProbeOnce(graph, context, where->input(0), probed);
+      const MaskMeaning& meaning = ProbeOnce(graph, context, where->input(0), &state->probed);
       fits = meaning.kind != MaskMeaning::Kind::kUnknown && meaning.bias_shaped;
     }
     if (!fits) {
@@ -347,7 +356,7 @@ bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, P
     // cos/sin tables [B',S,D] (B' = 1 or B) as rows [B'*S, D/2], and position (b, s) reads row
     // (b mod B')*S + s: the offset 0 where B' is known to be 1, else
     // Expand(Reshape(Range(0, B'*S), [-1, S]), [B, S]). Built once per table pair.
-    RotaryInputs& shared = (*rotary_inputs)[absl::StrCat(q_rotary->cos, "\n", q_rotary->sin)];
+    RotaryInputs& shared = state->rotary_inputs[absl::StrCat(q_rotary->cos, "\n", q_rotary->sin)];
     if (shared.cos_cache.empty()) {
       const std::string zero = ints("rotary_zero", {0});
       const std::string half = ints("rotary_half", {q_rotary->half});
@@ -441,14 +450,23 @@ bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, P
   mha.set_domain("com.microsoft");
   mha.set_name(graph.UniqueName("MultiHeadAttention"));
   for (const std::string& input : {query, key, value}) mha.add_input(input);
-  if (!attention_bias.empty()) {
-    for (int i = 0; i < 2; ++i) mha.add_input("");  // bias, key_padding_mask
-    mha.add_input(attention_bias);
+  if (!raw_mask.empty() || !attention_bias.empty()) mha.add_input("");  // bias
+  if (!raw_mask.empty()) {
+    auto known = state->int32_masks.find(raw_mask);
+    if (known == state->int32_masks.end()) {
+      known = state->int32_masks.emplace(raw_mask, AddCast(graph, raw_mask, onnx::TensorProto::INT32, q.matmul)).first;
+    }
+    mha.add_input(known->second);  // key_padding_mask
+  } else if (!attention_bias.empty()) {
+    mha.add_input("");
   }
+  if (!attention_bias.empty()) mha.add_input(attention_bias);
   const std::string attended = out.flattened ? graph.UniqueName(out.output + "_attention") : out.output;
   mha.add_output(attended);
   *mha.add_attribute() = IntAttribute("num_heads", num_heads);
   *mha.add_attribute() = FloatAttribute("scale", scores.scale);
+  if (causal) *mha.add_attribute() = IntAttribute("unidirectional", 1);
+  if (!raw_mask.empty()) *mha.add_attribute() = FloatAttribute("mask_filter_value", mask_filter);
   at = graph.AddNode(std::move(mha), at, /*after=*/true);
   if (out.flattened) AddFlatten(graph, attended, out.output, hidden, at);
   context.RequireOpset("com.microsoft", 1);

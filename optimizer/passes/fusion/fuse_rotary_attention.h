@@ -12,7 +12,6 @@
 #ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_FUSE_ROTARY_ATTENTION_H_
 #define ONNXOPT_OPTIMIZER_PASSES_FUSION_FUSE_ROTARY_ATTENTION_H_
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -24,19 +23,11 @@ namespace onnxopt::attention {
 // whose first part is negated (LLaMA-style rotary position embeddings).
 bool HasRotaryEmbedding(const Graph& graph, const std::string& heads);
 
-// What RotaryEmbedding reads besides the projection, built once per cos/sin table pair and shared
-// by every layer that rotates with it.
-struct RotaryInputs {
-  std::string cos_cache, sin_cache, position_ids;
-};
-using RotaryInputCache = std::map<std::string, RotaryInputs>;
-
 // Fuses the attention whose scores `scores` feed `softmax`, when Q and K are rotated; false with a
 // reason when a check fails (the graph is then unchanged).
 bool FuseRotaryAttention(Graph& graph, Node* softmax, const ShapeInfo& shapes, PassContext& context,
                          const Scores& scores, const std::vector<Node*>& nan_guard, Node* context_matmul,
-                         const ContextOutput& out, std::map<std::string, MaskMeaning>* probed,
-                         RotaryInputCache* rotary_inputs, std::string* reason);
+                         const ContextOutput& out, FusionState* state, std::string* reason);
 
 }  // namespace onnxopt::attention
 
