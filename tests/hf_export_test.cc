@@ -32,13 +32,14 @@ const Export kExports[] = {
     {"roberta_cls_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "roberta", true},
     {"gpt2_torchscript", {{"Attention", 2}, {"FastGelu", 2}}, "gpt2", true},
     {"vit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
-    // torch.export (dynamo) at opset 20: K^T as Reshape -> 3-D Transpose -> Reshape, GatherND masks.
-    {"bert_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}}, "bert", true},
-    {"bert_eager_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}}, "bert", true},
-    {"roberta_cls_dynamo", {{"Attention", 2}}, "roberta", true},
-    {"vit_dynamo", {{"Attention", 2}}, "vit", false},
+    // torch.export (dynamo) at opset 20: K^T as Reshape -> 3-D Transpose -> Reshape, GatherND masks, ONNX's
+    // own Gelu after the bias Add (BiasGelu, FastGelu for approximate="tanh").
+    {"bert_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
+    {"bert_eager_dynamo", {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"BiasGelu", 2}}, "bert", true},
+    {"roberta_cls_dynamo", {{"Attention", 2}, {"BiasGelu", 2}}, "roberta", true},
+    {"vit_dynamo", {{"Attention", 2}, {"BiasGelu", 2}}, "vit", false},
     // Packed QKV split by Split(num_outputs), no projection bias, heads merged to [B*S, H] for a Gemm.
-    {"gpt2_dynamo", {{"Attention", 2}, {"EmbedLayerNormalization", 1}}, "gpt2", true},
+    {"gpt2_dynamo", {{"Attention", 2}, {"EmbedLayerNormalization", 1}, {"FastGelu", 2}}, "gpt2", true},
     // Relative position bias (plus the padding mask) as Attention's attention_bias, no scaling; the
     // key length the bias reads from K comes from the input instead (canonicalize_shape_reads).
     {"t5_encoder_torchscript", {{"Attention", 2}}, "t5", true},

@@ -6,6 +6,7 @@
 #include <random>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
@@ -337,6 +338,33 @@ TEST(UpstreamSliceTest, ShrinksTheDynamicRobertaHead) {
     }
     EXPECT_GE(moves, 10) << "fixed dims " << fixed_dims << ": the token slice climbs through the last layer";
     ExpectSameOutputs(start, model, 1e-5, 1e-4);
+  }
+}
+
+// After the transformer fusions the last layer is SkipLayerNormalization, BiasGelu/Gelu and MatMuls:
+// the classification head's token slice still climbs through its feed-forward block (both exporters).
+TEST(UpstreamSliceTest, ClimbsThroughFusedOperatorsToTheLastAttention) {
+  for (const char* name : {"hf/roberta_cls_torchscript.onnx", "hf/roberta_cls_dynamo.onnx"}) {
+    auto original = LoadModel(testing::FixturePath(name));
+    ASSERT_TRUE(original.ok()) << name;
+    PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    // Every SkipLayerNormalization after the last Attention reads sliced tokens.
+    const auto& nodes = run.model.graph().node();
+    int last_attention = -1;
+    for (int i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].op_type() == "Attention") last_attention = i;
+    }
+    ASSERT_GE(last_attention, 0) << name;
+    int sliced_norms = 0;
+    for (int i = last_attention + 1; i < nodes.size(); ++i) {
+      if (nodes[i].op_type() != "SkipLayerNormalization") continue;
+      ++sliced_norms;
+      EXPECT_TRUE(absl::StrContains(nodes[i].input(1), "_sliced")) << name << ": " << nodes[i].name();
+    }
+    EXPECT_EQ(sliced_norms, 2) << name << ": after attention and after the feed-forward block";
+    v1::ParityReport parity;
+    testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {16, 128}, &parity);
   }
 }
 

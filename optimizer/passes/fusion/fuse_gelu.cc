@@ -4,7 +4,8 @@
 // Before (tanh):  y = 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))      y = FastGelu(x)
 // Before (quick): y = x * Sigmoid(alpha * x), or SiLU x * Sigmoid(x)              y = QuickGelu(x, alpha)
 // With x = Add(h, bias[N]) read by nothing else, the bias is absorbed: BiasGelu(h, bias) and
-// FastGelu(h, bias), also for a Gelu/FastGelu fused earlier whose bias Add appeared later. Operands
+// FastGelu(h, bias), also for a Gelu/FastGelu fused earlier whose bias Add appeared later and for
+// ONNX's Gelu (opset 20; approximate "tanh" as FastGelu) after a bias Add. Operands
 // of Mul/Add may come in either order; x / sqrt(2) may be written x * (1 / sqrt(2)); x^3 as Pow or
 // x * x * x. Constants must match to 1e-4 relative. All emitted operators are in
 // com.microsoft: the result runs on ONNX Runtime.
@@ -89,19 +90,32 @@ std::optional<std::string> CubeOf(const Graph& graph, const std::string& value, 
 }
 
 // Gelu(Add(h, bias)) -> BiasGelu(h, bias); FastGelu(Add(h, bias)) -> FastGelu(h, bias), for Gelu nodes
-// fused before their bias Add became visible (an earlier rewrite produced it).
+// fused before their bias Add became visible (an earlier rewrite produced it), and for ONNX's own
+// Gelu (opset 20, what the dynamo exporter writes): approximate "none" as BiasGelu, "tanh" as FastGelu.
 void AbsorbBiasIntoFusedGelu(Graph& graph, PassContext& context) {
   for (Node* gelu : graph.Nodes()) {
-    if (gelu->removed() || gelu->domain() != kMicrosoft || gelu->input_size() != 1 ||
-        (gelu->op_type() != "Gelu" && gelu->op_type() != "FastGelu")) {
+    const bool onnx_gelu = gelu->domain().empty() && gelu->op_type() == "Gelu";
+    if (gelu->removed() || gelu->input_size() != 1 ||
+        !(onnx_gelu || (gelu->domain() == kMicrosoft && (gelu->op_type() == "Gelu" || gelu->op_type() == "FastGelu")))) {
       continue;
     }
+    std::string approximate = "none";
+    if (const onnx::AttributeProto* attribute = gelu->FindAttribute("approximate"); onnx_gelu && attribute != nullptr) {
+      approximate = attribute->s();
+    }
+    if (approximate != "none" && approximate != "tanh") continue;
     Node* add = ProducerWithOp(graph, gelu->input(0), "Add");
     if (add == nullptr || add->input_size() != 2 || SoleConsumer(graph, add->output(0)) != gelu) continue;
     for (int side = 0; side < 2; ++side) {
       const onnx::TensorProto* constant = ConstantTensor(graph, add->input(side));
       if (constant == nullptr || constant->dims_size() != 1 || constant->data_type() != onnx::TensorProto::FLOAT) continue;
       onnx::NodeProto fused = gelu->proto();
+      if (onnx_gelu) {
+        fused.set_domain(kMicrosoft);
+        fused.clear_attribute();
+        if (approximate == "tanh") fused.set_op_type("FastGelu");
+        context.RequireOpset(kMicrosoft, 1);
+      }
       if (fused.op_type() == "Gelu") fused.set_op_type("BiasGelu");
       fused.set_input(0, add->input(1 - side));
       fused.add_input(add->input(side));

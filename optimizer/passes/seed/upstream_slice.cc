@@ -16,7 +16,12 @@
 //   2-D matrix, or a batch axis the right operand does not have;
 // - Transpose: the slice moves to axis perm[k] of its input (a scalar Gather drops that entry from
 //   perm). Reshape is not crossed: exporters compute its target shape at run time.
-// The producer's output must be read by the slice alone (or by identical slices, which become one).
+// - ONNX Runtime's token-wise operators the transformer fusions write, on an axis before the last:
+//   Gelu, QuickGelu, BiasGelu, FastGelu (bias over the last axis), SimplifiedLayerNormalization, and
+//   (Simplified)SkipLayerNormalization (input and skip sliced as broadcasting inputs), so a
+//   classification head on the first token makes the last layer's feed-forward block compute one.
+// The producer's output must be read by the slice alone (or by identical slices, which become one);
+// its other outputs (a LayerNorm's statistics, SkipLayerNorm's residual sum) must be read by nothing.
 // A Gather with a scalar index removes the axis, so positive reduction axes after it shift down.
 // Shapes come from shape inference; where a rank or size is unknown, the slice stays.
 #include <deque>
@@ -34,6 +39,12 @@ const std::set<std::string>& UnaryOps() {
   static const auto* ops = new std::set<std::string>{
       "Relu", "Erf", "Tanh", "Sigmoid", "Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Cast", "Identity",
       "Softplus", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Gelu", "Not", "Sign", "Floor", "Ceil", "Round"};
+  return *ops;
+}
+
+// com.microsoft operators that work token by token: element-wise, with a bias over the last axis.
+const std::set<std::string>& TokenwiseContribOps() {
+  static const auto* ops = new std::set<std::string>{"Gelu", "QuickGelu", "BiasGelu", "FastGelu"};
   return *ops;
 }
 
@@ -87,7 +98,8 @@ class UpstreamSlicePass final : public Pass {
  public:
   absl::string_view name() const override { return "upstream_slice"; }
   absl::string_view description() const override {
-    return "Move Gather/Slice above element-wise ops, Softmax/LayerNorm/Reduce and MatMul so less is computed";
+    return "Move Gather/Slice above element-wise ops, Softmax/LayerNorm/Reduce, MatMul and ONNX Runtime's token-wise "
+           "operators so less is computed";
   }
   bool needs_shapes() const override { return true; }
 
@@ -115,7 +127,11 @@ class UpstreamSlicePass final : public Pass {
     const std::string value = node->input(0);
     Node* producer = graph.Producer(value);
     const auto out_rank = shapes.Rank(value);
-    if (producer == nullptr || graph.IsGraphOutput(value) || producer->output_size() != 1) return {};
+    if (producer == nullptr || graph.IsGraphOutput(value) || producer->output(0) != value) return {};
+    for (int i = 1; i < producer->output_size(); ++i) {  // statistics, residual sums: nobody may read them
+      const std::string& extra = producer->output(i);
+      if (!extra.empty() && (graph.HasConsumers(extra) || graph.IsGraphOutput(extra))) return {};
+    }
     if (!out_rank) {
       context.Skip("upstream_slice: the sliced value's shape is unknown (a dynamic Reshape? fix_dynamic_dims helps)");
       return {};
@@ -158,27 +174,51 @@ class UpstreamSlicePass final : public Pass {
       return true;
     };
 
-    if (!producer->domain().empty()) return {};
-    if (UnaryOps().count(op) > 0 || (op == "Clip" && producer->input_size() >= 1)) {
-      sliced_inputs = {0};
-      input_axes = {axis};
-    } else if (BroadcastOps().count(op) > 0) {
-      for (int i = 0; i < producer->input_size(); ++i) {
+    // Inputs that broadcast against the output: sliced where they have the axis at the output's size.
+    auto slice_broadcasting = [&](int first, int last) {
+      for (int i = first; i <= last && i < producer->input_size(); ++i) {
+        if (producer->input(i).empty()) continue;
         const auto input_rank = shapes.Rank(producer->input(i));
         if (!input_rank) {
           context.Skip("upstream_slice: an input's rank is unknown");
-          return {};
+          return false;
         }
         const int64_t aligned = axis - (rank - *input_rank);
         if (aligned < 0) continue;  // the input has no such axis: it broadcasts either way
         if (!same_dim(producer->input(i), aligned)) {
           context.Skip("upstream_slice: an input's size on the sliced axis is 1 or unknown");
-          return {};
+          return false;
         }
         sliced_inputs.push_back(i);
         input_axes.push_back(aligned);
       }
-    } else if (op == "Softmax" || op == "LayerNormalization") {
+      return true;
+    };
+    // The remaining inputs (gamma, beta, biases) must hold the last axis alone.
+    auto last_axis_only = [&](int first) {
+      for (int i = first; i < producer->input_size(); ++i) {
+        if (!producer->input(i).empty() && shapes.Rank(producer->input(i)).value_or(0) != 1) return false;
+      }
+      return axis < rank - 1;
+    };
+
+    if (producer->domain() == "com.microsoft") {
+      if (TokenwiseContribOps().count(op) > 0 && last_axis_only(1)) {
+        sliced_inputs = {0};
+        input_axes = {axis};
+      } else if ((op == "SkipLayerNormalization" || op == "SkipSimplifiedLayerNormalization") && last_axis_only(2)) {
+        if (!slice_broadcasting(0, 1)) return {};
+      } else {
+        return {};
+      }
+    } else if (!producer->domain().empty()) {
+      return {};
+    } else if (UnaryOps().count(op) > 0 || (op == "Clip" && producer->input_size() >= 1)) {
+      sliced_inputs = {0};
+      input_axes = {axis};
+    } else if (BroadcastOps().count(op) > 0) {
+      if (!slice_broadcasting(0, producer->input_size() - 1)) return {};
+    } else if (op == "Softmax" || op == "LayerNormalization" || op == "SimplifiedLayerNormalization") {
       std::vector<int64_t> shifted;
       const int64_t default_axis = op == "Softmax" && context.OpsetVersion("") < 13 ? 1 : -1;
       if (!reduction_after({producer->GetAttributeInt("axis", default_axis)}, &shifted)) return {};
