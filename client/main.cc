@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/report_format.h"
 #include "client/report_html.h"
@@ -42,16 +43,18 @@ enum ExitCode : int {
 constexpr char kUsageText[] = R"(usage: onnxopt [--server ADDR] COMMAND [ARGS]
 
 Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
-  submit MODEL [--config FILE.json] [--inputs DIR] [--wait] [-o OUT.onnx] [--request-id ID]
+  submit MODEL [CONFIG OPTIONS] [--inputs DIR] [--wait] [-o OUT.onnx] [--request-id ID] [--json]
                       upload MODEL (and its external data) and queue a job; with --wait or -o,
                       follow it and download the optimized model and its report. --inputs DIR
                       validates on real inputs: DIR/test_data_set_N/input_K.pb (ONNX's test data
-                      layout) or DIR/NAME.pb, serialized TensorProtos named like the inputs
+                      layout) or DIR/NAME.pb, serialized TensorProtos named like the inputs.
+                      --json prints the job as JSON; with --wait or -o, {"job": ..., "report": ...}
+                      once it ends
   status JOB [--json]       show a job
   list [--state STATE] [--page-size N] [--page-token T] [--json]
-  watch JOB                 print progress until the job ends
-  cancel JOB                cancel a queued or running job
-  download JOB [-o OUT] [--artifact NAME]
+  watch JOB [--json]        print progress until the job ends
+  cancel JOB [--json]       cancel a queued or running job
+  download JOB [-o OUT] [--artifact NAME] [--json]
   report JOB [--json] [--html FILE]
                             the job's report as a table (or JSON); --html writes it as one
                             self-contained page with charts
@@ -59,10 +62,17 @@ Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
   info [--json]             server version, ONNX Runtime version, execution providers
 
 Local commands (no server):
-  optimize MODEL -o OUT.onnx [--config FILE.json] [--inputs DIR] [--json] [--html FILE]
-  compare ORIGINAL OPTIMIZED [--config FILE.json] [--inputs DIR] [--json]
+  optimize MODEL -o OUT.onnx [CONFIG OPTIONS] [--inputs DIR] [--json] [--html FILE]
+  compare ORIGINAL OPTIMIZED [CONFIG OPTIONS] [--inputs DIR] [--json]
                       run both in ONNX Runtime on the same generated inputs, compare outputs and
                       time them side by side (the config's "benchmark": {"skip": true} skips that)
+
+CONFIG OPTIONS (the flags win over the file):
+  --config FILE.json  an onnxopt.v1.OptimizationConfig in protobuf JSON
+  --preset NAME       auto (the default: the best pipeline for what the model is), basic, extended,
+                      transformer, none
+  --device cpu|cuda   where parity and the benchmark run
+  --dim NAME=N        a dynamic dimension's value for validation and the benchmark (repeatable)
 
 Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.
 )";
@@ -70,6 +80,7 @@ Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input re
 struct Args {
   std::vector<std::string> positional;
   std::map<std::string, std::string> options;  // "--config" -> value; flags -> ""
+  std::vector<std::string> dims;               // every --dim, in order
   bool Has(const std::string& name) const { return options.count(name) > 0; }
   std::string Get(const std::string& name, const std::string& fallback = "") const {
     auto it = options.find(name);
@@ -80,7 +91,8 @@ struct Args {
 const std::map<std::string, bool> kKnownOptions = {  // name -> takes a value
     {"--server", true},    {"--config", true},     {"-o", true},           {"--request-id", true},
     {"--state", true},     {"--page-size", true},  {"--page-token", true}, {"--artifact", true},
-    {"--inputs", true},    {"--html", true},
+    {"--inputs", true},    {"--html", true},       {"--preset", true},     {"--device", true},
+    {"--dim", true},
     {"--wait", false},     {"--json", false},      {"--help", false},      {"-h", false}};
 
 std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
@@ -109,6 +121,7 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       }
       value = argv[++i];
     }
+    if (arg == "--dim") args.dims.push_back(value);
     args.options[arg] = value;
   }
   return args;
@@ -147,9 +160,38 @@ int ExitForJob(const onnxopt::v1::Job& job) {
   }
 }
 
+// The config file (or the defaults) with --preset, --device and --dim applied over it.
 absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
-  if (!args.Has("--config")) return onnxopt::v1::OptimizationConfig();
-  return onnxopt::client::LoadConfigFile(args.Get("--config"));
+  onnxopt::v1::OptimizationConfig config;
+  if (args.Has("--config")) {
+    auto loaded = onnxopt::client::LoadConfigFile(args.Get("--config"));
+    if (!loaded.ok()) return loaded.status();
+    config = *std::move(loaded);
+  }
+  if (args.Has("--preset")) {
+    if (args.Get("--preset").empty()) return absl::InvalidArgumentError("--preset needs a name");
+    config.set_preset(args.Get("--preset"));
+    config.clear_passes();  // the flag wins over a pass list in the file
+  }
+  if (args.Has("--device")) {
+    const std::string device = absl::AsciiStrToLower(args.Get("--device"));
+    if (device == "cpu") {
+      config.mutable_benchmark()->set_device(onnxopt::v1::DEVICE_CPU);
+    } else if (device == "cuda" || device == "gpu") {
+      config.mutable_benchmark()->set_device(onnxopt::v1::DEVICE_CUDA);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--device ", args.Get("--device"), ": use cpu or cuda"));
+    }
+  }
+  for (const std::string& dim : args.dims) {
+    const size_t equals = dim.find('=');
+    int64_t value = 0;
+    if (equals == std::string::npos || equals == 0 || !absl::SimpleAtoi(dim.substr(equals + 1), &value) || value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 1"));
+    }
+    (*config.mutable_validation()->mutable_dim_values())[dim.substr(0, equals)] = value;
+  }
+  return config;
 }
 
 // A status line that rewrites itself on a terminal and prints one line per change otherwise.
@@ -194,7 +236,8 @@ absl::Status DownloadResult(Client& client, const onnxopt::v1::Job& job, const f
   return client.Download(job.name(), "report.json", *report_path);
 }
 
-int Follow(Client& client, const std::string& name, const fs::path& out) {
+// Waits for the job and downloads its result to `out`. With `json`: the final job, then its report.
+int Follow(Client& client, const std::string& name, const fs::path& out, bool json) {
   ProgressLine line;
   auto final_job = client.WatchJob(name, [&](const onnxopt::v1::Job& job) {
     line.Show(absl::StrCat(name, "  ", onnxopt::client::FormatProgressLine(job)));
@@ -202,12 +245,22 @@ int Follow(Client& client, const std::string& name, const fs::path& out) {
   line.Done();
   if (!final_job.ok()) return Report(final_job.status());
   if (final_job->state() != onnxopt::v1::SUCCEEDED) {
-    std::cerr << onnxopt::client::FormatJob(*final_job);
+    if (json) {
+      std::cout << onnxopt::client::JobAndReportJson(*final_job, nullptr);
+    } else {
+      std::cerr << onnxopt::client::FormatJob(*final_job);
+    }
     return ExitForJob(*final_job);
   }
   fs::path report_path;
   absl::Status downloaded = DownloadResult(client, *final_job, out, &report_path);
   if (!downloaded.ok()) return Report(downloaded);
+  if (json) {
+    auto report = client.GetReport(name);
+    if (!report.ok()) return Report(report.status());
+    std::cout << onnxopt::client::JobAndReportJson(*final_job, &*report);
+    return kOk;
+  }
   const auto& result = final_job->result();
   std::cout << "optimized model: " << out.string() << "\n"
             << "report:          " << report_path.string() << "\n"
@@ -236,10 +289,16 @@ int Submit(Client& client, const Args& args) {
   }
   auto job = client.CreateJob(*reference, *config, args.Get("--request-id"), inputs);
   if (!job.ok()) return Report(job.status());
-  std::cout << job->name() << std::endl;
-  if (!args.Has("--wait") && !args.Has("-o")) return kOk;
+  const bool json = args.Has("--json");
+  const bool follow = args.Has("--wait") || args.Has("-o");
+  if (!json) {
+    std::cout << job->name() << std::endl;
+  } else if (!follow) {
+    std::cout << onnxopt::client::ToJson(*job) << std::flush;  // one JSON document per command
+  }
+  if (!follow) return kOk;
   fs::path out = args.Has("-o") ? fs::path(args.Get("-o")) : fs::path(model.stem().string() + ".optimized.onnx");
-  return Follow(client, job->name(), out);
+  return Follow(client, job->name(), out, json);
 }
 
 // Both models timed side by side, as a job's benchmark times them: ONNX Runtime's optimizations (all
@@ -307,7 +366,7 @@ int Local(const Args& args) {
       if (!written.ok()) return Report(written);
     }
     if (!result.ok()) return Report(result.status());
-    std::cout << "optimized model: " << out.string() << std::endl;
+    if (!args.Has("--json")) std::cout << "optimized model: " << out.string() << std::endl;
     return kOk;
   }
   // compare
@@ -397,13 +456,17 @@ int Run(const Args& args) {
       fs::path report_path;
       absl::Status status = DownloadResult(client, *job, out, &report_path);
       if (!status.ok()) return Report(status);
-      std::cout << "optimized model: " << out.string() << "\nreport:          " << report_path.string() << std::endl;
+      if (json) {
+        std::cout << onnxopt::client::JsonObject({{"model", out.string()}, {"report", report_path.string()}});
+      } else {
+        std::cout << "optimized model: " << out.string() << "\nreport:          " << report_path.string() << std::endl;
+      }
       return kOk;
     }
     const fs::path out = args.Get("-o", artifact);
     absl::Status status = client.Download(*name, artifact, out);
     if (!status.ok()) return Report(status);
-    std::cout << out.string() << std::endl;
+    std::cout << (json ? onnxopt::client::JsonObject({{artifact, out.string()}}) : out.string() + "\n");
     return kOk;
   }
   if (command == "list") {
@@ -460,12 +523,44 @@ int Run(const Args& args) {
 
 }  // namespace
 
+// `onnxopt COMMAND --help`: that command's lines of the usage text (and the config options where it
+// takes them); empty for an unknown command.
+std::string CommandHelp(const std::string& command) {
+  std::string help;
+  bool in_command = false;
+  for (absl::string_view line : absl::StrSplit(kUsageText, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat("  ", command, " ")) || line == absl::StrCat("  ", command)) {
+      in_command = true;
+    } else if (!absl::StartsWith(line, "     ")) {
+      in_command = false;
+    }
+    if (in_command) absl::StrAppend(&help, line, "\n");
+  }
+  if (help.empty()) return help;
+  help = absl::StrCat("usage: onnxopt [--server ADDR]\n", help);
+  if (absl::StrContains(help, "CONFIG OPTIONS")) {
+    const size_t options = absl::string_view(kUsageText).find("\nCONFIG OPTIONS (") + 1;
+    const size_t end = absl::string_view(kUsageText).find("\nExit codes", options);
+    absl::StrAppend(&help, "\n", absl::string_view(kUsageText).substr(options, end - options), "\n");
+  }
+  return help;
+}
+
 int main(int argc, char** argv) {
   std::string error;
   std::optional<Args> args = ParseArgs(argc, argv, &error);
   if (!args) {
     std::cerr << "onnxopt: " << error << "\n\n" << kUsageText;
     return kUsage;
+  }
+  if ((args->Has("--help") || args->Has("-h")) && !args->positional.empty()) {
+    const std::string help = CommandHelp(args->positional[0]);
+    if (help.empty()) {
+      std::cerr << "onnxopt: unknown command '" << args->positional[0] << "'\n\n" << kUsageText;
+      return kUsage;
+    }
+    std::cout << help;
+    return kOk;
   }
   if (args->Has("--help") || args->Has("-h") || args->positional.empty()) {
     std::cout << kUsageText;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -91,6 +92,19 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& fields) {
+  google::protobuf::Struct object;
+  for (const auto& [key, value] : fields) (*object.mutable_fields())[key].set_string_value(value);
+  return ToJson(object);
+}
+
+std::string JobAndReportJson(const v1::Job& job, const v1::Report* report) {
+  std::string out = absl::StrCat("{\n\"job\": ", ToJson(job));
+  if (report != nullptr) absl::StrAppend(&out, ",\n\"report\": ", ToJson(*report));
+  absl::StrAppend(&out, "}\n");
+  return out;
+}
+
 std::string FormatProgressLine(const v1::Job& job) {
   std::string line = absl::StrFormat("%-9s", v1::JobState_Name(job.state()));
   if (job.state() == v1::RUNNING) {
@@ -135,8 +149,9 @@ std::string FormatJob(const v1::Job& job) {
 std::string FormatReport(const v1::Report& report) {
   std::string out;
   absl::StrAppend(&out, "Report for ", report.job().empty() ? "local run" : report.job(), " (onnxopt ",
-                  report.optimizer_version(), ", ", absl::StrFormat("%.2f s", report.total_seconds()), ")\n\n");
-  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "model", "original", "optimized"));
+                  report.optimizer_version(), ", ", absl::StrFormat("%.2f s", report.total_seconds()), ")\n");
+  if (!report.pipeline().empty()) absl::StrAppend(&out, "pipeline: ", report.pipeline(), "\n");
+  absl::StrAppend(&out, "\n", absl::StrFormat("%-12s %10s %10s\n", "model", "original", "optimized"));
   absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "nodes", report.original().nodes(), report.optimized().nodes()));
   absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "initializers", report.original().initializers(),
                                         report.optimized().initializers()));

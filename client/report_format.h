@@ -3,6 +3,8 @@
 #define ONNXOPT_CLIENT_REPORT_FORMAT_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "onnxopt/v1/report.pb.h"
 #include "onnxopt/v1/service.pb.h"
@@ -14,6 +16,10 @@ std::string FormatJob(const v1::Job& job);
 // One line, e.g. "RUNNING  optimizing  pass 2/4 eliminate_dropout".
 std::string FormatProgressLine(const v1::Job& job);
 std::string ToJson(const google::protobuf::Message& message);
+// {"key": "value", ...} with JSON escaping, for commands whose output is not one message.
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& fields);
+// {"job": <job>, "report": <report>}: what `submit --json --wait` prints once the job ends.
+std::string JobAndReportJson(const v1::Job& job, const v1::Report* report);
 // ", attention_mask padded 25%" when generated masks had trailing zeros, else "".
 std::string PaddedMasks(const v1::ParityReport& parity);
 

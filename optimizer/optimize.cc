@@ -208,8 +208,9 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   if (!supplied.ok()) return fail(supplied.status());
 
   Progress(request, Phase::kOptimizing);
-  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, DefaultPassRegistry());
+  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, DefaultPassRegistry(), &*original);
   if (!pipeline.ok()) return fail(pipeline.status());
+  report.set_pipeline(pipeline->preset);
   onnx::ModelProto optimized = *original;
   PassManagerOptions options;
   options.cancelled = request.cancelled;

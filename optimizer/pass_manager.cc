@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/graph.h"
+#include "optimizer/transformer_report.h"
 
 namespace onnxopt {
 namespace {
@@ -86,7 +87,8 @@ std::string Pipeline::ToString() const {
   return absl::StrJoin(parts, ",");
 }
 
-absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry) {
+absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry,
+                                       const onnx::ModelProto* model) {
   if (config.max_iterations() < 0 || config.max_iterations() > 100) {
     return absl::InvalidArgumentError("max_iterations must be between 1 and 100 (0 for the default)");
   }
@@ -115,9 +117,23 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
       if (!invocation.ok()) return invocation.status();
       pipeline.steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
     }
+    pipeline.preset = "passes";
     return pipeline;
   }
-  const std::string preset_name = config.preset().empty() ? kDefaultPreset : config.preset();
+  std::string preset_name = config.preset().empty() ? kDefaultPreset : config.preset();
+  pipeline.preset = preset_name;
+  std::set<std::string> left_out;
+  if (preset_name == kAutoPreset) {
+    // A family the config names counts as detected.
+    const std::string family =
+        !config.transformer().family().empty() ? config.transformer().family()
+        : model != nullptr                     ? DetectTransformer(*model).family
+                                               : "config check";
+    preset_name = family.empty() ? "extended" : "transformer";
+    pipeline.preset = family.empty() ? "auto: extended (no transformer found)"
+                                     : absl::StrCat("auto: transformer (", family, ")");
+    left_out = kInterfaceChangingPasses;
+  }
   const Preset* preset = registry.FindPreset(preset_name);
   if (preset == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset_name, "'"));
   const google::protobuf::Map<std::string, google::protobuf::Value> no_params;
@@ -125,6 +141,7 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
     PipelineStep step;
     step.max_iterations = group.fixed_point ? max_iterations : 1;
     for (const std::string& name : group.passes) {
+      if (left_out.count(name) > 0) continue;
       auto invocation = MakeInvocation(registry, name, no_params);
       if (!invocation.ok()) return invocation.status();
       step.passes.push_back(*std::move(invocation));

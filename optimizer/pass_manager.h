@@ -33,14 +33,19 @@ struct PipelineStep {
 struct Pipeline {
   std::vector<PipelineStep> steps;
   ModelHints hints;  // from the config's transformer options
+  std::string preset;  // what runs: a preset's name, "auto: transformer (bert)", or "passes"
   int PassCount() const;  // invocations in one sweep of every step
   std::string ToString() const;  // e.g. "fixed_point(a,b)<=8"
 };
 
 inline constexpr int kDefaultMaxIterations = 8;
 
-// INVALID_ARGUMENT for unknown passes/presets, unknown parameters and ill-typed values.
-absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry);
+// INVALID_ARGUMENT for unknown passes/presets, unknown parameters and ill-typed values. The `auto`
+// preset (the default) looks at `model`: a transformer (any family DetectTransformer names) gets the
+// `transformer` preset's passes, anything else `extended`'s, both without the passes that change the
+// model's interface. Without a model (checking a config) it builds the transformer variant.
+absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry,
+                                       const onnx::ModelProto* model = nullptr);
 
 struct PassManagerOptions {
   const std::atomic<bool>* cancelled = nullptr;

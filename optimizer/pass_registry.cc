@@ -85,6 +85,11 @@ const PassRegistry& DefaultPassRegistry() {
     std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
+    // Resolved per model by BuildPipeline; listed here so it is named, described and validated.
+    built->AddPreset({kAutoPreset,
+                      "the default: the transformer preset for a transformer (any family onnxopt detects), "
+                      "extended for anything else; never a pass that changes the model's inputs",
+                      {}});
     built->AddPreset({"basic",
                       "safe cleanups until nothing changes: Identity, inference Dropout and no-op nodes, constant "
                       "folding (ONNX Runtime as the evaluator), common subexpressions, duplicate and unused "

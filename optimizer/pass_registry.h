@@ -4,6 +4,7 @@
 #define ONNXOPT_OPTIMIZER_PASS_REGISTRY_H_
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,7 +43,11 @@ class PassRegistry {
 // Every pass and preset onnxopt ships.
 const PassRegistry& DefaultPassRegistry();
 
-inline constexpr char kDefaultPreset[] = "basic";
+// The default: the best pipeline for what the model is (BuildPipeline resolves it).
+inline constexpr char kAutoPreset[] = "auto";
+inline constexpr char kDefaultPreset[] = "auto";
+// Passes `auto` leaves out because they change what a caller can feed the model.
+inline const std::set<std::string> kInterfaceChangingPasses = {"eliminate_initializer_inputs"};
 
 }  // namespace onnxopt
 

@@ -2,6 +2,8 @@
 #include "tests/e2e_harness.h"
 
 #include "client/client.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "optimizer/sha256.h"
 
 namespace onnxopt {
@@ -65,6 +67,49 @@ TEST_F(E2eTest, ServerHelpListsItsFlags) {
     EXPECT_TRUE(absl::StrContains(help, flag)) << flag << " missing from:\n" << help;
   }
   EXPECT_FALSE(absl::StrContains(help, "No flags matched"));
+}
+
+// No config: the `auto` preset fuses the example transformer. Flags over a config file, --json as one
+// JSON document a pipeline can parse, per-command help.
+TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
+  StartServer();
+  const fs::path out = dir_ / "auto" / "bert.onnx";
+  Result plain = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "-o", out.string()});
+  ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
+  const std::string job = plain.out.substr(0, plain.out.find('\n'));
+  Result report = Cli({"report", job});
+  EXPECT_TRUE(absl::StrContains(report.out, "pipeline: auto: transformer (bert)")) << report.out;
+  EXPECT_TRUE(absl::StrContains(report.out, "fully fused")) << report.out;
+
+  // The file says basic and sequence 8; the flags say transformer and sequence 24, and win.
+  const fs::path config = WriteFile("config.json", R"({"preset": "basic", "validation": {"dimValues": {"sequence": 8}},
+                                                       "benchmark": {"iterations": 10}})");
+  Result json = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", config.string(), "--preset",
+                     "transformer", "--dim", "sequence=24", "--dim", "batch=2", "--json", "--wait", "-o",
+                     (dir_ / "json" / "bert.onnx").string()});
+  ASSERT_EQ(json.code, 0) << json.err << json.out;
+  google::protobuf::Struct document;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.out, &document).ok()) << "one JSON document:\n" << json.out;
+  const auto& fields = document.fields();
+  ASSERT_TRUE(fields.count("job") && fields.count("report")) << json.out;
+  EXPECT_EQ(fields.at("job").struct_value().fields().at("state").string_value(), "SUCCEEDED");
+  EXPECT_EQ(fields.at("report").struct_value().fields().at("pipeline").string_value(), "transformer");
+  const auto& shapes = fields.at("report").struct_value().fields().at("parity").struct_value().fields().at("input_shapes");
+  EXPECT_EQ(shapes.struct_value().fields().at("input_ids").string_value(), "2x24") << "the --dim values reach validation";
+
+  Result queued = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--json", "--dim", "batch=x"});
+  EXPECT_EQ(queued.code, 5) << "a malformed --dim is refused before anything is uploaded";
+  EXPECT_TRUE(absl::StrContains(queued.err, "--dim batch=x")) << queued.err;
+  Result download = Cli({"download", job, "-o", (dir_ / "again.onnx").string(), "--json"});
+  ASSERT_EQ(download.code, 0) << download.err;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(download.out, &document).ok()) << download.out;
+  EXPECT_EQ(document.fields().at("model").string_value(), (dir_ / "again.onnx").string());
+
+  Result help = Cli({"submit", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(absl::StrContains(help.out, "--preset NAME")) << help.out;
+  EXPECT_FALSE(absl::StrContains(help.out, "  status JOB")) << "only submit's lines";
+  EXPECT_EQ(StopServer(), 0);
 }
 
 TEST_F(E2eTest, VisionAndExternalDataModels) {

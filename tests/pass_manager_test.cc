@@ -3,7 +3,9 @@
 #include <atomic>
 
 #include "google/protobuf/util/json_util.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "optimizer/model_io.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -42,8 +44,10 @@ class CountingPass final : public Pass {
   int* budget_;
 };
 
-TEST(BuildPipelineTest, DefaultIsTheBasicPresetAsOneFixedPointGroup) {
-  auto pipeline = BuildPipeline(v1::OptimizationConfig(), DefaultPassRegistry());
+TEST(BuildPipelineTest, BasicIsOneFixedPointGroup) {
+  v1::OptimizationConfig config;
+  config.set_preset("basic");
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
   ASSERT_TRUE(pipeline.ok()) << pipeline.status();
   ASSERT_EQ(pipeline->steps.size(), 1u);
   EXPECT_EQ(pipeline->steps[0].max_iterations, kDefaultMaxIterations);
@@ -51,6 +55,37 @@ TEST(BuildPipelineTest, DefaultIsTheBasicPresetAsOneFixedPointGroup) {
             "fixed_point(eliminate_identity,eliminate_dropout,eliminate_noop_ops,fold_constants,"
             "eliminate_common_subexpressions,eliminate_duplicate_initializers,eliminate_dead_nodes,"
             "eliminate_unused_initializers)<=8");
+}
+
+// The default `auto` preset: the transformer pipeline for a transformer, extended for a CNN, and
+// never a pass that changes the model's inputs.
+TEST(BuildPipelineTest, AutoPicksThePipelineForWhatTheModelIs) {
+  struct Case {
+    const char* fixture;
+    const char* preset;
+    const char* chosen;
+  };
+  for (const Case& c : std::vector<Case>{{"bert_tiny.onnx", "transformer", "auto: transformer (bert)"},
+                                         {"hf/llama_dynamo.onnx", "transformer", "auto: transformer (llama)"},
+                                         {"cnn_tiny.onnx", "extended", "auto: extended (no transformer found)"}}) {
+    auto model = LoadModel(testing::FixturePath(c.fixture));
+    ASSERT_TRUE(model.ok()) << c.fixture;
+    auto chosen = BuildPipeline(v1::OptimizationConfig(), DefaultPassRegistry(), &*model);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_EQ(chosen->preset, c.chosen);
+    v1::OptimizationConfig named;
+    named.set_preset(c.preset);
+    auto full = BuildPipeline(named, DefaultPassRegistry());
+    ASSERT_TRUE(full.ok());
+    EXPECT_EQ(full->PassCount() - chosen->PassCount(), 1) << c.fixture << ": only eliminate_initializer_inputs goes";
+    EXPECT_FALSE(absl::StrContains(chosen->ToString(), "eliminate_initializer_inputs")) << c.fixture;
+  }
+  // A family the config names counts, model or not.
+  v1::OptimizationConfig config;
+  config.mutable_transformer()->set_family("gpt2");
+  auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+  ASSERT_TRUE(pipeline.ok());
+  EXPECT_EQ(pipeline->preset, "auto: transformer (gpt2)");
 }
 
 TEST(BuildPipelineTest, RejectsBadConfigsWithReasons) {
