@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything onnxopt needs on Debian 12 and does nothing when all is there.
 #   - Debian packages (build tools, gRPC, protobuf, abseil, onnx, prometheus-cpp, GoogleTest, SQLite,
-#     and Chromium, in which a test renders the HTML report headless)
+#     gRPC for Python (the Python client), and Chromium, in which a test renders the HTML report headless)
 #   - ONNX Runtime 1.29.0 (CPU) from the npm package named in shared/design.md, integrity-checked,
 #     unpacked into .deps/onnxruntime (git-ignored), where CMake finds it.
 #   - With --gpu (or ONNXOPT_FETCH_GPU=1), the CUDA execution provider package as well.
@@ -24,6 +24,7 @@ apt_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libsqlite3-dev libssl-dev openssl
+  python3-grpcio python3-protobuf
 )
 # Only the tests use these: the ONNX conformance data and a browser to render the HTML report in.
 ((test_deps)) && apt_packages+=(libonnx-testdata chromium)
