@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,6 +22,7 @@
 #include "client/report_html.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "optimizer/pass_registry.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/validation/benchmark.h"
@@ -40,42 +42,6 @@ enum ExitCode : int {
   kRejected = 5,      // the input was refused (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS, FAILED_PRECONDITION)
 };
 
-constexpr char kUsageText[] = R"(usage: onnxopt [--server ADDR] COMMAND [ARGS]
-
-Server commands (ADDR defaults to $ONNXOPT_SERVER or 127.0.0.1:50051):
-  submit MODEL [CONFIG OPTIONS] [--inputs DIR] [--wait] [-o OUT.onnx] [--request-id ID] [--json]
-                      upload MODEL (and its external data) and queue a job; with --wait or -o,
-                      follow it and download the optimized model and its report. --inputs DIR
-                      validates on real inputs: DIR/test_data_set_N/input_K.pb (ONNX's test data
-                      layout) or DIR/NAME.pb, serialized TensorProtos named like the inputs.
-                      --json prints the job as JSON; with --wait or -o, {"job": ..., "report": ...}
-                      once it ends
-  status JOB [--json]       show a job
-  list [--state STATE] [--page-size N] [--page-token T] [--json]
-  watch JOB [--json]        print progress until the job ends
-  cancel JOB [--json]       cancel a queued or running job
-  download JOB [-o OUT] [--artifact NAME] [--json]
-  report JOB [--json] [--html FILE]
-                            the job's report as a table (or JSON); --html writes it as one
-                            self-contained page with charts
-  passes [--json]           passes and presets the server offers
-  info [--json]             server version, ONNX Runtime version, execution providers
-
-Local commands (no server):
-  optimize MODEL -o OUT.onnx [CONFIG OPTIONS] [--inputs DIR] [--json] [--html FILE]
-  compare ORIGINAL OPTIMIZED [CONFIG OPTIONS] [--inputs DIR] [--json]
-                      run both in ONNX Runtime on the same generated inputs, compare outputs and
-                      time them side by side (the config's "benchmark": {"skip": true} skips that)
-
-CONFIG OPTIONS (the flags win over the file):
-  --config FILE.json  an onnxopt.v1.OptimizationConfig in protobuf JSON
-  --preset NAME       auto (the default: the best pipeline for what the model is), basic, extended,
-                      transformer, none
-  --device cpu|cuda   where parity and the benchmark run
-  --dim NAME=N        a dynamic dimension's value for validation and the benchmark (repeatable)
-
-Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.
-)";
 
 struct Args {
   std::vector<std::string> positional;
@@ -87,45 +53,6 @@ struct Args {
     return it == options.end() ? fallback : it->second;
   }
 };
-
-const std::map<std::string, bool> kKnownOptions = {  // name -> takes a value
-    {"--server", true},    {"--config", true},     {"-o", true},           {"--request-id", true},
-    {"--state", true},     {"--page-size", true},  {"--page-token", true}, {"--artifact", true},
-    {"--inputs", true},    {"--html", true},       {"--preset", true},     {"--device", true},
-    {"--dim", true},
-    {"--wait", false},     {"--json", false},      {"--help", false},      {"-h", false}};
-
-std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    const size_t equals = arg.find('=');
-    if (absl::StartsWith(arg, "--") && equals != std::string::npos) {
-      value = arg.substr(equals + 1);
-      arg = arg.substr(0, equals);
-    }
-    auto known = kKnownOptions.find(arg);
-    if (known == kKnownOptions.end()) {
-      if (absl::StartsWith(arg, "-") && arg != "-") {
-        *error = absl::StrCat("unknown option ", arg);
-        return std::nullopt;
-      }
-      args.positional.push_back(arg);
-      continue;
-    }
-    if (known->second && equals == std::string::npos) {
-      if (i + 1 >= argc) {
-        *error = absl::StrCat(arg, " needs a value");
-        return std::nullopt;
-      }
-      value = argv[++i];
-    }
-    if (arg == "--dim") args.dims.push_back(value);
-    args.options[arg] = value;
-  }
-  return args;
-}
 
 int ExitFor(const absl::Status& status) {
   switch (status.code()) {
@@ -517,57 +444,162 @@ int Run(const Args& args) {
               << (info->draining() ? "yes" : "no") << std::endl;
     return kOk;
   }
-  std::cerr << "onnxopt: unknown command '" << command << "'\n\n" << kUsageText;
+  std::cerr << "onnxopt: unknown command '" << command << "' (onnxopt --help lists them)\n";
   return kUsage;
+}
+
+constexpr char kFooter[] = R"(CONFIG OPTIONS of submit, optimize and compare win over the --config file.
+The server is --server ADDR, else $ONNXOPT_SERVER, else 127.0.0.1:50051.
+Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input rejected.)";
+
+// The command line, parsed by CLI11 (subcommands, per-command --help, typed checks) into the Args the
+// commands read. Returns -1 when a command should run, else the exit code (help: 0, errors: 2).
+int ParseCommandLine(int argc, char** argv, Args* args) {
+  CLI::App app("onnxopt: the command-line client of onnxopt-server, plus local optimize and compare", "onnxopt");
+  app.require_subcommand(1, 1);
+  app.fallthrough();  // --server may come after the command too
+  app.footer(kFooter);
+  std::map<std::string, std::string> values;  // one slot per option name, shared by the commands
+  std::vector<std::pair<std::string, CLI::Option*>> given;
+  int page_size = 0;
+  std::vector<std::string> positional(2);
+  given.push_back({"--server", app.add_option("--server", values["--server"], "onnxopt-server address")
+                                   ->type_name("ADDR")});
+
+  auto value = [&](CLI::App* command, const std::string& name, const std::string& type, const std::string& help) {
+    CLI::Option* option = command->add_option(name, values[name], help)->type_name(type);
+    given.push_back({name, option});
+    return option;
+  };
+  auto flag = [&](CLI::App* command, const std::string& name, const std::string& help) {
+    given.push_back({name, command->add_flag(name, help)});
+  };
+  auto json = [&](CLI::App* command) { flag(command, "--json", "print JSON (protobuf field names)"); };
+  auto config_options = [&](CLI::App* command) {
+    value(command, "--config", "FILE.json", "an onnxopt.v1.OptimizationConfig in protobuf JSON");
+    std::vector<std::string> presets;
+    for (const onnxopt::Preset* preset : onnxopt::DefaultPassRegistry().presets()) presets.push_back(preset->name);
+    value(command, "--preset", "NAME",
+          "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
+        ->check(CLI::IsMember(presets));
+    value(command, "--device", "DEVICE", "where parity and the benchmark run")
+        ->check(CLI::IsMember({"cpu", "cuda", "gpu"}, CLI::ignore_case));
+    CLI::Option* dims = command->add_option("--dim", args->dims, "NAME=N: a dynamic dimension's value (repeatable)")
+                            ->type_name("NAME=N")
+                            ->expected(1)
+                            ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+                            ->check(CLI::Validator(
+                                [](std::string& dim) -> std::string {
+                                  const size_t equals = dim.find('=');
+                                  int64_t n = 0;
+                                  return equals != std::string::npos && equals > 0 &&
+                                                 absl::SimpleAtoi(dim.substr(equals + 1), &n) && n >= 1
+                                             ? ""
+                                             : "use NAME=N with N >= 1";
+                                },
+                                ""));
+    given.push_back({"--dim", dims});
+  };
+  auto inputs = [&](CLI::App* command) {
+    value(command, "--inputs", "DIR",
+          "real inputs to validate on: DIR/test_data_set_N/input_K.pb or DIR/NAME.pb (TensorProtos)");
+  };
+  auto job = [&](CLI::App* command) { command->add_option("JOB", positional[0], "the job's name")->required(); };
+
+  CLI::App* submit = app.add_subcommand("submit", "upload MODEL (and its external data) and queue a job");
+  submit->add_option("MODEL", positional[0], "the .onnx file")->required();
+  config_options(submit);
+  inputs(submit);
+  flag(submit, "--wait", "follow the job and download the result");
+  value(submit, "-o", "OUT.onnx", "follow the job and download the optimized model (and its report) here");
+  value(submit, "--request-id", "ID", "makes a retry return the same job");
+  flag(submit, "--json",
+       "print the job as JSON; with --wait or -o, one {\"job\": ..., \"report\": ...} object once it ends");
+
+  CLI::App* status = app.add_subcommand("status", "show a job");
+  job(status);
+  json(status);
+  CLI::App* list = app.add_subcommand("list", "jobs, newest first");
+  value(list, "--state", "STATE", "only jobs in this state")
+      ->check(CLI::IsMember({"queued", "running", "succeeded", "failed", "cancelled"}, CLI::ignore_case));
+  given.push_back({"--page-size", list->add_option("--page-size", page_size, "jobs per page (1-500)")
+                                      ->check(CLI::Range(1, 500))});
+  value(list, "--page-token", "T", "the page after a previous one");
+  json(list);
+  CLI::App* watch = app.add_subcommand("watch", "print progress until the job ends");
+  job(watch);
+  json(watch);
+  CLI::App* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  job(cancel);
+  json(cancel);
+  CLI::App* download = app.add_subcommand("download", "download a finished job's model and report, or one artifact");
+  job(download);
+  value(download, "-o", "OUT", "where to write it");
+  value(download, "--artifact", "NAME", "model.onnx (the default), report.json, an external data file, ...");
+  json(download);
+  CLI::App* report = app.add_subcommand("report", "the job's report as a table, JSON or one HTML page");
+  job(report);
+  json(report);
+  value(report, "--html", "FILE", "write the report as one self-contained page with charts");
+  json(app.add_subcommand("passes", "passes and presets the server offers"));
+  json(app.add_subcommand("info", "server version, ONNX Runtime version, execution providers"));
+
+  CLI::App* optimize = app.add_subcommand("optimize", "run the pipeline and validation locally, no server");
+  optimize->add_option("MODEL", positional[0], "the .onnx file")->required();
+  value(optimize, "-o", "OUT.onnx", "the optimized model")->required();
+  config_options(optimize);
+  inputs(optimize);
+  json(optimize);
+  value(optimize, "--html", "FILE", "also write the report as one HTML page");
+  CLI::App* compare = app.add_subcommand(
+      "compare", "run two models on the same inputs in ONNX Runtime: compare outputs, time them side by side");
+  compare->add_option("ORIGINAL", positional[0], "the reference model")->required();
+  compare->add_option("OPTIMIZED", positional[1], "the model to check")->required();
+  config_options(compare);
+  inputs(compare);
+  json(compare);
+
+  // A word where the command goes that names none: say so (CLI11 would only ask for a command).
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--server") {
+      ++i;
+    } else if (!absl::StartsWith(word, "-")) {
+      try {
+        app.get_subcommand(word);
+      } catch (const CLI::OptionNotFound&) {
+        std::cerr << "onnxopt: unknown command '" << word << "' (onnxopt --help lists them)\n";
+        return kUsage;
+      }
+      break;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints the help, or the error
+    return code == 0 ? kOk : kUsage;
+  }
+  CLI::App* chosen = app.get_subcommands().front();
+  args->positional = {chosen->get_name()};
+  for (const std::string& value : positional) {
+    if (!value.empty()) args->positional.push_back(value);
+  }
+  for (const auto& [name, option] : given) {
+    if (option->count() == 0) continue;
+    args->options[name] = name == "--page-size" ? std::to_string(page_size) : values[name];
+  }
+  return -1;
 }
 
 }  // namespace
 
-// `onnxopt COMMAND --help`: that command's lines of the usage text (and the config options where it
-// takes them); empty for an unknown command.
-std::string CommandHelp(const std::string& command) {
-  std::string help;
-  bool in_command = false;
-  for (absl::string_view line : absl::StrSplit(kUsageText, '\n')) {
-    if (absl::StartsWith(line, absl::StrCat("  ", command, " ")) || line == absl::StrCat("  ", command)) {
-      in_command = true;
-    } else if (!absl::StartsWith(line, "     ")) {
-      in_command = false;
-    }
-    if (in_command) absl::StrAppend(&help, line, "\n");
-  }
-  if (help.empty()) return help;
-  help = absl::StrCat("usage: onnxopt [--server ADDR]\n", help);
-  if (absl::StrContains(help, "CONFIG OPTIONS")) {
-    const size_t options = absl::string_view(kUsageText).find("\nCONFIG OPTIONS (") + 1;
-    const size_t end = absl::string_view(kUsageText).find("\nExit codes", options);
-    absl::StrAppend(&help, "\n", absl::string_view(kUsageText).substr(options, end - options), "\n");
-  }
-  return help;
-}
-
 int main(int argc, char** argv) {
-  std::string error;
-  std::optional<Args> args = ParseArgs(argc, argv, &error);
-  if (!args) {
-    std::cerr << "onnxopt: " << error << "\n\n" << kUsageText;
-    return kUsage;
-  }
-  if ((args->Has("--help") || args->Has("-h")) && !args->positional.empty()) {
-    const std::string help = CommandHelp(args->positional[0]);
-    if (help.empty()) {
-      std::cerr << "onnxopt: unknown command '" << args->positional[0] << "'\n\n" << kUsageText;
-      return kUsage;
-    }
-    std::cout << help;
-    return kOk;
-  }
-  if (args->Has("--help") || args->Has("-h") || args->positional.empty()) {
-    std::cout << kUsageText;
-    return args->positional.empty() && !args->Has("--help") && !args->Has("-h") ? kUsage : kOk;
-  }
+  Args args;
+  const int parsed = ParseCommandLine(argc, argv, &args);
+  if (parsed >= 0) return parsed;
   try {
-    return Run(*args);
+    return Run(args);
   } catch (const std::exception& e) {
     std::cerr << "onnxopt: internal error: " << e.what() << std::endl;
     return kServerError;

@@ -98,8 +98,8 @@ TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
   EXPECT_EQ(shapes.struct_value().fields().at("input_ids").string_value(), "2x24") << "the --dim values reach validation";
 
   Result queued = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--json", "--dim", "batch=x"});
-  EXPECT_EQ(queued.code, 5) << "a malformed --dim is refused before anything is uploaded";
-  EXPECT_TRUE(absl::StrContains(queued.err, "--dim batch=x")) << queued.err;
+  EXPECT_EQ(queued.code, 2) << "a malformed --dim is a usage error, before anything is uploaded";
+  EXPECT_TRUE(absl::StrContains(queued.err, "--dim: use NAME=N")) << queued.err;
   Result download = Cli({"download", job, "-o", (dir_ / "again.onnx").string(), "--json"});
   ASSERT_EQ(download.code, 0) << download.err;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(download.out, &document).ok()) << download.out;
@@ -108,6 +108,8 @@ TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
   Result help = Cli({"submit", "--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_TRUE(absl::StrContains(help.out, "--preset NAME")) << help.out;
+  EXPECT_TRUE(absl::StrContains(help.out, "--dim NAME=N")) << help.out;
+  EXPECT_EQ(Cli({"list", "--page-size", "0"}).code, 2) << "typed options are checked";
   EXPECT_FALSE(absl::StrContains(help.out, "  status JOB")) << "only submit's lines";
   EXPECT_EQ(StopServer(), 0);
 }
