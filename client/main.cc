@@ -439,7 +439,12 @@ int Run(const Args& args) {
     }
     std::cout << "onnxopt-server " << info->version() << "\nONNX Runtime   " << info->onnxruntime_version()
               << "\nonnx           " << info->onnx_version() << " (checker knows opsets up to " << info->max_opset()
-              << ")\nproviders      " << absl::StrJoin(info->execution_providers(), ", ") << "\nworkers        "
+              << ")\nproviders      " << absl::StrJoin(info->execution_providers(), ", ");
+    for (const auto& provider : info->providers()) {
+      std::cout << "\n  " << provider.name() << ": "
+                << (provider.usable() ? "usable here" : absl::StrCat("not usable here (", provider.reason(), ")"));
+    }
+    std::cout << "\nworkers        "
               << info->workers() << ", queue capacity " << info->queue_capacity() << "\ndraining       "
               << (info->draining() ? "yes" : "no") << std::endl;
     return kOk;

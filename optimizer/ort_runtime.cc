@@ -1,11 +1,12 @@
 #include "optimizer/ort_runtime.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <atomic>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -81,15 +82,82 @@ std::string CpuDescription() {
   return "CPU";
 }
 
+namespace {
+
+// ONNX Runtime says only "Failed to load shared library": name it. The provider library sits next to
+// libonnxruntime.so.1; if it is there, loading it ourselves makes the loader name what it lacks
+// (libcudart.so.13, libcublasLt.so.13, cuDNN...).
+std::string ExplainCudaLoadFailure(const std::string& ort_message) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&OrtGetApiBase), &info) == 0 || info.dli_fname == nullptr) return ort_message;
+  const std::filesystem::path folder = std::filesystem::path(info.dli_fname).parent_path();
+  const std::filesystem::path provider = folder / "libonnxruntime_providers_cuda.so";
+  std::error_code error;
+  if (!std::filesystem::exists(provider, error)) {
+    return absl::StrCat(ort_message, ": ", provider.string(),
+                        " is not installed (scripts/setup.sh --gpu fetches the CUDA provider)");
+  }
+  void* handle = dlopen(provider.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::StrCat(ort_message, ": ", why != nullptr ? why : provider.string());
+  }
+  dlclose(handle);
+  return ort_message;
+}
+
+// Appending the CUDA provider to session options loads its library (and through it CUDA's), so a
+// machine without them fails here.
+ProviderStatus ProbeCuda() {
+  ProviderStatus status{"CUDAExecutionProvider", false, ""};
+  try {
+    Ort::SessionOptions options;
+    OrtCUDAProviderOptionsV2* cuda_options = nullptr;
+    Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
+    std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
+        cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
+    options.AppendExecutionProvider_CUDA_V2(*cuda_options);
+    status.usable = true;
+  } catch (const std::exception& e) {
+    status.reason = ExplainCudaLoadFailure(e.what());
+  }
+  return status;
+}
+
+}  // namespace
+
+const std::vector<ProviderStatus>& ProviderStatuses() {
+  static const std::vector<ProviderStatus>* const statuses = [] {
+    OrtEnvironment();  // providers log through the environment's logger
+    auto* probed = new std::vector<ProviderStatus>();
+    for (const std::string& name : OrtAvailableProviders()) {
+      if (name == "CUDAExecutionProvider") {
+        probed->push_back(ProbeCuda());
+      } else if (name == "CPUExecutionProvider") {
+        probed->push_back({name, true, ""});
+      } else {  // TensorRT and the like: in the build, not used by onnxopt
+        probed->push_back({name, false, "not used by onnxopt"});
+      }
+    }
+    if (std::none_of(probed->begin(), probed->end(),
+                     [](const ProviderStatus& p) { return p.name == "CUDAExecutionProvider"; })) {
+      probed->push_back({"CUDAExecutionProvider", false, "this ONNX Runtime build has no CUDA execution provider"});
+    }
+    return probed;
+  }();
+  return *statuses;
+}
+
 absl::StatusOr<std::string> ProviderFor(v1::Device device) {
   if (device != v1::DEVICE_CUDA) return std::string("CPUExecutionProvider");
-  const std::vector<std::string> providers = OrtAvailableProviders();
-  if (std::find(providers.begin(), providers.end(), "CUDAExecutionProvider") == providers.end()) {
-    return absl::FailedPreconditionError(
-        "CUDA_UNAVAILABLE: the job asks for CUDA but this server's ONNX Runtime has no CUDA execution provider "
-        "(available: CPU only); set benchmark.device to DEVICE_CPU or run the job on a GPU server");
+  for (const ProviderStatus& provider : ProviderStatuses()) {
+    if (provider.name != "CUDAExecutionProvider") continue;
+    if (provider.usable) return provider.name;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA_UNAVAILABLE: the job asks for CUDA but it cannot run on this server: ", provider.reason,
+        "; set benchmark.device to DEVICE_CPU (or benchmark.allow_cpu_fallback) or run the job on a GPU server"));
   }
-  return std::string("CUDAExecutionProvider");
+  return absl::InternalError("no CUDA provider status");  // ProviderStatuses always lists CUDA
 }
 
 absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings) {

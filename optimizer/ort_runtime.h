@@ -31,14 +31,25 @@ struct SessionSettings {
 };
 
 std::string OrtVersion();
+// The execution providers this ONNX Runtime build has (whether or not they can run here).
 std::vector<std::string> OrtAvailableProviders();
+
+// Whether a provider the build has can run on this machine, and if not, why: for CUDA, ONNX Runtime's
+// own message on loading its provider library (the library it could not open, e.g. libcudart.so.13).
+struct ProviderStatus {
+  std::string name;
+  bool usable = false;
+  std::string reason;  // when not usable
+};
+// Probed once per process (loading a provider library is not free) and cached.
+const std::vector<ProviderStatus>& ProviderStatuses();
 // The process-wide environment; the first call creates it with the logging level last set.
 Ort::Env& OrtEnvironment();
 void SetOrtLoggingLevel(OrtLoggingLevel level);
 // "CPU (model name)" from /proc/cpuinfo.
 std::string CpuDescription();
-// The provider that runs `device`; FAILED_PRECONDITION (CUDA_UNAVAILABLE) if this build or machine
-// has none. onnxopt never falls back to the CPU silently.
+// The provider that runs `device`; FAILED_PRECONDITION (CUDA_UNAVAILABLE: <why>) if this build has
+// none or it cannot load here. onnxopt never falls back to the CPU silently.
 absl::StatusOr<std::string> ProviderFor(v1::Device device);
 
 absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings);

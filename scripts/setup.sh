@@ -2,8 +2,9 @@
 # Installs everything onnxopt needs on Debian 12 and does nothing when all is there.
 #   - Debian packages (build tools, gRPC, protobuf, abseil, onnx, prometheus-cpp, GoogleTest, SQLite,
 #     gRPC for Python (the Python client), and Chromium, in which a test renders the HTML report headless)
-#   - ONNX Runtime 1.29.0 (CPU) from the npm package named in shared/design.md, integrity-checked,
-#     unpacked into .deps/onnxruntime (git-ignored), where CMake finds it.
+#   - ONNX Runtime 1.29.0 from npm, integrity-checked, into .deps/ (git-ignored), where CMake finds it:
+#     the headers from the package named in shared/design.md, the library from onnxruntime-node
+#     (the same release built with CUDA; it runs on CPU-only machines too).
 #   - With --gpu (or ONNXOPT_FETCH_GPU=1), the CUDA execution provider package as well.
 set -euo pipefail
 
@@ -64,6 +65,10 @@ fetch_npm() {
   mkdir -p "$work/unpacked"
   tar -xzf "$tarball" -C "$work/unpacked"
   # Keep Linux x64 and the (platform-independent) headers; the other platforms' binaries are dead weight.
+  # onnxruntime-node: only its Linux x64 core library (not the Node.js binding).
+  if [ -d "$work/unpacked/package/bin" ]; then
+    find "$work/unpacked/package/bin" -type f ! -path '*/linux/x64/libonnxruntime.so.1' -delete
+  fi
   local plugins="$work/unpacked/package/Plugins"
   if [ -d "$plugins" ]; then
     find "$plugins" -mindepth 1 -maxdepth 1 ! -name Linux ! -name 'iOS~' -exec rm -rf {} +
@@ -77,15 +82,24 @@ fetch_npm() {
   rm -rf "$dest" && mv "$dest.tmp" "$dest"   # appears whole or not at all
 }
 
+# The C/C++ headers of ONNX Runtime 1.29.0 (and a CPU-only build of it, no longer linked).
 fetch_npm com.github.asus4.onnxruntime 0.4.9 \
   "sha512-BkzxduSZ9IkeDP6Q8lz2TFU2ie7hSSvS7ZIfzMooExoq0CNzJnuuGaUJ7IsojBgqO4ouD1jXah8OYyJbCN29Fg==" \
   "$deps_dir/onnxruntime"
-# The library's SONAME is libonnxruntime.so.1; the package ships it as libonnxruntime.so.
-ln -sf libonnxruntime.so "$deps_dir/onnxruntime/package/Plugins/Linux/x64/libonnxruntime.so.1"
+# The library onnxopt links: the same release built with CUDA (onnxruntime-node's core). It runs on
+# CPU-only machines too; there a CUDA job fails naming the library that could not be loaded.
+fetch_npm onnxruntime-node 1.29.0 \
+  "sha512-WjiVVB72riILz8HbYvxvmjKyE/WmkYoSfKY++axo5jAR609HQg8MwiG/HhShpTcJfmmAdzxxmB+MMST3A+SiPA==" \
+  "$deps_dir/onnxruntime-core"
+core_dir="$deps_dir/onnxruntime-core/package/bin/napi-v6/linux/x64"
 
 if [ "$want_gpu" = "1" ]; then
   fetch_npm com.github.asus4.onnxruntime.linux-x64-gpu 0.4.9 \
     "sha512-FopIhNE/Ng+v2X65wVc9clPCBCvhvA53Hxo2U0Kf5fGdVsC7iCA+mZ0KLWggcQAj7TIZ6pNidR4AC10g74Xo6w==" \
     "$deps_dir/onnxruntime-gpu"
+  # ONNX Runtime loads provider libraries from the folder of libonnxruntime.so.1.
+  for provider in "$deps_dir/onnxruntime-gpu/package/Plugins/Linux/x64/"libonnxruntime_providers_*.so; do
+    [ -e "$provider" ] && ln -sf "$provider" "$core_dir/$(basename "$provider")"
+  done
 fi
 echo "setup: all dependencies present"

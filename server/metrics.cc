@@ -51,6 +51,14 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
       .Add({{"version", kOptimizerVersion}, {"onnxruntime_version", OrtVersion()}})
       .Set(1);
   for (const char* result : {"succeeded", "failed", "cancelled"}) jobs_total_->Add({{"result", result}});
+  auto& providers = prometheus::BuildGauge()
+                        .Name("onnxopt_execution_provider_usable")
+                        .Help("1 if the execution provider runs on this machine, 0 if the build has it but it cannot "
+                              "load here (GetServerInfo says why)")
+                        .Register(*registry_);
+  for (const ProviderStatus& provider : ProviderStatuses()) {
+    providers.Add({{"provider", provider.name}}).Set(provider.usable ? 1 : 0);
+  }
 }
 
 absl::StatusOr<int> Metrics::Serve(const std::string& address) {

@@ -246,6 +246,12 @@ grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext*, const v1::Get
     response->set_version(kOptimizerVersion);
     response->set_onnxruntime_version(OrtVersion());
     for (const auto& provider : OrtAvailableProviders()) response->add_execution_providers(provider);
+    for (const ProviderStatus& provider : ProviderStatuses()) {
+      v1::ProviderStatus* status = response->add_providers();
+      status->set_name(provider.name);
+      status->set_usable(provider.usable);
+      status->set_reason(ValidUtf8(provider.reason));
+    }
     response->set_onnx_version(onnx::LAST_RELEASE_VERSION);
     response->set_max_opset(kMaxCheckedOpset);
     response->set_workers(jobs_->options().workers);

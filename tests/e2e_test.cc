@@ -43,7 +43,10 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_TRUE(absl::StrContains(json.out, "\"state\": \"SUCCEEDED\"")) << json.out;
   EXPECT_TRUE(absl::StrContains(Cli({"list", "--state", "succeeded"}).out, job));
   EXPECT_TRUE(absl::StrContains(Cli({"passes"}).out, "eliminate_dead_nodes"));
-  EXPECT_TRUE(absl::StrContains(Cli({"info"}).out, "ONNX Runtime   1.29"));
+  const std::string info = Cli({"info"}).out;
+  EXPECT_TRUE(absl::StrContains(info, "ONNX Runtime   1.29"));
+  EXPECT_TRUE(absl::StrContains(info, "CPUExecutionProvider: usable here")) << info;
+  EXPECT_TRUE(absl::StrContains(info, "CUDAExecutionProvider: ")) << "whether CUDA runs here, and why not: " << info;
 
   const std::string banner = Slurp(dir_ / "server.out");
   const size_t at = banner.find("metrics on port ");
@@ -53,6 +56,8 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_pass_duration_seconds_count{pass=\"eliminate_identity\"}"));
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_upload_bytes_total"));
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_build_info{"));
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_execution_provider_usable{provider=\"CPUExecutionProvider\"} 1"));
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_execution_provider_usable{provider=\"CUDAExecutionProvider\"}"));
   EXPECT_EQ(StopServer(), 0);
 }
 

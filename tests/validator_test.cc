@@ -144,6 +144,24 @@ TEST(OptimizeTest, LocalRunProducesAModelAndACompleteReport) {
   std::filesystem::remove_all(out);
 }
 
+// The build links the CUDA-capable ONNX Runtime core: CUDA is in the build; whether it runs here is
+// probed, and where it does not the reason names the library that is missing.
+TEST(ProviderStatusTest, TheBuildHasCudaAndSaysWhyItCannotRunHere) {
+  const auto& statuses = ProviderStatuses();
+  auto find = [&](const std::string& name) {
+    return std::find_if(statuses.begin(), statuses.end(), [&](const ProviderStatus& p) { return p.name == name; });
+  };
+  ASSERT_NE(find("CPUExecutionProvider"), statuses.end());
+  EXPECT_TRUE(find("CPUExecutionProvider")->usable);
+  const auto available = OrtAvailableProviders();
+  EXPECT_NE(std::find(available.begin(), available.end(), "CUDAExecutionProvider"), available.end())
+      << "the linked core is the CUDA build (onnxruntime-node's)";
+  auto cuda = find("CUDAExecutionProvider");
+  ASSERT_NE(cuda, statuses.end());
+  if (!cuda->usable) EXPECT_NE(cuda->reason.find(".so"), std::string::npos) << cuda->reason;
+  EXPECT_EQ(ProviderFor(v1::DEVICE_CUDA).ok(), cuda->usable);
+}
+
 TEST(OptimizeTest, CudaIsAnErrorWhereThereIsNoneNeverASilentFallback) {
   if (ProviderFor(v1::DEVICE_CUDA).ok()) GTEST_SKIP() << "this machine has CUDA";
   OptimizeRequest request;
@@ -154,6 +172,8 @@ TEST(OptimizeTest, CudaIsAnErrorWhereThereIsNoneNeverASilentFallback) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(result.status().message().find("CUDA_UNAVAILABLE"), std::string::npos);
+  EXPECT_NE(result.status().message().find(".so"), std::string::npos) << "names what could not be loaded: "
+                                                                       << result.status().message();
   std::filesystem::remove_all(request.output_dir);
 }
 
