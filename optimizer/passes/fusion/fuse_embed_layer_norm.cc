@@ -6,14 +6,19 @@
 // After:   Y = EmbedLayerNormalization(Cast(ids, int32), Cast(type_ids, int32), word, pos, type, gamma,
 //                                      beta, , Cast(position_ids, int32), epsilon)
 //          with e itself, where something else reads it (GPT-2's residual stream), as output 2.
-// Without a token type lookup (GPT-2) segment ids and table are left out. Position ids that provably
+// Without a token type lookup (GPT-2) segment ids and table are left out; a lookup whose ids all hold
+// one constant (transformers 5's RoBERTa reads its all-zero token_type_ids buffer) adds one row
+// everywhere, which goes into a copy of the word table. Position ids that provably
 // count 0..S-1 (BERT's position_ids[:, :S] of an arange buffer, GPT-2's Range(0, S)) are left out,
 // which is the kernel's default; others (RoBERTa's cumulative count) are passed as computed, [B,S]
 // or [1,S].
 // Checked: Gathers on axis 0 of constant float tables [*, H] with one H, the word and type ids graph
 // inputs (optionally through a Cast) of one [B,S] shape, position ids [B,S] or [1,S] with that S,
 // gamma/beta 1-D constants of H, normalization over the last axis, and the sum and the lookups read
-// by nothing else (the sum may be, see above).
+// by nothing else (the sum may be, see above; a Shape of a lookup shaped like the sum reads Y instead).
+#include <optional>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
@@ -27,6 +32,7 @@ struct Lookup {
   std::string table, ids;  // ids as the Gather reads them
   std::string source;      // the ids before an integer Cast (a graph input for words and types)
   int64_t rows = 0;
+  std::optional<int64_t> constant_row;  // every id is this one: the lookup adds one row everywhere
 };
 
 // Leaves of an Add tree rooted at `value` (each Add read only inside the tree), with its Adds.
@@ -40,6 +46,27 @@ bool CollectSum(const Graph& graph, const std::string& value, int depth, std::ve
   adds->push_back(add);
   return CollectSum(graph, add->input(0), depth + 1, leaves, adds) &&
          CollectSum(graph, add->input(1), depth + 1, leaves, adds);
+}
+
+// The one value every element of `ids` holds, when they are gathered, expanded, sliced or reshaped
+// from a constant whose elements are all that value (transformers 5's RoBERTa reads its all-zero
+// token_type_ids buffer through the position ids).
+std::optional<int64_t> SameConstantEverywhere(const Graph& graph, const std::string& ids, int depth = 0) {
+  if (const onnx::TensorProto* constant = ConstantTensor(graph, ids)) {
+    auto values = TensorInts(*constant);
+    if (!values || values->empty()) return std::nullopt;
+    for (int64_t v : *values) {
+      if (v != values->front()) return std::nullopt;
+    }
+    return values->front();
+  }
+  const Node* producer = graph.Producer(ids);
+  if (producer == nullptr || depth > 6 || !producer->domain().empty()) return std::nullopt;
+  static const std::set<std::string> kReadsElementsOfInput0 = {"Gather", "GatherElements", "GatherND", "Expand",
+                                                               "Slice", "Reshape", "Unsqueeze", "Squeeze",
+                                                               "Flatten", "Identity", "Cast", "Transpose"};
+  if (kReadsElementsOfInput0.count(producer->op_type()) == 0) return std::nullopt;
+  return SameConstantEverywhere(graph, producer->input(0), depth + 1);
 }
 
 // True if `ids` are provably 0..S-1 for S = dim 1 of `input_ids`: a prefix slice of a constant
@@ -126,6 +153,7 @@ class FuseEmbedLayerNormPass final : public Pass {
         return false;
       }
       lookup.rows = table->dims(0);
+      lookup.constant_row = SameConstantEverywhere(graph, lookup.ids);
       lookups.push_back(lookup);
     }
     const int64_t hidden = ConstantTensor(graph, lookups[0].table)->dims(1);
@@ -140,8 +168,11 @@ class FuseEmbedLayerNormPass final : public Pass {
     Lookup* word = nullptr;
     Lookup* type = nullptr;
     Lookup* position = nullptr;
+    Lookup* constant = nullptr;  // one row added everywhere: folded into the word table
     for (Lookup& lookup : lookups) {
-      if (!graph.IsGraphInput(lookup.source) || graph.Initializer(lookup.source) != nullptr) {
+      if (lookup.constant_row && constant == nullptr && lookups.size() == 3) {
+        constant = &lookup;
+      } else if (!graph.IsGraphInput(lookup.source) || graph.Initializer(lookup.source) != nullptr) {
         if (position != nullptr) {
           *reason = "more than one lookup uses computed ids";
           return false;
@@ -157,6 +188,20 @@ class FuseEmbedLayerNormPass final : public Pass {
     if (word == nullptr || position == nullptr) {
       *reason = "no word lookup from an input and position lookup from computed ids";
       return false;
+    }
+    std::vector<float> word_plus_row;  // word table + the constant row, when there is one
+    if (constant != nullptr) {
+      const int64_t row = *constant->constant_row < 0 ? *constant->constant_row + constant->rows : *constant->constant_row;
+      auto words = TensorFloats(*ConstantTensor(graph, word->table));
+      auto rows = TensorFloats(*ConstantTensor(graph, constant->table));
+      if (type != nullptr || row < 0 || row >= constant->rows || !words || !rows) {
+        *reason = "a lookup of one constant row beside a token type input, or out of its table";
+        return false;
+      }
+      word_plus_row = *words;
+      for (size_t i = 0; i < word_plus_row.size(); ++i) {
+        word_plus_row[i] += (*rows)[static_cast<size_t>(row * hidden) + i % static_cast<size_t>(hidden)];
+      }
     }
     const std::string& ids = word->source;
     if (shapes.Rank(ids) != 2 || (type != nullptr && !shapes.SameShape(type->source, ids))) {
@@ -176,9 +221,24 @@ class FuseEmbedLayerNormPass final : public Pass {
       *reason = "gamma and beta are not constants of the embedding width";
       return false;
     }
-    // Only the tree reads the lookups; the sum itself may be read elsewhere (output 2).
+    // Only the tree reads the lookups, but for Shape nodes reading one shaped like the sum (GPT-2's
+    // input_shape), which read the fused output instead; the sum itself may be read elsewhere (output 2).
+    std::vector<Node*> shape_readers;
     for (const Lookup& lookup : lookups) {
-      if (SoleConsumer(graph, lookup.gather->output(0)) == nullptr) {
+      const std::string& looked_up = lookup.gather->output(0);
+      if (graph.IsGraphOutput(looked_up)) {
+        *reason = "an embedding lookup is a graph output";
+        return false;
+      }
+      int tree_readers = 0;
+      for (Node* reader : graph.Consumers(looked_up)) {
+        if (reader->op_type() == "Shape" && reader->domain().empty() && shapes.SameShape(looked_up, sum)) {
+          shape_readers.push_back(reader);
+        } else {
+          ++tree_readers;
+        }
+      }
+      if (tree_readers != 1) {
         *reason = "an embedding lookup is read elsewhere";
         return false;
       }
@@ -201,7 +261,13 @@ class FuseEmbedLayerNormPass final : public Pass {
     fused.set_name(graph.UniqueName("EmbedLayerNorm"));
     fused.add_input(to_int32(ids));
     fused.add_input(type != nullptr ? to_int32(type->source) : "");
-    fused.add_input(word->table);
+    if (constant != nullptr) {
+      const std::string folded = graph.UniqueName(word->table + "_plus_" + constant->table);
+      graph.AddInitializer(MakeFloatTensor(folded, {word->rows, hidden}, word_plus_row));
+      fused.add_input(folded);
+    } else {
+      fused.add_input(word->table);
+    }
     fused.add_input(position->table);
     fused.add_input(type != nullptr ? type->table : "");
     fused.add_input(norm->input(1));
@@ -213,6 +279,7 @@ class FuseEmbedLayerNormPass final : public Pass {
     fused.add_output(graph.UniqueName(norm->output(0) + "_mask_index"));
     if (sum_read_elsewhere) fused.add_output(sum);
     *fused.add_attribute() = FloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
+    for (Node* reader : shape_readers) graph.SetInput(reader, 0, norm->output(0));
     graph.RemoveNode(norm);
     for (Node* add : adds) graph.RemoveNode(add);
     for (const Lookup& lookup : lookups) graph.RemoveNode(lookup.gather);
