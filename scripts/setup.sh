@@ -5,7 +5,8 @@
 #   - ONNX Runtime 1.29.0 from npm, integrity-checked, into .deps/ (git-ignored), where CMake finds it:
 #     the headers from the package named in shared/design.md, the library from onnxruntime-node
 #     (the same release built with CUDA; it runs on CPU-only machines too).
-#   - With --gpu (or ONNXOPT_FETCH_GPU=1), the CUDA execution provider package as well.
+#   - With --gpu (or ONNXOPT_FETCH_GPU=1, or on a machine with an NVIDIA driver loaded), the CUDA
+#     execution provider package as well, linked beside the core library.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +20,12 @@ for arg in "$@"; do
     *) echo "setup.sh: unknown argument '$arg' (known: --gpu, --no-test-deps)" >&2; exit 2 ;;
   esac
 done
+
+# A machine with an NVIDIA GPU gets the CUDA provider as well (shared/design.md).
+if [ "$want_gpu" != "1" ] && [ -e /proc/driver/nvidia/version ]; then
+  echo "setup: an NVIDIA driver is loaded: fetching the CUDA execution provider too"
+  want_gpu=1
+fi
 
 apt_packages=(
   cmake ninja-build ccache pkg-config g++ ca-certificates
