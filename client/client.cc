@@ -39,10 +39,33 @@ absl::StatusOr<v1::OptimizationConfig> LoadConfigFile(const fs::path& path) {
   return config;
 }
 
-Client::Client(const std::string& address) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError("a client certificate needs its key: give --tls-cert and --tls-key together");
+  }
+  grpc::SslCredentialsOptions options;
+  auto read = [](const std::string& what, const std::string& path, std::string* pem) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    absl::StatusOr<std::string> read = ReadFile(path);
+    if (!read.ok() || read->empty()) return absl::NotFoundError(absl::StrCat(what, " ", path, " cannot be read"));
+    *pem = *std::move(read);
+    return absl::OkStatus();
+  };
+  for (absl::Status status : {read("--tls-ca", tls.ca, &options.pem_root_certs),
+                              read("--tls-cert", tls.cert, &options.pem_cert_chain),
+                              read("--tls-key", tls.key, &options.pem_private_key)}) {
+    if (!status.ok()) return status;
+  }
+  return grpc::SslCredentials(options);
+}
+
+Client::Client(const std::string& address) : Client(address, grpc::InsecureChannelCredentials()) {}
+
+Client::Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(16 << 20);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
+  channel_ = grpc::CreateCustomChannel(address, std::move(credentials), arguments);
   stub_ = v1::Optimizer::NewStub(channel_);
 }
 

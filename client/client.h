@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
 #include "onnxopt/v1/service.grpc.pb.h"
 
 namespace onnxopt::client {
@@ -29,9 +30,21 @@ absl::StatusOr<v1::OptimizationConfig> LoadConfigFile(const std::filesystem::pat
 // input name is the tensor's own name, else (for files directly in `dir`) the file's stem.
 absl::StatusOr<std::vector<std::map<std::string, std::filesystem::path>>> FindInputFiles(const std::filesystem::path& dir);
 
+// Where the CLI finds TLS material: a CA bundle to verify the server with (else the system's), and a
+// client certificate and key for servers that require one (mutual TLS). All empty: plaintext.
+struct TlsFiles {
+  std::string ca, cert, key;
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+
+// Channel credentials for `tls`: INVALID_ARGUMENT for a certificate without its key (or the reverse),
+// NOT_FOUND naming a PEM file that cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls);
+
 class Client {
  public:
   explicit Client(const std::string& address);
+  Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials);
 
   using Progress = std::function<void(int64_t done, int64_t total)>;
   absl::StatusOr<v1::Blob> UploadFile(const std::filesystem::path& path, const Progress& progress = nullptr);

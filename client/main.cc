@@ -335,7 +335,16 @@ int Run(const Args& args) {
   const std::string& command = args.positional[0];
   if (command == "optimize" || command == "compare") return Local(args);
   const char* env_server = std::getenv("ONNXOPT_SERVER");
-  Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"));
+  auto from_env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  onnxopt::client::TlsFiles tls{args.Get("--tls-ca", from_env("ONNXOPT_TLS_CA")),
+                                args.Get("--tls-cert", from_env("ONNXOPT_TLS_CERT")),
+                                args.Get("--tls-key", from_env("ONNXOPT_TLS_KEY"))};
+  auto credentials = onnxopt::client::ChannelCredentialsFor(tls);
+  if (!credentials.ok()) return Report(credentials.status());
+  Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"), *credentials);
   const bool json = args.Has("--json");
   auto need_job = [&]() -> std::optional<std::string> {
     if (args.positional.size() != 2) return std::nullopt;
@@ -470,6 +479,16 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   std::vector<std::string> positional(2);
   given.push_back({"--server", app.add_option("--server", values["--server"], "onnxopt-server address")
                                    ->type_name("ADDR")});
+  given.push_back({"--tls-ca", app.add_option("--tls-ca", values["--tls-ca"],
+                                              "TLS: CA bundle that signed the server's certificate (else "
+                                              "$ONNXOPT_TLS_CA; neither and no client certificate: plaintext)")
+                                   ->type_name("FILE")});
+  given.push_back({"--tls-cert", app.add_option("--tls-cert", values["--tls-cert"],
+                                                "TLS: client certificate for mutual TLS (else $ONNXOPT_TLS_CERT)")
+                                     ->type_name("FILE")});
+  given.push_back({"--tls-key", app.add_option("--tls-key", values["--tls-key"],
+                                               "TLS: the client certificate's key (else $ONNXOPT_TLS_KEY)")
+                                    ->type_name("FILE")});
 
   auto value = [&](CLI::App* command, const std::string& name, const std::string& type, const std::string& help) {
     CLI::Option* option = command->add_option(name, values[name], help)->type_name(type);
@@ -567,7 +586,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   // A word where the command goes that names none: say so (CLI11 would only ask for a command).
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word == "--server") {
+    if (word == "--server" || word == "--tls-ca" || word == "--tls-cert" || word == "--tls-key") {
       ++i;
     } else if (!absl::StartsWith(word, "-")) {
       try {

@@ -128,7 +128,9 @@ ProviderStatus ProbeCuda() {
 
 const std::vector<ProviderStatus>& ProviderStatuses() {
   static const std::vector<ProviderStatus>* const statuses = [] {
-    OrtEnvironment();  // providers log through the environment's logger
+    // Providers log through the environment's logger; a provider that cannot load is an expected
+    // answer here (reported as the reason), not an error line in the server's log.
+    OrtEnvironment().UpdateEnvWithCustomLogLevel(ORT_LOGGING_LEVEL_FATAL);
     auto* probed = new std::vector<ProviderStatus>();
     for (const std::string& name : OrtAvailableProviders()) {
       if (name == "CUDAExecutionProvider") {
@@ -143,6 +145,7 @@ const std::vector<ProviderStatus>& ProviderStatuses() {
                      [](const ProviderStatus& p) { return p.name == "CUDAExecutionProvider"; })) {
       probed->push_back({"CUDAExecutionProvider", false, "this ONNX Runtime build has no CUDA execution provider"});
     }
+    OrtEnvironment().UpdateEnvWithCustomLogLevel(static_cast<OrtLoggingLevel>(logging_level.load()));
     return probed;
   }();
   return *statuses;

@@ -37,6 +37,7 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/tls.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC address to listen on (port 0 picks a free port)");
 ABSL_FLAG(int, workers, 2, "worker threads running jobs");
@@ -50,6 +51,9 @@ ABSL_FLAG(int64_t, job_memory_limit_mb, 16384, "address-space limit of a job's w
 ABSL_FLAG(int, job_timeout_seconds, 3600, "wall-time limit of one job; past it the job fails with JOB_TIMEOUT");
 ABSL_FLAG(double, upload_expiry_hours, 24, "partial uploads nobody wrote to for this long are deleted (checked at start and hourly)");
 ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to this file once serving");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key); empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 
 namespace {
 
@@ -153,9 +157,13 @@ int main(int argc, char** argv) {
   srv::OptimizerService service(blobs->get(), store->get(), &jobs, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      srv::ServerCredentialsFromFiles(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                      absl::GetFlag(FLAGS_tls_client_ca));
+  if (!credentials.ok()) return Fail("tls", credentials.status());
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.SetMaxReceiveMessageSize(16 << 20);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -170,7 +178,9 @@ int main(int argc, char** argv) {
   }
   std::cout << "onnxopt-server " << onnxopt::kOptimizerVersion << " (ONNX Runtime " << onnxopt::OrtVersion()
             << ") listening on port " << port << ", data in " << data_dir.string() << ", " << options.workers
-            << " workers, queue of " << options.queue_capacity;
+            << " workers, queue of " << options.queue_capacity
+            << (absl::GetFlag(FLAGS_tls_cert).empty() ? ", plaintext"
+                : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS" : ", mutual TLS");
   if (*metrics_port > 0) std::cout << ", metrics on port " << *metrics_port;
   std::cout << std::endl;
 

@@ -119,6 +119,56 @@ TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
   EXPECT_EQ(StopServer(), 0);
 }
 
+// TLS on the gRPC port, and mutual TLS: the CLI verifies the server with --tls-ca (or
+// $ONNXOPT_TLS_CA), presents --tls-cert/--tls-key where the server requires a client certificate,
+// and a client without them is refused. Certificates from openssl, made here.
+TEST_F(E2eTest, TlsAndMutualTls) {
+  const std::string d = dir_.string();
+  const fs::path script = WriteFile("certs.sh", R"(set -e
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=onnxopt-test-ca
+for who in server client; do
+  openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=localhost
+  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 2 -extfile san.ext
+done
+)");
+  ASSERT_EQ(std::system(absl::StrCat("cd '", d, "' && bash '", script.string(), "' >certs.log 2>&1").c_str()), 0)
+      << Slurp(dir_ / "certs.log");
+  const std::string ca = d + "/ca.pem";
+
+  // A certificate without its key is refused at start.
+  const pid_t bad = Spawn({ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=", "--tls_cert=" + d + "/server.pem",
+                           absl::StrCat("--data_dir=", d, "/bad")},
+                          dir_ / "bad.out", dir_ / "bad.err");
+  EXPECT_NE(WaitFor(bad, std::chrono::seconds(30)), 0);
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "bad.err"), "--tls_key")) << Slurp(dir_ / "bad.err");
+
+  StartServer({"--tls_cert=" + d + "/server.pem", "--tls_key=" + d + "/server.key"});
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), ", TLS"));
+  Result verified = Cli({"--tls-ca", ca, "info"});
+  EXPECT_EQ(verified.code, 0) << verified.err;
+  EXPECT_TRUE(absl::StrContains(verified.out, "onnxopt-server"));
+  EXPECT_EQ(Cli({"info"}, {"ONNXOPT_TLS_CA=" + ca}).code, 0) << "the CA from the environment";
+  EXPECT_EQ(Cli({"info"}).code, 3) << "plaintext against a TLS port fails as unreachable";
+  EXPECT_EQ(StopServer(), 0);
+
+  StartServer({"--tls_cert=" + d + "/server.pem", "--tls_key=" + d + "/server.key", "--tls_client_ca=" + ca});
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), ", mutual TLS"));
+  EXPECT_EQ(Cli({"--tls-ca", ca, "info"}).code, 3) << "no client certificate: refused";
+  const std::vector<std::string> mtls = {"--tls-ca", ca, "--tls-cert", d + "/client.pem", "--tls-key", d + "/client.key"};
+  std::vector<std::string> submit = mtls;
+  for (const std::string& arg : {std::string("submit"), FixturePath("cnn_tiny.onnx").string(), std::string("--preset"),
+                                 std::string("basic"), std::string("-o"), d + "/out/cnn.onnx"}) {
+    submit.push_back(arg);
+  }
+  Result job = Cli(submit);
+  EXPECT_EQ(job.code, 0) << job.err << job.out;
+  EXPECT_TRUE(fs::exists(d + "/out/cnn.onnx")) << "upload, watch and download over mutual TLS";
+  std::vector<std::string> half = {"--tls-ca", ca, "--tls-cert", d + "/client.pem", "info"};
+  EXPECT_EQ(Cli(half).code, 5) << "a certificate without its key is refused by the CLI";
+  EXPECT_EQ(StopServer(), 0);
+}
+
 TEST_F(E2eTest, VisionAndExternalDataModels) {
   StartServer();
   const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 5}})");
