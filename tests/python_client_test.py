@@ -116,5 +116,54 @@ class PythonClientTest(unittest.TestCase):
         self.assertNotEqual(run.returncode, 0)
 
 
+class PythonClientTlsTest(unittest.TestCase):
+    """Mutual TLS: the client verifies the server with tls_ca and presents its own certificate."""
+
+    def test_mutual_tls(self):
+        folder = tempfile.mkdtemp(prefix="onnxopt-python-tls-")
+        try:
+            with open(os.path.join(folder, "san.ext"), "w") as f:
+                f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+            run = lambda *args: subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+            run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                "-subj", "/CN=onnxopt-test-ca")
+            for who in ("server", "client"):
+                run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out", f"{who}.csr",
+                    "-subj", "/CN=localhost")
+                run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-out", f"{who}.pem", "-days", "2", "-extfile", "san.ext")
+            path = lambda name: os.path.join(folder, name)
+            address = f"127.0.0.1:{free_port()}"
+            with open(path("server.log"), "w") as log:
+                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data_dir={folder}/data",
+                                           "--metrics_listen=127.0.0.1:0", f"--tls_cert={path('server.pem')}",
+                                           f"--tls_key={path('server.key')}", f"--tls_client_ca={path('ca.pem')}"],
+                                          stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    deadline = time.time() + 60
+                    while True:
+                        try:
+                            with Client(address, tls_ca=path("ca.pem"), tls_cert=path("client.pem"),
+                                        tls_key=path("client.key")) as client:
+                                info = client.server_info()
+                            break
+                        except OnnxoptError:
+                            if time.time() > deadline or server.poll() is not None:
+                                raise
+                            time.sleep(0.1)
+                    self.assertTrue(info.version)
+                    with self.assertRaises(OnnxoptError) as caught:
+                        with Client(address, tls_ca=path("ca.pem")) as client:  # no client certificate
+                            client.server_info()
+                    self.assertEqual(caught.exception.code, "UNAVAILABLE")
+                    with self.assertRaises(OnnxoptError):
+                        Client(address, tls_ca=path("ca.pem"), tls_cert=path("client.pem"))  # no key
+                finally:
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(timeout=60)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -53,11 +53,32 @@ def _error(e: grpc.RpcError) -> OnnxoptError:
     return OnnxoptError(e.code().name, e.details() or "")
 
 
+def _read(path: Optional[str]) -> Optional[bytes]:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class Client:
-    def __init__(self, address: Optional[str] = None, channel: Optional[grpc.Channel] = None):
+    """`tls_ca` (PEM: the CA that signed the server's certificate; else $ONNXOPT_TLS_CA) turns TLS on,
+    `tls_cert`/`tls_key` add a client certificate for servers that require one (mutual TLS; else
+    $ONNXOPT_TLS_CERT/$ONNXOPT_TLS_KEY). None of them: plaintext. `channel` overrides all of this."""
+
+    def __init__(self, address: Optional[str] = None, channel: Optional[grpc.Channel] = None,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
         address = address or os.environ.get("ONNXOPT_SERVER", "127.0.0.1:50051")
-        self._channel = channel or grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 << 20)])
+        tls_ca = tls_ca or os.environ.get("ONNXOPT_TLS_CA")
+        tls_cert = tls_cert or os.environ.get("ONNXOPT_TLS_CERT")
+        tls_key = tls_key or os.environ.get("ONNXOPT_TLS_KEY")
+        if bool(tls_cert) != bool(tls_key):
+            raise OnnxoptError("INVALID_ARGUMENT", "a client certificate needs its key: give tls_cert and tls_key")
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        if channel is None and (tls_ca or tls_cert):
+            credentials = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca), private_key=_read(tls_key),
+                                                       certificate_chain=_read(tls_cert))
+            channel = grpc.secure_channel(address, credentials, options=options)
+        self._channel = channel or grpc.insecure_channel(address, options=options)
         self._stub = service_pb2_grpc.OptimizerStub(self._channel)
 
     def close(self) -> None:
