@@ -106,17 +106,23 @@ std::string ExplainCudaLoadFailure(const std::string& ort_message) {
   return ort_message;
 }
 
+// Adds the CUDA execution provider (default options) to `options`; throws Ort::Exception where it
+// cannot load.
+void AppendCuda(Ort::SessionOptions& options) {
+  OrtCUDAProviderOptionsV2* cuda_options = nullptr;
+  Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
+  std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
+      cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
+  options.AppendExecutionProvider_CUDA_V2(*cuda_options);
+}
+
 // Appending the CUDA provider to session options loads its library (and through it CUDA's), so a
 // machine without them fails here.
 ProviderStatus ProbeCuda() {
   ProviderStatus status{"CUDAExecutionProvider", false, ""};
   try {
     Ort::SessionOptions options;
-    OrtCUDAProviderOptionsV2* cuda_options = nullptr;
-    Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
-    std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
-        cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
-    options.AppendExecutionProvider_CUDA_V2(*cuda_options);
+    AppendCuda(options);
     status.usable = true;
   } catch (const std::exception& e) {
     status.reason = ExplainCudaLoadFailure(e.what());
@@ -175,13 +181,7 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
       options.AddConfigEntry("session.intra_op.allow_spinning", "0");
       options.AddConfigEntry("session.inter_op.allow_spinning", "0");
     }
-    if (*provider == "CUDAExecutionProvider") {
-      OrtCUDAProviderOptionsV2* cuda_options = nullptr;
-      Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
-      std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
-          cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
-      options.AppendExecutionProvider_CUDA_V2(*cuda_options);
-    }
+    if (*provider == "CUDAExecutionProvider") AppendCuda(options);
     if (!model.path.empty()) {
       return std::make_unique<Ort::Session>(OrtEnvironment(), model.path.c_str(), options);
     }
