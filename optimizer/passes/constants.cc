@@ -66,6 +66,20 @@ onnx::TensorProto MakeInt64Tensor(const std::string& name, const std::vector<int
   return tensor;
 }
 
+onnx::TensorProto MakeIntScalar(const std::string& name, int32_t type, int64_t value) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(type);
+  if (type == onnx::TensorProto::INT32) {
+    const int32_t narrow = static_cast<int32_t>(value);
+    tensor.set_raw_data(std::string(reinterpret_cast<const char*>(&narrow), sizeof(narrow)));
+  } else {
+    tensor.set_data_type(onnx::TensorProto::INT64);
+    tensor.set_raw_data(std::string(reinterpret_cast<const char*>(&value), sizeof(value)));
+  }
+  return tensor;
+}
+
 onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
                                   const std::vector<float>& values) {
   onnx::TensorProto tensor;

@@ -184,8 +184,6 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
 
 }  // namespace
 
-namespace {
-
 // A Div or Mul by a scalar constant; its multiplier and the scaled input.
 std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, Node* node) {
   if (node == nullptr || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
@@ -200,8 +198,6 @@ std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, Nod
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 namespace {
 

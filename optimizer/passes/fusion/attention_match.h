@@ -79,6 +79,9 @@ struct ContextOutput {
 
 Perm PermOf(const Node* node);
 
+// A Div or Mul by a scalar constant; its multiplier and the scaled input.
+std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, Node* node);
+
 // Follows `head_value` back through Transposes with the given perms (last first), a Reshape, an
 // optional packed part and Add(MatMul(x, W), b).
 bool MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::string& head_value,

@@ -157,11 +157,8 @@ bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const st
     if (node == nullptr || !node->domain().empty()) return false;
     if (node->op_type() == "Cast" && node->GetAttributeInt("to", 0) == onnx::TensorProto::FLOAT) {
       value = node->input(0);
-    } else if (node->op_type() == "Mul" && node->input_size() == 2 && ConstantScalarFloat(graph, node->input(0))) {
-      value = node->input(1);
-    } else if ((node->op_type() == "Mul" || node->op_type() == "Div") && node->input_size() == 2 &&
-               ConstantScalarFloat(graph, node->input(1))) {
-      value = node->input(0);
+    } else if (auto scaled = ScalarScale(graph, node)) {
+      value = scaled->second;
     } else {
       break;
     }
@@ -179,11 +176,7 @@ bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const st
 
 // A scalar int64 initializer.
 std::string AddScalarInt64(Graph& graph, const std::string& hint, int64_t value) {
-  onnx::TensorProto tensor = MakeInt64Tensor(graph.UniqueName(hint), {value});
-  tensor.clear_dims();
-  const std::string name = tensor.name();
-  graph.AddInitializer(std::move(tensor));
-  return name;
+  return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
 }
 
 }  // namespace

@@ -300,11 +300,7 @@ class FoldRelativePositionBucketsPass final : public Pass {
 
     // Gather(W', Add(Clip(d, -B, B), B)).
     auto scalar = [&](const std::string& hint, int64_t v) {
-      onnx::TensorProto tensor = Counting(graph.UniqueName(hint), d_type, v, v);
-      tensor.clear_dims();
-      const std::string name = tensor.name();
-      graph.AddInitializer(std::move(tensor));
-      return name;
+      return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), d_type, v))->name();
     };
     auto add_node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& hint) {
       onnx::NodeProto node;
