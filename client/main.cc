@@ -87,6 +87,24 @@ int ExitForJob(const onnxopt::v1::Job& job) {
   }
 }
 
+// --device: cpu or cuda (gpu), any case.
+std::optional<onnxopt::v1::Device> ParseDevice(const std::string& name) {
+  const std::string device = absl::AsciiStrToLower(name);
+  if (device == "cpu") return onnxopt::v1::DEVICE_CPU;
+  if (device == "cuda" || device == "gpu") return onnxopt::v1::DEVICE_CUDA;
+  return std::nullopt;
+}
+
+// --dim: NAME=N with N >= 1.
+std::optional<std::pair<std::string, int64_t>> ParseDim(const std::string& dim) {
+  const size_t equals = dim.find('=');
+  int64_t value = 0;
+  if (equals == std::string::npos || equals == 0 || !absl::SimpleAtoi(dim.substr(equals + 1), &value) || value < 1) {
+    return std::nullopt;
+  }
+  return std::make_pair(dim.substr(0, equals), value);
+}
+
 // The config file (or the defaults) with --preset, --device and --dim applied over it.
 absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
   onnxopt::v1::OptimizationConfig config;
@@ -101,22 +119,14 @@ absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
     config.clear_passes();  // the flag wins over a pass list in the file
   }
   if (args.Has("--device")) {
-    const std::string device = absl::AsciiStrToLower(args.Get("--device"));
-    if (device == "cpu") {
-      config.mutable_benchmark()->set_device(onnxopt::v1::DEVICE_CPU);
-    } else if (device == "cuda" || device == "gpu") {
-      config.mutable_benchmark()->set_device(onnxopt::v1::DEVICE_CUDA);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--device ", args.Get("--device"), ": use cpu or cuda"));
-    }
+    const std::optional<onnxopt::v1::Device> device = ParseDevice(args.Get("--device"));
+    if (!device) return absl::InvalidArgumentError(absl::StrCat("--device ", args.Get("--device"), ": use cpu or cuda"));
+    config.mutable_benchmark()->set_device(*device);
   }
   for (const std::string& dim : args.dims) {
-    const size_t equals = dim.find('=');
-    int64_t value = 0;
-    if (equals == std::string::npos || equals == 0 || !absl::SimpleAtoi(dim.substr(equals + 1), &value) || value < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 1"));
-    }
-    (*config.mutable_validation()->mutable_dim_values())[dim.substr(0, equals)] = value;
+    const auto parsed = ParseDim(dim);
+    if (!parsed) return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 1"));
+    (*config.mutable_validation()->mutable_dim_values())[parsed->first] = parsed->second;
   }
   return config;
 }
@@ -228,20 +238,11 @@ int Submit(Client& client, const Args& args) {
   return Follow(client, job->name(), out, json);
 }
 
-// Both models timed side by side, as a job's benchmark times them: ONNX Runtime's optimizations (all
-// unless the config says otherwise), no thread spinning, interleaved until the medians settle.
+// Both models timed side by side on `device`, as a job's benchmark times them.
 absl::Status CompareLatency(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
-                            const onnxopt::v1::OptimizationConfig& config,
+                            const onnxopt::v1::OptimizationConfig& config, const onnxopt::SessionSettings& device,
                             const std::vector<onnxopt::SuppliedSample>& supplied, onnxopt::v1::BenchmarkReport* report) {
-  onnxopt::SessionSettings settings;
-  settings.optimization_level = onnxopt::OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
-  settings.allow_spinning = false;
-  settings.intra_op_threads = config.benchmark().intra_op_threads();
-  report->set_thread_spinning(false);
-  report->set_device(onnxopt::CpuDescription());
-  report->set_execution_provider("CPUExecutionProvider");
-  report->set_ort_optimization_level(onnxopt::OrtLevelName(settings.optimization_level));
-  report->set_execution_mode("sequential");
+  const onnxopt::SessionSettings settings = onnxopt::BenchmarkSettings(config, device, report);
   auto a = onnxopt::CreateSession({original.SerializeAsString(), {}}, settings);
   if (!a.ok()) return a.status();
   auto b = onnxopt::CreateSession({optimized.SerializeAsString(), {}}, settings);
@@ -302,13 +303,14 @@ int Local(const Args& args) {
   if (!original.ok()) return Report(original.status());
   auto optimized = onnxopt::LoadModel(args.positional[2]);
   if (!optimized.ok()) return Report(optimized.status());
-  onnxopt::SessionSettings settings;
-  auto original_session = onnxopt::CreateSession({original->SerializeAsString(), {}}, settings);
-  if (!original_session.ok()) return Report(original_session.status());
-  auto optimized_session = onnxopt::CreateSession({optimized->SerializeAsString(), {}}, settings);
-  if (!optimized_session.ok()) return Report(optimized_session.status());
   onnxopt::v1::Report report;
   report.set_job("compare");
+  auto device = onnxopt::DeviceSettings(*config, &report);  // --device cuda runs both there, or says why not
+  if (!device.ok()) return Report(device.status());
+  auto original_session = onnxopt::CreateSession({original->SerializeAsString(), {}}, *device);
+  if (!original_session.ok()) return Report(original_session.status());
+  auto optimized_session = onnxopt::CreateSession({optimized->SerializeAsString(), {}}, *device);
+  if (!optimized_session.ok()) return Report(optimized_session.status());
   std::vector<onnxopt::SuppliedSample> supplied;
   if (args.Has("--inputs")) {
     auto files = onnxopt::client::FindInputFiles(args.Get("--inputs"));
@@ -324,7 +326,7 @@ int Local(const Args& args) {
   if (config->benchmark().skip()) {
     report.mutable_benchmark()->set_skipped(true);
   } else {
-    absl::Status timed = CompareLatency(*original, *optimized, *config, supplied, report.mutable_benchmark());
+    absl::Status timed = CompareLatency(*original, *optimized, *config, *device, supplied, report.mutable_benchmark());
     if (!timed.ok()) return Report(timed);
   }
   std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
@@ -506,20 +508,16 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
     value(command, "--preset", "NAME",
           "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
         ->check(CLI::IsMember(presets));
-    value(command, "--device", "DEVICE", "where parity and the benchmark run")
-        ->check(CLI::IsMember({"cpu", "cuda", "gpu"}, CLI::ignore_case));
+    value(command, "--device", "cpu|cuda", "where parity and the benchmark run")
+        ->check(CLI::Validator(
+            [](std::string& name) -> std::string { return ParseDevice(name) ? "" : "use cpu or cuda"; }, ""));
     CLI::Option* dims = command->add_option("--dim", args->dims, "NAME=N: a dynamic dimension's value (repeatable)")
                             ->type_name("NAME=N")
                             ->expected(1)
                             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
                             ->check(CLI::Validator(
                                 [](std::string& dim) -> std::string {
-                                  const size_t equals = dim.find('=');
-                                  int64_t n = 0;
-                                  return equals != std::string::npos && equals > 0 &&
-                                                 absl::SimpleAtoi(dim.substr(equals + 1), &n) && n >= 1
-                                             ? ""
-                                             : "use NAME=N with N >= 1";
+                                  return ParseDim(dim) ? "" : "use NAME=N with N >= 1";
                                 },
                                 ""));
     given.push_back({"--dim", dims});

@@ -85,14 +85,7 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
                           const std::vector<SuppliedSample>& supplied, v1::Report* report, OptimizeResult* result) {
   const v1::OptimizationConfig& config = request.config;
   v1::BenchmarkReport* benchmark = report->mutable_benchmark();
-  SessionSettings settings = device;
-  settings.optimization_level = OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
-  settings.allow_spinning = false;  // two sessions in turns: see SessionSettings
-  benchmark->set_thread_spinning(settings.allow_spinning);
-  benchmark->set_device(settings.device == v1::DEVICE_CUDA ? "CUDA GPU" : CpuDescription());
-  benchmark->set_execution_provider(*ProviderFor(settings.device));
-  benchmark->set_ort_optimization_level(OrtLevelName(settings.optimization_level));
-  benchmark->set_execution_mode("sequential");
+  const SessionSettings settings = BenchmarkSettings(config, device, benchmark);
   absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
   if (!optimized_source.ok()) return optimized_source.status();
   auto original_session = CreateSession(original_source, settings);
@@ -140,6 +133,34 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
 }
 
 }  // namespace
+
+absl::StatusOr<SessionSettings> DeviceSettings(const v1::OptimizationConfig& config, v1::Report* report) {
+  SessionSettings device;
+  device.device = config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
+  device.intra_op_threads = config.benchmark().intra_op_threads();
+  if (absl::StatusOr<std::string> provider = ProviderFor(device.device); !provider.ok()) {
+    if (!config.benchmark().allow_cpu_fallback()) return provider.status();
+    const std::string fallback = absl::StrCat("CUDA was asked for but is not available (", provider.status().message(),
+                                              "); everything ran on the CPU because benchmark.allow_cpu_fallback is set");
+    report->mutable_benchmark()->set_fallback(fallback);
+    report->add_warnings(fallback);
+    device.device = v1::DEVICE_CPU;
+  }
+  return device;
+}
+
+SessionSettings BenchmarkSettings(const v1::OptimizationConfig& config, const SessionSettings& device,
+                                  v1::BenchmarkReport* benchmark) {
+  SessionSettings settings = device;
+  settings.optimization_level = OrtLevel(config.benchmark().ort_optimization_level(), ORT_ENABLE_ALL);
+  settings.allow_spinning = false;  // two sessions in turns: see SessionSettings
+  benchmark->set_thread_spinning(settings.allow_spinning);
+  benchmark->set_device(settings.device == v1::DEVICE_CUDA ? "CUDA GPU" : CpuDescription());
+  benchmark->set_execution_provider(*ProviderFor(settings.device));
+  benchmark->set_ort_optimization_level(OrtLevelName(settings.optimization_level));
+  benchmark->set_execution_mode("sequential");
+  return settings;
+}
 
 absl::Status CheckConfig(const v1::OptimizationConfig& config) {
   absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, DefaultPassRegistry());
@@ -258,17 +279,9 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
       original->ByteSizeLong() < (size_t{1} << 30) ? absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}})
                                                    : SourceFor(request.model_path);
   if (!original_source.ok()) return fail(original_source.status());
-  SessionSettings device;
-  device.device = config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
-  device.intra_op_threads = config.benchmark().intra_op_threads();
-  if (absl::StatusOr<std::string> provider = ProviderFor(device.device); !provider.ok()) {
-    if (!config.benchmark().allow_cpu_fallback()) return fail(provider.status());
-    const std::string fallback = absl::StrCat("CUDA was asked for but is not available (", provider.status().message(),
-                                              "); everything ran on the CPU because benchmark.allow_cpu_fallback is set");
-    report.mutable_benchmark()->set_fallback(fallback);
-    report.add_warnings(fallback);
-    device.device = v1::DEVICE_CPU;
-  }
+  absl::StatusOr<SessionSettings> resolved = DeviceSettings(config, &report);
+  if (!resolved.ok()) return fail(resolved.status());
+  const SessionSettings device = *resolved;
 
   bool returned_original = false;
   if (!skip_parity) {

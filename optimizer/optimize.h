@@ -17,6 +17,7 @@
 #include "onnx/onnx_pb.h"
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
+#include "optimizer/ort_runtime.h"
 
 namespace onnxopt {
 
@@ -41,6 +42,16 @@ struct OptimizeResult {
   v1::Report report;
   std::vector<std::filesystem::path> files;  // the optimized model first
 };
+
+// Where a job's sessions run: the config's device and threads. CUDA where it cannot run is
+// FAILED_PRECONDITION (CUDA_UNAVAILABLE), or with benchmark.allow_cpu_fallback the CPU, flagged in
+// `report` (benchmark.fallback and a warning).
+absl::StatusOr<SessionSettings> DeviceSettings(const v1::OptimizationConfig& config, v1::Report* report);
+
+// The settings both models are timed under (`device`, ONNX Runtime's optimizations as the config asks,
+// all by default, no thread spinning), described in `benchmark`.
+SessionSettings BenchmarkSettings(const v1::OptimizationConfig& config, const SessionSettings& device,
+                                  v1::BenchmarkReport* benchmark);
 
 // Everything a config can get wrong that is knowable before running: INVALID_ARGUMENT with a reason.
 absl::Status CheckConfig(const v1::OptimizationConfig& config);

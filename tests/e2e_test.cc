@@ -4,6 +4,7 @@
 #include "client/client.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "optimizer/ort_runtime.h"
 #include "optimizer/sha256.h"
 
 namespace onnxopt {
@@ -33,6 +34,11 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_EQ(compare.code, 0) << compare.out << compare.err;
   EXPECT_TRUE(absl::StrContains(compare.out, "PASSED"));
   EXPECT_TRUE(absl::StrContains(compare.out, "speedup")) << "compare times both models side by side";
+  if (!ProviderFor(v1::DEVICE_CUDA).ok()) {  // --device reaches compare: no silent CPU run
+    Result cuda = Cli({"compare", FixturePath("bert_tiny.onnx").string(), out.string(), "--device", "cuda"});
+    EXPECT_EQ(cuda.code, 5) << cuda.out;
+    EXPECT_TRUE(absl::StrContains(cuda.err, "CUDA_UNAVAILABLE")) << cuda.err;
+  }
 
   const std::string job = submit.out.substr(0, submit.out.find('\n'));
   Result report = Cli({"report", job});
