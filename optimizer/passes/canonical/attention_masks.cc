@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
+#include "optimizer/passes/subgraph_session.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/tensor_convert.h"
 
@@ -184,25 +185,9 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
     inputs.push_back({&info, small, small && info.type().tensor_type().shape().dim_size() == 2});
   }
 
-  onnx::ModelProto model;
-  model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
-  *model.mutable_opset_import() = context.model().opset_import();
-  onnx::GraphProto* probe = model.mutable_graph();
-  probe->set_name("attention_mask_probe");
-  for (const ProbeInput& input : inputs) *probe->add_input() = *input.info;
-  std::unordered_set<std::string> added;
-  for (const Node* node : nodes) {
-    *probe->add_node() = node->proto();
-    for (const std::string& input : node->proto().input()) {
-      const onnx::TensorProto* initializer = graph.Initializer(input);
-      if (initializer != nullptr && added.insert(input).second) *probe->add_initializer() = *initializer;
-    }
-  }
-  probe->add_output()->set_name(mask);
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  settings.intra_op_threads = 1;
-  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+  std::vector<onnx::ValueInfoProto> infos;
+  for (const ProbeInput& input : inputs) infos.push_back(*input.info);
+  auto session = SubgraphSession(graph, context, nodes, infos, {mask}, "attention_mask_probe");
   if (!session.ok()) {
     meaning.why = "the mask's subgraph does not run on its own";
     return meaning;

@@ -27,6 +27,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/subgraph_session.h"
 #include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
@@ -129,41 +130,23 @@ class FunctionProbe {
  public:
   static absl::StatusOr<FunctionProbe> Create(const Graph& graph, const PassContext& context, const Function& f,
                                               const std::string& d, int32_t d_type, const Node& gather) {
-    onnx::ModelProto model;
-    model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
-    *model.mutable_opset_import() = context.model().opset_import();
-    onnx::GraphProto* probe = model.mutable_graph();
-    probe->set_name("relative_position_probe");
-    onnx::ValueInfoProto* input = probe->add_input();
-    input->set_name(d);
-    input->mutable_type()->mutable_tensor_type()->set_elem_type(d_type);
-    input->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_param("n");
-    std::unordered_set<std::string> added;
-    auto add_constant = [&](const std::string& name) {
-      const onnx::TensorProto* tensor = graph.Initializer(name);
-      if (tensor != nullptr && added.insert(name).second) *probe->add_initializer() = *tensor;
-    };
-    // In graph order (Constant nodes feeding f come along).
+    onnx::ValueInfoProto input;
+    input.set_name(d);
+    input.mutable_type()->mutable_tensor_type()->set_elem_type(d_type);
+    input.mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_param("n");
+    // f's nodes and the Gather, with the Constant nodes they read, in graph order.
     std::unordered_set<const Node*> members(f.nodes.begin(), f.nodes.end());
     members.insert(&gather);
+    std::unordered_set<std::string> read;
+    for (const Node* member : members) read.insert(member->proto().input().begin(), member->proto().input().end());
+    std::vector<const Node*> nodes;
     for (const Node* node : graph.Nodes()) {
-      const bool constant_node = node->op_type() == "Constant" && node->domain().empty();
-      bool feeds = false;
-      if (constant_node) {
-        for (const Node* member : members) {
-          for (const std::string& in : member->proto().input()) feeds |= in == node->output(0);
-        }
-      }
-      if (members.count(node) == 0 && !feeds) continue;
-      *probe->add_node() = node->proto();
-      for (const std::string& in : node->proto().input()) add_constant(in);
+      const bool feeding_constant =
+          node->op_type() == "Constant" && node->domain().empty() && read.count(node->output(0)) > 0;
+      if (members.count(node) > 0 || feeding_constant) nodes.push_back(node);
     }
-    probe->add_output()->set_name(gather.input(1));
-    probe->add_output()->set_name(gather.output(0));
-    SessionSettings settings;
-    settings.optimization_level = ORT_DISABLE_ALL;
-    settings.intra_op_threads = 1;
-    auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+    auto session = SubgraphSession(graph, context, nodes, {input}, {gather.input(1), gather.output(0)},
+                                   "relative_position_probe");
     if (!session.ok()) return session.status();
     return FunctionProbe(*std::move(session), d, d_type, gather.input(1), gather.output(0));
   }
