@@ -105,7 +105,7 @@ std::optional<std::pair<std::string, int64_t>> ParseDim(const std::string& dim) 
   return std::make_pair(dim.substr(0, equals), value);
 }
 
-// The config file (or the defaults) with --preset, --device and --dim applied over it.
+// The config file (or the defaults) with --preset, --precision, --device and --dim applied over it.
 absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
   onnxopt::v1::OptimizationConfig config;
   if (args.Has("--config")) {
@@ -118,6 +118,7 @@ absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
     config.set_preset(args.Get("--preset"));
     config.clear_passes();  // the flag wins over a pass list in the file
   }
+  if (args.Has("--precision")) config.mutable_precision()->set_mode(args.Get("--precision"));
   if (args.Has("--device")) {
     const std::optional<onnxopt::v1::Device> device = ParseDevice(args.Get("--device"));
     if (!device) return absl::InvalidArgumentError(absl::StrCat("--device ", args.Get("--device"), ": use cpu or cuda"));
@@ -508,6 +509,8 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
     value(command, "--preset", "NAME",
           "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
         ->check(CLI::IsMember(presets));
+    value(command, "--precision", "MODE", "fp32 (default), fp16, bf16, int8_dynamic or int4_weight_only")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int4_weight_only"}));
     value(command, "--device", "cpu|cuda", "where parity and the benchmark run")
         ->check(CLI::Validator(
             [](std::string& name) -> std::string { return ParseDevice(name) ? "" : "use cpu or cuda"; }, ""));

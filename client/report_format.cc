@@ -207,7 +207,42 @@ std::string FormatReport(const v1::Report& report) {
                                             output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    bool agreement = false;
+    for (const auto& output : parity.outputs()) agreement |= output.cosine_similarity() != 0;
+    if (agreement && parity.precision() != "fp32" && !parity.precision().empty()) {
+      absl::StrAppend(&out, absl::StrFormat("%-24s %6s %12s %10s\n", "output", "sample", "cosine", "top-1"));
+      for (const auto& output : parity.outputs()) {
+        absl::StrAppend(&out, absl::StrFormat("%-24s %6d %12.6f %10s\n", output.name(), output.sample(),
+                                              output.cosine_similarity(),
+                                              output.top1_agreement() < 0 ? "-"
+                                                                          : absl::StrFormat("%.2f%%", 100 * output.top1_agreement())));
+      }
+    }
     AppendBisection(parity.bisection(), &out);
+  }
+
+  if (report.has_precision()) {
+    const v1::PrecisionReport& precision = report.precision();
+    absl::StrAppend(&out, "\nprecision: ", precision.mode(), " -> ", precision.precision().empty() ? "?" : precision.precision(),
+                    absl::StrFormat(", size %s -> %s (%.2fx)", Bytes(precision.size_before_bytes()),
+                                    Bytes(precision.size_after_bytes()),
+                                    precision.size_before_bytes() > 0
+                                        ? static_cast<double>(precision.size_after_bytes()) / precision.size_before_bytes()
+                                        : 0.0),
+                    ", ", precision.converted_nodes(), " node(s) converted");
+    if (precision.quantized_weights() > 0) {
+      absl::StrAppend(&out, absl::StrFormat(", %d weight(s) %s -> %s", precision.quantized_weights(),
+                                            Bytes(precision.weight_bytes_before()), Bytes(precision.weight_bytes_after())));
+    }
+    if (precision.clamped_weights() > 0) absl::StrAppend(&out, ", ", precision.clamped_weights(), " weight value(s) clamped");
+    if (precision.auto_mixed_attempts() > 0) {
+      absl::StrAppend(&out, ", automatic mixed precision judged ", precision.auto_mixed_attempts(), " candidate(s)");
+    }
+    absl::StrAppend(&out, "\n");
+    if (!precision.note().empty()) absl::StrAppend(&out, "note: ", precision.note(), "\n");
+    for (const auto& kept : precision.kept_nodes()) {
+      absl::StrAppend(&out, "  kept in float32: ", kept.node(), " (", kept.op_type(), "): ", kept.reason(), "\n");
+    }
   }
 
   absl::StrAppend(&out, "\nbenchmark: ");

@@ -209,6 +209,24 @@ void Graph::SetInput(Node* node, int index, const std::string& value) {
   changed_ = true;
 }
 
+void Graph::ReplaceInitializer(onnx::TensorProto tensor) {
+  auto it = initializers_.find(tensor.name());
+  if (it == initializers_.end()) return;
+  // The index points into proto_'s repeated field, which this Graph owns for editing.
+  *const_cast<onnx::TensorProto*>(it->second) = std::move(tensor);
+  changed_ = true;
+}
+
+void Graph::SetOutput(Node* node, int index, const std::string& name) {
+  const std::string old = node->proto_.output(index);
+  auto it = producer_.find(old);
+  if (it != producer_.end() && it->second == node) producer_.erase(it);
+  node->proto_.set_output(index, name);
+  producer_[name] = node;
+  if (names_collected_) used_names_.insert(name);
+  changed_ = true;
+}
+
 void Graph::RenameInSubgraphs(Node* node, const std::string& from, const std::string& to) {
   for (const auto& subgraph : node->subgraphs_) subgraph->RenameOuterUse(from, to);
 }

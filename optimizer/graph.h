@@ -108,10 +108,16 @@ class Graph {
   void RemoveInitializer(const std::string& name);
   // Drops `name` from the graph's inputs (the value itself stays defined if it is an initializer).
   void RemoveGraphInput(const std::string& name);
+  // Replaces the data (and type) of initializer `tensor.name()`, which must exist, in place.
+  void ReplaceInitializer(onnx::TensorProto tensor);
   // Appends an initializer to the GraphProto and indexes it; the name must be new.
   const onnx::TensorProto* AddInitializer(onnx::TensorProto tensor);
   // Sets input i of `node` and keeps the indexes right.
   void SetInput(Node* node, int index, const std::string& value);
+  // Gives output i of `node` a new name (which must be new); readers of the old name are left as they
+  // are, for the caller to point elsewhere or to define the old name again (precision conversion
+  // keeps a value's name for its float32 readers with a Cast from the renamed float16 value).
+  void SetOutput(Node* node, int index, const std::string& name);
 
   // Calls fn on this graph and then every subgraph, depth first.
   void ForEachGraph(const std::function<void(Graph&)>& fn);

@@ -1,6 +1,11 @@
 #include "optimizer/optimize.h"
 
 #include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,6 +15,8 @@
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
+#include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/precision.h"
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/parity.h"
@@ -82,11 +89,13 @@ absl::StatusOr<OptimizeResult> Finish(std::chrono::steady_clock::time_point star
 absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto& original,
                           const ModelSource& original_source, const onnx::ModelProto& optimized,
                           const fs::path& output_path, const SessionSettings& device,
-                          const std::vector<SuppliedSample>& supplied, v1::Report* report, OptimizeResult* result) {
+                          const std::vector<SuppliedSample>& supplied, v1::Report* report, OptimizeResult* result,
+                          const ModelSource* optimized_view = nullptr) {
   const v1::OptimizationConfig& config = request.config;
   v1::BenchmarkReport* benchmark = report->mutable_benchmark();
   const SessionSettings settings = BenchmarkSettings(config, device, benchmark);
-  absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
+  absl::StatusOr<ModelSource> optimized_source =
+      optimized_view != nullptr ? absl::StatusOr<ModelSource>(*optimized_view) : SourceFor(output_path);
   if (!optimized_source.ok()) return optimized_source.status();
   auto original_session = CreateSession(original_source, settings);
   if (!original_session.ok()) return original_session.status();
@@ -132,6 +141,68 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
   return absl::OkStatus();
 }
 
+// "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
+std::string WorstOutput(const v1::ParityReport& parity) {
+  for (const auto& output : parity.outputs()) {
+    if (output.passed()) continue;
+    if (!output.note().empty()) return absl::StrCat(output.name(), ": ", output.note());
+    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f",
+                           output.name(), output.nan_or_inf_introduced() ? "NaN/Inf introduced, " : "",
+                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity());
+  }
+  return "no output failed";
+}
+
+// The largest magnitude of every float32 value the main graph computes, on one input set: each node
+// output becomes a graph output of a copy run without ONNX Runtime's own rewrites.
+absl::StatusOr<std::map<std::string, double>> MaxAbsActivations(const onnx::ModelProto& model,
+                                                               const GeneratedInputs& inputs,
+                                                               const SessionSettings& device) {
+  onnx::ModelProto probe = model;
+  std::vector<std::string> names;
+  {
+    Graph graph(probe.mutable_graph());
+    const std::unordered_map<std::string, int32_t> types = InferElementTypes(graph, nullptr);
+    std::set<std::string> listed;
+    for (const auto& output : probe.graph().output()) listed.insert(output.name());
+    for (const Node* node : graph.Nodes()) {
+      for (const auto& output : node->proto().output()) {
+        auto type = types.find(output);
+        if (output.empty() || type == types.end() || type->second != onnx::TensorProto::FLOAT) continue;
+        names.push_back(output);
+      }
+    }
+    absl::Status committed = graph.Commit();
+    if (!committed.ok()) return committed;
+    for (const auto& name : names) {
+      if (listed.count(name) > 0) continue;
+      onnx::ValueInfoProto* output = probe.mutable_graph()->add_output();
+      output->set_name(name);
+      output->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    }
+  }
+  SessionSettings settings = device;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  auto session = CreateSession(ModelSource{probe.SerializeAsString(), {}}, settings);
+  if (!session.ok()) return session.status();
+  auto values = RunOnInputs(**session, inputs, names);
+  if (!values.ok()) return values.status();
+  std::map<std::string, double> largest;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Ort::Value& value = (*values)[i];
+    if (!value.IsTensor()) continue;
+    const auto info = value.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) continue;
+    const float* data = value.GetTensorData<float>();
+    double magnitude = 0;
+    for (size_t j = 0; j < info.GetElementCount(); ++j) {
+      if (std::isfinite(data[j])) magnitude = std::max(magnitude, static_cast<double>(std::fabs(data[j])));
+    }
+    largest[names[i]] = magnitude;
+  }
+  return largest;
+}
+
 }  // namespace
 
 absl::StatusOr<SessionSettings> DeviceSettings(const v1::OptimizationConfig& config, v1::Report* report) {
@@ -167,6 +238,7 @@ absl::Status CheckConfig(const v1::OptimizationConfig& config) {
   if (!pipeline.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", pipeline.status().message()));
   absl::Status status = CheckValidationSettings(config.validation());
   if (status.ok()) status = CheckBenchmarkSettings(config.benchmark());
+  if (status.ok()) status = CheckPrecisionConfig(config.precision());
   if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", status.message()));
   return absl::OkStatus();
 }
@@ -242,6 +314,35 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   absl::Status passes = RunPipeline(*pipeline, &optimized, options, &pass_reports);
   for (const auto& pass_report : pass_reports) *report.add_passes() = pass_report;
   if (!passes.ok()) return fail(passes);
+  // Lower precision comes after the pipeline, its runs reported with it but kept apart for the
+  // bisection (which replays the pipeline alone).
+  const v1::PrecisionConfig& precision = config.precision();
+  const bool precision_requested = PrecisionRequested(precision);
+  onnx::ModelProto fp32_model;
+  std::vector<v1::PassReport> precision_runs;
+  if (precision_requested) {
+    fp32_model = optimized;
+    absl::Status converted = ApplyPrecision(precision, {}, options, &optimized, &precision_runs);
+    for (const auto& pass_report : precision_runs) *report.add_passes() = pass_report;
+    if (!converted.ok()) return fail(converted);
+    DescribePrecision(precision, fp32_model, optimized, precision_runs, report.mutable_precision());
+  }
+  // keep_io_types off: the result reads and writes float16; parity and the benchmark use it behind
+  // Casts to the original's interface (the report says so).
+  bool interface_changed = precision_requested && precision.has_keep_io_types() && !precision.keep_io_types() &&
+                           (precision.mode() == "fp16" || precision.mode() == "bf16");
+  if (interface_changed) {
+    report.add_warnings("precision.keep_io_types is off: the model's float inputs and outputs are now " +
+                        precision.mode() + "; parity and the benchmark ran it behind Casts from and to float32");
+  }
+  auto InterfaceView = [&](const onnx::ModelProto& model) -> absl::StatusOr<ModelSource> {
+    return ModelSource{WithOriginalInterface(model, *original).SerializeAsString(), {}};
+  };
+  auto all_runs = [&](const std::vector<v1::PassReport>& lower) {
+    std::vector<v1::PassReport> runs = pass_reports;
+    runs.insert(runs.end(), lower.begin(), lower.end());
+    return runs;
+  };
 
   Progress(request, Phase::kSaving);
   if (Cancelled(request)) return fail(absl::CancelledError("cancelled before saving"));
@@ -265,7 +366,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     *report.mutable_transformer() = JudgeTransformerFusion(*original, model, runs, pipeline->hints);
     return absl::OkStatus();
   };
-  absl::Status saved = save_result(optimized, pass_reports);
+  absl::Status saved = save_result(optimized, all_runs(precision_runs));
   if (!saved.ok()) return fail(saved);
 
   const bool skip_parity = config.validation().skip();
@@ -316,15 +417,80 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
       if (!compared.ok()) return compared;
       return into->passed();
     };
-    absl::StatusOr<ModelSource> optimized_source = SourceFor(output_path);
+    absl::StatusOr<ModelSource> optimized_source = interface_changed ? InterfaceView(optimized) : SourceFor(output_path);
     if (!optimized_source.ok()) return fail(optimized_source.status());
-    absl::StatusOr<bool> passed = judge(*optimized_source, ModelPrecision(optimized), parity);
-    if (!passed.ok()) return fail(passed.status());
-    if (!*passed) {
-      ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
-        *into = *parity;
-        return judge(ModelSource{candidate.SerializeAsString(), {}}, ModelPrecision(candidate), into);
-      };
+    absl::StatusOr<bool> judged = judge(*optimized_source, ModelPrecision(optimized), parity);
+    if (!judged.ok()) return fail(judged.status());
+    bool passed = *judged;
+    ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
+      *into = *parity;
+      return judge(interface_changed ? *InterfaceView(candidate) : ModelSource{candidate.SerializeAsString(), {}},
+                   ModelPrecision(candidate), into);
+    };
+    if (!passed && precision_requested) {
+      v1::PrecisionReport* described = report.mutable_precision();
+      described->set_note(absl::StrCat("the ", precision.mode(), " model failed parity: ", WorstOutput(*parity)));
+      const bool float_mode = precision.mode() == "fp16" || precision.mode() == "bf16";
+      if (float_mode && (!precision.has_auto_mixed() || precision.auto_mixed())) {
+        if (request.on_progress) request.on_progress(Phase::kValidating, "automatic mixed precision", 0, 0);
+        ActivationRanges ranges = [&](const onnx::ModelProto& model) {
+          return MaxAbsActivations(model, reference->sets.front().inputs, settings);
+        };
+        std::string search_failure;
+        absl::StatusOr<std::optional<MixedPrecisionResult>> mixed =
+            SearchMixedPrecision(fp32_model, precision, probe, ranges, options, &search_failure);
+        if (!mixed.ok()) return fail(mixed.status());
+        if (mixed->has_value()) {
+          MixedPrecisionResult& found = **mixed;
+          optimized = std::move(found.model);
+          precision_runs = std::move(found.runs);
+          *parity = found.parity;
+          report.clear_passes();
+          for (const auto& pass_report : all_runs(precision_runs)) *report.add_passes() = pass_report;
+          const std::string first_failure = described->note();
+          described->Clear();
+          described->set_note(first_failure);
+          DescribePrecision(precision, fp32_model, optimized, precision_runs, described);
+          described->clear_kept_nodes();
+          for (const auto& kept : found.kept) *described->add_kept_nodes() = kept;
+          described->set_auto_mixed_attempts(found.attempts);
+          report.add_warnings(absl::StrCat(precision.mode(), " alone failed parity; automatic mixed precision kept ",
+                                           found.kept.size(), " node(s) in float32 (see precision.kept_nodes)"));
+          absl::Status resaved = save_result(optimized, all_runs(precision_runs));
+          if (!resaved.ok()) return fail(resaved);
+          passed = true;
+        } else {
+          described->set_note(absl::StrCat(described->note(), "; automatic mixed precision found nothing: ",
+                                           search_failure));
+        }
+      }
+      if (!passed) {
+        if (config.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
+          return fail(absl::AbortedError(absl::StrCat(
+              "PARITY_FAILED: precision mode '", precision.mode(), "' broke parity",
+              described->note().empty() ? "" : absl::StrCat(" (", described->note(), ")"),
+              "; see the report's parity and precision sections")));
+        }
+        // Recover: give the lower precision up, keep the float32 pipeline output if it passes.
+        described->set_note(absl::StrCat(described->note().empty() ? "" : absl::StrCat(described->note(), "; "),
+                                         precision.mode(), " broke parity, so the float32 model is returned"));
+        report.add_warnings(absl::StrCat("precision mode '", precision.mode(),
+                                         "' broke parity; the returned model stays in float32"));
+        optimized = fp32_model;
+        interface_changed = false;
+        precision_runs.clear();
+        report.clear_passes();
+        for (const auto& pass_report : pass_reports) *report.add_passes() = pass_report;
+        absl::Status resaved = save_result(optimized, pass_reports);
+        if (!resaved.ok()) return fail(resaved);
+        absl::StatusOr<ModelSource> fp32_source = SourceFor(output_path);
+        if (!fp32_source.ok()) return fail(fp32_source.status());
+        absl::StatusOr<bool> again = judge(*fp32_source, ModelPrecision(optimized), parity);
+        if (!again.ok()) return fail(again.status());
+        passed = *again;
+      }
+    }
+    if (!passed) {
       absl::StatusOr<BisectionResult> bisected =
           BisectAndRecover(*original, *pipeline, optimized, pass_reports, probe, request.cancelled);
       if (!bisected.ok()) return fail(bisected.status());
@@ -353,8 +519,10 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
 
   if (!skip_benchmark) {
     Progress(request, Phase::kBenchmarking);
+    std::optional<ModelSource> view;
+    if (interface_changed) view = *InterfaceView(optimized);
     absl::Status timed = RunBenchmark(request, *original, *original_source, optimized, output_path, device, *supplied,
-                                      &report, &result);
+                                      &report, &result, view ? &*view : nullptr);
     if (!timed.ok()) return fail(timed);
     if (report.benchmark().regression()) {
       report.add_warnings(absl::StrFormat(
@@ -375,6 +543,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     }
   }
   report.set_returned_original(returned_original);
+  if (precision_requested) report.mutable_precision()->set_precision(returned_original ? "fp32" : ModelPrecision(optimized));
   return Finish(start, partial_report, &result);
 }
 

@@ -74,6 +74,17 @@ class PassContext {
   const std::map<std::string, int64_t>& required_opsets() const { return required_opsets_; }
 
   void CountRewrite(int64_t n = 1) { rewrites_ += n; }
+  // Figures a pass reports beyond rewrites (PassReport.counters), e.g. "clamped_weights".
+  void Count(const std::string& counter, int64_t n = 1) {
+    if (n != 0) counters_[counter] += n;
+  }
+  // A line for the report about one node (PassReport.notes, at most kMaxPassNotes kept).
+  void Note(std::string line) {
+    if (notes_.size() < kMaxPassNotes) notes_.push_back(std::move(line));
+  }
+  static constexpr size_t kMaxPassNotes = 1000;
+  const std::map<std::string, int64_t>& counters() const { return counters_; }
+  const std::vector<std::string>& notes() const { return notes_; }
   void Skip(absl::string_view reason) { ++skipped_[std::string(reason)]; }
   int64_t rewrites() const { return rewrites_; }
   const std::map<std::string, int64_t>& skipped() const { return skipped_; }
@@ -87,6 +98,8 @@ class PassContext {
   int64_t rewrites_ = 0;
   std::map<std::string, int64_t> skipped_;
   std::map<std::string, int64_t> required_opsets_;
+  std::map<std::string, int64_t> counters_;
+  std::vector<std::string> notes_;
 };
 
 class Pass {

@@ -219,6 +219,8 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     reason->set_reason(skip.first);
     reason->set_count(skip.second);
   }
+  for (const auto& [counter, count] : context.counters()) (*report.mutable_counters())[counter] = count;
+  for (const auto& note : context.notes()) report.add_notes(note);
   std::set<std::string> ops;
   for (const auto& entry : before) ops.insert(entry.first);
   for (const auto& entry : after) ops.insert(entry.first);

@@ -73,6 +73,9 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeFuseEmbedLayerNormPass());
     built->Register(MakeCanonicalizeSwapLastAxesPass());
     built->Register(MakeCanonicalizeShapeReadsPass());
+    built->Register(MakeConvertFloatPrecisionPass());
+    built->Register(MakeQuantizeDynamicInt8Pass());
+    built->Register(MakeQuantizeWeightsInt4Pass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",

@@ -27,9 +27,10 @@ inline constexpr double kDefaultRtol = 1e-3;
 // NaN and infinities equal when their signs are.
 bool AllClose(double actual, double expected, double atol, double rtol);
 
-// Compares one output; fills everything in `result` but name, sample and tolerance source.
+// Compares one output; fills everything in `result` but name, sample and tolerance source. With
+// min_cosine > 0, an output outside atol/rtol passes by agreement (see Tolerance::min_cosine).
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
-                   v1::OutputParity* result);
+                   v1::OutputParity* result, double min_cosine = 0);
 
 // "fp32", "fp16", "bf16" or "int8": the lowest precision the model computes in (quantization
 // operators, then half-precision tensors or casts).
@@ -39,7 +40,12 @@ struct Tolerance {
   double atol = kDefaultAtol;
   double rtol = kDefaultRtol;
   std::string source;  // "output", "config" or the precision whose default it is
+  // > 0: an output outside atol/rtol still passes with this cosine similarity and, if it is
+  // classifier-shaped, 99% top-1 agreement (quantized models).
+  double min_cosine = 0;
 };
+
+inline constexpr double kMinTop1Agreement = 0.99;
 
 // The tolerance for output `name` of a candidate of `precision`.
 Tolerance ToleranceFor(const v1::ValidationConfig& config, const std::string& name, const std::string& precision);

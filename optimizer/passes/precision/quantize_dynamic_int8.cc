@@ -1,0 +1,118 @@
+// quantize_dynamic_int8: weights of float products to int8, activations quantized at run time
+// (ONNX Runtime's dynamic quantization, in its fused DynamicQuantizeMatMul form).
+//
+// Before:  y = MatMul(x, W:f32[K,N])          (or Gemm, or Attention's packed Q|K|V weights)
+// After:   y = DynamicQuantizeMatMul(x, Wq:int8[K,N], scale:f32[N])
+//
+// Weights are quantized symmetrically (zero point 0, range ±127) with one scale per output column by
+// default (per_channel), else one per tensor: scale = max|W[:, n]| / 127, Wq = round(W / scale).
+// The input is quantized per tensor to uint8 by the operator on every run.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/passes.h"
+#include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/passes/precision/weight_products.h"
+
+namespace onnxopt {
+namespace {
+
+onnx::TensorProto Int8Tensor(const std::string& name, const std::vector<int64_t>& dims, const std::vector<int8_t>& values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::INT8);
+  for (int64_t dim : dims) tensor.add_dims(dim);
+  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size()));
+  return tensor;
+}
+
+onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t dim : dims) tensor.add_dims(dim);
+  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  return tensor;
+}
+
+class QuantizeDynamicInt8Pass final : public Pass {
+ public:
+  absl::string_view name() const override { return "quantize_dynamic_int8"; }
+  absl::string_view description() const override {
+    return "Quantize the constant weights of MatMul, Gemm and Attention to int8 (symmetric, per output column by "
+           "default); activations are quantized at run time (ONNX Runtime's DynamicQuantizeMatMul)";
+  }
+  std::vector<ParamSpec> params() const override {
+    return {{"per_channel", ParamType::kBool, "true", "one scale per output column (else one per weight)"},
+            {"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},
+            {"node_block_list", ParamType::kString, "", "comma-separated node names left in float"},
+            {"min_elements", ParamType::kInt, "64", "weights with fewer elements stay float"}};
+  }
+  bool needs_shapes() const override { return true; }
+
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    WeightProductOptions options;
+    options.op_types = SplitNameList(context.params().GetString("op_types"));
+    options.node_block_list = SplitNameList(context.params().GetString("node_block_list"));
+    options.min_elements = context.params().GetInt("min_elements");
+    const bool per_channel = context.params().GetBool("per_channel");
+    QuantizeWeightProducts(graph, context, options,
+                           [&](Graph& g, PassContext& ctx, const std::string& input, const FloatWeight& weight,
+                               const std::string& output, const Node* anchor) {
+                             return Emit(g, ctx, input, weight, output, anchor, per_channel);
+                           });
+    return absl::OkStatus();
+  }
+
+ private:
+  static bool Emit(Graph& graph, PassContext& context, const std::string& input, const FloatWeight& weight,
+                   const std::string& output, const Node* anchor, bool per_channel) {
+    const int64_t k = weight.k, n = weight.n;
+    std::vector<float> scales(per_channel ? n : 1, 0.0f);
+    for (int64_t row = 0; row < k; ++row) {
+      for (int64_t col = 0; col < n; ++col) {
+        const float magnitude = std::fabs(weight.values[row * n + col]);
+        if (!std::isfinite(magnitude)) {
+          context.Skip("left in float: weight has NaN or Inf");
+          return false;
+        }
+        float& scale = scales[per_channel ? col : 0];
+        scale = std::max(scale, magnitude);
+      }
+    }
+    for (float& scale : scales) scale = scale > 0 ? scale / 127.0f : 1.0f;
+    std::vector<int8_t> quantized(weight.values.size());
+    for (int64_t row = 0; row < k; ++row) {
+      for (int64_t col = 0; col < n; ++col) {
+        const float q = std::nearbyint(weight.values[row * n + col] / scales[per_channel ? col : 0]);
+        quantized[row * n + col] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+      }
+    }
+    const std::string base = graph.UniqueName(absl::StrCat(output, "_int8"));
+    onnx::TensorProto weight_tensor = Int8Tensor(absl::StrCat(base, "_weight"), {k, n}, quantized);
+    onnx::TensorProto scale_tensor =
+        FloatTensor(absl::StrCat(base, "_scale"), per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{}, scales);
+    onnx::NodeProto node;
+    node.set_op_type("DynamicQuantizeMatMul");
+    node.set_domain("com.microsoft");
+    node.set_name(base);
+    node.add_input(input);
+    node.add_input(weight_tensor.name());
+    node.add_input(scale_tensor.name());
+    node.add_output(output);
+    context.Count("weight_bytes_after", static_cast<int64_t>(quantized.size() + scales.size() * sizeof(float)));
+    graph.AddInitializer(std::move(weight_tensor));
+    graph.AddInitializer(std::move(scale_tensor));
+    graph.AddNode(std::move(node), anchor, /*after=*/false);
+    context.RequireOpset("com.microsoft", 1);
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeQuantizeDynamicInt8Pass() { return std::make_unique<QuantizeDynamicInt8Pass>(); }
+
+}  // namespace onnxopt

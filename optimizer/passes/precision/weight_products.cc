@@ -1,0 +1,158 @@
+#include "optimizer/passes/precision/weight_products.h"
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
+#include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+namespace {
+
+// A constant float32 [k, n] weight (transposed from [n, k] when `transposed`).
+std::optional<FloatWeight> ReadWeight(const Graph& graph, const std::string& value, bool transposed) {
+  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
+  if (tensor == nullptr || tensor->dims_size() != 2) return std::nullopt;
+  std::optional<std::vector<float>> values = TensorFloats(*tensor);
+  if (!values) return std::nullopt;
+  FloatWeight weight;
+  weight.k = tensor->dims(transposed ? 1 : 0);
+  weight.n = tensor->dims(transposed ? 0 : 1);
+  if (weight.k * weight.n != static_cast<int64_t>(values->size())) return std::nullopt;
+  if (!transposed) {
+    weight.values = *std::move(values);
+  } else {
+    weight.values.resize(values->size());
+    for (int64_t row = 0; row < weight.n; ++row) {
+      for (int64_t col = 0; col < weight.k; ++col) weight.values[col * weight.n + row] = (*values)[row * weight.k + col];
+    }
+  }
+  return weight;
+}
+
+onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
+                         std::vector<std::string> outputs, const std::string& domain = "") {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name(name);
+  if (!domain.empty()) node.set_domain(domain);
+  for (auto& input : inputs) node.add_input(std::move(input));
+  for (auto& output : outputs) node.add_output(std::move(output));
+  return node;
+}
+
+bool RewriteMatMulOrGemm(Graph& graph, PassContext& context, Node* node, const WeightProductOptions& options,
+                         const EmitWeightProduct& emit) {
+  const bool gemm = node->op_type() == "Gemm";
+  std::string bias;
+  if (gemm) {
+    if (node->GetAttributeInt("transA", 0) != 0 || node->GetAttributeFloat("alpha", 1.0f) != 1.0f) return false;
+    if (node->input_size() > 2 && !node->input(2).empty()) {
+      if (node->GetAttributeFloat("beta", 1.0f) != 1.0f) return false;
+      bias = node->input(2);
+    }
+  }
+  std::optional<FloatWeight> weight = ReadWeight(graph, node->input(1), gemm && node->GetAttributeInt("transB", 0) != 0);
+  if (!weight) return false;  // an activation product, or a weight of another type
+  if (static_cast<int64_t>(weight->values.size()) < options.min_elements) {
+    context.Skip("left in float: weight smaller than min_elements");
+    return false;
+  }
+  const std::string output = node->output(0);
+  const std::string product = bias.empty() ? output : graph.UniqueName(absl::StrCat(output, "_product"));
+  if (!emit(graph, context, node->input(0), *weight, product, node)) return false;
+  if (!bias.empty()) {
+    graph.AddNode(MakeNode("Add", graph.UniqueName(absl::StrCat(NodeKey(*node), "_bias")), {product, bias}, {output}),
+                  node, /*after=*/false);
+  }
+  context.Count("weight_bytes_before", static_cast<int64_t>(weight->values.size() * sizeof(float)));
+  graph.RemoveNode(node);
+  return true;
+}
+
+// Attention(x, W[D,3H], b, mask, "", attention_bias) ->
+//   MultiHeadAttention(Split(x · W), bias = b, key_padding_mask = mask, attention_bias)
+bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const WeightProductOptions& options,
+                      const EmitWeightProduct& emit) {
+  for (const char* unsupported : {"qkv_hidden_sizes", "do_rotary", "past_present_share_buffer"}) {
+    if (node->FindAttribute(unsupported) != nullptr) {
+      context.Skip(absl::StrCat("Attention left in float: it has ", unsupported));
+      return false;
+    }
+  }
+  auto input = [&](int i) -> std::string { return i < node->input_size() ? node->input(i) : std::string(); };
+  if (node->input_size() > 6 || !input(4).empty() || input(2).empty() ||
+      (node->output_size() > 1 && !node->output(1).empty() && graph.HasConsumers(node->output(1)))) {
+    context.Skip("Attention left in float: past/present state or extra inputs");
+    return false;
+  }
+  const std::string mask = input(3);
+  if (!mask.empty()) {
+    std::optional<int> rank = context.shapes() != nullptr ? context.shapes()->Rank(mask) : std::nullopt;
+    if (!rank || *rank > 2) {
+      context.Skip("Attention left in float: its mask is not known to be 1-D or 2-D (MultiHeadAttention's forms)");
+      return false;
+    }
+  }
+  std::optional<FloatWeight> weight = ReadWeight(graph, input(1), false);
+  if (!weight || weight->n % 3 != 0) return false;
+  if (static_cast<int64_t>(weight->values.size()) < options.min_elements) {
+    context.Skip("left in float: weight smaller than min_elements");
+    return false;
+  }
+  const std::string base = NodeKey(*node);
+  const std::string qkv = graph.UniqueName(absl::StrCat(base, "_qkv"));
+  if (!emit(graph, context, input(0), *weight, qkv, node)) return false;
+  const int64_t hidden = weight->n / 3;
+  std::vector<std::string> parts;
+  for (const char* part : {"_q", "_k", "_v"}) parts.push_back(graph.UniqueName(absl::StrCat(base, part)));
+  onnx::NodeProto split = MakeNode("Split", graph.UniqueName(absl::StrCat(base, "_split")), {qkv}, parts);
+  *split.add_attribute() = IntAttribute("axis", -1);
+  if (context.OpsetVersion("") >= 13) {
+    onnx::TensorProto sizes = MakeInt64Tensor(graph.UniqueName(absl::StrCat(base, "_split_sizes")), {hidden, hidden, hidden});
+    split.add_input(sizes.name());
+    graph.AddInitializer(std::move(sizes));
+  } else {
+    *split.add_attribute() = IntsAttribute("split", {hidden, hidden, hidden});
+  }
+  graph.AddNode(std::move(split), node, /*after=*/false);
+  std::vector<std::string> mha_inputs = {parts[0], parts[1], parts[2], input(2), mask};
+  if (!input(5).empty()) mha_inputs.push_back(input(5));
+  onnx::NodeProto mha = MakeNode("MultiHeadAttention", graph.UniqueName(absl::StrCat(base, "_mha")), mha_inputs,
+                                 {node->output(0)}, "com.microsoft");
+  for (const auto& attribute : node->proto().attribute()) {
+    if (attribute.name() == "num_heads" || attribute.name() == "unidirectional" || attribute.name() == "scale" ||
+        attribute.name() == "mask_filter_value") {
+      *mha.add_attribute() = attribute;
+    }
+  }
+  graph.AddNode(std::move(mha), node, /*after=*/false);
+  context.RequireOpset("com.microsoft", 1);
+  context.Count("weight_bytes_before", static_cast<int64_t>(weight->values.size() * sizeof(float)));
+  context.Count("attention_unpacked");
+  graph.RemoveNode(node);
+  return true;
+}
+
+}  // namespace
+
+void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
+                            const EmitWeightProduct& emit) {
+  for (Node* node : graph.Nodes()) {
+    const std::string& op = node->op_type();
+    const bool attention = op == "Attention" && node->domain() == "com.microsoft";
+    if (!attention && (!node->domain().empty() || (op != "MatMul" && op != "Gemm"))) continue;
+    if (options.op_types.count(op) == 0) continue;
+    if (options.node_block_list.count(NodeKey(*node)) > 0) {
+      context.Skip("left in float: node block list");
+      continue;
+    }
+    const bool rewritten = attention ? RewriteAttention(graph, context, node, options, emit)
+                                     : RewriteMatMulOrGemm(graph, context, node, options, emit);
+    if (rewritten) {
+      context.CountRewrite();
+      context.Count("quantized_weights");
+    }
+  }
+}
+
+}  // namespace onnxopt

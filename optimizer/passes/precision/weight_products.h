@@ -1,0 +1,46 @@
+// The float products with constant weights that weight quantization rewrites, whatever form the
+// pipeline left them in: MatMul(x, W[K,N]), Gemm(x, W, c) without transA (transB transposes W), and
+// com.microsoft Attention with packed Q|K|V weights, which is split into one product, Split and
+// MultiHeadAttention so its weights can be quantized too (the int8 and int4 forms ONNX Runtime has
+// for Attention itself are narrower: per-tensor input scales, no attention_bias).
+#ifndef ONNXOPT_OPTIMIZER_PASSES_PRECISION_WEIGHT_PRODUCTS_H_
+#define ONNXOPT_OPTIMIZER_PASSES_PRECISION_WEIGHT_PRODUCTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "optimizer/graph.h"
+#include "optimizer/pass.h"
+
+namespace onnxopt {
+
+// W, row-major [k, n].
+struct FloatWeight {
+  std::vector<float> values;
+  int64_t k = 0;
+  int64_t n = 0;
+};
+
+// Emits nodes computing `output` = `input` · W (before `anchor`) and returns false, leaving the graph
+// untouched, when it declines (with context.Skip saying why).
+using EmitWeightProduct = std::function<bool(Graph& graph, PassContext& context, const std::string& input,
+                                             const FloatWeight& weight, const std::string& output,
+                                             const Node* anchor)>;
+
+struct WeightProductOptions {
+  std::set<std::string> op_types;         // of MatMul, Gemm, Attention: which forms to rewrite
+  std::set<std::string> node_block_list;  // names (or first outputs) left alone
+  int64_t min_elements = 1;               // smaller weights stay float
+};
+
+// Rewrites every product the options allow with `emit`; counts "quantized_weights" and
+// "weight_bytes_before" (float32 bytes of the weights replaced).
+void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
+                            const EmitWeightProduct& emit);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_PRECISION_WEIGHT_PRODUCTS_H_

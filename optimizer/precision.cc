@@ -1,0 +1,406 @@
+#include "optimizer/precision.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "optimizer/pass_registry.h"
+#include "optimizer/passes/precision/precision_common.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr size_t kMaxKeptNodesReported = 200;
+// Operator types a mode may keep for want of a kernel before the search gives up on loading.
+constexpr int kMaxMissingKernelRetries = 40;
+
+const char* PassFor(const std::string& mode) {
+  if (mode == "fp16" || mode == "bf16") return "convert_float_precision";
+  if (mode == "int8_dynamic") return "quantize_dynamic_int8";
+  if (mode == "int4_weight_only") return "quantize_weights_int4";
+  return nullptr;
+}
+
+bool IsFloatMode(const std::string& mode) { return mode == "fp16" || mode == "bf16"; }
+
+google::protobuf::Value StringValue(const std::string& text) {
+  google::protobuf::Value value;
+  value.set_string_value(text);
+  return value;
+}
+
+google::protobuf::Value NumberValue(double number) {
+  google::protobuf::Value value;
+  value.set_number_value(number);
+  return value;
+}
+
+google::protobuf::Value BoolValue(bool flag) {
+  google::protobuf::Value value;
+  value.set_bool_value(flag);
+  return value;
+}
+
+std::string JoinSet(const std::set<std::string>& items) { return absl::StrJoin(items, ","); }
+
+}  // namespace
+
+bool PrecisionRequested(const v1::PrecisionConfig& precision) {
+  return !precision.mode().empty() && precision.mode() != "fp32";
+}
+
+absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
+  const std::string& mode = precision.mode();
+  if (mode == "int8_static") {
+    return absl::InvalidArgumentError(
+        "precision.mode 'int8_static' (calibrated QDQ) is not available in this version; use 'int8_dynamic'");
+  }
+  if (!mode.empty() && mode != "fp32" && PassFor(mode) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("precision.mode '", mode,
+                                                   "' is unknown (known: fp32, fp16, bf16, int8_dynamic, "
+                                                   "int4_weight_only)"));
+  }
+  const v1::Int4Config& int4 = precision.int4();
+  if (int4.block_size() != 0 &&
+      (int4.block_size() < 16 || int4.block_size() > 256 || (int4.block_size() & (int4.block_size() - 1)) != 0)) {
+    return absl::InvalidArgumentError("precision.int4.block_size must be 16, 32, 64, 128 or 256");
+  }
+  if (int4.accuracy_level() < 0 || int4.accuracy_level() > 4) {
+    return absl::InvalidArgumentError("precision.int4.accuracy_level must be 0..4");
+  }
+  const std::string& method = precision.calibration().method();
+  if (!method.empty() && method != "minmax" && method != "percentile" && method != "entropy") {
+    return absl::InvalidArgumentError("precision.calibration.method must be minmax, percentile or entropy");
+  }
+  for (const auto* names : {&precision.op_block_list(), &precision.node_block_list()}) {
+    for (const auto& name : *names) {
+      if (name.empty() || name.find(',') != std::string::npos) {
+        return absl::InvalidArgumentError("precision block lists take one non-empty name per entry, without commas");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& precision, const PassRegistry& registry,
+                                                const PrecisionExtras& extras) {
+  if (!PrecisionRequested(precision)) return Pipeline{};
+  if (absl::Status status = CheckPrecisionConfig(precision); !status.ok()) return status;
+  const std::string& mode = precision.mode();
+  std::set<std::string> ops(precision.op_block_list().begin(), precision.op_block_list().end());
+  ops.insert(extras.keep_ops.begin(), extras.keep_ops.end());
+  std::set<std::string> nodes(precision.node_block_list().begin(), precision.node_block_list().end());
+  nodes.insert(extras.keep_nodes.begin(), extras.keep_nodes.end());
+
+  v1::OptimizationConfig config;
+  v1::PassSpec* spec = config.add_passes();
+  spec->set_name(PassFor(mode));
+  auto& params = *spec->mutable_params();
+  params["node_block_list"] = StringValue(JoinSet(nodes));
+  if (IsFloatMode(mode)) {
+    params["to"] = StringValue(mode);
+    params["keep_io_types"] = BoolValue(!precision.has_keep_io_types() || precision.keep_io_types());
+    params["op_block_list"] = StringValue(JoinSet(ops));
+  } else {
+    std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};
+    for (const auto& op : ops) forms.erase(op);
+    params["op_types"] = StringValue(JoinSet(forms));
+    if (mode == "int8_dynamic") {
+      params["per_channel"] = BoolValue(!precision.has_per_channel() || precision.per_channel());
+    } else {
+      const v1::Int4Config& int4 = precision.int4();
+      params["block_size"] = NumberValue(int4.block_size() > 0 ? int4.block_size() : 32);
+      params["symmetric"] = BoolValue(!int4.has_symmetric() || int4.symmetric());
+      params["accuracy_level"] = NumberValue(int4.accuracy_level());
+    }
+  }
+  // What the rewrite leaves behind: unread weights (replaced by their converted copies), dead Casts.
+  config.add_passes()->set_name("eliminate_dead_nodes");
+  config.add_passes()->set_name("eliminate_unused_initializers");
+  return BuildPipeline(config, registry);
+}
+
+absl::Status ApplyPrecision(const v1::PrecisionConfig& precision, const PrecisionExtras& extras,
+                            const PassManagerOptions& options, onnx::ModelProto* model,
+                            std::vector<v1::PassReport>* runs) {
+  absl::StatusOr<Pipeline> pipeline = BuildPrecisionPipeline(precision, DefaultPassRegistry(), extras);
+  if (!pipeline.ok()) return pipeline.status();
+  return RunPipeline(*pipeline, model, options, runs);
+}
+
+void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,
+                       const onnx::ModelProto& converted, const std::vector<v1::PassReport>& runs,
+                       v1::PrecisionReport* report) {
+  report->set_mode(precision.mode());
+  report->set_size_before_bytes(static_cast<int64_t>(fp32_model.ByteSizeLong()));
+  report->set_size_after_bytes(static_cast<int64_t>(converted.ByteSizeLong()));
+  const char* pass = PassFor(precision.mode());
+  for (const auto& run : runs) {
+    if (pass == nullptr || run.name() != pass) continue;
+    auto counter = [&](const char* name) {
+      auto it = run.counters().find(name);
+      return it == run.counters().end() ? int64_t{0} : it->second;
+    };
+    report->set_converted_nodes(report->converted_nodes() + counter("converted_nodes") + counter("quantized_weights"));
+    report->set_clamped_weights(report->clamped_weights() + counter("clamped_weights"));
+    report->set_quantized_weights(report->quantized_weights() + counter("quantized_weights"));
+    report->set_weight_bytes_before(report->weight_bytes_before() + counter("weight_bytes_before"));
+    report->set_weight_bytes_after(report->weight_bytes_after() + counter("weight_bytes_after"));
+    for (const auto& note : run.notes()) {
+      if (static_cast<size_t>(report->kept_nodes_size()) >= kMaxKeptNodesReported) break;
+      std::vector<std::string> fields = absl::StrSplit(note, absl::MaxSplits('\t', 2));
+      if (fields.size() != 3) continue;
+      v1::KeptNode* kept = report->add_kept_nodes();
+      kept->set_node(fields[0]);
+      kept->set_op_type(fields[1]);
+      kept->set_reason(fields[2]);
+    }
+  }
+}
+
+onnx::ModelProto WithOriginalInterface(const onnx::ModelProto& candidate, const onnx::ModelProto& original) {
+  std::map<std::string, int32_t> original_types;
+  for (const auto* values : {&original.graph().input(), &original.graph().output()}) {
+    for (const auto& value : *values) original_types[value.name()] = value.type().tensor_type().elem_type();
+  }
+  auto retyped = [&](const onnx::ValueInfoProto& value) {
+    auto it = original_types.find(value.name());
+    return it != original_types.end() && it->second == onnx::TensorProto::FLOAT &&
+           value.type().tensor_type().elem_type() != onnx::TensorProto::FLOAT;
+  };
+  onnx::ModelProto view = candidate;
+  onnx::GraphProto* graph = view.mutable_graph();
+  std::map<std::string, std::string> renamed;  // interface name -> its inner (lower precision) name
+  std::vector<onnx::NodeProto> input_casts, output_casts;
+  auto cast = [](const std::string& from, const std::string& to, int32_t type) {
+    onnx::NodeProto node;
+    node.set_op_type("Cast");
+    node.set_name(absl::StrCat(to, "_interface_cast"));
+    node.add_input(from);
+    node.add_output(to);
+    onnx::AttributeProto* attribute = node.add_attribute();
+    attribute->set_name("to");
+    attribute->set_type(onnx::AttributeProto::INT);
+    attribute->set_i(type);
+    return node;
+  };
+  for (auto* values : {graph->mutable_input(), graph->mutable_output()}) {
+    const bool inputs = values == graph->mutable_input();
+    for (auto& value : *values) {
+      if (!retyped(value)) continue;
+      const int32_t inner_type = value.type().tensor_type().elem_type();
+      const std::string inner = absl::StrCat(value.name(), "_interface_inner");
+      renamed[value.name()] = inner;
+      value.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+      if (inputs) input_casts.push_back(cast(value.name(), inner, inner_type));
+      else output_casts.push_back(cast(inner, value.name(), onnx::TensorProto::FLOAT));
+    }
+  }
+  if (renamed.empty()) return view;
+  for (auto& node : *graph->mutable_node()) {
+    for (auto& name : *node.mutable_input()) {
+      auto it = renamed.find(name);
+      if (it != renamed.end()) name = it->second;
+    }
+    for (auto& name : *node.mutable_output()) {
+      auto it = renamed.find(name);
+      if (it != renamed.end()) name = it->second;
+    }
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  for (auto& node : input_casts) *nodes.Add() = std::move(node);
+  for (auto& node : *graph->mutable_node()) *nodes.Add() = std::move(node);
+  for (auto& node : output_casts) *nodes.Add() = std::move(node);
+  graph->mutable_node()->Swap(&nodes);
+  return view;
+}
+
+std::optional<std::string> MissingKernelOp(const std::string& message) {
+  static const std::string kMarker = "Could not find an implementation for ";
+  const size_t at = message.find(kMarker);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t begin = at + kMarker.size();
+  const size_t end = message.find('(', begin);
+  if (end == std::string::npos || end == begin) return std::nullopt;
+  return message.substr(begin, end - begin);
+}
+
+namespace {
+
+// One search: each candidate is converted from the float32 model with some nodes kept.
+class MixedPrecisionSearch {
+ public:
+  MixedPrecisionSearch(const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision,
+                       const ParityProbe& probe, const PassManagerOptions& options)
+      : fp32_model_(fp32_model), precision_(precision), probe_(probe), options_(options) {}
+
+  // Whether keeping `nodes` passes; the passing candidate is remembered.
+  absl::StatusOr<bool> Passes(const std::set<std::string>& nodes) {
+    for (int retry = 0; retry <= kMaxMissingKernelRetries; ++retry) {
+      if (options_.cancelled != nullptr && options_.cancelled->load()) {
+        return absl::CancelledError("cancelled during automatic mixed precision");
+      }
+      PrecisionExtras extras{nodes, kernel_ops_};
+      MixedPrecisionResult candidate;
+      candidate.model = fp32_model_;
+      PassManagerOptions quiet = options_;
+      quiet.on_pass_start = nullptr;
+      absl::Status applied = ApplyPrecision(precision_, extras, quiet, &candidate.model, &candidate.runs);
+      if (!applied.ok()) return applied;
+      ++attempts_;
+      absl::StatusOr<bool> passed = probe_(candidate.model, &candidate.parity);
+      if (!passed.ok()) return passed.status();
+      if (*passed) {
+        int64_t converted = 0;
+        for (const auto& run : candidate.runs) {
+          auto it = run.counters().find("converted_nodes");
+          if (it != run.counters().end()) converted += it->second;
+        }
+        if (converted == 0) return false;  // nothing left in the lower precision: not a mixed model
+        best_ = std::move(candidate);
+        return true;
+      }
+      // A candidate that does not load for want of a kernel keeps that operator type and is tried again.
+      std::optional<std::string> missing;
+      for (const auto& output : candidate.parity.outputs()) {
+        if (!missing) missing = MissingKernelOp(output.note());
+      }
+      if (!missing || kernel_ops_.count(*missing) > 0) return false;
+      kernel_ops_.insert(*missing);
+    }
+    return false;
+  }
+
+  int attempts() const { return attempts_; }
+  const std::set<std::string>& kernel_ops() const { return kernel_ops_; }
+  std::optional<MixedPrecisionResult>& best() { return best_; }
+
+ private:
+  const onnx::ModelProto& fp32_model_;
+  const v1::PrecisionConfig& precision_;
+  const ParityProbe& probe_;
+  const PassManagerOptions& options_;
+  std::set<std::string> kernel_ops_;
+  std::optional<MixedPrecisionResult> best_;
+  int attempts_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
+    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const ParityProbe& probe,
+    const ActivationRanges& ranges, const PassManagerOptions& options, std::string* failure) {
+  MixedPrecisionSearch search(fp32_model, precision, probe, options);
+  auto give_up = [&](const std::string& why) {
+    if (failure != nullptr) {
+      *failure = why;
+      if (!search.kernel_ops().empty()) {
+        absl::StrAppend(failure, "; ONNX Runtime on this device has no ", precision.mode(), " kernel for ",
+                        absl::StrJoin(search.kernel_ops(), ", "));
+      }
+    }
+    return std::optional<MixedPrecisionResult>();
+  };
+  std::vector<std::pair<std::string, std::string>> order;  // node key, op type, in graph order
+  std::map<std::string, std::string> op_of;
+  for (const auto& node : fp32_model.graph().node()) {
+    const std::string key = node.name().empty() ? (node.output_size() > 0 ? node.output(0) : "") : node.name();
+    if (key.empty()) continue;
+    order.push_back({key, node.op_type()});
+    op_of[key] = node.op_type();
+  }
+  std::map<std::string, std::string> reasons;
+
+  // (0) The plain conversion again, keeping each operator type ONNX Runtime has no kernel for here
+  // (bfloat16 on the CPU) until the model loads.
+  absl::StatusOr<bool> plain = search.Passes({});
+  if (!plain.ok()) return plain.status();
+
+  // (1) Float16's range: nodes making or reading values beyond it stay float32.
+  std::set<std::string> overflow;
+  if (precision.mode() == "fp16" && ranges) {
+    absl::StatusOr<std::map<std::string, double>> largest = ranges(fp32_model);
+    if (!largest.ok()) return largest.status();
+    std::map<std::string, double> beyond;
+    for (const auto& [value, magnitude] : *largest) {
+      if (magnitude > kFloat16Max) beyond[value] = magnitude;
+    }
+    for (const auto& node : fp32_model.graph().node()) {
+      const std::string key = node.name().empty() ? node.output(0) : node.name();
+      double worst = 0;
+      for (const auto* names : {&node.input(), &node.output()}) {
+        for (const auto& name : *names) {
+          auto it = beyond.find(name);
+          if (it != beyond.end()) worst = std::max(worst, it->second);
+        }
+      }
+      if (worst > 0) {
+        overflow.insert(key);
+        reasons[key] = absl::StrFormat("overflow: |x| up to %.4g, beyond float16's 65504", worst);
+      }
+    }
+    if (!overflow.empty() && !search.best()) {
+      absl::StatusOr<bool> passed = search.Passes(overflow);
+      if (!passed.ok()) return passed.status();
+    }
+  }
+
+  // (2) Bisection along the graph, when the range alone was not enough.
+  std::set<std::string> window;
+  if (!search.best()) {
+    auto keep = [&](size_t begin, size_t end) {
+      std::set<std::string> nodes = overflow;
+      for (size_t i = begin; i < end; ++i) nodes.insert(order[i].first);
+      return nodes;
+    };
+    absl::StatusOr<bool> all = search.Passes(keep(0, order.size()));
+    if (!all.ok()) return all.status();
+    if (!*all) return give_up("no candidate that keeps some nodes in the lower precision passes");
+    size_t low = 0, high = order.size();  // keeping [0, high) passes; [0, low) is not known to
+    while (low < high) {
+      const size_t mid = low + (high - low) / 2;
+      absl::StatusOr<bool> passed = search.Passes(keep(0, mid));
+      if (!passed.ok()) return passed.status();
+      if (*passed) high = mid; else low = mid + 1;
+    }
+    const size_t end = high;
+    size_t begin_low = 0, begin_high = end;  // keeping [begin_low, end) passes
+    while (begin_low + 1 < begin_high) {
+      const size_t mid = begin_low + (begin_high - begin_low) / 2;
+      absl::StatusOr<bool> passed = search.Passes(keep(mid, end));
+      if (!passed.ok()) return passed.status();
+      if (*passed) begin_low = mid; else begin_high = mid;
+    }
+    // Judge the final window once more so the remembered candidate is exactly it.
+    absl::StatusOr<bool> passed = search.Passes(keep(begin_low, end));
+    if (!passed.ok()) return passed.status();
+    if (!*passed) return give_up("the bisection's window did not pass when judged again");
+    for (size_t i = begin_low; i < end; ++i) {
+      window.insert(order[i].first);
+      reasons.emplace(order[i].first, "error: parity failed until kept (bisection along the graph)");
+    }
+  }
+  MixedPrecisionResult result = std::move(*search.best());
+  result.attempts = search.attempts();
+  for (const auto& key : overflow) window.insert(key);
+  for (const auto& key : window) {
+    v1::KeptNode kept;
+    kept.set_node(key);
+    kept.set_op_type(op_of[key]);
+    kept.set_reason(reasons[key]);
+    result.kept.push_back(std::move(kept));
+  }
+  for (const auto& op : search.kernel_ops()) {
+    v1::KeptNode kept;
+    kept.set_node(absl::StrCat("(every ", op, ")"));
+    kept.set_op_type(op);
+    kept.set_reason("no kernel for the lower precision in ONNX Runtime on this device");
+    result.kept.push_back(std::move(kept));
+  }
+  return std::optional<MixedPrecisionResult>(std::move(result));
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,87 @@
+// The precision section of a job's config: which passes a mode runs, what the report says about
+// them, and automatic mixed precision, the search for the few nodes that must stay in float32 when
+// a float16/bfloat16 model fails parity.
+//
+// The search, after a failed check: (0) the conversion again with every operator type ONNX Runtime
+// has no kernel for on this device kept in float32; (1) nodes whose outputs leave the target's range in a float32
+// run on the parity inputs (|x| > 65504 for float16) are kept; (2) if that is not enough, a binary
+// search along the graph's order for the shortest prefix of nodes whose keeping passes, then for the
+// latest start of that window that still passes. Every candidate is converted from the float32
+// model afresh and judged by the same parity probe; a candidate ONNX Runtime cannot load for want of
+// a kernel (bfloat16 on the CPU) gets that operator type kept, up to a bound.
+#ifndef ONNXOPT_OPTIMIZER_PRECISION_H_
+#define ONNXOPT_OPTIMIZER_PRECISION_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxopt/v1/report.pb.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/validation/bisect.h"
+
+namespace onnxopt {
+
+// Whether the config asks for anything but float32.
+bool PrecisionRequested(const v1::PrecisionConfig& precision);
+
+// INVALID_ARGUMENT (with the known modes) for an unknown mode, int8_static (not built yet), or
+// settings out of range.
+absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision);
+
+// What to keep in higher precision beyond the config's own lists.
+struct PrecisionExtras {
+  std::set<std::string> keep_nodes;
+  std::set<std::string> keep_ops;
+};
+
+// The mode's passes then the cleanups they need; an empty pipeline for fp32.
+absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& precision, const PassRegistry& registry,
+                                                const PrecisionExtras& extras = {});
+
+// Runs the mode's pipeline on `model` in place, appending its pass reports to `runs`.
+absl::Status ApplyPrecision(const v1::PrecisionConfig& precision, const PrecisionExtras& extras,
+                            const PassManagerOptions& options, onnx::ModelProto* model,
+                            std::vector<v1::PassReport>* runs);
+
+// Fills `report` from the precision passes' reports (counters, kept nodes) and the two models.
+void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,
+                       const onnx::ModelProto& converted, const std::vector<v1::PassReport>& runs,
+                       v1::PrecisionReport* report);
+
+// The largest magnitude each float value of the model takes on the probe's inputs.
+using ActivationRanges =
+    std::function<absl::StatusOr<std::map<std::string, double>>(const onnx::ModelProto& fp32_model)>;
+
+struct MixedPrecisionResult {
+  onnx::ModelProto model;
+  std::vector<v1::PassReport> runs;
+  v1::ParityReport parity;
+  std::vector<v1::KeptNode> kept;
+  int attempts = 0;
+};
+
+// nullopt when no candidate that still converts something passes; `failure` then says why.
+absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
+    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const ParityProbe& probe,
+    const ActivationRanges& ranges, const PassManagerOptions& options, std::string* failure = nullptr);
+
+// `candidate` as the original's callers see it: inputs and outputs that became float16/bfloat16
+// (keep_io_types off) are float32 again behind Casts, so that parity and the benchmark feed and read
+// it like the original. A candidate with the original's interface comes back unchanged.
+onnx::ModelProto WithOriginalInterface(const onnx::ModelProto& candidate, const onnx::ModelProto& original);
+
+// "Could not find an implementation for Op(13) node ..." in a load failure -> "Op".
+std::optional<std::string> MissingKernelOp(const std::string& message);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PRECISION_H_
