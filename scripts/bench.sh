@@ -16,3 +16,5 @@ echo
 ./build/tests/onnxopt-transformer-benchmark --repeat=5 --fixture=bert_opset14 --sequence=128 --budget=20
 echo
 ./build/tests/onnxopt-throughput-benchmark
+echo
+./build/tests/onnxopt-precision-benchmark --samples=30 --budget=15
