@@ -86,7 +86,7 @@ class Converter {
     for (Node* node : nodes) {
       if (low_.count(node) > 0) RetypeAttributes(*node);
     }
-    RemoveRedundantCasts(nodes);
+    RemoveRedundantCasts();
     RetypeValueInfo();
   }
 
@@ -303,7 +303,7 @@ class Converter {
   }
 
   // A converted Cast to the lower precision of a value already in it does nothing.
-  void RemoveRedundantCasts(const std::vector<Node*>& original_nodes) {
+  void RemoveRedundantCasts() {
     for (Node* node : graph_.Nodes()) {
       if (node->op_type() != "Cast" || !node->domain().empty() || low_.count(node) == 0) continue;
       if (node->GetAttributeInt("to", 0) != settings_.to || low_values_.count(node->input(0)) == 0) continue;
