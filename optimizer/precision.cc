@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -181,10 +182,7 @@ onnx::ModelProto WithOriginalInterface(const onnx::ModelProto& candidate, const 
     node.set_name(absl::StrCat(to, "_interface_cast"));
     node.add_input(from);
     node.add_output(to);
-    onnx::AttributeProto* attribute = node.add_attribute();
-    attribute->set_name("to");
-    attribute->set_type(onnx::AttributeProto::INT);
-    attribute->set_i(type);
+    *node.add_attribute() = IntAttribute("to", type);
     return node;
   };
   for (auto* values : {graph->mutable_input(), graph->mutable_output()}) {
@@ -307,7 +305,7 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
   std::vector<std::pair<std::string, std::string>> order;  // node key, op type, in graph order
   std::map<std::string, std::string> op_of;
   for (const auto& node : fp32_model.graph().node()) {
-    const std::string key = node.name().empty() ? (node.output_size() > 0 ? node.output(0) : "") : node.name();
+    const std::string key = NodeKey(node);
     if (key.empty()) continue;
     order.push_back({key, node.op_type()});
     op_of[key] = node.op_type();
@@ -329,7 +327,7 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
       if (magnitude > kFloat16Max) beyond[value] = magnitude;
     }
     for (const auto& node : fp32_model.graph().node()) {
-      const std::string key = node.name().empty() ? node.output(0) : node.name();
+      const std::string key = NodeKey(node);
       double worst = 0;
       for (const auto* names : {&node.input(), &node.output()}) {
         for (const auto& name : *names) {

@@ -2,6 +2,8 @@
 #ifndef ONNXOPT_TESTS_MODEL_BUILDER_H_
 #define ONNXOPT_TESTS_MODEL_BUILDER_H_
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -98,6 +100,15 @@ inline std::map<std::string, int> OpCounts(const onnx::ModelProto& model) {
   std::map<std::string, int> ops;
   for (const auto& node : model.graph().node()) ++ops[node.op_type()];
   return ops;
+}
+
+// An empty folder /tmp/onnxopt_<name>_<pid> for one test's files.
+inline std::filesystem::path TempDir(const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("onnxopt_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 // Where the fixtures live; CMake passes the source folder in ONNXOPT_SOURCE_DIR.

@@ -23,19 +23,12 @@ namespace {
 namespace fs = std::filesystem;
 using testing::FixturePath;
 
-fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("onnxopt_precision_", name, "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 absl::StatusOr<OptimizeResult> OptimizeWith(const std::string& fixture, const std::string& mode,
                                             const std::string& dir_name,
                                             const std::function<void(v1::OptimizationConfig&)>& adjust = nullptr) {
   OptimizeRequest request;
   request.model_path = FixturePath(fixture);
-  request.output_dir = TempDir(dir_name) / "out";
+  request.output_dir = testing::TempDir(absl::StrCat("precision_", dir_name)) / "out";
   request.config.mutable_precision()->set_mode(mode);
   request.config.mutable_benchmark()->set_skip(true);
   if (adjust) adjust(request.config);
@@ -106,7 +99,9 @@ TEST(PrecisionTest, Fp16BertPassesParityAtHalfTheSizeWithFloatInterface) {
   auto saved = LoadModel(result->files.front());
   ASSERT_TRUE(saved.ok());
   for (const auto& value : saved->graph().input()) {
-    if (value.name() == "input_ids") EXPECT_EQ(value.type().tensor_type().elem_type(), onnx::TensorProto::INT64);
+    if (value.name() == "input_ids") {
+      EXPECT_EQ(value.type().tensor_type().elem_type(), onnx::TensorProto::INT64);
+    }
   }
   for (const auto& value : saved->graph().output()) {
     EXPECT_EQ(value.type().tensor_type().elem_type(), onnx::TensorProto::FLOAT) << "keep_io_types by default";
@@ -136,7 +131,9 @@ TEST(PrecisionTest, BlockedOpsStayFloat32BehindCasts) {
   for (const auto& node : saved->graph().node()) {
     if (node.op_type() != "MatMul") continue;
     for (const auto& tensor : saved->graph().initializer()) {
-      if (tensor.name() == node.input(1)) EXPECT_EQ(tensor.data_type(), onnx::TensorProto::FLOAT) << node.name();
+      if (tensor.name() == node.input(1)) {
+        EXPECT_EQ(tensor.data_type(), onnx::TensorProto::FLOAT) << node.name();
+      }
     }
   }
   for (const auto& value : saved->graph().output()) {

@@ -20,13 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::FixturePath;
+using testing::TempDir;
 
-fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("onnxopt_", name, "_", ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 TEST(ToleranceTest, OutputBeatsConfigBeatsPrecisionDefault) {
   v1::ValidationConfig config;

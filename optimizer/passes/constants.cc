@@ -80,14 +80,20 @@ onnx::TensorProto MakeIntScalar(const std::string& name, int32_t type, int64_t v
   return tensor;
 }
 
-onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
-                                  const std::vector<float>& values) {
+onnx::TensorProto MakeRawTensor(const std::string& name, int32_t type, const std::vector<int64_t>& dims,
+                                std::string raw) {
   onnx::TensorProto tensor;
   tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  tensor.set_data_type(type);
   for (int64_t dim : dims) tensor.add_dims(dim);
-  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  tensor.set_raw_data(std::move(raw));
   return tensor;
+}
+
+onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                  const std::vector<float>& values) {
+  return MakeRawTensor(name, onnx::TensorProto::FLOAT, dims,
+                       std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
 }  // namespace onnxopt

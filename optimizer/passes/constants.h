@@ -25,6 +25,9 @@ std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor);
 onnx::TensorProto MakeInt64Tensor(const std::string& name, const std::vector<int64_t>& values);  // 1-D
 // A rank-0 INT32 (type INT32) or INT64 (any other type) tensor.
 onnx::TensorProto MakeIntScalar(const std::string& name, int32_t type, int64_t value);
+// A tensor of any element type whose bytes are already laid out (quantized weights, packed nibbles).
+onnx::TensorProto MakeRawTensor(const std::string& name, int32_t type, const std::vector<int64_t>& dims,
+                                std::string raw);
 onnx::TensorProto MakeFloatTensor(const std::string& name, const std::vector<int64_t>& dims,
                                   const std::vector<float>& values);
 

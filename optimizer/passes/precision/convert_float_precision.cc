@@ -107,8 +107,6 @@ class Converter {
       }
     }
     const std::string& op = node.op_type();
-    // Cast/Constant-like producers of float32 carry the type in an attribute.
-    if (op == "Cast" || op == "Constant" || op == "ConstantOfShape") touches_float |= IsFloat32(node.output(0));
     if (!touches_float && !unknown) return;  // nothing to convert either way
     std::string reason;
     if (settings_.op_block_list.count(op) > 0) reason = "op block list";

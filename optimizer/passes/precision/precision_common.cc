@@ -97,7 +97,10 @@ std::optional<int32_t> OutputType(const Node& node, int index,
 
 }  // namespace
 
-std::string NodeKey(const Node& node) { return node.name().empty() ? node.output(0) : node.name(); }
+std::string NodeKey(const onnx::NodeProto& node) {
+  if (!node.name().empty()) return node.name();
+  return node.output_size() > 0 ? node.output(0) : std::string();
+}
 
 std::set<std::string> SplitNameList(const std::string& text) {
   std::set<std::string> items;

@@ -39,8 +39,9 @@ std::unordered_map<std::string, int32_t> InferElementTypes(const Graph& graph, c
 
 bool IsFloatType(int32_t type);  // FLOAT, FLOAT16, BFLOAT16 or DOUBLE
 
-// How block lists name a node: its name, or its first output when it has none.
-std::string NodeKey(const Node& node);
+// How block lists name a node: its name, or its first output when it has none ("" if neither).
+std::string NodeKey(const onnx::NodeProto& node);
+inline std::string NodeKey(const Node& node) { return NodeKey(node.proto()); }
 
 // Comma-separated list -> set, items trimmed.
 std::set<std::string> SplitNameList(const std::string& text);

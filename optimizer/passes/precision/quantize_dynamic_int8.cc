@@ -12,30 +12,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/passes/precision/weight_products.h"
 
 namespace onnxopt {
 namespace {
-
-onnx::TensorProto Int8Tensor(const std::string& name, const std::vector<int64_t>& dims, const std::vector<int8_t>& values) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::INT8);
-  for (int64_t dim : dims) tensor.add_dims(dim);
-  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size()));
-  return tensor;
-}
-
-onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& values) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::FLOAT);
-  for (int64_t dim : dims) tensor.add_dims(dim);
-  tensor.set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
-  return tensor;
-}
 
 class QuantizeDynamicInt8Pass final : public Pass {
  public:
@@ -91,9 +74,11 @@ class QuantizeDynamicInt8Pass final : public Pass {
       }
     }
     const std::string base = graph.UniqueName(absl::StrCat(output, "_int8"));
-    onnx::TensorProto weight_tensor = Int8Tensor(absl::StrCat(base, "_weight"), {k, n}, quantized);
-    onnx::TensorProto scale_tensor =
-        FloatTensor(absl::StrCat(base, "_scale"), per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{}, scales);
+    onnx::TensorProto weight_tensor =
+        MakeRawTensor(absl::StrCat(base, "_weight"), onnx::TensorProto::INT8, {k, n},
+                      std::string(reinterpret_cast<const char*>(quantized.data()), quantized.size()));
+    onnx::TensorProto scale_tensor = MakeFloatTensor(
+        absl::StrCat(base, "_scale"), per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{}, scales);
     onnx::NodeProto node;
     node.set_op_type("DynamicQuantizeMatMul");
     node.set_domain("com.microsoft");

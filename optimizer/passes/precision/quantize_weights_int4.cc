@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/passes/precision/weight_products.h"
@@ -20,15 +21,6 @@
 
 namespace onnxopt {
 namespace {
-
-onnx::TensorProto RawTensor(const std::string& name, int32_t type, const std::vector<int64_t>& dims, std::string raw) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(type);
-  for (int64_t dim : dims) tensor.add_dims(dim);
-  tensor.set_raw_data(std::move(raw));
-  return tensor;
-}
 
 class QuantizeWeightsInt4Pass final : public Pass {
  public:
@@ -127,17 +119,15 @@ class QuantizeWeightsInt4Pass final : public Pass {
     node.set_name(base);
     node.add_input(input);
     onnx::TensorProto packed_tensor =
-        RawTensor(absl::StrCat(base, "_weight"), onnx::TensorProto::UINT8, {n, blocks, blob}, std::move(packed));
-    onnx::TensorProto scale_tensor = RawTensor(absl::StrCat(base, "_scales"), onnx::TensorProto::FLOAT, {n * blocks},
-                                               std::string(reinterpret_cast<const char*>(scales.data()),
-                                                           scales.size() * sizeof(float)));
+        MakeRawTensor(absl::StrCat(base, "_weight"), onnx::TensorProto::UINT8, {n, blocks, blob}, std::move(packed));
+    onnx::TensorProto scale_tensor = MakeFloatTensor(absl::StrCat(base, "_scales"), {n * blocks}, scales);
     int64_t bytes_after = packed_tensor.raw_data().size() + scale_tensor.raw_data().size();
     node.add_input(packed_tensor.name());
     node.add_input(scale_tensor.name());
     graph.AddInitializer(std::move(packed_tensor));
     graph.AddInitializer(std::move(scale_tensor));
     if (!symmetric) {
-      onnx::TensorProto zero_tensor = RawTensor(absl::StrCat(base, "_zero_points"), onnx::TensorProto::UINT8,
+      onnx::TensorProto zero_tensor = MakeRawTensor(absl::StrCat(base, "_zero_points"), onnx::TensorProto::UINT8,
                                                 {n * zero_point_bytes}, std::move(zero_points));
       bytes_after += zero_tensor.raw_data().size();
       node.add_input(zero_tensor.name());
