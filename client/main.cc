@@ -119,6 +119,7 @@ absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
     config.clear_passes();  // the flag wins over a pass list in the file
   }
   if (args.Has("--precision")) config.mutable_precision()->set_mode(args.Get("--precision"));
+  if (args.Has("--calibration")) config.mutable_precision()->mutable_calibration()->set_method(args.Get("--calibration"));
   if (args.Has("--device")) {
     const std::optional<onnxopt::v1::Device> device = ParseDevice(args.Get("--device"));
     if (!device) return absl::InvalidArgumentError(absl::StrCat("--device ", args.Get("--device"), ": use cpu or cuda"));
@@ -275,7 +276,8 @@ int Local(const Args& args) {
     }
     ProgressLine line;
     request.on_progress = [&](onnxopt::Phase, const std::string& pass, int done, int total) {
-      if (!pass.empty()) line.Show(absl::StrCat("pass ", done + 1, "/", total, " ", pass));
+      if (pass.empty()) return;
+      line.Show(total > 0 ? absl::StrCat("pass ", done + 1, "/", total, " ", pass) : pass);
     };
     onnxopt::v1::Report report;
     auto result = onnxopt::Optimize(request, &report);
@@ -509,8 +511,10 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
     value(command, "--preset", "NAME",
           "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
         ->check(CLI::IsMember(presets));
-    value(command, "--precision", "MODE", "fp32 (default), fp16, bf16, int8_dynamic or int4_weight_only")
-        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int4_weight_only"}));
+    value(command, "--precision", "MODE", "fp32 (default), fp16, bf16, int8_dynamic, int8_static or int4_weight_only")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only"}));
+    value(command, "--calibration", "METHOD", "int8_static's calibration: minmax (default), percentile or entropy")
+        ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
     value(command, "--device", "cpu|cuda", "where parity and the benchmark run")
         ->check(CLI::Validator(
             [](std::string& name) -> std::string { return ParseDevice(name) ? "" : "use cpu or cuda"; }, ""));

@@ -19,6 +19,7 @@
 #include "optimizer/precision.h"
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/bisect.h"
+#include "optimizer/validation/calibration.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "optimizer/utf8.h"
@@ -153,53 +154,24 @@ std::string WorstOutput(const v1::ParityReport& parity) {
   return "no output failed";
 }
 
-// The largest magnitude of every float32 value the main graph computes, on one input set: each node
-// output becomes a graph output of a copy run without ONNX Runtime's own rewrites.
+// The largest magnitude of every float32 value the main graph computes, on one input set.
 absl::StatusOr<std::map<std::string, double>> MaxAbsActivations(const onnx::ModelProto& model,
                                                                const GeneratedInputs& inputs,
                                                                const SessionSettings& device) {
-  onnx::ModelProto probe = model;
   std::vector<std::string> names;
-  {
-    Graph graph(probe.mutable_graph());
-    const std::unordered_map<std::string, int32_t> types = InferElementTypes(graph, nullptr);
-    std::set<std::string> listed;
-    for (const auto& output : probe.graph().output()) listed.insert(output.name());
-    for (const Node* node : graph.Nodes()) {
-      for (const auto& output : node->proto().output()) {
-        auto type = types.find(output);
-        if (output.empty() || type == types.end() || type->second != onnx::TensorProto::FLOAT) continue;
-        names.push_back(output);
-      }
-    }
-    absl::Status committed = graph.Commit();
-    if (!committed.ok()) return committed;
-    for (const auto& name : names) {
-      if (listed.count(name) > 0) continue;
-      onnx::ValueInfoProto* output = probe.mutable_graph()->add_output();
-      output->set_name(name);
-      output->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  onnx::ModelProto copy = model;
+  Graph graph(copy.mutable_graph());
+  const std::unordered_map<std::string, int32_t> types = InferElementTypes(graph, nullptr);
+  for (const Node* node : graph.Nodes()) {
+    for (const auto& output : node->proto().output()) {
+      auto type = types.find(output);
+      if (!output.empty() && type != types.end() && type->second == onnx::TensorProto::FLOAT) names.push_back(output);
     }
   }
-  SessionSettings settings = device;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  auto session = CreateSession(ModelSource{probe.SerializeAsString(), {}}, settings);
-  if (!session.ok()) return session.status();
-  auto values = RunOnInputs(**session, inputs, names);
-  if (!values.ok()) return values.status();
+  absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateRanges(model, names, {&inputs}, "minmax", device);
+  if (!ranges.ok()) return ranges.status();
   std::map<std::string, double> largest;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const Ort::Value& value = (*values)[i];
-    if (!value.IsTensor()) continue;
-    const auto info = value.GetTensorTypeAndShapeInfo();
-    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) continue;
-    const float* data = value.GetTensorData<float>();
-    double magnitude = 0;
-    for (size_t j = 0; j < info.GetElementCount(); ++j) {
-      if (std::isfinite(data[j])) magnitude = std::max(magnitude, static_cast<double>(std::fabs(data[j])));
-    }
-    largest[names[i]] = magnitude;
-  }
+  for (const auto& [name, range] : *ranges) largest[name] = std::max(std::fabs(range.low), std::fabs(range.high));
   return largest;
 }
 
@@ -320,9 +292,21 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   const bool precision_requested = PrecisionRequested(precision);
   onnx::ModelProto fp32_model;
   std::vector<v1::PassReport> precision_runs;
+  PrecisionExtras calibrated;
   if (precision_requested) {
     fp32_model = optimized;
-    absl::Status converted = ApplyPrecision(precision, {}, options, &optimized, &precision_runs);
+    if (precision.mode() == "int8_static") {
+      if (request.on_progress) request.on_progress(Phase::kOptimizing, "calibration", 0, 0);
+      SessionSettings cpu;
+      cpu.intra_op_threads = config.benchmark().intra_op_threads();
+      std::string warning;
+      absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateActivations(
+          fp32_model, *original, precision, config.validation(), *supplied, cpu, request.cancelled, &warning);
+      if (!ranges.ok()) return fail(ranges.status());
+      calibrated.activation_ranges = *std::move(ranges);
+      if (!warning.empty()) report.add_warnings(warning);
+    }
+    absl::Status converted = ApplyPrecision(precision, calibrated, options, &optimized, &precision_runs);
     for (const auto& pass_report : precision_runs) *report.add_passes() = pass_report;
     if (!converted.ok()) return fail(converted);
     DescribePrecision(precision, fp32_model, optimized, precision_runs, report.mutable_precision());
@@ -430,15 +414,14 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     if (!passed && precision_requested) {
       v1::PrecisionReport* described = report.mutable_precision();
       described->set_note(absl::StrCat("the ", precision.mode(), " model failed parity: ", WorstOutput(*parity)));
-      const bool float_mode = precision.mode() == "fp16" || precision.mode() == "bf16";
-      if (float_mode && (!precision.has_auto_mixed() || precision.auto_mixed())) {
+      if (!precision.has_auto_mixed() || precision.auto_mixed()) {
         if (request.on_progress) request.on_progress(Phase::kValidating, "automatic mixed precision", 0, 0);
         ActivationRanges ranges = [&](const onnx::ModelProto& model) {
           return MaxAbsActivations(model, reference->sets.front().inputs, settings);
         };
         std::string search_failure;
         absl::StatusOr<std::optional<MixedPrecisionResult>> mixed =
-            SearchMixedPrecision(fp32_model, precision, probe, ranges, options, &search_failure);
+            SearchMixedPrecision(fp32_model, precision, calibrated, probe, ranges, options, &search_failure);
         if (!mixed.ok()) return fail(mixed.status());
         if (mixed->has_value()) {
           MixedPrecisionResult& found = **mixed;

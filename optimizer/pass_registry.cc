@@ -75,6 +75,8 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeCanonicalizeShapeReadsPass());
     built->Register(MakeConvertFloatPrecisionPass());
     built->Register(MakeQuantizeDynamicInt8Pass());
+    built->Register(MakeQuantizeEmbeddingsInt8Pass());
+    built->Register(MakeQuantizeStaticInt8Pass());
     built->Register(MakeQuantizeWeightsInt4Pass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",

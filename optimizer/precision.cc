@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/passes/precision/weight_products.h"
 #include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
@@ -17,10 +18,15 @@ namespace {
 constexpr size_t kMaxKeptNodesReported = 200;
 // Operator types a mode may keep for want of a kernel before the search gives up on loading.
 constexpr int kMaxMissingKernelRetries = 40;
+constexpr int kDefaultCalibrationSamples = 16;
+constexpr int kMaxCalibrationSamples = 1000;
+// Generated calibration inputs are numbered from here, apart from the parity check's samples.
+constexpr int kFirstCalibrationSample = 1000;
 
 const char* PassFor(const std::string& mode) {
   if (mode == "fp16" || mode == "bf16") return "convert_float_precision";
   if (mode == "int8_dynamic") return "quantize_dynamic_int8";
+  if (mode == "int8_static") return "quantize_static_int8";
   if (mode == "int4_weight_only") return "quantize_weights_int4";
   return nullptr;
 }
@@ -47,6 +53,17 @@ google::protobuf::Value BoolValue(bool flag) {
 
 std::string JoinSet(const std::set<std::string>& items) { return absl::StrJoin(items, ","); }
 
+// quantize_static_int8's activation_ranges: "value<TAB>min<TAB>max" lines (names that would break
+// the format are left out, and their products stay float).
+std::string RangeLines(const std::map<std::string, ValueRange>& ranges) {
+  std::string text;
+  for (const auto& [name, range] : ranges) {
+    if (name.find_first_of("\t\n") != std::string::npos) continue;
+    absl::StrAppend(&text, name, "\t", absl::StrFormat("%.9g\t%.9g", range.low, range.high), "\n");
+  }
+  return text;
+}
+
 }  // namespace
 
 bool PrecisionRequested(const v1::PrecisionConfig& precision) {
@@ -55,14 +72,14 @@ bool PrecisionRequested(const v1::PrecisionConfig& precision) {
 
 absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
   const std::string& mode = precision.mode();
-  if (mode == "int8_static") {
-    return absl::InvalidArgumentError(
-        "precision.mode 'int8_static' (calibrated QDQ) is not available in this version; use 'int8_dynamic'");
-  }
   if (!mode.empty() && mode != "fp32" && PassFor(mode) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("precision.mode '", mode,
                                                    "' is unknown (known: fp32, fp16, bf16, int8_dynamic, "
-                                                   "int4_weight_only)"));
+                                                   "int8_static, int4_weight_only)"));
+  }
+  if (precision.calibration().samples() < 0 || precision.calibration().samples() > kMaxCalibrationSamples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("precision.calibration.samples must be 0 (default 16) to ", kMaxCalibrationSamples));
   }
   const v1::Int4Config& int4 = precision.int4();
   if (int4.block_size() != 0 &&
@@ -109,8 +126,17 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
     std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};
     for (const auto& op : ops) forms.erase(op);
     params["op_types"] = StringValue(JoinSet(forms));
-    if (mode == "int8_dynamic") {
+    if (mode == "int8_dynamic" || mode == "int8_static") {
       params["per_channel"] = BoolValue(!precision.has_per_channel() || precision.per_channel());
+      if (mode == "int8_static") params["activation_ranges"] = StringValue(RangeLines(extras.activation_ranges));
+      std::set<std::string> tables = {"EmbedLayerNormalization", "Gather"};
+      for (const auto& op : ops) tables.erase(op);
+      if (!tables.empty()) {
+        v1::PassSpec* embeddings = config.add_passes();
+        embeddings->set_name("quantize_embeddings_int8");
+        (*embeddings->mutable_params())["op_types"] = StringValue(JoinSet(tables));
+        (*embeddings->mutable_params())["node_block_list"] = StringValue(JoinSet(nodes));
+      }
     } else {
       const v1::Int4Config& int4 = precision.int4();
       params["block_size"] = NumberValue(int4.block_size() > 0 ? int4.block_size() : 32);
@@ -132,6 +158,47 @@ absl::Status ApplyPrecision(const v1::PrecisionConfig& precision, const Precisio
   return RunPipeline(*pipeline, model, options, runs);
 }
 
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
+    const onnx::ModelProto& fp32_model, const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
+    const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
+    const SessionSettings& device, const std::atomic<bool>* cancelled, std::string* warning) {
+  std::vector<std::string> values;
+  {
+    onnx::ModelProto copy = fp32_model;
+    Graph graph(copy.mutable_graph());
+    const std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};
+    for (const auto& value : WeightProductInputs(graph, forms)) values.push_back(value);
+  }
+  if (values.empty()) return std::map<std::string, ValueRange>();
+  SessionSettings settings = device;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session =
+      CreateSession(ModelSource{fp32_model.SerializeAsString(), {}}, settings);
+  if (!session.ok()) return session.status();
+  const int wanted = precision.calibration().samples() > 0 ? precision.calibration().samples() : kDefaultCalibrationSamples;
+  const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty());
+  std::vector<GeneratedInputs> samples;
+  const int count = supplied.empty() ? wanted : std::min<int>(wanted, static_cast<int>(supplied.size()));
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<GeneratedInputs> inputs =
+        supplied.empty()
+            ? GenerateInputs(**session, original, validation, shape_sets[static_cast<size_t>(i) % shape_sets.size()],
+                             kFirstCalibrationSample + i)
+            : GenerateInputs(**session, original, validation, shape_sets.front(), i, &supplied[static_cast<size_t>(i)]);
+    if (!inputs.ok()) return inputs.status();
+    samples.push_back(*std::move(inputs));
+  }
+  if (supplied.empty()) {
+    *warning = absl::StrCat("int8_static was calibrated on ", count,
+                            " generated input sets: generated data is a poor calibration set, so the ranges may not "
+                            "match real inputs; supply real inputs with the job for a calibration you can trust");
+  }
+  std::vector<const GeneratedInputs*> pointers;
+  for (const auto& sample : samples) pointers.push_back(&sample);
+  const std::string method = precision.calibration().method().empty() ? "minmax" : precision.calibration().method();
+  return CalibrateRanges(fp32_model, values, pointers, method, device, cancelled);
+}
+
 void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,
                        const onnx::ModelProto& converted, const std::vector<v1::PassReport>& runs,
                        v1::PrecisionReport* report) {
@@ -140,7 +207,7 @@ void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelPr
   report->set_size_after_bytes(static_cast<int64_t>(converted.ByteSizeLong()));
   const char* pass = PassFor(precision.mode());
   for (const auto& run : runs) {
-    if (pass == nullptr || run.name() != pass) continue;
+    if (pass == nullptr || (run.name() != pass && run.name() != "quantize_embeddings_int8")) continue;
     auto counter = [&](const char* name) {
       auto it = run.counters().find(name);
       return it == run.counters().end() ? int64_t{0} : it->second;
@@ -232,16 +299,20 @@ namespace {
 class MixedPrecisionSearch {
  public:
   MixedPrecisionSearch(const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision,
-                       const ParityProbe& probe, const PassManagerOptions& options)
-      : fp32_model_(fp32_model), precision_(precision), probe_(probe), options_(options) {}
+                       const PrecisionExtras& base, const ParityProbe& probe, const PassManagerOptions& options)
+      : fp32_model_(fp32_model), precision_(precision), base_(base), probe_(probe), options_(options) {}
 
-  // Whether keeping `nodes` passes; the passing candidate is remembered.
-  absl::StatusOr<bool> Passes(const std::set<std::string>& nodes) {
+  // Whether keeping `nodes` passes; a passing candidate that still converts something is remembered.
+  // Unless `nothing_converted_passes`, a candidate with nothing left to convert does not pass (it is
+  // not a mixed model); the search's sanity check (keeping everything) sets it.
+  absl::StatusOr<bool> Passes(const std::set<std::string>& nodes, bool nothing_converted_passes = false) {
     for (int retry = 0; retry <= kMaxMissingKernelRetries; ++retry) {
       if (options_.cancelled != nullptr && options_.cancelled->load()) {
         return absl::CancelledError("cancelled during automatic mixed precision");
       }
-      PrecisionExtras extras{nodes, kernel_ops_};
+      PrecisionExtras extras = base_;
+      extras.keep_nodes.insert(nodes.begin(), nodes.end());
+      extras.keep_ops.insert(kernel_ops_.begin(), kernel_ops_.end());
       MixedPrecisionResult candidate;
       candidate.model = fp32_model_;
       PassManagerOptions quiet = options_;
@@ -254,10 +325,12 @@ class MixedPrecisionSearch {
       if (*passed) {
         int64_t converted = 0;
         for (const auto& run : candidate.runs) {
-          auto it = run.counters().find("converted_nodes");
-          if (it != run.counters().end()) converted += it->second;
+          for (const char* counter : {"converted_nodes", "quantized_weights"}) {
+            auto it = run.counters().find(counter);
+            if (it != run.counters().end()) converted += it->second;
+          }
         }
-        if (converted == 0) return false;  // nothing left in the lower precision: not a mixed model
+        if (converted == 0) return nothing_converted_passes;
         best_ = std::move(candidate);
         return true;
       }
@@ -279,6 +352,7 @@ class MixedPrecisionSearch {
  private:
   const onnx::ModelProto& fp32_model_;
   const v1::PrecisionConfig& precision_;
+  const PrecisionExtras& base_;
   const ParityProbe& probe_;
   const PassManagerOptions& options_;
   std::set<std::string> kernel_ops_;
@@ -289,9 +363,10 @@ class MixedPrecisionSearch {
 }  // namespace
 
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
-    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const ParityProbe& probe,
-    const ActivationRanges& ranges, const PassManagerOptions& options, std::string* failure) {
-  MixedPrecisionSearch search(fp32_model, precision, probe, options);
+    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
+    const ParityProbe& probe, const ActivationRanges& ranges, const PassManagerOptions& options,
+    std::string* failure) {
+  MixedPrecisionSearch search(fp32_model, precision, base, probe, options);
   auto give_up = [&](const std::string& why) {
     if (failure != nullptr) {
       *failure = why;
@@ -304,9 +379,11 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
   };
   std::vector<std::pair<std::string, std::string>> order;  // node key, op type, in graph order
   std::map<std::string, std::string> op_of;
+  // Quantization changes only the nodes with weights; the bisection keeps (and reports) just those.
+  const std::set<std::string> weighted = {"MatMul", "Gemm", "Attention", "EmbedLayerNormalization", "Gather"};
   for (const auto& node : fp32_model.graph().node()) {
     const std::string key = NodeKey(node);
-    if (key.empty()) continue;
+    if (key.empty() || (!IsFloatMode(precision.mode()) && weighted.count(node.op_type()) == 0)) continue;
     order.push_back({key, node.op_type()});
     op_of[key] = node.op_type();
   }
@@ -354,9 +431,9 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
       for (size_t i = begin; i < end; ++i) nodes.insert(order[i].first);
       return nodes;
     };
-    absl::StatusOr<bool> all = search.Passes(keep(0, order.size()));
+    absl::StatusOr<bool> all = search.Passes(keep(0, order.size()), /*nothing_converted_passes=*/true);
     if (!all.ok()) return all.status();
-    if (!*all) return give_up("no candidate that keeps some nodes in the lower precision passes");
+    if (!*all) return give_up("even keeping every node in float32 does not pass");
     size_t low = 0, high = order.size();  // keeping [0, high) passes; [0, low) is not known to
     while (low < high) {
       const size_t mid = low + (high - low) / 2;
@@ -372,6 +449,7 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
       if (!passed.ok()) return passed.status();
       if (*passed) begin_low = mid; else begin_high = mid;
     }
+    if (begin_low == 0 && end == order.size()) return give_up("only keeping every node in float32 passes");
     // Judge the final window once more so the remembered candidate is exactly it.
     absl::StatusOr<bool> passed = search.Passes(keep(begin_low, end));
     if (!passed.ok()) return passed.status();

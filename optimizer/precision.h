@@ -1,6 +1,7 @@
 // The precision section of a job's config: which passes a mode runs, what the report says about
-// them, and automatic mixed precision, the search for the few nodes that must stay in float32 when
-// a float16/bfloat16 model fails parity.
+// them, int8_static's calibration, and automatic mixed precision, the search for the few nodes that
+// must stay in float32 when a lower-precision model fails parity (for int8, typically a projection
+// whose error the output is most sensitive to).
 //
 // The search, after a failed check: (0) the conversion again with every operator type ONNX Runtime
 // has no kernel for on this device kept in float32; (1) nodes whose outputs leave the target's range in a float32
@@ -26,22 +27,35 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/pass_manager.h"
+#include "optimizer/ort_runtime.h"
 #include "optimizer/validation/bisect.h"
+#include "optimizer/validation/calibration.h"
+#include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
 
 // Whether the config asks for anything but float32.
 bool PrecisionRequested(const v1::PrecisionConfig& precision);
 
-// INVALID_ARGUMENT (with the known modes) for an unknown mode, int8_static (not built yet), or
-// settings out of range.
+// INVALID_ARGUMENT (with the known modes) for an unknown mode or settings out of range.
 absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision);
 
 // What to keep in higher precision beyond the config's own lists.
+// int8_static also needs the calibrated ranges of the activations it quantizes.
 struct PrecisionExtras {
   std::set<std::string> keep_nodes;
   std::set<std::string> keep_ops;
+  std::map<std::string, ValueRange> activation_ranges;
 };
+
+// int8_static's calibration: the range of every activation a quantized product reads, by the
+// config's method (minmax by default) over `calibration.samples` input sets (default 16): the
+// supplied inputs when the job has them, else generated ones (different samples from parity's),
+// in which case `warning` says that generated data is a poor calibration set.
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
+    const onnx::ModelProto& fp32_model, const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
+    const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
+    const SessionSettings& device, const std::atomic<bool>* cancelled, std::string* warning);
 
 // The mode's passes then the cleanups they need; an empty pipeline for fp32.
 absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& precision, const PassRegistry& registry,
@@ -69,10 +83,12 @@ struct MixedPrecisionResult {
   int attempts = 0;
 };
 
-// nullopt when no candidate that still converts something passes; `failure` then says why.
+// nullopt when no candidate that still converts something passes; `failure` then says why. Every
+// candidate is converted with `base` (calibrated ranges) plus the nodes it keeps.
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
-    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const ParityProbe& probe,
-    const ActivationRanges& ranges, const PassManagerOptions& options, std::string* failure = nullptr);
+    const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
+    const ParityProbe& probe, const ActivationRanges& ranges, const PassManagerOptions& options,
+    std::string* failure = nullptr);
 
 // `candidate` as the original's callers see it: inputs and outputs that became float16/bfloat16
 // (keep_io_types off) are float32 again behind Casts, so that parity and the benchmark feed and read

@@ -13,8 +13,10 @@
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/precision.h"
+#include "optimizer/validation/calibration.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -76,7 +78,14 @@ TEST(PrecisionConfigTest, UnknownAndUnbuiltModesAreRefused) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("int4_weight_only"), std::string::npos) << status << ": names the known modes";
   config.mutable_precision()->set_mode("int8_static");
+  EXPECT_TRUE(CheckConfig(config).ok());
+  config.mutable_precision()->mutable_calibration()->set_samples(5000);
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config.mutable_precision()->mutable_calibration()->set_samples(8);
+  config.mutable_precision()->mutable_calibration()->set_method("kl");
+  EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config.mutable_precision()->mutable_calibration()->set_method("entropy");
+  EXPECT_TRUE(CheckConfig(config).ok());
   config.mutable_precision()->set_mode("int4_weight_only");
   config.mutable_precision()->mutable_int4()->set_block_size(48);
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
@@ -84,6 +93,34 @@ TEST(PrecisionConfigTest, UnknownAndUnbuiltModesAreRefused) {
   EXPECT_TRUE(CheckConfig(config).ok());
   config.mutable_validation()->set_min_cosine_similarity(1.5);
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CalibrationTest, PercentileCutsTheTailsAndEntropyClipsOutliers) {
+  Histogram histogram{-10, 10, std::vector<double>(kCalibrationBins, 0.0)};
+  std::vector<float> values;
+  for (int i = 0; i < 100000; ++i) values.push_back(-1.0f + 2.0f * static_cast<float>(i) / 99999.0f);
+  values.push_back(-10.0f);
+  values.push_back(10.0f);
+  histogram.Add(values.data(), values.size());
+  ValueRange range = PercentileRange(histogram, 99.99);
+  EXPECT_NEAR(range.low, -1.0, 0.02) << "the lone outlier is cut, the bulk kept";
+  EXPECT_NEAR(range.high, 1.0, 0.02);
+  range = PercentileRange(histogram, 100.0);
+  EXPECT_FLOAT_EQ(range.low, -10.0f);
+  EXPECT_FLOAT_EQ(range.high, 10.0f);
+
+  // |x|: a bell of mass near 0 plus a few values at 50x its width.
+  Histogram magnitudes{0, 100, std::vector<double>(kCalibrationBins, 0.0)};
+  std::vector<float> bulk;
+  for (int i = 0; i < 200000; ++i) bulk.push_back(std::fabs(2.0f * std::sin(static_cast<float>(i))) * (i % 7) / 7.0f);
+  bulk.push_back(100.0f);
+  magnitudes.Add(bulk.data(), bulk.size());
+  const float threshold = EntropyThreshold(magnitudes);
+  EXPECT_LT(threshold, 20.0f) << "outliers do not set the range";
+  EXPECT_GT(threshold, 1.0f) << "the bulk is not clipped away";
+
+  Histogram uniform{0, 1, std::vector<double>(kCalibrationBins, 1.0)};
+  EXPECT_GT(EntropyThreshold(uniform), 0.9f) << "nothing to gain from clipping a uniform distribution";
 }
 
 TEST(PrecisionTest, Fp16BertPassesParityAtHalfTheSizeWithFloatInterface) {
@@ -186,6 +223,131 @@ TEST(PrecisionTest, Int8DynamicQuantizesMatMulsAndAttentionWeights) {
   const v1::PrecisionReport& precision = report.precision();
   EXPECT_LT(precision.weight_bytes_after(), precision.weight_bytes_before() * 0.3);
   for (const auto& output : report.parity().outputs()) EXPECT_GT(output.cosine_similarity(), 0.99) << output.name();
+}
+
+TEST(PrecisionTest, Int8QuantizesTheEmbeddingTablesOfAFusedHfEncoder) {
+  auto result = OptimizeWith("hf/bert_torchscript.onnx", "int8_dynamic", "int8_hf_bert");
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::Report& report = result->report;
+  EXPECT_TRUE(report.parity().passed()) << report.precision().note();
+  EXPECT_EQ(report.precision().precision(), "int8");
+  EXPECT_EQ(OpCount(report, "com.microsoft::EmbedLayerNormalization"), 0);
+  EXPECT_EQ(OpCount(report, "com.microsoft::QEmbedLayerNormalization"), 1);
+  for (const auto& output : report.parity().outputs()) EXPECT_GT(output.cosine_similarity(), 0.99) << output.name();
+  auto saved = LoadModel(result->files.front());
+  ASSERT_TRUE(saved.ok());
+  for (const auto& tensor : saved->graph().initializer()) {
+    EXPECT_FALSE(tensor.data_type() == onnx::TensorProto::FLOAT && tensor.dims_size() == 2 && tensor.dims(0) > 1000)
+        << tensor.name() << ": no float embedding table is left";
+  }
+  // Unfused (the basic preset), the word table is read by a Gather whose rows are dequantized.
+  auto unfused = OptimizeWith("hf/bert_torchscript.onnx", "int8_dynamic", "int8_hf_bert_basic",
+                              [](v1::OptimizationConfig& c) { c.set_preset("basic"); });
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  EXPECT_TRUE(unfused->report.parity().passed()) << unfused->report.precision().note();
+  EXPECT_GE(OpCount(unfused->report, "DequantizeLinear"), 1);
+}
+
+TEST(PrecisionTest, Int8StaticWritesQdqWithCalibratedRangesByEveryMethod) {
+  for (const std::string method : {"minmax", "percentile", "entropy"}) {
+    auto result = OptimizeWith("transformers/bert_opset17.onnx", "int8_static", "int8_static_" + method,
+                               [&](v1::OptimizationConfig& c) {
+                                 c.mutable_precision()->mutable_calibration()->set_method(method);
+                                 c.mutable_precision()->mutable_calibration()->set_samples(4);
+                               });
+    ASSERT_TRUE(result.ok()) << method << ": " << result.status();
+    const v1::Report& report = result->report;
+    EXPECT_TRUE(report.parity().passed()) << method << ": " << report.precision().note();
+    EXPECT_EQ(report.precision().precision(), "int8") << method;
+    EXPECT_GT(OpCount(report, "QuantizeLinear"), 0) << method;
+    EXPECT_GT(OpCount(report, "DequantizeLinear"), OpCount(report, "QuantizeLinear")) << "weights are dequantized too";
+    EXPECT_EQ(OpCount(report, "com.microsoft::Attention"), 0) << "its packed weights are quantized too";
+    bool warned = false;
+    for (const auto& warning : report.warnings()) warned |= warning.find("poor calibration set") != std::string::npos;
+    EXPECT_TRUE(warned) << "generated calibration data is called out";
+    for (const auto& output : report.parity().outputs()) EXPECT_GT(output.cosine_similarity(), 0.99) << output.name();
+  }
+}
+
+TEST(PrecisionTest, Int8KeepsTheSensitiveProductInFloatWhenParitySaysSo) {
+  // x's channel 0 is 1000x the others but meets only zero weights: quantized per tensor, the range it
+  // sets leaves the other channels nothing, so that product must stay float; the next one need not.
+  onnx::GraphProto graph;
+  *graph.add_input() = testing::FloatValue("x", {1, 16, 64});
+  *graph.add_output() = testing::FloatValue("y", {1, 16, 8});
+  std::vector<float> scale(64, 1.0f);
+  scale[0] = 1000.0f;
+  std::vector<float> first = testing::RandomFloats(64 * 64, 3), second = testing::RandomFloats(64 * 8, 4);
+  for (int col = 0; col < 64; ++col) first[col] = 0.0f;  // row 0: channel 0's weights
+  *graph.add_initializer() = testing::FloatTensor("scale", {64}, scale);
+  *graph.add_initializer() = testing::FloatTensor("w_outlier", {64, 64}, first);
+  *graph.add_initializer() = testing::FloatTensor("w_head", {64, 8}, second);
+  *graph.add_node() = testing::MakeNode("Mul", {"x", "scale"}, {"scaled"});
+  *graph.add_node() = testing::MakeNode("MatMul", {"scaled", "w_outlier"}, {"hidden"}, "matmul_outlier");
+  *graph.add_node() = testing::MakeNode("Relu", {"hidden"}, {"relu"});
+  *graph.add_node() = testing::MakeNode("MatMul", {"relu", "w_head"}, {"y"}, "matmul_head");
+  const fs::path dir = testing::TempDir("precision_sensitive");
+  ASSERT_TRUE(SaveModel(testing::MakeModel(graph), dir / "model.onnx").ok());
+
+  OptimizeRequest request;
+  request.model_path = dir / "model.onnx";
+  request.output_dir = dir / "out";
+  request.config.set_preset("none");
+  request.config.mutable_precision()->set_mode("int8_static");
+  request.config.mutable_benchmark()->set_skip(true);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::PrecisionReport& precision = result->report.precision();
+  EXPECT_TRUE(result->report.parity().passed());
+  EXPECT_EQ(precision.precision(), "int8") << precision.note();
+  EXPECT_NE(precision.note().find("failed parity"), std::string::npos) << "plain int8 failed first: " << precision.note();
+  ASSERT_EQ(precision.kept_nodes_size(), 1);
+  EXPECT_EQ(precision.kept_nodes(0).node(), "matmul_outlier");
+  EXPECT_EQ(precision.kept_nodes(0).reason().rfind("error", 0), 0u) << precision.kept_nodes(0).reason();
+  EXPECT_EQ(OpCount(result->report, "QuantizeLinear"), 1) << "the head is still quantized";
+
+  // Without the search the float32 model comes back.
+  request.output_dir = dir / "out_plain";
+  request.config.mutable_precision()->set_auto_mixed(false);
+  auto plain = Optimize(request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->report.precision().precision(), "fp32");
+}
+
+TEST(PrecisionTest, Int8StaticCalibratesOnSuppliedInputs) {
+  // Two real input sets of the BERT fixture (vocab 128, sequence 12), written as the CLI's --inputs reads them.
+  const fs::path dir = testing::TempDir("precision_supplied_inputs");
+  std::vector<std::map<std::string, fs::path>> files;
+  for (int set = 0; set < 2; ++set) {
+    std::map<std::string, fs::path> named;
+    for (const char* name : {"input_ids", "attention_mask", "token_type_ids"}) {
+      std::vector<int64_t> values(12);
+      for (int i = 0; i < 12; ++i) {
+        const std::string input = name;
+        values[i] = input == "input_ids" ? (7 * i + 13 * set) % 128 : input == "attention_mask" ? (i < 10 - set) : 0;
+      }
+      onnx::TensorProto tensor = MakeRawTensor(name, onnx::TensorProto::INT64, {1, 12},
+                                               std::string(reinterpret_cast<const char*>(values.data()), 12 * sizeof(int64_t)));
+      const fs::path path = dir / absl::StrCat(name, "_", set, ".pb");
+      ASSERT_TRUE(WriteFileAtomically(path, tensor.SerializeAsString()).ok());
+      named[name] = path;
+    }
+    files.push_back(named);
+  }
+  OptimizeRequest request;
+  request.model_path = FixturePath("transformers/bert_opset17.onnx");
+  request.output_dir = dir / "out";
+  request.input_files = files;
+  request.config.mutable_precision()->set_mode("int8_static");
+  request.config.mutable_benchmark()->set_skip(true);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->report.parity().passed()) << result->report.precision().note();
+  EXPECT_TRUE(result->report.parity().supplied_inputs());
+  EXPECT_GT(OpCount(result->report, "QuantizeLinear"), 0);
+  for (const auto& warning : result->report.warnings()) {
+    EXPECT_EQ(warning.find("poor calibration set"), std::string::npos) << "calibrated on the supplied inputs: " << warning;
+  }
 }
 
 TEST(PrecisionTest, Int4WeightOnlyDecoderKeepsAQuarterOfTheWeightBytes) {

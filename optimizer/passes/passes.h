@@ -39,6 +39,8 @@ std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
 // Precision (run after a pipeline when the config's precision section asks; listed for explicit use).
 std::unique_ptr<Pass> MakeConvertFloatPrecisionPass();
 std::unique_ptr<Pass> MakeQuantizeDynamicInt8Pass();
+std::unique_ptr<Pass> MakeQuantizeEmbeddingsInt8Pass();
+std::unique_ptr<Pass> MakeQuantizeStaticInt8Pass();
 std::unique_ptr<Pass> MakeQuantizeWeightsInt4Pass();
 
 }  // namespace onnxopt

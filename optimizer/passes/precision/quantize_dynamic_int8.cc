@@ -7,10 +7,6 @@
 // Weights are quantized symmetrically (zero point 0, range ±127) with one scale per output column by
 // default (per_channel), else one per tensor: scale = max|W[:, n]| / 127, Wq = round(W / scale).
 // The input is quantized per tensor to uint8 by the operator on every run.
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
@@ -52,31 +48,17 @@ class QuantizeDynamicInt8Pass final : public Pass {
  private:
   static bool Emit(Graph& graph, PassContext& context, const std::string& input, const FloatWeight& weight,
                    const std::string& output, const Node* anchor, bool per_channel) {
+    std::optional<Int8Weight> quantized = QuantizeSymmetricInt8(weight, per_channel);
+    if (!quantized) {
+      context.Skip("left in float: weight has NaN or Inf");
+      return false;
+    }
     const int64_t k = weight.k, n = weight.n;
-    std::vector<float> scales(per_channel ? n : 1, 0.0f);
-    for (int64_t row = 0; row < k; ++row) {
-      for (int64_t col = 0; col < n; ++col) {
-        const float magnitude = std::fabs(weight.values[row * n + col]);
-        if (!std::isfinite(magnitude)) {
-          context.Skip("left in float: weight has NaN or Inf");
-          return false;
-        }
-        float& scale = scales[per_channel ? col : 0];
-        scale = std::max(scale, magnitude);
-      }
-    }
-    for (float& scale : scales) scale = scale > 0 ? scale / 127.0f : 1.0f;
-    std::vector<int8_t> quantized(weight.values.size());
-    for (int64_t row = 0; row < k; ++row) {
-      for (int64_t col = 0; col < n; ++col) {
-        const float q = std::nearbyint(weight.values[row * n + col] / scales[per_channel ? col : 0]);
-        quantized[row * n + col] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
-      }
-    }
+    const std::vector<float>& scales = quantized->scales;
     const std::string base = graph.UniqueName(absl::StrCat(output, "_int8"));
     onnx::TensorProto weight_tensor =
         MakeRawTensor(absl::StrCat(base, "_weight"), onnx::TensorProto::INT8, {k, n},
-                      std::string(reinterpret_cast<const char*>(quantized.data()), quantized.size()));
+                      std::string(reinterpret_cast<const char*>(quantized->values.data()), quantized->values.size()));
     onnx::TensorProto scale_tensor = MakeFloatTensor(
         absl::StrCat(base, "_scale"), per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{}, scales);
     onnx::NodeProto node;
@@ -87,7 +69,7 @@ class QuantizeDynamicInt8Pass final : public Pass {
     node.add_input(weight_tensor.name());
     node.add_input(scale_tensor.name());
     node.add_output(output);
-    context.Count("weight_bytes_after", static_cast<int64_t>(quantized.size() + scales.size() * sizeof(float)));
+    context.Count("weight_bytes_after", static_cast<int64_t>(quantized->values.size() + scales.size() * sizeof(float)));
     graph.AddInitializer(std::move(weight_tensor));
     graph.AddInitializer(std::move(scale_tensor));
     graph.AddNode(std::move(node), anchor, /*after=*/false);

@@ -1,5 +1,8 @@
 #include "optimizer/passes/precision/weight_products.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -134,6 +137,44 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
 }
 
 }  // namespace
+
+std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel) {
+  const int64_t k = weight.k, n = weight.n;
+  Int8Weight quantized;
+  quantized.scales.assign(per_channel ? n : 1, 0.0f);
+  for (int64_t row = 0; row < k; ++row) {
+    for (int64_t col = 0; col < n; ++col) {
+      const float magnitude = std::fabs(weight.values[row * n + col]);
+      if (!std::isfinite(magnitude)) return std::nullopt;
+      float& scale = quantized.scales[per_channel ? col : 0];
+      scale = std::max(scale, magnitude);
+    }
+  }
+  for (float& scale : quantized.scales) scale = scale > 0 ? scale / 127.0f : 1.0f;
+  quantized.values.resize(weight.values.size());
+  for (int64_t row = 0; row < k; ++row) {
+    for (int64_t col = 0; col < n; ++col) {
+      const float q = std::nearbyint(weight.values[row * n + col] / quantized.scales[per_channel ? col : 0]);
+      quantized.values[row * n + col] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+    }
+  }
+  return quantized;
+}
+
+std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std::string>& op_types) {
+  std::set<std::string> inputs;
+  for (const Node* node : graph.Nodes()) {
+    const std::string& op = node->op_type();
+    const bool attention = op == "Attention" && node->domain() == "com.microsoft";
+    if (!attention && (!node->domain().empty() || (op != "MatMul" && op != "Gemm"))) continue;
+    if (op_types.count(op) == 0 || node->input_size() < 2) continue;
+    const onnx::TensorProto* weight = ConstantTensor(graph, node->input(1));
+    if (weight != nullptr && weight->dims_size() == 2 && weight->data_type() == onnx::TensorProto::FLOAT) {
+      inputs.insert(node->input(0));
+    }
+  }
+  return inputs;
+}
 
 void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
                             const EmitWeightProduct& emit) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,6 +41,18 @@ struct WeightProductOptions {
 // "weight_bytes_before" (float32 bytes of the weights replaced).
 void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
                             const EmitWeightProduct& emit);
+
+// W quantized symmetrically to int8 (zero point 0, range ±127): one scale per output column
+// (per_channel) or one for all, scale = max|W| / 127, q = round(W / scale). nullopt for NaN or Inf.
+struct Int8Weight {
+  std::vector<int8_t> values;  // [k, n]
+  std::vector<float> scales;   // [n] or [1]
+};
+std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel);
+
+// The activations (first inputs) of the products QuantizeWeightProducts may rewrite: what static
+// quantization calibrates. A superset where a rewrite later declines.
+std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std::string>& op_types);
 
 }  // namespace onnxopt
 

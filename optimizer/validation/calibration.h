@@ -1,0 +1,61 @@
+// Calibration: the range each chosen float value of a model takes on a set of inputs, for static
+// quantization (an int8 scale and zero point fixed ahead of time instead of measured on every run).
+//
+// Methods, as ONNX Runtime's and TensorRT's calibrators name them:
+//   minmax      the smallest and largest value seen;
+//   percentile  the same with the outermost 0.001% of values (each tail) cut off, so that a rare
+//               outlier does not widen the step for everything else;
+//   entropy     the clipping threshold |x| <= t whose 128-level quantization loses the least
+//               information, in Kullback-Leibler divergence, of the histogram of |x| (TensorRT's
+//               algorithm), intersected with the seen range.
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/validation/input_generator.h"
+
+namespace onnxopt {
+
+struct ValueRange {
+  float low = 0;
+  float high = 0;
+};
+
+// A histogram of values over [low, high] in equal bins.
+struct Histogram {
+  double low = 0;
+  double high = 0;
+  std::vector<double> counts;
+  void Add(const float* values, size_t n);  // values outside [low, high] go to the end bins
+};
+
+inline constexpr int kCalibrationBins = 2048;
+inline constexpr double kCalibrationPercentile = 99.999;
+
+// The range that keeps `percentile`% of the histogram's mass, cutting the rest equally from both tails.
+ValueRange PercentileRange(const Histogram& histogram, double percentile);
+// The threshold t (histogram of |x| over [0, max|x|]) that minimizes the divergence of its 128-level
+// quantization from the clipped distribution.
+float EntropyThreshold(const Histogram& magnitudes);
+
+// Every float32 value `values` names, on every input set: its range by `method` (minmax, percentile
+// or entropy; INVALID_ARGUMENT otherwise). The model runs without ONNX Runtime's rewrites, each value
+// fetched through an Identity; values never seen (not float32, empty) are left out of the result.
+// INTERNAL when ONNX Runtime cannot run it; CANCELLED on cancel.
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
+                                                                   const std::vector<std::string>& values,
+                                                                   const std::vector<const GeneratedInputs*>& samples,
+                                                                   const std::string& method,
+                                                                   const SessionSettings& device,
+                                                                   const std::atomic<bool>* cancelled = nullptr);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
