@@ -62,6 +62,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 
 Client::Client(const std::string& address) : Client(address, grpc::InsecureChannelCredentials()) {}
 
+void Client::Authorize(grpc::ClientContext* context) const {
+  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+}
+
 Client::Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(16 << 20);
@@ -101,6 +105,7 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
     v1::UploadStatus status;
     {
       grpc::ClientContext context;
+      Authorize(&context);
       v1::GetUploadStatusRequest request;
       request.set_sha256(*digest);
       request.set_upload_id(upload_id);
@@ -115,6 +120,7 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
     std::ifstream in(path, std::ios::binary);
     in.seekg(offset);
     grpc::ClientContext context;
+    Authorize(&context);
     v1::Blob response;
     auto writer = stub_->UploadBlob(&context, &response);
     std::string buffer(kChunkBytes, '\0');
@@ -245,6 +251,7 @@ absl::StatusOr<std::vector<v1::InputTensor>> Client::UploadInputs(const fs::path
 absl::StatusOr<v1::Job> Client::CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
                                           const std::string& request_id, const std::vector<v1::InputTensor>& inputs) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::CreateJobRequest request;
   *request.mutable_model() = model;
   *request.mutable_config() = config;
@@ -258,6 +265,7 @@ absl::StatusOr<v1::Job> Client::CreateJob(const v1::ModelRef& model, const v1::O
 
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& name) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::GetJobRequest request;
   request.set_name(name);
   v1::Job job;
@@ -268,6 +276,7 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& name) {
 
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(v1::JobState state, int page_size, const std::string& page_token) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::ListJobsRequest request;
   request.set_state(state);
   request.set_page_size(page_size);
@@ -280,6 +289,7 @@ absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(v1::JobState state, int pa
 
 absl::StatusOr<v1::Job> Client::CancelJob(const std::string& name) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::CancelJobRequest request;
   request.set_name(name);
   v1::Job job;
@@ -290,6 +300,7 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& name) {
 
 absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::WatchJobRequest request;
   request.set_name(name);
   auto reader = stub_->WatchJob(&context, request);
@@ -307,6 +318,7 @@ absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::fun
 
 absl::Status Client::Download(const std::string& name, const std::string& artifact, const fs::path& path) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::DownloadRequest request;
   request.set_name(name);
   request.set_artifact(artifact);
@@ -337,6 +349,7 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
 
 absl::StatusOr<v1::Report> Client::GetReport(const std::string& name) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::GetReportRequest request;
   request.set_name(name);
   v1::Report report;
@@ -347,6 +360,7 @@ absl::StatusOr<v1::Report> Client::GetReport(const std::string& name) {
 
 absl::StatusOr<v1::ListPassesResponse> Client::ListPasses() {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::ListPassesResponse response;
   absl::Status status = FromGrpc(stub_->ListPasses(&context, v1::ListPassesRequest(), &response));
   if (!status.ok()) return status;
@@ -355,6 +369,7 @@ absl::StatusOr<v1::ListPassesResponse> Client::ListPasses() {
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::ServerInfo response;
   absl::Status status = FromGrpc(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response));
   if (!status.ok()) return status;

@@ -68,9 +68,15 @@ class Client {
   absl::StatusOr<v1::ListPassesResponse> ListPasses();
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
+  // Sends "authorization: Bearer <token>" with every call (servers with --auth_tokens_file).
+  void set_token(std::string token) { token_ = std::move(token); }
+
  private:
+  void Authorize(grpc::ClientContext* context) const;
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Optimizer::Stub> stub_;
+  std::string token_;
 };
 
 }  // namespace onnxopt::client

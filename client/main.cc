@@ -350,6 +350,7 @@ int Run(const Args& args) {
   auto credentials = onnxopt::client::ChannelCredentialsFor(tls);
   if (!credentials.ok()) return Report(credentials.status());
   Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"), *credentials);
+  client.set_token(args.Get("--token", from_env("ONNXOPT_TOKEN")));
   const bool json = args.Has("--json");
   auto need_job = [&]() -> std::optional<std::string> {
     if (args.positional.size() != 2) return std::nullopt;
@@ -494,6 +495,10 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   given.push_back({"--tls-key", app.add_option("--tls-key", values["--tls-key"],
                                                "TLS: the client certificate's key (else $ONNXOPT_TLS_KEY)")
                                     ->type_name("FILE")});
+  given.push_back({"--token", app.add_option("--token", values["--token"],
+                                             "bearer token for servers with --auth_tokens_file (else $ONNXOPT_TOKEN; "
+                                             "the environment keeps it out of the process list)")
+                                  ->type_name("TOKEN")});
 
   auto value = [&](CLI::App* command, const std::string& name, const std::string& type, const std::string& help) {
     CLI::Option* option = command->add_option(name, values[name], help)->type_name(type);
@@ -591,7 +596,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   // A word where the command goes that names none: say so (CLI11 would only ask for a command).
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word == "--server" || word == "--tls-ca" || word == "--tls-cert" || word == "--tls-key") {
+    if (word == "--server" || word == "--tls-ca" || word == "--tls-cert" || word == "--tls-key" || word == "--token") {
       ++i;
     } else if (!absl::StartsWith(word, "-")) {
       try {

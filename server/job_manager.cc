@@ -122,7 +122,7 @@ std::pair<std::string, std::string> SplitReason(const absl::Status& status) {
   return {absl::StatusCodeToString(status.code()), std::string(message)};
 }
 
-JobManager::JobManager(JobManagerOptions options, JobStore* store, BlobStore* blobs, Metrics* metrics)
+JobManager::JobManager(JobManagerOptions options, JobStore* store, TenantBlobStores* blobs, Metrics* metrics)
     : options_(std::move(options)), store_(store), blobs_(blobs), metrics_(metrics), queue_(options_.queue_capacity) {}
 
 JobManager::~JobManager() {
@@ -157,7 +157,8 @@ absl::Status JobManager::Start() {
   return absl::OkStatus();
 }
 
-absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs) const {
+absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs,
+                                        const BlobStore& blobs) const {
   if (inputs.size() > kMaxSuppliedTensors) {
     return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: at most ", kMaxSuppliedTensors, " input tensors per job"));
   }
@@ -175,7 +176,7 @@ absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField
     if (!IsValidSha256(input.sha256())) {
       return absl::InvalidArgumentError("BAD_DIGEST: inputs[].sha256 must be 64 lowercase hexadecimal digits");
     }
-    if (!blobs_->Exists(input.sha256())) {
+    if (!blobs.Exists(input.sha256())) {
       return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for input '", input.name(), "' of sample ",
                                               input.sample()));
     }
@@ -197,12 +198,12 @@ absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField
   return absl::OkStatus();
 }
 
-absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) const {
+absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request, BlobStore& blobs) const {
   const v1::ModelRef& model = request.model();
   if (!IsValidSha256(model.sha256())) {
     return absl::InvalidArgumentError("BAD_DIGEST: model.sha256 must be 64 lowercase hexadecimal digits");
   }
-  if (!blobs_->Exists(model.sha256())) {
+  if (!blobs.Exists(model.sha256())) {
     return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob ", model.sha256(), "; upload the model first"));
   }
   std::set<std::string> provided;
@@ -215,7 +216,7 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
     if (!provided.insert(file.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(), "' is listed twice"));
     }
-    if (!blobs_->Exists(file.sha256())) {
+    if (!blobs.Exists(file.sha256())) {
       return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for external data file '", file.name(), "'"));
     }
   }
@@ -226,13 +227,13 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   }
   absl::Status config = CheckConfig(request.config());
   if (!config.ok()) return config;
-  absl::Status inputs = ValidateInputs(request.inputs());
+  absl::Status inputs = ValidateInputs(request.inputs(), blobs);
   if (!inputs.ok()) return inputs;
   // Parse now so that a file that is no model is refused at once rather than failing a job later; in a
   // worker process, under the job limits, so the server never holds an uploaded model in its memory.
-  absl::StatusOr<std::vector<std::string>> locations = InspectModelBounded(model.sha256());
+  absl::StatusOr<std::vector<std::string>> locations = InspectModelBounded(blobs.PathOf(model.sha256()));
   if (!locations.ok() && SplitReason(locations.status()).first == "MODEL_PARSE_FAILED" &&
-      blobs_->RemoveIfCorrupt(model.sha256())) {
+      blobs.RemoveIfCorrupt(model.sha256())) {
     // Not the upload's fault: the stored copy was altered. Dropped, so the next submit uploads it again.
     return absl::DataLossError("BLOB_CORRUPT: the server's stored copy of the model no longer matches its SHA-256; "
                                "it was removed, so submitting again uploads it anew");
@@ -252,7 +253,7 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request) co
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::string>> JobManager::InspectModelBounded(const std::string& sha256) const {
+absl::StatusOr<std::vector<std::string>> JobManager::InspectModelBounded(const fs::path& model) const {
   // Each inspection is a worker process under the job memory limit: at most as many at once as there
   // are job workers, so a burst of CreateJob calls cannot multiply the server's memory footprint.
   {
@@ -262,7 +263,7 @@ absl::StatusOr<std::vector<std::string>> JobManager::InspectModelBounded(const s
     }
     ++inspections_;
   }
-  absl::StatusOr<std::vector<std::string>> locations = InspectModel(options_.worker, blobs_->PathOf(sha256), SandboxDir());
+  absl::StatusOr<std::vector<std::string>> locations = InspectModel(options_.worker, model, SandboxDir());
   {
     std::lock_guard<std::mutex> lock(inspect_mutex_);
     --inspections_;
@@ -281,13 +282,15 @@ absl::Status JobManager::CheckRetry(const v1::Job& existing, const v1::CreateJob
                                                "new request_id"));
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) {
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, const std::string& tenant) {
   if (request.request_id().size() > 256) return absl::InvalidArgumentError("BAD_REQUEST_ID: request_id is too long");
+  absl::StatusOr<BlobStore*> blobs = blobs_->For(tenant);
+  if (!blobs.ok()) return blobs.status();
   // A retry of a request that already made a job gets that job, whatever happened since; the same id
   // on a different request is refused, so nobody gets a job made from someone else's model.
   auto earlier = [&]() -> std::optional<absl::StatusOr<v1::Job>> {
     if (request.request_id().empty()) return std::nullopt;
-    std::optional<v1::Job> existing = store_->FindByRequestId(request.request_id());
+    std::optional<v1::Job> existing = store_->FindByRequestId(tenant, request.request_id());
     if (!existing) return std::nullopt;
     absl::Status same = CheckRetry(*existing, request);
     if (!same.ok()) return absl::StatusOr<v1::Job>(same);
@@ -297,7 +300,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) 
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
   // Checked without the lock: inspecting the model takes a worker process, and other clients' requests
   // must not wait for it.
-  absl::Status valid = ValidateRequest(request);
+  absl::Status valid = ValidateRequest(request, **blobs);
   if (!valid.ok()) return valid;
   std::lock_guard<std::mutex> lock(submit_mutex_);
   if (auto found = earlier()) return *found;  // the same request id may have arrived meanwhile
@@ -308,6 +311,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request) 
                                                      " queue slots are taken; retry with backoff"));
   }
   v1::Job job;
+  job.set_tenant(tenant);
   job.set_request_id(request.request_id());
   job.set_state(v1::QUEUED);
   *job.mutable_model() = request.model();
@@ -372,10 +376,12 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
   fs::remove_all(input_dir, error);
   // Every staged file with the digest its blob must still have; the worker checks them first.
   std::vector<FileDigest> digests = {{job.model().sha256(), "model.onnx"}};
-  absl::Status status = LinkOrCopy(blobs_->PathOf(job.model().sha256()), input_dir / "model.onnx");
+  absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
+  if (!blobs.ok()) return blobs.status();
+  absl::Status status = LinkOrCopy((*blobs)->PathOf(job.model().sha256()), input_dir / "model.onnx");
   for (const auto& file : job.model().external_data()) {
     if (!status.ok()) break;
-    status = LinkOrCopy(blobs_->PathOf(file.sha256()), input_dir / file.name());
+    status = LinkOrCopy((*blobs)->PathOf(file.sha256()), input_dir / file.name());
     digests.push_back({file.sha256(), file.name()});
   }
   // Supplied inputs: tensors under inputs/, named by position, and a manifest the worker reads.
@@ -383,7 +389,7 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
   for (int i = 0; i < job.inputs_size() && status.ok(); ++i) {
     const v1::InputTensor& input = job.inputs(i);
     const std::string file = absl::StrCat(i, ".pb");
-    status = LinkOrCopy(blobs_->PathOf(input.sha256()), input_dir / "inputs" / file);
+    status = LinkOrCopy((*blobs)->PathOf(input.sha256()), input_dir / "inputs" / file);
     files.push_back({input.sample(), input.name(), file});
     digests.push_back({input.sha256(), absl::StrCat("inputs/", file)});
   }
@@ -396,8 +402,10 @@ void JobManager::RemoveCorruptBlobs(const v1::Job& job) {
   std::vector<std::string> digests = {job.model().sha256()};
   for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
   for (const auto& input : job.inputs()) digests.push_back(input.sha256());
+  absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
+  if (!blobs.ok()) return;
   for (const std::string& digest : digests) {
-    if (blobs_->RemoveIfCorrupt(digest)) {
+    if ((*blobs)->RemoveIfCorrupt(digest)) {
       std::cerr << "onnxopt-server: blob " << digest << " no longer matched its SHA-256 and was removed" << std::endl;
     }
   }

@@ -25,6 +25,7 @@
 #include "server/job_queue.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 
 namespace onnxopt::server {
 
@@ -43,12 +44,13 @@ inline constexpr int32_t kMaxPriority = 1000;
 
 class JobManager {
  public:
-  JobManager(JobManagerOptions options, JobStore* store, BlobStore* blobs, Metrics* metrics);
+  JobManager(JobManagerOptions options, JobStore* store, TenantBlobStores* blobs, Metrics* metrics);
   ~JobManager();
 
   // Re-queues jobs an earlier run left unfinished and starts the workers.
   absl::Status Start();
-  absl::StatusOr<v1::Job> Submit(const v1::CreateJobRequest& request);
+  // Queues a job owned by `tenant`, whose blobs it names.
+  absl::StatusOr<v1::Job> Submit(const v1::CreateJobRequest& request, const std::string& tenant = "");
   absl::StatusOr<v1::Job> Cancel(const std::string& name);
   // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
   // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start.
@@ -66,8 +68,9 @@ class JobManager {
   void UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate);
   void RunJob(const std::string& name);
   absl::Status PrepareInputs(const v1::Job& job, const std::filesystem::path& input_dir) const;
-  absl::Status ValidateRequest(const v1::CreateJobRequest& request) const;
-  absl::Status ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs) const;
+  absl::Status ValidateRequest(const v1::CreateJobRequest& request, BlobStore& blobs) const;
+  absl::Status ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs,
+                              const BlobStore& blobs) const;
   // OK when `request` repeats the one that made `existing`; ALREADY_EXISTS (REQUEST_ID_REUSED) else.
   static absl::Status CheckRetry(const v1::Job& existing, const v1::CreateJobRequest& request);
   // After a worker found a stored blob altered: drop the job's blobs that no longer match their hash,
@@ -79,7 +82,7 @@ class JobManager {
   std::filesystem::path SandboxDir() const;
   // InspectModel on a stored blob, at most MaxInspections() at once (RESOURCE_EXHAUSTED after waiting
   // kInspectWait for a slot).
-  absl::StatusOr<std::vector<std::string>> InspectModelBounded(const std::string& sha256) const;
+  absl::StatusOr<std::vector<std::string>> InspectModelBounded(const std::filesystem::path& model) const;
   int MaxInspections() const { return std::max(1, options_.workers); }
   static constexpr std::chrono::seconds kInspectWait{30};
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
@@ -87,7 +90,7 @@ class JobManager {
 
   const JobManagerOptions options_;
   JobStore* const store_;
-  BlobStore* const blobs_;
+  TenantBlobStores* const blobs_;
   Metrics* const metrics_;
   JobQueue queue_;
   std::vector<std::thread> workers_;

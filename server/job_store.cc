@@ -55,6 +55,14 @@ absl::Status Exec(sqlite3* db, const char* sql) {
 
 }  // namespace
 
+std::string JobStore::RequestKey(const std::string& tenant, const std::string& request_id) {
+  return absl::StrCat(tenant, std::string(1, '\0'), request_id);
+}
+
+absl::Status JobNotFound(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+}
+
 bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
@@ -94,7 +102,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
     }
     if (entry.job.name().empty() || store->jobs_.count(entry.job.name()) > 0) continue;
     store->by_sequence_[entry.sequence] = entry.job.name();
-    if (!entry.job.request_id().empty()) store->by_request_id_[entry.job.request_id()] = entry.job.name();
+    if (!entry.job.request_id().empty()) store->by_request_id_[RequestKey(entry.job.tenant(), entry.job.request_id())] = entry.job.name();
     store->jobs_[entry.job.name()] = std::move(entry);
   }
   sqlite3_finalize(statement);
@@ -130,7 +138,7 @@ absl::Status JobStore::Persist(const Entry& entry, bool insert) {
 absl::StatusOr<v1::Job> JobStore::Create(v1::Job job, bool* created) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!job.request_id().empty()) {
-    auto it = by_request_id_.find(job.request_id());
+    auto it = by_request_id_.find(RequestKey(job.tenant(), job.request_id()));
     if (it != by_request_id_.end()) {
       *created = false;
       return jobs_.at(it->second).job;
@@ -148,7 +156,7 @@ absl::StatusOr<v1::Job> JobStore::Create(v1::Job job, bool* created) {
   *created = true;
   const std::string name = entry.job.name();
   by_sequence_[entry.sequence] = name;
-  if (!entry.job.request_id().empty()) by_request_id_[entry.job.request_id()] = name;
+  if (!entry.job.request_id().empty()) by_request_id_[RequestKey(entry.job.tenant(), entry.job.request_id())] = name;
   auto& stored = jobs_[name] = std::move(entry);
   changed_.notify_all();
   return stored.job;
@@ -157,13 +165,13 @@ absl::StatusOr<v1::Job> JobStore::Create(v1::Job job, bool* created) {
 absl::StatusOr<v1::Job> JobStore::Get(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = jobs_.find(name);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+  if (it == jobs_.end()) return JobNotFound(name);
   return it->second.job;
 }
 
-std::optional<v1::Job> JobStore::FindByRequestId(const std::string& request_id) const {
+std::optional<v1::Job> JobStore::FindByRequestId(const std::string& tenant, const std::string& request_id) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = by_request_id_.find(request_id);
+  auto it = by_request_id_.find(RequestKey(tenant, request_id));
   if (it == by_request_id_.end()) return std::nullopt;
   return jobs_.at(it->second).job;
 }
@@ -171,7 +179,7 @@ std::optional<v1::Job> JobStore::FindByRequestId(const std::string& request_id) 
 absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = jobs_.find(name);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+  if (it == jobs_.end()) return JobNotFound(name);
   Entry updated = it->second;
   mutate(updated.job);
   MakeStringsValidUtf8(&updated.job);  // errors and progress may quote a model's own text
@@ -183,7 +191,8 @@ absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::fun
   return it->second.job;
 }
 
-absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size, const std::string& page_token) const {
+absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size, const std::string& page_token,
+                                              const std::optional<std::string>& tenant) const {
   int64_t before = INT64_MAX;
   if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
     return absl::InvalidArgumentError("BAD_PAGE_TOKEN: page_token is not one this server handed out");
@@ -196,6 +205,7 @@ absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size,
     --it;
     const Entry& entry = jobs_.at(it->second);
     if (state != v1::JOB_STATE_UNSPECIFIED && entry.job.state() != state) continue;
+    if (tenant && entry.job.tenant() != *tenant) continue;
     if (static_cast<int>(page.jobs.size()) == page_size) {
       page.next_page_token = std::to_string(entry.sequence + 1);
       break;

@@ -26,6 +26,8 @@ struct sqlite3;
 namespace onnxopt::server {
 
 bool IsTerminal(v1::JobState state);
+// NOT_FOUND (JOB_NOT_FOUND) for `name`: what every lookup of a job the caller cannot have says.
+absl::Status JobNotFound(const std::string& name);
 
 class JobStore {
  public:
@@ -36,7 +38,8 @@ class JobStore {
   // sets *created to false instead.
   absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
   absl::StatusOr<v1::Job> Get(const std::string& name) const;
-  std::optional<v1::Job> FindByRequestId(const std::string& request_id) const;
+  // Request ids are per tenant: another tenant's id neither finds nor blocks anything.
+  std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const;
   // Applies `mutate` to the job, persists it and wakes watchers. NOT_FOUND for unknown jobs.
   absl::StatusOr<v1::Job> Update(const std::string& name, const std::function<void(v1::Job&)>& mutate);
 
@@ -44,8 +47,9 @@ class JobStore {
     std::vector<v1::Job> jobs;
     std::string next_page_token;
   };
-  // Newest first. INVALID_ARGUMENT for a malformed page token.
-  absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token) const;
+  // Newest first; only `tenant`'s jobs when it is set. INVALID_ARGUMENT for a malformed page token.
+  absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
+                            const std::optional<std::string>& tenant = std::nullopt) const;
 
   // Waits until the job's version passes `*version` or `deadline` passes; then fills `job` and
   // `*version`. Returns false on timeout with nothing changed.
@@ -63,6 +67,7 @@ class JobStore {
     int64_t sequence = 0;
   };
   explicit JobStore(sqlite3* db);
+  static std::string RequestKey(const std::string& tenant, const std::string& request_id);
   absl::Status Persist(const Entry& entry, bool insert);
 
   sqlite3* db_;

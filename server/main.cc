@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key); empty: plaintext");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "lines 'sha256(token) tenant [admin]': every RPC needs 'authorization: Bearer <token>' and sees only its "
+          "tenant's jobs and blobs; re-read on SIGHUP. Empty: no authentication, one tenant");
 
 namespace {
 
@@ -62,7 +65,7 @@ constexpr char kServiceName[] = "onnxopt.v1.Optimizer";
 // Deletes abandoned partial uploads now and then every hour, until destroyed.
 class UploadJanitor {
  public:
-  UploadJanitor(onnxopt::server::BlobStore* blobs, std::chrono::seconds max_age)
+  UploadJanitor(onnxopt::server::TenantBlobStores* blobs, std::chrono::seconds max_age)
       : blobs_(blobs), max_age_(max_age), thread_([this] { Run(); }) {}
   ~UploadJanitor() {
     {
@@ -77,12 +80,15 @@ class UploadJanitor {
   void Run() {
     std::unique_lock<std::mutex> lock(mutex_);
     do {
-      const int removed = blobs_->ExpireStaleUploads(max_age_);
+      int removed = 0;
+      blobs_->ForEach([&](const std::string&, onnxopt::server::BlobStore& store) {
+        removed += store.ExpireStaleUploads(max_age_);
+      });
       if (removed > 0) std::cout << "onnxopt-server: removed " << removed << " abandoned partial upload(s)" << std::endl;
     } while (!wake_.wait_for(lock, std::chrono::hours(1), [this] { return stopping_; }));
   }
 
-  onnxopt::server::BlobStore* const blobs_;
+  onnxopt::server::TenantBlobStores* const blobs_;
   const std::chrono::seconds max_age_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -112,6 +118,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // Absolute: each job's worker runs in its own job folder, so relative paths would not reach the files.
@@ -130,7 +137,10 @@ int main(int argc, char** argv) {
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes));
   if (!blobs.ok()) return Fail("blob store", blobs.status());
-  UploadJanitor janitor(blobs->get(), std::chrono::seconds(static_cast<int64_t>(
+  srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
+  auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
+  if (!auth.ok()) return Fail("auth_tokens_file", auth.status());
+  UploadJanitor janitor(&tenant_blobs, std::chrono::seconds(static_cast<int64_t>(
                                           absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)));
   auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
   if (!store.ok()) return Fail("job store", store.status());
@@ -150,11 +160,11 @@ int main(int argc, char** argv) {
   if (::access(options.worker.binary.c_str(), X_OK) != 0) {
     return Fail("worker", absl::NotFoundError(absl::StrCat("cannot execute ", options.worker.binary.string())));
   }
-  srv::JobManager jobs(options, store->get(), blobs->get(), &metrics);
+  srv::JobManager jobs(options, store->get(), &tenant_blobs, &metrics);
   absl::Status started = jobs.Start();
   if (!started.ok()) return Fail("job manager", started);
 
-  srv::OptimizerService service(blobs->get(), store->get(), &jobs, &metrics);
+  srv::OptimizerService service(&tenant_blobs, store->get(), &jobs, &metrics, auth->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
@@ -182,10 +192,18 @@ int main(int argc, char** argv) {
             << (absl::GetFlag(FLAGS_tls_cert).empty() ? ", plaintext"
                 : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS" : ", mutual TLS");
   if (*metrics_port > 0) std::cout << ", metrics on port " << *metrics_port;
+  if ((*auth)->enabled()) std::cout << ", bearer tokens of " << (*auth)->tokens() << " caller(s)";
   std::cout << std::endl;
 
   int received = 0;
-  sigwait(&signals, &received);
+  while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
+    absl::Status reloaded = (*auth)->Reload();
+    if (reloaded.ok()) {
+      std::cout << "onnxopt-server: SIGHUP, " << (*auth)->tokens() << " token(s) loaded" << std::endl;
+    } else {
+      std::cerr << "onnxopt-server: SIGHUP, tokens kept as they were: " << reloaded << std::endl;
+    }
+  }
   std::cout << "onnxopt-server: " << (received == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
   server->GetHealthCheckService()->SetServingStatus(false);
   jobs.Drain(std::chrono::seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));

@@ -42,6 +42,20 @@ grpc::Status Respond(const absl::StatusOr<v1::Job>& job, v1::Job* response) {
 
 }  // namespace
 
+absl::StatusOr<Caller> OptimizerService::CallerOf(const grpc::ServerContext* context) const {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  std::optional<absl::string_view> header;
+  if (it != metadata.end()) header = absl::string_view(it->second.data(), it->second.size());
+  return auth_->Authenticate(header);
+}
+
+absl::StatusOr<v1::Job> OptimizerService::VisibleJob(const Caller& caller, const std::string& name) const {
+  absl::StatusOr<v1::Job> job = store_->Get(name);
+  if (job.ok() && !caller.MaySee(job->tenant())) return JobNotFound(name);
+  return job;
+}
+
 grpc::Status OptimizerService::UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::UploadBlobRequest>* reader,
                                           v1::Blob* response) {
   return Guarded([&] { return UploadBlobImpl(context, reader, response); });
@@ -49,17 +63,21 @@ grpc::Status OptimizerService::UploadBlob(grpc::ServerContext* context, grpc::Se
 
 grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
                                               grpc::ServerReader<v1::UploadBlobRequest>* reader, v1::Blob* response) {
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  absl::StatusOr<BlobStore*> blobs = blobs_->For(caller->tenant);
+  if (!blobs.ok()) return ToGrpc(blobs.status());
   if (jobs_->draining()) return ToGrpc(absl::UnavailableError("DRAINING: the server is shutting down"));
   v1::UploadBlobRequest message;
   if (!reader->Read(&message)) return ToGrpc(absl::InvalidArgumentError("EMPTY_UPLOAD: the stream had no message"));
   const std::string sha256 = message.sha256();
   const int64_t total_size = message.total_size();
   response->set_sha256(sha256);
-  if (blobs_->Exists(sha256)) {  // content-addressed: nothing more to receive
-    response->set_size(blobs_->CommittedSize(sha256, ""));
+  if ((*blobs)->Exists(sha256)) {  // content-addressed: nothing more to receive
+    response->set_size((*blobs)->CommittedSize(sha256, ""));
     return grpc::Status::OK;
   }
-  absl::StatusOr<std::unique_ptr<BlobUpload>> upload = blobs_->BeginUpload(sha256, total_size, message.upload_id());
+  absl::StatusOr<std::unique_ptr<BlobUpload>> upload = (*blobs)->BeginUpload(sha256, total_size, message.upload_id());
   if (!upload.ok()) return ToGrpc(upload.status());
   do {
     if (context->IsCancelled()) return ToGrpc(absl::CancelledError("CANCELLED: the client went away"));
@@ -83,34 +101,51 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
       " bytes; resume from GetUploadStatus.committed_size")));
 }
 
-grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext*, const v1::GetUploadStatusRequest* request,
+grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
                                                v1::UploadStatus* response) {
   return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    absl::StatusOr<BlobStore*> blobs = blobs_->For(caller->tenant);
+    if (!blobs.ok()) return ToGrpc(blobs.status());
     if (!IsValidSha256(request->sha256())) {
       return ToGrpc(absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits"));
     }
     if (absl::Status id = CheckUploadId(request->upload_id()); !id.ok()) return ToGrpc(id);
     response->set_sha256(request->sha256());
-    response->set_complete(blobs_->Exists(request->sha256()));
-    response->set_committed_size(blobs_->CommittedSize(request->sha256(), request->upload_id()));
+    response->set_complete((*blobs)->Exists(request->sha256()));
+    response->set_committed_size((*blobs)->CommittedSize(request->sha256(), request->upload_id()));
     return grpc::Status::OK;
   });
 }
 
-grpc::Status OptimizerService::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request, v1::Job* response) {
-  return Guarded([&] { return Respond(jobs_->Submit(*request), response); });
+grpc::Status OptimizerService::CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
+                                         v1::Job* response) {
+  return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    return Respond(jobs_->Submit(*request, caller->tenant), response);
+  });
 }
 
-grpc::Status OptimizerService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
-  return Guarded([&] { return Respond(store_->Get(request->name()), response); });
+grpc::Status OptimizerService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) {
+  return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    return Respond(VisibleJob(*caller, request->name()), response);
+  });
 }
 
-grpc::Status OptimizerService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                         v1::ListJobsResponse* response) {
   return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
     if (request->page_size() < 0) return ToGrpc(absl::InvalidArgumentError("BAD_PAGE_SIZE: page_size must be >= 0"));
     if (!v1::JobState_IsValid(request->state())) return ToGrpc(absl::InvalidArgumentError("BAD_STATE: unknown state"));
-    auto page = store_->List(request->state(), request->page_size(), request->page_token());
+    // Admins see every tenant's jobs; everyone else their own.
+    auto page = store_->List(request->state(), request->page_size(), request->page_token(),
+                             caller->admin ? std::nullopt : std::optional<std::string>(caller->tenant));
     if (!page.ok()) return ToGrpc(page.status());
     for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
     response->set_next_page_token(page->next_page_token);
@@ -121,7 +156,9 @@ grpc::Status OptimizerService::ListJobs(grpc::ServerContext*, const v1::ListJobs
 grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                         grpc::ServerWriter<v1::JobEvent>* writer) {
   return Guarded([&] {
-    absl::StatusOr<v1::Job> job = store_->Get(request->name());
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     uint64_t version = 0;
     v1::JobEvent event;
@@ -140,8 +177,15 @@ grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::
   });
 }
 
-grpc::Status OptimizerService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request, v1::Job* response) {
-  return Guarded([&] { return Respond(jobs_->Cancel(request->name()), response); });
+grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                                         v1::Job* response) {
+  return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    if (!job.ok()) return ToGrpc(job.status());
+    return Respond(jobs_->Cancel(request->name()), response);
+  });
 }
 
 grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::DownloadRequest* request,
@@ -151,7 +195,9 @@ grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::
 
 grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
                                             grpc::ServerWriter<v1::DownloadChunk>* writer) {
-  absl::StatusOr<v1::Job> job = store_->Get(request->name());
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
   if (!job.ok()) return ToGrpc(job.status());
   const std::string artifact = request->artifact().empty() ? "model.onnx" : request->artifact();
   // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
@@ -198,9 +244,12 @@ grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const 
   return grpc::Status::OK;
 }
 
-grpc::Status OptimizerService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request, v1::Report* response) {
+grpc::Status OptimizerService::GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,
+                                         v1::Report* response) {
   return Guarded([&] {
-    absl::StatusOr<v1::Job> job = store_->Get(request->name());
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     if (!IsTerminal(job->state())) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
@@ -214,9 +263,10 @@ grpc::Status OptimizerService::GetReport(grpc::ServerContext*, const v1::GetRepo
   });
 }
 
-grpc::Status OptimizerService::ListPasses(grpc::ServerContext*, const v1::ListPassesRequest*,
+grpc::Status OptimizerService::ListPasses(grpc::ServerContext* context, const v1::ListPassesRequest*,
                                           v1::ListPassesResponse* response) {
   return Guarded([&] {
+    if (absl::StatusOr<Caller> caller = CallerOf(context); !caller.ok()) return ToGrpc(caller.status());
     const PassRegistry& registry = DefaultPassRegistry();
     for (const Pass* pass : registry.passes()) {
       v1::PassInfo* info = response->add_passes();
@@ -240,9 +290,10 @@ grpc::Status OptimizerService::ListPasses(grpc::ServerContext*, const v1::ListPa
   });
 }
 
-grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
+grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest*,
                                              v1::ServerInfo* response) {
   return Guarded([&] {
+    if (absl::StatusOr<Caller> caller = CallerOf(context); !caller.ok()) return ToGrpc(caller.status());
     response->set_version(kOptimizerVersion);
     response->set_onnxruntime_version(OrtVersion());
     for (const auto& provider : OrtAvailableProviders()) response->add_execution_providers(provider);
@@ -256,7 +307,8 @@ grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext*, const v1::Get
     response->set_max_opset(kMaxCheckedOpset);
     response->set_workers(jobs_->options().workers);
     response->set_queue_capacity(static_cast<int32_t>(jobs_->options().queue_capacity));
-    response->set_max_upload_bytes(blobs_->max_blob_bytes());
+    absl::StatusOr<BlobStore*> blobs = blobs_->For("");
+    if (blobs.ok()) response->set_max_upload_bytes((*blobs)->max_blob_bytes());
     response->set_draining(jobs_->draining());
     return grpc::Status::OK;
   });

@@ -1,5 +1,6 @@
-// The onnxopt.v1.Optimizer gRPC service: thin handlers that check requests, call the blob store and
-// the job manager, and turn absl::Status into gRPC status. No handler lets an exception out.
+// The onnxopt.v1.Optimizer gRPC service: thin handlers that authenticate the caller, check requests,
+// call the caller's blob store and the job manager, and turn absl::Status into gRPC status. Every
+// handler works within the caller's tenant (see tenants.h). No handler lets an exception out.
 #ifndef ONNXOPT_SERVER_SERVICE_H_
 #define ONNXOPT_SERVER_SERVICE_H_
 
@@ -11,13 +12,15 @@
 #include "server/job_manager.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 
 namespace onnxopt::server {
 
 class OptimizerService final : public v1::Optimizer::Service {
  public:
-  OptimizerService(BlobStore* blobs, JobStore* store, JobManager* jobs, Metrics* metrics)
-      : blobs_(blobs), store_(store), jobs_(jobs), metrics_(metrics) {}
+  OptimizerService(TenantBlobStores* blobs, JobStore* store, JobManager* jobs, Metrics* metrics,
+                   const Authenticator* auth)
+      : blobs_(blobs), store_(store), jobs_(jobs), metrics_(metrics), auth_(auth) {}
 
   grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::UploadBlobRequest>* reader,
                           v1::Blob* response) override;
@@ -43,11 +46,17 @@ class OptimizerService final : public v1::Optimizer::Service {
                               v1::Blob* response);
   grpc::Status DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
                             grpc::ServerWriter<v1::DownloadChunk>* writer);
+  // The caller, from the request's "authorization" metadata (UNAUTHENTICATED without a valid token
+  // when authentication is on).
+  absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* context) const;
+  // The job if `caller` may see it; another tenant's job answers exactly like a name that does not exist.
+  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& name) const;
 
-  BlobStore* const blobs_;
+  TenantBlobStores* const blobs_;
   JobStore* const store_;
   JobManager* const jobs_;
   Metrics* const metrics_;
+  const Authenticator* const auth_;
 };
 
 grpc::Status ToGrpc(const absl::Status& status);

@@ -165,5 +165,44 @@ class PythonClientTlsTest(unittest.TestCase):
             shutil.rmtree(folder, ignore_errors=True)
 
 
+class PythonClientTokenTest(unittest.TestCase):
+    """Bearer tokens: the client sends `token` (or $ONNXOPT_TOKEN) with every call, streams included."""
+
+    def test_bearer_token(self):
+        folder = tempfile.mkdtemp(prefix="onnxopt-python-token-")
+        try:
+            tokens = os.path.join(folder, "tokens.txt")
+            with open(tokens, "w") as f:
+                f.write(hashlib.sha256(b"python-token").hexdigest() + " team-py\n")
+            address = f"127.0.0.1:{free_port()}"
+            with open(os.path.join(folder, "server.log"), "w") as log:
+                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data_dir={folder}/data",
+                                           "--metrics_listen=127.0.0.1:0", f"--auth_tokens_file={tokens}"],
+                                          stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    deadline = time.time() + 60
+                    while True:
+                        try:
+                            with Client(address, token="python-token") as client:
+                                client.server_info()
+                            break
+                        except OnnxoptError:
+                            if time.time() > deadline or server.poll() is not None:
+                                raise
+                            time.sleep(0.1)
+                    with Client(address, token="python-token") as client:
+                        upload = client.upload_file(os.path.join(FIXTURES, "cnn_tiny.onnx"))  # a client stream
+                        self.assertTrue(upload.sha256)
+                    with self.assertRaises(OnnxoptError) as caught:
+                        with Client(address) as client:
+                            client.server_info()
+                    self.assertEqual(caught.exception.code, "UNAUTHENTICATED")
+                finally:
+                    server.send_signal(signal.SIGTERM)
+                    server.wait(timeout=60)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -4,12 +4,14 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "optimizer/sha256.h"
 #include "server/blob_store.h"
 #include "server/job_manager.h"
 #include "server/job_queue.h"
 #include "server/job_store.h"
+#include "server/tenants.h"
 #include "server/worker_protocol.h"
 
 namespace onnxopt::server {
@@ -158,7 +160,7 @@ TEST(JobStoreTest, PersistsAcrossReopenAndHonoursRequestIds) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::RUNNING);
   EXPECT_EQ((*store)->Unfinished().size(), 1u);
-  EXPECT_EQ((*store)->FindByRequestId("retry-me")->name(), name);
+  EXPECT_EQ((*store)->FindByRequestId("", "retry-me")->name(), name);
   EXPECT_EQ((*store)->Get("jobs/nope").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -253,6 +255,42 @@ TEST(JobStoreTest, ListsNewestFirstWithPagesAndStateFilter) {
   ASSERT_EQ(failed->jobs.size(), 1u);
   EXPECT_EQ(failed->jobs[0].name(), names[1]);
   EXPECT_EQ((*store)->List(v1::FAILED, 10, "garbage").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TenantsTest, TokenFilesParseStrictlyAndTokensAreCheckedByDigest) {
+  const std::string alice = Sha256OfBytes("alice"), root = Sha256OfBytes("root");
+  auto table = TokenTable::Parse(absl::StrCat("# comment\n\n", alice, " team-a\n  ", root, "\tops  admin  \n"));
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->size(), 2u);
+  EXPECT_EQ(table->Find(alice)->tenant, "team-a");
+  EXPECT_FALSE(table->Find(alice)->admin);
+  EXPECT_TRUE(table->Find(root)->admin);
+  EXPECT_FALSE(table->Find(Sha256OfBytes("mallory")).has_value());
+  for (const std::string& bad : std::vector<std::string>{absl::StrCat(alice, "\n"), absl::StrCat("ABC team\n"),
+                                absl::StrCat(alice, " team/../x\n"), absl::StrCat(alice, " team superuser\n"),
+                                absl::StrCat(alice, " a\n", alice, " b\n")}) {
+    auto refused = TokenTable::Parse(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("AUTH_TOKENS_INVALID: line"), std::string::npos) << refused.status();
+  }
+
+  TempDir dir;
+  const fs::path file = dir.path() / "tokens";
+  std::ofstream(file) << alice << " team-a\n";
+  auto auth = Authenticator::Open(file);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->Authenticate(absl::string_view("Bearer alice"))->tenant, "team-a");
+  EXPECT_EQ((*auth)->Authenticate(std::nullopt).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate(absl::string_view("Bearer bob")).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate(absl::string_view("alice")).status().code(), absl::StatusCode::kUnauthenticated);
+  std::ofstream(file, std::ios::trunc) << "garbage\n";
+  EXPECT_FALSE((*auth)->Reload().ok());
+  EXPECT_TRUE((*auth)->Authenticate(absl::string_view("Bearer alice")).ok()) << "a broken file keeps the old tokens";
+  auto off = Authenticator::Open("");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE((*off)->enabled());
+  EXPECT_TRUE((*off)->Authenticate(std::nullopt)->admin) << "without tokens: one tenant, nothing hidden";
+  EXPECT_FALSE(IsValidTenantName("..")) << "tenant names become folder names";
 }
 
 TEST(JobStoreTest, WatchersWakeOnChange) {

@@ -60,13 +60,46 @@ def _read(path: Optional[str]) -> Optional[bytes]:
         return f.read()
 
 
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds "authorization: Bearer <token>" to every call."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout, list(details.metadata or []) + [self._header],
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
 class Client:
     """`tls_ca` (PEM: the CA that signed the server's certificate; else $ONNXOPT_TLS_CA) turns TLS on,
     `tls_cert`/`tls_key` add a client certificate for servers that require one (mutual TLS; else
-    $ONNXOPT_TLS_CERT/$ONNXOPT_TLS_KEY). None of them: plaintext. `channel` overrides all of this."""
+    $ONNXOPT_TLS_CERT/$ONNXOPT_TLS_KEY). None of them: plaintext. `channel` overrides all of this.
+    `token` (else $ONNXOPT_TOKEN) is sent as a bearer token, for servers with --auth_tokens_file."""
 
     def __init__(self, address: Optional[str] = None, channel: Optional[grpc.Channel] = None,
-                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 token: Optional[str] = None):
         address = address or os.environ.get("ONNXOPT_SERVER", "127.0.0.1:50051")
         tls_ca = tls_ca or os.environ.get("ONNXOPT_TLS_CA")
         tls_cert = tls_cert or os.environ.get("ONNXOPT_TLS_CERT")
@@ -79,7 +112,9 @@ class Client:
                                                        certificate_chain=_read(tls_cert))
             channel = grpc.secure_channel(address, credentials, options=options)
         self._channel = channel or grpc.insecure_channel(address, options=options)
-        self._stub = service_pb2_grpc.OptimizerStub(self._channel)
+        token = token or os.environ.get("ONNXOPT_TOKEN")
+        calls = grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel
+        self._stub = service_pb2_grpc.OptimizerStub(calls)
 
     def close(self) -> None:
         self._channel.close()

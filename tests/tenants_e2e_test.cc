@@ -1,0 +1,214 @@
+// Several teams on one server (--auth_tokens_file), tried as a hostile tenant would, through the real
+// server and CLI: no token or a wrong one is UNAUTHENTICATED; tenant B's every RPC on tenant A's job
+// and blob names answers exactly like a name that does not exist; request ids and blobs are per
+// tenant; admins list everyone; health stays open; tokens never reach the logs; SIGHUP re-reads the file.
+#include "absl/strings/str_replace.h"
+#include "client/client.h"
+#include "optimizer/sha256.h"
+#include "tests/e2e_harness.h"
+
+namespace onnxopt {
+namespace {
+namespace fs = std::filesystem;
+using testing::E2eTest;
+using testing::FixturePath;
+using testing::Slurp;
+
+constexpr char kAlice[] = "alice-secret-token-1";
+constexpr char kBob[] = "bob-secret-token-2";
+constexpr char kRoot[] = "root-secret-token-3";
+
+class TenantsTest : public E2eTest {
+ protected:
+  void StartWithTokens() {
+    tokens_ = WriteFile("tokens.txt", absl::StrCat("# test tokens\n", Sha256OfBytes(kAlice), " team-a\n",
+                                                   Sha256OfBytes(kBob), "\tteam-b\n\n", Sha256OfBytes(kRoot),
+                                                   " ops admin\n"));
+    StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string())});
+  }
+
+  std::unique_ptr<v1::Optimizer::Stub> stub() {
+    return v1::Optimizer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+  static void As(const char* token, grpc::ClientContext* context) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  }
+
+  fs::path tokens_;
+};
+
+TEST_F(TenantsTest, NoTokenOrAWrongOneIsUnauthenticatedButHealthStaysOpen) {
+  StartWithTokens();
+  Result none = Cli({"list"});
+  EXPECT_NE(none.code, 0);
+  EXPECT_TRUE(absl::StrContains(none.err, "UNAUTHENTICATED")) << none.err;
+  Result wrong = Cli({"list", "--token", "not-a-token"});
+  EXPECT_TRUE(absl::StrContains(wrong.err, "UNAUTHENTICATED")) << wrong.err;
+  Result right = Cli({"list"}, {absl::StrCat("ONNXOPT_TOKEN=", kAlice)});
+  EXPECT_EQ(right.code, 0) << right.err;
+
+  for (const std::string& header : std::vector<std::string>{"", "Bearer ", "Basic abc", absl::StrCat("bearer ", kAlice)}) {
+    grpc::ClientContext context;
+    if (!header.empty()) context.AddMetadata("authorization", header);
+    v1::ServerInfo info;
+    EXPECT_EQ(stub()->GetServerInfo(&context, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED) << header;
+  }
+  EXPECT_EQ(testing::HealthStatus(address_, ""), 1) << "health needs no token";
+  EXPECT_EQ(testing::HealthStatus(address_, "onnxopt.v1.Optimizer"), 1);
+}
+
+TEST_F(TenantsTest, AnotherTenantsNamesAnswerLikeNamesThatDoNotExist) {
+  StartWithTokens();
+  const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");
+  const fs::path model = FixturePath("cnn_tiny.onnx");
+  Result submitted = Cli({"submit", model.string(), "--config", config.string(), "--request-id", "shared-id", "--wait",
+                          "-o", (dir_ / "alice.onnx").string()},
+                         alice);
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  Result listed = Cli({"list", "--json"}, alice);
+  ASSERT_EQ(listed.code, 0) << listed.err;
+  const size_t at = listed.out.find("jobs/");
+  ASSERT_NE(at, std::string::npos) << listed.out;
+  const std::string job = listed.out.substr(at, listed.out.find('"', at) - at);
+  const std::string ghost = "jobs/0123456789abcdef";
+
+  // What Bob hears about Alice's job is, word for word, what anyone hears about a job that never was.
+  auto expect_hidden = [&](const std::string& rpc, const std::function<grpc::Status(const std::string&)>& call) {
+    const grpc::Status theirs = call(job), missing = call(ghost);
+    EXPECT_EQ(theirs.error_code(), grpc::StatusCode::NOT_FOUND) << rpc << ": " << theirs.error_message();
+    EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND) << rpc;
+    EXPECT_EQ(absl::StrReplaceAll(theirs.error_message(), {{job, "NAME"}}),
+              absl::StrReplaceAll(missing.error_message(), {{ghost, "NAME"}}))
+        << rpc;
+  };
+  auto client = stub();
+  expect_hidden("GetJob", [&](const std::string& name) {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::GetJobRequest request;
+    request.set_name(name);
+    v1::Job response;
+    return client->GetJob(&context, request, &response);
+  });
+  expect_hidden("CancelJob", [&](const std::string& name) {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::CancelJobRequest request;
+    request.set_name(name);
+    v1::Job response;
+    return client->CancelJob(&context, request, &response);
+  });
+  expect_hidden("GetReport", [&](const std::string& name) {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::GetReportRequest request;
+    request.set_name(name);
+    v1::Report response;
+    return client->GetReport(&context, request, &response);
+  });
+  expect_hidden("WatchJob", [&](const std::string& name) {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::WatchJobRequest request;
+    request.set_name(name);
+    auto reader = client->WatchJob(&context, request);
+    v1::JobEvent event;
+    EXPECT_FALSE(reader->Read(&event)) << "no event about someone else's job";
+    return reader->Finish();
+  });
+  for (const char* artifact : {"model.onnx", "report.json"}) {
+    expect_hidden(absl::StrCat("Download ", artifact), [&](const std::string& name) {
+      grpc::ClientContext context;
+      As(kBob, &context);
+      v1::DownloadRequest request;
+      request.set_name(name);
+      request.set_artifact(artifact);
+      auto reader = client->Download(&context, request);
+      v1::DownloadChunk chunk;
+      EXPECT_FALSE(reader->Read(&chunk));
+      return reader->Finish();
+    });
+  }
+
+  // Alice's model is no blob of Bob's: not complete, nothing committed, and no job can name it.
+  const std::string digest = *Sha256OfFile(model);
+  {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::GetUploadStatusRequest request;
+    request.set_sha256(digest);
+    v1::UploadStatus status;
+    ASSERT_TRUE(client->GetUploadStatus(&context, request, &status).ok());
+    EXPECT_FALSE(status.complete());
+    EXPECT_EQ(status.committed_size(), 0);
+  }
+  {
+    grpc::ClientContext context;
+    As(kBob, &context);
+    v1::CreateJobRequest request;
+    request.mutable_model()->set_sha256(digest);
+    v1::Job response;
+    const grpc::Status status = client->CreateJob(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), "BLOB_NOT_FOUND")) << status.error_message();
+  }
+
+  // Bob's list is empty; his job with Alice's request id is his own, not hers and not a conflict.
+  const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
+  Result bob_list = Cli({"list", "--json"}, bob);
+  EXPECT_EQ(bob_list.code, 0) << bob_list.err;
+  EXPECT_FALSE(absl::StrContains(bob_list.out, job)) << bob_list.out;
+  Result bob_job = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", config.string(), "--request-id",
+                        "shared-id"},
+                       bob);
+  EXPECT_EQ(bob_job.code, 0) << bob_job.err;
+  EXPECT_FALSE(absl::StrContains(bob_job.out, job));
+
+  // The admin lists both tenants' jobs and reads Alice's.
+  const std::vector<std::string> root = {absl::StrCat("ONNXOPT_TOKEN=", kRoot)};
+  Result all = Cli({"list", "--json"}, root);
+  EXPECT_TRUE(absl::StrContains(all.out, job)) << all.out;
+  EXPECT_TRUE(absl::StrContains(all.out, "team-b")) << all.out;
+  Result status = Cli({"status", job, "--json"}, root);
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_TRUE(absl::StrContains(status.out, "team-a")) << status.out;
+  Result alice_status = Cli({"status", job}, alice);
+  EXPECT_EQ(alice_status.code, 0) << alice_status.err;
+
+  // Blobs live apart per tenant.
+  EXPECT_TRUE(fs::exists(dir_ / "data" / "tenants" / "team-a" / "blobs" / digest));
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "blobs" / digest));
+
+  // No token in clear anywhere the server writes.
+  StopServer();
+  for (const fs::path& log : {dir_ / "server.out", dir_ / "server.err"}) {
+    const std::string text = Slurp(log);
+    for (const char* token : {kAlice, kBob, kRoot}) EXPECT_FALSE(absl::StrContains(text, token)) << log;
+  }
+}
+
+TEST_F(TenantsTest, SighupReloadsTheTokensAndKeepsThemWhenTheFileIsBroken) {
+  StartWithTokens();
+  const std::vector<std::string> carol = {"ONNXOPT_TOKEN=carol-new-token"};
+  EXPECT_TRUE(absl::StrContains(Cli({"list"}, carol).err, "UNAUTHENTICATED"));
+  std::ofstream(tokens_, std::ios::app) << Sha256OfBytes("carol-new-token") << " team-c\n";
+  ASSERT_EQ(kill(server_, SIGHUP), 0);
+  auto works = [&](const std::vector<std::string>& env) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (Cli({"list"}, env).code == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  EXPECT_TRUE(works(carol)) << Slurp(dir_ / "server.err");
+  std::ofstream(tokens_, std::ios::trunc) << "not a token line\n";
+  ASSERT_EQ(kill(server_, SIGHUP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Cli({"list"}, carol).code, 0) << "a broken file leaves the tokens in use";
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.err"), "AUTH_TOKENS_INVALID: line 1"));
+}
+
+}  // namespace
+}  // namespace onnxopt
