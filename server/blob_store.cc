@@ -85,14 +85,16 @@ absl::Status BlobUpload::Finish() {
   return absl::OkStatus();
 }
 
-BlobStore::BlobStore(fs::path root, int64_t max_blob_bytes) : root_(std::move(root)), max_blob_bytes_(max_blob_bytes) {}
+BlobStore::BlobStore(fs::path root, int64_t max_blob_bytes, int64_t max_stored_bytes)
+    : root_(std::move(root)), max_blob_bytes_(max_blob_bytes), max_stored_bytes_(max_stored_bytes) {}
 
-absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const fs::path& root, int64_t max_blob_bytes) {
+absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const fs::path& root, int64_t max_blob_bytes,
+                                                           int64_t max_stored_bytes) {
   std::error_code error;
   fs::create_directories(root / "blobs", error);
   if (!error) fs::create_directories(root / "uploads", error);
   if (error) return absl::InternalError(absl::StrCat("cannot create blob folders under ", root.string(), ": ", error.message()));
-  return std::unique_ptr<BlobStore>(new BlobStore(root, max_blob_bytes));
+  return std::unique_ptr<BlobStore>(new BlobStore(root, max_blob_bytes, max_stored_bytes));
 }
 
 fs::path BlobStore::PathOf(const std::string& sha256) const { return root_ / "blobs" / sha256; }
@@ -153,7 +155,29 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
     fs::remove(partial, error);
     committed = 0;
   }
+  if (max_stored_bytes_ > 0) {
+    const int64_t stored = StoredBytes();
+    if (stored - committed + total_size > max_stored_bytes_) {
+      EndUpload(partial);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "QUOTA_EXCEEDED: this tenant stores ", stored, " bytes; ", total_size - committed,
+          " more would pass its quota of ", max_stored_bytes_, " bytes (--tenant_max_stored_bytes)"));
+    }
+  }
   return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, partial, total_size, committed));
+}
+
+int64_t BlobStore::StoredBytes() const {
+  int64_t total = 0;
+  for (const char* folder : {"blobs", "uploads"}) {
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(root_ / folder, error)) {
+      std::error_code ignored;
+      const auto size = entry.file_size(ignored);
+      if (!ignored) total += static_cast<int64_t>(size);
+    }
+  }
+  return total;
 }
 
 int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {

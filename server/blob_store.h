@@ -55,7 +55,10 @@ class BlobUpload {
 
 class BlobStore {
  public:
-  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::filesystem::path& root, int64_t max_blob_bytes);
+  // `max_stored_bytes` > 0: the most the store may hold, blobs and partial uploads together (a
+  // tenant's quota), checked when an upload starts.
+  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::filesystem::path& root, int64_t max_blob_bytes,
+                                                         int64_t max_stored_bytes = 0);
 
   bool Exists(const std::string& sha256) const;
   std::filesystem::path PathOf(const std::string& sha256) const;
@@ -65,7 +68,8 @@ class BlobStore {
   int64_t CommittedSize(const std::string& sha256, const std::string& upload_id) const;
   // Starts or resumes the session `upload_id` (chosen by the client; empty: a fresh session that cannot
   // be resumed). INVALID_ARGUMENT for a malformed digest or id, RESOURCE_EXHAUSTED (UPLOAD_TOO_LARGE)
-  // over the size limit, ABORTED if the same session is already uploading.
+  // over the size limit or (QUOTA_EXCEEDED) past max_stored_bytes, ABORTED if the same session is
+  // already uploading.
   absl::StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t total_size,
                                                           const std::string& upload_id);
   // Deletes partial uploads that no session is writing and nobody wrote to for `max_age`; returns how many.
@@ -73,15 +77,19 @@ class BlobStore {
   // Re-hashes a stored blob and deletes it if its content no longer matches its name; true if deleted.
   bool RemoveIfCorrupt(const std::string& sha256);
   int64_t max_blob_bytes() const { return max_blob_bytes_; }
+  int64_t max_stored_bytes() const { return max_stored_bytes_; }
+  // Bytes held: blobs plus partial uploads.
+  int64_t StoredBytes() const;
 
  private:
   friend class BlobUpload;
-  BlobStore(std::filesystem::path root, int64_t max_blob_bytes);
+  BlobStore(std::filesystem::path root, int64_t max_blob_bytes, int64_t max_stored_bytes);
   std::filesystem::path PartialPathOf(const std::string& sha256, const std::string& upload_id) const;
   void EndUpload(const std::filesystem::path& partial);
 
   std::filesystem::path root_;
   int64_t max_blob_bytes_;
+  int64_t max_stored_bytes_;
   mutable std::mutex mutex_;
   std::set<std::filesystem::path> active_uploads_;  // partials being written
 };

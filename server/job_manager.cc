@@ -305,6 +305,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   std::lock_guard<std::mutex> lock(submit_mutex_);
   if (auto found = earlier()) return *found;  // the same request id may have arrived meanwhile
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  if (options_.max_active_jobs_per_tenant > 0) {
+    const int active = store_->CountActive(tenant);
+    if (active >= options_.max_active_jobs_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "QUOTA_EXCEEDED: this tenant has ", active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
+          "retry when one has finished"));
+    }
+  }
   // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
   if (queue_.size() >= queue_.capacity()) {
     return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),

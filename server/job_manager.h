@@ -33,6 +33,7 @@ struct JobManagerOptions {
   std::filesystem::path data_dir;
   int workers = 2;
   size_t queue_capacity = 64;
+  int max_active_jobs_per_tenant = 0;  // queued + running per tenant; 0: only the queue bounds them
   WorkerLimits worker;  // each job runs in an onnxopt-worker child under these limits
 };
 

@@ -240,6 +240,13 @@ std::vector<v1::Job> JobStore::Unfinished() const {
   return unfinished;
 }
 
+int JobStore::CountActive(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int active = 0;
+  for (const auto& [name, entry] : jobs_) active += entry.job.tenant() == tenant && !IsTerminal(entry.job.state());
+  return active;
+}
+
 size_t JobStore::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return jobs_.size();

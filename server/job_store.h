@@ -56,6 +56,8 @@ class JobStore {
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const;
 
+  // `tenant`'s jobs that are QUEUED or RUNNING.
+  int CountActive(const std::string& tenant) const;
   // Jobs left QUEUED or RUNNING by an earlier run, oldest first.
   std::vector<v1::Job> Unfinished() const;
   size_t size() const;

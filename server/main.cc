@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key); empty: plaintext");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(int, tenant_max_active_jobs, 0, "queued + running jobs one tenant may have; 0: no quota beyond the queue");
+ABSL_FLAG(int64_t, tenant_max_stored_bytes, 0,
+          "bytes of blobs and partial uploads one tenant may store (checked when an upload starts); 0: no quota");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "lines 'sha256(token) tenant [admin]': every RPC needs 'authorization: Bearer <token>' and sees only its "
           "tenant's jobs and blobs; re-read on SIGHUP. Empty: no authentication, one tenant");
@@ -129,13 +132,16 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
-      !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0)) {
+      !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0) || absl::GetFlag(FLAGS_tenant_max_active_jobs) < 0 ||
+      absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0) {
     return Fail("flags", absl::InvalidArgumentError(
                              "workers, queue_capacity, max_upload_bytes and job_timeout_seconds must be >= 1, "
-                             "drain_grace_seconds and job_memory_limit_mb >= 0, upload_expiry_hours > 0"));
+                             "drain_grace_seconds, job_memory_limit_mb and the tenant quotas >= 0, "
+                             "upload_expiry_hours > 0"));
   }
 
-  auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes));
+  auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes),
+                                    absl::GetFlag(FLAGS_tenant_max_stored_bytes));
   if (!blobs.ok()) return Fail("blob store", blobs.status());
   srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
   auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
@@ -152,6 +158,7 @@ int main(int argc, char** argv) {
   options.data_dir = data_dir;
   options.workers = absl::GetFlag(FLAGS_workers);
   options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  options.max_active_jobs_per_tenant = absl::GetFlag(FLAGS_tenant_max_active_jobs);
   options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty()
                               ? srv::DefaultWorkerBinary()
                               : std::filesystem::absolute(absl::GetFlag(FLAGS_worker_binary), error);

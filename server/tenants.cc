@@ -106,7 +106,8 @@ absl::StatusOr<BlobStore*> TenantBlobStores::For(const std::string& tenant) {
   auto it = stores_.find(tenant);
   if (it != stores_.end()) return it->second.get();
   absl::StatusOr<std::unique_ptr<BlobStore>> opened =
-      BlobStore::Open(data_dir_ / "tenants" / tenant, default_store_->max_blob_bytes());
+      BlobStore::Open(data_dir_ / "tenants" / tenant, default_store_->max_blob_bytes(),
+                      default_store_->max_stored_bytes());
   if (!opened.ok()) return opened.status();
   BlobStore* store = opened->get();
   stores_.emplace(tenant, *std::move(opened));

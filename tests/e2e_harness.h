@@ -201,10 +201,10 @@ class E2eTest : public ::testing::Test {
   }
 
   // Polls `status` until its text contains `needle`.
-  bool WaitForStatus(const std::string& job, const std::string& needle) {
+  bool WaitForStatus(const std::string& job, const std::string& needle, const std::vector<std::string>& env = {}) {
     const auto deadline = Clock::now() + std::chrono::seconds(120);
     while (Clock::now() < deadline) {
-      if (absl::StrContains(Cli({"status", job}).out, needle)) return true;
+      if (absl::StrContains(Cli({"status", job}, env).out, needle)) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;

@@ -188,6 +188,34 @@ TEST_F(TenantsTest, AnotherTenantsNamesAnswerLikeNamesThatDoNotExist) {
   }
 }
 
+TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
+  // Room for the small CNNs (17-19 KB each), not for bert_tiny (351 KB); one queued or running job each.
+  tokens_ = WriteFile("tokens.txt", absl::StrCat(Sha256OfBytes(kAlice), " team-a\n", Sha256OfBytes(kBob), " team-b\n"));
+  StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string()), "--tenant_max_active_jobs=1",
+               "--tenant_max_stored_bytes=100000", "--workers=1"});
+  const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
+  const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
+  Result first = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", LongJobConfig().string()}, alice);
+  ASSERT_EQ(first.code, 0) << first.err;
+  Result second = Cli({"submit", FixturePath("cnn_bn.onnx").string()}, alice);
+  EXPECT_NE(second.code, 0);
+  EXPECT_TRUE(absl::StrContains(second.err, "RESOURCE_EXHAUSTED")) << second.err;
+  EXPECT_TRUE(absl::StrContains(second.err, "QUOTA_EXCEEDED")) << second.err;
+  EXPECT_TRUE(absl::StrContains(second.err, "tenant_max_active_jobs")) << second.err;
+  Result bobs = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", LongJobConfig().string()}, bob);
+  EXPECT_EQ(bobs.code, 0) << "another tenant's quota is its own: " << bobs.err;
+  Result big = Cli({"submit", FixturePath("bert_tiny.onnx").string()}, bob);
+  EXPECT_NE(big.code, 0);
+  EXPECT_TRUE(absl::StrContains(big.err, "tenant_max_stored_bytes")) << big.err;
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "tenants" / "team-b" / "blobs" / *Sha256OfFile(FixturePath("bert_tiny.onnx"))));
+  // A finished job frees its slot.
+  const std::string job = std::string(absl::StripTrailingAsciiWhitespace(first.out));
+  EXPECT_EQ(Cli({"cancel", job}, alice).code, 0);
+  ASSERT_TRUE(WaitForStatus(job, "CANCELLED", alice));
+  Result after = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", LongJobConfig().string()}, alice);
+  EXPECT_EQ(after.code, 0) << after.err;
+}
+
 TEST_F(TenantsTest, SighupReloadsTheTokensAndKeepsThemWhenTheFileIsBroken) {
   StartWithTokens();
   const std::vector<std::string> carol = {"ONNXOPT_TOKEN=carol-new-token"};
