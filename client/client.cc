@@ -298,6 +298,17 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& name) {
   return job;
 }
 
+absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& name) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  v1::DeleteJobRequest request;
+  request.set_name(name);
+  v1::DeleteJobResponse response;
+  absl::Status status = FromGrpc(stub_->DeleteJob(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event) {
   grpc::ClientContext context;
   Authorize(&context);

@@ -60,6 +60,7 @@ class Client {
   absl::StatusOr<v1::Job> GetJob(const std::string& name);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(v1::JobState state, int page_size, const std::string& page_token);
   absl::StatusOr<v1::Job> CancelJob(const std::string& name);
+  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& name);
   // Calls on_event for every event until the job ends; returns the final job.
   absl::StatusOr<v1::Job> WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event);
   // Writes the artifact to `path` (atomically), checking size and SHA-256.

@@ -357,9 +357,18 @@ int Run(const Args& args) {
     return args.positional[1];
   };
   if (command == "submit") return Submit(client, args);
-  if (command == "status" || command == "cancel" || command == "watch" || command == "report" || command == "download") {
+  if (command == "status" || command == "cancel" || command == "watch" || command == "report" || command == "download" ||
+      command == "delete") {
     std::optional<std::string> name = need_job();
     if (!name) return (std::cerr << "usage: onnxopt " << command << " JOB\n", kUsage);
+    if (command == "delete") {
+      auto deleted = client.DeleteJob(*name);
+      if (!deleted.ok()) return Report(deleted.status());
+      std::cout << (json ? onnxopt::client::ToJson(*deleted)
+                         : absl::StrCat("deleted ", deleted->name(), ": ", deleted->blobs_deleted(), " blob(s), ",
+                                        deleted->bytes_freed(), " bytes freed\n"));
+      return kOk;
+    }
     if (command == "status" || command == "cancel") {
       auto job = command == "status" ? client.GetJob(*name) : client.CancelJob(*name);
       if (!job.ok()) return Report(job.status());
@@ -566,6 +575,9 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   CLI::App* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   job(cancel);
   json(cancel);
+  CLI::App* remove = app.add_subcommand("delete", "delete a finished job, its artifacts and the blobs only it used");
+  job(remove);
+  json(remove);
   CLI::App* download = app.add_subcommand("download", "download a finished job's model and report, or one artifact");
   job(download);
   value(download, "-o", "OUT", "where to write it");

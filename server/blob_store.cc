@@ -195,6 +195,27 @@ int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {
   return removed;
 }
 
+int64_t BlobStore::Remove(const std::string& sha256) {
+  if (!Exists(sha256)) return 0;
+  std::error_code error;
+  const auto size = fs::file_size(PathOf(sha256), error);
+  if (!fs::remove(PathOf(sha256), error) || error) return 0;
+  return static_cast<int64_t>(size);
+}
+
+std::vector<std::string> BlobStore::BlobsOlderThan(std::chrono::seconds age) const {
+  const auto cutoff = fs::file_time_type::clock::now() - age;
+  std::vector<std::string> old;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root_ / "blobs", error)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code ignored;
+    const auto written = fs::last_write_time(entry.path(), ignored);
+    if (IsValidSha256(name) && !ignored && written < cutoff) old.push_back(name);
+  }
+  return old;
+}
+
 bool BlobStore::RemoveIfCorrupt(const std::string& sha256) {
   if (!Exists(sha256)) return false;
   absl::StatusOr<std::string> actual = Sha256OfFile(PathOf(sha256));

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +75,10 @@ class BlobStore {
                                                           const std::string& upload_id);
   // Deletes partial uploads that no session is writing and nobody wrote to for `max_age`; returns how many.
   int ExpireStaleUploads(std::chrono::seconds max_age);
+  // Deletes a blob; the bytes freed (0 if there was none).
+  int64_t Remove(const std::string& sha256);
+  // The blobs nobody wrote for `age` or longer.
+  std::vector<std::string> BlobsOlderThan(std::chrono::seconds age) const;
   // Re-hashes a stored blob and deletes it if its content no longer matches its name; true if deleted.
   bool RemoveIfCorrupt(const std::string& sha256);
   int64_t max_blob_bytes() const { return max_blob_bytes_; }

@@ -304,6 +304,16 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   if (!valid.ok()) return valid;
   std::lock_guard<std::mutex> lock(submit_mutex_);
   if (auto found = earlier()) return *found;  // the same request id may have arrived meanwhile
+  // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
+  // exists now stays until the job is stored and uses it.
+  std::vector<std::string> digests = {request.model().sha256()};
+  for (const auto& file : request.model().external_data()) digests.push_back(file.sha256());
+  for (const auto& input : request.inputs()) digests.push_back(input.sha256());
+  for (const std::string& digest : digests) {
+    if (!(*blobs)->Exists(digest)) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted; upload it again"));
+    }
+  }
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
   if (options_.max_active_jobs_per_tenant > 0) {
     const int active = store_->CountActive(tenant);
@@ -348,6 +358,114 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
   auto flag = cancel_flags_.find(name);
   if (flag != cancel_flags_.end()) flag->second->store(true);
   return updated;
+}
+
+namespace {
+
+// The blobs a job uses.
+std::vector<std::string> BlobsOf(const v1::Job& job) {
+  std::vector<std::string> digests = {job.model().sha256()};
+  for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
+  for (const auto& input : job.inputs()) digests.push_back(input.sha256());
+  return digests;
+}
+
+int64_t FolderBytes(const fs::path& folder) {
+  int64_t total = 0;
+  std::error_code error;
+  for (auto it = fs::recursive_directory_iterator(folder, error); !error && it != fs::recursive_directory_iterator();
+       it.increment(error)) {
+    std::error_code ignored;
+    if (it->is_regular_file(ignored)) total += static_cast<int64_t>(it->file_size(ignored));
+  }
+  return total;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::DeleteJobResponse> JobManager::Delete(const std::string& name) {
+  std::lock_guard<std::mutex> lock(submit_mutex_);
+  absl::StatusOr<v1::Job> job = store_->Get(name);
+  if (!job.ok()) return job.status();
+  if (!IsTerminal(job->state())) {
+    return absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", name, " is ", v1::JobState_Name(job->state()),
+                                                      "; cancel it first"));
+  }
+  return DeleteLocked(*job);
+}
+
+v1::DeleteJobResponse JobManager::DeleteLocked(const v1::Job& job) {
+  v1::DeleteJobResponse response;
+  response.set_name(job.name());
+  // The record goes first: a crash after it leaves only files, which garbage collection finds.
+  absl::Status deleted = store_->Delete(job.name());
+  if (!deleted.ok()) {
+    std::cerr << "onnxopt-server: cannot delete " << job.name() << ": " << deleted << std::endl;
+    return response;
+  }
+  std::error_code error;
+  int64_t freed = FolderBytes(JobDir(job.name()));
+  fs::remove_all(JobDir(job.name()), error);
+  std::set<std::string> used;
+  for (const v1::Job& other : store_->All()) {
+    if (other.tenant() != job.tenant()) continue;
+    for (const std::string& digest : BlobsOf(other)) used.insert(digest);
+  }
+  absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
+  if (blobs.ok()) {
+    const std::vector<std::string> digests = BlobsOf(job);
+    for (const std::string& digest : std::set<std::string>(digests.begin(), digests.end())) {
+      if (used.count(digest) > 0) continue;
+      const int64_t bytes = (*blobs)->Remove(digest);
+      if (bytes > 0) response.set_blobs_deleted(response.blobs_deleted() + 1);
+      freed += bytes;
+    }
+  }
+  response.set_bytes_freed(freed);
+  return response;
+}
+
+JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age) {
+  Collected collected;
+  std::lock_guard<std::mutex> lock(submit_mutex_);
+  if (retention.count() > 0) {
+    const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
+    for (const v1::Job& job : store_->All()) {
+      if (!IsTerminal(job.state()) || !job.has_end_time() ||
+          google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
+        continue;
+      }
+      v1::DeleteJobResponse deleted = DeleteLocked(job);
+      ++collected.jobs;
+      collected.blobs += deleted.blobs_deleted();
+      collected.bytes += deleted.bytes_freed();
+    }
+  }
+  // Blobs no job of their tenant uses, that nobody wrote for the orphan age.
+  std::map<std::string, std::set<std::string>> used;  // tenant -> digests
+  std::set<std::string> names;
+  for (const v1::Job& job : store_->All()) {
+    names.insert(std::string(absl::StripPrefix(job.name(), "jobs/")));
+    for (const std::string& digest : BlobsOf(job)) used[job.tenant()].insert(digest);
+  }
+  blobs_->ForEach([&](const std::string& tenant, BlobStore& store) {
+    for (const std::string& digest : store.BlobsOlderThan(orphan_age)) {
+      if (used[tenant].count(digest) > 0) continue;
+      const int64_t bytes = store.Remove(digest);
+      collected.blobs += bytes > 0;
+      collected.bytes += bytes;
+    }
+  });
+  // Folders of jobs whose record is gone.
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(options_.data_dir / "jobs", error)) {
+    if (names.count(entry.path().filename().string()) > 0) continue;
+    collected.bytes += FolderBytes(entry.path());
+    std::error_code ignored;
+    fs::remove_all(entry.path(), ignored);
+    ++collected.folders;
+  }
+  return collected;
 }
 
 void JobManager::Drain(std::chrono::milliseconds grace) {
@@ -407,9 +525,7 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
 }
 
 void JobManager::RemoveCorruptBlobs(const v1::Job& job) {
-  std::vector<std::string> digests = {job.model().sha256()};
-  for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
-  for (const auto& input : job.inputs()) digests.push_back(input.sha256());
+  const std::vector<std::string> digests = BlobsOf(job);
   absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
   if (!blobs.ok()) return;
   for (const std::string& digest : digests) {

@@ -53,6 +53,19 @@ class JobManager {
   // Queues a job owned by `tenant`, whose blobs it names.
   absl::StatusOr<v1::Job> Submit(const v1::CreateJobRequest& request, const std::string& tenant = "");
   absl::StatusOr<v1::Job> Cancel(const std::string& name);
+  // Deletes a finished job: record, folder, and the blobs no other job of its tenant uses.
+  // FAILED_PRECONDITION (JOB_NOT_DONE) for a queued or running job.
+  absl::StatusOr<v1::DeleteJobResponse> Delete(const std::string& name);
+  struct Collected {
+    int jobs = 0;       // finished jobs past the retention time
+    int blobs = 0;      // blobs no job uses, untouched for the orphan age
+    int folders = 0;    // job folders without a job (a deletion interrupted by a crash)
+    int64_t bytes = 0;
+  };
+  // Retention and garbage collection, run by the server hourly: deletes jobs that ended more than
+  // `retention` ago (0: keep them), then blobs no job uses that nobody wrote for `orphan_age` (an
+  // upload is used by the job it was made for within that time), then stray job folders.
+  Collected CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age);
   // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
   // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start.
   void Drain(std::chrono::milliseconds grace);
@@ -87,6 +100,9 @@ class JobManager {
   int MaxInspections() const { return std::max(1, options_.workers); }
   static constexpr std::chrono::seconds kInspectWait{30};
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
+  // Deletes `job` (finished) with submit_mutex_ held: blobs are only removed while no CreateJob can
+  // start using them.
+  v1::DeleteJobResponse DeleteLocked(const v1::Job& job);
   std::filesystem::path JobDir(const std::string& job_name) const;
 
   const JobManagerOptions options_;

@@ -240,6 +240,33 @@ std::vector<v1::Job> JobStore::Unfinished() const {
   return unfinished;
 }
 
+absl::Status JobStore::Delete(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return JobNotFound(name);
+  sqlite3_stmt* statement = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE sequence = ?1", -1, &statement, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_int64(statement, 1, it->second.sequence);
+  const int result = sqlite3_step(statement);
+  sqlite3_finalize(statement);
+  if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  const v1::Job& job = it->second.job;
+  if (!job.request_id().empty()) by_request_id_.erase(RequestKey(job.tenant(), job.request_id()));
+  by_sequence_.erase(it->second.sequence);
+  jobs_.erase(it);
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+std::vector<v1::Job> JobStore::All() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<v1::Job> all;
+  for (const auto& entry : by_sequence_) all.push_back(jobs_.at(entry.second).job);
+  return all;
+}
+
 int JobStore::CountActive(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(mutex_);
   int active = 0;

@@ -56,6 +56,10 @@ class JobStore {
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const;
 
+  // Removes a job's record (NOT_FOUND for unknown jobs); watchers of it see it gone.
+  absl::Status Delete(const std::string& name);
+  // Every job, oldest first (for retention and blob garbage collection).
+  std::vector<v1::Job> All() const;
   // `tenant`'s jobs that are QUEUED or RUNNING.
   int CountActive(const std::string& tenant) const;
   // Jobs left QUEUED or RUNNING by an earlier run, oldest first.

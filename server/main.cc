@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key); empty: plaintext");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(double, job_retention_hours, 720,
+          "finished jobs (record, artifacts, blobs no other job uses) are deleted this long after they ended; "
+          "0 keeps them (checked at start and hourly)");
 ABSL_FLAG(int, tenant_max_active_jobs, 0, "queued + running jobs one tenant may have; 0: no quota beyond the queue");
 ABSL_FLAG(int64_t, tenant_max_stored_bytes, 0,
           "bytes of blobs and partial uploads one tenant may store (checked when an upload starts); 0: no quota");
@@ -65,12 +68,14 @@ namespace {
 
 constexpr char kServiceName[] = "onnxopt.v1.Optimizer";
 
-// Deletes abandoned partial uploads now and then every hour, until destroyed.
-class UploadJanitor {
+// Now and then every hour, until destroyed: deletes abandoned partial uploads, finished jobs past
+// their retention, blobs no job uses and stray job folders.
+class Janitor {
  public:
-  UploadJanitor(onnxopt::server::TenantBlobStores* blobs, std::chrono::seconds max_age)
-      : blobs_(blobs), max_age_(max_age), thread_([this] { Run(); }) {}
-  ~UploadJanitor() {
+  Janitor(onnxopt::server::TenantBlobStores* blobs, onnxopt::server::JobManager* jobs, std::chrono::seconds upload_age,
+          std::chrono::seconds retention)
+      : blobs_(blobs), jobs_(jobs), max_age_(upload_age), retention_(retention), thread_([this] { Run(); }) {}
+  ~Janitor() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -88,11 +93,19 @@ class UploadJanitor {
         removed += store.ExpireStaleUploads(max_age_);
       });
       if (removed > 0) std::cout << "onnxopt-server: removed " << removed << " abandoned partial upload(s)" << std::endl;
+      const auto collected = jobs_->CollectGarbage(retention_, max_age_);
+      if (collected.jobs + collected.blobs + collected.folders > 0) {
+        std::cout << "onnxopt-server: deleted " << collected.jobs << " expired job(s), " << collected.blobs
+                  << " unused blob(s), " << collected.folders << " stray job folder(s); " << collected.bytes
+                  << " bytes freed" << std::endl;
+      }
     } while (!wake_.wait_for(lock, std::chrono::hours(1), [this] { return stopping_; }));
   }
 
   onnxopt::server::TenantBlobStores* const blobs_;
+  onnxopt::server::JobManager* const jobs_;
   const std::chrono::seconds max_age_;
+  const std::chrono::seconds retention_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
@@ -133,10 +146,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
       !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0) || absl::GetFlag(FLAGS_tenant_max_active_jobs) < 0 ||
-      absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0) {
+      absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0)) {
     return Fail("flags", absl::InvalidArgumentError(
                              "workers, queue_capacity, max_upload_bytes and job_timeout_seconds must be >= 1, "
-                             "drain_grace_seconds, job_memory_limit_mb and the tenant quotas >= 0, "
+                             "drain_grace_seconds, job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
                              "upload_expiry_hours > 0"));
   }
 
@@ -146,8 +159,6 @@ int main(int argc, char** argv) {
   srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
   auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
   if (!auth.ok()) return Fail("auth_tokens_file", auth.status());
-  UploadJanitor janitor(&tenant_blobs, std::chrono::seconds(static_cast<int64_t>(
-                                          absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)));
   auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
@@ -170,6 +181,9 @@ int main(int argc, char** argv) {
   srv::JobManager jobs(options, store->get(), &tenant_blobs, &metrics);
   absl::Status started = jobs.Start();
   if (!started.ok()) return Fail("job manager", started);
+  Janitor janitor(&tenant_blobs, &jobs,
+                  std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)),
+                  std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_job_retention_hours) * 3600)));
 
   srv::OptimizerService service(&tenant_blobs, store->get(), &jobs, &metrics, auth->get());
   grpc::EnableDefaultHealthCheckService(true);

@@ -188,6 +188,20 @@ grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1:
   });
 }
 
+grpc::Status OptimizerService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                                         v1::DeleteJobResponse* response) {
+  return Guarded([&] {
+    absl::StatusOr<Caller> caller = CallerOf(context);
+    if (!caller.ok()) return ToGrpc(caller.status());
+    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    if (!job.ok()) return ToGrpc(job.status());
+    absl::StatusOr<v1::DeleteJobResponse> deleted = jobs_->Delete(request->name());
+    if (!deleted.ok()) return ToGrpc(deleted.status());
+    *response = *deleted;
+    return grpc::Status::OK;
+  });
+}
+
 grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::DownloadRequest* request,
                                         grpc::ServerWriter<v1::DownloadChunk>* writer) {
   return Guarded([&] { return DownloadImpl(context, request, writer); });

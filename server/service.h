@@ -33,6 +33,8 @@ class OptimizerService final : public v1::Optimizer::Service {
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request, v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
   grpc::Status Download(grpc::ServerContext* context, const v1::DownloadRequest* request,
                         grpc::ServerWriter<v1::DownloadChunk>* writer) override;
   grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request, v1::Report* response) override;

@@ -20,11 +20,12 @@ constexpr char kRoot[] = "root-secret-token-3";
 
 class TenantsTest : public E2eTest {
  protected:
-  void StartWithTokens() {
+  void StartWithTokens(std::vector<std::string> flags = {}) {
     tokens_ = WriteFile("tokens.txt", absl::StrCat("# test tokens\n", Sha256OfBytes(kAlice), " team-a\n",
                                                    Sha256OfBytes(kBob), "\tteam-b\n\n", Sha256OfBytes(kRoot),
                                                    " ops admin\n"));
-    StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string())});
+    flags.push_back(absl::StrCat("--auth_tokens_file=", tokens_.string()));
+    StartServer(flags);
   }
 
   std::unique_ptr<v1::Optimizer::Stub> stub() {
@@ -214,6 +215,77 @@ TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
   ASSERT_TRUE(WaitForStatus(job, "CANCELLED", alice));
   Result after = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", LongJobConfig().string()}, alice);
   EXPECT_EQ(after.code, 0) << after.err;
+}
+
+TEST_F(TenantsTest, DeletingAJobFreesItsFilesAndTheBlobsOnlyItUsed) {
+  StartWithTokens({"--drain_grace_seconds=0"});  // a running job is interrupted at stop and stays unfinished
+  const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
+  const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
+  const fs::path quick = WriteFile("quick.json", R"({"benchmark": {"skip": true}})");
+  const fs::path other = WriteFile("other.json", R"({"benchmark": {"skip": true}, "preset": "none"})");
+  auto submit = [&](const fs::path& model, const fs::path& config) {
+    Result result = Cli({"submit", model.string(), "--config", config.string(), "--wait", "--json"}, alice);
+    EXPECT_EQ(result.code, 0) << result.err;
+    const size_t at = result.out.find("jobs/");
+    return result.out.substr(at, result.out.find('"', at) - at);
+  };
+  const fs::path tiny = FixturePath("cnn_tiny.onnx");
+  const std::string first = submit(tiny, quick), second = submit(tiny, other);  // one blob, two jobs
+  const fs::path blob = dir_ / "data" / "tenants" / "team-a" / "blobs" / *Sha256OfFile(tiny);
+  ASSERT_TRUE(fs::exists(blob));
+  ASSERT_TRUE(fs::exists(dir_ / "data" / "jobs" / first.substr(5)));
+
+  Result running = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", LongJobConfig().string()}, alice);
+  ASSERT_EQ(running.code, 0) << running.err;
+  const std::string busy = std::string(absl::StripTrailingAsciiWhitespace(running.out));
+  Result refused = Cli({"delete", busy}, alice);
+  EXPECT_TRUE(absl::StrContains(refused.err, "JOB_NOT_DONE")) << refused.err;
+
+  Result theirs = Cli({"delete", first}, bob);
+  EXPECT_TRUE(absl::StrContains(theirs.err, "JOB_NOT_FOUND")) << "another tenant cannot delete it: " << theirs.err;
+  Result deleted = Cli({"delete", first, "--json"}, alice);
+  ASSERT_EQ(deleted.code, 0) << deleted.err;
+  EXPECT_TRUE(absl::StrContains(deleted.out, "\"blobs_deleted\": 0")) << "the second job still uses the blob: " << deleted.out;
+  EXPECT_TRUE(fs::exists(blob));
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "jobs" / first.substr(5)));
+  EXPECT_TRUE(absl::StrContains(Cli({"status", first}, alice).err, "JOB_NOT_FOUND"));
+  Result last = Cli({"delete", second, "--json"}, alice);
+  ASSERT_EQ(last.code, 0) << last.err;
+  EXPECT_TRUE(absl::StrContains(last.out, "\"blobs_deleted\": 1")) << last.out;
+  EXPECT_FALSE(fs::exists(blob)) << "no job uses it any more";
+
+  // Retention: at the next start, finished jobs older than it go; the unfinished one stays.
+  const std::string kept = submit(FixturePath("cnn_bn.onnx"), quick);
+  EXPECT_EQ(Cli({"cancel", busy}, alice).code, 0);
+  ASSERT_TRUE(WaitForStatus(busy, "CANCELLED", alice));
+  Result queued = Cli({"submit", tiny.string(), "--config", LongJobConfig().string()}, alice);
+  ASSERT_EQ(queued.code, 0) << queued.err;
+  const std::string unfinished = std::string(absl::StripTrailingAsciiWhitespace(queued.out));
+  // And a blob uploaded for a job that never came: garbage once older than the upload expiry.
+  client::Client uploader(address_);
+  uploader.set_token(kAlice);
+  ASSERT_TRUE(uploader.UploadFile(FixturePath("bert_tiny.onnx")).ok());
+  const fs::path orphan = dir_ / "data" / "tenants" / "team-a" / "blobs" / *Sha256OfFile(FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(fs::exists(orphan));
+  StopServer();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string()), "--job_retention_hours=0.0003",
+               "--upload_expiry_hours=0.0003"});
+  auto gone = [&](const std::string& job) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (absl::StrContains(Cli({"status", job}, alice).err, "JOB_NOT_FOUND")) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  EXPECT_TRUE(gone(kept));
+  EXPECT_TRUE(gone(busy));
+  Result still = Cli({"status", unfinished}, alice);
+  EXPECT_EQ(still.code, 0) << "a queued or running job is never expired: " << still.err;
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), "expired job(s)"));
+  EXPECT_FALSE(fs::exists(orphan)) << "an upload no job used is collected";
+  EXPECT_TRUE(fs::exists(blob)) << "the unfinished job's model stays";
 }
 
 TEST_F(TenantsTest, SighupReloadsTheTokensAndKeepsThemWhenTheFileIsBroken) {

@@ -211,6 +211,10 @@ class Client:
     def cancel_job(self, name: str) -> service_pb2.Job:
         return self._call(self._stub.CancelJob, service_pb2.CancelJobRequest(name=name))
 
+    def delete_job(self, name: str) -> service_pb2.DeleteJobResponse:
+        """Deletes a finished job, its artifacts and the blobs no other job uses."""
+        return self._call(self._stub.DeleteJob, service_pb2.DeleteJobRequest(name=name))
+
     def list_jobs(self, page_size: int = 0, page_token: str = "") -> service_pb2.ListJobsResponse:
         return self._call(self._stub.ListJobs, service_pb2.ListJobsRequest(page_size=page_size, page_token=page_token))
 
