@@ -227,6 +227,18 @@ absl::StatusOr<onnx::ModelProto> LoadModel(const fs::path& path) {
   return model;
 }
 
+namespace {
+
+// A write that failed for want of space is RESOURCE_EXHAUSTED (DISK_FULL), anything else INTERNAL.
+absl::Status WriteError(int error, const std::string& what) {
+  if (error == ENOSPC || error == EDQUOT) {
+    return absl::ResourceExhaustedError(absl::StrCat("DISK_FULL: ", what, ": ", std::strerror(error)));
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(error)));
+}
+
+}  // namespace
+
 absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
   const fs::path temporary = path.string() + ".tmp-" + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -236,16 +248,17 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes)
     const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const std::string reason = std::strerror(errno);
+      const int error = errno;
       ::close(fd);
       ::unlink(temporary.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", temporary.string(), ": ", reason));
+      return WriteError(error, absl::StrCat("cannot write ", temporary.string()));
     }
     written += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int error = errno;
     ::unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot flush ", temporary.string()));
+    return WriteError(error, absl::StrCat("cannot flush ", temporary.string()));
   }
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     ::unlink(temporary.c_str());

@@ -1,5 +1,7 @@
 #include "server/blob_store.h"
 
+#include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/ascii.h"
@@ -55,9 +57,21 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
     return absl::InvalidArgumentError(absl::StrCat("SIZE_EXCEEDED: data passes the declared size of ", total_size_,
                                                    " bytes"));
   }
+  errno = 0;
   out_.write(data.data(), static_cast<std::streamsize>(data.size()));
   out_.flush();
-  if (!out_) return absl::InternalError("cannot write upload data (disk full?)");
+  if (!out_) {
+    const int error = errno;
+    // Nothing half-written stays behind: the session starts over once there is room.
+    finished_ = true;
+    out_.close();
+    std::error_code ignored;
+    fs::remove(partial_, ignored);
+    if (error == ENOSPC || error == EDQUOT) {
+      return absl::ResourceExhaustedError("DISK_FULL: the server's disk is full; the partial upload was discarded");
+    }
+    return absl::InternalError(absl::StrCat("cannot write upload data: ", std::strerror(error)));
+  }
   committed_ += static_cast<int64_t>(data.size());
   return absl::OkStatus();
 }

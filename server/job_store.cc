@@ -180,14 +180,20 @@ absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::fun
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return JobNotFound(name);
+  PersistUnsaved();
   Entry updated = it->second;
   mutate(updated.job);
   MakeStringsValidUtf8(&updated.job);  // errors and progress may quote a model's own text
   absl::Status status = Persist(updated, /*insert=*/false);
-  if (!status.ok()) return status;
+  // Readers and watchers see the change even when the database cannot take it (a full disk): a job
+  // must not look RUNNING forever. It is written again with the next update that can be.
   ++updated.version;
   it->second = std::move(updated);
   changed_.notify_all();
+  if (!status.ok()) {
+    unsaved_.insert(name);
+    return status;
+  }
   return it->second.job;
 }
 
@@ -240,6 +246,17 @@ std::vector<v1::Job> JobStore::Unfinished() const {
   return unfinished;
 }
 
+void JobStore::PersistUnsaved() {
+  for (auto it = unsaved_.begin(); it != unsaved_.end();) {
+    auto entry = jobs_.find(*it);
+    if (entry == jobs_.end() || Persist(entry->second, /*insert=*/false).ok()) {
+      it = unsaved_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 absl::Status JobStore::Delete(const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = jobs_.find(name);
@@ -253,6 +270,7 @@ absl::Status JobStore::Delete(const std::string& name) {
   sqlite3_finalize(statement);
   if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
   const v1::Job& job = it->second.job;
+  unsaved_.erase(name);
   if (!job.request_id().empty()) by_request_id_.erase(RequestKey(job.tenant(), job.request_id()));
   by_sequence_.erase(it->second.sequence);
   jobs_.erase(it);

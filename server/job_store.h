@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,7 +41,9 @@ class JobStore {
   absl::StatusOr<v1::Job> Get(const std::string& name) const;
   // Request ids are per tenant: another tenant's id neither finds nor blocks anything.
   std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const;
-  // Applies `mutate` to the job, persists it and wakes watchers. NOT_FOUND for unknown jobs.
+  // Applies `mutate` to the job, persists it and wakes watchers. NOT_FOUND for unknown jobs. When the
+  // database refuses the write (INTERNAL), the change still holds in memory and is written with a later
+  // update.
   absl::StatusOr<v1::Job> Update(const std::string& name, const std::function<void(v1::Job&)>& mutate);
 
   struct Page {
@@ -75,6 +78,8 @@ class JobStore {
   explicit JobStore(sqlite3* db);
   static std::string RequestKey(const std::string& tenant, const std::string& request_id);
   absl::Status Persist(const Entry& entry, bool insert);
+  // Writes the jobs whose last update the database refused; mutex_ held.
+  void PersistUnsaved();
 
   sqlite3* db_;
   mutable std::mutex mutex_;
@@ -83,6 +88,7 @@ class JobStore {
   std::map<int64_t, std::string> by_sequence_;
   std::unordered_map<std::string, std::string> by_request_id_;
   int64_t next_sequence_ = 1;
+  std::set<std::string> unsaved_;  // updated in memory, not yet in the database
 };
 
 }  // namespace onnxopt::server

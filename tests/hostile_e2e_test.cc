@@ -1,5 +1,6 @@
 // The service tried as an attacker would, through the real server and CLI: each test is one defect
 // that hostile testing found (issue 9) and failed before its fix.
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 #include "absl/strings/str_join.h"
@@ -389,6 +390,57 @@ TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempFolder) {
   for (const auto& entry : fs::recursive_directory_iterator(dir_ / "data" / "jobs")) {
     EXPECT_FALSE(absl::StrContains(entry.path().filename().string(), "mat-debug")) << entry.path();
   }
+}
+
+// A full disk: an upload that does not fit is RESOURCE_EXHAUSTED and leaves no partial file; a job whose
+// results cannot be written, nor its state stored, still ends, visibly. Needs a small tmpfs (root).
+TEST_F(E2eTest, AFullDiskRefusesUploadsAndLeavesNoJobRunning) {
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data);
+  if (::mount("tmpfs", data.c_str(), "tmpfs", 0, "size=4m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); run as root to test a full disk";
+  }
+  struct Unmount {
+    E2eTest* test;
+    fs::path path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{this, data};
+  StartServer();
+  auto fill = [&](const fs::path& file, int64_t leave) {
+    std::ofstream out(file, std::ios::binary);
+    const std::string block(4096, 'F');
+    std::error_code error;
+    while (out && static_cast<int64_t>(fs::space(data, error).available) > leave) out.write(block.data(), block.size());
+  };
+  fill(data / "filler", 200 << 10);  // room for a small CNN, not for bert_tiny (351 KB)
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");
+  Result big = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", config.string()});
+  EXPECT_NE(big.code, 0);
+  EXPECT_TRUE(absl::StrContains(big.err, "RESOURCE_EXHAUSTED: DISK_FULL")) << big.err;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(data / "uploads", error)) ADD_FAILURE() << "left behind: " << entry.path();
+  EXPECT_FALSE(fs::exists(data / "blobs" / *Sha256OfFile(FixturePath("bert_tiny.onnx"))));
+
+  // A job that runs while the disk fills up completely.
+  Result submitted = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", LongJobConfig().string()});
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  const std::string job = std::string(absl::StripTrailingAsciiWhitespace(submitted.out));
+  ASSERT_TRUE(WaitForStatus(job, "RUNNING"));
+  fill(data / "filler2", 0);
+  std::ofstream(data / "filler3", std::ios::binary) << std::string(1 << 20, 'F');  // whatever was left
+  const auto deadline = Clock::now() + std::chrono::seconds(150);
+  std::string status;
+  while (Clock::now() < deadline) {
+    status = Cli({"status", job}).out;
+    if (absl::StrContains(status, "SUCCEEDED") || absl::StrContains(status, "FAILED")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(absl::StrContains(status, "FAILED") || absl::StrContains(status, "SUCCEEDED"))
+      << "the job ended, whatever the disk: " << status;
+  if (absl::StrContains(status, "FAILED")) {
+    EXPECT_TRUE(absl::StrContains(status, "DISK_FULL")) << "the reason is named: " << status;
+  }
+  EXPECT_EQ(StopServer(), 0);
 }
 
 // 7. Limits answer with the code for a limit, and priorities are bounded.
