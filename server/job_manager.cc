@@ -9,11 +9,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/sha256.h"
 #include "optimizer/utf8.h"
 #include "server/worker_protocol.h"
 
@@ -68,6 +72,41 @@ absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
 }
 
 }  // namespace
+
+std::string ResultCacheKey(const v1::CreateJobRequest& request) {
+  v1::OptimizationConfig config = request.config();
+  config.clear_priority();
+  config.clear_cache();
+  std::string config_bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&config_bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    config.SerializeToCodedStream(&coded);
+  }
+  std::set<std::pair<std::string, std::string>> files;
+  for (const auto& file : request.model().external_data()) files.insert({file.name(), file.sha256()});
+  std::set<std::tuple<int, std::string, std::string>> inputs;
+  for (const auto& input : request.inputs()) inputs.insert({input.sample(), input.name(), input.sha256()});
+  // Length-prefixed fields: no two different requests encode alike.
+  std::string material;
+  auto add = [&](const std::string& field) { absl::StrAppend(&material, field.size(), ":", field, ";"); };
+  add("onnxopt-result-cache-v1");
+  add(kOptimizerVersion);
+  add(OrtVersion());
+  add(request.model().sha256());
+  for (const auto& [name, digest] : files) {
+    add(name);
+    add(digest);
+  }
+  for (const auto& [sample, name, digest] : inputs) {
+    add(std::to_string(sample));
+    add(name);
+    add(digest);
+  }
+  add(config_bytes);
+  return Sha256OfBytes(material);
+}
 
 std::string RequestDifference(const v1::Job& existing, const v1::CreateJobRequest& request) {
   using google::protobuf::util::MessageDifferencer;
@@ -315,6 +354,28 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
     }
   }
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  const std::string cache_key = ResultCacheKey(request);
+  std::optional<v1::Job> cached;
+  if (!request.config().has_cache() || request.config().cache()) cached = store_->FindSucceeded(tenant, cache_key);
+  if (cached) {
+    v1::Job job;
+    job.set_tenant(tenant);
+    job.set_request_id(request.request_id());
+    job.set_state(v1::QUEUED);  // not in the queue: completed from the cache below, or queued if that fails
+    *job.mutable_model() = request.model();
+    *job.mutable_config() = request.config();
+    *job.mutable_inputs() = request.inputs();
+    *job.mutable_create_time() = Now();
+    job.set_cache_key(cache_key);
+    bool created = false;
+    absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
+    if (!stored.ok() || !created) return stored;
+    metrics_->JobCreated();
+    if (ServeFromCache(*stored, *cached)) return store_->Get(stored->name());
+    queue_.Push(stored->name(), stored->config().priority(), /*force=*/true);
+    metrics_->SetQueueLength(queue_.size());
+    return stored;
+  }
   if (options_.max_active_jobs_per_tenant > 0) {
     const int active = store_->CountActive(tenant);
     if (active >= options_.max_active_jobs_per_tenant) {
@@ -336,6 +397,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   *job.mutable_config() = request.config();
   *job.mutable_inputs() = request.inputs();
   *job.mutable_create_time() = Now();
+  job.set_cache_key(cache_key);
   bool created = false;
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
   if (!stored.ok() || !created) return stored;
@@ -466,6 +528,51 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
     ++collected.folders;
   }
   return collected;
+}
+
+bool JobManager::ServeFromCache(const v1::Job& job, const v1::Job& source) {
+  const fs::path from = OutputDir(source.name()), to = OutputDir(job.name());
+  std::error_code error;
+  fs::remove_all(to, error);
+  fs::create_directories(to, error);
+  v1::JobResult result = source.result();
+  result.clear_artifacts();
+  bool ok = !error;
+  for (const v1::Artifact& artifact : source.result().artifacts()) {
+    if (!ok || artifact.name() == "report.json") continue;
+    ok = LinkOrCopy(from / artifact.name(), to / artifact.name()).ok();
+    *result.add_artifacts() = artifact;
+  }
+  v1::Report report;
+  absl::StatusOr<std::string> bytes = ok ? ReadFile(from / "report.pb") : absl::NotFoundError("");
+  ok = bytes.ok() && report.ParseFromString(*bytes);
+  if (ok) {
+    report.set_job(job.name());
+    report.set_cached_from(source.name());  // `time` stays the source's: when the figures were measured
+    report.add_warnings(absl::StrCat("served from the result cache: the same request succeeded as ", source.name(),
+                                     "; set \"cache\": false in the config to run it again"));
+    ok = WriteReport(report, to).ok();
+  }
+  absl::StatusOr<std::string> digest = ok ? Sha256OfFile(to / "report.json") : absl::NotFoundError("");
+  if (!digest.ok()) {
+    fs::remove_all(to, error);
+    return false;
+  }
+  v1::Artifact* report_json = result.add_artifacts();
+  report_json->set_name("report.json");
+  report_json->set_size(static_cast<int64_t>(fs::file_size(to / "report.json", error)));
+  report_json->set_sha256(*digest);
+  auto updated = store_->Update(job.name(), [&](v1::Job& j) {
+    j.set_state(v1::SUCCEEDED);
+    j.set_cached_from(source.name());
+    *j.mutable_start_time() = Now();
+    *j.mutable_end_time() = j.start_time();
+    *j.mutable_result() = result;
+  });
+  if (!updated.ok()) return false;
+  metrics_->CacheHit();
+  metrics_->JobFinished("succeeded", 0);
+  return true;
 }
 
 void JobManager::Drain(std::chrono::milliseconds grace) {
@@ -632,6 +739,7 @@ void JobManager::RunJob(const std::string& name) {
   absl::StatusOr<std::string> report_bytes = ReadFile(output_dir / "report.pb");
   if (report_bytes.ok()) report.ParseFromString(*report_bytes);
   report.set_job(name);
+  *report.mutable_time() = Now();
   for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
   absl::Status report_written = WriteReport(report, output_dir);
   if (!outcome.ok()) {

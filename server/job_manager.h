@@ -100,6 +100,9 @@ class JobManager {
   int MaxInspections() const { return std::max(1, options_.workers); }
   static constexpr std::chrono::seconds kInspectWait{30};
   void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
+  // Completes the stored job `job` (QUEUED, not in the queue) with `source`'s result: its files linked
+  // into the job's folder, its report marked as cached. False (nothing kept) when the files are gone.
+  bool ServeFromCache(const v1::Job& job, const v1::Job& source);
   // Deletes `job` (finished) with submit_mutex_ held: blobs are only removed while no CreateJob can
   // start using them.
   v1::DeleteJobResponse DeleteLocked(const v1::Job& job);
@@ -121,6 +124,11 @@ class JobManager {
   std::atomic<bool> interrupting_{false};
   std::atomic<int> running_{0};
 };
+
+// The result cache's key for a request: SHA-256 over the model and external data digests, the supplied
+// inputs, the config in canonical form (priority and the cache flag cleared, deterministic encoding),
+// and onnxopt's and ONNX Runtime's versions. The tenant is matched separately.
+std::string ResultCacheKey(const v1::CreateJobRequest& request);
 
 // Safe relative file name for an external data file: no absolute path, no "..", no empty parts.
 bool IsSafeRelativeName(const std::string& name);

@@ -285,6 +285,15 @@ std::vector<v1::Job> JobStore::All() const {
   return all;
 }
 
+std::optional<v1::Job> JobStore::FindSucceeded(const std::string& tenant, const std::string& cache_key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = by_sequence_.rbegin(); it != by_sequence_.rend(); ++it) {
+    const v1::Job& job = jobs_.at(it->second).job;
+    if (job.state() == v1::SUCCEEDED && job.tenant() == tenant && job.cache_key() == cache_key) return job;
+  }
+  return std::nullopt;
+}
+
 int JobStore::CountActive(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(mutex_);
   int active = 0;

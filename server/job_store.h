@@ -63,6 +63,8 @@ class JobStore {
   absl::Status Delete(const std::string& name);
   // Every job, oldest first (for retention and blob garbage collection).
   std::vector<v1::Job> All() const;
+  // The latest SUCCEEDED job of `tenant` with this cache key (see Job.cache_key).
+  std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const;
   // `tenant`'s jobs that are QUEUED or RUNNING.
   int CountActive(const std::string& tenant) const;
   // Jobs left QUEUED or RUNNING by an earlier run, oldest first.

@@ -20,6 +20,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Jobs accepted into the queue")
                        .Register(*registry_)
                        .Add({});
+  cache_hits_ = &prometheus::BuildCounter()
+                     .Name("onnxopt_result_cache_hits_total")
+                     .Help("Jobs answered from the result cache without running")
+                     .Register(*registry_)
+                     .Add({});
   queue_length_ = &prometheus::BuildGauge()
                        .Name("onnxopt_job_queue_length")
                        .Help("Jobs waiting in the queue")

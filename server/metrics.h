@@ -24,6 +24,7 @@ class Metrics {
   absl::StatusOr<int> Serve(const std::string& address);
 
   void JobCreated() { jobs_created_->Increment(); }
+  void CacheHit() { cache_hits_->Increment(); }
   void JobFinished(const std::string& result, double seconds);
   void PassRan(const std::string& pass, double seconds);
   void UploadBytes(double bytes) { upload_bytes_->Increment(bytes); }
@@ -36,6 +37,7 @@ class Metrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Counter>* jobs_total_;
   prometheus::Counter* jobs_created_;
+  prometheus::Counter* cache_hits_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* jobs_running_;
   prometheus::Histogram* job_duration_;

@@ -210,6 +210,13 @@ class E2eTest : public ::testing::Test {
     return false;
   }
 
+  // The metrics port the running server's banner names.
+  int MetricsPort() {
+    const std::string banner = Slurp(dir_ / "server.out");
+    const size_t at = banner.find("metrics on port ");
+    return at == std::string::npos ? -1 : std::stoi(banner.substr(at + 16));
+  }
+
   fs::path dir_;
   pid_t server_ = -1;
   std::string address_;

@@ -54,10 +54,8 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
   EXPECT_TRUE(absl::StrContains(info, "CPUExecutionProvider: usable here")) << info;
   EXPECT_TRUE(absl::StrContains(info, "CUDAExecutionProvider: ")) << "whether CUDA runs here, and why not: " << info;
 
-  const std::string banner = Slurp(dir_ / "server.out");
-  const size_t at = banner.find("metrics on port ");
-  ASSERT_NE(at, std::string::npos) << banner;
-  const std::string metrics = ScrapeMetrics(std::stoi(banner.substr(at + 16)));
+  ASSERT_GT(MetricsPort(), 0) << Slurp(dir_ / "server.out");
+  const std::string metrics = ScrapeMetrics(MetricsPort());
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{result=\"succeeded\"} 1")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_pass_duration_seconds_count{pass=\"eliminate_identity\"}"));
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_upload_bytes_total"));

@@ -319,7 +319,9 @@ TEST_F(E2eTest, AnAlteredBlobFailsItsJobAndIsStoredAgain) {
   ASSERT_NE(at, std::string::npos);
   bytes[at + weight.size() / 2] ^= 0x01;
   std::ofstream(stored, std::ios::binary | std::ios::trunc) << bytes;
-  Result corrupt = Cli({"submit", model.string(), "--config", config.string(), "--wait"});
+  // Run again, not answered from the result cache (which would not read the blob at all).
+  const fs::path rerun = WriteFile("rerun.json", R"({"benchmark": {"skip": true}, "cache": false})");
+  Result corrupt = Cli({"submit", model.string(), "--config", rerun.string(), "--wait"});
   EXPECT_EQ(corrupt.code, 1) << corrupt.out << corrupt.err;
   EXPECT_TRUE(absl::StrContains(corrupt.err, "BLOB_CORRUPT")) << corrupt.err;
   EXPECT_FALSE(fs::exists(stored));

@@ -288,6 +288,66 @@ TEST_F(TenantsTest, DeletingAJobFreesItsFilesAndTheBlobsOnlyItUsed) {
   EXPECT_TRUE(fs::exists(blob)) << "the unfinished job's model stays";
 }
 
+TEST_F(TenantsTest, TheSameRequestIsServedFromTheCacheOfItsOwnTenantOnly) {
+  StartWithTokens();
+  const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
+  const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 50, "warmup_runs": 1}})");
+  const fs::path model = FixturePath("cnn_tiny.onnx");
+  auto job_of = [](const std::string& json) {
+    const size_t at = json.find("jobs/");
+    return json.substr(at, json.find('"', at) - at);
+  };
+  auto field = [](const std::string& json, const std::string& name) {
+    const size_t at = json.find("\"" + name + "\": ");
+    if (at == std::string::npos) return std::string();
+    const size_t begin = at + name.size() + 4;
+    return json.substr(begin, json.find_first_of(",\n", begin) - begin);
+  };
+  Result first = Cli({"submit", model.string(), "--config", config.string(), "--wait", "--json", "-o",
+                      (dir_ / "first.onnx").string()}, alice);
+  ASSERT_EQ(first.code, 0) << first.err;
+  const std::string original = job_of(first.out);
+  const std::string original_report = Cli({"report", original, "--json"}, alice).out;
+
+  const auto started = std::chrono::steady_clock::now();
+  const fs::path urgent = WriteFile("urgent.json", R"({"benchmark": {"iterations": 50, "warmup_runs": 1}, "priority": 5})");
+  Result again = Cli({"submit", model.string(), "--config", urgent.string(), "--wait", "--json", "-o",
+                      (dir_ / "again.onnx").string()}, alice);  // priority is not part of the result
+  ASSERT_EQ(again.code, 0) << again.err;
+  const std::string cached = job_of(again.out);
+  EXPECT_NE(cached, original);
+  Result status = Cli({"status", cached, "--json"}, alice);
+  EXPECT_TRUE(absl::StrContains(status.out, absl::StrCat("\"cached_from\": \"", original, "\""))) << status.out;
+  const std::string report = Cli({"report", cached, "--json"}, alice).out;
+  EXPECT_TRUE(absl::StrContains(report, absl::StrCat("\"cached_from\": \"", original, "\""))) << report;
+  EXPECT_TRUE(absl::StrContains(report, "served from the result cache")) << report;
+  EXPECT_EQ(field(report, "time"), field(original_report, "time")) << "the figures keep the time they were measured";
+  EXPECT_FALSE(field(report, "time").empty()) << report;
+  EXPECT_EQ(field(report, "speedup"), field(original_report, "speedup"));
+  EXPECT_EQ(Slurp(dir_ / "again.onnx"), Slurp(dir_ / "first.onnx")) << "the same model";
+  EXPECT_TRUE(absl::StrContains(testing::ScrapeMetrics(MetricsPort()), "onnxopt_result_cache_hits_total 1"));
+  std::cout << "cache hit round trip: "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
+
+  // "cache": false runs it again; another tenant never sees Alice's results.
+  const fs::path fresh = WriteFile("fresh.json", R"({"benchmark": {"iterations": 50, "warmup_runs": 1}, "cache": false})");
+  Result rerun = Cli({"submit", model.string(), "--config", fresh.string(), "--wait", "--json", "-o",
+                      (dir_ / "rerun.onnx").string()}, alice);
+  ASSERT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_FALSE(absl::StrContains(Cli({"status", job_of(rerun.out), "--json"}, alice).out, "\"cached_from\": \"jobs/"));
+  Result bobs = Cli({"submit", model.string(), "--config", config.string(), "--wait", "--json", "-o",
+                     (dir_ / "bob.onnx").string()}, bob);
+  ASSERT_EQ(bobs.code, 0) << bobs.err;
+  EXPECT_FALSE(absl::StrContains(Cli({"status", job_of(bobs.out), "--json"}, bob).out, "\"cached_from\": \"jobs/"));
+
+  // The cached job outlives the deletion of the one it came from.
+  ASSERT_EQ(Cli({"delete", original}, alice).code, 0);
+  Result download = Cli({"download", cached, "-o", (dir_ / "later.onnx").string()}, alice);
+  EXPECT_EQ(download.code, 0) << download.err;
+  EXPECT_EQ(Slurp(dir_ / "later.onnx"), Slurp(dir_ / "first.onnx"));
+}
+
 TEST_F(TenantsTest, SighupReloadsTheTokensAndKeepsThemWhenTheFileIsBroken) {
   StartWithTokens();
   const std::vector<std::string> carol = {"ONNXOPT_TOKEN=carol-new-token"};
