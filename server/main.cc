@@ -142,6 +142,13 @@ int main(int argc, char** argv) {
   const std::filesystem::path data_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), error);
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail("data_dir", absl::InternalError(error.message()));
+  // The server's own temporary files (ONNX Runtime's telemetry folder) stay inside the data folder
+  // too; what a killed server left there is cleared at start. Each job's worker has its own TMPDIR.
+  const std::filesystem::path temp_dir = data_dir / "tmp";
+  std::filesystem::remove_all(temp_dir, error);
+  std::filesystem::create_directories(temp_dir, error);
+  if (error) return Fail("data_dir", absl::InternalError(absl::StrCat("cannot create ", temp_dir.string())));
+  ::setenv("TMPDIR", temp_dir.c_str(), 1);
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||

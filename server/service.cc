@@ -50,9 +50,11 @@ absl::StatusOr<Caller> OptimizerService::CallerOf(const grpc::ServerContext* con
   return auth_->Authenticate(header);
 }
 
-absl::StatusOr<v1::Job> OptimizerService::VisibleJob(const Caller& caller, const std::string& name) const {
+absl::StatusOr<v1::Job> OptimizerService::CallersJob(const grpc::ServerContext* context, const std::string& name) const {
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return caller.status();
   absl::StatusOr<v1::Job> job = store_->Get(name);
-  if (job.ok() && !caller.MaySee(job->tenant())) return JobNotFound(name);
+  if (job.ok() && !caller->MaySee(job->tenant())) return JobNotFound(name);
   return job;
 }
 
@@ -129,11 +131,7 @@ grpc::Status OptimizerService::CreateJob(grpc::ServerContext* context, const v1:
 }
 
 grpc::Status OptimizerService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) {
-  return Guarded([&] {
-    absl::StatusOr<Caller> caller = CallerOf(context);
-    if (!caller.ok()) return ToGrpc(caller.status());
-    return Respond(VisibleJob(*caller, request->name()), response);
-  });
+  return Guarded([&] { return Respond(CallersJob(context, request->name()), response); });
 }
 
 grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
@@ -156,9 +154,7 @@ grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::
 grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                         grpc::ServerWriter<v1::JobEvent>* writer) {
   return Guarded([&] {
-    absl::StatusOr<Caller> caller = CallerOf(context);
-    if (!caller.ok()) return ToGrpc(caller.status());
-    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     uint64_t version = 0;
     v1::JobEvent event;
@@ -180,9 +176,7 @@ grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::
 grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                          v1::Job* response) {
   return Guarded([&] {
-    absl::StatusOr<Caller> caller = CallerOf(context);
-    if (!caller.ok()) return ToGrpc(caller.status());
-    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     return Respond(jobs_->Cancel(request->name()), response);
   });
@@ -191,9 +185,7 @@ grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1:
 grpc::Status OptimizerService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                                          v1::DeleteJobResponse* response) {
   return Guarded([&] {
-    absl::StatusOr<Caller> caller = CallerOf(context);
-    if (!caller.ok()) return ToGrpc(caller.status());
-    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     absl::StatusOr<v1::DeleteJobResponse> deleted = jobs_->Delete(request->name());
     if (!deleted.ok()) return ToGrpc(deleted.status());
@@ -209,9 +201,7 @@ grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::
 
 grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
                                             grpc::ServerWriter<v1::DownloadChunk>* writer) {
-  absl::StatusOr<Caller> caller = CallerOf(context);
-  if (!caller.ok()) return ToGrpc(caller.status());
-  absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+  absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
   if (!job.ok()) return ToGrpc(job.status());
   const std::string artifact = request->artifact().empty() ? "model.onnx" : request->artifact();
   // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
@@ -261,9 +251,7 @@ grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const 
 grpc::Status OptimizerService::GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,
                                          v1::Report* response) {
   return Guarded([&] {
-    absl::StatusOr<Caller> caller = CallerOf(context);
-    if (!caller.ok()) return ToGrpc(caller.status());
-    absl::StatusOr<v1::Job> job = VisibleJob(*caller, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     if (!IsTerminal(job->state())) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",

@@ -51,8 +51,9 @@ class OptimizerService final : public v1::Optimizer::Service {
   // The caller, from the request's "authorization" metadata (UNAUTHENTICATED without a valid token
   // when authentication is on).
   absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* context) const;
-  // The job if `caller` may see it; another tenant's job answers exactly like a name that does not exist.
-  absl::StatusOr<v1::Job> VisibleJob(const Caller& caller, const std::string& name) const;
+  // The job `name` if the caller may see it (UNAUTHENTICATED as CallerOf); another tenant's job answers
+  // exactly like a name that does not exist.
+  absl::StatusOr<v1::Job> CallersJob(const grpc::ServerContext* context, const std::string& name) const;
 
   TenantBlobStores* const blobs_;
   JobStore* const store_;
