@@ -242,7 +242,7 @@ absl::Status WriteError(int error, const std::string& what) {
 absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
   const fs::path temporary = path.string() + ".tmp-" + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", temporary.string(), ": ", std::strerror(errno)));
+  if (fd < 0) return WriteError(errno, absl::StrCat("cannot create ", temporary.string()));
   size_t written = 0;
   while (written < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
@@ -255,8 +255,9 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes)
     }
     written += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int error = errno;
+  int error = ::fsync(fd) != 0 ? errno : 0;
+  if (::close(fd) != 0 && error == 0) error = errno;  // closed whatever fsync said
+  if (error != 0) {
     ::unlink(temporary.c_str());
     return WriteError(error, absl::StrCat("cannot flush ", temporary.string()));
   }

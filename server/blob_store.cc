@@ -70,9 +70,11 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
     if (error == ENOSPC || error == EDQUOT) {
       return absl::ResourceExhaustedError("DISK_FULL: the server's disk is full; the partial upload was discarded");
     }
-    return absl::InternalError(absl::StrCat("cannot write upload data: ", std::strerror(error)));
+    return absl::InternalError(absl::StrCat("cannot write upload data: ",
+                                            error != 0 ? std::strerror(error) : "the partial file could not be opened"));
   }
   committed_ += static_cast<int64_t>(data.size());
+  store_->Reserve(partial_, total_size_ - committed_);  // what is written now counts as stored
   return absl::OkStatus();
 }
 
@@ -156,28 +158,31 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
   }
   const std::string session = upload_id.empty() ? AnonymousUploadId() : upload_id;
   const fs::path partial = PartialPathOf(sha256, session);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!active_uploads_.insert(partial).second) {
-      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is already writing; retry later");
-    }
-  }
   std::error_code error;
   auto held = fs::file_size(partial, error);
   int64_t committed = error ? 0 : static_cast<int64_t>(held);
-  if (committed > total_size) {  // a stale partial of a different declared size cannot be resumed
-    fs::remove(partial, error);
-    committed = 0;
-  }
-  if (max_stored_bytes_ > 0) {
-    const int64_t stored = StoredBytes();
-    if (stored - committed + total_size > max_stored_bytes_) {
-      EndUpload(partial);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "QUOTA_EXCEEDED: this tenant stores ", stored, " bytes; ", total_size - committed,
-          " more would pass its quota of ", max_stored_bytes_, " bytes (--tenant_max_stored_bytes)"));
+  // Stored bytes are counted outside the lock (a directory scan); what other sessions may still add
+  // is taken under it, together with this session's own reservation.
+  const int64_t stored = max_stored_bytes_ > 0 ? StoredBytes() : 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_uploads_.count(partial) > 0) {
+      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is already writing; retry later");
     }
+    if (committed > total_size) committed = 0;  // a stale partial of another declared size: started over below
+    if (max_stored_bytes_ > 0) {
+      int64_t reserved = 0;
+      for (const auto& [other, remaining] : active_uploads_) reserved += remaining;
+      if (stored + reserved + (total_size - committed) > max_stored_bytes_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "QUOTA_EXCEEDED: this tenant stores ", stored, " bytes and has ", reserved, " more on the way; ",
+            total_size - committed, " more would pass its quota of ", max_stored_bytes_,
+            " bytes (--tenant_max_stored_bytes)"));
+      }
+    }
+    active_uploads_[partial] = total_size - committed;
   }
+  if (committed == 0) fs::remove(partial, error);
   return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, partial, total_size, committed));
 }
 
@@ -209,6 +214,11 @@ int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {
   return removed;
 }
 
+void BlobStore::Touch(const std::string& sha256) {
+  std::error_code ignored;
+  if (Exists(sha256)) fs::last_write_time(PathOf(sha256), fs::file_time_type::clock::now(), ignored);
+}
+
 int64_t BlobStore::Remove(const std::string& sha256) {
   if (!Exists(sha256)) return 0;
   std::error_code error;
@@ -236,6 +246,12 @@ bool BlobStore::RemoveIfCorrupt(const std::string& sha256) {
   if (!actual.ok() || *actual == sha256) return false;
   std::error_code ignored;
   return fs::remove(PathOf(sha256), ignored);
+}
+
+void BlobStore::Reserve(const fs::path& partial, int64_t remaining) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_uploads_.find(partial);
+  if (it != active_uploads_.end()) it->second = remaining;
 }
 
 void BlobStore::EndUpload(const fs::path& partial) {

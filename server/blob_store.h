@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -75,6 +76,9 @@ class BlobStore {
                                                           const std::string& upload_id);
   // Deletes partial uploads that no session is writing and nobody wrote to for `max_age`; returns how many.
   int ExpireStaleUploads(std::chrono::seconds max_age);
+  // Marks a blob as just used (an upload found it already there), so garbage collection of unused
+  // blobs gives the job it is uploaded for its full grace time.
+  void Touch(const std::string& sha256);
   // Deletes a blob; the bytes freed (0 if there was none).
   int64_t Remove(const std::string& sha256);
   // The blobs nobody wrote for `age` or longer.
@@ -91,12 +95,15 @@ class BlobStore {
   BlobStore(std::filesystem::path root, int64_t max_blob_bytes, int64_t max_stored_bytes);
   std::filesystem::path PartialPathOf(const std::string& sha256, const std::string& upload_id) const;
   void EndUpload(const std::filesystem::path& partial);
+  void Reserve(const std::filesystem::path& partial, int64_t remaining);
 
   std::filesystem::path root_;
   int64_t max_blob_bytes_;
   int64_t max_stored_bytes_;
   mutable std::mutex mutex_;
-  std::set<std::filesystem::path> active_uploads_;  // partials being written
+  // Partials being written, with the bytes each may still add (counted against max_stored_bytes, so
+  // that concurrent sessions cannot pass the quota together).
+  std::map<std::filesystem::path, int64_t> active_uploads_;
 };
 
 // Upload ids: 1 to 128 characters of [A-Za-z0-9_-].

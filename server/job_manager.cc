@@ -446,28 +446,36 @@ int64_t FolderBytes(const fs::path& folder) {
 }  // namespace
 
 absl::StatusOr<v1::DeleteJobResponse> JobManager::Delete(const std::string& name) {
-  std::lock_guard<std::mutex> lock(submit_mutex_);
-  absl::StatusOr<v1::Job> job = store_->Get(name);
-  if (!job.ok()) return job.status();
-  if (!IsTerminal(job->state())) {
-    return absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", name, " is ", v1::JobState_Name(job->state()),
-                                                      "; cancel it first"));
+  absl::StatusOr<v1::DeleteJobResponse> deleted;
+  {
+    std::lock_guard<std::mutex> lock(submit_mutex_);
+    absl::StatusOr<v1::Job> job = store_->Get(name);
+    if (!job.ok()) return job.status();
+    if (!IsTerminal(job->state())) {
+      return absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", name, " is ",
+                                                        v1::JobState_Name(job->state()), "; cancel it first"));
+    }
+    deleted = DeleteLocked(*job);
   }
-  return DeleteLocked(*job);
+  // The folder goes without the lock: with the record gone nothing reads it, and a crash before this
+  // leaves a stray folder that garbage collection removes.
+  if (deleted.ok()) deleted->set_bytes_freed(deleted->bytes_freed() + RemoveFolder(JobDir(name)));
+  return deleted;
 }
 
-v1::DeleteJobResponse JobManager::DeleteLocked(const v1::Job& job) {
-  v1::DeleteJobResponse response;
-  response.set_name(job.name());
+int64_t JobManager::RemoveFolder(const fs::path& folder) {
+  const int64_t bytes = FolderBytes(folder);
+  std::error_code ignored;
+  fs::remove_all(folder, ignored);
+  return bytes;
+}
+
+absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& job) {
   // The record goes first: a crash after it leaves only files, which garbage collection finds.
   absl::Status deleted = store_->Delete(job.name());
-  if (!deleted.ok()) {
-    std::cerr << "onnxopt-server: cannot delete " << job.name() << ": " << deleted << std::endl;
-    return response;
-  }
-  std::error_code error;
-  int64_t freed = FolderBytes(JobDir(job.name()));
-  fs::remove_all(JobDir(job.name()), error);
+  if (!deleted.ok()) return deleted;
+  v1::DeleteJobResponse response;
+  response.set_name(job.name());
   std::set<std::string> used;
   for (const v1::Job& other : store_->All()) {
     if (other.tenant() != job.tenant()) continue;
@@ -480,53 +488,57 @@ v1::DeleteJobResponse JobManager::DeleteLocked(const v1::Job& job) {
       if (used.count(digest) > 0) continue;
       const int64_t bytes = (*blobs)->Remove(digest);
       if (bytes > 0) response.set_blobs_deleted(response.blobs_deleted() + 1);
-      freed += bytes;
+      response.set_bytes_freed(response.bytes_freed() + bytes);
     }
   }
-  response.set_bytes_freed(freed);
   return response;
 }
 
 JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age) {
   Collected collected;
-  std::lock_guard<std::mutex> lock(submit_mutex_);
-  if (retention.count() > 0) {
-    const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
-    for (const v1::Job& job : store_->All()) {
-      if (!IsTerminal(job.state()) || !job.has_end_time() ||
-          google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
-        continue;
+  std::vector<fs::path> folders;  // removed once the lock is released
+  {
+    std::lock_guard<std::mutex> lock(submit_mutex_);
+    if (retention.count() > 0) {
+      const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
+      for (const v1::Job& job : store_->All()) {
+        if (!IsTerminal(job.state()) || !job.has_end_time() ||
+            google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
+          continue;
+        }
+        absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job);
+        if (!deleted.ok()) {
+          std::cerr << "onnxopt-server: cannot delete expired " << job.name() << ": " << deleted.status() << std::endl;
+          continue;
+        }
+        ++collected.jobs;
+        collected.blobs += deleted->blobs_deleted();
+        collected.bytes += deleted->bytes_freed();
       }
-      v1::DeleteJobResponse deleted = DeleteLocked(job);
-      ++collected.jobs;
-      collected.blobs += deleted.blobs_deleted();
-      collected.bytes += deleted.bytes_freed();
+    }
+    // Blobs no job of their tenant uses, that nobody wrote for the orphan age.
+    std::map<std::string, std::set<std::string>> used;  // tenant -> digests
+    std::set<std::string> names;
+    for (const v1::Job& job : store_->All()) {
+      names.insert(std::string(absl::StripPrefix(job.name(), "jobs/")));
+      for (const std::string& digest : BlobsOf(job)) used[job.tenant()].insert(digest);
+    }
+    blobs_->ForEach([&](const std::string& tenant, BlobStore& store) {
+      for (const std::string& digest : store.BlobsOlderThan(orphan_age)) {
+        if (used[tenant].count(digest) > 0) continue;
+        const int64_t bytes = store.Remove(digest);
+        collected.blobs += bytes > 0;
+        collected.bytes += bytes;
+      }
+    });
+    // Folders without a job: the expired jobs' and any a crash left.
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(options_.data_dir / "jobs", error)) {
+      if (names.count(entry.path().filename().string()) == 0) folders.push_back(entry.path());
     }
   }
-  // Blobs no job of their tenant uses, that nobody wrote for the orphan age.
-  std::map<std::string, std::set<std::string>> used;  // tenant -> digests
-  std::set<std::string> names;
-  for (const v1::Job& job : store_->All()) {
-    names.insert(std::string(absl::StripPrefix(job.name(), "jobs/")));
-    for (const std::string& digest : BlobsOf(job)) used[job.tenant()].insert(digest);
-  }
-  blobs_->ForEach([&](const std::string& tenant, BlobStore& store) {
-    for (const std::string& digest : store.BlobsOlderThan(orphan_age)) {
-      if (used[tenant].count(digest) > 0) continue;
-      const int64_t bytes = store.Remove(digest);
-      collected.blobs += bytes > 0;
-      collected.bytes += bytes;
-    }
-  });
-  // Folders of jobs whose record is gone.
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(options_.data_dir / "jobs", error)) {
-    if (names.count(entry.path().filename().string()) > 0) continue;
-    collected.bytes += FolderBytes(entry.path());
-    std::error_code ignored;
-    fs::remove_all(entry.path(), ignored);
-    ++collected.folders;
-  }
+  for (const fs::path& folder : folders) collected.bytes += RemoveFolder(folder);
+  collected.folders = std::max(0, static_cast<int>(folders.size()) - collected.jobs);
   return collected;
 }
 

@@ -103,9 +103,11 @@ class JobManager {
   // Completes the stored job `job` (QUEUED, not in the queue) with `source`'s result: its files linked
   // into the job's folder, its report marked as cached. False (nothing kept) when the files are gone.
   bool ServeFromCache(const v1::Job& job, const v1::Job& source);
-  // Deletes `job` (finished) with submit_mutex_ held: blobs are only removed while no CreateJob can
-  // start using them.
-  v1::DeleteJobResponse DeleteLocked(const v1::Job& job);
+  // Deletes `job`'s record and the blobs no other job of its tenant uses, with submit_mutex_ held:
+  // blobs are only removed while no CreateJob can start using them. The folder is left to the caller.
+  absl::StatusOr<v1::DeleteJobResponse> DeleteLocked(const v1::Job& job);
+  // Removes a folder; the bytes it held.
+  static int64_t RemoveFolder(const std::filesystem::path& folder);
   std::filesystem::path JobDir(const std::string& job_name) const;
 
   const JobManagerOptions options_;

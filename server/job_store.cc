@@ -1,5 +1,7 @@
 #include "server/job_store.h"
 
+#include <iostream>
+
 #include <sqlite3.h>
 
 #include <random>
@@ -131,6 +133,9 @@ absl::Status JobStore::Persist(const Entry& entry, bool insert) {
   sqlite3_bind_blob(statement, 5, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
   const int result = sqlite3_step(statement);
   sqlite3_finalize(statement);
+  if (result == SQLITE_FULL) {
+    return absl::ResourceExhaustedError(absl::StrCat("DISK_FULL: the job database cannot grow: ", sqlite3_errmsg(db_)));
+  }
   if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
   return absl::OkStatus();
 }
@@ -192,7 +197,7 @@ absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::fun
   changed_.notify_all();
   if (!status.ok()) {
     unsaved_.insert(name);
-    return status;
+    std::cerr << "onnxopt-server: " << name << " changed in memory only for now: " << status << std::endl;
   }
   return it->second.job;
 }

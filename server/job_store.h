@@ -42,8 +42,8 @@ class JobStore {
   // Request ids are per tenant: another tenant's id neither finds nor blocks anything.
   std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const;
   // Applies `mutate` to the job, persists it and wakes watchers. NOT_FOUND for unknown jobs. When the
-  // database refuses the write (INTERNAL), the change still holds in memory and is written with a later
-  // update.
+  // database refuses the write (a full disk), the change still holds (and is returned) and is written
+  // with a later update; the refusal is logged.
   absl::StatusOr<v1::Job> Update(const std::string& name, const std::function<void(v1::Job&)>& mutate);
 
   struct Page {

@@ -50,11 +50,17 @@ absl::StatusOr<Caller> OptimizerService::CallerOf(const grpc::ServerContext* con
   return auth_->Authenticate(header);
 }
 
-absl::StatusOr<v1::Job> OptimizerService::CallersJob(const grpc::ServerContext* context, const std::string& name) const {
+absl::StatusOr<v1::Job> OptimizerService::CallersJob(const grpc::ServerContext* context, const std::string& name,
+                                                     Access access) const {
   absl::StatusOr<Caller> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
   absl::StatusOr<v1::Job> job = store_->Get(name);
   if (job.ok() && !caller->MaySee(job->tenant())) return JobNotFound(name);
+  if (job.ok() && access == Access::kOwner && job->tenant() != caller->tenant) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "NOT_OWNER: ", name, " belongs to another tenant; admin tokens read every tenant's jobs, only the owner "
+        "cancels or deletes them"));
+  }
   return job;
 }
 
@@ -76,6 +82,7 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   const int64_t total_size = message.total_size();
   response->set_sha256(sha256);
   if ((*blobs)->Exists(sha256)) {  // content-addressed: nothing more to receive
+    (*blobs)->Touch(sha256);       // about to be used: not garbage for another grace period
     response->set_size((*blobs)->CommittedSize(sha256, ""));
     return grpc::Status::OK;
   }
@@ -116,6 +123,7 @@ grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext* context, con
     if (absl::Status id = CheckUploadId(request->upload_id()); !id.ok()) return ToGrpc(id);
     response->set_sha256(request->sha256());
     response->set_complete((*blobs)->Exists(request->sha256()));
+    if (response->complete()) (*blobs)->Touch(request->sha256());  // a client about to use it skips the upload
     response->set_committed_size((*blobs)->CommittedSize(request->sha256(), request->upload_id()));
     return grpc::Status::OK;
   });
@@ -167,6 +175,7 @@ grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::
       while (!store_->WaitForChange(request->name(), &version,
                                     std::chrono::steady_clock::now() + std::chrono::milliseconds(500), &changed)) {
         if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED: watch cancelled");
+        if (absl::StatusOr<v1::Job> still = store_->Get(request->name()); !still.ok()) return ToGrpc(still.status());
       }
       *event.mutable_job() = changed;
     }
@@ -176,7 +185,7 @@ grpc::Status OptimizerService::WatchJob(grpc::ServerContext* context, const v1::
 grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                          v1::Job* response) {
   return Guarded([&] {
-    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name(), Access::kOwner);
     if (!job.ok()) return ToGrpc(job.status());
     return Respond(jobs_->Cancel(request->name()), response);
   });
@@ -185,7 +194,7 @@ grpc::Status OptimizerService::CancelJob(grpc::ServerContext* context, const v1:
 grpc::Status OptimizerService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                                          v1::DeleteJobResponse* response) {
   return Guarded([&] {
-    absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
+    absl::StatusOr<v1::Job> job = CallersJob(context, request->name(), Access::kOwner);
     if (!job.ok()) return ToGrpc(job.status());
     absl::StatusOr<v1::DeleteJobResponse> deleted = jobs_->Delete(request->name());
     if (!deleted.ok()) return ToGrpc(deleted.status());

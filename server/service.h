@@ -53,7 +53,10 @@ class OptimizerService final : public v1::Optimizer::Service {
   absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* context) const;
   // The job `name` if the caller may see it (UNAUTHENTICATED as CallerOf); another tenant's job answers
   // exactly like a name that does not exist.
-  absl::StatusOr<v1::Job> CallersJob(const grpc::ServerContext* context, const std::string& name) const;
+  // kOwner (cancel, delete): PERMISSION_DENIED for an admin's call on another tenant's job.
+  enum class Access { kRead, kOwner };
+  absl::StatusOr<v1::Job> CallersJob(const grpc::ServerContext* context, const std::string& name,
+                                     Access access = Access::kRead) const;
 
   TenantBlobStores* const blobs_;
   JobStore* const store_;

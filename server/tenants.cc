@@ -121,8 +121,12 @@ void TenantBlobStores::ForEach(const std::function<void(const std::string& tenan
     if (IsValidTenantName(name)) (void)For(name);
   }
   visit("", *default_store_);
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [tenant, store] : stores_) visit(tenant, *store);
+  std::vector<std::pair<std::string, BlobStore*>> stores;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // not held while visiting: For() must not wait on a sweep
+    for (auto& [tenant, store] : stores_) stores.push_back({tenant, store.get()});
+  }
+  for (auto& [tenant, store] : stores) visit(tenant, *store);
 }
 
 }  // namespace onnxopt::server

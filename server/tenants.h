@@ -9,7 +9,7 @@
 // Each tenant sees only its own jobs, uploads and blobs: another tenant's names answer NOT_FOUND
 // exactly like names that do not exist, and blobs are stored per tenant, so nobody can learn whether
 // someone else uploaded a file by asking for its hash. Admins may list every tenant's jobs and read
-// them. Without the file, authentication is off and every caller is the one default tenant ("").
+// them; only the owner cancels or deletes a job. Without the file, authentication is off and every caller is the one default tenant ("").
 #ifndef ONNXOPT_SERVER_TENANTS_H_
 #define ONNXOPT_SERVER_TENANTS_H_
 

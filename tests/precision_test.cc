@@ -248,6 +248,33 @@ TEST(PrecisionTest, Int8QuantizesTheEmbeddingTablesOfAFusedHfEncoder) {
   EXPECT_GE(OpCount(unfused->report, "DequantizeLinear"), 1);
 }
 
+TEST(PrecisionTest, Int8EmbeddingTablesKeepValuesFarFromZero) {
+  // An all-positive table (like a LayerNorm gamma, 0.5..1.5): its int8 range must still reach 1.5.
+  onnx::GraphProto graph;
+  *graph.add_input() = testing::MakeValue("ids", onnx::TensorProto::INT64, {1, 8});
+  *graph.add_output() = testing::FloatValue("rows", {1, 8, 64});
+  std::vector<float> table = testing::RandomFloats(64 * 64, 9);
+  for (float& value : table) value = 1.0f + 0.5f * std::tanh(value);
+  *graph.add_initializer() = testing::FloatTensor("table", {64, 64}, table);
+  *graph.add_node() = testing::MakeNode("Gather", {"table", "ids"}, {"rows"});
+  const fs::path dir = testing::TempDir("precision_positive_table");
+  ASSERT_TRUE(SaveModel(testing::MakeModel(graph), dir / "model.onnx").ok());
+  OptimizeRequest request;
+  request.model_path = dir / "model.onnx";
+  request.output_dir = dir / "out";
+  request.config.set_preset("none");
+  request.config.mutable_precision()->set_mode("int8_dynamic");
+  request.config.mutable_benchmark()->set_skip(true);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->report.precision().precision(), "int8") << result->report.precision().note();
+  EXPECT_EQ(OpCount(result->report, "DequantizeLinear"), 1);
+  EXPECT_EQ(result->report.precision().kept_nodes_size(), 0);
+  for (const auto& output : result->report.parity().outputs()) {
+    EXPECT_LT(output.max_abs_error(), 0.01) << "one int8 step of a [0, 1.5] range is 0.006";
+  }
+}
+
 TEST(PrecisionTest, Int8StaticWritesQdqWithCalibratedRangesByEveryMethod) {
   for (const std::string method : {"minmax", "percentile", "entropy"}) {
     auto result = OptimizeWith("transformers/bert_opset17.onnx", "int8_static", "int8_static_" + method,

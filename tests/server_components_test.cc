@@ -89,6 +89,25 @@ TEST(BlobStoreTest, RefusesBadDigestsOversizeDataAndConcurrentWritesToOneSession
 }
 
 // Garbage written under a real file's hash, finished or left open, spoils only the writer's session.
+TEST(BlobStoreTest, TheStorageQuotaCountsUploadsInFlight) {
+  TempDir dir;
+  auto store = BlobStore::Open(dir.path(), 100, /*max_stored_bytes=*/150);
+  ASSERT_TRUE(store.ok());
+  const std::string a(80, 'a'), b(80, 'b');
+  auto first = (*store)->BeginUpload(Sha256OfBytes(a), 80, "first");
+  ASSERT_TRUE(first.ok());
+  auto second = (*store)->BeginUpload(Sha256OfBytes(b), 80, "second");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << "80 on the way + 80 > 150";
+  EXPECT_NE(second.status().message().find("QUOTA_EXCEEDED"), std::string::npos) << second.status();
+  ASSERT_TRUE((*first)->Append(0, a).ok());
+  ASSERT_TRUE((*first)->Finish().ok());
+  first->reset();
+  EXPECT_EQ((*store)->StoredBytes(), 80);
+  EXPECT_EQ((*store)->BeginUpload(Sha256OfBytes(b), 80, "second").status().code(), absl::StatusCode::kResourceExhausted)
+      << "80 stored + 80 > 150";
+  EXPECT_TRUE((*store)->BeginUpload(Sha256OfBytes("small"), 5, "third").ok());
+}
+
 TEST(BlobStoreTest, OneSessionCannotPoisonAnother) {
   TempDir dir;
   auto store = BlobStore::Open(dir.path(), 1 << 20);

@@ -176,6 +176,9 @@ TEST_F(TenantsTest, AnotherTenantsNamesAnswerLikeNamesThatDoNotExist) {
   EXPECT_TRUE(absl::StrContains(status.out, "team-a")) << status.out;
   Result alice_status = Cli({"status", job}, alice);
   EXPECT_EQ(alice_status.code, 0) << alice_status.err;
+  Result admin_delete = Cli({"delete", job}, root);
+  EXPECT_TRUE(absl::StrContains(admin_delete.err, "PERMISSION_DENIED: NOT_OWNER")) << "admins read, owners delete: "
+                                                                                   << admin_delete.err;
 
   // Blobs live apart per tenant.
   EXPECT_TRUE(fs::exists(dir_ / "data" / "tenants" / "team-a" / "blobs" / digest));

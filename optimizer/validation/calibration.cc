@@ -62,8 +62,9 @@ void Histogram::Add(const float* values, size_t n) {
   const int last = static_cast<int>(counts.size()) - 1;
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(values[i])) continue;
-    const int bin = width > 0 ? static_cast<int>((values[i] - low) / width) : 0;
-    counts[static_cast<size_t>(std::clamp(bin, 0, last))] += 1;
+    // Clamped as a double: a value far outside [low, high] must not overflow the int conversion.
+    const double position = width > 0 ? (values[i] - low) / width : 0.0;
+    counts[static_cast<size_t>(std::clamp(position, 0.0, static_cast<double>(last)))] += 1;
   }
 }
 

@@ -3,8 +3,9 @@
 //
 // Methods, as ONNX Runtime's and TensorRT's calibrators name them:
 //   minmax      the smallest and largest value seen;
-//   percentile  the same with the outermost 0.001% of values (each tail) cut off, so that a rare
-//               outlier does not widen the step for everything else;
+//   percentile  the same with the outermost 0.001% of values cut off (half from each tail, as ONNX
+//               Runtime's calibrator does), so that a rare outlier does not widen the step for
+//               everything else;
 //   entropy     the clipping threshold |x| <= t whose 128-level quantization loses the least
 //               information, in Kullback-Leibler divergence, of the histogram of |x| (TensorRT's
 //               algorithm), intersected with the seen range.
@@ -45,9 +46,10 @@ ValueRange PercentileRange(const Histogram& histogram, double percentile);
 // quantization from the clipped distribution.
 float EntropyThreshold(const Histogram& magnitudes);
 
-// Every float32 value `values` names, on every input set: its range by `method` (minmax, percentile
-// or entropy; INVALID_ARGUMENT otherwise). The model runs without ONNX Runtime's rewrites, each value
-// fetched through an Identity; values never seen (not float32, empty) are left out of the result.
+// Every value `values` names (each must be float32: it is fetched as a float32 graph output), on
+// every input set: its range by `method` (minmax, percentile or entropy; INVALID_ARGUMENT otherwise).
+// The model runs without ONNX Runtime's rewrites, each value fetched through an Identity; values that
+// never hold a finite element are left out of the result.
 // INTERNAL when ONNX Runtime cannot run it; CANCELLED on cancel.
 absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
                                                                    const std::vector<std::string>& values,

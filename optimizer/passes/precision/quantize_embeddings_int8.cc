@@ -17,9 +17,9 @@
 //   Only when every reader of the table is such a Gather (a table tied to an output projection
 //   would otherwise be stored twice).
 //
-// Each tensor is quantized per tensor, asymmetrically over its own [min, max] (ONNX Runtime's
-// operator takes one scale and zero point per tensor): scale = (max - min) / 255,
-// zero_point = round(-128 - min / scale).
+// Each tensor is quantized per tensor, asymmetrically over its own range widened to hold 0 (ONNX
+// Runtime's operator takes one scale and zero point per tensor): scale = (max - min) / 255,
+// zero_point = round(-128 - min / scale), which then lies in [-128, 127].
 #include <algorithm>
 #include <cmath>
 
@@ -43,14 +43,16 @@ std::optional<QuantizedTable> QuantizeTable(Graph& graph, const std::string& val
   if (tensor == nullptr || tensor->data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
   std::optional<std::vector<float>> floats = TensorFloats(*tensor);
   if (!floats || floats->empty()) return std::nullopt;
-  float low = (*floats)[0], high = (*floats)[0];
+  // The range holds 0, so that the zero point stays inside int8 (an all-positive gamma would otherwise
+  // need one below -128 and be clipped).
+  float low = 0, high = 0;
   for (float x : *floats) {
     if (!std::isfinite(x)) return std::nullopt;
     low = std::min(low, x);
     high = std::max(high, x);
   }
   float scale = (high - low) / 255.0f;
-  if (!(scale > 0)) scale = high != 0 ? std::fabs(high) / 127.0f : 1.0f;
+  if (!(scale > 0)) scale = 1.0f;  // all zeros
   const float zero_point = std::clamp(std::nearbyint(-128.0f - low / scale), -128.0f, 127.0f);
   std::string raw(floats->size(), '\0');
   for (size_t i = 0; i < floats->size(); ++i) {
