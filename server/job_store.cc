@@ -30,9 +30,11 @@ std::string ColumnText(sqlite3_stmt* statement, int column) {
 
 // What is left of a job whose stored record does not parse (written by an older version, or damaged).
 // One that had not finished cannot be run again without its request, so it is failed, saying why.
-v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state) {
+v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state,
+                      const std::string& tenant) {
   v1::Job job;
   job.set_name(name);
+  job.set_tenant(tenant);  // from its own column: the job stays its owner's
   job.set_request_id(request_id);
   job.set_state(IsTerminal(state) ? state : v1::FAILED);
   if (state != v1::SUCCEEDED) {
@@ -43,6 +45,16 @@ v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1
                                     v1::JobState_Name(state), "); submit the model again"));
   }
   return job;
+}
+
+bool HasColumn(sqlite3* db, const std::string& table, const std::string& column) {
+  sqlite3_stmt* statement = nullptr;
+  bool found = false;
+  if (sqlite3_prepare_v2(db, absl::StrCat("PRAGMA table_info(", table, ")").c_str(), -1, &statement, nullptr) == SQLITE_OK) {
+    while (sqlite3_step(statement) == SQLITE_ROW) found |= ColumnText(statement, 1) == column;
+  }
+  sqlite3_finalize(statement);
+  return found;
 }
 
 absl::Status Exec(sqlite3* db, const char* sql) {
@@ -87,9 +99,15 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
     absl::Status status = Exec(db, sql);
     if (!status.ok()) return status;
   }
+  // Schema 2 (tenants): the owner in a column of its own, so that a record that cannot be parsed
+  // still belongs to its tenant. Databases of earlier versions gain the column (their jobs: tenant "").
+  if (!HasColumn(db, "jobs", "tenant")) {
+    absl::Status status = Exec(db, "ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT ''");
+    if (!status.ok()) return status;
+  }
   sqlite3_stmt* statement = nullptr;
-  sqlite3_prepare_v2(db, "SELECT sequence, name, request_id, state, job FROM jobs ORDER BY sequence", -1, &statement,
-                     nullptr);
+  sqlite3_prepare_v2(db, "SELECT sequence, name, request_id, state, job, tenant FROM jobs ORDER BY sequence", -1,
+                     &statement, nullptr);
   std::vector<Entry> unreadable;
   while (sqlite3_step(statement) == SQLITE_ROW) {
     Entry entry;
@@ -99,7 +117,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
     const void* blob = sqlite3_column_blob(statement, 4);
     if (!entry.job.ParseFromArray(blob, sqlite3_column_bytes(statement, 4))) {
       entry.job = UnreadableJob(ColumnText(statement, 1), ColumnText(statement, 2),
-                                static_cast<v1::JobState>(sqlite3_column_int(statement, 3)));
+                                static_cast<v1::JobState>(sqlite3_column_int(statement, 3)), ColumnText(statement, 5));
       unreadable.push_back(entry);
     }
     if (entry.job.name().empty() || store->jobs_.count(entry.job.name()) > 0) continue;
@@ -117,7 +135,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
 }
 
 absl::Status JobStore::Persist(const Entry& entry, bool insert) {
-  const char* sql = insert ? "INSERT INTO jobs (sequence, name, request_id, state, job) VALUES (?1, ?2, ?3, ?4, ?5)"
+  const char* sql = insert ? "INSERT INTO jobs (sequence, name, request_id, state, job, tenant) "
+                             "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
                            : "UPDATE jobs SET state = ?4, job = ?5 WHERE sequence = ?1";
   sqlite3_stmt* statement = nullptr;
   if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) {
@@ -128,6 +147,7 @@ absl::Status JobStore::Persist(const Entry& entry, bool insert) {
   if (insert) {
     sqlite3_bind_text(statement, 2, entry.job.name().c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(statement, 3, entry.job.request_id().c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(statement, 6, entry.job.tenant().c_str(), -1, SQLITE_TRANSIENT);
   }
   sqlite3_bind_int(statement, 4, entry.job.state());
   sqlite3_bind_blob(statement, 5, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);

@@ -207,6 +207,37 @@ TEST(JobStoreTest, TextFromModelsIsStoredAsValidUtf8) {
 
 // A record that does not parse (written before the fix above, or damaged) neither hides its job nor
 // lets a new job reuse its sequence number.
+TEST(JobStoreTest, ADatabaseFromBeforeTenantsGainsTheTenantColumn) {
+  TempDir dir;
+  const fs::path database = dir.path() / "jobs.sqlite3";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(database.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE jobs (sequence INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, "
+                           "request_id TEXT, state INTEGER NOT NULL, job BLOB NOT NULL)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    v1::Job old = NewJob();
+    old.set_name("jobs/old");
+    const std::string bytes = old.SerializeAsString();
+    sqlite3_stmt* statement = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO jobs VALUES (1, 'jobs/old', '', 1, ?1)", -1, &statement, nullptr);
+    sqlite3_bind_blob(statement, 1, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(statement), SQLITE_DONE);
+    sqlite3_finalize(statement);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(database);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Get("jobs/old")->tenant(), "");
+  bool created = false;
+  v1::Job owned = NewJob();
+  owned.set_tenant("team-a");
+  ASSERT_TRUE((*store)->Create(owned, &created).ok());
+  EXPECT_EQ((*store)->CountActive("team-a"), 1);
+}
+
 TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   TempDir dir;
   const fs::path database = dir.path() / "jobs.sqlite3";
@@ -215,7 +246,9 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
     auto store = JobStore::Open(database);
     bool created;
     ASSERT_TRUE((*store)->Create(NewJob(), &created).ok());
-    name = (*store)->Create(NewJob("retry-me"), &created)->name();
+    v1::Job owned = NewJob("retry-me");
+    owned.set_tenant("team-a");
+    name = (*store)->Create(owned, &created)->name();
   }
   {
     // What an older server wrote: a Job whose error message holds the byte 0xff.
@@ -243,6 +276,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   EXPECT_EQ(job->state(), v1::FAILED);
   EXPECT_EQ(job->error().reason(), "JOB_RECORD_UNREADABLE");
   EXPECT_EQ(job->request_id(), "retry-me");
+  EXPECT_EQ(job->tenant(), "team-a") << "an unreadable record stays its owner's";
   ASSERT_EQ((*store)->Unfinished().size(), 1u) << "only the readable queued job is left to run";
   EXPECT_NE((*store)->Unfinished()[0].name(), name);
   bool created = false;
