@@ -17,4 +17,6 @@ echo
 echo
 ./build/tests/onnxopt-throughput-benchmark
 echo
-./build/tests/onnxopt-precision-benchmark --samples=30 --budget=15
+./build/tests/onnxopt-precision-benchmark --samples=100 --budget=20
+echo
+./build/tests/onnxopt-soak --models=1000 --kill-rounds=3
