@@ -1,14 +1,19 @@
 #include "server/job_store.h"
 
-#include <iostream>
-
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <sqlite3.h>
 
+#include <cstring>
+#include <iostream>
 #include <random>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/sha256.h"
 #include "optimizer/utf8.h"
 
 namespace onnxopt::server {
@@ -57,6 +62,54 @@ bool HasColumn(sqlite3* db, const std::string& table, const std::string& column)
   return found;
 }
 
+// 16 random bytes stored in the settings table, made on first use.
+absl::StatusOr<std::string> PageTokenKey(sqlite3* db) {
+  sqlite3_stmt* statement = nullptr;
+  std::string key;
+  if (sqlite3_prepare_v2(db, "SELECT value FROM settings WHERE name = 'page_token_key'", -1, &statement, nullptr) ==
+          SQLITE_OK &&
+      sqlite3_step(statement) == SQLITE_ROW) {
+    key.assign(static_cast<const char*>(sqlite3_column_blob(statement, 0)),
+               static_cast<size_t>(sqlite3_column_bytes(statement, 0)));
+  }
+  sqlite3_finalize(statement);
+  if (key.size() == 16) return key;
+  key.resize(16);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), 16) != 1) {
+    return absl::InternalError("cannot draw a random page token key");
+  }
+  sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO settings (name, value) VALUES ('page_token_key', ?1)", -1, &statement,
+                     nullptr);
+  sqlite3_bind_blob(statement, 1, key.data(), 16, SQLITE_TRANSIENT);
+  const int result = sqlite3_step(statement);
+  sqlite3_finalize(statement);
+  if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db)));
+  return key;
+}
+
+// One AES-128 block, in either direction (a 16-byte token is one block: ECB is a plain permutation).
+std::optional<std::string> AesBlock(const std::string& key, const std::string& block, bool encrypt) {
+  EVP_CIPHER_CTX* context = EVP_CIPHER_CTX_new();
+  std::string out(32, '\0');
+  int length = 0, final_length = 0;
+  const bool ok = context != nullptr &&
+                  EVP_CipherInit_ex(context, EVP_aes_128_ecb(), nullptr,
+                                    reinterpret_cast<const unsigned char*>(key.data()), nullptr, encrypt ? 1 : 0) == 1 &&
+                  EVP_CIPHER_CTX_set_padding(context, 0) == 1 &&
+                  EVP_CipherUpdate(context, reinterpret_cast<unsigned char*>(out.data()), &length,
+                                   reinterpret_cast<const unsigned char*>(block.data()), 16) == 1 &&
+                  EVP_CipherFinal_ex(context, reinterpret_cast<unsigned char*>(out.data()) + length, &final_length) == 1;
+  EVP_CIPHER_CTX_free(context);
+  if (!ok || length + final_length != 16) return std::nullopt;
+  out.resize(16);
+  return out;
+}
+
+// What a page token seals: where the next page starts and whose listing it belongs to.
+std::string PageScope(const std::optional<std::string>& tenant) {
+  return Sha256OfBytes(tenant ? "tenant:" + *tenant : std::string("all")).substr(0, 16);
+}
+
 absl::Status Exec(sqlite3* db, const char* sql) {
   char* error = nullptr;
   if (sqlite3_exec(db, sql, nullptr, nullptr, &error) != SQLITE_OK) {
@@ -99,6 +152,14 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::filesystem::
     absl::Status status = Exec(db, sql);
     if (!status.ok()) return status;
   }
+  // The key page tokens are sealed with (made once, kept with the jobs so tokens outlive restarts).
+  if (absl::Status status = Exec(db, "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value BLOB NOT NULL)");
+      !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<std::string> key = PageTokenKey(db);
+  if (!key.ok()) return key.status();
+  store->page_key_ = *std::move(key);
   // Schema 2 (tenants): the owner in a column of its own, so that a record that cannot be parsed
   // still belongs to its tenant. Databases of earlier versions gain the column (their jobs: tenant "").
   if (!HasColumn(db, "jobs", "tenant")) {
@@ -224,9 +285,18 @@ absl::StatusOr<v1::Job> JobStore::Update(const std::string& name, const std::fun
 
 absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size, const std::string& page_token,
                                               const std::optional<std::string>& tenant) const {
+  // Tokens are sealed: a tenant's token tells nothing of how many jobs others made in between.
   int64_t before = INT64_MAX;
-  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
-    return absl::InvalidArgumentError("BAD_PAGE_TOKEN: page_token is not one this server handed out");
+  if (!page_token.empty()) {
+    std::string sealed;
+    std::optional<std::string> block;
+    if (page_token.size() == 32 && absl::ascii_isxdigit(page_token[0])) sealed = absl::HexStringToBytes(page_token);
+    if (sealed.size() == 16) block = AesBlock(page_key_, sealed, /*encrypt=*/false);
+    const std::string scope = PageScope(tenant);
+    if (!block || absl::BytesToHexString(block->substr(8)) != scope ||
+        (std::memcpy(&before, block->data(), 8), before <= 0)) {
+      return absl::InvalidArgumentError("BAD_PAGE_TOKEN: page_token is not one this server handed out for this listing");
+    }
   }
   if (page_size <= 0) page_size = 50;
   page_size = std::min(page_size, 500);
@@ -238,7 +308,11 @@ absl::StatusOr<JobStore::Page> JobStore::List(v1::JobState state, int page_size,
     if (state != v1::JOB_STATE_UNSPECIFIED && entry.job.state() != state) continue;
     if (tenant && entry.job.tenant() != *tenant) continue;
     if (static_cast<int>(page.jobs.size()) == page_size) {
-      page.next_page_token = std::to_string(entry.sequence + 1);
+      const int64_t next = entry.sequence + 1;
+      std::string block(reinterpret_cast<const char*>(&next), 8);
+      block += absl::HexStringToBytes(PageScope(tenant));
+      std::optional<std::string> sealed = AesBlock(page_key_, block, /*encrypt=*/true);
+      if (sealed) page.next_page_token = absl::BytesToHexString(*sealed);
       break;
     }
     page.jobs.push_back(entry.job);

@@ -91,6 +91,7 @@ class JobStore {
   std::unordered_map<std::string, std::string> by_request_id_;
   int64_t next_sequence_ = 1;
   std::set<std::string> unsaved_;  // updated in memory, not yet in the database
+  std::string page_key_;           // seals ListJobs page tokens
 };
 
 }  // namespace onnxopt::server

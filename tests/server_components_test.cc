@@ -346,6 +346,38 @@ TEST(TenantsTest, TokenFilesParseStrictlyAndTokensAreCheckedByDigest) {
   EXPECT_FALSE(IsValidTenantName("..")) << "tenant names become folder names";
 }
 
+TEST(JobStoreTest, PageTokensAreSealedPerListingAndOutliveRestarts) {
+  TempDir dir;
+  const fs::path database = dir.path() / "jobs.sqlite3";
+  std::string token;
+  {
+    auto store = JobStore::Open(database);
+    ASSERT_TRUE(store.ok());
+    bool created = false;
+    for (int i = 0; i < 6; ++i) {
+      v1::Job job = NewJob();
+      job.set_tenant(i % 3 == 0 ? "team-a" : "team-b");  // team-a: jobs 1 and 4 of 6
+      ASSERT_TRUE((*store)->Create(job, &created).ok());
+    }
+    auto first = (*store)->List(v1::JOB_STATE_UNSPECIFIED, 1, "", std::string("team-a"));
+    ASSERT_TRUE(first.ok());
+    token = first->next_page_token;
+    ASSERT_EQ(token.size(), 32u);
+    EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos);
+    EXPECT_NE(token, "4") << "not the bare sequence number, which would count other tenants' jobs";
+    EXPECT_EQ((*store)->List(v1::JOB_STATE_UNSPECIFIED, 1, token, std::string("team-b")).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "another listing's token is refused";
+  }
+  auto store = JobStore::Open(database);
+  ASSERT_TRUE(store.ok());
+  auto second = (*store)->List(v1::JOB_STATE_UNSPECIFIED, 1, token, std::string("team-a"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->jobs.size(), 1u);
+  EXPECT_EQ(second->jobs[0].tenant(), "team-a");
+  EXPECT_TRUE(second->next_page_token.empty()) << "team-a has two jobs";
+}
+
 TEST(JobStoreTest, WatchersWakeOnChange) {
   TempDir dir;
   auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
