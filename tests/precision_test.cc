@@ -25,16 +25,34 @@ namespace {
 namespace fs = std::filesystem;
 using testing::FixturePath;
 
-absl::StatusOr<OptimizeResult> OptimizeWith(const std::string& fixture, const std::string& mode,
-                                            const std::string& dir_name,
-                                            const std::function<void(v1::OptimizationConfig&)>& adjust = nullptr) {
+using Adjust = std::function<void(v1::OptimizationConfig&)>;
+
+absl::StatusOr<OptimizeResult> OptimizeModel(const fs::path& model, const std::string& mode, const std::string& dir_name,
+                                             const Adjust& adjust = nullptr) {
   OptimizeRequest request;
-  request.model_path = FixturePath(fixture);
+  request.model_path = model;
   request.output_dir = testing::TempDir(absl::StrCat("precision_", dir_name)) / "out";
   request.config.mutable_precision()->set_mode(mode);
   request.config.mutable_benchmark()->set_skip(true);
   if (adjust) adjust(request.config);
   return Optimize(request);
+}
+
+absl::StatusOr<OptimizeResult> OptimizeWith(const std::string& fixture, const std::string& mode,
+                                            const std::string& dir_name, const Adjust& adjust = nullptr) {
+  return OptimizeModel(FixturePath(fixture), mode, dir_name, adjust);
+}
+
+// A model built by the test, through the empty preset (the precision pass alone).
+absl::StatusOr<OptimizeResult> OptimizeGraph(const onnx::GraphProto& graph, const std::string& mode,
+                                             const std::string& dir_name, const Adjust& adjust = nullptr) {
+  const fs::path model = testing::TempDir(absl::StrCat("precision_", dir_name, "_model")) / "model.onnx";
+  absl::Status saved = SaveModel(testing::MakeModel(graph), model).status();
+  if (!saved.ok()) return saved;
+  return OptimizeModel(model, mode, dir_name, [&](v1::OptimizationConfig& config) {
+    config.set_preset("none");
+    if (adjust) adjust(config);
+  });
 }
 
 int64_t OpCount(const v1::Report& report, const std::string& op) {
@@ -257,15 +275,7 @@ TEST(PrecisionTest, Int8EmbeddingTablesKeepValuesFarFromZero) {
   for (float& value : table) value = 1.0f + 0.5f * std::tanh(value);
   *graph.add_initializer() = testing::FloatTensor("table", {64, 64}, table);
   *graph.add_node() = testing::MakeNode("Gather", {"table", "ids"}, {"rows"});
-  const fs::path dir = testing::TempDir("precision_positive_table");
-  ASSERT_TRUE(SaveModel(testing::MakeModel(graph), dir / "model.onnx").ok());
-  OptimizeRequest request;
-  request.model_path = dir / "model.onnx";
-  request.output_dir = dir / "out";
-  request.config.set_preset("none");
-  request.config.mutable_precision()->set_mode("int8_dynamic");
-  request.config.mutable_benchmark()->set_skip(true);
-  auto result = Optimize(request);
+  auto result = OptimizeGraph(graph, "int8_dynamic", "positive_table");
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->report.precision().precision(), "int8") << result->report.precision().note();
   EXPECT_EQ(OpCount(result->report, "DequantizeLinear"), 1);
@@ -313,16 +323,7 @@ TEST(PrecisionTest, Int8KeepsTheSensitiveProductInFloatWhenParitySaysSo) {
   *graph.add_node() = testing::MakeNode("MatMul", {"scaled", "w_outlier"}, {"hidden"}, "matmul_outlier");
   *graph.add_node() = testing::MakeNode("Relu", {"hidden"}, {"relu"});
   *graph.add_node() = testing::MakeNode("MatMul", {"relu", "w_head"}, {"y"}, "matmul_head");
-  const fs::path dir = testing::TempDir("precision_sensitive");
-  ASSERT_TRUE(SaveModel(testing::MakeModel(graph), dir / "model.onnx").ok());
-
-  OptimizeRequest request;
-  request.model_path = dir / "model.onnx";
-  request.output_dir = dir / "out";
-  request.config.set_preset("none");
-  request.config.mutable_precision()->set_mode("int8_static");
-  request.config.mutable_benchmark()->set_skip(true);
-  auto result = Optimize(request);
+  auto result = OptimizeGraph(graph, "int8_static", "sensitive");
   ASSERT_TRUE(result.ok()) << result.status();
   const v1::PrecisionReport& precision = result->report.precision();
   EXPECT_TRUE(result->report.parity().passed());
@@ -334,9 +335,8 @@ TEST(PrecisionTest, Int8KeepsTheSensitiveProductInFloatWhenParitySaysSo) {
   EXPECT_EQ(OpCount(result->report, "QuantizeLinear"), 1) << "the head is still quantized";
 
   // Without the search the float32 model comes back.
-  request.output_dir = dir / "out_plain";
-  request.config.mutable_precision()->set_auto_mixed(false);
-  auto plain = Optimize(request);
+  auto plain = OptimizeGraph(graph, "int8_static", "sensitive_plain",
+                             [](v1::OptimizationConfig& c) { c.mutable_precision()->set_auto_mixed(false); });
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->report.precision().precision(), "fp32");
 }
