@@ -5,8 +5,9 @@
 //          y  = MatMul(DequantizeLinear(xq, sx, zx),
 //                      DequantizeLinear(Wq:i8[K,N], sw[N], 0, axis=1))
 //
-// The QDQ form is what every runtime reads (ONNX Runtime's CPU and CUDA providers fuse it into
-// integer kernels, TensorRT builds int8 engines from it). The activation's range [lo, hi] comes from
+// The QDQ form is the portable one: ONNX Runtime's CPU provider fuses it into integer kernels (as fast
+// as DynamicQuantizeMatMul in the precision benchmark), and GPU runtimes such as TensorRT build int8
+// engines from it (not tested here: no GPU). The activation's range [lo, hi] comes from
 // calibration (the `activation_ranges` parameter, one "value<TAB>lo<TAB>hi" line each), widened to
 // hold 0 so that padding zeros stay exact: scale = (hi - lo) / 255, zx = round(-lo / scale).
 // Weights are symmetric int8 as in quantize_dynamic_int8 (per output column from opset 13, whose
