@@ -77,6 +77,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeQuantizeDynamicInt8Pass());
     built->Register(MakeQuantizeEmbeddingsInt8Pass());
     built->Register(MakeQuantizeStaticInt8Pass());
+    built->Register(MakeMakeDimsDynamicPass());
     built->Register(MakeQuantizeWeightsInt4Pass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",

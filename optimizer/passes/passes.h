@@ -41,6 +41,7 @@ std::unique_ptr<Pass> MakeConvertFloatPrecisionPass();
 std::unique_ptr<Pass> MakeQuantizeDynamicInt8Pass();
 std::unique_ptr<Pass> MakeQuantizeEmbeddingsInt8Pass();
 std::unique_ptr<Pass> MakeQuantizeStaticInt8Pass();
+std::unique_ptr<Pass> MakeMakeDimsDynamicPass();
 std::unique_ptr<Pass> MakeQuantizeWeightsInt4Pass();
 
 }  // namespace onnxopt

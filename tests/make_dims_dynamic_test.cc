@@ -1,0 +1,138 @@
+// make_dims_dynamic on a model traced at a static length of 32 (position ids, Range and Reshape
+// targets baked in): after the pass it runs at 16, 64 and 200, and at every position both runs share it
+// gives what the static model gives (the model is position-wise, so positions compare one to one).
+// And where the length cannot be told apart from a model width, or a baked mask carries it, it refuses.
+#include <algorithm>
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "optimizer/ort_runtime.h"
+#include "tests/model_builder.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr int64_t kStatic = 32, kHidden = 48, kVocab = 100, kPositions = 256;
+
+// ids[1, 32] -> word + position embeddings (positions baked as the constant [[0..31]]), times
+// Range(0, 32) as a per-position scale, reshaped to heads and back through constant targets.
+onnx::ModelProto StaticModel() {
+  onnx::GraphProto graph;
+  *graph.add_input() = testing::MakeValue("input_ids", onnx::TensorProto::INT64, {1, kStatic});
+  *graph.add_output() = testing::FloatValue("y", {1, kStatic, kHidden});
+  *graph.add_initializer() = testing::FloatTensor("word", {kVocab, kHidden}, testing::RandomFloats(kVocab * kHidden, 1));
+  *graph.add_initializer() =
+      testing::FloatTensor("position", {kPositions, kHidden}, testing::RandomFloats(kPositions * kHidden, 2));
+  std::vector<int64_t> arange(kStatic);
+  for (int64_t i = 0; i < kStatic; ++i) arange[static_cast<size_t>(i)] = i;
+  onnx::TensorProto positions = MakeInt64Tensor("position_ids", arange);
+  positions.clear_dims();
+  positions.add_dims(1);
+  positions.add_dims(kStatic);
+  *graph.add_initializer() = positions;
+  *graph.add_initializer() = MakeIntScalar("zero", onnx::TensorProto::INT64, 0);
+  *graph.add_initializer() = MakeIntScalar("limit", onnx::TensorProto::INT64, kStatic);
+  *graph.add_initializer() = MakeIntScalar("one", onnx::TensorProto::INT64, 1);
+  *graph.add_initializer() = MakeInt64Tensor("column", {1, kStatic, 1});
+  *graph.add_initializer() = MakeInt64Tensor("heads", {1, kStatic, 4, kHidden / 4});
+  *graph.add_initializer() = MakeInt64Tensor("merged", {1, kStatic, kHidden});
+  *graph.add_node() = testing::MakeNode("Gather", {"word", "input_ids"}, {"words"});
+  *graph.add_node() = testing::MakeNode("Gather", {"position", "position_ids"}, {"positions"});
+  *graph.add_node() = testing::MakeNode("Add", {"words", "positions"}, {"summed"});
+  // The position table sliced to the length too (a registered buffer cut to the sequence).
+  *graph.add_initializer() = MakeInt64Tensor("slice_starts", {0});
+  *graph.add_initializer() = MakeInt64Tensor("slice_ends", {kStatic});
+  *graph.add_initializer() = MakeInt64Tensor("slice_axes", {0});
+  *graph.add_node() = testing::MakeNode("Slice", {"position", "slice_starts", "slice_ends", "slice_axes"}, {"sliced"});
+  *graph.add_node() = testing::MakeNode("Add", {"summed", "sliced"}, {"embedded"});
+  *graph.add_node() = testing::MakeNode("Range", {"zero", "limit", "one"}, {"steps"});
+  *graph.add_node() = testing::MakeNode("Reshape", {"steps", "column"}, {"steps_column"});
+  *graph.add_node() = testing::WithIntAttribute(testing::MakeNode("Cast", {"steps_column"}, {"scale"}), "to",
+                                                onnx::TensorProto::FLOAT);
+  *graph.add_initializer() = MakeInt64Tensor("full", {1, kStatic, kHidden});
+  *graph.add_node() = testing::MakeNode("Expand", {"scale", "full"}, {"scale_full"});
+  *graph.add_node() = testing::MakeNode("ConstantOfShape", {"full"}, {"zeros"});
+  *graph.add_node() = testing::MakeNode("Add", {"scale_full", "zeros"}, {"scale_checked"});
+  *graph.add_node() = testing::MakeNode("Mul", {"embedded", "scale_checked"}, {"scaled"});
+  *graph.add_node() = testing::MakeNode("Reshape", {"scaled", "heads"}, {"split"});
+  *graph.add_node() = testing::MakeNode("Relu", {"split"}, {"activated"});
+  *graph.add_node() = testing::MakeNode("Reshape", {"activated", "merged"}, {"y"});
+  return testing::MakeModel(graph, 14);
+}
+
+std::vector<int64_t> Ids(int64_t length) {
+  std::vector<int64_t> ids(static_cast<size_t>(length));
+  for (int64_t i = 0; i < length; ++i) ids[static_cast<size_t>(i)] = (i * 37 + 11) % kVocab;
+  return ids;
+}
+
+std::vector<float> Outputs(const onnx::ModelProto& model, std::vector<int64_t> ids) {
+  auto session = CreateSession({model.SerializeAsString(), {}}, {});
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return {};
+  Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  const int64_t shape[] = {1, static_cast<int64_t>(ids.size())};
+  Ort::Value input = Ort::Value::CreateTensor<int64_t>(memory, ids.data(), ids.size(), shape, 2);
+  const char* input_names[] = {"input_ids"};
+  const char* output_names[] = {"y"};
+  auto outputs = (*session)->Run(Ort::RunOptions{nullptr}, input_names, &input, 1, output_names, 1);
+  const float* data = outputs[0].GetTensorData<float>();
+  return std::vector<float>(data, data + outputs[0].GetTensorTypeAndShapeInfo().GetElementCount());
+}
+
+TEST(MakeDimsDynamicTest, AStaticExportRunsAtOtherLengthsWithTheSameValues) {
+  const onnx::ModelProto original = StaticModel();
+  testing::PassRun run = testing::RunConfig(
+      R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids:1=sequence"}}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.model.graph().input(0).type().tensor_type().shape().dim(1).dim_param(), "sequence");
+  EXPECT_EQ(run.report.rewrites(), 9) << "the input, Range, Slice, Expand, ConstantOfShape, 3 Reshapes, position ids";
+  const std::vector<float> reference = Outputs(original, Ids(kStatic));
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kStatic * kHidden));
+  EXPECT_EQ(Outputs(run.model, Ids(kStatic)), reference) << "unchanged at the exported length";
+  for (int64_t length : {16, 64, 200}) {
+    const std::vector<float> out = Outputs(run.model, Ids(length));
+    ASSERT_EQ(out.size(), static_cast<size_t>(length * kHidden)) << length;
+    const int64_t shared = std::min(length, kStatic);
+    for (int64_t i = 0; i < shared * kHidden; ++i) {
+      ASSERT_NEAR(out[static_cast<size_t>(i)], reference[static_cast<size_t>(i)], 1e-5) << length << " at " << i;
+    }
+    // Past the exported length: the same arithmetic at positions the static model never had.
+    if (length > kStatic) {
+      const auto last_row = out.begin() + (length - 1) * kHidden;
+      EXPECT_GT(*std::max_element(last_row, last_row + kHidden), 0.0f) << "the last position is computed";
+    }
+  }
+}
+
+TEST(MakeDimsDynamicTest, RefusesWhereTheLengthCannotBeToldApart) {
+  // The length equals a weight's width: [1, 48, 48] could be either way round.
+  onnx::ModelProto ambiguous = StaticModel();
+  ambiguous.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_value(kHidden);
+  testing::PassRun refused = testing::RunConfig(
+      R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids:1=sequence"}}]})", ambiguous);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status.message().find("also a dimension of weight"), std::string::npos) << refused.status;
+
+  // A baked 32x32 mask.
+  onnx::ModelProto masked = StaticModel();
+  onnx::TensorProto mask = MakeInt64Tensor("mask", std::vector<int64_t>(kStatic * kStatic, 1));
+  mask.clear_dims();
+  mask.add_dims(kStatic);
+  mask.add_dims(kStatic);
+  *masked.mutable_graph()->add_initializer() = mask;
+  *masked.mutable_graph()->add_node() = testing::MakeNode("Identity", {"mask"}, {"mask_out"});
+  *masked.mutable_graph()->add_output() = testing::MakeValue("mask_out", onnx::TensorProto::INT64, {kStatic, kStatic});
+  testing::PassRun baked = testing::RunConfig(
+      R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids:1=sequence"}}]})", masked);
+  EXPECT_EQ(baked.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(baked.status.message().find("cannot be derived"), std::string::npos) << baked.status;
+
+  testing::PassRun malformed = testing::RunConfig(
+      R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids=sequence"}}]})", StaticModel());
+  EXPECT_FALSE(malformed.status.ok());
+}
+
+}  // namespace
+}  // namespace onnxopt
