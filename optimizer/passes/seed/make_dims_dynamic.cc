@@ -183,30 +183,20 @@ class MakeDimsDynamicPass final : public Pass {
     for (Node* node : graph.Nodes()) {
       if (!node->domain().empty()) continue;
       const std::string& op = node->op_type();
-      // (slot, kind): kind 0 = a shape vector, 1 = a scalar limit.
+      // (slot, kind): kind 0 = a shape vector, 1 = a scalar limit; either may be built from pieces.
       std::vector<std::pair<int, int>> slots;
       if (op == "Reshape" || op == "Expand" || op == "Tile") slots = {{1, 0}};
       if (op == "ConstantOfShape") slots = {{0, 0}};
       if (op == "Range") slots = {{1, 1}};
       if (op == "Slice") slots = {{2, 0}};
       for (auto [slot, kind] : slots) {
-        if (slot >= node->input_size()) continue;
-        const onnx::TensorProto* tensor = ConstantTensor(graph, node->input(slot));
-        if (tensor == nullptr) continue;
-        std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
-        if (!values) continue;
-        const int64_t hits = std::count(values->begin(), values->end(), length);
-        if (hits == 0) continue;
-        if (kind == 1) {
-          graph.SetInput(node, slot, tensor->data_type() == onnx::TensorProto::INT64 ? scalar : CastTo(graph, node, scalar, tensor->data_type()));
-        } else {
-          if (op == "Tile") {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "make_dims_dynamic: ", node->name(), " tiles by the length; cannot tell a repeat count from a size"));
-          }
-          graph.SetInput(node, slot, ShapeWithLength(graph, node, *values, length, scalar, axes_input));
+        if (slot >= node->input_size() || node->input(slot).empty()) continue;
+        if (op == "Tile" && ReadsLength(graph, node->input(slot), length, 0)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "make_dims_dynamic: ", node->name(), " tiles by the length; cannot tell a repeat count from a size"));
         }
-        context.CountRewrite();
+        (void)kind;
+        RewriteLeaves(graph, context, node, slot, length, scalar, axes_input, 0);
       }
     }
     // Baked position ids ([0..L-1] as a constant read by a Gather) become Range(0, L) shaped alike.
@@ -239,6 +229,54 @@ class MakeDimsDynamicPass final : public Pass {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Shapes built by the exporter from pieces: Concat of Unsqueezed scalar constants (torch without
+  // constant folding), through Cast/Identity/Squeeze. Walks from `consumer`'s input `slot` back to the
+  // constant leaves and replaces, at each leaf's own use, the elements equal to `length`.
+  static void RewriteLeaves(Graph& graph, PassContext& context, Node* consumer, int slot, int64_t length,
+                            const std::string& scalar, bool axes_input, int depth) {
+    const std::string value = consumer->input(slot);
+    if (const onnx::TensorProto* tensor = ConstantTensor(graph, value)) {
+      std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
+      if (!values || std::count(values->begin(), values->end(), length) == 0 || tensor->dims_size() > 1) return;
+      std::string replacement = tensor->dims_size() == 0
+                                    ? scalar
+                                    : ShapeWithLength(graph, consumer, *values, length, scalar, axes_input);
+      if (tensor->data_type() != onnx::TensorProto::INT64) replacement = CastTo(graph, consumer, replacement, tensor->data_type());
+      graph.SetInput(consumer, slot, replacement);
+      context.CountRewrite();
+      return;
+    }
+    Node* producer = graph.Producer(value);
+    if (producer == nullptr || depth > 8 || !producer->domain().empty()) return;
+    const std::string& op = producer->op_type();
+    if (op == "Concat") {
+      for (int i = 0; i < producer->input_size(); ++i) {
+        RewriteLeaves(graph, context, producer, i, length, scalar, axes_input, depth + 1);
+      }
+    } else if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {
+      RewriteLeaves(graph, context, producer, 0, length, scalar, axes_input, depth + 1);
+    }
+  }
+
+  // Whether a shape value is built (as above) from a constant holding `length`.
+  static bool ReadsLength(const Graph& graph, const std::string& value, int64_t length, int depth) {
+    if (const onnx::TensorProto* tensor = ConstantTensor(graph, value)) {
+      std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
+      return values && std::count(values->begin(), values->end(), length) > 0;
+    }
+    const Node* producer = graph.Producer(value);
+    if (producer == nullptr || depth > 8 || !producer->domain().empty()) return false;
+    const std::string& op = producer->op_type();
+    if (op == "Concat") {
+      for (int i = 0; i < producer->input_size(); ++i) {
+        if (ReadsLength(graph, producer->input(i), length, depth + 1)) return true;
+      }
+      return false;
+    }
+    return (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") &&
+           ReadsLength(graph, producer->input(0), length, depth + 1);
   }
 
   static std::string CastTo(Graph& graph, const Node* anchor, const std::string& value, int32_t type) {
