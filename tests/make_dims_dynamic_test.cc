@@ -88,6 +88,8 @@ TEST(MakeDimsDynamicTest, AStaticExportRunsAtOtherLengthsWithTheSameValues) {
       R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids:1=sequence"}}]})", original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(run.model.graph().input(0).type().tensor_type().shape().dim(1).dim_param(), "sequence");
+  EXPECT_EQ(run.model.graph().output(0).type().tensor_type().shape().dim(1).dim_param(), "sequence")
+      << "the output's declared shape follows";
   EXPECT_EQ(run.report.rewrites(), 9) << "the input, Range, Slice, Expand, ConstantOfShape, 3 Reshapes, position ids";
   const std::vector<float> reference = Outputs(original, Ids(kStatic));
   ASSERT_EQ(reference.size(), static_cast<size_t>(kStatic * kHidden));

@@ -86,6 +86,25 @@ class MakeDimsDynamicPass final : public Pass {
       absl::Status rewritten = RewriteConstants(graph, context, length, scalar);
       if (!rewritten.ok()) return rewritten;
     }
+    // Declared shapes that still say the old length: graph outputs take the dim's name, value_info
+    // entries go (shape inference makes them again).
+    std::map<int64_t, std::string> names;
+    for (const FreedDim& dim : *dims) names.emplace(dim.length, dim.name);
+    for (auto& output : *graph.mutable_proto()->mutable_output()) {
+      for (auto& dim : *output.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+        auto it = dim.has_dim_value() ? names.find(dim.dim_value()) : names.end();
+        if (it != names.end()) dim.set_dim_param(it->second);
+      }
+    }
+    auto* value_info = graph.mutable_proto()->mutable_value_info();
+    for (int i = value_info->size() - 1; i >= 0; --i) {
+      for (const auto& dim : value_info->Get(i).type().tensor_type().shape().dim()) {
+        if (dim.has_dim_value() && names.count(dim.dim_value()) > 0) {
+          value_info->DeleteSubrange(i, 1);
+          break;
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
