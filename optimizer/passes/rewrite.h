@@ -35,6 +35,18 @@ inline onnx::AttributeProto FloatAttribute(const std::string& name, float value)
   return attribute;
 }
 
+// A node of `op` (in `domain`, "" for ONNX's own) reading `inputs` and writing `outputs`.
+inline onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
+                                std::vector<std::string> outputs, const std::string& domain = "") {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name(name);
+  if (!domain.empty()) node.set_domain(domain);
+  for (auto& input : inputs) node.add_input(std::move(input));
+  for (auto& output : outputs) node.add_output(std::move(output));
+  return node;
+}
+
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).
 inline std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {

@@ -12,6 +12,7 @@
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/passes/precision/weight_products.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -61,14 +62,8 @@ class QuantizeDynamicInt8Pass final : public Pass {
                       std::string(reinterpret_cast<const char*>(quantized->values.data()), quantized->values.size()));
     onnx::TensorProto scale_tensor = MakeFloatTensor(
         absl::StrCat(base, "_scale"), per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{}, scales);
-    onnx::NodeProto node;
-    node.set_op_type("DynamicQuantizeMatMul");
-    node.set_domain("com.microsoft");
-    node.set_name(base);
-    node.add_input(input);
-    node.add_input(weight_tensor.name());
-    node.add_input(scale_tensor.name());
-    node.add_output(output);
+    onnx::NodeProto node = MakeNode("DynamicQuantizeMatMul", base, {input, weight_tensor.name(), scale_tensor.name()},
+                                    {output}, "com.microsoft");
     context.Count("weight_bytes_after", static_cast<int64_t>(quantized->values.size() + scales.size() * sizeof(float)));
     graph.AddInitializer(std::move(weight_tensor));
     graph.AddInitializer(std::move(scale_tensor));

@@ -27,6 +27,7 @@
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -136,11 +137,9 @@ class QuantizeEmbeddingsInt8Pass final : public Pass {
         return;
       }
     }
-    onnx::NodeProto quantized;
-    quantized.set_op_type("QEmbedLayerNormalization");
-    quantized.set_domain("com.microsoft");
-    quantized.set_name(graph.UniqueName(absl::StrCat(NodeKey(*node), "_int8")));
-    quantized.add_input(node->input(0));
+    onnx::NodeProto quantized =
+        MakeNode("QEmbedLayerNormalization", graph.UniqueName(absl::StrCat(NodeKey(*node), "_int8")), {node->input(0)},
+                 {}, "com.microsoft");
     quantized.add_input(has_segment ? node->input(1) : "");
     for (const auto& table : tables) quantized.add_input(table ? table->values.name() : "");
     quantized.add_input(node->input_size() > 7 ? node->input(7) : "");
@@ -199,13 +198,9 @@ class QuantizeEmbeddingsInt8Pass final : public Pass {
       onnx::NodeProto gather = reader->proto();
       gather.set_output(0, rows);
       gather.set_input(0, table->values.name());
-      onnx::NodeProto dequantize;
-      dequantize.set_op_type("DequantizeLinear");
-      dequantize.set_name(graph.UniqueName(absl::StrCat(NodeKey(*reader), "_dequantize")));
-      dequantize.add_input(rows);
-      dequantize.add_input(table->scale.name());
-      dequantize.add_input(table->zero_point.name());
-      dequantize.add_output(reader->output(0));
+      onnx::NodeProto dequantize =
+          MakeNode("DequantizeLinear", graph.UniqueName(absl::StrCat(NodeKey(*reader), "_dequantize")),
+                   {rows, table->scale.name(), table->zero_point.name()}, {reader->output(0)});
       graph.AddNode(std::move(gather), reader, /*after=*/false);
       graph.AddNode(std::move(dequantize), reader, /*after=*/false);
       graph.RemoveNode(reader);

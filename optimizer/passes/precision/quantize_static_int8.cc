@@ -47,16 +47,6 @@ std::map<std::string, Range> ParseRanges(const std::string& text) {
   return ranges;
 }
 
-onnx::NodeProto QdqNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
-                        const std::string& output) {
-  onnx::NodeProto node;
-  node.set_op_type(op);
-  node.set_name(name);
-  for (auto& input : inputs) node.add_input(std::move(input));
-  node.add_output(output);
-  return node;
-}
-
 class QuantizeStaticInt8Pass final : public Pass {
  public:
   absl::string_view name() const override { return "quantize_static_int8"; }
@@ -119,11 +109,11 @@ class QuantizeStaticInt8Pass final : public Pass {
         absl::StrCat(base, "_zero_point"), onnx::TensorProto::UINT8, {}, std::string(1, static_cast<char>(zero_point))));
     const std::string quantized = graph.UniqueName(base);
     const std::string dequantized = graph.UniqueName(absl::StrCat(base, "_dequantized"));
-    graph.AddNode(QdqNode("QuantizeLinear", graph.UniqueName(absl::StrCat(base, "_quantize")),
-                          {input, scale_tensor->name(), zero_tensor->name()}, quantized),
+    graph.AddNode(MakeNode("QuantizeLinear", graph.UniqueName(absl::StrCat(base, "_quantize")),
+                           {input, scale_tensor->name(), zero_tensor->name()}, {quantized}),
                   anchor, /*after=*/false);
-    graph.AddNode(QdqNode("DequantizeLinear", graph.UniqueName(absl::StrCat(base, "_dequantize")),
-                          {quantized, scale_tensor->name(), zero_tensor->name()}, dequantized),
+    graph.AddNode(MakeNode("DequantizeLinear", graph.UniqueName(absl::StrCat(base, "_dequantize")),
+                           {quantized, scale_tensor->name(), zero_tensor->name()}, {dequantized}),
                   anchor, /*after=*/false);
     return dequantized;
   }
@@ -143,12 +133,12 @@ class QuantizeStaticInt8Pass final : public Pass {
         MakeRawTensor(absl::StrCat(base, "_zero_point"), onnx::TensorProto::INT8, scale_dims,
                       std::string(quantized.scales.size(), '\0')));
     const std::string dequantized_weight = graph.UniqueName(absl::StrCat(base, "_dequantized"));
-    onnx::NodeProto dequantize = QdqNode("DequantizeLinear", graph.UniqueName(absl::StrCat(base, "_dequantize")),
+    onnx::NodeProto dequantize = MakeNode("DequantizeLinear", graph.UniqueName(absl::StrCat(base, "_dequantize")),
                                          {weight_tensor->name(), scale_tensor->name(), zero_tensor->name()},
-                                         dequantized_weight);
+                                         {dequantized_weight});
     if (per_channel) *dequantize.add_attribute() = IntAttribute("axis", 1);
     graph.AddNode(std::move(dequantize), anchor, /*after=*/false);
-    graph.AddNode(QdqNode("MatMul", base, {activation, dequantized_weight}, output), anchor, /*after=*/false);
+    graph.AddNode(MakeNode("MatMul", base, {activation, dequantized_weight}, {output}), anchor, /*after=*/false);
     context.Count("weight_bytes_after",
                   static_cast<int64_t>(quantized.values.size() + quantized.scales.size() * (sizeof(float) + 1)));
   }

@@ -32,17 +32,6 @@ std::optional<FloatWeight> ReadWeight(const Graph& graph, const std::string& val
   return weight;
 }
 
-onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
-                         std::vector<std::string> outputs, const std::string& domain = "") {
-  onnx::NodeProto node;
-  node.set_op_type(op);
-  node.set_name(name);
-  if (!domain.empty()) node.set_domain(domain);
-  for (auto& input : inputs) node.add_input(std::move(input));
-  for (auto& output : outputs) node.add_output(std::move(output));
-  return node;
-}
-
 bool RewriteMatMulOrGemm(Graph& graph, PassContext& context, Node* node, const WeightProductOptions& options,
                          const EmitWeightProduct& emit) {
   const bool gemm = node->op_type() == "Gemm";

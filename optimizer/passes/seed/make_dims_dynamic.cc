@@ -116,17 +116,9 @@ class MakeDimsDynamicPass final : public Pass {
     const std::string index = graph.UniqueName(absl::StrCat(dim.name, "_axis"));
     const std::string length = graph.UniqueName(dim.name);
     graph.AddInitializer(MakeIntScalar(index, onnx::TensorProto::INT64, dim.axis));
-    graph.AddNode(Make("Shape", {dim.input}, {shape}), first, /*after=*/false);
-    graph.AddNode(Make("Gather", {shape, index}, {length}), first, /*after=*/false);
+    graph.AddNode(MakeNode("Shape", "", {dim.input}, {shape}), first, /*after=*/false);
+    graph.AddNode(MakeNode("Gather", "", {shape, index}, {length}), first, /*after=*/false);
     return length;
-  }
-
-  static onnx::NodeProto Make(const std::string& op, std::vector<std::string> inputs, std::vector<std::string> outputs) {
-    onnx::NodeProto node;
-    node.set_op_type(op);
-    for (auto& input : inputs) node.add_input(std::move(input));
-    for (auto& output : outputs) node.add_output(std::move(output));
-    return node;
   }
 
   // 1-D int64 value [c0, .., L, .., cn]: the constant with each element equal to `length` taken from L.
@@ -153,7 +145,7 @@ class MakeDimsDynamicPass final : public Pass {
     }
     flush();
     const std::string joined = graph.UniqueName(absl::StrCat(scalar, "_shape"));
-    onnx::NodeProto concat = Make("Concat", parts, {joined});
+    onnx::NodeProto concat = MakeNode("Concat", "", parts, {joined});
     *concat.add_attribute() = IntAttribute("axis", 0);
     graph.AddNode(std::move(concat), anchor, /*after=*/false);
     return joined;
@@ -163,13 +155,13 @@ class MakeDimsDynamicPass final : public Pass {
   static onnx::NodeProto UnsqueezeFirst(Graph& graph, const std::string& input, const std::string& output,
                                         bool axes_input) {
     if (!axes_input) {
-      onnx::NodeProto node = Make("Unsqueeze", {input}, {output});
+      onnx::NodeProto node = MakeNode("Unsqueeze", "", {input}, {output});
       *node.add_attribute() = IntsAttribute("axes", {0});
       return node;
     }
     const std::string axes = graph.UniqueName("axes0");
     graph.AddInitializer(MakeInt64Tensor(axes, {0}));
-    return Make("Unsqueeze", {input, axes}, {output});
+    return MakeNode("Unsqueeze", "", {input, axes}, {output});
   }
 
   static bool IsArange(const onnx::TensorProto& tensor, int64_t length) {
@@ -227,7 +219,7 @@ class MakeDimsDynamicPass final : public Pass {
       graph.AddInitializer(MakeIntScalar(zero, onnx::TensorProto::INT64, 0));
       graph.AddInitializer(MakeIntScalar(one, onnx::TensorProto::INT64, 1));
       const std::string positions = graph.UniqueName("positions");
-      graph.AddNode(Make("Range", {zero, scalar, one}, {positions}), node, /*after=*/false);
+      graph.AddNode(MakeNode("Range", "", {zero, scalar, one}, {positions}), node, /*after=*/false);
       std::string shaped = positions;
       if (indices->dims_size() == 2) {
         shaped = graph.UniqueName("positions_2d");
@@ -262,7 +254,7 @@ class MakeDimsDynamicPass final : public Pass {
       std::string replacement = tensor->dims_size() == 0
                                     ? scalar
                                     : ShapeWithLength(graph, consumer, *values, length, scalar, axes_input);
-      if (tensor->data_type() != onnx::TensorProto::INT64) replacement = CastTo(graph, consumer, replacement, tensor->data_type());
+      if (tensor->data_type() != onnx::TensorProto::INT64) replacement = AddCast(graph, replacement, tensor->data_type(), consumer);
       graph.SetInput(consumer, slot, replacement);
       context.CountRewrite();
       return;
@@ -298,13 +290,6 @@ class MakeDimsDynamicPass final : public Pass {
            ReadsLength(graph, producer->input(0), length, depth + 1);
   }
 
-  static std::string CastTo(Graph& graph, const Node* anchor, const std::string& value, int32_t type) {
-    const std::string cast = graph.UniqueName(absl::StrCat(value, "_cast"));
-    onnx::NodeProto node = Make("Cast", {value}, {cast});
-    *node.add_attribute() = IntAttribute("to", type);
-    graph.AddNode(std::move(node), anchor, /*after=*/false);
-    return cast;
-  }
 };
 
 }  // namespace
