@@ -25,18 +25,15 @@ class QuantizeDynamicInt8Pass final : public Pass {
            "default); activations are quantized at run time (ONNX Runtime's DynamicQuantizeMatMul)";
   }
   std::vector<ParamSpec> params() const override {
-    return {{"per_channel", ParamType::kBool, "true", "one scale per output column (else one per weight)"},
-            {"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},
-            {"node_block_list", ParamType::kString, "", "comma-separated node names left in float"},
-            {"min_elements", ParamType::kInt, "64", "weights with fewer elements stay float"}};
+    std::vector<ParamSpec> specs = {
+        {"per_channel", ParamType::kBool, "true", "one scale per output column (else one per weight)"}};
+    for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
+    return specs;
   }
   bool needs_shapes() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    WeightProductOptions options;
-    options.op_types = SplitNameList(context.params().GetString("op_types"));
-    options.node_block_list = SplitNameList(context.params().GetString("node_block_list"));
-    options.min_elements = context.params().GetInt("min_elements");
+    const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const bool per_channel = context.params().GetBool("per_channel");
     QuantizeWeightProducts(graph, context, options,
                            [&](Graph& g, PassContext& ctx, const std::string& input, const FloatWeight& weight,

@@ -55,11 +55,11 @@ class QuantizeStaticInt8Pass final : public Pass {
            "activations uint8 with the calibrated ranges given in activation_ranges";
   }
   std::vector<ParamSpec> params() const override {
-    return {{"activation_ranges", ParamType::kString, "", "calibrated ranges, one 'value<TAB>min<TAB>max' line each"},
-            {"per_channel", ParamType::kBool, "true", "one weight scale per output column (opset 13 and later)"},
-            {"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},
-            {"node_block_list", ParamType::kString, "", "comma-separated node names left in float"},
-            {"min_elements", ParamType::kInt, "64", "weights with fewer elements stay float"}};
+    std::vector<ParamSpec> specs = {
+        {"activation_ranges", ParamType::kString, "", "calibrated ranges, one 'value<TAB>min<TAB>max' line each"},
+        {"per_channel", ParamType::kBool, "true", "one weight scale per output column (opset 13 and later)"}};
+    for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
+    return specs;
   }
   bool needs_shapes() const override { return true; }
 
@@ -68,10 +68,7 @@ class QuantizeStaticInt8Pass final : public Pass {
       context.Skip("left in float: QuantizeLinear/DequantizeLinear need opset 10");
       return absl::OkStatus();
     }
-    WeightProductOptions options;
-    options.op_types = SplitNameList(context.params().GetString("op_types"));
-    options.node_block_list = SplitNameList(context.params().GetString("node_block_list"));
-    options.min_elements = context.params().GetInt("min_elements");
+    const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const bool per_channel = context.params().GetBool("per_channel") && context.OpsetVersion("") >= 13;
     const std::map<std::string, Range> ranges = ParseRanges(context.params().GetString("activation_ranges"));
     std::map<std::string, std::string> dequantized;  // activation -> its Q/DQ pair's output

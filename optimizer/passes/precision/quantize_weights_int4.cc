@@ -30,13 +30,13 @@ class QuantizeWeightsInt4Pass final : public Pass {
            "(ONNX Runtime's MatMulNBits); activations stay float";
   }
   std::vector<ParamSpec> params() const override {
-    return {{"block_size", ParamType::kInt, "32", "weights per scale along K: 16, 32, 64, 128 or 256"},
-            {"symmetric", ParamType::kBool, "true", "no zero points (else one per block)"},
-            {"accuracy_level", ParamType::kInt, "0",
-             "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations"},
-            {"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},
-            {"node_block_list", ParamType::kString, "", "comma-separated node names left in float"},
-            {"min_elements", ParamType::kInt, "64", "weights with fewer elements stay float"}};
+    std::vector<ParamSpec> specs = {
+        {"block_size", ParamType::kInt, "32", "weights per scale along K: 16, 32, 64, 128 or 256"},
+        {"symmetric", ParamType::kBool, "true", "no zero points (else one per block)"},
+        {"accuracy_level", ParamType::kInt, "0",
+         "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations"}};
+    for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
+    return specs;
   }
   absl::Status ValidateParams(const PassParams& params) const override {
     const int64_t block = params.GetInt("block_size");
@@ -50,10 +50,7 @@ class QuantizeWeightsInt4Pass final : public Pass {
   bool needs_shapes() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    WeightProductOptions options;
-    options.op_types = SplitNameList(context.params().GetString("op_types"));
-    options.node_block_list = SplitNameList(context.params().GetString("node_block_list"));
-    options.min_elements = context.params().GetInt("min_elements");
+    const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const int64_t block = context.params().GetInt("block_size");
     const bool symmetric = context.params().GetBool("symmetric");
     const int64_t level = context.params().GetInt("accuracy_level");

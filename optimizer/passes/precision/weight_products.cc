@@ -127,6 +127,20 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
 
 }  // namespace
 
+std::vector<ParamSpec> WeightProductParams() {
+  return {{"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},
+          {"node_block_list", ParamType::kString, "", "comma-separated node names left in float"},
+          {"min_elements", ParamType::kInt, "64", "weights with fewer elements stay float"}};
+}
+
+WeightProductOptions WeightProductOptionsFrom(const PassParams& params) {
+  WeightProductOptions options;
+  options.op_types = SplitNameList(params.GetString("op_types"));
+  options.node_block_list = SplitNameList(params.GetString("node_block_list"));
+  options.min_elements = params.GetInt("min_elements");
+  return options;
+}
+
 std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel) {
   const int64_t k = weight.k, n = weight.n;
   Int8Weight quantized;

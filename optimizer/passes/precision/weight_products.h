@@ -37,6 +37,11 @@ struct WeightProductOptions {
   int64_t min_elements = 1;               // smaller weights stay float
 };
 
+// The parameters every weight quantizer takes (op_types, node_block_list, min_elements), and the
+// options they give.
+std::vector<ParamSpec> WeightProductParams();
+WeightProductOptions WeightProductOptionsFrom(const PassParams& params);
+
 // Rewrites every product the options allow with `emit`; counts "quantized_weights" and
 // "weight_bytes_before" (float32 bytes of the weights replaced).
 void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
