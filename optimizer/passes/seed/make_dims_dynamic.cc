@@ -202,12 +202,13 @@ class MakeDimsDynamicPass final : public Pass {
       if (op == "Slice") slots = {{2, 0}};
       for (auto [slot, kind] : slots) {
         if (slot >= node->input_size() || node->input(slot).empty()) continue;
-        if (op == "Tile" && ReadsLength(graph, node->input(slot), length, 0)) {
+        std::vector<std::pair<Node*, int>> leaves;
+        if (op == "Tile" && (LengthLeaves(graph, node, slot, length, 0, &leaves), !leaves.empty())) {
           return absl::FailedPreconditionError(absl::StrCat(
               "make_dims_dynamic: ", node->name(), " tiles by the length; cannot tell a repeat count from a size"));
         }
         (void)kind;
-        RewriteLeaves(graph, context, node, slot, length, scalar, axes_input, 0);
+        RewriteLeaves(graph, context, node, slot, length, scalar, axes_input);
       }
     }
     // Baked position ids ([0..L-1] as a constant read by a Gather) become Range(0, L) shaped alike.
@@ -244,52 +245,43 @@ class MakeDimsDynamicPass final : public Pass {
 
   // Shapes built by the exporter from pieces: Concat of Unsqueezed scalar constants (torch without
   // constant folding), through Cast/Identity/Squeeze. Walks from `consumer`'s input `slot` back to the
-  // constant leaves and replaces, at each leaf's own use, the elements equal to `length`.
-  static void RewriteLeaves(Graph& graph, PassContext& context, Node* consumer, int slot, int64_t length,
-                            const std::string& scalar, bool axes_input, int depth) {
-    const std::string value = consumer->input(slot);
+  // constant leaves holding `length`, as (reader, input index) pairs.
+  static void LengthLeaves(const Graph& graph, Node* consumer, int slot, int64_t length, int depth,
+                           std::vector<std::pair<Node*, int>>* leaves) {
+    const std::string& value = consumer->input(slot);
     if (const onnx::TensorProto* tensor = ConstantTensor(graph, value)) {
       std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
-      if (!values || std::count(values->begin(), values->end(), length) == 0 || tensor->dims_size() > 1) return;
-      std::string replacement = tensor->dims_size() == 0
-                                    ? scalar
-                                    : ShapeWithLength(graph, consumer, *values, length, scalar, axes_input);
-      if (tensor->data_type() != onnx::TensorProto::INT64) replacement = AddCast(graph, replacement, tensor->data_type(), consumer);
-      graph.SetInput(consumer, slot, replacement);
-      context.CountRewrite();
+      if (values && std::count(values->begin(), values->end(), length) > 0) leaves->push_back({consumer, slot});
       return;
     }
     Node* producer = graph.Producer(value);
     if (producer == nullptr || depth > 8 || !producer->domain().empty()) return;
     const std::string& op = producer->op_type();
     if (op == "Concat") {
-      for (int i = 0; i < producer->input_size(); ++i) {
-        RewriteLeaves(graph, context, producer, i, length, scalar, axes_input, depth + 1);
-      }
+      for (int i = 0; i < producer->input_size(); ++i) LengthLeaves(graph, producer, i, length, depth + 1, leaves);
     } else if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {
-      RewriteLeaves(graph, context, producer, 0, length, scalar, axes_input, depth + 1);
+      LengthLeaves(graph, producer, 0, length, depth + 1, leaves);
     }
   }
 
-  // Whether a shape value is built (as above) from a constant holding `length`.
-  static bool ReadsLength(const Graph& graph, const std::string& value, int64_t length, int depth) {
-    if (const onnx::TensorProto* tensor = ConstantTensor(graph, value)) {
-      std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
-      return values && std::count(values->begin(), values->end(), length) > 0;
-    }
-    const Node* producer = graph.Producer(value);
-    if (producer == nullptr || depth > 8 || !producer->domain().empty()) return false;
-    const std::string& op = producer->op_type();
-    if (op == "Concat") {
-      for (int i = 0; i < producer->input_size(); ++i) {
-        if (ReadsLength(graph, producer->input(i), length, depth + 1)) return true;
+  // Replaces, at each leaf's own use, the elements equal to `length` (scalars and 1-D constants).
+  static void RewriteLeaves(Graph& graph, PassContext& context, Node* consumer, int slot, int64_t length,
+                            const std::string& scalar, bool axes_input) {
+    std::vector<std::pair<Node*, int>> leaves;
+    LengthLeaves(graph, consumer, slot, length, 0, &leaves);
+    for (auto [reader, index] : leaves) {
+      const onnx::TensorProto* tensor = ConstantTensor(graph, reader->input(index));
+      if (tensor->dims_size() > 1) continue;
+      std::string replacement = tensor->dims_size() == 0
+                                    ? scalar
+                                    : ShapeWithLength(graph, reader, *TensorInts(*tensor), length, scalar, axes_input);
+      if (tensor->data_type() != onnx::TensorProto::INT64) {
+        replacement = AddCast(graph, replacement, tensor->data_type(), reader);
       }
-      return false;
+      graph.SetInput(reader, index, replacement);
+      context.CountRewrite();
     }
-    return (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") &&
-           ReadsLength(graph, producer->input(0), length, depth + 1);
   }
-
 };
 
 }  // namespace
