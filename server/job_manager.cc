@@ -58,6 +58,14 @@ absl::Status LinkOrCopy(const fs::path& from, const fs::path& to) {
   return absl::OkStatus();
 }
 
+// The blobs a job uses.
+std::vector<std::string> BlobsOf(const v1::Job& job) {
+  std::vector<std::string> digests = {job.model().sha256()};
+  for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
+  for (const auto& input : job.inputs()) digests.push_back(input.sha256());
+  return digests;
+}
+
 absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -343,52 +351,6 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   if (!valid.ok()) return valid;
   std::lock_guard<std::mutex> lock(submit_mutex_);
   if (auto found = earlier()) return *found;  // the same request id may have arrived meanwhile
-  // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
-  // exists now stays until the job is stored and uses it.
-  std::vector<std::string> digests = {request.model().sha256()};
-  for (const auto& file : request.model().external_data()) digests.push_back(file.sha256());
-  for (const auto& input : request.inputs()) digests.push_back(input.sha256());
-  for (const std::string& digest : digests) {
-    if (!(*blobs)->Exists(digest)) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted; upload it again"));
-    }
-  }
-  if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
-  const std::string cache_key = ResultCacheKey(request);
-  std::optional<v1::Job> cached;
-  if (!request.config().has_cache() || request.config().cache()) cached = store_->FindSucceeded(tenant, cache_key);
-  if (cached) {
-    v1::Job job;
-    job.set_tenant(tenant);
-    job.set_request_id(request.request_id());
-    job.set_state(v1::QUEUED);  // not in the queue: completed from the cache below, or queued if that fails
-    *job.mutable_model() = request.model();
-    *job.mutable_config() = request.config();
-    *job.mutable_inputs() = request.inputs();
-    *job.mutable_create_time() = Now();
-    job.set_cache_key(cache_key);
-    bool created = false;
-    absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
-    if (!stored.ok() || !created) return stored;
-    metrics_->JobCreated();
-    if (ServeFromCache(*stored, *cached)) return store_->Get(stored->name());
-    queue_.Push(stored->name(), stored->config().priority(), /*force=*/true);
-    metrics_->SetQueueLength(queue_.size());
-    return stored;
-  }
-  if (options_.max_active_jobs_per_tenant > 0) {
-    const int active = store_->CountActive(tenant);
-    if (active >= options_.max_active_jobs_per_tenant) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "QUOTA_EXCEEDED: this tenant has ", active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
-          "retry when one has finished"));
-    }
-  }
-  // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
-  if (queue_.size() >= queue_.capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),
-                                                     " queue slots are taken; retry with backoff"));
-  }
   v1::Job job;
   job.set_tenant(tenant);
   job.set_request_id(request.request_id());
@@ -397,12 +359,38 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   *job.mutable_config() = request.config();
   *job.mutable_inputs() = request.inputs();
   *job.mutable_create_time() = Now();
-  job.set_cache_key(cache_key);
+  job.set_cache_key(ResultCacheKey(request));
+  // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
+  // exists now stays until the job is stored and uses it.
+  for (const std::string& digest : BlobsOf(job)) {
+    if (!(*blobs)->Exists(digest)) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted; upload it again"));
+    }
+  }
+  if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  std::optional<v1::Job> cached;
+  if (!request.config().has_cache() || request.config().cache()) cached = store_->FindSucceeded(tenant, job.cache_key());
+  // A cache hit neither waits in the queue nor counts against the quota.
+  if (!cached && options_.max_active_jobs_per_tenant > 0) {
+    const int active = store_->CountActive(tenant);
+    if (active >= options_.max_active_jobs_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "QUOTA_EXCEEDED: this tenant has ", active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
+          "retry when one has finished"));
+    }
+  }
+  // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
+  if (!cached && queue_.size() >= queue_.capacity()) {
+    return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),
+                                                     " queue slots are taken; retry with backoff"));
+  }
   bool created = false;
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
   if (!stored.ok() || !created) return stored;
-  queue_.Push(stored->name(), stored->config().priority());
   metrics_->JobCreated();
+  if (cached && ServeFromCache(*stored, *cached)) return store_->Get(stored->name());
+  // A hit whose files are gone runs after all, even past a full queue: it was accepted.
+  queue_.Push(stored->name(), stored->config().priority(), /*force=*/cached.has_value());
   metrics_->SetQueueLength(queue_.size());
   return stored;
 }
@@ -423,14 +411,6 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
 }
 
 namespace {
-
-// The blobs a job uses.
-std::vector<std::string> BlobsOf(const v1::Job& job) {
-  std::vector<std::string> digests = {job.model().sha256()};
-  for (const auto& file : job.model().external_data()) digests.push_back(file.sha256());
-  for (const auto& input : job.inputs()) digests.push_back(input.sha256());
-  return digests;
-}
 
 int64_t FolderBytes(const fs::path& folder) {
   int64_t total = 0;
