@@ -125,6 +125,14 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
   return true;
 }
 
+// MatMul or Gemm (ONNX) or com.microsoft Attention, and among the forms asked for.
+bool IsProductForm(const Node& node, const std::set<std::string>& op_types) {
+  const std::string& op = node.op_type();
+  const bool known = node.domain().empty() ? (op == "MatMul" || op == "Gemm")
+                                           : (op == "Attention" && node.domain() == "com.microsoft");
+  return known && op_types.count(op) > 0;
+}
+
 }  // namespace
 
 std::vector<ParamSpec> WeightProductParams() {
@@ -167,10 +175,7 @@ std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool 
 std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std::string>& op_types) {
   std::set<std::string> inputs;
   for (const Node* node : graph.Nodes()) {
-    const std::string& op = node->op_type();
-    const bool attention = op == "Attention" && node->domain() == "com.microsoft";
-    if (!attention && (!node->domain().empty() || (op != "MatMul" && op != "Gemm"))) continue;
-    if (op_types.count(op) == 0 || node->input_size() < 2) continue;
+    if (!IsProductForm(*node, op_types) || node->input_size() < 2) continue;
     const onnx::TensorProto* weight = ConstantTensor(graph, node->input(1));
     if (weight != nullptr && weight->dims_size() == 2 && weight->data_type() == onnx::TensorProto::FLOAT) {
       inputs.insert(node->input(0));
@@ -182,10 +187,8 @@ std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std
 void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
                             const EmitWeightProduct& emit) {
   for (Node* node : graph.Nodes()) {
-    const std::string& op = node->op_type();
-    const bool attention = op == "Attention" && node->domain() == "com.microsoft";
-    if (!attention && (!node->domain().empty() || (op != "MatMul" && op != "Gemm"))) continue;
-    if (options.op_types.count(op) == 0) continue;
+    if (!IsProductForm(*node, options.op_types)) continue;
+    const bool attention = node->op_type() == "Attention";
     if (options.node_block_list.count(NodeKey(*node)) > 0) {
       context.Skip("left in float: node block list");
       continue;
