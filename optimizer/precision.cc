@@ -169,34 +169,29 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
     const std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};
     for (const auto& value : WeightProductInputs(graph, forms)) values.push_back(value);
   }
-  if (values.empty()) return std::map<std::string, ValueRange>();
-  SessionSettings settings = device;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  absl::StatusOr<std::unique_ptr<Ort::Session>> session =
-      CreateSession(ModelSource{fp32_model.SerializeAsString(), {}}, settings);
-  if (!session.ok()) return session.status();
   const int wanted = precision.calibration().samples() > 0 ? precision.calibration().samples() : kDefaultCalibrationSamples;
-  const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty());
-  std::vector<GeneratedInputs> samples;
   const int count = supplied.empty() ? wanted : std::min<int>(wanted, static_cast<int>(supplied.size()));
-  for (int i = 0; i < count; ++i) {
-    absl::StatusOr<GeneratedInputs> inputs =
-        supplied.empty()
-            ? GenerateInputs(**session, original, validation, shape_sets[static_cast<size_t>(i) % shape_sets.size()],
-                             kFirstCalibrationSample + i)
-            : GenerateInputs(**session, original, validation, shape_sets.front(), i, &supplied[static_cast<size_t>(i)]);
-    if (!inputs.ok()) return inputs.status();
-    samples.push_back(*std::move(inputs));
-  }
-  if (supplied.empty()) {
+  const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty());
+  auto make_samples = [&](Ort::Session& session) -> absl::StatusOr<std::vector<GeneratedInputs>> {
+    std::vector<GeneratedInputs> samples;
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<GeneratedInputs> inputs =
+          supplied.empty()
+              ? GenerateInputs(session, original, validation, shape_sets[static_cast<size_t>(i) % shape_sets.size()],
+                               kFirstCalibrationSample + i)
+              : GenerateInputs(session, original, validation, shape_sets.front(), i, &supplied[static_cast<size_t>(i)]);
+      if (!inputs.ok()) return inputs.status();
+      samples.push_back(*std::move(inputs));
+    }
+    return samples;
+  };
+  if (!values.empty() && supplied.empty()) {
     *warning = absl::StrCat("int8_static was calibrated on ", count,
                             " generated input sets: generated data is a poor calibration set, so the ranges may not "
                             "match real inputs; supply real inputs with the job for a calibration you can trust");
   }
-  std::vector<const GeneratedInputs*> pointers;
-  for (const auto& sample : samples) pointers.push_back(&sample);
   const std::string method = precision.calibration().method().empty() ? "minmax" : precision.calibration().method();
-  return CalibrateRanges(fp32_model, values, pointers, method, device, cancelled);
+  return CalibrateRanges(fp32_model, values, make_samples, method, device, cancelled);
 }
 
 void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,

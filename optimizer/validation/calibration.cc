@@ -131,28 +131,38 @@ float EntropyThreshold(const Histogram& magnitudes) {
   return static_cast<float>(magnitudes.low + width * best);
 }
 
-absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
-                                                                   const std::vector<std::string>& values,
-                                                                   const std::vector<const GeneratedInputs*>& samples,
-                                                                   const std::string& method,
-                                                                   const SessionSettings& device,
-                                                                   const std::atomic<bool>* cancelled) {
-  if (method != "minmax" && method != "percentile" && method != "entropy") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown calibration method '", method, "'"));
-  }
-  std::map<std::string, ValueRange> ranges;
-  if (values.empty() || samples.empty()) return ranges;
+namespace {
+
+// `model` with `values` fetched (see ExposeValues), in a session without ONNX Runtime's rewrites.
+absl::StatusOr<std::unique_ptr<Ort::Session>> ProbeSession(const onnx::ModelProto& model,
+                                                           const std::vector<std::string>& values,
+                                                           const SessionSettings& device,
+                                                           std::vector<std::string>* fetched) {
   onnx::ModelProto probe = model;
-  const std::vector<std::string> fetched = ExposeValues(values, &probe);
+  *fetched = ExposeValues(values, &probe);
   SessionSettings settings = device;
   settings.optimization_level = ORT_DISABLE_ALL;
-  absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(ModelSource{probe.SerializeAsString(), {}}, settings);
-  if (!session.ok()) return session.status();
+  return CreateSession(ModelSource{probe.SerializeAsString(), {}}, settings);
+}
+
+absl::Status CheckMethod(const std::string& method) {
+  if (method == "minmax" || method == "percentile" || method == "entropy") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("unknown calibration method '", method, "'"));
+}
+
+absl::StatusOr<std::map<std::string, ValueRange>> RangesOn(Ort::Session& session,
+                                                           const std::vector<std::string>& values,
+                                                           const std::vector<std::string>& fetched,
+                                                           const std::vector<const GeneratedInputs*>& samples,
+                                                           const std::string& method,
+                                                           const std::atomic<bool>* cancelled) {
+  std::map<std::string, ValueRange> ranges;
+  if (samples.empty()) return ranges;
 
   // Pass 1: the range seen.
   std::vector<ValueRange> seen(values.size());
   std::vector<bool> any(values.size(), false);
-  absl::Status status = ForEachFetched(**session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
+  absl::Status status = ForEachFetched(session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
     for (size_t k = 0; k < n; ++k) {
       if (!std::isfinite(data[k])) continue;
       if (!any[i]) {
@@ -175,7 +185,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
       histograms[i].counts.assign(kCalibrationBins, 0.0);
     }
     std::vector<float> absolute;
-    status = ForEachFetched(**session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
+    status = ForEachFetched(session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
       if (!magnitudes) return histograms[i].Add(data, n);
       absolute.resize(n);
       for (size_t k = 0; k < n; ++k) absolute[k] = std::fabs(data[k]);
@@ -195,6 +205,40 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
     ranges[values[i]] = range;
   }
   return ranges;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
+                                                                   const std::vector<std::string>& values,
+                                                                   const std::vector<const GeneratedInputs*>& samples,
+                                                                   const std::string& method,
+                                                                   const SessionSettings& device,
+                                                                   const std::atomic<bool>* cancelled) {
+  if (absl::Status valid = CheckMethod(method); !valid.ok()) return valid;
+  if (values.empty() || samples.empty()) return std::map<std::string, ValueRange>();
+  std::vector<std::string> fetched;
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session = ProbeSession(model, values, device, &fetched);
+  if (!session.ok()) return session.status();
+  return RangesOn(**session, values, fetched, samples, method, cancelled);
+}
+
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
+                                                                   const std::vector<std::string>& values,
+                                                                   const CalibrationSamples& make_samples,
+                                                                   const std::string& method,
+                                                                   const SessionSettings& device,
+                                                                   const std::atomic<bool>* cancelled) {
+  if (absl::Status valid = CheckMethod(method); !valid.ok()) return valid;
+  if (values.empty()) return std::map<std::string, ValueRange>();
+  std::vector<std::string> fetched;
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session = ProbeSession(model, values, device, &fetched);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<std::vector<GeneratedInputs>> samples = make_samples(**session);
+  if (!samples.ok()) return samples.status();
+  std::vector<const GeneratedInputs*> pointers;
+  for (const GeneratedInputs& sample : *samples) pointers.push_back(&sample);
+  return RangesOn(**session, values, fetched, pointers, method, cancelled);
 }
 
 }  // namespace onnxopt

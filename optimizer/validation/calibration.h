@@ -13,6 +13,7 @@
 #define ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,16 @@ float EntropyThreshold(const Histogram& magnitudes);
 absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
                                                                    const std::vector<std::string>& values,
                                                                    const std::vector<const GeneratedInputs*>& samples,
+                                                                   const std::string& method,
+                                                                   const SessionSettings& device,
+                                                                   const std::atomic<bool>* cancelled = nullptr);
+
+// The same with input sets made by `make_samples` from the session calibration runs in (whose inputs
+// are the model's), so that the model is loaded once for both.
+using CalibrationSamples = std::function<absl::StatusOr<std::vector<GeneratedInputs>>(Ort::Session& session)>;
+absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
+                                                                   const std::vector<std::string>& values,
+                                                                   const CalibrationSamples& make_samples,
                                                                    const std::string& method,
                                                                    const SessionSettings& device,
                                                                    const std::atomic<bool>* cancelled = nullptr);
