@@ -1,6 +1,7 @@
 // onnxopt: the command-line client of onnxopt-server, plus local `optimize` and `compare`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -159,17 +160,46 @@ class ProgressLine {
   std::string last_;
 };
 
+// Renames a result (model.onnx, its model.onnx.data, other files) from where it was made to `out`,
+// the data file to OUT.data (the model rewritten to say so) so that results in one folder do not
+// clash, other files beside `out`.
+absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out) {
+  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const std::string data_name = out.filename().string() + ".data";
+  std::error_code error;
+  for (const auto& file : files) {
+    if (file.filename() == "model.onnx") {
+      if (std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx.data"; }) !=
+          files.end()) {
+        absl::Status relocated = onnxopt::RelocateExternalData(file, "model.onnx.data", data_name);
+        if (!relocated.ok()) return relocated;
+      }
+      fs::rename(file, out, error);
+    } else {
+      fs::rename(file, file.filename() == "model.onnx.data" ? dir / data_name : dir / file.filename(), error);
+    }
+    if (error) return absl::InternalError(absl::StrCat("cannot move ", file.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
 // Downloads the model (and any data files next to it) to `out`, and the report beside it.
 absl::Status DownloadResult(Client& client, const onnxopt::v1::Job& job, const fs::path& out, fs::path* report_path) {
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   std::error_code error;
   fs::create_directories(dir, error);
+  const fs::path staging = dir / (".onnxopt-download-" + std::to_string(::getpid()));
+  fs::create_directories(staging, error);
+  std::vector<fs::path> files;
+  absl::Status status = absl::OkStatus();
   for (const auto& artifact : job.result().artifacts()) {
-    if (artifact.name() == "report.json") continue;
-    const fs::path target = artifact.name() == "model.onnx" ? out : dir / artifact.name();
-    absl::Status status = client.Download(job.name(), artifact.name(), target);
-    if (!status.ok()) return status;
+    if (artifact.name() == "report.json" || !status.ok()) continue;
+    files.push_back(staging / artifact.name());
+    status = client.Download(job.name(), artifact.name(), files.back());
   }
+  if (status.ok()) status = MoveResult(files, out);
+  fs::remove_all(staging, error);
+  if (!status.ok()) return status;
   *report_path = out;
   *report_path += ".report.json";
   return client.Download(job.name(), "report.json", *report_path);
@@ -284,11 +314,9 @@ int Local(const Args& args) {
     line.Done();
     std::error_code error;
     if (result.ok()) {
-      for (const auto& file : result->files) {
-        const fs::path target = file.filename() == "model.onnx" ? out : work / file.filename();
-        fs::rename(file, target, error);
-        if (error) break;
-      }
+      // The data file is named after the output, as the model now says.
+      absl::Status moved = MoveResult(result->files, out);
+      if (!moved.ok()) result = moved;
     }
     fs::remove_all(staging, error);
     std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));

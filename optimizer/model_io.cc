@@ -188,6 +188,31 @@ absl::Status CheckTensorsVisible(const onnx::ModelProto& model) {
   return absl::OkStatus();
 }
 
+bool HasTensorsByReference(const onnx::ModelProto& model) {
+  bool found = false;
+  // ForEachTensor only reaches mutable accessors of fields that are set, and the visitor only reads.
+  ForEachTensor(const_cast<onnx::ModelProto*>(&model), [&](onnx::TensorProto* tensor, TensorKind) {
+    found = found || IsByReference(*tensor);
+  });
+  return found;
+}
+
+int64_t ModelBytes(const onnx::ModelProto& model) {
+  int64_t bytes = static_cast<int64_t>(model.ByteSizeLong());
+  ForEachTensor(const_cast<onnx::ModelProto*>(&model), [&](onnx::TensorProto* tensor, TensorKind) {
+    if (IsByReference(*tensor)) bytes += TensorDataBytes(*tensor);
+  });
+  return bytes;
+}
+
+absl::StatusOr<std::string> SerializeForRuntime(const onnx::ModelProto& model) {
+  if (!HasTensorsByReference(model)) return model.SerializeAsString();
+  onnx::ModelProto copy = model;
+  absl::Status loaded = LoadAllTensorBytes(&copy);
+  if (!loaded.ok()) return loaded;
+  return copy.SerializeAsString();
+}
+
 std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model) {
   std::set<std::string> locations;
   // ForEachTensor only reaches mutable accessors of fields that are set, and the visitor only reads.
@@ -197,34 +222,173 @@ std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model) {
   return {locations.begin(), locations.end()};
 }
 
-absl::StatusOr<onnx::ModelProto> LoadModel(const fs::path& path) {
+namespace {
+
+struct ExternalRange {
+  fs::path file;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// Resolves a tensor's external location, offset and length against `folder`, checking the range
+// against the file's size (cached per file in `sizes`).
+absl::StatusOr<ExternalRange> ResolveExternalRange(const fs::path& folder, const onnx::TensorProto& tensor,
+                                                   std::map<fs::path, int64_t>* sizes) {
+  absl::StatusOr<fs::path> file = ResolveExternalDataPath(folder, ExternalField(tensor, "location"));
+  if (!file.ok()) return file.status();
+  ExternalRange range{*file, 0, -1};
+  const std::string offset_text = ExternalField(tensor, "offset");
+  const std::string length_text = ExternalField(tensor, "length");
+  if ((!offset_text.empty() && !absl::SimpleAtoi(offset_text, &range.offset)) ||
+      (!length_text.empty() && !absl::SimpleAtoi(length_text, &range.length))) {
+    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: tensor '", tensor.name(),
+                                                   "' has a malformed offset or length"));
+  }
+  auto known = sizes->find(*file);
+  if (known == sizes->end()) {
+    std::error_code error;
+    const auto size = fs::file_size(*file, error);
+    if (error) return absl::NotFoundError(absl::StrCat("cannot stat ", file->string()));
+    known = sizes->emplace(*file, static_cast<int64_t>(size)).first;
+  }
+  const int64_t size = known->second;
+  if (range.length < 0 && range.offset >= 0) range.length = size - range.offset;
+  if (range.offset < 0 || range.length < 0 || range.offset > size || range.length > size - range.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: offset ", range.offset, " + length ",
+                                                   range.length, " is outside ", file->filename().string(), " (",
+                                                   size, " bytes)"));
+  }
+  return range;
+}
+
+void SetExternalEntries(onnx::TensorProto* tensor, const std::string& location, int64_t offset, int64_t length) {
+  tensor->clear_external_data();
+  auto add = [&](const std::string& key, const std::string& value) {
+    auto* entry = tensor->add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  };
+  add("location", location);
+  add("offset", std::to_string(offset));
+  add("length", std::to_string(length));
+  tensor->clear_raw_data();
+  tensor->set_data_location(onnx::TensorProto::EXTERNAL);
+}
+
+absl::Status PreadAll(int fd, int64_t offset, int64_t length, char* out, const std::string& what) {
+  int64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, out + done, static_cast<size_t>(length - done), offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::DataLossError(absl::StrCat("short read from ", what));
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+// Pulls external data in (min_bytes < 0) or keeps dense tensors of at least min_bytes by reference.
+absl::StatusOr<onnx::ModelProto> LoadWithExternalData(const fs::path& path, int64_t min_bytes) {
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(path);
   if (!model.ok()) return model.status();
   if (absl::Status visible = CheckTensorsVisible(*model); !visible.ok()) return visible;
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  std::map<fs::path, int64_t> sizes;
   absl::Status status = absl::OkStatus();
-  ForEachTensor(&*model, [&](onnx::TensorProto* tensor, TensorKind) {
+  ForEachTensor(&*model, [&](onnx::TensorProto* tensor, TensorKind kind) {
     if (!status.ok() || tensor->data_location() != onnx::TensorProto::EXTERNAL) return;
-    absl::StatusOr<fs::path> file = ResolveExternalDataPath(folder, ExternalField(*tensor, "location"));
-    if (!file.ok()) {
-      status = file.status();
+    absl::StatusOr<ExternalRange> range = ResolveExternalRange(folder, *tensor, &sizes);
+    if (!range.ok()) {
+      status = range.status();
       return;
     }
-    int64_t offset = 0, length = -1;
-    const std::string offset_text = ExternalField(*tensor, "offset");
-    const std::string length_text = ExternalField(*tensor, "length");
-    if ((!offset_text.empty() && !absl::SimpleAtoi(offset_text, &offset)) ||
-        (!length_text.empty() && !absl::SimpleAtoi(length_text, &length))) {
-      status = absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: tensor '", tensor->name(),
-                                                       "' has a malformed offset or length"));
+    if (min_bytes >= 0 && kind == TensorKind::kDense && range->length >= min_bytes) {
+      SetExternalEntries(tensor, range->file.string(), range->offset, range->length);
       return;
     }
-    status = ReadRange(*file, offset, length, tensor->mutable_raw_data());
+    status = ReadRange(range->file, range->offset, range->length, tensor->mutable_raw_data());
     tensor->clear_external_data();
     tensor->set_data_location(onnx::TensorProto::DEFAULT);
   });
   if (!status.ok()) return status;
   return model;
+}
+
+}  // namespace
+
+absl::StatusOr<onnx::ModelProto> LoadModel(const fs::path& path) { return LoadWithExternalData(path, -1); }
+
+absl::StatusOr<onnx::ModelProto> LoadModelByReference(const fs::path& path, int64_t min_bytes) {
+  return LoadWithExternalData(path, std::max<int64_t>(min_bytes, 0));
+}
+
+bool IsByReference(const onnx::TensorProto& tensor) {
+  return tensor.data_location() == onnx::TensorProto::EXTERNAL && fs::path(ExternalField(tensor, "location")).is_absolute();
+}
+
+int64_t TensorDataBytes(const onnx::TensorProto& tensor) {
+  if (IsByReference(tensor)) {
+    int64_t length = 0;
+    return absl::SimpleAtoi(ExternalField(tensor, "length"), &length) ? length : 0;
+  }
+  if (tensor.has_raw_data()) return static_cast<int64_t>(tensor.raw_data().size());
+  return static_cast<int64_t>(tensor.ByteSizeLong());
+}
+
+absl::Status ReadTensorBytes(const onnx::TensorProto& tensor, int64_t offset, int64_t length, std::string* out) {
+  const int64_t size = TensorDataBytes(tensor);
+  if (offset < 0 || length < 0 || offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes ", offset, "+", length, " of tensor '", tensor.name(), "' (",
+                                              size, " bytes)"));
+  }
+  if (!IsByReference(tensor)) {
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL || !tensor.has_raw_data()) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor.name(), "' has no raw data here"));
+    }
+    out->assign(tensor.raw_data(), static_cast<size_t>(offset), static_cast<size_t>(length));
+    return absl::OkStatus();
+  }
+  int64_t start = 0;
+  const std::string location = ExternalField(tensor, "location");
+  if (!absl::SimpleAtoi(ExternalField(tensor, "offset"), &start) || start < 0) {
+    return absl::InternalError(absl::StrCat("tensor '", tensor.name(), "' lost its external offset"));
+  }
+  const int fd = ::open(location.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::DataLossError(absl::StrCat("cannot open ", location, ": ", std::strerror(errno)));
+  out->resize(static_cast<size_t>(length));
+  absl::Status status = PreadAll(fd, start + offset, length, out->data(), location);
+  ::close(fd);
+  return status;
+}
+
+const std::string* RawBytes(const onnx::TensorProto& tensor, std::string* scratch, absl::Status* error) {
+  if (!IsByReference(tensor) && tensor.data_location() != onnx::TensorProto::EXTERNAL) {
+    return tensor.has_raw_data() ? &tensor.raw_data() : nullptr;
+  }
+  absl::Status status = ReadTensorBytes(tensor, 0, TensorDataBytes(tensor), scratch);
+  if (!status.ok()) {
+    if (error != nullptr) *error = status;
+    return nullptr;
+  }
+  return scratch;
+}
+
+absl::Status LoadTensorBytes(onnx::TensorProto* tensor) {
+  if (!IsByReference(*tensor)) return absl::OkStatus();
+  std::string bytes;
+  absl::Status error = absl::OkStatus();
+  if (RawBytes(*tensor, &bytes, &error) == nullptr) return error;
+  tensor->clear_external_data();
+  tensor->set_data_location(onnx::TensorProto::DEFAULT);
+  tensor->set_raw_data(std::move(bytes));
+  return absl::OkStatus();
+}
+
+absl::Status LoadAllTensorBytes(onnx::ModelProto* model) {
+  absl::Status status = absl::OkStatus();
+  ForEachTensor(model, [&](onnx::TensorProto* tensor, TensorKind) {
+    if (status.ok()) status = LoadTensorBytes(tensor);
+  });
+  return status;
 }
 
 namespace {
@@ -239,62 +403,168 @@ absl::Status WriteError(int error, const std::string& what) {
 
 }  // namespace
 
-absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
-  const fs::path temporary = path.string() + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return WriteError(errno, absl::StrCat("cannot create ", temporary.string()));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      return WriteError(error, absl::StrCat("cannot write ", temporary.string()));
+namespace {
+
+// A file written under a temporary name and renamed into place by Commit(), so that readers never
+// see half of it; the temporary file is removed if Commit() is never reached.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(fs::path path)
+      : path_(std::move(path)), temporary_(path_.string() + ".tmp-" + std::to_string(::getpid())) {}
+  ~AtomicFileWriter() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(temporary_.c_str());
     }
-    written += static_cast<size_t>(n);
   }
-  int error = ::fsync(fd) != 0 ? errno : 0;
-  if (::close(fd) != 0 && error == 0) error = errno;  // closed whatever fsync said
-  if (error != 0) {
-    ::unlink(temporary.c_str());
-    return WriteError(error, absl::StrCat("cannot flush ", temporary.string()));
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  absl::Status Open() {
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return WriteError(errno, absl::StrCat("cannot create ", temporary_.string()));
+    return absl::OkStatus();
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    ::unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot rename to ", path.string(), ": ", std::strerror(errno)));
+
+  absl::Status Append(const char* data, size_t size) {
+    size_t written = 0;
+    while (written < size) {
+      const ssize_t n = ::write(fd_, data + written, size - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return WriteError(errno, absl::StrCat("cannot write ", temporary_.string()));
+      written += static_cast<size_t>(n);
+    }
+    size_ += static_cast<int64_t>(size);
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+
+  absl::Status PadTo(int64_t alignment) {
+    const std::string zeros(static_cast<size_t>((alignment - size_ % alignment) % alignment), '\0');
+    return Append(zeros.data(), zeros.size());
+  }
+
+  // Copies `length` bytes at `offset` of `source` in the kernel where it can (copy_file_range), so
+  // the bytes never pass through this process's memory.
+  absl::Status AppendFileRange(const std::string& source, int64_t offset, int64_t length) {
+    const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return absl::DataLossError(absl::StrCat("cannot open ", source, ": ", std::strerror(errno)));
+    absl::Status status = absl::OkStatus();
+    int64_t done = 0;
+    bool kernel_copy = true;
+    std::string buffer;
+    while (status.ok() && done < length) {
+      const size_t chunk = static_cast<size_t>(std::min<int64_t>(length - done, int64_t{64} << 20));
+      if (kernel_copy) {
+        loff_t from = offset + done;
+        const ssize_t n = ::copy_file_range(in, &from, fd_, nullptr, chunk, 0);
+        if (n > 0) {
+          done += n;
+          size_ += n;
+        } else if (n < 0 && (errno == ENOSPC || errno == EDQUOT || errno == EIO)) {
+          status = WriteError(errno, absl::StrCat("cannot write ", temporary_.string()));
+        } else if (!(n < 0 && errno == EINTR)) {
+          kernel_copy = false;  // EXDEV, ENOSYS, EINVAL, a 0 from odd files: copy through a buffer
+        }
+        continue;
+      }
+      buffer.resize(std::min<size_t>(chunk, size_t{8} << 20));
+      status = PreadAll(in, offset + done, static_cast<int64_t>(buffer.size()), buffer.data(), source);
+      if (status.ok()) status = Append(buffer.data(), buffer.size());
+      done += static_cast<int64_t>(buffer.size());
+    }
+    ::close(in);
+    return status;
+  }
+
+  absl::Status Commit() {
+    int error = ::fsync(fd_) != 0 ? errno : 0;
+    if (::close(fd_) != 0 && error == 0) error = errno;  // closed whatever fsync said
+    fd_ = -1;
+    if (error != 0) {
+      ::unlink(temporary_.c_str());
+      return WriteError(error, absl::StrCat("cannot flush ", temporary_.string()));
+    }
+    if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+      const int rename_error = errno;
+      ::unlink(temporary_.c_str());
+      return absl::InternalError(absl::StrCat("cannot rename to ", path_.string(), ": ", std::strerror(rename_error)));
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t size() const { return size_; }
+
+ private:
+  fs::path path_;
+  fs::path temporary_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
+  AtomicFileWriter file(path);
+  absl::Status status = file.Open();
+  if (status.ok()) status = file.Append(bytes.data(), bytes.size());
+  if (status.ok()) status = file.Commit();
+  return status;
+}
+
+absl::Status RelocateExternalData(const fs::path& path, const std::string& from, const std::string& to) {
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(path);
+  if (!model.ok()) return model.status();
+  ForEachTensor(&*model, [&](onnx::TensorProto* tensor, TensorKind) {
+    for (auto& entry : *tensor->mutable_external_data()) {
+      if (entry.key() == "location" && entry.value() == from) entry.set_value(to);
+    }
+  });
+  return WriteFileAtomically(path, model->SerializeAsString());
 }
 
 absl::StatusOr<std::vector<fs::path>> SaveModel(onnx::ModelProto model, const fs::path& path,
                                                 const SaveOptions& options) {
   std::vector<fs::path> written;
-  if (static_cast<int64_t>(model.ByteSizeLong()) > options.external_threshold_bytes) {
+  bool by_reference = false;
+  int64_t referenced_bytes = 0;
+  ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind) {
+    if (!IsByReference(*tensor)) return;
+    by_reference = true;
+    referenced_bytes += TensorDataBytes(*tensor);
+  });
+  if (by_reference || static_cast<int64_t>(model.ByteSizeLong()) + referenced_bytes > options.external_threshold_bytes) {
     const std::string data_name = path.filename().string() + ".data";
-    std::string data;
-    ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind kind) {
-      // Sparse parts stay inline: runtimes densify them at load and need not read them from files.
-      if (kind != TensorKind::kDense) return;
-      if (static_cast<int64_t>(tensor->raw_data().size()) < options.external_min_bytes) return;
-      const size_t padding = (4096 - data.size() % 4096) % 4096;  // page-aligned, so runtimes can mmap
-      data.append(padding, '\0');
-      const int64_t offset = static_cast<int64_t>(data.size());
-      data.append(tensor->raw_data());
-      auto add = [&](const std::string& key, const std::string& value) {
-        auto* entry = tensor->add_external_data();
-        entry->set_key(key);
-        entry->set_value(value);
-      };
-      add("location", data_name);
-      add("offset", std::to_string(offset));
-      add("length", std::to_string(tensor->raw_data().size()));
-      tensor->clear_raw_data();
-      tensor->set_data_location(onnx::TensorProto::EXTERNAL);
-    });
     const fs::path data_path = path.parent_path() / data_name;
-    absl::Status status = WriteFileAtomically(data_path, data);
+    AtomicFileWriter data(data_path);
+    absl::Status status = data.Open();
+    ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind kind) {
+      if (!status.ok()) return;
+      // Sparse parts stay inline: runtimes densify them at load and need not read them from files.
+      if (kind != TensorKind::kDense) {
+        status = LoadTensorBytes(tensor);
+        return;
+      }
+      const bool referenced = IsByReference(*tensor);
+      if (!referenced && static_cast<int64_t>(tensor->raw_data().size()) < options.external_min_bytes) return;
+      status = data.PadTo(4096);  // page-aligned, so runtimes can mmap
+      if (!status.ok()) return;
+      const int64_t offset = data.size();
+      int64_t length = 0;
+      if (referenced) {
+        int64_t from = 0;
+        length = TensorDataBytes(*tensor);
+        if (!absl::SimpleAtoi(ExternalField(*tensor, "offset"), &from)) {
+          status = absl::InternalError(absl::StrCat("tensor '", tensor->name(), "' lost its external offset"));
+          return;
+        }
+        status = data.AppendFileRange(ExternalField(*tensor, "location"), from, length);
+      } else {
+        length = static_cast<int64_t>(tensor->raw_data().size());
+        status = data.Append(tensor->raw_data().data(), tensor->raw_data().size());
+      }
+      if (status.ok()) SetExternalEntries(tensor, data_name, offset, length);
+    });
+    if (status.ok()) status = data.Commit();
     if (!status.ok()) return status;
     written.push_back(data_path);
   }

@@ -26,6 +26,39 @@ absl::StatusOr<onnx::ModelProto> ParseModelFile(const std::filesystem::path& pat
 // External files must be relative names under the model's folder; anything else is INVALID_ARGUMENT.
 absl::StatusOr<onnx::ModelProto> LoadModel(const std::filesystem::path& path);
 
+// Loads like LoadModel, except that external tensors of at least `min_bytes` stay where they are,
+// "by reference": after the same confinement checks, their location becomes the resolved absolute
+// path and their offset and length are checked against that file. The model then costs memory for
+// its graph and small tensors only; a pass that needs such a tensor's values reads them with
+// TensorBytes, and SaveModel copies them file to file. Absolute locations cannot come from a model
+// itself (LoadModel refuses them), so an absolute location always means "resolved here".
+inline constexpr int64_t kByReferenceMinBytes = 64 << 10;
+absl::StatusOr<onnx::ModelProto> LoadModelByReference(const std::filesystem::path& path,
+                                                       int64_t min_bytes = kByReferenceMinBytes);
+
+// Whether the tensor's bytes are in a file LoadModelByReference resolved.
+bool IsByReference(const onnx::TensorProto& tensor);
+// The size of the tensor's data, wherever it lives (raw_data, typed fields, or by reference).
+int64_t TensorDataBytes(const onnx::TensorProto& tensor);
+// The tensor's raw bytes: &tensor.raw_data() when they are inline, else read into `scratch` (by
+// reference) and &*scratch; nullptr when the tensor has no raw bytes (typed fields) or the read
+// failed (`error` says why when given).
+const std::string* RawBytes(const onnx::TensorProto& tensor, std::string* scratch, absl::Status* error = nullptr);
+// Bytes [offset, offset + length) of the tensor's raw data, inline or by reference, into `out`.
+absl::Status ReadTensorBytes(const onnx::TensorProto& tensor, int64_t offset, int64_t length, std::string* out);
+// Pulls a by-reference tensor's bytes into raw_data; other tensors are left as they are.
+absl::Status LoadTensorBytes(onnx::TensorProto* tensor);
+// The same for every tensor of the model, subgraphs and functions included.
+absl::Status LoadAllTensorBytes(onnx::ModelProto* model);
+
+// The model's size on disk: its serialized size, tensors by reference counted at their data's size.
+int64_t ModelBytes(const onnx::ModelProto& model);
+// Whether any tensor of the model is by reference.
+bool HasTensorsByReference(const onnx::ModelProto& model);
+// The model serialized for ONNX Runtime, which refuses absolute external locations: tensors by
+// reference are pulled into a copy first (a model without any is serialized as it is).
+absl::StatusOr<std::string> SerializeForRuntime(const onnx::ModelProto& model);
+
 // Names of the external data files a model references (without loading them): every tensor's, dense
 // and sparse, initializer or attribute, in subgraphs, functions and training graphs alike.
 std::vector<std::string> ExternalDataLocations(const onnx::ModelProto& model);
@@ -41,8 +74,9 @@ absl::StatusOr<std::filesystem::path> ResolveExternalDataPath(const std::filesys
                                                               const std::string& location);
 
 struct SaveOptions {
-  // Models whose serialized size would pass this are saved with tensors of at least
-  // `external_min_bytes` in "<model file name>.data". Protobuf cannot hold messages over 2 GiB.
+  // Models whose data would pass this, and models with tensors by reference, are saved with tensors
+  // of at least `external_min_bytes` in "<model file name>.data" (tensors by reference are copied
+  // there file to file, never held in memory). Protobuf cannot hold messages over 2 GiB.
   int64_t external_threshold_bytes = int64_t{1800} << 20;
   int64_t external_min_bytes = 1024;
 };
@@ -51,6 +85,10 @@ struct SaveOptions {
 // Returns the files written, model first.
 absl::StatusOr<std::vector<std::filesystem::path>> SaveModel(onnx::ModelProto model, const std::filesystem::path& path,
                                                              const SaveOptions& options = {});
+
+// Points the external data of the model file at `path` from `from` to `to` (a file name beside it),
+// rewriting the model file atomically; the data file itself is the caller's to rename.
+absl::Status RelocateExternalData(const std::filesystem::path& path, const std::string& from, const std::string& to);
 
 // Writes bytes to `path` through a temporary file and a rename, so readers never see half a file.
 absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& bytes);

@@ -236,7 +236,7 @@ v1::ModelSummary Summarize(const onnx::ModelProto& model, int64_t model_bytes) {
   summary.set_nodes(CountNodes(model.graph()));
   summary.set_initializers(model.graph().initializer_size());
   int64_t initializer_bytes = 0;
-  for (const auto& tensor : model.graph().initializer()) initializer_bytes += tensor.ByteSizeLong();
+  for (const auto& tensor : model.graph().initializer()) initializer_bytes += TensorDataBytes(tensor);
   summary.set_initializer_bytes(initializer_bytes);
   summary.set_model_bytes(model_bytes);
   for (const auto& op : OpHistogram(model.graph())) (*summary.mutable_op_histogram())[op.first] = op.second;
@@ -262,13 +262,15 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   Progress(request, Phase::kLoading);
   absl::Status config_status = CheckConfig(config);
   if (!config_status.ok()) return fail(config_status);
-  absl::StatusOr<onnx::ModelProto> original = LoadModel(request.model_path);
+  // Big tensors stay in their files: the original and its optimized copy share them, and the result
+  // is written file to file, so a model costs memory for its graph and what passes make.
+  absl::StatusOr<onnx::ModelProto> original = LoadModelByReference(request.model_path);
   if (!original.ok()) return fail(original.status());
   std::vector<std::string> warnings;
   absl::Status check = CheckModel(*original, &warnings);
   for (auto& warning : warnings) report.add_warnings(std::move(warning));
   if (!check.ok()) return fail(check);
-  *report.mutable_original() = Summarize(*original, static_cast<int64_t>(original->ByteSizeLong()));
+  *report.mutable_original() = Summarize(*original, ModelBytes(*original));
   absl::StatusOr<std::vector<SuppliedSample>> supplied = LoadSuppliedInputs(request.input_files);
   if (!supplied.ok()) return fail(supplied.status());
 
@@ -319,9 +321,12 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     report.add_warnings("precision.keep_io_types is off: the model's float inputs and outputs are now " +
                         precision.mode() + "; parity and the benchmark ran it behind Casts from and to float32");
   }
-  auto InterfaceView = [&](const onnx::ModelProto& model) -> absl::StatusOr<ModelSource> {
-    return ModelSource{WithOriginalInterface(model, *original).SerializeAsString(), {}};
+  auto InMemory = [](const onnx::ModelProto& model) -> absl::StatusOr<ModelSource> {
+    absl::StatusOr<std::string> bytes = SerializeForRuntime(model);
+    if (!bytes.ok()) return bytes.status();
+    return ModelSource{*std::move(bytes), {}};
   };
+  auto InterfaceView = [&](const onnx::ModelProto& model) { return InMemory(WithOriginalInterface(model, *original)); };
   auto all_runs = [&](const std::vector<v1::PassReport>& lower) {
     std::vector<v1::PassReport> runs = pass_reports;
     runs.insert(runs.end(), lower.begin(), lower.end());
@@ -359,10 +364,11 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   report.mutable_benchmark()->set_skipped(skip_benchmark);
   if (skip_parity && skip_benchmark) return Finish(start, partial_report, &result);
 
-  // The original as loaded (external data pulled in); a model too big for memory goes by path.
+  // The original as loaded; one with tensors by reference goes by path, ONNX Runtime reading its
+  // external data itself.
   absl::StatusOr<ModelSource> original_source =
-      original->ByteSizeLong() < (size_t{1} << 30) ? absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}})
-                                                   : SourceFor(request.model_path);
+      HasTensorsByReference(*original) ? absl::StatusOr<ModelSource>(ModelSource{"", request.model_path})
+                                       : absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}});
   if (!original_source.ok()) return fail(original_source.status());
   absl::StatusOr<SessionSettings> resolved = DeviceSettings(config, &report);
   if (!resolved.ok()) return fail(resolved.status());
@@ -408,8 +414,9 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     bool passed = *judged;
     ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
       *into = *parity;
-      return judge(interface_changed ? *InterfaceView(candidate) : ModelSource{candidate.SerializeAsString(), {}},
-                   ModelPrecision(candidate), into);
+      absl::StatusOr<ModelSource> source = interface_changed ? InterfaceView(candidate) : InMemory(candidate);
+      if (!source.ok()) return source.status();
+      return judge(*source, ModelPrecision(candidate), into);
     };
     if (!passed && precision_requested) {
       v1::PrecisionReport* described = report.mutable_precision();
@@ -503,7 +510,11 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   if (!skip_benchmark) {
     Progress(request, Phase::kBenchmarking);
     std::optional<ModelSource> view;
-    if (interface_changed) view = *InterfaceView(optimized);
+    if (interface_changed) {
+      absl::StatusOr<ModelSource> made = InterfaceView(optimized);
+      if (!made.ok()) return fail(made.status());
+      view = *std::move(made);
+    }
     absl::Status timed = RunBenchmark(request, *original, *original_source, optimized, output_path, device, *supplied,
                                       &report, &result, view ? &*view : nullptr);
     if (!timed.ok()) return fail(timed);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "optimizer/model_io.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/passes/precision/weight_products.h"
@@ -198,8 +199,8 @@ void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelPr
                        const onnx::ModelProto& converted, const std::vector<v1::PassReport>& runs,
                        v1::PrecisionReport* report) {
   report->set_mode(precision.mode());
-  report->set_size_before_bytes(static_cast<int64_t>(fp32_model.ByteSizeLong()));
-  report->set_size_after_bytes(static_cast<int64_t>(converted.ByteSizeLong()));
+  report->set_size_before_bytes(ModelBytes(fp32_model));
+  report->set_size_after_bytes(ModelBytes(converted));
   const char* pass = PassFor(precision.mode());
   for (const auto& run : runs) {
     if (pass == nullptr || (run.name() != pass && run.name() != "quantize_embeddings_int8")) continue;

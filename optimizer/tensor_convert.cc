@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt {
 // Bytes per element for fixed-size types onnxopt converts; 0 for others.
@@ -69,7 +70,7 @@ int TypedFieldSize(const onnx::TensorProto& tensor) {
 }  // namespace
 
 absl::StatusOr<Ort::Value> TensorProtoToOrtValue(const onnx::TensorProto& tensor) {
-  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) {
+  if (tensor.data_location() == onnx::TensorProto::EXTERNAL && !IsByReference(tensor)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has external data; load it first"));
   }
   std::vector<int64_t> shape(tensor.dims().begin(), tensor.dims().end());
@@ -98,7 +99,11 @@ absl::StatusOr<Ort::Value> TensorProtoToOrtValue(const onnx::TensorProto& tensor
     }
     std::string typed;
     const std::string* bytes = &tensor.raw_data();
-    if (!tensor.has_raw_data()) {
+    if (IsByReference(tensor)) {
+      absl::Status read = absl::OkStatus();
+      bytes = RawBytes(tensor, &typed, &read);
+      if (bytes == nullptr) return read;
+    } else if (!tensor.has_raw_data()) {
       if (static_cast<size_t>(TypedFieldSize(tensor)) != count) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' holds ", TypedFieldSize(tensor),
                                                        " values for ", count, " elements"));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt {
 namespace {
@@ -50,12 +51,14 @@ bool IsCausalBuffer(const std::unordered_map<std::string, const onnx::NodeProto*
   auto buffer = initializers.find(value);
   if (buffer == initializers.end()) return false;
   const onnx::TensorProto& tensor = *buffer->second;
-  if (tensor.dims_size() != 4 || tensor.dims(2) != tensor.dims(3) || tensor.data_type() != onnx::TensorProto::BOOL ||
-      !tensor.has_raw_data()) {
+  if (tensor.dims_size() != 4 || tensor.dims(2) != tensor.dims(3) || tensor.data_type() != onnx::TensorProto::BOOL) {
     return false;
   }
+  std::string scratch;
+  const std::string* bytes = RawBytes(tensor, &scratch);
+  if (bytes == nullptr) return false;
   const int64_t n = tensor.dims(2);
-  const std::string& raw = tensor.raw_data();
+  const std::string& raw = *bytes;
   if (static_cast<int64_t>(raw.size()) != n * n * tensor.dims(0) * tensor.dims(1)) return false;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) {

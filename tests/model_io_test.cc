@@ -5,6 +5,8 @@
 #include "google/protobuf/unknown_field_set.h"
 
 #include "gtest/gtest.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/validation/input_generator.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -201,6 +203,92 @@ TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {
   EXPECT_EQ(reloaded->graph().SerializeAsString(), original->graph().SerializeAsString());
   for (const auto& entry : fs::directory_iterator(dir_)) {
     EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << "leftover " << entry.path();
+  }
+}
+
+TEST_F(ModelIoTest, ByReferenceKeepsBigTensorsInTheirFileAndReadsTheSameBytes) {
+  auto inline_model = LoadModel(FixturePath("mlp_external/model.onnx"));
+  auto referenced = LoadModelByReference(FixturePath("mlp_external/model.onnx"), 1024);
+  ASSERT_TRUE(inline_model.ok() && referenced.ok()) << referenced.status();
+  int by_reference = 0;
+  for (int i = 0; i < referenced->graph().initializer_size(); ++i) {
+    const onnx::TensorProto& kept = referenced->graph().initializer(i);
+    const onnx::TensorProto& pulled = inline_model->graph().initializer(i);
+    EXPECT_EQ(TensorDataBytes(kept), static_cast<int64_t>(pulled.raw_data().size())) << kept.name();
+    if (!IsByReference(kept)) continue;
+    ++by_reference;
+    EXPECT_TRUE(kept.raw_data().empty());
+    std::string scratch;
+    const std::string* bytes = RawBytes(kept, &scratch);
+    ASSERT_NE(bytes, nullptr);
+    EXPECT_EQ(*bytes, pulled.raw_data()) << kept.name();
+  }
+  EXPECT_GT(by_reference, 0);
+  onnx::ModelProto loaded = *referenced;
+  ASSERT_TRUE(LoadAllTensorBytes(&loaded).ok());
+  EXPECT_EQ(loaded.graph().SerializeAsString(), inline_model->graph().SerializeAsString());
+}
+
+TEST_F(ModelIoTest, ByReferenceRefusesWhatLoadModelRefuses) {
+  for (const std::string location : {"/etc/passwd", "../escape.bin", "absent.bin"}) {
+    auto model = LoadModelByReference(WriteExternalModel(location), 0);
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << location;
+  }
+  std::ofstream(dir_ / "model" / "short.bin", std::ios::binary) << std::string(4, '\0');
+  auto short_file = LoadModelByReference(WriteExternalModel("short.bin"), 0);
+  EXPECT_NE(short_file.status().message().find("EXTERNAL_DATA_RANGE"), std::string::npos) << short_file.status();
+}
+
+TEST_F(ModelIoTest, SavingByReferenceCopiesFileToFileAndLoadsBackTheSame) {
+  auto inline_model = LoadModel(FixturePath("mlp_external/model.onnx"));
+  auto referenced = LoadModelByReference(FixturePath("mlp_external/model.onnx"), 1024);
+  ASSERT_TRUE(inline_model.ok() && referenced.ok());
+  // A tensor a pass made stays in memory and goes to the data file too.
+  *referenced->mutable_graph()->add_initializer() = FloatTensor("made_by_a_pass", {512}, std::vector<float>(512, 3));
+  onnx::TensorProto made = FloatTensor("made_by_a_pass", {512}, std::vector<float>(512, 3));
+  made.set_data_location(onnx::TensorProto::DEFAULT);  // as LoadModel marks what it pulled in
+  *inline_model->mutable_graph()->add_initializer() = made;
+  auto files = SaveModel(*referenced, dir_ / "out.onnx");  // small, yet saved with its data file
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_LT(fs::file_size((*files)[0]), 4096u);
+  auto reloaded = LoadModel(dir_ / "out.onnx");
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ(reloaded->graph().SerializeAsString(), inline_model->graph().SerializeAsString());
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << "leftover " << entry.path();
+  }
+}
+
+// Models with tensors by reference go to ONNX Runtime as bytes (probes, folding) with their tensors
+// pulled in, and compute what the inline model computes.
+TEST_F(ModelIoTest, OnnxRuntimeRunsAModelByReferenceFromBytes) {
+  auto inline_model = LoadModel(FixturePath("mlp_external/model.onnx"));
+  auto referenced = LoadModelByReference(FixturePath("mlp_external/model.onnx"), 1024);
+  ASSERT_TRUE(inline_model.ok() && referenced.ok());
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  // ONNX Runtime refuses absolute external locations, so the bytes it gets have the tensors in them.
+  auto bytes = SerializeForRuntime(*referenced);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(HasTensorsByReference(*referenced));
+  EXPECT_FALSE(HasTensorsByReference(*inline_model));
+  auto a = CreateSession({inline_model->SerializeAsString(), {}}, settings);
+  auto b = CreateSession({*bytes, {}}, settings);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  v1::ValidationConfig config;
+  auto inputs = GenerateInputs(**a, *inline_model, config, 0);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  auto expected = RunOnInputs(**a, *inputs, OutputNames(**a));
+  auto actual = RunOnInputs(**b, *inputs, OutputNames(**b));
+  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
+  ASSERT_EQ(expected->size(), actual->size());
+  for (size_t i = 0; i < expected->size(); ++i) {
+    const auto count = (*expected)[i].GetTensorTypeAndShapeInfo().GetElementCount();
+    const float* x = (*expected)[i].GetTensorData<float>();
+    const float* y = (*actual)[i].GetTensorData<float>();
+    for (size_t j = 0; j < count; ++j) ASSERT_EQ(x[j], y[j]) << j;
   }
 }
 

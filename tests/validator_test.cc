@@ -144,6 +144,57 @@ TEST(OptimizeTest, LocalRunProducesAModelAndACompleteReport) {
   std::filesystem::remove_all(out);
 }
 
+// A model with external data is optimized with its big tensors by reference: they never enter
+// memory, the result's data file gets them file to file, and the result is the same model, with the
+// same parity and benchmark, as the one optimized from the model with its data inline.
+TEST(OptimizeTest, ExternalDataStaysByReferenceAndGivesTheSameResult) {
+  const auto dir = testing::TempDir("optimize_by_reference");
+  auto inline_model = LoadModel(FixturePath("hf/gpt2_torchscript.onnx"));
+  ASSERT_TRUE(inline_model.ok());
+  SaveOptions external;
+  external.external_threshold_bytes = 0;
+  std::filesystem::create_directories(dir / "in");
+  ASSERT_TRUE(SaveModel(*inline_model, dir / "in" / "model.onnx", external).ok());
+  auto referenced = LoadModelByReference(dir / "in" / "model.onnx");
+  ASSERT_TRUE(referenced.ok());
+  ASSERT_TRUE(HasTensorsByReference(*referenced)) << "the fixture has tensors of 64 KiB and more";
+
+  auto run = [&](const std::filesystem::path& model, const std::string& out) {
+    OptimizeRequest request;
+    request.model_path = model;
+    request.output_dir = dir / out;
+    request.config.set_preset("transformer");
+    request.config.mutable_benchmark()->set_iterations(3);
+    request.config.mutable_benchmark()->set_warmup_runs(1);
+    return Optimize(request);
+  };
+  auto from_file = run(dir / "in" / "model.onnx", "by_reference");
+  auto from_memory = run(FixturePath("hf/gpt2_torchscript.onnx"), "inline");
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  ASSERT_TRUE(from_memory.ok()) << from_memory.status();
+  EXPECT_TRUE(from_file->report.parity().passed());
+  EXPECT_GT(from_file->report.benchmark().speedup(), 0);
+  ASSERT_EQ(from_file->files.size(), 2u);
+  EXPECT_EQ(from_file->files[1].filename(), "model.onnx.data");
+  EXPECT_EQ(from_file->report.original().model_bytes(), from_memory->report.original().model_bytes() -
+                                                            static_cast<int64_t>(inline_model->ByteSizeLong()) +
+                                                            ModelBytes(*referenced));
+  EXPECT_EQ(from_file->report.original().initializer_bytes(), from_memory->report.original().initializer_bytes());
+  EXPECT_EQ(from_file->report.optimized().initializer_bytes(), from_memory->report.optimized().initializer_bytes());
+  auto a = LoadModel(from_file->files[0]);
+  auto b = LoadModel(from_memory->files[0]);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status();
+  ASSERT_EQ(a->graph().initializer_size(), b->graph().initializer_size());
+  for (int i = 0; i < a->graph().initializer_size(); ++i) {
+    EXPECT_EQ(a->graph().initializer(i).name(), b->graph().initializer(i).name());
+    EXPECT_EQ(a->graph().initializer(i).raw_data(), b->graph().initializer(i).raw_data()) << a->graph().initializer(i).name();
+  }
+  EXPECT_EQ(a->graph().node_size(), b->graph().node_size());
+  for (int i = 0; i < a->graph().node_size(); ++i) {
+    EXPECT_EQ(a->graph().node(i).SerializeAsString(), b->graph().node(i).SerializeAsString()) << i;
+  }
+}
+
 // The build links the CUDA-capable ONNX Runtime core: CUDA is in the build; whether it runs here is
 // probed, and where it does not the reason names the library that is missing.
 TEST(ProviderStatusTest, TheBuildHasCudaAndSaysWhyItCannotRunHere) {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "optimizer/model_io.h"
+
 namespace onnxopt {
 namespace {
 
@@ -25,14 +27,18 @@ const onnx::TensorProto* ConstantTensor(const Graph& graph, const std::string& v
 }
 
 std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor) {
-  if (tensor.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
+  const bool external = tensor.data_location() == onnx::TensorProto::EXTERNAL;
+  if (external && !IsByReference(tensor)) return std::nullopt;
+  std::string scratch;
+  const std::string* raw = tensor.has_raw_data() || external ? RawBytes(tensor, &scratch) : nullptr;
+  if ((tensor.has_raw_data() || external) && raw == nullptr) return std::nullopt;
   if (tensor.data_type() == onnx::TensorProto::INT64) {
-    if (tensor.has_raw_data()) return FromRaw<int64_t>(tensor.raw_data());
+    if (raw != nullptr) return FromRaw<int64_t>(*raw);
     return std::vector<int64_t>(tensor.int64_data().begin(), tensor.int64_data().end());
   }
   if (tensor.data_type() == onnx::TensorProto::INT32) {
-    std::vector<int32_t> narrow = tensor.has_raw_data()
-                                      ? FromRaw<int32_t>(tensor.raw_data())
+    std::vector<int32_t> narrow = raw != nullptr
+                                      ? FromRaw<int32_t>(*raw)
                                       : std::vector<int32_t>(tensor.int32_data().begin(), tensor.int32_data().end());
     return std::vector<int64_t>(narrow.begin(), narrow.end());
   }
@@ -40,10 +46,14 @@ std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor) 
 }
 
 std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor) {
-  if (tensor.data_location() == onnx::TensorProto::EXTERNAL || tensor.data_type() != onnx::TensorProto::FLOAT) {
-    return std::nullopt;
+  const bool external = tensor.data_location() == onnx::TensorProto::EXTERNAL;
+  if ((external && !IsByReference(tensor)) || tensor.data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
+  if (tensor.has_raw_data() || external) {
+    std::string scratch;
+    const std::string* raw = RawBytes(tensor, &scratch);
+    if (raw == nullptr) return std::nullopt;
+    return FromRaw<float>(*raw);
   }
-  if (tensor.has_raw_data()) return FromRaw<float>(tensor.raw_data());
   return std::vector<float>(tensor.float_data().begin(), tensor.float_data().end());
 }
 

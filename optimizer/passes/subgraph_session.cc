@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "optimizer/model_io.h"
+
 namespace onnxopt {
 
 absl::StatusOr<std::unique_ptr<Ort::Session>> SubgraphSession(const Graph& graph, const PassContext& context,
@@ -28,7 +30,9 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> SubgraphSession(const Graph& graph
   SessionSettings settings;
   settings.optimization_level = ORT_DISABLE_ALL;
   settings.intra_op_threads = 1;
-  return CreateSession({model.SerializeAsString(), {}}, settings);
+  absl::StatusOr<std::string> bytes = SerializeForRuntime(model);
+  if (!bytes.ok()) return bytes.status();
+  return CreateSession({*std::move(bytes), {}}, settings);
 }
 
 }  // namespace onnxopt

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt {
 namespace {
@@ -142,7 +143,9 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> ProbeSession(const onnx::ModelProt
   *fetched = ExposeValues(values, &probe);
   SessionSettings settings = device;
   settings.optimization_level = ORT_DISABLE_ALL;
-  return CreateSession(ModelSource{probe.SerializeAsString(), {}}, settings);
+  absl::StatusOr<std::string> bytes = SerializeForRuntime(probe);
+  if (!bytes.ok()) return bytes.status();
+  return CreateSession(ModelSource{*std::move(bytes), {}}, settings);
 }
 
 absl::Status CheckMethod(const std::string& method) {

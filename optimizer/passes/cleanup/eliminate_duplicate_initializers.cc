@@ -2,14 +2,70 @@
 //
 // Before:  W1 = [1 2 3], W2 = [1 2 3]; A(x, W1), B(y, W2)      After:  W1 = [1 2 3]; A(x, W1), B(y, W1)
 // Initializers that are graph inputs (overridable) or graph outputs keep their identity.
+//
+// Every layer of a transformer has weights of one shape, so shape alone groups nearly everything.
+// Within a group a tensor is fingerprinted by three 4 KiB windows (start, middle, end) and only
+// tensors whose fingerprints agree are compared in full, so a pass over a 1 GB model reads a few
+// MB, whether the weights are in memory or by reference in their file.
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "optimizer/model_io.h"
 #include "optimizer/passes/passes.h"
-#include "optimizer/sha256.h"
 
 namespace onnxopt {
 namespace {
+
+constexpr int64_t kWindowBytes = 4096;
+constexpr int64_t kCompareChunkBytes = int64_t{8} << 20;
+
+bool HasRawBytes(const onnx::TensorProto& tensor) { return tensor.has_raw_data() || IsByReference(tensor); }
+
+// Type, dims and data size; tensors with typed fields (small, by nature) are keyed by all their
+// content instead.
+std::string GroupKey(const onnx::TensorProto& tensor) {
+  if (!HasRawBytes(tensor)) {
+    onnx::TensorProto content = tensor;
+    content.clear_name();
+    content.clear_doc_string();
+    return absl::StrCat("typed:", content.SerializeAsString());
+  }
+  return absl::StrCat("raw:", tensor.data_type(), ":", absl::StrJoin(tensor.dims(), ","), ":", TensorDataBytes(tensor));
+}
+
+std::optional<size_t> Fingerprint(const onnx::TensorProto& tensor) {
+  const int64_t size = TensorDataBytes(tensor);
+  std::vector<std::pair<int64_t, int64_t>> windows;
+  if (size <= 3 * kWindowBytes) {
+    windows = {{0, size}};
+  } else {
+    windows = {{0, kWindowBytes}, {size / 2 - kWindowBytes / 2, kWindowBytes}, {size - kWindowBytes, kWindowBytes}};
+  }
+  size_t hash = 0;
+  std::string bytes;
+  for (const auto& [offset, length] : windows) {
+    if (!ReadTensorBytes(tensor, offset, length, &bytes).ok()) return std::nullopt;
+    hash = absl::HashOf(hash, bytes);
+  }
+  return hash;
+}
+
+bool SameBytes(const onnx::TensorProto& a, const onnx::TensorProto& b) {
+  const int64_t size = TensorDataBytes(a);
+  std::string left, right;
+  for (int64_t offset = 0; offset < size; offset += kCompareChunkBytes) {
+    const int64_t length = std::min(kCompareChunkBytes, size - offset);
+    if (!ReadTensorBytes(a, offset, length, &left).ok() || !ReadTensorBytes(b, offset, length, &right).ok() ||
+        left != right) {
+      return false;
+    }
+  }
+  return true;
+}
 
 class EliminateDuplicateInitializersPass final : public Pass {
  public:
@@ -17,18 +73,36 @@ class EliminateDuplicateInitializersPass final : public Pass {
   absl::string_view description() const override { return "Merge initializers with the same type, shape and contents"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    std::unordered_map<std::string, std::string> first_by_content;
-    std::vector<std::pair<std::string, std::string>> merges;
+    std::map<std::string, std::vector<const onnx::TensorProto*>> groups;
     for (const auto& tensor : graph.proto().initializer()) {
       const std::string& name = tensor.name();
       if (graph.Initializer(name) == nullptr || graph.IsGraphInput(name) || graph.IsGraphOutput(name)) continue;
-      if (tensor.data_location() == onnx::TensorProto::EXTERNAL) continue;
-      onnx::TensorProto content = tensor;  // everything but the name and doc string
-      content.clear_name();
-      content.clear_doc_string();
-      // Keyed by digest so the map never holds a second copy of the weights.
-      auto [it, inserted] = first_by_content.emplace(Sha256OfBytes(content.SerializeAsString()), name);
-      if (!inserted) merges.emplace_back(name, it->second);
+      if (tensor.data_location() == onnx::TensorProto::EXTERNAL && !IsByReference(tensor)) continue;
+      groups[GroupKey(tensor)].push_back(&tensor);
+    }
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (const auto& [key, members] : groups) {
+      if (members.size() < 2) continue;
+      const bool typed = !HasRawBytes(*members.front());
+      // Tensors kept so far, by fingerprint; a newcomer merges into the first kept one it equals.
+      std::unordered_map<size_t, std::vector<const onnx::TensorProto*>> kept;
+      for (const onnx::TensorProto* tensor : members) {
+        std::optional<size_t> fingerprint = typed ? std::optional<size_t>(0) : Fingerprint(*tensor);
+        if (!fingerprint) continue;
+        std::vector<const onnx::TensorProto*>& same_print = kept[*fingerprint];
+        const onnx::TensorProto* equal = nullptr;
+        for (const onnx::TensorProto* candidate : same_print) {
+          if (typed || SameBytes(*candidate, *tensor)) {
+            equal = candidate;
+            break;
+          }
+        }
+        if (equal != nullptr) {
+          merges.emplace_back(tensor->name(), equal->name());
+        } else {
+          same_print.push_back(tensor);
+        }
+      }
     }
     for (const auto& [duplicate, original] : merges) {
       graph.ReplaceAllUsesWith(duplicate, original);

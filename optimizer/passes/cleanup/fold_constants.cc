@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/tensor_convert.h"
@@ -31,7 +32,7 @@ bool FoldableOp(const Node& node) {
          kNever.count(node.op_type()) == 0;
 }
 
-int64_t TensorBytes(const onnx::TensorProto& tensor) { return static_cast<int64_t>(tensor.ByteSizeLong()); }
+int64_t TensorBytes(const onnx::TensorProto& tensor) { return TensorDataBytes(tensor); }
 
 // Shape/Size of a value whose shape shape inference knows completely.
 std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* shapes, int64_t opset) {
@@ -221,7 +222,9 @@ class FoldConstantsPass final : public Pass {
     SessionSettings settings;
     settings.optimization_level = ORT_DISABLE_ALL;
     settings.intra_op_threads = 1;
-    auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+    absl::StatusOr<std::string> bytes = SerializeForRuntime(model);
+    if (!bytes.ok()) return bytes.status();
+    auto session = CreateSession({*std::move(bytes), {}}, settings);
     if (!session.ok()) return session.status();
     std::vector<const char*> names;
     for (const auto& name : fetch) names.push_back(name.c_str());

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/rewrite.h"
 
@@ -165,8 +166,9 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
   const int64_t n = buffer->dims(2);
   std::vector<bool> on;
   if (buffer->data_type() == onnx::TensorProto::BOOL || buffer->data_type() == onnx::TensorProto::UINT8) {
-    if (buffer->has_raw_data()) {
-      for (char c : buffer->raw_data()) on.push_back(c != 0);
+    std::string scratch;
+    if (const std::string* raw = RawBytes(*buffer, &scratch)) {
+      for (char c : *raw) on.push_back(c != 0);
     } else {
       for (int32_t v : buffer->int32_data()) on.push_back(v != 0);
     }
