@@ -110,6 +110,41 @@ TEST(CanonicalizeShapeReadsTest, ReadsNamedDimsFromTheInput) {
   ExpectSameOutputs(original, run.model, 0, 0);
 }
 
+// torch's `k.size(-2)` in some exports is Slice(Shape(k), [-2], [-1]): read from the input too, and
+// a Slice that reads two dims stays as it is.
+TEST(CanonicalizeShapeReadsTest, ReadsOneDimSlicesOfAShapeFromTheInput) {
+  for (const bool one_dim : {true, false}) {
+    onnx::GraphProto graph;
+    onnx::ValueInfoProto x = FloatValue("x", {-1, 0, 4});
+    x.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+    *graph.add_input() = x;
+    *graph.add_initializer() = FloatTensor("w", {4, 4}, RandomFloats(16, 3));
+    *graph.add_initializer() = MakeInt64Tensor("starts", {-2});
+    *graph.add_initializer() = MakeInt64Tensor("ends", {one_dim ? -1 : 3});
+    *graph.add_initializer() = MakeInt64Tensor("axes", {0});
+    *graph.add_node() = MakeNode("MatMul", {"x", "w"}, {"h"});
+    *graph.add_node() = MakeNode("Shape", {"h"}, {"h_shape"});
+    *graph.add_node() = MakeNode("Slice", {"h_shape", "starts", "ends", "axes"}, {"length"});
+    onnx::ValueInfoProto length;
+    length.set_name("length");
+    length.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    *graph.add_output() = length;
+    *graph.add_output() = FloatValue("h", {-1, 0, 4});
+    graph.mutable_output(1)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+    const onnx::ModelProto original = MakeModel(graph, 17);
+    PassRun run = testing::RunPass("canonicalize_shape_reads", original);
+    EXPECT_EQ(run.report.rewrites(), one_dim ? 1 : 0);
+    std::map<std::string, std::string> shape_of;  // Shape output -> what it reads
+    for (const auto& node : run.model.graph().node()) {
+      if (node.op_type() == "Shape") shape_of[node.output(0)] = node.input(0);
+    }
+    for (const auto& node : run.model.graph().node()) {
+      if (node.op_type() == "Slice") EXPECT_EQ(shape_of[node.input(0)], one_dim ? "x" : "h");
+    }
+    ExpectSameOutputs(original, run.model, 0, 0);
+  }
+}
+
 TEST(FixDynamicDimsTest, SetsNamedDimsAndValidatesItsParameter) {
   auto model = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(model.ok());

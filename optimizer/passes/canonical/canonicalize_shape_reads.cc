@@ -5,10 +5,17 @@
 //
 // Before:  Gather(Shape(v), i)          v's dim i is the symbolic dim "sequence"
 // After:   Gather(Shape(input), j)      the graph input whose dim j is "sequence"
-// Checked: Shape of the whole tensor (no start/end), Gather on axis 0 with one constant index, the
+// and the same for Slice(Shape(v), [i], [i + 1]) (torch's `x.size(-2)` in some exports), which
+// becomes Slice(Shape(input), [j], [j + 1]). GPT-2's causal mask is sliced to the key length read
+// so; read from the key it made the mask depend on every layer below, too deep for the attention
+// fusion's mask probe from the 12th layer on.
+// Checked: Shape of the whole tensor (no start/end), Gather on axis 0 with one constant index (or a
+// one-element Slice with constant bounds, axis 0, step 1), the
 // dim a named symbol (static dims are constant folding's), and a graph input with that symbol that the
 // value is computed from (two inputs may declare the same name and still differ at run time).
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -19,20 +26,46 @@
 namespace onnxopt {
 namespace {
 
-// True if `value` is computed from the graph input `input` (walking producers back).
-bool ComputedFrom(const Graph& graph, const std::string& value, const std::string& input) {
-  std::unordered_set<std::string> seen;
-  std::vector<std::string> pending = {value};
+// Every value computed from `input`, walking consumers forward once (a walk back from each read
+// would cost the whole network per read: quadratic on deep models).
+std::unordered_set<std::string> ComputedFrom(const Graph& graph, const std::string& input) {
+  std::unordered_set<std::string> reached = {input};
+  std::unordered_set<const Node*> visited;
+  std::vector<std::string> pending = {input};
   while (!pending.empty()) {
     const std::string current = pending.back();
     pending.pop_back();
-    if (current == input) return true;
-    if (!seen.insert(current).second) continue;
-    if (const Node* producer = graph.Producer(current)) {
-      for (const std::string& operand : producer->proto().input()) pending.push_back(operand);
+    for (Node* consumer : graph.Consumers(current)) {
+      if (!visited.insert(consumer).second) continue;
+      for (const std::string& output : consumer->proto().output()) {
+        if (!output.empty() && reached.insert(output).second) pending.push_back(output);
+      }
     }
   }
-  return false;
+  return reached;
+}
+
+// The one dim a Slice of a shape reads: starts [s], ends [s + 1] (after negative indices count from
+// `rank`), on axis 0 with step 1.
+std::optional<int64_t> SlicedDim(const Graph& graph, const Node& slice, int rank) {
+  if (slice.input_size() < 3) return std::nullopt;
+  auto starts = ConstantInts(graph, slice.input(1));
+  auto ends = ConstantInts(graph, slice.input(2));
+  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  if (slice.input_size() > 3 && !slice.input(3).empty()) {
+    auto axes = ConstantInts(graph, slice.input(3));
+    if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return std::nullopt;
+  }
+  if (slice.input_size() > 4 && !slice.input(4).empty()) {
+    auto steps = ConstantInts(graph, slice.input(4));
+    if (!steps || *steps != std::vector<int64_t>{1}) return std::nullopt;
+  }
+  int64_t start = (*starts)[0], end = (*ends)[0];
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  end = std::min<int64_t>(end, rank);
+  if (start < 0 || start >= rank || end != start + 1) return std::nullopt;
+  return start;
 }
 
 class CanonicalizeShapeReadsPass final : public Pass {
@@ -58,27 +91,33 @@ class CanonicalizeShapeReadsPass final : public Pass {
       }
     }
     std::map<std::string, std::string> input_shapes;  // graph input -> its Shape node's output
-    for (Node* gather : graph.Nodes()) {
-      if (gather->removed() || gather->op_type() != "Gather" || !gather->domain().empty() ||
-          gather->input_size() != 2 || gather->GetAttributeInt("axis", 0) != 0) {
-        continue;
-      }
-      Node* shape = ProducerWithOp(graph, gather->input(0), "Shape");
-      auto index = ConstantInts(graph, gather->input(1));
-      if (shape == nullptr || !index || index->size() != 1 || shape->FindAttribute("start") != nullptr ||
-          shape->FindAttribute("end") != nullptr) {
-        continue;
-      }
+    std::map<std::string, std::unordered_set<std::string>> computed_from;  // graph input -> its descendants
+    for (Node* node : graph.Nodes()) {
+      if (node->removed() || !node->domain().empty()) continue;
+      const bool gather = node->op_type() == "Gather" && node->input_size() == 2 && node->GetAttributeInt("axis", 0) == 0;
+      if (!gather && node->op_type() != "Slice") continue;
+      Node* shape = ProducerWithOp(graph, node->input(0), "Shape");
+      if (shape == nullptr || shape->FindAttribute("start") != nullptr || shape->FindAttribute("end") != nullptr) continue;
       const std::string& read = shape->input(0);
       if (graph.IsGraphInput(read)) continue;
-      const onnx::TensorShapeProto::Dimension* dim = shapes->Dim(read, static_cast<int>((*index)[0]));
+      std::optional<int64_t> index;
+      if (gather) {
+        auto indices = ConstantInts(graph, node->input(1));
+        if (indices && indices->size() == 1) index = (*indices)[0];
+      } else if (std::optional<int> rank = shapes->Rank(read)) {
+        index = SlicedDim(graph, *node, *rank);
+      }
+      if (!index) continue;
+      const onnx::TensorShapeProto::Dimension* dim = shapes->Dim(read, static_cast<int>(*index));
       if (dim == nullptr || !dim->has_dim_param() || dim->dim_param().empty()) continue;
       auto source = sources.find(dim->dim_param());
       if (source == sources.end()) continue;
       const auto& [input, position] = source->second;
       // Named dims are one size only by declaration (ONNX Runtime does not check that two inputs
       // declared "sequence" agree): take the input only when the value is computed from it.
-      if (!ComputedFrom(graph, read, input)) continue;
+      auto descendants = computed_from.find(input);
+      if (descendants == computed_from.end()) descendants = computed_from.emplace(input, ComputedFrom(graph, input)).first;
+      if (descendants->second.count(read) == 0) continue;
       auto known = input_shapes.find(input);
       if (known == input_shapes.end()) {
         onnx::NodeProto read_shape;
@@ -87,14 +126,28 @@ class CanonicalizeShapeReadsPass final : public Pass {
         read_shape.add_input(input);
         read_shape.add_output(graph.UniqueName(input + "_shape"));
         known = input_shapes.emplace(input, read_shape.output(0)).first;
-        graph.AddNode(std::move(read_shape), gather, /*after=*/false);
+        graph.AddNode(std::move(read_shape), node, /*after=*/false);
       }
-      const std::string position_name = graph.UniqueName(gather->output(0) + "_dim");
-      onnx::TensorProto position_tensor = MakeInt64Tensor(position_name, {position});
-      if (ConstantTensor(graph, gather->input(1))->dims_size() == 0) position_tensor.clear_dims();  // keep its rank
-      graph.AddInitializer(std::move(position_tensor));
-      graph.SetInput(gather, 0, known->second);
-      graph.SetInput(gather, 1, position_name);
+      if (gather) {
+        const std::string position_name = graph.UniqueName(node->output(0) + "_dim");
+        onnx::TensorProto position_tensor = MakeInt64Tensor(position_name, {position});
+        if (ConstantTensor(graph, node->input(1))->dims_size() == 0) position_tensor.clear_dims();  // keep its rank
+        graph.AddInitializer(std::move(position_tensor));
+        graph.SetInput(node, 1, position_name);
+      } else {
+        const std::string starts = graph.UniqueName(node->output(0) + "_start");
+        const std::string ends = graph.UniqueName(node->output(0) + "_end");
+        graph.AddInitializer(MakeInt64Tensor(starts, {position}));
+        graph.AddInitializer(MakeInt64Tensor(ends, {position + 1}));
+        graph.SetInput(node, 1, starts);
+        graph.SetInput(node, 2, ends);
+        if (node->input_size() > 3 && !node->input(3).empty()) {
+          const std::string axes = graph.UniqueName(node->output(0) + "_axes");
+          graph.AddInitializer(MakeInt64Tensor(axes, {0}));
+          graph.SetInput(node, 3, axes);
+        }
+      }
+      graph.SetInput(node, 0, known->second);
       context.CountRewrite();  // the old Shape goes with the dead-node cleanup when nothing else reads it
     }
     return absl::OkStatus();
