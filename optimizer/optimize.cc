@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "onnx/checker.h"
+#include "optimizer/contrib_schemas.h"
 #include "optimizer/graph.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
@@ -223,6 +224,7 @@ absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>*
                                      "leave such graphs alone"));
     return absl::OkStatus();
   }
+  EnsureContribSchemas();  // the checker sees the same registry whatever ran before
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 
 #include "onnx/defs/schema.h"
 #include "onnx/shape_inference/implementation.h"
+#include "optimizer/contrib_schemas.h"
 #include "optimizer/symbolic_shapes.h"
 
 namespace onnxopt {
@@ -43,6 +44,7 @@ bool UnknownOutputsAreTyped(const onnx::ModelProto& model) {
 }  // namespace
 
 bool InferShapesInPlace(onnx::ModelProto* model) {
+  EnsureContribSchemas();
   const bool data_propagation = UnknownOutputsAreTyped(*model);
   try {
     onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),
