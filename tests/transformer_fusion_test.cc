@@ -100,6 +100,25 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TransformerFamilyTest, ::testing::ValuesIn(Fi
                            return absl::StrCat(std::get<0>(info.param), "_opset", std::get<1>(info.param));
                          });
 
+// Sixteen layers: the shapes the fusions need reach the last layer (they stopped after about a dozen
+// fused layers), so every layer fuses, and the outputs still match on padded masks.
+TEST(TransformerDepthTest, EveryLayerOfADeepDecoderFuses) {
+  auto original = LoadModel(testing::FixturePath("transformers/gpt2_deep16_opset17.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops.at("Attention"), 16);
+  EXPECT_EQ(ops.at("SkipLayerNormalization"), 32);
+  EXPECT_EQ(ops.at("FastGelu"), 16);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  v1::TransformerReport report = JudgeTransformerFusion(*original, run.model, {}, ModelHints());
+  EXPECT_EQ(report.layers(), 16);
+  EXPECT_TRUE(report.fully_fused()) << report.DebugString();
+  v1::ParityReport parity;
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {16, 64}, &parity);
+}
+
 // Padded masks reach the fused Attention: a row with positions masked must differ from the same
 // row unmasked, in the original and the optimized model alike (parity alone would pass if neither
 // looked at the mask).
