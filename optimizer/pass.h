@@ -110,8 +110,12 @@ class Pass {
   virtual std::vector<ParamSpec> params() const { return {}; }
   // Checks parameter values beyond their type (e.g. the syntax of a string); INVALID_ARGUMENT.
   virtual absl::Status ValidateParams(const PassParams& params) const { return absl::OkStatus(); }
-  // Whether the pass manager should run shape inference before this pass.
+  // Whether the pass manager should run shape inference before this pass. Inference is shared: it
+  // is run again only after a pass changed the graph.
   virtual bool needs_shapes() const { return false; }
+  // A pass that edits declared types or shapes (graph inputs, outputs, value_info) directly says so:
+  // shapes inferred before it are stale after it even when it reports no rewrite.
+  virtual bool edits_declared_types() const { return false; }
   // Called for the main graph and every subgraph. The model (PassContext::model) must not be read
   // for nodes while the pass runs: they live in the Graph until it is committed.
   virtual absl::Status RunOnGraph(Graph& graph, PassContext& context) const = 0;

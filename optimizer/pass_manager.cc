@@ -169,14 +169,17 @@ std::map<std::string, int64_t> OpHistogram(const onnx::GraphProto& graph) {
 
 namespace {
 
-// Runs one pass over every graph of the model and records what it did.
+// Runs one pass over every graph of the model and records what it did. `shapes` holds the inference
+// of the model as it is (or nothing); the pass runs it if it needs it and none is held, and drops it
+// when it changed the model.
 absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hints, int iteration,
-                        onnx::ModelProto* model, std::vector<v1::PassReport>* reports, int64_t* rewrites) {
+                        onnx::ModelProto* model, std::optional<ShapeInfo>* shapes, std::vector<v1::PassReport>* reports,
+                        int64_t* rewrites) {
   const auto start = std::chrono::steady_clock::now();
   const std::map<std::string, int64_t> before = OpHistogram(model->graph());
-  std::optional<ShapeInfo> shapes;
-  if (invocation.pass->needs_shapes()) shapes = ShapeInfo::Infer(*model);
-  PassContext context(invocation.params, *model, shapes ? &*shapes : nullptr, &hints);
+  if (invocation.pass->needs_shapes() && !shapes->has_value()) *shapes = ShapeInfo::Infer(*model);
+  PassContext context(invocation.params, *model, invocation.pass->needs_shapes() ? &**shapes : nullptr, &hints);
+  bool edited = invocation.pass->is_model_pass() || invocation.pass->edits_declared_types();
   int64_t nodes_before = 0;
   if (invocation.pass->is_model_pass()) {
     nodes_before = CountNodes(model->graph());
@@ -191,6 +194,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     graph.ForEachGraph([&](Graph& g) {
       if (status.ok()) status = invocation.pass->RunOnGraph(g, context);
     });
+    graph.ForEachGraph([&](Graph& g) { edited = edited || g.changed(); });
     // Commit even after a failure so the model is whole; then report the failure.
     absl::Status committed = graph.Commit();
     if (!status.ok()) {
@@ -230,6 +234,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     const int64_t delta = (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
     if (delta != 0) (*report.mutable_op_delta())[op] = delta;
   }
+  if (edited || PassChangedGraph(report) || !context.required_opsets().empty()) shapes->reset();
   reports->push_back(std::move(report));
   *rewrites += context.rewrites();
   return absl::OkStatus();
@@ -246,6 +251,7 @@ absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, cons
   const int total = pipeline.PassCount();
   int done = 0;
   int64_t changes = 0;
+  std::optional<ShapeInfo> shapes;  // shared by the passes that need it until one changes the model
   for (const auto& step : pipeline.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
       int64_t sweep_rewrites = 0;
@@ -260,7 +266,7 @@ absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, cons
           continue;
         }
         if (options.on_pass_start) options.on_pass_start(std::string(invocation.pass->name()), done + index_in_sweep, total);
-        absl::Status status = RunOnePass(invocation, pipeline.hints, iteration, model, reports, &sweep_rewrites);
+        absl::Status status = RunOnePass(invocation, pipeline.hints, iteration, model, &shapes, reports, &sweep_rewrites);
         if (!status.ok()) return status;
         if (PassChangedGraph(reports->back())) ++changes;
         ++index_in_sweep;

@@ -356,6 +356,7 @@ class ConvertFloatPrecisionPass final : public Pass {
     return absl::OkStatus();
   }
   bool needs_shapes() const override { return true; }
+  bool edits_declared_types() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     // The main graph's run converts the subgraphs with it (they need the outer values' types).

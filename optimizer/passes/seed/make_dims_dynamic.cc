@@ -54,6 +54,7 @@ absl::StatusOr<std::vector<FreedDim>> ParseDims(const std::string& text) {
 
 class MakeDimsDynamicPass final : public Pass {
  public:
+  bool edits_declared_types() const override { return true; }
   absl::string_view name() const override { return "make_dims_dynamic"; }
   absl::string_view description() const override {
     return "Free static input dims an export baked in: constants equal to the length in Range, Reshape, Expand, "
