@@ -207,6 +207,21 @@ std::string FormatReport(const v1::Report& report) {
                                             output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    for (const auto& check : parity.lengths()) {
+      absl::StrAppend(&out, absl::StrFormat(
+                                "%s at %d (exported %d): %s%s%s%s\n", check.dim(), check.length(), check.exported(),
+                                !check.ran() ? "did not run" : check.passed() ? "ok" : "FAIL",
+                                check.compared_outputs().empty()
+                                    ? ""
+                                    : absl::StrFormat(", compared %s on the first %d positions, max abs err %.3e",
+                                                      absl::StrJoin(check.compared_outputs(), ", "), check.length(),
+                                                      check.max_abs_error()),
+                                check.uncompared_outputs().empty()
+                                    ? ""
+                                    : absl::StrCat(check.length() < check.exported() ? ", not comparable: " : ", ran: ",
+                                                   absl::StrJoin(check.uncompared_outputs(), ", ")),
+                                check.note().empty() ? "" : absl::StrCat(" (", check.note(), ")")));
+    }
     bool agreement = false;
     for (const auto& output : parity.outputs()) agreement |= output.cosine_similarity() != 0;
     if (agreement && parity.precision() != "fp32" && !parity.precision().empty()) {

@@ -21,6 +21,7 @@
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/calibration.h"
+#include "optimizer/validation/length_check.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/transformer_report.h"
 #include "optimizer/utf8.h"
@@ -506,6 +507,34 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
       for (const auto& pass_report : bisected->passes) *report.add_passes() = pass_report;
       absl::Status resaved = save_result(optimized, bisected->passes);
       if (!resaved.ok()) return fail(resaved);
+    }
+    // Dims the pipeline freed: the result at other lengths, which parity at the exported shapes
+    // does not see (validation/length_check.h).
+    if (!returned_original && !FreedDims(*original, optimized).empty()) {
+      if (request.on_progress) request.on_progress(Phase::kValidating, "other lengths", 0, 0);
+      absl::StatusOr<ModelSource> source = interface_changed ? InterfaceView(optimized) : SourceFor(output_path);
+      if (!source.ok()) return fail(source.status());
+      auto optimized_session = CreateSession(*source, settings);
+      if (!optimized_session.ok()) return fail(optimized_session.status());
+      absl::Status checked = CheckFreedLengths(**original_session, *original, **optimized_session, optimized,
+                                               ModelPrecision(optimized), config.validation(), parity);
+      if (!checked.ok()) return fail(checked);
+      for (const auto& check : parity->lengths()) {
+        if (!check.passed()) {
+          parity->set_passed(false);
+          return fail(absl::AbortedError(absl::StrCat("PARITY_FAILED: with '", check.dim(), "' at ", check.length(),
+                                                      " instead of the exported ", check.exported(), ": ",
+                                                      check.note())));
+        }
+        if (!check.note().empty()) {
+          report.add_warnings(absl::StrCat("'", check.dim(), "' at ", check.length(), ": ", check.note()));
+        }
+        if (check.length() < check.exported() && check.compared_outputs_size() == 0) {
+          report.add_warnings(absl::StrCat("'", check.dim(), "' at ", check.length(),
+                                           ": no output could be compared with the original (their first positions "
+                                           "depend on later ones); only the exported length was compared"));
+        }
+      }
     }
   }
 

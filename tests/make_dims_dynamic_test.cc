@@ -7,7 +7,10 @@
 
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/validation/length_check.h"
+#include "google/protobuf/util/json_util.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"
 
@@ -200,7 +203,100 @@ TEST_P(StaticExportTest, MatchesTheDynamicExportAtOtherLengths) {
   }
 }
 
+// The same through a job: validation runs the result at half and twice the exported length too,
+// comparing the first 16 positions with the original at 32 (its mask zeroed past 16).
+TEST_P(StaticExportTest, AJobValidatesTheFreedModelAtOtherLengths) {
+  const std::filesystem::path model = testing::FixturePath("static_length/" + GetParam() + "_static32.onnx");
+  auto traced = LoadModel(model);
+  ASSERT_TRUE(traced.ok());
+  std::string dims;
+  for (const auto& input : traced->graph().input()) dims += (dims.empty() ? "" : ",") + input.name() + ":1=sequence";
+  OptimizeRequest request;
+  request.model_path = model;
+  request.output_dir = testing::TempDir("freed_lengths_" + GetParam());
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": ")" + dims +
+                      R"("}}, {"name": "fold_constants"}, {"name": "eliminate_dead_nodes"}],
+                      "benchmark": {"skip": true}})",
+                  &request.config)
+                  .ok());
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::ParityReport& parity = result->report.parity();
+  EXPECT_TRUE(parity.passed());
+  ASSERT_EQ(parity.lengths_size(), 2);
+  const v1::LengthCheck& shorter = parity.lengths(0);
+  EXPECT_EQ(shorter.dim(), "sequence");
+  EXPECT_EQ(shorter.exported(), 32);
+  EXPECT_EQ(shorter.length(), 16);
+  EXPECT_TRUE(shorter.ran() && shorter.passed()) << shorter.DebugString();
+  // BERT's pooler reads the first position only, so it compares too.
+  const std::vector<std::string> expected = GetParam() == "bert" ? std::vector<std::string>{"last_hidden_state", "pooler_output"}
+                                                                 : std::vector<std::string>{"last_hidden_state"};
+  EXPECT_EQ(std::vector<std::string>(shorter.compared_outputs().begin(), shorter.compared_outputs().end()), expected)
+      << shorter.DebugString();
+  EXPECT_LT(shorter.max_abs_error(), 1e-4);
+  const v1::LengthCheck& longer = parity.lengths(1);
+  EXPECT_EQ(longer.length(), 64);
+  EXPECT_TRUE(longer.ran() && longer.passed()) << longer.DebugString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, StaticExportTest, ::testing::Values("bert", "gpt2"));
+
+// y = 2x, position by position, exported at 8 with a mask input; a "freed" result that is wrong at
+// other lengths (it adds the mean over the sequence) fails the check; the right one passes, and an
+// output that mixes positions in the original too is reported as not compared instead.
+TEST(LengthCheckTest, ComparesWhatThePrefixDeterminesAndCatchesAWrongResult) {
+  auto make = [](bool freed, const std::string& extra) {
+    onnx::GraphProto graph;
+    *graph.add_input() = testing::FloatValue("x", {1, 8, 4});
+    *graph.add_input() = testing::MakeValue("attention_mask", onnx::TensorProto::INT64, {1, 8});
+    if (freed) {
+      for (int i = 0; i < 2; ++i) {
+        graph.mutable_input(i)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param(
+            "sequence");
+      }
+    }
+    *graph.add_initializer() = testing::FloatTensor("two", {}, {2});
+    *graph.add_node() = testing::MakeNode("Mul", {"x", "two"}, {"doubled"});
+    if (extra == "mean") {
+      *graph.add_node() = testing::WithIntsAttribute(testing::MakeNode("ReduceMean", {"x"}, {"mean"}), "axes", {1});
+      *graph.add_node() = testing::MakeNode("Add", {"doubled", "mean"}, {"y"});
+    } else {
+      *graph.add_node() = testing::MakeNode("Identity", {"doubled"}, {"y"});
+    }
+    *graph.add_initializer() = MakeInt64Tensor("axis1", {1});
+    *graph.add_node() = testing::MakeNode("ReduceSum", {"x", "axis1"}, {"total"});  // axes an input from opset 13
+    *graph.add_output() = testing::FloatValue("y", {1, 8, 4});
+    *graph.add_output() = testing::FloatValue("total", {1, 1, 4});
+    if (freed) {
+      graph.mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param(
+          "sequence");
+    }
+    return testing::MakeModel(graph, 13);
+  };
+  const onnx::ModelProto original = make(false, "");
+  SessionSettings settings;
+  auto original_session = CreateSession({original.SerializeAsString(), {}}, settings);
+  ASSERT_TRUE(original_session.ok());
+  for (const std::string& variant : {"right", "mean"}) {
+    const onnx::ModelProto result = make(true, variant);
+    ASSERT_EQ(FreedDims(original, result).size(), 1u);
+    auto session = CreateSession({result.SerializeAsString(), {}}, settings);
+    ASSERT_TRUE(session.ok());
+    v1::ParityReport report;
+    ASSERT_TRUE(CheckFreedLengths(**original_session, original, **session, result, "fp32", {}, &report).ok());
+    ASSERT_EQ(report.lengths_size(), 2);
+    const v1::LengthCheck& shorter = report.lengths(0);
+    EXPECT_EQ(shorter.length(), 4);
+    EXPECT_EQ(shorter.passed(), variant == "right") << shorter.DebugString();
+    ASSERT_EQ(shorter.compared_outputs_size(), 1);
+    EXPECT_EQ(shorter.compared_outputs(0), "y");
+    ASSERT_EQ(shorter.uncompared_outputs_size(), 1) << "the sum over the sequence depends on every position";
+    EXPECT_EQ(shorter.uncompared_outputs(0), "total");
+    EXPECT_TRUE(report.lengths(1).ran() && report.lengths(1).passed()) << report.lengths(1).DebugString();
+  }
+}
 
 }  // namespace
 }  // namespace onnxopt
