@@ -183,6 +183,10 @@ TEST_F(E2eTest, VisionAndExternalDataModels) {
     Result compare = Cli({"compare", FixturePath(model).string(), out.string(), "--config", config.string()});
     EXPECT_EQ(compare.code, 0) << model << ": " << compare.out << compare.err;
   }
+  // The external model's big weights stayed by reference in the job and came back in a data file
+  // named after the output, which the downloaded model names.
+  EXPECT_TRUE(fs::exists(dir_ / "mlp.onnx.data"));
+  EXPECT_FALSE(fs::exists(dir_ / "model.onnx.data"));
 }
 
 TEST_F(E2eTest, CancelStopsARunningJob) {
