@@ -190,7 +190,11 @@ std::string FormatReport(const v1::Report& report) {
     const auto& parity = report.parity();
     absl::StrAppend(&out, parity.passed() ? "PASSED" : "FAILED", " (", parity.precision().empty() ? "fp32" : parity.precision(),
                     ", ", parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
-                    PaddedMasks(parity), ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
+                    PaddedMasks(parity),
+                    parity.valid_positions_of().empty()
+                        ? ""
+                        : absl::StrCat(", compared where ", parity.valid_positions_of(), " is not 0 (remove_padding)"),
+                    ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
                     parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
     for (int i = 0; i < parity.shape_sets_size(); ++i) {
       absl::StrAppend(&out, "shape ", i, ": ", Shapes(parity.shape_sets(i).shapes()), "\n");

@@ -144,6 +144,33 @@ absl::Status RunBenchmark(const OptimizeRequest& request, const onnx::ModelProto
   return absl::OkStatus();
 }
 
+// The graph input remove_padding packed the model by (behind Casts), when it changed the model; its
+// result is judged on that mask's valid positions.
+std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx::ModelProto& model) {
+  bool ran = false;
+  for (const auto& run : runs) ran |= run.name() == "remove_padding" && run.rewrites() > 0;
+  if (!ran) return "";
+  std::unordered_map<std::string, const onnx::NodeProto*> producers;
+  for (const auto& node : model.graph().node()) {
+    for (const auto& output : node.output()) producers[output] = &node;
+  }
+  for (const auto& node : model.graph().node()) {
+    if (node.op_type() != "NonZero" || node.input_size() < 1) continue;
+    // The pass reads the mask as Reshape(mask, [-1]) -> NonZero.
+    auto reshape = producers.find(node.input(0));
+    if (reshape == producers.end() || reshape->second->op_type() != "Reshape") continue;
+    std::string value = reshape->second->input(0);
+    for (auto it = producers.find(value); it != producers.end() && it->second->op_type() == "Cast";
+         it = producers.find(value)) {
+      value = it->second->input(0);
+    }
+    for (const auto& input : model.graph().input()) {
+      if (input.name() == value) return value;
+    }
+  }
+  return "";
+}
+
 // "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
 std::string WorstOutput(const v1::ParityReport& parity) {
   for (const auto& output : parity.outputs()) {
@@ -389,6 +416,8 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     absl::StatusOr<ParityReference> reference = BuildParityReference(**original_session, *original, config.validation(),
                                                                      *supplied, request.cancelled, parity);
     if (!reference.ok()) return fail(reference.status());
+    reference->valid_positions_of = PaddingMaskInput(pass_reports, optimized);
+    parity->set_valid_positions_of(reference->valid_positions_of);
     // Judges a candidate in memory (the bisection's probes) or, for the result, from its file.
     // A candidate ONNX Runtime cannot load or run fails parity like one with wrong numbers, so that
     // bisection can find the pass that made it and recover.

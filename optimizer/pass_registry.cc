@@ -79,6 +79,7 @@ const PassRegistry& DefaultPassRegistry() {
     built->Register(MakeQuantizeStaticInt8Pass());
     built->Register(MakeMakeDimsDynamicPass());
     built->Register(MakeQuantizeWeightsInt4Pass());
+    built->Register(MakeRemovePaddingPass());
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",

@@ -324,6 +324,42 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
   return reference;
 }
 
+namespace {
+
+// Takes the expected values into `actual` at the positions the mask input `mask` zeroes, for a
+// float output shaped [batch, sequence, ...] like the mask, so only valid positions are compared.
+void KeepValidPositions(const ParityReference::InputSet& set, const std::string& mask, size_t output,
+                        Ort::Value* actual) {
+  const auto found = std::find(set.inputs.names.begin(), set.inputs.names.end(), mask);
+  if (found == set.inputs.names.end()) return;
+  const Ort::Value& mask_value = set.inputs.values[static_cast<size_t>(found - set.inputs.names.begin())];
+  const auto mask_info = mask_value.GetTensorTypeAndShapeInfo();
+  const auto info = actual->GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> mask_shape = mask_info.GetShape(), shape = info.GetShape();
+  if (mask_shape.size() != 2 || shape.size() < 2 || shape[0] != mask_shape[0] || shape[1] != mask_shape[1] ||
+      info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+      set.expected[output].GetTensorTypeAndShapeInfo().GetShape() != shape) {
+    return;
+  }
+  int64_t inner = 1;
+  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
+  const float* expected = set.expected[output].GetTensorData<float>();
+  float* values = actual->GetTensorMutableData<float>();
+  for (int64_t position = 0; position < mask_shape[0] * mask_shape[1]; ++position) {
+    bool valid = true;
+    switch (mask_info.GetElementType()) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: valid = mask_value.GetTensorData<int64_t>()[position] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: valid = mask_value.GetTensorData<int32_t>()[position] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: valid = mask_value.GetTensorData<float>()[position] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: valid = mask_value.GetTensorData<bool>()[position]; break;
+      default: return;
+    }
+    if (!valid) std::copy(expected + position * inner, expected + (position + 1) * inner, values + position * inner);
+  }
+}
+
+}  // namespace
+
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
                                   const std::atomic<bool>* cancelled, v1::ParityReport* report) {
@@ -346,6 +382,7 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
       output->set_sample(set.sample);
       output->set_shape_set(set.shape_set);
       output->set_tolerance_source(tolerance.source);
+      if (!reference.valid_positions_of.empty()) KeepValidPositions(set, reference.valid_positions_of, i, &(*actual)[i]);
       CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine);
       passed &= output->passed();
     }

@@ -63,6 +63,9 @@ struct ParityReference {
   };
   std::vector<std::string> output_names;
   std::vector<InputSet> sets;
+  // A mask input: outputs whose first two dims are its [batch, sequence] are compared where it is
+  // non-zero only (remove_padding leaves 0 at padded positions).
+  std::string valid_positions_of;
 };
 
 // Runs the original on every input set (the first one twice: a model that disagrees with itself

@@ -1,10 +1,7 @@
 // A BERT-like sequence classifier in the form onnxopt's transformer preset gives (EmbedLayerNormalization,
 // Attention, SkipLayerNormalization, BiasGelu, a tanh pooler on the first token and a 2-class head),
 // generated with random weights N(0, 0.02) (head N(0, 0.2), so that classes are not tied), for the
-// benchmarks. With `packed`, the token-wise blocks (output projection, feed-forward, both norms) run on
-// the valid tokens only: the residual stream is gathered to [tokens, hidden] by the mask's non-zero
-// positions after the embedding, scattered back to [batch, sequence, hidden] for each Attention, and
-// each Attention's output gathered again (ONNX Runtime's CPU Attention takes padded batches only).
+// benchmarks.
 #ifndef ONNXOPT_TESTS_BENCH_BERT_LIKE_H_
 #define ONNXOPT_TESTS_BENCH_BERT_LIKE_H_
 
@@ -19,7 +16,6 @@ namespace onnxopt::bench {
 
 struct BertLikeOptions {
   int64_t layers = 12, hidden = 768, vocab = 30522;
-  bool packed = false;
   bool hidden_output = false;  // also output the last hidden states, [batch, sequence, hidden]
 };
 
@@ -64,14 +60,6 @@ class Builder {
     attribute->set_type(onnx::AttributeProto::FLOAT);
     attribute->set_f(value);
   }
-  // A constant int64 initializer (no random draw, so both variants get the same weights).
-  void Ints(const std::string& name, const std::vector<int64_t>& values) {
-    onnx::TensorProto* tensor = graph_->add_initializer();
-    tensor->set_name(name);
-    tensor->set_data_type(onnx::TensorProto::INT64);
-    tensor->add_dims(static_cast<int64_t>(values.size()));
-    for (int64_t v : values) tensor->add_int64_data(v);
-  }
   void Input(const std::string& name) {
     auto* value = graph_->add_input();
     value->set_name(name);
@@ -109,42 +97,14 @@ inline onnx::ModelProto BertClassifier(const BertLikeOptions& options) {
                        {"hidden_0", "mask_index"}, "com.microsoft");
   Builder::Float(embed, "epsilon", 1e-12f);
   std::string x = "hidden_0";
-  // Packed: token_index [N] (the mask's non-zero positions over batch x sequence), the residual
-  // stream [N, H]; `unpack` scatters it back to [B, S, H], `pack` gathers [B, S, H] down to [N, H].
-  auto unpack = [&](const std::string& packed, const std::string& name) {
-    b.Node("ScatterND", {"flat_zeros", "token_index_2d", packed}, {name + "_flat"});
-    b.Node("Reshape", {name + "_flat", "hidden_shape"}, {name});
-    return name;
-  };
-  auto pack = [&](const std::string& padded, const std::string& name) {
-    b.Node("Reshape", {padded, "flat_hidden_shape"}, {name + "_flat"});
-    Builder::Int(b.Node("Gather", {name + "_flat", "token_index"}, {name}), "axis", 0);
-    return name;
-  };
-  if (options.packed) {
-    b.Ints("flat_shape", {-1});
-    b.Ints("flat_hidden_shape", {-1, h});
-    b.Ints("index_column_shape", {-1, 1});
-    b.Node("Reshape", {"attention_mask", "flat_shape"}, {"mask_flat"});
-    b.Node("NonZero", {"mask_flat"}, {"mask_nonzero"});
-    b.Node("Reshape", {"mask_nonzero", "flat_shape"}, {"token_index"});
-    b.Node("Reshape", {"mask_nonzero", "index_column_shape"}, {"token_index_2d"});
-    b.Node("Shape", {"hidden_0"}, {"hidden_shape"});
-    b.Node("Reshape", {"hidden_0", "flat_hidden_shape"}, {"hidden_0_flat"});
-    b.Node("Shape", {"hidden_0_flat"}, {"flat_hidden_dims"});
-    b.Node("ConstantOfShape", {"flat_hidden_dims"}, {"flat_zeros"});
-    x = pack("hidden_0", "packed_0");
-  }
   for (int64_t layer = 0; layer < options.layers; ++layer) {
     const std::string p = absl::StrFormat("layer%d_", layer);
-    const std::string attention_input = options.packed ? unpack(x, p + "input_padded") : x;
     auto* attention = b.Node("Attention",
-                             {attention_input, b.Weight(p + "qkv_weight", {h, 3 * h}, 0.02f),
+                             {x, b.Weight(p + "qkv_weight", {h, 3 * h}, 0.02f),
                               b.Weight(p + "qkv_bias", {3 * h}, 0.02f), "mask_index"},
                              {p + "attention"}, "com.microsoft");
     Builder::Int(attention, "num_heads", h / 64);
-    const std::string attention_output = options.packed ? pack(p + "attention", p + "attention_packed") : p + "attention";
-    b.Node("MatMul", {attention_output, b.Weight(p + "attention_out_weight", {h, h}, 0.02f)}, {p + "attention_projected"});
+    b.Node("MatMul", {p + "attention", b.Weight(p + "attention_out_weight", {h, h}, 0.02f)}, {p + "attention_projected"});
     auto* norm1 = b.Node("SkipLayerNormalization",
                          {p + "attention_projected", x, b.Weight(p + "norm1_gamma", {h}, 0, 1),
                           b.Weight(p + "norm1_beta", {h}, 0), b.Weight(p + "attention_out_bias", {h}, 0.02f)},
@@ -160,8 +120,7 @@ inline onnx::ModelProto BertClassifier(const BertLikeOptions& options) {
     Builder::Float(norm2, "epsilon", 1e-12f);
     x = p + "output";
   }
-  if (options.packed) x = unpack(x, "last_hidden_state");
-  if (options.hidden_output && x != "last_hidden_state") b.Node("Identity", {x}, {"last_hidden_state"});
+  if (options.hidden_output) b.Node("Identity", {x}, {"last_hidden_state"});
   onnx::TensorProto* zero = graph->add_initializer();
   zero->set_name("first_token");
   zero->set_data_type(onnx::TensorProto::INT64);
