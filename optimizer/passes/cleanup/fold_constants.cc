@@ -111,7 +111,14 @@ class FoldConstantsPass final : public Pass {
       for (int i = 0; i < node->input_size(); ++i) {
         if (!node->input(i).empty() && constant.count(node->input(i)) == 0) all_constant = false;
       }
-      if (!all_constant) {
+      // A Constant holding a tensor is that tensor: no need to run it (exports have thousands).
+      const onnx::AttributeProto* value = node->op_type() == "Constant" ? node->FindAttribute("value") : nullptr;
+      if (value != nullptr && value->has_t() && node->output_size() == 1) {
+        onnx::TensorProto tensor = value->t();
+        tensor.set_name(node->output(0));
+        values[node->output(0)] = std::move(tensor);
+        folded_directly.insert(node);
+      } else if (!all_constant) {
         std::optional<onnx::TensorProto> folded = node->op_type() == "Shape" || node->op_type() == "Size"
                                                       ? FoldShape(*node, context.shapes(), opset)
                                                       : FoldKnownValue(*node, context.shapes());
