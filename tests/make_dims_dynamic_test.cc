@@ -279,7 +279,7 @@ TEST(LengthCheckTest, ComparesWhatThePrefixDeterminesAndCatchesAWrongResult) {
   SessionSettings settings;
   auto original_session = CreateSession({original.SerializeAsString(), {}}, settings);
   ASSERT_TRUE(original_session.ok());
-  for (const std::string& variant : {"right", "mean"}) {
+  for (const std::string variant : {"right", "mean"}) {
     const onnx::ModelProto result = make(true, variant);
     ASSERT_EQ(FreedDims(original, result).size(), 1u);
     auto session = CreateSession({result.SerializeAsString(), {}}, settings);

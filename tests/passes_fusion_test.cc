@@ -139,7 +139,9 @@ TEST(CanonicalizeShapeReadsTest, ReadsOneDimSlicesOfAShapeFromTheInput) {
       if (node.op_type() == "Shape") shape_of[node.output(0)] = node.input(0);
     }
     for (const auto& node : run.model.graph().node()) {
-      if (node.op_type() == "Slice") EXPECT_EQ(shape_of[node.input(0)], one_dim ? "x" : "h");
+      if (node.op_type() == "Slice") {
+        EXPECT_EQ(shape_of[node.input(0)], one_dim ? "x" : "h");
+      }
     }
     ExpectSameOutputs(original, run.model, 0, 0);
   }

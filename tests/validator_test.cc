@@ -209,7 +209,9 @@ TEST(ProviderStatusTest, TheBuildHasCudaAndSaysWhyItCannotRunHere) {
       << "the linked core is the CUDA build (onnxruntime-node's)";
   auto cuda = find("CUDAExecutionProvider");
   ASSERT_NE(cuda, statuses.end());
-  if (!cuda->usable) EXPECT_NE(cuda->reason.find(".so"), std::string::npos) << cuda->reason;
+  if (!cuda->usable) {
+    EXPECT_NE(cuda->reason.find(".so"), std::string::npos) << cuda->reason;
+  }
   EXPECT_EQ(ProviderFor(v1::DEVICE_CUDA).ok(), cuda->usable);
 }
 
