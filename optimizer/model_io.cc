@@ -103,27 +103,6 @@ absl::StatusOr<fs::path> ResolveExternalDataPath(const fs::path& folder, const s
 
 namespace {
 
-absl::Status ReadRange(const fs::path& path, int64_t offset, int64_t length, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
-  in.seekg(0, std::ios::end);
-  const int64_t size = in.tellg();
-  if (length < 0) length = size - offset;
-  if (offset < 0 || length < 0 || offset + length > size) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: offset ", offset, " + length ", length,
-                                                   " is outside ", path.filename().string(), " (", size, " bytes)"));
-  }
-  out->resize(static_cast<size_t>(length));
-  in.seekg(offset);
-  in.read(out->data(), length);
-  if (!in) return absl::DataLossError(absl::StrCat("short read from ", path.string()));
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-namespace {
-
 // Parses from any stream; MODEL_PARSE_FAILED unless it holds exactly one ModelProto with a graph.
 absl::StatusOr<onnx::ModelProto> ParseModelFrom(google::protobuf::io::ZeroCopyInputStream* raw) {
   onnx::ModelProto model;
@@ -286,6 +265,25 @@ absl::Status PreadAll(int fd, int64_t offset, int64_t length, char* out, const s
   return absl::OkStatus();
 }
 
+// Reads bytes [offset, offset + length) of `path`, a range already checked against its size.
+absl::Status ReadFileRange(const std::string& path, int64_t offset, int64_t length, std::string* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::DataLossError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  out->resize(static_cast<size_t>(length));
+  absl::Status status = PreadAll(fd, offset, length, out->data(), path);
+  ::close(fd);
+  return status;
+}
+
+// Where a by-reference tensor's bytes start in its file.
+absl::StatusOr<int64_t> ByReferenceOffset(const onnx::TensorProto& tensor) {
+  int64_t offset = 0;
+  if (!absl::SimpleAtoi(ExternalField(tensor, "offset"), &offset) || offset < 0) {
+    return absl::InternalError(absl::StrCat("tensor '", tensor.name(), "' lost its external offset"));
+  }
+  return offset;
+}
+
 // Pulls external data in (min_bytes < 0) or keeps dense tensors of at least min_bytes by reference.
 absl::StatusOr<onnx::ModelProto> LoadWithExternalData(const fs::path& path, int64_t min_bytes) {
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(path);
@@ -305,7 +303,7 @@ absl::StatusOr<onnx::ModelProto> LoadWithExternalData(const fs::path& path, int6
       SetExternalEntries(tensor, range->file.string(), range->offset, range->length);
       return;
     }
-    status = ReadRange(range->file, range->offset, range->length, tensor->mutable_raw_data());
+    status = ReadFileRange(range->file.string(), range->offset, range->length, tensor->mutable_raw_data());
     tensor->clear_external_data();
     tensor->set_data_location(onnx::TensorProto::DEFAULT);
   });
@@ -347,23 +345,13 @@ absl::Status ReadTensorBytes(const onnx::TensorProto& tensor, int64_t offset, in
     out->assign(tensor.raw_data(), static_cast<size_t>(offset), static_cast<size_t>(length));
     return absl::OkStatus();
   }
-  int64_t start = 0;
-  const std::string location = ExternalField(tensor, "location");
-  if (!absl::SimpleAtoi(ExternalField(tensor, "offset"), &start) || start < 0) {
-    return absl::InternalError(absl::StrCat("tensor '", tensor.name(), "' lost its external offset"));
-  }
-  const int fd = ::open(location.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::DataLossError(absl::StrCat("cannot open ", location, ": ", std::strerror(errno)));
-  out->resize(static_cast<size_t>(length));
-  absl::Status status = PreadAll(fd, start + offset, length, out->data(), location);
-  ::close(fd);
-  return status;
+  absl::StatusOr<int64_t> start = ByReferenceOffset(tensor);
+  if (!start.ok()) return start.status();
+  return ReadFileRange(ExternalField(tensor, "location"), *start + offset, length, out);
 }
 
 const std::string* RawBytes(const onnx::TensorProto& tensor, std::string* scratch, absl::Status* error) {
-  if (!IsByReference(tensor) && tensor.data_location() != onnx::TensorProto::EXTERNAL) {
-    return tensor.has_raw_data() ? &tensor.raw_data() : nullptr;
-  }
+  if (tensor.data_location() != onnx::TensorProto::EXTERNAL) return tensor.has_raw_data() ? &tensor.raw_data() : nullptr;
   absl::Status status = ReadTensorBytes(tensor, 0, TensorDataBytes(tensor), scratch);
   if (!status.ok()) {
     if (error != nullptr) *error = status;
@@ -551,13 +539,13 @@ absl::StatusOr<std::vector<fs::path>> SaveModel(onnx::ModelProto model, const fs
       const int64_t offset = data.size();
       int64_t length = 0;
       if (referenced) {
-        int64_t from = 0;
         length = TensorDataBytes(*tensor);
-        if (!absl::SimpleAtoi(ExternalField(*tensor, "offset"), &from)) {
-          status = absl::InternalError(absl::StrCat("tensor '", tensor->name(), "' lost its external offset"));
+        absl::StatusOr<int64_t> from = ByReferenceOffset(*tensor);
+        if (!from.ok()) {
+          status = from.status();
           return;
         }
-        status = data.AppendFileRange(ExternalField(*tensor, "location"), from, length);
+        status = data.AppendFileRange(ExternalField(*tensor, "location"), *from, length);
       } else {
         length = static_cast<int64_t>(tensor->raw_data().size());
         status = data.Append(tensor->raw_data().data(), tensor->raw_data().size());

@@ -27,11 +27,12 @@ const onnx::TensorProto* ConstantTensor(const Graph& graph, const std::string& v
 }
 
 std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor) {
-  const bool external = tensor.data_location() == onnx::TensorProto::EXTERNAL;
-  if (external && !IsByReference(tensor)) return std::nullopt;
+  // Raw bytes inline or by reference; nullptr for typed fields. An external tensor not resolved here,
+  // or one that cannot be read, is no known value.
   std::string scratch;
-  const std::string* raw = tensor.has_raw_data() || external ? RawBytes(tensor, &scratch) : nullptr;
-  if ((tensor.has_raw_data() || external) && raw == nullptr) return std::nullopt;
+  absl::Status unreadable = absl::OkStatus();
+  const std::string* raw = RawBytes(tensor, &scratch, &unreadable);
+  if (!unreadable.ok()) return std::nullopt;
   if (tensor.data_type() == onnx::TensorProto::INT64) {
     if (raw != nullptr) return FromRaw<int64_t>(*raw);
     return std::vector<int64_t>(tensor.int64_data().begin(), tensor.int64_data().end());
@@ -46,14 +47,12 @@ std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor) 
 }
 
 std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor) {
-  const bool external = tensor.data_location() == onnx::TensorProto::EXTERNAL;
-  if ((external && !IsByReference(tensor)) || tensor.data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
-  if (tensor.has_raw_data() || external) {
-    std::string scratch;
-    const std::string* raw = RawBytes(tensor, &scratch);
-    if (raw == nullptr) return std::nullopt;
-    return FromRaw<float>(*raw);
-  }
+  if (tensor.data_type() != onnx::TensorProto::FLOAT) return std::nullopt;
+  std::string scratch;
+  absl::Status unreadable = absl::OkStatus();
+  const std::string* raw = RawBytes(tensor, &scratch, &unreadable);
+  if (!unreadable.ok()) return std::nullopt;
+  if (raw != nullptr) return FromRaw<float>(*raw);
   return std::vector<float>(tensor.float_data().begin(), tensor.float_data().end());
 }
 
