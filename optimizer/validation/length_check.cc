@@ -119,6 +119,16 @@ int OutputAxis(const onnx::ModelProto& optimized, const std::string& output, con
   return -1;
 }
 
+// False, with the reason in `check`, when an output that carries the dim lacks `length` positions.
+bool HasLength(const onnx::ModelProto& optimized, const std::string& output, const Ort::Value& value,
+               const FreedDim& dim, int64_t length, v1::LengthCheck* check) {
+  const int axis = OutputAxis(optimized, output, dim.name);
+  const std::vector<int64_t> shape = value.GetTensorTypeAndShapeInfo().GetShape();
+  if (axis < 0 || (axis < static_cast<int>(shape.size()) && shape[axis] == length)) return true;
+  check->set_note(absl::StrCat(output, " does not have ", length, " positions"));
+  return false;
+}
+
 bool AllFinite(const Ort::Value& value) {
   const auto info = value.GetTensorTypeAndShapeInfo();
   if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return true;
@@ -172,13 +182,11 @@ void CheckShorter(Ort::Session& original, Ort::Session& optimized, const onnx::M
   }
   bool passed = true;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const int axis = OutputAxis(optimized_model, outputs[i], dim.name);
-    const std::vector<int64_t> shape = (*actual)[i].GetTensorTypeAndShapeInfo().GetShape();
-    if (axis >= 0 && (axis >= static_cast<int>(shape.size()) || shape[axis] != length)) {
+    if (!HasLength(optimized_model, outputs[i], (*actual)[i], dim, length, check)) {
       passed = false;
-      check->set_note(absl::StrCat(outputs[i], " does not have ", length, " positions"));
       continue;
     }
+    const int axis = OutputAxis(optimized_model, outputs[i], dim.name);
     auto reference = Prefix((*expected)[i], axis, length);
     auto moved = Prefix((*probe)[i], axis, length);
     if (!reference || !moved) {
@@ -222,11 +230,8 @@ void CheckLonger(Ort::Session& optimized, const onnx::ModelProto& optimized_mode
   }
   bool passed = true;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const int axis = OutputAxis(optimized_model, outputs[i], dim.name);
-    const std::vector<int64_t> shape = (*actual)[i].GetTensorTypeAndShapeInfo().GetShape();
-    if (axis >= 0 && (axis >= static_cast<int>(shape.size()) || shape[axis] != length)) {
+    if (!HasLength(optimized_model, outputs[i], (*actual)[i], dim, length, check)) {
       passed = false;
-      check->set_note(absl::StrCat(outputs[i], " does not have ", length, " positions"));
     } else if (!AllFinite((*actual)[i])) {
       passed = false;
       check->set_note(absl::StrCat(outputs[i], " has NaN or Inf at ", length));
