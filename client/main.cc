@@ -166,11 +166,13 @@ class ProgressLine {
 absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out) {
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const std::string data_name = out.filename().string() + ".data";
+  const bool has_data =
+      std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx.data"; }) !=
+      files.end();
   std::error_code error;
   for (const auto& file : files) {
     if (file.filename() == "model.onnx") {
-      if (std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx.data"; }) !=
-          files.end()) {
+      if (has_data) {
         absl::Status relocated = onnxopt::RelocateExternalData(file, "model.onnx.data", data_name);
         if (!relocated.ok()) return relocated;
       }

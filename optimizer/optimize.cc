@@ -396,10 +396,9 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
 
   // The original as loaded; one with tensors by reference goes by path, ONNX Runtime reading its
   // external data itself.
-  absl::StatusOr<ModelSource> original_source =
-      HasTensorsByReference(*original) ? absl::StatusOr<ModelSource>(ModelSource{"", request.model_path})
-                                       : absl::StatusOr<ModelSource>(ModelSource{original->SerializeAsString(), {}});
-  if (!original_source.ok()) return fail(original_source.status());
+  const ModelSource original_source = HasTensorsByReference(*original)
+                                          ? ModelSource{"", request.model_path}
+                                          : ModelSource{original->SerializeAsString(), {}};
   absl::StatusOr<SessionSettings> resolved = DeviceSettings(config, &report);
   if (!resolved.ok()) return fail(resolved.status());
   const SessionSettings device = *resolved;
@@ -409,7 +408,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
     Progress(request, Phase::kValidating);
     SessionSettings settings = device;
     settings.optimization_level = OrtLevel(config.validation().ort_optimization_level(), ORT_DISABLE_ALL);
-    auto original_session = CreateSession(*original_source, settings);
+    auto original_session = CreateSession(original_source, settings);
     if (!original_session.ok()) return fail(original_session.status());
     v1::ParityReport* parity = report.mutable_parity();
     parity->set_ort_optimization_level(OrtLevelName(settings.optimization_level));
@@ -575,7 +574,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
       if (!made.ok()) return fail(made.status());
       view = *std::move(made);
     }
-    absl::Status timed = RunBenchmark(request, *original, *original_source, optimized, output_path, device, *supplied,
+    absl::Status timed = RunBenchmark(request, *original, original_source, optimized, output_path, device, *supplied,
                                       &report, &result, view ? &*view : nullptr);
     if (!timed.ok()) return fail(timed);
     if (report.benchmark().regression()) {
