@@ -122,6 +122,10 @@ std::string FormatJob(const v1::Job& job) {
   std::string out = absl::StrCat("job      ", job.name(), "\nstate    ", FormatProgressLine(job), "\n");
   absl::StrAppend(&out, "model    ", job.model().display_name(), " (sha256 ", job.model().sha256().substr(0, 12), "…)\n");
   if (job.has_create_time()) absl::StrAppend(&out, "created  ", TimeUtil::ToString(job.create_time()), "\n");
+  if (!job.worker().empty()) {
+    absl::StrAppend(&out, "worker   ", job.worker(), job.attempts() > 1 ? absl::StrCat(" (attempt ", job.attempts(), ")") : "",
+                    "\n");
+  }
   if (job.has_start_time() && job.has_end_time()) {
     absl::StrAppend(&out, "took     ",
                     absl::StrFormat("%.2f s", TimeUtil::DurationToMilliseconds(job.end_time() - job.start_time()) / 1000.0),

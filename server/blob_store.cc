@@ -1,5 +1,10 @@
 #include "server/blob_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -36,15 +41,19 @@ absl::Status CheckUploadId(const std::string& upload_id) {
   return absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
 }
 
-BlobUpload::BlobUpload(BlobStore* store, std::string sha256, fs::path partial, int64_t total_size, int64_t committed)
-    : store_(store), sha256_(std::move(sha256)), partial_(std::move(partial)), total_size_(total_size),
-      committed_(committed) {
-  out_.open(partial_, std::ios::binary | std::ios::app);
-}
+BlobUpload::BlobUpload(BlobStore* store, std::string sha256, fs::path partial, int fd, int64_t total_size,
+                       int64_t committed)
+    : store_(store), sha256_(std::move(sha256)), partial_(std::move(partial)), fd_(fd), total_size_(total_size),
+      committed_(committed) {}
 
 BlobUpload::~BlobUpload() {
-  out_.close();
+  Close();
   store_->EndUpload(partial_);
+}
+
+void BlobUpload::Close() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  fd_ = -1;
 }
 
 absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
@@ -57,14 +66,16 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
     return absl::InvalidArgumentError(absl::StrCat("SIZE_EXCEEDED: data passes the declared size of ", total_size_,
                                                    " bytes"));
   }
-  errno = 0;
-  out_.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out_.flush();
-  if (!out_) {
-    const int error = errno;
+  int error = 0;
+  for (size_t written = 0; written < data.size() && error == 0;) {
+    const ssize_t n = ::write(fd_, data.data() + written, data.size() - written);
+    if (n > 0) written += static_cast<size_t>(n);
+    if (n < 0 && errno != EINTR) error = errno;
+  }
+  if (error != 0) {
     // Nothing half-written stays behind: the session starts over once there is room.
     finished_ = true;
-    out_.close();
+    Close();
     std::error_code ignored;
     fs::remove(partial_, ignored);
     if (error == ENOSPC || error == EDQUOT) {
@@ -80,7 +91,6 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
 
 absl::Status BlobUpload::Finish() {
   finished_ = true;
-  out_.close();
   if (committed_ != total_size_) {
     return absl::InvalidArgumentError(absl::StrCat("SIZE_MISMATCH: upload finished after ", committed_,
                                                    " bytes but declared ", total_size_,
@@ -97,6 +107,7 @@ absl::Status BlobUpload::Finish() {
   // Another session may have published the same bytes meanwhile; replacing them with an identical,
   // verified copy is harmless, and rename is atomic for readers.
   fs::rename(partial_, store_->PathOf(sha256_), error);
+  Close();
   if (error) return absl::InternalError(absl::StrCat("cannot publish blob: ", error.message()));
   return absl::OkStatus();
 }
@@ -182,8 +193,29 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
     }
     active_uploads_[partial] = total_size - committed;
   }
-  if (committed == 0) fs::remove(partial, error);
-  return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, partial, total_size, committed));
+  // The session's partial, locked for as long as this upload lasts: a replica sharing the folder that
+  // resumes the same session meanwhile is refused, as a second writer here is above.
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int failure = errno;
+    if (fd >= 0) ::close(fd);
+    EndUpload(partial);
+    if (failure == EWOULDBLOCK) {
+      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is writing on another replica; retry later");
+    }
+    return absl::InternalError(absl::StrCat("cannot open the partial upload: ", std::strerror(failure)));
+  }
+  // What the file holds now that it is ours (another replica may have added to it since it was sized).
+  struct stat info {};
+  committed = ::fstat(fd, &info) == 0 ? static_cast<int64_t>(info.st_size) : 0;
+  if (committed > total_size) committed = 0;  // a stale partial of another declared size: started over
+  if (committed == 0 && ::ftruncate(fd, 0) != 0) {
+    ::close(fd);
+    EndUpload(partial);
+    return absl::InternalError(absl::StrCat("cannot reset the partial upload: ", std::strerror(errno)));
+  }
+  Reserve(partial, total_size - committed);
+  return std::unique_ptr<BlobUpload>(new BlobUpload(this, sha256, partial, fd, total_size, committed));
 }
 
 int64_t BlobStore::StoredBytes() const {
@@ -209,7 +241,12 @@ int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {
     if (active_uploads_.count(entry.path()) > 0) continue;
     std::error_code ignored;
     const auto written = fs::last_write_time(entry.path(), ignored);
-    if (!ignored && written < cutoff && fs::remove(entry.path(), ignored)) ++removed;
+    if (ignored || written >= cutoff) continue;
+    // Not while a replica sharing the folder holds it.
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && fs::remove(entry.path(), ignored)) ++removed;
+    ::close(fd);
   }
   return removed;
 }

@@ -6,6 +6,10 @@
 // id, so no other client can add bytes to it or hold it: a stranger who writes garbage under a real
 // file's hash, or keeps an upload of it open, only spoils their own session. Partials nobody touched
 // for the expiry age are deleted.
+//
+// Replicas may share the folder (a ReadWriteMany volume): a session's partial is locked (flock) while
+// one replica writes it, so a resumed upload continues on any replica but never on two at once, and
+// blobs appear by rename only, so no replica ever reads half a blob.
 #ifndef ONNXOPT_SERVER_BLOB_STORE_H_
 #define ONNXOPT_SERVER_BLOB_STORE_H_
 
@@ -44,14 +48,16 @@ class BlobUpload {
 
  private:
   friend class BlobStore;
-  BlobUpload(BlobStore* store, std::string sha256, std::filesystem::path partial, int64_t total_size,
+  // `fd`: the partial, open for appending and locked.
+  BlobUpload(BlobStore* store, std::string sha256, std::filesystem::path partial, int fd, int64_t total_size,
              int64_t committed);
+  void Close();
   BlobStore* store_;
   std::string sha256_;
   std::filesystem::path partial_;
+  int fd_;
   int64_t total_size_;
   int64_t committed_;
-  std::ofstream out_;
   bool finished_ = false;
 };
 
@@ -70,8 +76,8 @@ class BlobStore {
   int64_t CommittedSize(const std::string& sha256, const std::string& upload_id) const;
   // Starts or resumes the session `upload_id` (chosen by the client; empty: a fresh session that cannot
   // be resumed). INVALID_ARGUMENT for a malformed digest or id, RESOURCE_EXHAUSTED (UPLOAD_TOO_LARGE)
-  // over the size limit or (QUOTA_EXCEEDED) past max_stored_bytes, ABORTED if the same session is
-  // already uploading.
+  // over the size limit or (QUOTA_EXCEEDED) past max_stored_bytes, ABORTED (UPLOAD_IN_PROGRESS) if the
+  // same session is already uploading, here or on another replica.
   absl::StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t total_size,
                                                           const std::string& upload_id);
   // Deletes partial uploads that no session is writing and nobody wrote to for `max_age`; returns how many.

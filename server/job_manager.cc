@@ -79,6 +79,22 @@ absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
   return WriteFileAtomically(dir / "report.pb", report.SerializeAsString());
 }
 
+// Ends `job`: SUCCEEDED with `result` when `status` is OK, else CANCELLED or FAILED with the reason.
+void SetOutcome(v1::Job& job, const absl::Status& status, const v1::JobResult* result) {
+  *job.mutable_end_time() = Now();
+  if (status.ok()) {
+    job.set_state(v1::SUCCEEDED);
+    *job.mutable_result() = *result;
+    return;
+  }
+  const auto [reason, message] = SplitReason(status);
+  job.set_state(status.code() == absl::StatusCode::kCancelled ? v1::CANCELLED : v1::FAILED);
+  v1::JobError* error = job.mutable_error();
+  error->set_code(static_cast<int>(status.code()));
+  error->set_reason(reason);
+  error->set_message(message);
+}
+
 }  // namespace
 
 std::string ResultCacheKey(const v1::CreateJobRequest& request) {
@@ -135,8 +151,8 @@ std::string RequestDifference(const v1::Job& existing, const v1::CreateJobReques
   return "";
 }
 
-void JobManager::UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
-  absl::StatusOr<v1::Job> updated = store_->Update(name, mutate);
+void JobManager::ModifyOrLog(const std::string& name, const std::function<bool(v1::Job&)>& mutate) {
+  absl::StatusOr<v1::Job> updated = store_->Modify(name, mutate, nullptr);
   if (!updated.ok()) {
     std::cerr << "onnxopt-server: cannot update " << name << ": " << ValidUtf8(updated.status().ToString()) << std::endl;
   }
@@ -170,7 +186,7 @@ std::pair<std::string, std::string> SplitReason(const absl::Status& status) {
 }
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, TenantBlobStores* blobs, Metrics* metrics)
-    : options_(std::move(options)), store_(store), blobs_(blobs), metrics_(metrics), queue_(options_.queue_capacity) {}
+    : options_(std::move(options)), store_(store), blobs_(blobs), metrics_(metrics) {}
 
 JobManager::~JobManager() {
   if (!workers_.empty()) Drain(std::chrono::milliseconds(0));
@@ -183,25 +199,75 @@ fs::path JobManager::JobDir(const std::string& job_name) const {
 fs::path JobManager::OutputDir(const std::string& job_name) const { return JobDir(job_name) / "output"; }
 
 absl::Status JobManager::Start() {
-  for (const v1::Job& job : store_->Unfinished()) {
-    if (job.cancel_requested()) {
-      Finish(job.name(), absl::CancelledError("cancelled"), nullptr, 0);
-      continue;
-    }
-    auto requeued = store_->Update(job.name(), [](v1::Job& j) {
-      j.set_state(v1::QUEUED);
-      j.clear_progress();
-      j.clear_start_time();
-    });
-    if (!requeued.ok()) return requeued.status();
-    queue_.Push(job.name(), job.config().priority(), /*force=*/true);
-  }
-  metrics_->SetQueueLength(queue_.size());
   std::error_code error;
   fs::create_directories(SandboxDir(), error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", SandboxDir().string(), ": ", error.message()));
+  metrics_->SetQueueLength(store_->QueueLength());
+  if (!options_.run_jobs) return absl::OkStatus();
+  // With the embedded store, the jobs an earlier run left RUNNING hold no lease: they go back to the
+  // queue now. With a shared store, those of dead replicas whose lease ran out.
+  absl::StatusOr<std::vector<v1::Job>> recovered = store_->RecoverExpiredLeases(options_.max_attempts);
+  if (!recovered.ok()) return recovered.status();
+  for (const v1::Job& job : *recovered) {
+    if (IsTerminal(job.state())) metrics_->JobFinished(job.state() == v1::CANCELLED ? "cancelled" : "failed", 0);
+  }
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  lease_thread_ = std::thread([this] { LeaseLoop(); });
   return absl::OkStatus();
+}
+
+void JobManager::RecoverExpiredLeases() {
+  absl::StatusOr<std::vector<v1::Job>> recovered = store_->RecoverExpiredLeases(options_.max_attempts);
+  if (!recovered.ok()) {
+    std::cerr << "onnxopt-server: cannot recover expired leases: " << recovered.status() << std::endl;
+    return;
+  }
+  for (const v1::Job& job : *recovered) {
+    std::cerr << "onnxopt-server: " << job.name() << " lost its lease; it is now " << v1::JobState_Name(job.state())
+              << std::endl;
+    if (IsTerminal(job.state())) metrics_->JobFinished(job.state() == v1::CANCELLED ? "cancelled" : "failed", 0);
+  }
+  if (!recovered->empty()) work_available_.notify_all();
+}
+
+void JobManager::LeaseLoop() {
+  // Renewals come several times a lease, so one slow database round does not lose a job; they also
+  // bring cancellations asked on other replicas.
+  const auto renew_every = std::clamp<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease) / 6, std::chrono::milliseconds(100),
+      std::chrono::milliseconds(5000));
+  auto next_recovery = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(work_mutex_);
+  while (!work_available_.wait_for(lock, renew_every, [this] { return draining_ && running_.load() == 0; })) {
+    lock.unlock();
+    std::map<std::string, RunningJob> running;
+    {
+      std::lock_guard<std::mutex> flags(flags_mutex_);
+      running = running_jobs_;
+    }
+    for (const auto& [name, job] : running) {
+      absl::StatusOr<LeaseState> lease = store_->RenewLease(name, options_.replica_id, options_.lease);
+      if (!lease.ok()) {
+        // The database is away: keep running; if it stays away past the lease, another replica may
+        // take the job, and this one's result will not be stored (see Finish).
+        std::cerr << "onnxopt-server: cannot renew the lease of " << name << ": " << lease.status() << std::endl;
+        continue;
+      }
+      if (!lease->held) {
+        std::cerr << "onnxopt-server: lost the lease of " << name << "; stopping it here" << std::endl;
+        job.lease_lost->store(true);
+        job.cancel->store(true);
+      } else if (lease->cancel_requested) {
+        job.cancel->store(true);
+      }
+    }
+    if (std::chrono::steady_clock::now() >= next_recovery && !draining_) {
+      RecoverExpiredLeases();
+      next_recovery = std::chrono::steady_clock::now() + options_.lease / 2;
+    }
+    metrics_->SetQueueLength(store_->QueueLength());
+    lock.lock();
+  }
 }
 
 absl::Status JobManager::ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs,
@@ -379,34 +445,70 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
           "retry when one has finished"));
     }
   }
-  // Workers only take jobs out, so a free slot seen here is still free when the job is pushed.
-  if (!cached && queue_.size() >= queue_.capacity()) {
-    return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", queue_.capacity(),
+  // Workers only take jobs out, so a free slot seen here is still free when the job is stored (on
+  // one replica; with several submitting at once, the queue may pass its capacity by a few jobs).
+  const int queued = store_->QueueLength();
+  if (!cached && queued >= static_cast<int>(options_.queue_capacity)) {
+    return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", options_.queue_capacity,
                                                      " queue slots are taken; retry with backoff"));
   }
   bool created = false;
+  if (cached) {
+    // A hit is stored already SUCCEEDED, so that no worker anywhere claims it meanwhile.
+    v1::Job hit = job;
+    hit.set_name(NewJobName());
+    if (std::optional<v1::JobResult> result = CopyCachedResult(hit, *cached)) {
+      hit.set_state(v1::SUCCEEDED);
+      hit.set_cached_from(cached->name());
+      *hit.mutable_start_time() = Now();
+      *hit.mutable_end_time() = hit.start_time();
+      *hit.mutable_result() = *std::move(result);
+      absl::StatusOr<v1::Job> stored = store_->Create(std::move(hit), &created);
+      if (stored.ok() && created) {
+        metrics_->JobCreated();
+        metrics_->CacheHit();
+        metrics_->JobFinished("succeeded", 0);
+        return stored;
+      }
+      RemoveFolder(JobDir(hit.name()));
+      return stored;  // an error, or the job an earlier request with this id made
+    }
+    // The hit's files are gone: it runs after all, even past a full queue (it was accepted).
+  }
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
   if (!stored.ok() || !created) return stored;
   metrics_->JobCreated();
-  if (cached && ServeFromCache(*stored, *cached)) return store_->Get(stored->name());
-  // A hit whose files are gone runs after all, even past a full queue: it was accepted.
-  queue_.Push(stored->name(), stored->config().priority(), /*force=*/cached.has_value());
-  metrics_->SetQueueLength(queue_.size());
+  metrics_->SetQueueLength(queued + 1);
+  work_available_.notify_one();
   return stored;
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
-  absl::StatusOr<v1::Job> job = store_->Get(name);
-  if (!job.ok() || IsTerminal(job->state())) return job;
-  if (queue_.Remove(name)) {
-    metrics_->SetQueueLength(queue_.size());
-    Finish(name, absl::CancelledError("CANCELLED: cancelled while queued"), nullptr, 0);
-    return store_->Get(name);
+  // One atomic step against claims on any replica: a queued job ends here, a running one is asked
+  // to stop (its replica sees that with its next lease renewal, or at once when it is this one).
+  bool cancelled_queued = false;
+  absl::StatusOr<v1::Job> updated = store_->Modify(
+      name,
+      [&](v1::Job& job) {
+        if (job.state() == v1::QUEUED) {
+          SetOutcome(job, absl::CancelledError("CANCELLED: cancelled while queued"), nullptr);
+          cancelled_queued = true;
+          return true;
+        }
+        if (job.state() != v1::RUNNING || job.cancel_requested()) return false;
+        job.set_cancel_requested(true);
+        return true;
+      },
+      nullptr);
+  if (!updated.ok()) return updated;
+  if (cancelled_queued) {
+    metrics_->JobFinished("cancelled", 0);
+    metrics_->SetQueueLength(store_->QueueLength());
+    return updated;
   }
   std::lock_guard<std::mutex> lock(flags_mutex_);
-  auto updated = store_->Update(name, [](v1::Job& j) { j.set_cancel_requested(true); });
-  auto flag = cancel_flags_.find(name);
-  if (flag != cancel_flags_.end()) flag->second->store(true);
+  auto running = running_jobs_.find(name);
+  if (running != running_jobs_.end()) running->second.cancel->store(true);
   return updated;
 }
 
@@ -522,7 +624,7 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
   return collected;
 }
 
-bool JobManager::ServeFromCache(const v1::Job& job, const v1::Job& source) {
+std::optional<v1::JobResult> JobManager::CopyCachedResult(const v1::Job& job, const v1::Job& source) {
   const fs::path from = OutputDir(source.name()), to = OutputDir(job.name());
   std::error_code error;
   fs::remove_all(to, error);
@@ -547,29 +649,22 @@ bool JobManager::ServeFromCache(const v1::Job& job, const v1::Job& source) {
   }
   absl::StatusOr<std::string> digest = ok ? Sha256OfFile(to / "report.json") : absl::NotFoundError("");
   if (!digest.ok()) {
-    fs::remove_all(to, error);
-    return false;
+    RemoveFolder(JobDir(job.name()));
+    return std::nullopt;
   }
   v1::Artifact* report_json = result.add_artifacts();
   report_json->set_name("report.json");
   report_json->set_size(static_cast<int64_t>(fs::file_size(to / "report.json", error)));
   report_json->set_sha256(*digest);
-  auto updated = store_->Update(job.name(), [&](v1::Job& j) {
-    j.set_state(v1::SUCCEEDED);
-    j.set_cached_from(source.name());
-    *j.mutable_start_time() = Now();
-    *j.mutable_end_time() = j.start_time();
-    *j.mutable_result() = result;
-  });
-  if (!updated.ok()) return false;
-  metrics_->CacheHit();
-  metrics_->JobFinished("succeeded", 0);
-  return true;
+  return result;
 }
 
 void JobManager::Drain(std::chrono::milliseconds grace) {
-  draining_ = true;
-  queue_.Close();
+  {
+    std::lock_guard<std::mutex> lock(work_mutex_);
+    draining_ = true;
+  }
+  work_available_.notify_all();
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (running_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -577,22 +672,34 @@ void JobManager::Drain(std::chrono::milliseconds grace) {
   if (running_.load() > 0) {
     interrupting_ = true;
     std::lock_guard<std::mutex> lock(flags_mutex_);
-    for (auto& flag : cancel_flags_) flag.second->store(true);
+    for (auto& [name, job] : running_jobs_) job.cancel->store(true);
   }
   for (auto& worker : workers_) {
     if (worker.joinable()) worker.join();
   }
   workers_.clear();
+  work_available_.notify_all();
+  if (lease_thread_.joinable()) lease_thread_.join();
 }
 
 void JobManager::WorkerLoop() {
-  while (std::optional<std::string> name = queue_.Pop()) {
-    metrics_->SetQueueLength(queue_.size());
-    ++running_;
-    metrics_->SetRunning(running_.load());
-    RunJob(*name);
+  const ClaimRequest request{options_.replica_id, options_.lease, options_.device};
+  while (!draining_) {
+    ++running_;  // counted from before the claim, so that Drain never misses a job being claimed
+    absl::StatusOr<std::optional<v1::Job>> claimed = draining_ ? std::optional<v1::Job>() : store_->Claim(request);
+    if (claimed.ok() && claimed->has_value()) {
+      metrics_->SetRunning(running_.load());
+      metrics_->SetQueueLength(store_->QueueLength());
+      RunJob(**claimed);
+      --running_;
+      metrics_->SetRunning(running_.load());
+      continue;
+    }
     --running_;
-    metrics_->SetRunning(running_.load());
+    if (!claimed.ok()) std::cerr << "onnxopt-server: cannot claim a job: " << claimed.status() << std::endl;
+    // Nothing to do: wait for a job queued here, or look again for ones queued elsewhere.
+    std::unique_lock<std::mutex> lock(work_mutex_);
+    work_available_.wait_for(lock, options_.poll, [this] { return draining_.load(); });
   }
 }
 
@@ -640,90 +747,110 @@ fs::path JobManager::SandboxDir() const { return options_.data_dir / "sandbox"; 
 
 fs::path JobManager::InputManifest(const fs::path& input_dir) { return input_dir / "inputs" / "manifest.tsv"; }
 
-void JobManager::Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result,
-                        double seconds) {
-  std::string outcome = "succeeded";
-  auto updated = store_->Update(name, [&](v1::Job& job) {
-    *job.mutable_end_time() = Now();
-    if (status.ok()) {
-      job.set_state(v1::SUCCEEDED);
-      *job.mutable_result() = *result;
-      return;
-    }
-    const auto [reason, message] = SplitReason(status);
-    job.set_state(status.code() == absl::StatusCode::kCancelled ? v1::CANCELLED : v1::FAILED);
-    outcome = job.state() == v1::CANCELLED ? "cancelled" : "failed";
-    v1::JobError* error = job.mutable_error();
-    error->set_code(static_cast<int>(status.code()));
-    error->set_reason(reason);
-    error->set_message(message);
-  });
-  if (updated.ok()) metrics_->JobFinished(outcome, seconds);
+bool JobManager::Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result,
+                        double seconds, bool fenced) {
+  std::string outcome;
+  bool applied = false;
+  auto updated = store_->Modify(
+      name,
+      [&](v1::Job& job) {
+        if (fenced && !Holds(job)) return false;  // another replica took it over: its result counts
+        SetOutcome(job, status, result);
+        outcome = job.state() == v1::SUCCEEDED ? "succeeded" : job.state() == v1::CANCELLED ? "cancelled" : "failed";
+        return true;
+      },
+      &applied);
+  if (!updated.ok()) {
+    std::cerr << "onnxopt-server: cannot store the end of " << name << ": " << ValidUtf8(updated.status().ToString())
+              << std::endl;
+    return false;
+  }
+  if (applied) metrics_->JobFinished(outcome, seconds);
+  return applied;
 }
 
-void JobManager::RunJob(const std::string& name) {
+absl::Status JobManager::PublishOutput(const std::string& name, const fs::path& attempt_output) const {
+  // A rename, so readers see the whole folder or none. What is there already is an earlier attempt's,
+  // of a replica that lost the job: this attempt holds the lease, so its output wins.
+  const fs::path output = OutputDir(name);
+  std::error_code error;
+  fs::remove_all(output, error);
+  fs::rename(attempt_output, output, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot publish the job's output: ", error.message()));
+  return absl::OkStatus();
+}
+
+void JobManager::RunJob(const v1::Job& job) {
+  const std::string& name = job.name();
   const auto start = std::chrono::steady_clock::now();
-  auto flag = std::make_shared<std::atomic<bool>>(false);
+  RunningJob running;
   {
     std::lock_guard<std::mutex> lock(flags_mutex_);
-    cancel_flags_[name] = flag;
+    running_jobs_[name] = running;
+    // Drain may have interrupted the running jobs while this one was being claimed.
+    if (job.cancel_requested() || interrupting_) running.cancel->store(true);
   }
-  auto forget_flag = [&] {
+  auto forget = [&] {
     std::lock_guard<std::mutex> lock(flags_mutex_);
-    cancel_flags_.erase(name);
+    running_jobs_.erase(name);
   };
-  absl::StatusOr<v1::Job> job = store_->Get(name);
-  if (!job.ok() || job->state() != v1::QUEUED) {
-    forget_flag();
-    return;
-  }
-  if (job->cancel_requested()) flag->store(true);
-  UpdateOrLog(name, [](v1::Job& j) {
-    j.set_state(v1::RUNNING);
-    *j.mutable_start_time() = Now();
-    j.mutable_progress()->set_phase(v1::PHASE_LOADING);
-  });
 
-  const fs::path input_dir = JobDir(name) / "input";
-  const fs::path output_dir = OutputDir(name);
-  const fs::path config_path = JobDir(name) / "config.pb";
-  absl::Status outcome = absl::OkStatus();
+  // Each attempt works in a folder of its own: a replica that lost the job (and may still be writing)
+  // never shares files with the one that took it over. Only the output is published.
+  const fs::path attempt_dir = JobDir(name) / absl::StrCat("attempt-", job.attempts());
+  const fs::path input_dir = attempt_dir / "input";
+  const fs::path output_dir = attempt_dir / "output";
+  const fs::path config_path = attempt_dir / "config.pb";
   std::error_code ignored;
-  fs::remove_all(output_dir, ignored);
+  fs::remove_all(attempt_dir, ignored);
   fs::create_directories(output_dir, ignored);
-  outcome = PrepareInputs(*job, input_dir);
-  if (outcome.ok()) outcome = WriteFileAtomically(config_path, job->config().SerializeAsString());
+  absl::Status outcome = PrepareInputs(job, input_dir);
+  if (outcome.ok()) outcome = WriteFileAtomically(config_path, job.config().SerializeAsString());
   if (outcome.ok()) {
     WorkerJob work;
-    work.job_dir = JobDir(name);
+    work.job_dir = attempt_dir;
     work.model = input_dir / "model.onnx";
     work.output_dir = output_dir;
     work.config = config_path;
-    work.inputs = job->inputs().empty() ? fs::path() : InputManifest(input_dir);
+    work.inputs = job.inputs().empty() ? fs::path() : InputManifest(input_dir);
     work.digests = DigestManifest(input_dir);
-    outcome = RunWorkerProcess(options_.worker, work, *flag, [&](const WorkerLine& line) {
-                                 UpdateOrLog(name, [&](v1::Job& j) {
-                                   v1::JobProgress* progress = j.mutable_progress();
-                                   progress->set_phase(ToProto(line.phase));
-                                   progress->set_current_pass(line.pass);
-                                   progress->set_passes_done(line.done);
-                                   progress->set_passes_total(line.total);
-                                 });
-                               });
+    outcome = RunWorkerProcess(options_.worker, work, *running.cancel, [&](const WorkerLine& line) {
+      ModifyOrLog(name, [&](v1::Job& j) {
+            if (!Holds(j)) return false;
+            v1::JobProgress* progress = j.mutable_progress();
+            progress->set_phase(ToProto(line.phase));
+            progress->set_current_pass(line.pass);
+            progress->set_passes_done(line.done);
+            progress->set_passes_total(line.total);
+            return true;
+          });
+    });
   }
-  fs::remove_all(input_dir, ignored);
-  fs::remove_all(JobDir(name) / "tmp", ignored);  // the worker's TMPDIR (ONNX Runtime's log files)
-  forget_flag();
-  if (SplitReason(outcome).first == "BLOB_CORRUPT") RemoveCorruptBlobs(*job);
+  forget();
+  auto cleanup = [&] { fs::remove_all(attempt_dir, ignored); };
+  if (running.lease_lost->load()) {
+    // Another replica has the job now (or will): nothing of this attempt is kept.
+    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " dropped: its lease was lost"
+              << std::endl;
+    cleanup();
+    return;
+  }
+  if (SplitReason(outcome).first == "BLOB_CORRUPT") RemoveCorruptBlobs(job);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (outcome.code() == absl::StatusCode::kCancelled && interrupting_) {
-    // Shutdown, not the user: run it again at the next start.
-    UpdateOrLog(name, [](v1::Job& j) {
-      j.set_state(v1::QUEUED);
-      j.clear_progress();
-      j.clear_start_time();
-    });
+    // Shutdown, not the user: back to the queue, to run again at the next start or on another
+    // replica. The attempt does not count against --max_attempts.
+    cleanup();
+    ModifyOrLog(name, [&](v1::Job& j) {
+          if (!Holds(j)) return false;
+          j.set_state(v1::QUEUED);
+          j.clear_progress();
+          j.clear_start_time();
+          j.clear_worker();
+          j.set_attempts(std::max(0, j.attempts() - 1));
+          return true;
+        });
     return;
   }
   // The worker leaves a report (partial when it failed) unless it crashed before writing one.
@@ -732,31 +859,22 @@ void JobManager::RunJob(const std::string& name) {
   if (report_bytes.ok()) report.ParseFromString(*report_bytes);
   report.set_job(name);
   *report.mutable_time() = Now();
-  for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
   absl::Status report_written = WriteReport(report, output_dir);
-  if (!outcome.ok()) {
-    Finish(name, outcome, nullptr, seconds);
-    return;
-  }
-  if (!report_written.ok()) {
-    Finish(name, report_written, nullptr, seconds);
-    return;
-  }
-  std::vector<fs::path> files;
-  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json"}) {
-    if (fs::exists(output_dir / artifact, ignored)) files.push_back(output_dir / artifact);
-  }
   v1::JobResult result;
-  for (const fs::path& file : files) {
+  if (outcome.ok()) outcome = report_written;
+  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json"}) {
+    if (!outcome.ok()) break;
+    const fs::path file = output_dir / artifact;
+    if (!fs::exists(file, ignored)) continue;
     absl::StatusOr<std::string> digest = Sha256OfFile(file);
     if (!digest.ok()) {
-      Finish(name, digest.status(), nullptr, seconds);
-      return;
+      outcome = digest.status();
+      break;
     }
-    v1::Artifact* artifact = result.add_artifacts();
-    artifact->set_name(file.filename().string());
-    artifact->set_size(static_cast<int64_t>(fs::file_size(file, ignored)));
-    artifact->set_sha256(*digest);
+    v1::Artifact* entry = result.add_artifacts();
+    entry->set_name(artifact);
+    entry->set_size(static_cast<int64_t>(fs::file_size(file, ignored)));
+    entry->set_sha256(*digest);
   }
   result.set_nodes_before(report.original().nodes());
   result.set_nodes_after(report.optimized().nodes());
@@ -764,7 +882,23 @@ void JobManager::RunJob(const std::string& name) {
   result.set_speedup(report.benchmark().speedup());
   result.set_returned_original(report.returned_original());
   for (const auto& excluded : report.parity().bisection().excluded_passes()) result.add_excluded_passes(excluded);
-  Finish(name, absl::OkStatus(), &result, seconds);
+  // Published only while this replica holds the job, then ended under the same fence.
+  absl::StatusOr<LeaseState> lease = store_->RenewLease(name, options_.replica_id, options_.lease);
+  if (lease.ok() && !lease->held) {
+    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " finished after its lease was lost; "
+              << "its result is dropped" << std::endl;
+    cleanup();
+    return;
+  }
+  if (absl::Status published = PublishOutput(name, output_dir); !published.ok() && outcome.ok()) outcome = published;
+  cleanup();
+  if (Finish(name, outcome, outcome.ok() ? &result : nullptr, seconds)) {
+    for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
+    // What earlier attempts of replicas that died left behind.
+    for (const auto& entry : fs::directory_iterator(JobDir(name), ignored)) {
+      if (absl::StartsWith(entry.path().filename().string(), "attempt-")) fs::remove_all(entry.path(), ignored);
+    }
+  }
 }
 
 }  // namespace onnxopt::server

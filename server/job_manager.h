@@ -1,6 +1,8 @@
-// Owns the life of jobs: checks and queues new ones, runs them on worker threads through the
+// Owns the life of jobs: checks and stores new ones, runs queued ones on worker threads through the
 // optimizer, cancels, and drains on shutdown. Every job it starts ends SUCCEEDED, FAILED or CANCELLED,
-// or, when shutdown interrupts it, goes back to QUEUED to run again at the next start.
+// or, when shutdown interrupts it, goes back to QUEUED to run again (here at the next start, or on
+// another replica). Workers claim jobs from the store under a lease they renew while the job runs;
+// a job whose replica died is taken back when its lease expires (see JobStore).
 #ifndef ONNXOPT_SERVER_JOB_MANAGER_H_
 #define ONNXOPT_SERVER_JOB_MANAGER_H_
 
@@ -22,7 +24,6 @@
 #include "onnxopt/v1/service.pb.h"
 #include "server/blob_store.h"
 #include "server/job_process.h"
-#include "server/job_queue.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/tenants.h"
@@ -35,6 +36,14 @@ struct JobManagerOptions {
   size_t queue_capacity = 64;
   int max_active_jobs_per_tenant = 0;  // queued + running per tenant; 0: only the queue bounds them
   WorkerLimits worker;  // each job runs in an onnxopt-worker child under these limits
+  // Scale-out (--role, --replica_id, --worker_device, --lease_seconds, --max_attempts).
+  bool run_jobs = true;  // false: an API replica, which stores jobs for others to run
+  std::string replica_id = "local";
+  WorkerDevice device = WorkerDevice::kAny;
+  std::chrono::seconds lease{30};
+  int max_attempts = 3;
+  // How often an idle worker looks for jobs other replicas queued (jobs queued here wake it at once).
+  std::chrono::milliseconds poll{500};
 };
 
 // Tensors a job may bring for validation.
@@ -48,7 +57,8 @@ class JobManager {
   JobManager(JobManagerOptions options, JobStore* store, TenantBlobStores* blobs, Metrics* metrics);
   ~JobManager();
 
-  // Re-queues jobs an earlier run left unfinished and starts the workers.
+  // Takes back jobs whose lease expired (those a killed server left RUNNING, here or on a replica)
+  // and starts the workers.
   absl::Status Start();
   // Queues a job owned by `tenant`, whose blobs it names.
   absl::StatusOr<v1::Job> Submit(const v1::CreateJobRequest& request, const std::string& tenant = "");
@@ -67,20 +77,34 @@ class JobManager {
   // upload is used by the job it was made for within that time), then stray job folders.
   Collected CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age);
   // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
-  // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start.
+  // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start or for others.
   void Drain(std::chrono::milliseconds grace);
   bool draining() const { return draining_.load(); }
 
   // Where a job's results live; artifacts are plain files in there.
   std::filesystem::path OutputDir(const std::string& job_name) const;
   const JobManagerOptions& options() const { return options_; }
-  size_t queue_length() const { return queue_.size(); }
+  size_t queue_length() const { return static_cast<size_t>(store_->QueueLength()); }
 
  private:
-  void WorkerLoop();
+  // A job this replica runs: the flag that stops its worker process, and whether its lease was lost.
+  struct RunningJob {
+    std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<std::atomic<bool>> lease_lost = std::make_shared<std::atomic<bool>>(false);
+  };
   // Store updates whose failure must not stop the job (progress, state moves): logged, not returned.
-  void UpdateOrLog(const std::string& name, const std::function<void(v1::Job&)>& mutate);
-  void RunJob(const std::string& name);
+  void ModifyOrLog(const std::string& name, const std::function<bool(v1::Job&)>& mutate);
+  void WorkerLoop();
+  // Renews the leases of the jobs running here and takes back expired ones, until shutdown.
+  void LeaseLoop();
+  void RecoverExpiredLeases();
+  void RunJob(const v1::Job& job);
+  // Whether `job`, as stored, is still this replica's to finish.
+  bool Holds(const v1::Job& job) const {
+    return job.state() == v1::RUNNING && job.worker() == options_.replica_id;
+  }
+  // Publishes an attempt's output folder as the job's.
+  absl::Status PublishOutput(const std::string& name, const std::filesystem::path& attempt_output) const;
   absl::Status PrepareInputs(const v1::Job& job, const std::filesystem::path& input_dir) const;
   absl::Status ValidateRequest(const v1::CreateJobRequest& request, BlobStore& blobs) const;
   absl::Status ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs,
@@ -99,10 +123,13 @@ class JobManager {
   absl::StatusOr<std::vector<std::string>> InspectModelBounded(const std::filesystem::path& model) const;
   int MaxInspections() const { return std::max(1, options_.workers); }
   static constexpr std::chrono::seconds kInspectWait{30};
-  void Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds);
-  // Completes the stored job `job` (QUEUED, not in the queue) with `source`'s result: its files linked
-  // into the job's folder, its report marked as cached. False (nothing kept) when the files are gone.
-  bool ServeFromCache(const v1::Job& job, const v1::Job& source);
+  // Ends a job: SUCCEEDED with `result`, else FAILED or CANCELLED by `status`. With `fenced`, only a
+  // job this replica still holds (see Holds); false when it was not this replica's to end.
+  bool Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds,
+              bool fenced = true);
+  // For a new job `job` (named, not yet stored) that repeats `source`: `source`'s result files linked
+  // into the job's folder, its report marked as cached. nullopt (nothing kept) when the files are gone.
+  std::optional<v1::JobResult> CopyCachedResult(const v1::Job& job, const v1::Job& source);
   // Deletes `job`'s record and the blobs no other job of its tenant uses, with submit_mutex_ held:
   // blobs are only removed while no CreateJob can start using them. The folder is left to the caller.
   absl::StatusOr<v1::DeleteJobResponse> DeleteLocked(const v1::Job& job);
@@ -114,14 +141,16 @@ class JobManager {
   JobStore* const store_;
   TenantBlobStores* const blobs_;
   Metrics* const metrics_;
-  JobQueue queue_;
   std::vector<std::thread> workers_;
+  std::thread lease_thread_;
+  std::mutex work_mutex_;
+  std::condition_variable work_available_;  // a job was queued here, or draining began
   std::mutex submit_mutex_;
   mutable std::mutex inspect_mutex_;
   mutable std::condition_variable inspect_slot_free_;
   mutable int inspections_ = 0;
   std::mutex flags_mutex_;
-  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
+  std::map<std::string, RunningJob> running_jobs_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> interrupting_{false};
   std::atomic<int> running_{0};

@@ -1,28 +1,27 @@
-// Jobs, persisted in SQLite (one row per job holding the serialized Job) and mirrored in memory for
-// reads. Every change bumps the job's version and wakes watchers, so WatchJob streams changes without
-// polling the database. Jobs survive restarts; the server re-queues unfinished ones at start.
+// Where jobs live, and the queue workers take them from. Two implementations:
+//   - SqliteJobStore: the embedded default for one machine (a file in the data folder);
+//   - PostgresJobStore: one database shared by any number of server replicas (--job_store=postgresql://...).
+//
+// Queueing is the store's: a job is QUEUED from the moment it is stored, and a worker claims the next
+// one (highest priority first, FIFO within a priority) under a lease. The worker renews the lease
+// while the job runs; a job whose lease expired (its replica died) goes back to the queue, and after
+// max_attempts starts it fails with LEASE_EXPIRED. Updates of a running job are fenced: only the lease
+// holder's result is ever stored, so no job is completed twice.
 #ifndef ONNXOPT_SERVER_JOB_STORE_H_
 #define ONNXOPT_SERVER_JOB_STORE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "onnxopt/v1/service.pb.h"
-
-struct sqlite3;
 
 namespace onnxopt::server {
 
@@ -30,69 +29,101 @@ bool IsTerminal(v1::JobState state);
 // NOT_FOUND (JOB_NOT_FOUND) for `name`: what every lookup of a job the caller cannot have says.
 absl::Status JobNotFound(const std::string& name);
 
+// Which jobs a worker takes (--worker_device).
+enum class WorkerDevice { kAny, kCuda, kCpu };
+absl::StatusOr<WorkerDevice> ParseWorkerDevice(const std::string& text);
+// Whether a job asks for the CUDA device (what a kCuda worker takes and a kCpu worker leaves).
+bool WantsCuda(const v1::Job& job);
+bool MayClaim(WorkerDevice device, const v1::Job& job);
+
+struct ClaimRequest {
+  std::string owner;  // the claiming replica's id
+  std::chrono::seconds lease{30};
+  WorkerDevice device = WorkerDevice::kAny;
+};
+
+struct LeaseState {
+  bool held = false;              // false: the lease expired and the job was taken back; stop it
+  bool cancel_requested = false;  // a CancelJob on any replica asked it to stop
+};
+
 class JobStore {
  public:
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::filesystem::path& database);
-  ~JobStore();
+  virtual ~JobStore() = default;
 
-  // Stores a new job (its name is assigned here). With a request id seen before, returns that job and
-  // sets *created to false instead.
-  absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
-  absl::StatusOr<v1::Job> Get(const std::string& name) const;
+  // Stores a new job: QUEUED, unless it comes already ended (a result cache hit); named here unless
+  // it has a name (ALREADY_EXISTS if that is taken). With a request id seen before, returns that job
+  // and sets *created to false instead.
+  virtual absl::StatusOr<v1::Job> Create(v1::Job job, bool* created) = 0;
+  virtual absl::StatusOr<v1::Job> Get(const std::string& name) const = 0;
   // Request ids are per tenant: another tenant's id neither finds nor blocks anything.
-  std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const;
-  // Applies `mutate` to the job, persists it and wakes watchers. NOT_FOUND for unknown jobs. When the
-  // database refuses the write (a full disk), the change still holds (and is returned) and is written
-  // with a later update; the refusal is logged.
-  absl::StatusOr<v1::Job> Update(const std::string& name, const std::function<void(v1::Job&)>& mutate);
+  virtual std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const = 0;
+  // Applies `mutate` to the job as stored, atomically: it returns whether it changed anything, and
+  // only then is the job written and its watchers woken. Returns the job as it is afterwards
+  // (NOT_FOUND for unknown jobs); *applied (when given) says whether `mutate` changed it.
+  virtual absl::StatusOr<v1::Job> Modify(const std::string& name, const std::function<bool(v1::Job&)>& mutate,
+                                         bool* applied) = 0;
+  absl::StatusOr<v1::Job> Update(const std::string& name, const std::function<void(v1::Job&)>& mutate) {
+    return Modify(
+        name, [&](v1::Job& job) { mutate(job); return true; }, nullptr);
+  }
 
   struct Page {
     std::vector<v1::Job> jobs;
     std::string next_page_token;
   };
   // Newest first; only `tenant`'s jobs when it is set. INVALID_ARGUMENT for a malformed page token.
-  absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
-                            const std::optional<std::string>& tenant = std::nullopt) const;
+  virtual absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
+                                    const std::optional<std::string>& tenant = std::nullopt) const = 0;
 
-  // Waits until the job's version passes `*version` or `deadline` passes; then fills `job` and
-  // `*version`. Returns false on timeout with nothing changed.
-  bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
-                     v1::Job* job) const;
+  // Waits until the job changes past `*version` or `deadline` passes; then fills `job` and `*version`.
+  // Returns false on timeout with nothing changed. Version 0 is before any change.
+  virtual bool WaitForChange(const std::string& name, uint64_t* version,
+                             std::chrono::steady_clock::time_point deadline, v1::Job* job) const = 0;
 
   // Removes a job's record (NOT_FOUND for unknown jobs); watchers of it see it gone.
-  absl::Status Delete(const std::string& name);
+  virtual absl::Status Delete(const std::string& name) = 0;
   // Every job, oldest first (for retention and blob garbage collection).
-  std::vector<v1::Job> All() const;
+  virtual std::vector<v1::Job> All() const = 0;
   // The latest SUCCEEDED job of `tenant` with this cache key (see Job.cache_key).
-  std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const;
+  virtual std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const = 0;
   // `tenant`'s jobs that are QUEUED or RUNNING.
-  int CountActive(const std::string& tenant) const;
-  // Jobs left QUEUED or RUNNING by an earlier run, oldest first.
-  std::vector<v1::Job> Unfinished() const;
-  size_t size() const;
+  virtual int CountActive(const std::string& tenant) const = 0;
 
- private:
-  struct Entry {
-    v1::Job job;
-    uint64_t version = 0;
-    int64_t sequence = 0;
-  };
-  explicit JobStore(sqlite3* db);
-  static std::string RequestKey(const std::string& tenant, const std::string& request_id);
-  absl::Status Persist(const Entry& entry, bool insert);
-  // Writes the jobs whose last update the database refused; mutex_ held.
-  void PersistUnsaved();
+  // The queue. Jobs that are QUEUED.
+  virtual int QueueLength() const = 0;
+  // Takes the next QUEUED job `request.device` allows: it becomes RUNNING under a lease of
+  // `request.owner` (see MarkClaimed). nullopt when there is none; concurrent claimers, in this
+  // process or another replica, never get the same job.
+  virtual absl::StatusOr<std::optional<v1::Job>> Claim(const ClaimRequest& request) = 0;
+  // Extends `owner`'s lease on a RUNNING job.
+  virtual absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& owner,
+                                                std::chrono::seconds lease) = 0;
+  // Takes back the RUNNING jobs whose lease expired (see ExpireLease); returns them as they are now.
+  virtual absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) = 0;
 
-  sqlite3* db_;
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  std::unordered_map<std::string, Entry> jobs_;
-  std::map<int64_t, std::string> by_sequence_;
-  std::unordered_map<std::string, std::string> by_request_id_;
-  int64_t next_sequence_ = 1;
-  std::set<std::string> unsaved_;  // updated in memory, not yet in the database
-  std::string page_key_;           // seals ListJobs page tokens
+  // Where the jobs are, for logs ("SQLite at ...", "PostgreSQL database ... on host:port"); no secrets.
+  virtual std::string Describe() const = 0;
 };
+
+// Opens the store `spec` names: "" or "sqlite" for <data_dir>/jobs.sqlite3, "sqlite:<path>", or a
+// libpq connection URI ("postgresql://user@host:5432/db?sslmode=require"; a password is better given
+// in PGPASSWORD or ~/.pgpass). INVALID_ARGUMENT for anything else.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec,
+                                                       const std::filesystem::path& data_dir);
+
+// What both stores do to a job's record at the queue's transitions.
+// A fresh job name, "jobs/<time><random>".
+std::string NewJobName();
+// QUEUED -> RUNNING for `owner`: start time, phase LOADING, one more attempt.
+void MarkClaimed(v1::Job& job, const std::string& owner);
+// A RUNNING job whose lease expired: CANCELLED if cancelling was asked, FAILED (LEASE_EXPIRED) after
+// `max_attempts` starts, else QUEUED again.
+void ExpireLease(v1::Job& job, int max_attempts);
+// What is left of a job whose stored record does not parse (written by an older version, or
+// damaged): one that had not finished cannot be run again without its request, so it is failed.
+v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state,
+                      const std::string& tenant);
 
 }  // namespace onnxopt::server
 

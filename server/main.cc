@@ -6,10 +6,14 @@
 // Each job runs in an onnxopt-worker child process (--job_memory_limit_mb, --job_timeout_seconds), so a
 // model that crashes or exhausts it fails its own job only.
 //
+// Beyond one machine: replicas share a PostgreSQL job store (--job_store=postgresql://...) and the
+// data folder (a shared volume); --role=api serves the API only, --role=worker runs jobs only.
+//
 // SIGTERM or SIGINT drains: new jobs and uploads are refused (UNAVAILABLE), health turns NOT_SERVING,
 // running jobs get --drain_grace_seconds to finish, and whatever is left stays queued for the next start.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +27,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -60,6 +65,19 @@ ABSL_FLAG(double, job_retention_hours, 720,
 ABSL_FLAG(int, tenant_max_active_jobs, 0, "queued + running jobs one tenant may have; 0: no quota beyond the queue");
 ABSL_FLAG(int64_t, tenant_max_stored_bytes, 0,
           "bytes of blobs and partial uploads one tenant may store (checked when an upload starts); 0: no quota");
+ABSL_FLAG(std::string, job_store, "sqlite",
+          "where jobs are kept: sqlite (<data_dir>/jobs.sqlite3, one server), sqlite:<path>, or a PostgreSQL "
+          "connection URI postgresql://user@host:5432/db shared by replicas (password: PGPASSWORD or ~/.pgpass)");
+ABSL_FLAG(std::string, role, "all",
+          "all: serve the API and run jobs; api: serve the API only; worker: run jobs only (serves gRPC health and "
+          "metrics). api and worker need a shared job store");
+ABSL_FLAG(std::string, replica_id, "", "this replica's name in jobs' worker field and leases (default: host-pid)");
+ABSL_FLAG(std::string, worker_device, "any",
+          "which jobs this replica runs: any; cuda (only jobs asking for the CUDA device); cpu (only the others)");
+ABSL_FLAG(int, lease_seconds, 30,
+          "a running job's lease, renewed while it runs; when a replica dies, its jobs go to others after this");
+ABSL_FLAG(int, max_attempts, 3, "starts a job gets when replicas running it die; then it fails with LEASE_EXPIRED");
+ABSL_FLAG(int, poll_interval_ms, 500, "how often idle workers look for jobs queued on other replicas");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "lines 'sha256(token) tenant [admin]': every RPC needs 'authorization: Bearer <token>' and sees only its "
           "tenant's jobs and blobs; re-read on SIGHUP. Empty: no authentication, one tenant");
@@ -142,23 +160,51 @@ int main(int argc, char** argv) {
   const std::filesystem::path data_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), error);
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail("data_dir", absl::InternalError(error.message()));
-  // The server's own temporary files (ONNX Runtime's telemetry folder) stay inside the data folder
-  // too; what a killed server left there is cleared at start. Each job's worker has its own TMPDIR.
-  const std::filesystem::path temp_dir = data_dir / "tmp";
-  std::filesystem::remove_all(temp_dir, error);
-  std::filesystem::create_directories(temp_dir, error);
-  if (error) return Fail("data_dir", absl::InternalError(absl::StrCat("cannot create ", temp_dir.string())));
-  ::setenv("TMPDIR", temp_dir.c_str(), 1);
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
       !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0) || absl::GetFlag(FLAGS_tenant_max_active_jobs) < 0 ||
-      absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0)) {
+      absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0) ||
+      absl::GetFlag(FLAGS_lease_seconds) < 2 || absl::GetFlag(FLAGS_max_attempts) < 1 ||
+      absl::GetFlag(FLAGS_poll_interval_ms) < 10) {
     return Fail("flags", absl::InvalidArgumentError(
-                             "workers, queue_capacity, max_upload_bytes and job_timeout_seconds must be >= 1, "
-                             "drain_grace_seconds, job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
+                             "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
+                             ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, drain_grace_seconds, "
+                             "job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
                              "upload_expiry_hours > 0"));
   }
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "all" && role != "api" && role != "worker") {
+    return Fail("flags", absl::InvalidArgumentError(absl::StrCat("role must be all, api or worker, not '", role, "'")));
+  }
+  absl::StatusOr<srv::WorkerDevice> device = srv::ParseWorkerDevice(absl::GetFlag(FLAGS_worker_device));
+  if (!device.ok()) return Fail("flags", device.status());
+  const bool shared_store = absl::StartsWith(absl::GetFlag(FLAGS_job_store), "postgres");
+  if (role != "all" && !shared_store) {
+    return Fail("flags", absl::InvalidArgumentError(absl::StrCat(
+                             "--role=", role, " needs a job store other replicas share (--job_store=postgresql://...); "
+                             "the embedded SQLite store serves one server")));
+  }
+  std::string replica_id = absl::GetFlag(FLAGS_replica_id);
+  if (replica_id.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    replica_id = absl::StrCat(host, "-", ::getpid());
+  }
+  if (replica_id.size() > 128 || !std::all_of(replica_id.begin(), replica_id.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
+      })) {
+    return Fail("flags", absl::InvalidArgumentError("replica_id must be 1 to 128 characters of A-Z, a-z, 0-9, '.', '-', '_'"));
+  }
+  // The server's own temporary files (ONNX Runtime's telemetry folder) stay inside the data folder
+  // too; what a killed server left there is cleared at start. Each job's worker has its own TMPDIR.
+  // Replicas share the data folder, so each keeps its temporary files in a local folder of its own.
+  const std::filesystem::path temp_dir =
+      shared_store ? std::filesystem::temp_directory_path(error) / absl::StrCat("onnxopt-", replica_id) : data_dir / "tmp";
+  std::filesystem::remove_all(temp_dir, error);
+  std::filesystem::create_directories(temp_dir, error);
+  if (error) return Fail("data_dir", absl::InternalError(absl::StrCat("cannot create ", temp_dir.string())));
+  ::setenv("TMPDIR", temp_dir.c_str(), 1);
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes),
                                     absl::GetFlag(FLAGS_tenant_max_stored_bytes));
@@ -166,7 +212,7 @@ int main(int argc, char** argv) {
   srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
   auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
   if (!auth.ok()) return Fail("auth_tokens_file", auth.status());
-  auto store = srv::JobStore::Open(data_dir / "jobs.sqlite3");
+  auto store = srv::OpenJobStore(absl::GetFlag(FLAGS_job_store), data_dir);
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
   absl::StatusOr<int> metrics_port = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));
@@ -182,6 +228,12 @@ int main(int argc, char** argv) {
                               : std::filesystem::absolute(absl::GetFlag(FLAGS_worker_binary), error);
   options.worker.memory_limit_mb = absl::GetFlag(FLAGS_job_memory_limit_mb);
   options.worker.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
+  options.run_jobs = role != "api";
+  options.replica_id = replica_id;
+  options.device = *device;
+  options.lease = std::chrono::seconds(absl::GetFlag(FLAGS_lease_seconds));
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.poll = std::chrono::milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
   if (::access(options.worker.binary.c_str(), X_OK) != 0) {
     return Fail("worker", absl::NotFoundError(absl::StrCat("cannot execute ", options.worker.binary.string())));
   }
@@ -203,20 +255,22 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.SetMaxReceiveMessageSize(16 << 20);
-  builder.RegisterService(&service);
+  if (role != "worker") builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Fail("listen", absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  if (role != "worker") server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
     if (!written.ok()) return Fail("port_file", written);
   }
   std::cout << "onnxopt-server " << onnxopt::kOptimizerVersion << " (ONNX Runtime " << onnxopt::OrtVersion()
-            << ") listening on port " << port << ", data in " << data_dir.string() << ", " << options.workers
-            << " workers, queue of " << options.queue_capacity
+            << ") replica " << replica_id << ", role " << role << ", listening on port " << port << ", data in "
+            << data_dir.string() << ", jobs in " << (*store)->Describe() << ", "
+            << (options.run_jobs ? absl::StrCat(options.workers, " workers") : std::string("no workers"))
+            << ", queue of " << options.queue_capacity
             << (absl::GetFlag(FLAGS_tls_cert).empty() ? ", plaintext"
                 : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS" : ", mutual TLS");
   if (*metrics_port > 0) std::cout << ", metrics on port " << *metrics_port;

@@ -9,8 +9,7 @@
 #include "optimizer/sha256.h"
 #include "server/blob_store.h"
 #include "server/job_manager.h"
-#include "server/job_queue.h"
-#include "server/job_store.h"
+#include "server/sqlite_job_store.h"
 #include "server/tenants.h"
 #include "server/worker_protocol.h"
 
@@ -161,7 +160,7 @@ TEST(JobStoreTest, PersistsAcrossReopenAndHonoursRequestIds) {
   TempDir dir;
   std::string name;
   {
-    auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+    auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
     ASSERT_TRUE(store.ok()) << store.status();
     bool created = false;
     auto job = (*store)->Create(NewJob("retry-me"), &created);
@@ -173,12 +172,17 @@ TEST(JobStoreTest, PersistsAcrossReopenAndHonoursRequestIds) {
     EXPECT_EQ(again->name(), name);
     ASSERT_TRUE((*store)->Update(name, [](v1::Job& j) { j.set_state(v1::RUNNING); }).ok());
   }
-  auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+  auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
   ASSERT_TRUE(store.ok());
   auto job = (*store)->Get(name);
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::RUNNING);
-  EXPECT_EQ((*store)->Unfinished().size(), 1u);
+  // It held no lease in this run: the next recovery queues it again.
+  auto recovered = (*store)->RecoverExpiredLeases(3);
+  ASSERT_TRUE(recovered.ok());
+  ASSERT_EQ(recovered->size(), 1u);
+  EXPECT_EQ((*recovered)[0].state(), v1::QUEUED);
+  EXPECT_EQ((*store)->QueueLength(), 1);
   EXPECT_EQ((*store)->FindByRequestId("", "retry-me")->name(), name);
   EXPECT_EQ((*store)->Get("jobs/nope").status().code(), absl::StatusCode::kNotFound);
 }
@@ -189,7 +193,7 @@ TEST(JobStoreTest, TextFromModelsIsStoredAsValidUtf8) {
   TempDir dir;
   std::string name;
   {
-    auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+    auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
     bool created;
     name = (*store)->Create(NewJob(), &created)->name();
     auto failed = (*store)->Update(name, [](v1::Job& j) {
@@ -199,7 +203,7 @@ TEST(JobStoreTest, TextFromModelsIsStoredAsValidUtf8) {
     ASSERT_TRUE(failed.ok());
     EXPECT_EQ(failed->error().message(), "No Op registered for Bad\\xffOp");
   }
-  auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+  auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
   auto job = (*store)->Get(name);
   ASSERT_TRUE(job.ok()) << "the job survives a restart";
   EXPECT_EQ(job->state(), v1::FAILED);
@@ -228,7 +232,7 @@ TEST(JobStoreTest, ADatabaseFromBeforeTenantsGainsTheTenantColumn) {
     sqlite3_finalize(statement);
     sqlite3_close(db);
   }
-  auto store = JobStore::Open(database);
+  auto store = SqliteJobStore::Open(database);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->Get("jobs/old")->tenant(), "");
   bool created = false;
@@ -243,7 +247,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   const fs::path database = dir.path() / "jobs.sqlite3";
   std::string name;
   {
-    auto store = JobStore::Open(database);
+    auto store = SqliteJobStore::Open(database);
     bool created;
     ASSERT_TRUE((*store)->Create(NewJob(), &created).ok());
     v1::Job owned = NewJob("retry-me");
@@ -269,7 +273,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
     v1::Job check;
     ASSERT_FALSE(check.ParseFromString(bytes)) << "the record must really be unreadable";
   }
-  auto store = JobStore::Open(database);
+  auto store = SqliteJobStore::Open(database);
   ASSERT_TRUE(store.ok()) << store.status();
   auto job = (*store)->Get(name);
   ASSERT_TRUE(job.ok()) << "the job is still there";
@@ -277,8 +281,10 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   EXPECT_EQ(job->error().reason(), "JOB_RECORD_UNREADABLE");
   EXPECT_EQ(job->request_id(), "retry-me");
   EXPECT_EQ(job->tenant(), "team-a") << "an unreadable record stays its owner's";
-  ASSERT_EQ((*store)->Unfinished().size(), 1u) << "only the readable queued job is left to run";
-  EXPECT_NE((*store)->Unfinished()[0].name(), name);
+  ASSERT_EQ((*store)->QueueLength(), 1) << "only the readable queued job is left to run";
+  auto claimed = (*store)->Claim({"r", std::chrono::seconds(30), WorkerDevice::kAny});
+  ASSERT_TRUE(claimed.ok() && claimed->has_value());
+  EXPECT_NE((**claimed).name(), name);
   bool created = false;
   auto next = (*store)->Create(NewJob(), &created);
   ASSERT_TRUE(next.ok()) << next.status();
@@ -288,7 +294,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
 
 TEST(JobStoreTest, ListsNewestFirstWithPagesAndStateFilter) {
   TempDir dir;
-  auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+  auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
   std::vector<std::string> names;
   for (int i = 0; i < 5; ++i) {
     bool created;
@@ -351,7 +357,7 @@ TEST(JobStoreTest, PageTokensAreSealedPerListingAndOutliveRestarts) {
   const fs::path database = dir.path() / "jobs.sqlite3";
   std::string token;
   {
-    auto store = JobStore::Open(database);
+    auto store = SqliteJobStore::Open(database);
     ASSERT_TRUE(store.ok());
     bool created = false;
     for (int i = 0; i < 6; ++i) {
@@ -369,7 +375,7 @@ TEST(JobStoreTest, PageTokensAreSealedPerListingAndOutliveRestarts) {
               absl::StatusCode::kInvalidArgument)
         << "another listing's token is refused";
   }
-  auto store = JobStore::Open(database);
+  auto store = SqliteJobStore::Open(database);
   ASSERT_TRUE(store.ok());
   auto second = (*store)->List(v1::JOB_STATE_UNSPECIFIED, 1, token, std::string("team-a"));
   ASSERT_TRUE(second.ok()) << second.status();
@@ -380,7 +386,7 @@ TEST(JobStoreTest, PageTokensAreSealedPerListingAndOutliveRestarts) {
 
 TEST(JobStoreTest, WatchersWakeOnChange) {
   TempDir dir;
-  auto store = JobStore::Open(dir.path() / "jobs.sqlite3");
+  auto store = SqliteJobStore::Open(dir.path() / "jobs.sqlite3");
   bool created;
   const std::string name = (*store)->Create(NewJob(), &created)->name();
   std::thread writer([&] {
@@ -394,23 +400,6 @@ TEST(JobStoreTest, WatchersWakeOnChange) {
   writer.join();
   EXPECT_FALSE((*store)->WaitForChange(name, &version, std::chrono::steady_clock::now() + std::chrono::milliseconds(20),
                                        &job));
-}
-
-TEST(JobQueueTest, PriorityThenFifoWithCapacityRemoveAndClose) {
-  JobQueue queue(3);
-  EXPECT_TRUE(queue.Push("a", 0));
-  EXPECT_TRUE(queue.Push("b", 5));
-  EXPECT_TRUE(queue.Push("c", 0));
-  EXPECT_FALSE(queue.Push("d", 9)) << "full";
-  EXPECT_TRUE(queue.Push("e", 0, /*force=*/true));
-  EXPECT_TRUE(queue.Remove("c"));
-  EXPECT_FALSE(queue.Remove("c"));
-  EXPECT_EQ(*queue.Pop(), "b");
-  EXPECT_EQ(*queue.Pop(), "a");
-  EXPECT_EQ(*queue.Pop(), "e");
-  queue.Push("f", 0);
-  queue.Close();
-  EXPECT_FALSE(queue.Pop().has_value()) << "closed queues hand out nothing; f stays for the next start";
 }
 
 TEST(JobManagerHelpersTest, ARetryMustRepeatTheRequest) {

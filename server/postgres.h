@@ -1,0 +1,122 @@
+// A thin layer over libpq for the PostgreSQL job store: connections that report errors as
+// absl::Status, parameters bound as text or binary, and a small pool (a libpq connection serves one
+// thread at a time).
+#ifndef ONNXOPT_SERVER_POSTGRES_H_
+#define ONNXOPT_SERVER_POSTGRES_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+struct pg_conn;
+struct pg_result;
+
+namespace onnxopt::server::pg {
+
+struct ResultDeleter {
+  void operator()(pg_result* result) const;
+};
+// Rows of a statement; columns are read as text (see Text, Int, Bytes).
+class Result {
+ public:
+  explicit Result(pg_result* result) : result_(result) {}
+  int rows() const;
+  int64_t affected() const;  // rows an INSERT, UPDATE or DELETE changed
+  bool IsNull(int row, int column) const;
+  std::string Text(int row, int column) const;
+  int64_t Int(int row, int column) const;
+  bool Bool(int row, int column) const;
+  std::string Bytes(int row, int column) const;  // a bytea column
+
+ private:
+  std::unique_ptr<pg_result, ResultDeleter> result_;
+};
+
+// One statement parameter: text, bytes (sent binary, for bytea), or NULL.
+struct Param {
+  std::optional<std::string> value;
+  bool binary = false;
+  Param(std::string text) : value(std::move(text)) {}  // NOLINT: parameters read as literals
+  Param(const char* text) : value(text) {}             // NOLINT
+  Param(int64_t number) : value(std::to_string(number)) {}  // NOLINT
+  Param(int number) : value(std::to_string(number)) {}      // NOLINT
+  Param(bool flag) : value(flag ? "true" : "false") {}      // NOLINT
+  static Param Bytes(std::string bytes) {
+    Param param(std::move(bytes));
+    param.binary = true;
+    return param;
+  }
+  static Param Null() {
+    Param param("");
+    param.value.reset();
+    return param;
+  }
+};
+
+class Connection {
+ public:
+  // UNAVAILABLE (JOB_STORE_UNAVAILABLE) when the server cannot be reached or refuses us.
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& uri);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Runs one statement. Errors: UNAVAILABLE when the connection broke, ABORTED for serialization
+  // failures and deadlocks (retry), RESOURCE_EXHAUSTED (DISK_FULL) when the database cannot grow,
+  // FAILED_PRECONDITION for a unique key already taken (UNIQUE_VIOLATION), INTERNAL otherwise.
+  absl::StatusOr<Result> Exec(const std::string& sql, const std::vector<Param>& params = {});
+  // BEGIN, `work`, COMMIT; ROLLBACK when `work` fails (its status is returned).
+  absl::Status Transaction(const std::function<absl::Status()>& work);
+  bool healthy() const;
+  // Connected and outside any transaction: fit to be handed to another thread.
+  bool reusable() const;
+  // "database <db> on <host>:<port> as <user>": no password.
+  std::string Describe() const;
+
+ private:
+  explicit Connection(pg_conn* connection) : connection_(connection) {}
+  pg_conn* connection_;
+};
+
+class Pool {
+ public:
+  Pool(std::string uri, int max_connections) : uri_(std::move(uri)), max_(max_connections) {}
+  ~Pool();
+
+  // A connection for one thread; back to the pool when it goes (or closed when it broke).
+  class Lease {
+   public:
+    Lease(Pool* pool, std::unique_ptr<Connection> connection) : pool_(pool), connection_(std::move(connection)) {}
+    Lease(Lease&&) = default;
+    ~Lease();
+    Connection* operator->() { return connection_.get(); }
+    Connection& operator*() { return *connection_; }
+
+   private:
+    Pool* pool_;
+    std::unique_ptr<Connection> connection_;
+  };
+  // Waits for a free connection, opening one while fewer than the maximum are open.
+  absl::StatusOr<Lease> Acquire();
+
+ private:
+  void Return(std::unique_ptr<Connection> connection);
+  const std::string uri_;
+  const int max_;
+  std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  int open_ = 0;
+};
+
+}  // namespace onnxopt::server::pg
+
+#endif  // ONNXOPT_SERVER_POSTGRES_H_

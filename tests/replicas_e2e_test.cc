@@ -1,0 +1,224 @@
+// Several real onnxopt-server replicas on one PostgreSQL job store (a throwaway cluster) and one shared
+// data folder: API replicas take jobs, worker replicas run them, a replica killed with SIGKILL loses
+// its job to another once the lease expires, and cancel and watch work from any replica.
+#include <csignal>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "tests/e2e_harness.h"
+#include "tests/postgres_cluster.h"
+
+namespace onnxopt::testing {
+namespace {
+
+using client::Client;
+
+bool IsTerminalForTest(const v1::Job& job) {
+  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
+}
+
+class ReplicasTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto started = PostgresCluster::Start(fs::temp_directory_path() / absl::StrCat("onnxopt_pg_replicas_", ::getpid()));
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(*started).release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    dir_ = fs::temp_directory_path() / ("onnxopt_replicas_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const std::string database = absl::StrCat("replicas_", ++databases_);
+    ASSERT_TRUE(cluster_->CreateDatabase(database).ok());
+    uri_ = cluster_->Uri(database);
+  }
+  void TearDown() override {
+    for (auto& [name, replica] : replicas_) {
+      if (replica.pid > 0) {
+        kill(replica.pid, SIGTERM);
+        WaitFor(replica.pid, std::chrono::seconds(60));
+      }
+    }
+    fs::remove_all(dir_);
+  }
+
+  struct Replica {
+    pid_t pid = -1;
+    std::string address;
+  };
+  // A replica on the shared store and data folder, named `name` (its --replica_id).
+  void StartReplica(const std::string& name, const std::vector<std::string>& flags) {
+    const fs::path port_file = dir_ / (name + ".port");
+    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN,
+                                     "--listen=127.0.0.1:0",
+                                     "--metrics_listen=",
+                                     absl::StrCat("--data_dir=", (dir_ / "data").string()),
+                                     absl::StrCat("--port_file=", port_file.string()),
+                                     absl::StrCat("--job_store=", uri_),
+                                     absl::StrCat("--replica_id=", name),
+                                     "--lease_seconds=3",
+                                     "--poll_interval_ms=100",
+                                     "--drain_grace_seconds=0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Replica& replica = replicas_[name];
+    replica.pid = Spawn(argv, dir_ / (name + ".out"), dir_ / (name + ".err"));
+    ASSERT_GT(replica.pid, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!fs::exists(port_file) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(fs::exists(port_file)) << Slurp(dir_ / (name + ".err"));
+    replica.address = absl::StrCat("127.0.0.1:", Slurp(port_file));
+  }
+  void Kill(const std::string& name) {
+    Replica& replica = replicas_.at(name);
+    kill(replica.pid, SIGKILL);
+    WaitFor(replica.pid, std::chrono::seconds(10));
+    replica.pid = -1;
+  }
+
+  // Uploads `model` through `client` and creates a job with the config `json`.
+  std::string Submit(Client& client, const fs::path& model, const std::string& json) {
+    auto uploaded = client.UploadModel(model);
+    EXPECT_TRUE(uploaded.ok()) << uploaded.status();
+    auto config = client::ParseConfigJson(json);
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto job = client.CreateJob(*uploaded, *config);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->name() : "";
+  }
+  // Polls until `done` holds for the job (bounded).
+  v1::Job WaitUntil(Client& client, const std::string& name, const std::function<bool(const v1::Job&)>& done,
+                    std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    const auto deadline = Clock::now() + timeout;
+    v1::Job job;
+    while (Clock::now() < deadline) {
+      auto got = client.GetJob(name);
+      if (got.ok()) {
+        job = *got;
+        if (done(job)) return job;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "timed out waiting for " << name << ", last seen " << job.ShortDebugString();
+    return job;
+  }
+  std::string Log(const std::string& name) { return Slurp(dir_ / (name + ".err")) + Slurp(dir_ / (name + ".out")); }
+
+  static inline PostgresCluster* cluster_ = nullptr;
+  static inline int databases_ = 0;
+  fs::path dir_;
+  std::string uri_;
+  std::map<std::string, Replica> replicas_;
+};
+
+// Tiny jobs: validation and benchmark skipped, no cache (each job runs).
+constexpr char kTinyJob[] = R"({"cache": false, "validation": {"skip": true}, "benchmark": {"skip": true}})";
+// A job that benchmarks for about four seconds.
+constexpr char kSlowJob[] =
+    R"({"cache": false, "benchmark": {"time_budget_seconds": 4, "stability": 1e-9, "warmup_runs": 1}})";
+
+TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
+  StartReplica("api", {"--role=api"});
+  StartReplica("worker-a", {"--role=worker", "--workers=1"});
+  StartReplica("worker-b", {"--role=worker", "--workers=1"});
+  Client api(replicas_["api"].address);
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 8; ++i) jobs.push_back(Submit(api, FixturePath("cnn_tiny.onnx"), kTinyJob));
+  std::map<std::string, int> per_worker;
+  for (const std::string& name : jobs) {
+    const v1::Job job = WaitUntil(api, name, [](const v1::Job& j) { return IsTerminalForTest(j); });
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.ShortDebugString();
+    EXPECT_EQ(job.attempts(), 1);
+    ++per_worker[job.worker()];
+  }
+  EXPECT_EQ(per_worker.size(), 2u) << "both workers ran jobs; " << per_worker.begin()->first << " ran them all";
+  EXPECT_EQ(per_worker.count("api"), 0u) << "the API replica runs no jobs";
+  // A worker's result, written to the shared folder, downloads through the API replica.
+  const fs::path out = dir_ / "result.onnx";
+  ASSERT_TRUE(api.Download(jobs[0], "model.onnx", out).ok());
+  EXPECT_GT(fs::file_size(out), 0u);
+  // Workers serve health, not the API.
+  Client worker(replicas_["worker-a"].address);
+  EXPECT_EQ(worker.GetJob(jobs[0]).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(HealthStatus(replicas_["worker-a"].address, ""), 1);
+  EXPECT_EQ(HealthStatus(replicas_["api"].address, "onnxopt.v1.Optimizer"), 1);
+  // The CLI against the API replica names the worker.
+  const pid_t cli = Spawn({ONNXOPT_CLI_BIN, "--server", replicas_["api"].address, "status", jobs[0]}, dir_ / "cli.out",
+                          dir_ / "cli.err");
+  ASSERT_EQ(WaitFor(cli, std::chrono::seconds(60)), 0) << Slurp(dir_ / "cli.err");
+  EXPECT_NE(Slurp(dir_ / "cli.out").find("worker   worker-"), std::string::npos) << Slurp(dir_ / "cli.out");
+}
+
+TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
+  StartReplica("api", {"--role=api"});
+  StartReplica("doomed", {"--role=worker", "--workers=1"});
+  Client api(replicas_["api"].address);
+  const std::string name = Submit(api, FixturePath("bert_tiny.onnx"), kSlowJob);
+  WaitUntil(api, name, [](const v1::Job& j) { return j.state() == v1::RUNNING && j.worker() == "doomed"; });
+  StartReplica("survivor", {"--role=worker", "--workers=1"});
+  const auto killed = Clock::now();
+  Kill("doomed");
+  const v1::Job taken = WaitUntil(api, name, [](const v1::Job& j) { return j.worker() == "survivor"; });
+  const double recovery = std::chrono::duration<double>(Clock::now() - killed).count();
+  EXPECT_EQ(taken.attempts(), 2);
+  // The lease is 3 s; the survivor looks for expired leases every 1.5 s.
+  EXPECT_LT(recovery, 3 + 1.5 + 3) << "seconds from the kill to the job running elsewhere";
+  std::cout << "recovery: the job ran again " << recovery << " s after its replica was killed" << std::endl;
+  const v1::Job done = WaitUntil(api, name, [](const v1::Job& j) { return IsTerminalForTest(j); });
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.ShortDebugString() << "\n" << Log("survivor");
+  EXPECT_EQ(done.worker(), "survivor");
+  EXPECT_EQ(done.attempts(), 2);
+  // Only the survivor's attempt was published; the dead replica's leftovers are gone.
+  auto report = api.GetReport(name);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->benchmark().speedup() > 0);
+  const fs::path job_dir = dir_ / "data" / "jobs" / name.substr(5);
+  for (const auto& entry : fs::directory_iterator(job_dir)) {
+    EXPECT_EQ(entry.path().filename().string().rfind("attempt-", 0), std::string::npos) << entry.path();
+  }
+}
+
+TEST_F(ReplicasTest, CancelAndWatchWorkFromAnyReplica) {
+  StartReplica("api-1", {"--role=api"});
+  StartReplica("api-2", {"--role=api"});
+  StartReplica("runner", {"--role=all", "--workers=1"});
+  Client first(replicas_["api-1"].address), second(replicas_["api-2"].address);
+  const std::string name = Submit(first, FixturePath("bert_tiny.onnx"),
+                                  R"({"cache": false, "benchmark": {"time_budget_seconds": 120, "stability": 1e-9}})");
+  WaitUntil(second, name, [](const v1::Job& j) { return j.state() == v1::RUNNING; });
+  std::vector<v1::JobState> seen;
+  std::thread watcher([&] {
+    auto final_job = second.WatchJob(name, [&](const v1::Job& job) { seen.push_back(job.state()); });
+    EXPECT_TRUE(final_job.ok()) << final_job.status();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto asked = Clock::now();
+  auto cancelled = first.CancelJob(name);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  watcher.join();
+  const double took = std::chrono::duration<double>(Clock::now() - asked).count();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), v1::CANCELLED);
+  EXPECT_LT(took, 15) << "seconds from CancelJob on one replica to the watcher on another seeing it end";
+  EXPECT_EQ(second.GetJob(name)->state(), v1::CANCELLED);
+}
+
+TEST_F(ReplicasTest, SplitRolesNeedASharedStore) {
+  const pid_t pid = Spawn({ONNXOPT_SERVER_BIN, "--role=worker", "--listen=127.0.0.1:0", "--metrics_listen=",
+                           absl::StrCat("--data_dir=", (dir_ / "alone").string())},
+                          dir_ / "alone.out", dir_ / "alone.err");
+  EXPECT_EQ(WaitFor(pid, std::chrono::seconds(30)), 1);
+  EXPECT_NE(Slurp(dir_ / "alone.err").find("needs a job store other replicas share"), std::string::npos)
+      << Slurp(dir_ / "alone.err");
+}
+
+}  // namespace
+}  // namespace onnxopt::testing
