@@ -24,6 +24,9 @@ echo
 echo
 ./build/tests/onnxopt-padding-benchmark --budget=40
 echo
+# Replicas on one PostgreSQL (a throwaway postgresql-15 cluster): throughput and recovery after SIGKILL.
+./build/tests/onnxopt-replicas-benchmark
+echo
 # Peak memory on a 1 GB decoder and time from 25k to 200k nodes; its models are generated with
 # Debian's python3-torch and python3-onnx (not installed by setup.sh: only this benchmark needs them).
 if /usr/bin/python3 -c "import torch, onnx" 2>/dev/null; then

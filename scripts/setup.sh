@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything onnxopt needs on Debian 12 and does nothing when all is there.
 #   - Debian packages (build tools, gRPC, protobuf, abseil, onnx, prometheus-cpp, GoogleTest, SQLite,
-#     gRPC for Python (the Python client), and Chromium, in which a test renders the HTML report headless)
+#     libpq (the PostgreSQL job store), gRPC for Python (the Python client); for the tests Chromium, in
+#     which a test renders the HTML report headless, and postgresql-15)
 #   - ONNX Runtime 1.29.0 from npm, integrity-checked, into .deps/ (git-ignored), where CMake finds it:
 #     the headers from the package named in shared/design.md, the library from onnxruntime-node
 #     (the same release built with CUDA; it runs on CPU-only machines too).
@@ -31,11 +32,13 @@ apt_packages=(
   cmake ninja-build ccache pkg-config g++ ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libsqlite3-dev libssl-dev openssl libcli11-dev
+  libsqlite3-dev libpq-dev libssl-dev openssl libcli11-dev
   python3-grpcio python3-protobuf
 )
-# Only the tests use these: the ONNX conformance data and a browser to render the HTML report in.
-((test_deps)) && apt_packages+=(libonnx-testdata chromium)
+# Only the tests use these: the ONNX conformance data, a browser to render the HTML report in, the
+# PostgreSQL server the job store and replica tests start throwaway clusters of, and YAML for the Helm
+# chart check.
+((test_deps)) && apt_packages+=(libonnx-testdata chromium postgresql-15 python3-yaml)
 
 missing=()
 for pkg in "${apt_packages[@]}"; do

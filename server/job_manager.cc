@@ -232,7 +232,8 @@ void JobManager::RecoverExpiredLeases() {
 
 void JobManager::LeaseLoop() {
   // Renewals come several times a lease, so one slow database round does not lose a job; they also
-  // bring cancellations asked on other replicas.
+  // bring cancellations asked on other replicas. Expired leases are looked for as often (an indexed
+  // query), so a dead replica's job runs again at most a sixth of a lease after its lease ran out.
   const auto renew_every = std::clamp<std::chrono::milliseconds>(
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease) / 6, std::chrono::milliseconds(100),
       std::chrono::milliseconds(5000));
@@ -263,7 +264,7 @@ void JobManager::LeaseLoop() {
     }
     if (std::chrono::steady_clock::now() >= next_recovery && !draining_) {
       RecoverExpiredLeases();
-      next_recovery = std::chrono::steady_clock::now() + options_.lease / 2;
+      next_recovery = std::chrono::steady_clock::now() + renew_every;
     }
     metrics_->SetQueueLength(store_->QueueLength());
     lock.lock();
@@ -816,14 +817,14 @@ void JobManager::RunJob(const v1::Job& job) {
     work.digests = DigestManifest(input_dir);
     outcome = RunWorkerProcess(options_.worker, work, *running.cancel, [&](const WorkerLine& line) {
       ModifyOrLog(name, [&](v1::Job& j) {
-            if (!Holds(j)) return false;
-            v1::JobProgress* progress = j.mutable_progress();
-            progress->set_phase(ToProto(line.phase));
-            progress->set_current_pass(line.pass);
-            progress->set_passes_done(line.done);
-            progress->set_passes_total(line.total);
-            return true;
-          });
+        if (!Holds(j)) return false;
+        v1::JobProgress* progress = j.mutable_progress();
+        progress->set_phase(ToProto(line.phase));
+        progress->set_current_pass(line.pass);
+        progress->set_passes_done(line.done);
+        progress->set_passes_total(line.total);
+        return true;
+      });
     });
   }
   forget();
@@ -843,14 +844,14 @@ void JobManager::RunJob(const v1::Job& job) {
     // replica. The attempt does not count against --max_attempts.
     cleanup();
     ModifyOrLog(name, [&](v1::Job& j) {
-          if (!Holds(j)) return false;
-          j.set_state(v1::QUEUED);
-          j.clear_progress();
-          j.clear_start_time();
-          j.clear_worker();
-          j.set_attempts(std::max(0, j.attempts() - 1));
-          return true;
-        });
+      if (!Holds(j)) return false;
+      j.set_state(v1::QUEUED);
+      j.clear_progress();
+      j.clear_start_time();
+      j.clear_worker();
+      j.set_attempts(std::max(0, j.attempts() - 1));
+      return true;
+    });
     return;
   }
   // The worker leaves a report (partial when it failed) unless it crashed before writing one.
@@ -891,6 +892,7 @@ void JobManager::RunJob(const v1::Job& job) {
     return;
   }
   if (absl::Status published = PublishOutput(name, output_dir); !published.ok() && outcome.ok()) outcome = published;
+  fs::rename(attempt_dir / "worker.log", JobDir(name) / "worker.log", ignored);  // kept for whoever debugs the job
   cleanup();
   if (Finish(name, outcome, outcome.ok() ? &result : nullptr, seconds)) {
     for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());

@@ -169,8 +169,8 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   const v1::Job taken = WaitUntil(api, name, [](const v1::Job& j) { return j.worker() == "survivor"; });
   const double recovery = std::chrono::duration<double>(Clock::now() - killed).count();
   EXPECT_EQ(taken.attempts(), 2);
-  // The lease is 3 s; the survivor looks for expired leases every 1.5 s.
-  EXPECT_LT(recovery, 3 + 1.5 + 3) << "seconds from the kill to the job running elsewhere";
+  // The lease is 3 s; the survivor looks for expired leases every 0.5 s (some slack for a busy machine).
+  EXPECT_LT(recovery, 3 + 0.5 + 3) << "seconds from the kill to the job running elsewhere";
   std::cout << "recovery: the job ran again " << recovery << " s after its replica was killed" << std::endl;
   const v1::Job done = WaitUntil(api, name, [](const v1::Job& j) { return IsTerminalForTest(j); });
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.ShortDebugString() << "\n" << Log("survivor");
@@ -181,6 +181,7 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->benchmark().speedup() > 0);
   const fs::path job_dir = dir_ / "data" / "jobs" / name.substr(5);
+  EXPECT_TRUE(fs::exists(job_dir / "worker.log")) << "the attempt that counted keeps its log";
   for (const auto& entry : fs::directory_iterator(job_dir)) {
     EXPECT_EQ(entry.path().filename().string().rfind("attempt-", 0), std::string::npos) << entry.path();
   }
