@@ -26,6 +26,30 @@ std::string AnonymousUploadId() {
   return absl::StrFormat("anonymous-%016x%016x", random(), random());
 }
 
+// Opens `path` and locks it (flock, exclusive, without waiting); -1 with errno set (EWOULDBLOCK: held
+// elsewhere). The lock must be on the file the path names once it is held: a replica may have renamed
+// the partial into place as a blob, or removed it, between the open and the lock.
+int OpenLocked(const fs::path& path, int flags) {
+  for (int tries = 0; tries < 3; ++tries) {
+    const int fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) return -1;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int failure = errno;
+      ::close(fd);
+      errno = failure;
+      return -1;
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+      return fd;
+    }
+    ::close(fd);  // another file by now: open what the path names now
+  }
+  errno = EWOULDBLOCK;
+  return -1;
+}
+
 }  // namespace
 
 bool IsValidUploadId(const std::string& upload_id) {
@@ -195,10 +219,9 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
   }
   // The session's partial, locked for as long as this upload lasts: a replica sharing the folder that
   // resumes the same session meanwhile is refused, as a second writer here is above.
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  const int fd = OpenLocked(partial, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC);
+  if (fd < 0) {
     const int failure = errno;
-    if (fd >= 0) ::close(fd);
     EndUpload(partial);
     if (failure == EWOULDBLOCK) {
       return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is writing on another replica; retry later");
@@ -243,9 +266,9 @@ int BlobStore::ExpireStaleUploads(std::chrono::seconds max_age) {
     const auto written = fs::last_write_time(entry.path(), ignored);
     if (ignored || written >= cutoff) continue;
     // Not while a replica sharing the folder holds it.
-    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = OpenLocked(entry.path(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && fs::remove(entry.path(), ignored)) ++removed;
+    if (fs::remove(entry.path(), ignored)) ++removed;
     ::close(fd);
   }
   return removed;

@@ -202,7 +202,7 @@ absl::Status JobManager::Start() {
   std::error_code error;
   fs::create_directories(SandboxDir(), error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", SandboxDir().string(), ": ", error.message()));
-  metrics_->SetQueueLength(store_->QueueLength());
+  UpdateQueueMetric();
   if (!options_.run_jobs) return absl::OkStatus();
   // With the embedded store, the jobs an earlier run left RUNNING hold no lease: they go back to the
   // queue now. With a shared store, those of dead replicas whose lease ran out.
@@ -227,7 +227,24 @@ void JobManager::RecoverExpiredLeases() {
               << std::endl;
     if (IsTerminal(job.state())) metrics_->JobFinished(job.state() == v1::CANCELLED ? "cancelled" : "failed", 0);
   }
-  if (!recovered->empty()) work_available_.notify_all();
+  if (!recovered->empty()) WakeWorkers(/*all=*/true);
+}
+
+void JobManager::WakeWorkers(bool all) {
+  {
+    std::lock_guard<std::mutex> lock(work_mutex_);
+    ++queued_generation_;
+  }
+  if (all) {
+    work_available_.notify_all();
+  } else {
+    work_available_.notify_one();
+  }
+}
+
+void JobManager::UpdateQueueMetric() {
+  absl::StatusOr<int> queued = store_->QueueLength();
+  if (queued.ok()) metrics_->SetQueueLength(*queued);
 }
 
 void JobManager::LeaseLoop() {
@@ -239,7 +256,7 @@ void JobManager::LeaseLoop() {
       std::chrono::milliseconds(5000));
   auto next_recovery = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(work_mutex_);
-  while (!work_available_.wait_for(lock, renew_every, [this] { return draining_ && running_.load() == 0; })) {
+  while (!lease_wake_.wait_for(lock, renew_every, [this] { return draining_ && running_.load() == 0; })) {
     lock.unlock();
     std::map<std::string, RunningJob> running;
     {
@@ -247,7 +264,7 @@ void JobManager::LeaseLoop() {
       running = running_jobs_;
     }
     for (const auto& [name, job] : running) {
-      absl::StatusOr<LeaseState> lease = store_->RenewLease(name, options_.replica_id, options_.lease);
+      absl::StatusOr<LeaseState> lease = store_->RenewLease(name, job.token, options_.lease);
       if (!lease.ok()) {
         // The database is away: keep running; if it stays away past the lease, another replica may
         // take the job, and this one's result will not be stored (see Finish).
@@ -266,7 +283,7 @@ void JobManager::LeaseLoop() {
       RecoverExpiredLeases();
       next_recovery = std::chrono::steady_clock::now() + renew_every;
     }
-    metrics_->SetQueueLength(store_->QueueLength());
+    UpdateQueueMetric();
     lock.lock();
   }
 }
@@ -439,17 +456,19 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   if (!request.config().has_cache() || request.config().cache()) cached = store_->FindSucceeded(tenant, job.cache_key());
   // A cache hit neither waits in the queue nor counts against the quota.
   if (!cached && options_.max_active_jobs_per_tenant > 0) {
-    const int active = store_->CountActive(tenant);
-    if (active >= options_.max_active_jobs_per_tenant) {
+    const absl::StatusOr<int> active = store_->CountActive(tenant);
+    if (!active.ok()) return active.status();
+    if (*active >= options_.max_active_jobs_per_tenant) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "QUOTA_EXCEEDED: this tenant has ", active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
+          "QUOTA_EXCEEDED: this tenant has ", *active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
           "retry when one has finished"));
     }
   }
   // Workers only take jobs out, so a free slot seen here is still free when the job is stored (on
   // one replica; with several submitting at once, the queue may pass its capacity by a few jobs).
-  const int queued = store_->QueueLength();
-  if (!cached && queued >= static_cast<int>(options_.queue_capacity)) {
+  const absl::StatusOr<int> queued = store_->QueueLength();
+  if (!queued.ok()) return queued.status();
+  if (!cached && *queued >= static_cast<int>(options_.queue_capacity)) {
     return absl::ResourceExhaustedError(absl::StrCat("QUEUE_FULL: all ", options_.queue_capacity,
                                                      " queue slots are taken; retry with backoff"));
   }
@@ -458,6 +477,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
     // A hit is stored already SUCCEEDED, so that no worker anywhere claims it meanwhile.
     v1::Job hit = job;
     hit.set_name(NewJobName());
+    const std::string hit_name = hit.name();
     if (std::optional<v1::JobResult> result = CopyCachedResult(hit, *cached)) {
       hit.set_state(v1::SUCCEEDED);
       hit.set_cached_from(cached->name());
@@ -471,17 +491,26 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
         metrics_->JobFinished("succeeded", 0);
         return stored;
       }
-      RemoveFolder(JobDir(hit.name()));
-      return stored;  // an error, or the job an earlier request with this id made
+      RemoveFolder(JobDir(hit_name));
+      if (stored.ok()) return Retried(*stored, request);
+      return stored;
     }
     // The hit's files are gone: it runs after all, even past a full queue (it was accepted).
   }
   absl::StatusOr<v1::Job> stored = store_->Create(std::move(job), &created);
-  if (!stored.ok() || !created) return stored;
+  if (!stored.ok()) return stored;
+  // The request id was taken meanwhile (on another replica): the same request gets that job.
+  if (!created) return Retried(*stored, request);
   metrics_->JobCreated();
-  metrics_->SetQueueLength(queued + 1);
-  work_available_.notify_one();
+  metrics_->SetQueueLength(*queued + 1);
+  WakeWorkers(/*all=*/false);
   return stored;
+}
+
+absl::StatusOr<v1::Job> JobManager::Retried(const v1::Job& existing, const v1::CreateJobRequest& request) {
+  absl::Status same = CheckRetry(existing, request);
+  if (!same.ok()) return same;
+  return existing;
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
@@ -504,7 +533,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
   if (!updated.ok()) return updated;
   if (cancelled_queued) {
     metrics_->JobFinished("cancelled", 0);
-    metrics_->SetQueueLength(store_->QueueLength());
+    UpdateQueueMetric();
     return updated;
   }
   std::lock_guard<std::mutex> lock(flags_mutex_);
@@ -560,7 +589,13 @@ absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& jo
   v1::DeleteJobResponse response;
   response.set_name(job.name());
   std::set<std::string> used;
-  for (const v1::Job& other : store_->All()) {
+  absl::StatusOr<std::vector<v1::Job>> all = store_->All();
+  if (!all.ok()) {
+    // Which blobs other jobs use is unknown: they stay, for garbage collection to judge later.
+    std::cerr << "onnxopt-server: " << job.name() << " deleted, its blobs kept: " << all.status() << std::endl;
+    return response;
+  }
+  for (const v1::Job& other : *all) {
     if (other.tenant() != job.tenant()) continue;
     for (const std::string& digest : BlobsOf(other)) used.insert(digest);
   }
@@ -580,48 +615,74 @@ absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& jo
 JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age) {
   Collected collected;
   std::vector<fs::path> folders;  // removed once the lock is released
-  {
-    std::lock_guard<std::mutex> lock(submit_mutex_);
-    if (retention.count() > 0) {
-      const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
-      for (const v1::Job& job : store_->All()) {
-        if (!IsTerminal(job.state()) || !job.has_end_time() ||
-            google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
-          continue;
-        }
-        absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job);
-        if (!deleted.ok()) {
-          std::cerr << "onnxopt-server: cannot delete expired " << job.name() << ": " << deleted.status() << std::endl;
-          continue;
-        }
-        ++collected.jobs;
-        collected.blobs += deleted->blobs_deleted();
-        collected.bytes += deleted->bytes_freed();
+  std::unique_lock<std::mutex> lock(submit_mutex_);
+  // Old folders are listed before the jobs are read: a folder made after that (a job another replica
+  // sharing the data folder stored meanwhile) is young, so it is never taken for a stray.
+  const auto folder_cutoff = fs::file_time_type::clock::now() - orphan_age;
+  std::vector<fs::path> old_folders;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(options_.data_dir / "jobs", error)) {
+    std::error_code ignored;
+    const auto written = fs::last_write_time(entry.path(), ignored);
+    if (!ignored && written < folder_cutoff) old_folders.push_back(entry.path());
+  }
+  absl::StatusOr<std::vector<v1::Job>> all = store_->All();
+  if (!all.ok()) {
+    // Without the list of jobs, every blob and folder would look unused: nothing is collected.
+    std::cerr << "onnxopt-server: garbage collection skipped: " << all.status() << std::endl;
+    return collected;
+  }
+  if (retention.count() > 0) {
+    const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
+    for (const v1::Job& job : *all) {
+      if (!IsTerminal(job.state()) || !job.has_end_time() ||
+          google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
+        continue;
       }
-    }
-    // Blobs no job of their tenant uses, that nobody wrote for the orphan age.
-    std::map<std::string, std::set<std::string>> used;  // tenant -> digests
-    std::set<std::string> names;
-    for (const v1::Job& job : store_->All()) {
-      names.insert(std::string(absl::StripPrefix(job.name(), "jobs/")));
-      for (const std::string& digest : BlobsOf(job)) used[job.tenant()].insert(digest);
-    }
-    blobs_->ForEach([&](const std::string& tenant, BlobStore& store) {
-      for (const std::string& digest : store.BlobsOlderThan(orphan_age)) {
-        if (used[tenant].count(digest) > 0) continue;
-        const int64_t bytes = store.Remove(digest);
-        collected.blobs += bytes > 0;
-        collected.bytes += bytes;
+      absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job);
+      if (!deleted.ok()) {
+        std::cerr << "onnxopt-server: cannot delete expired " << job.name() << ": " << deleted.status() << std::endl;
+        continue;
       }
-    });
-    // Folders without a job: the expired jobs' and any a crash left.
-    std::error_code error;
-    for (const auto& entry : fs::directory_iterator(options_.data_dir / "jobs", error)) {
-      if (names.count(entry.path().filename().string()) == 0) folders.push_back(entry.path());
+      ++collected.jobs;
+      folders.push_back(JobDir(job.name()));
+      collected.blobs += deleted->blobs_deleted();
+      collected.bytes += deleted->bytes_freed();
+    }
+    all = store_->All();
+    if (!all.ok()) {
+      std::cerr << "onnxopt-server: garbage collection stopped after retention: " << all.status() << std::endl;
+      lock.unlock();
+      for (const fs::path& folder : folders) collected.bytes += RemoveFolder(folder);
+      return collected;
     }
   }
+  // Blobs no job of their tenant uses, that nobody wrote for the orphan age.
+  std::map<std::string, std::set<std::string>> used;  // tenant -> digests
+  std::set<std::string> names;
+  for (const v1::Job& job : *all) {
+    names.insert(std::string(absl::StripPrefix(job.name(), "jobs/")));
+    for (const std::string& digest : BlobsOf(job)) used[job.tenant()].insert(digest);
+  }
+  blobs_->ForEach([&](const std::string& tenant, BlobStore& store) {
+    for (const std::string& digest : store.BlobsOlderThan(orphan_age)) {
+      if (used[tenant].count(digest) > 0) continue;
+      const int64_t bytes = store.Remove(digest);
+      collected.blobs += bytes > 0;
+      collected.bytes += bytes;
+    }
+  });
+  // Old folders without a job: what a crash left.
+  for (const fs::path& folder : old_folders) {
+    if (names.count(folder.filename().string()) > 0 ||
+        std::find(folders.begin(), folders.end(), folder) != folders.end()) {
+      continue;
+    }
+    folders.push_back(folder);
+    ++collected.folders;
+  }
+  lock.unlock();
   for (const fs::path& folder : folders) collected.bytes += RemoveFolder(folder);
-  collected.folders = std::max(0, static_cast<int>(folders.size()) - collected.jobs);
   return collected;
 }
 
@@ -679,28 +740,35 @@ void JobManager::Drain(std::chrono::milliseconds grace) {
     if (worker.joinable()) worker.join();
   }
   workers_.clear();
-  work_available_.notify_all();
+  lease_wake_.notify_all();
   if (lease_thread_.joinable()) lease_thread_.join();
 }
 
 void JobManager::WorkerLoop() {
   const ClaimRequest request{options_.replica_id, options_.lease, options_.device};
   while (!draining_) {
+    uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(work_mutex_);
+      generation = queued_generation_;
+    }
     ++running_;  // counted from before the claim, so that Drain never misses a job being claimed
     absl::StatusOr<std::optional<v1::Job>> claimed = draining_ ? std::optional<v1::Job>() : store_->Claim(request);
     if (claimed.ok() && claimed->has_value()) {
-      metrics_->SetRunning(running_.load());
-      metrics_->SetQueueLength(store_->QueueLength());
+      metrics_->SetRunning(++busy_);
+      UpdateQueueMetric();
       RunJob(**claimed);
+      metrics_->SetRunning(--busy_);
       --running_;
-      metrics_->SetRunning(running_.load());
       continue;
     }
     --running_;
     if (!claimed.ok()) std::cerr << "onnxopt-server: cannot claim a job: " << claimed.status() << std::endl;
-    // Nothing to do: wait for a job queued here, or look again for ones queued elsewhere.
+    // Nothing to do: wait for a job queued here since the claim looked, or look again after the poll
+    // interval for ones queued on other replicas.
     std::unique_lock<std::mutex> lock(work_mutex_);
-    work_available_.wait_for(lock, options_.poll, [this] { return draining_.load(); });
+    work_available_.wait_for(lock, options_.poll,
+                             [&] { return draining_.load() || queued_generation_ != generation; });
   }
 }
 
@@ -748,14 +816,14 @@ fs::path JobManager::SandboxDir() const { return options_.data_dir / "sandbox"; 
 
 fs::path JobManager::InputManifest(const fs::path& input_dir) { return input_dir / "inputs" / "manifest.tsv"; }
 
-bool JobManager::Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result,
-                        double seconds, bool fenced) {
+bool JobManager::Finish(const std::string& name, const std::string& token, const absl::Status& status,
+                        const v1::JobResult* result, double seconds) {
   std::string outcome;
   bool applied = false;
   auto updated = store_->Modify(
       name,
       [&](v1::Job& job) {
-        if (fenced && !Holds(job)) return false;  // another replica took it over: its result counts
+        if (!Holds(job, token)) return false;
         SetOutcome(job, status, result);
         outcome = job.state() == v1::SUCCEEDED ? "succeeded" : job.state() == v1::CANCELLED ? "cancelled" : "failed";
         return true;
@@ -785,16 +853,33 @@ void JobManager::RunJob(const v1::Job& job) {
   const std::string& name = job.name();
   const auto start = std::chrono::steady_clock::now();
   RunningJob running;
+  running.token = LeaseToken(job);
+  const std::string& token = running.token;
   {
     std::lock_guard<std::mutex> lock(flags_mutex_);
-    running_jobs_[name] = running;
+    auto [it, added] = running_jobs_.emplace(name, running);
+    if (!added) {
+      // An earlier attempt of this job still runs here: its lease was lost (this replica took the job
+      // back from itself after losing the database). It stops, and keeps nothing.
+      it->second.lease_lost->store(true);
+      it->second.cancel->store(true);
+      it->second = running;
+    }
     // Drain may have interrupted the running jobs while this one was being claimed.
     if (job.cancel_requested() || interrupting_) running.cancel->store(true);
   }
-  auto forget = [&] {
-    std::lock_guard<std::mutex> lock(flags_mutex_);
-    running_jobs_.erase(name);
-  };
+  // The lease is renewed until the job has ended in the store: hashing and publishing a large result
+  // can take longer than a lease.
+  struct Forget {
+    JobManager* manager;
+    const std::string& name;
+    const std::string& token;
+    ~Forget() {
+      std::lock_guard<std::mutex> lock(manager->flags_mutex_);
+      auto it = manager->running_jobs_.find(name);
+      if (it != manager->running_jobs_.end() && it->second.token == token) manager->running_jobs_.erase(it);
+    }
+  } forget{this, name, token};
 
   // Each attempt works in a folder of its own: a replica that lost the job (and may still be writing)
   // never shares files with the one that took it over. Only the output is published.
@@ -817,7 +902,7 @@ void JobManager::RunJob(const v1::Job& job) {
     work.digests = DigestManifest(input_dir);
     outcome = RunWorkerProcess(options_.worker, work, *running.cancel, [&](const WorkerLine& line) {
       ModifyOrLog(name, [&](v1::Job& j) {
-        if (!Holds(j)) return false;
+        if (!Holds(j, token)) return false;
         v1::JobProgress* progress = j.mutable_progress();
         progress->set_phase(ToProto(line.phase));
         progress->set_current_pass(line.pass);
@@ -827,7 +912,6 @@ void JobManager::RunJob(const v1::Job& job) {
       });
     });
   }
-  forget();
   auto cleanup = [&] { fs::remove_all(attempt_dir, ignored); };
   if (running.lease_lost->load()) {
     // Another replica has the job now (or will): nothing of this attempt is kept.
@@ -844,7 +928,11 @@ void JobManager::RunJob(const v1::Job& job) {
     // replica. The attempt does not count against --max_attempts.
     cleanup();
     ModifyOrLog(name, [&](v1::Job& j) {
-      if (!Holds(j)) return false;
+      if (!Holds(j, token)) return false;
+      if (j.cancel_requested()) {
+        SetOutcome(j, absl::CancelledError("CANCELLED: cancelled while the server shut down"), nullptr);
+        return true;
+      }
       j.set_state(v1::QUEUED);
       j.clear_progress();
       j.clear_start_time();
@@ -883,18 +971,24 @@ void JobManager::RunJob(const v1::Job& job) {
   result.set_speedup(report.benchmark().speedup());
   result.set_returned_original(report.returned_original());
   for (const auto& excluded : report.parity().bisection().excluded_passes()) result.add_excluded_passes(excluded);
-  // Published only while this replica holds the job, then ended under the same fence.
-  absl::StatusOr<LeaseState> lease = store_->RenewLease(name, options_.replica_id, options_.lease);
-  if (lease.ok() && !lease->held) {
-    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " finished after its lease was lost; "
-              << "its result is dropped" << std::endl;
+  // Published only while this attempt holds the job, then ended under the same fence. When the store
+  // cannot say, the result is dropped: the lease runs out and the job runs again.
+  absl::StatusOr<LeaseState> lease = absl::UnavailableError("not asked");
+  for (int tries = 0; tries < 3 && !lease.ok(); ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    lease = store_->RenewLease(name, token, options_.lease);
+  }
+  if (!lease.ok() || !lease->held || running.lease_lost->load()) {
+    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " finished but no longer holds the "
+              << "job (" << (lease.ok() ? "lease lost" : lease.status().ToString()) << "); its result is dropped"
+              << std::endl;
     cleanup();
     return;
   }
   if (absl::Status published = PublishOutput(name, output_dir); !published.ok() && outcome.ok()) outcome = published;
   fs::rename(attempt_dir / "worker.log", JobDir(name) / "worker.log", ignored);  // kept for whoever debugs the job
   cleanup();
-  if (Finish(name, outcome, outcome.ok() ? &result : nullptr, seconds)) {
+  if (Finish(name, token, outcome, outcome.ok() ? &result : nullptr, seconds)) {
     for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
     // What earlier attempts of replicas that died left behind.
     for (const auto& entry : fs::directory_iterator(JobDir(name), ignored)) {

@@ -69,12 +69,13 @@ class JobManager {
   struct Collected {
     int jobs = 0;       // finished jobs past the retention time
     int blobs = 0;      // blobs no job uses, untouched for the orphan age
-    int folders = 0;    // job folders without a job (a deletion interrupted by a crash)
+    int folders = 0;    // old job folders without a job (a deletion interrupted by a crash)
     int64_t bytes = 0;
   };
   // Retention and garbage collection, run by the server hourly: deletes jobs that ended more than
   // `retention` ago (0: keep them), then blobs no job uses that nobody wrote for `orphan_age` (an
-  // upload is used by the job it was made for within that time), then stray job folders.
+  // upload is used by the job it was made for within that time), then job folders without a job that
+  // nobody wrote for `orphan_age`.
   Collected CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age);
   // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
   // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start or for others.
@@ -84,11 +85,13 @@ class JobManager {
   // Where a job's results live; artifacts are plain files in there.
   std::filesystem::path OutputDir(const std::string& job_name) const;
   const JobManagerOptions& options() const { return options_; }
-  size_t queue_length() const { return static_cast<size_t>(store_->QueueLength()); }
+  // Jobs queued in the store (0 when it cannot say).
+  size_t queue_length() const { return static_cast<size_t>(store_->QueueLength().value_or(0)); }
 
  private:
   // A job this replica runs: the flag that stops its worker process, and whether its lease was lost.
   struct RunningJob {
+    std::string token;  // its lease (LeaseToken)
     std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
     std::shared_ptr<std::atomic<bool>> lease_lost = std::make_shared<std::atomic<bool>>(false);
   };
@@ -98,10 +101,15 @@ class JobManager {
   // Renews the leases of the jobs running here and takes back expired ones, until shutdown.
   void LeaseLoop();
   void RecoverExpiredLeases();
+  // Wakes idle workers: a job was queued here (or taken back).
+  void WakeWorkers(bool all);
+  void UpdateQueueMetric();
+  // `existing`, the job of `request`'s request id, if `request` repeats the one that made it.
+  static absl::StatusOr<v1::Job> Retried(const v1::Job& existing, const v1::CreateJobRequest& request);
   void RunJob(const v1::Job& job);
-  // Whether `job`, as stored, is still this replica's to finish.
-  bool Holds(const v1::Job& job) const {
-    return job.state() == v1::RUNNING && job.worker() == options_.replica_id;
+  // Whether `stored` is still the attempt the lease `token` (LeaseToken at the claim) holds.
+  static bool Holds(const v1::Job& stored, const std::string& token) {
+    return stored.state() == v1::RUNNING && LeaseToken(stored) == token;
   }
   // Publishes an attempt's output folder as the job's.
   absl::Status PublishOutput(const std::string& name, const std::filesystem::path& attempt_output) const;
@@ -123,10 +131,10 @@ class JobManager {
   absl::StatusOr<std::vector<std::string>> InspectModelBounded(const std::filesystem::path& model) const;
   int MaxInspections() const { return std::max(1, options_.workers); }
   static constexpr std::chrono::seconds kInspectWait{30};
-  // Ends a job: SUCCEEDED with `result`, else FAILED or CANCELLED by `status`. With `fenced`, only a
-  // job this replica still holds (see Holds); false when it was not this replica's to end.
-  bool Finish(const std::string& name, const absl::Status& status, const v1::JobResult* result, double seconds,
-              bool fenced = true);
+  // Ends the attempt `token` holds of a job: SUCCEEDED with `result`, else FAILED or CANCELLED by
+  // `status`. False when that attempt no longer holds the job (another took it over: its result counts).
+  bool Finish(const std::string& name, const std::string& token, const absl::Status& status,
+              const v1::JobResult* result, double seconds);
   // For a new job `job` (named, not yet stored) that repeats `source`: `source`'s result files linked
   // into the job's folder, its report marked as cached. nullopt (nothing kept) when the files are gone.
   std::optional<v1::JobResult> CopyCachedResult(const v1::Job& job, const v1::Job& source);
@@ -145,6 +153,8 @@ class JobManager {
   std::thread lease_thread_;
   std::mutex work_mutex_;
   std::condition_variable work_available_;  // a job was queued here, or draining began
+  std::condition_variable lease_wake_;      // draining ended: the lease loop stops
+  uint64_t queued_generation_ = 0;          // counts WakeWorkers calls; work_mutex_ held
   std::mutex submit_mutex_;
   mutable std::mutex inspect_mutex_;
   mutable std::condition_variable inspect_slot_free_;
@@ -153,7 +163,8 @@ class JobManager {
   std::map<std::string, RunningJob> running_jobs_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> interrupting_{false};
-  std::atomic<int> running_{0};
+  std::atomic<int> running_{0};  // workers claiming or running a job
+  std::atomic<int> busy_{0};     // workers running a job
 };
 
 // The result cache's key for a request: SHA-256 over the model and external data digests, the supplied

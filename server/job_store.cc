@@ -56,6 +56,8 @@ std::string NewJobName() {
   return absl::StrFormat("jobs/%011x%06x", millis, random() & 0xffffff);
 }
 
+std::string LeaseToken(const v1::Job& job) { return absl::StrCat(job.worker(), "#", job.attempts()); }
+
 void MarkClaimed(v1::Job& job, const std::string& owner) {
   job.set_state(v1::RUNNING);
   *job.mutable_start_time() = Now();

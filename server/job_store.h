@@ -83,21 +83,23 @@ class JobStore {
 
   // Removes a job's record (NOT_FOUND for unknown jobs); watchers of it see it gone.
   virtual absl::Status Delete(const std::string& name) = 0;
-  // Every job, oldest first (for retention and blob garbage collection).
-  virtual std::vector<v1::Job> All() const = 0;
+  // Every job, oldest first (for retention and blob garbage collection). An error is never an empty
+  // list: what garbage collection keeps depends on it.
+  virtual absl::StatusOr<std::vector<v1::Job>> All() const = 0;
   // The latest SUCCEEDED job of `tenant` with this cache key (see Job.cache_key).
   virtual std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const = 0;
   // `tenant`'s jobs that are QUEUED or RUNNING.
-  virtual int CountActive(const std::string& tenant) const = 0;
+  virtual absl::StatusOr<int> CountActive(const std::string& tenant) const = 0;
 
   // The queue. Jobs that are QUEUED.
-  virtual int QueueLength() const = 0;
+  virtual absl::StatusOr<int> QueueLength() const = 0;
   // Takes the next QUEUED job `request.device` allows: it becomes RUNNING under a lease of
   // `request.owner` (see MarkClaimed). nullopt when there is none; concurrent claimers, in this
   // process or another replica, never get the same job.
   virtual absl::StatusOr<std::optional<v1::Job>> Claim(const ClaimRequest& request) = 0;
-  // Extends `owner`'s lease on a RUNNING job.
-  virtual absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& owner,
+  // Extends the lease `token` (LeaseToken of the job as claimed) holds on a RUNNING job. A later
+  // attempt of the same job, even by the same replica, holds another lease.
+  virtual absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& token,
                                                 std::chrono::seconds lease) = 0;
   // Takes back the RUNNING jobs whose lease expired (see ExpireLease); returns them as they are now.
   virtual absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) = 0;
@@ -115,6 +117,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec,
 // What both stores do to a job's record at the queue's transitions.
 // A fresh job name, "jobs/<time><random>".
 std::string NewJobName();
+// What identifies one attempt's lease: "<worker>#<attempt>".
+std::string LeaseToken(const v1::Job& job);
 // QUEUED -> RUNNING for `owner`: start time, phase LOADING, one more attempt.
 void MarkClaimed(v1::Job& job, const std::string& owner);
 // A RUNNING job whose lease expired: CANCELLED if cancelling was asked, FAILED (LEASE_EXPIRED) after

@@ -53,9 +53,16 @@ std::string Result::Bytes(int row, int column) const {
 }
 
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& uri) {
-  // Defaults first: what the URI says wins.
-  const char* keywords[] = {"application_name", "connect_timeout", "options", "dbname", nullptr};
-  const char* values[] = {"onnxopt-server", "10", "-c client_min_messages=warning", uri.c_str(), nullptr};
+  // Defaults first: what the URI says wins. A database that stops answering (failover, a partition
+  // without a reset) must fail calls within seconds, not hang leases and shutdown: TCP keepalives and a
+  // user timeout on the socket, and server-side limits on statements, lock waits and idle transactions.
+  const char* keywords[] = {"application_name", "connect_timeout", "keepalives", "keepalives_idle",
+                            "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options", "dbname",
+                            nullptr};
+  const char* values[] = {"onnxopt-server", "10", "1", "10", "5", "3", "30000",
+                          "-c client_min_messages=warning -c statement_timeout=30s -c lock_timeout=10s "
+                          "-c idle_in_transaction_session_timeout=60s",
+                          uri.c_str(), nullptr};
   pg_conn* connection = PQconnectdbParams(keywords, values, /*expand_dbname=*/1);
   if (connection == nullptr || PQstatus(connection) != CONNECTION_OK) {
     const std::string message = ConnectionError(connection);
@@ -127,7 +134,10 @@ Pool::Lease::~Lease() {
 
 absl::StatusOr<Pool::Lease> Pool::Acquire() {
   std::unique_lock<std::mutex> lock(mutex_);
-  returned_.wait(lock, [&] { return !idle_.empty() || open_ < max_; });
+  if (!returned_.wait_for(lock, kAcquireTimeout, [&] { return !idle_.empty() || open_ < max_; })) {
+    return absl::UnavailableError(absl::StrCat("JOB_STORE_UNAVAILABLE: all ", max_,
+                                               " database connections stayed busy for 30 s"));
+  }
   if (!idle_.empty()) {
     std::unique_ptr<Connection> connection = std::move(idle_.back());
     idle_.pop_back();

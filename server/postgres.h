@@ -4,6 +4,7 @@
 #ifndef ONNXOPT_SERVER_POSTGRES_H_
 #define ONNXOPT_SERVER_POSTGRES_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -104,8 +105,10 @@ class Pool {
     Pool* pool_;
     std::unique_ptr<Connection> connection_;
   };
-  // Waits for a free connection, opening one while fewer than the maximum are open.
+  // Waits for a free connection (UNAVAILABLE after kAcquireTimeout), opening one while fewer than the
+  // maximum are open.
   absl::StatusOr<Lease> Acquire();
+  static constexpr std::chrono::seconds kAcquireTimeout{30};
 
  private:
   void Return(std::unique_ptr<Connection> connection);

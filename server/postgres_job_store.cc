@@ -73,19 +73,20 @@ absl::Status PostgresJobStore::Write(pg::Connection& connection, int64_t sequenc
       "                     ELSE lease_expires END "
       "WHERE sequence = $1",
       {sequence, pg::Param::Bytes(job.SerializeAsString()), static_cast<int>(job.state()), job.config().priority(),
-       WantsCuda(job), job.cache_key(), job.cancel_requested(), running ? pg::Param(job.worker()) : pg::Param::Null(),
+       WantsCuda(job), job.cache_key(), job.cancel_requested(), running ? pg::Param(LeaseToken(job)) : pg::Param::Null(),
        running, static_cast<int64_t>(lease.count())});
   return written.status();
 }
 
 absl::StatusOr<v1::Job> PostgresJobStore::Create(v1::Job job, bool* created) {
-  absl::StatusOr<pg::Pool::Lease> connection = Connect();
-  if (!connection.ok()) return connection.status();
   if (!IsTerminal(job.state())) job.set_state(v1::QUEUED);
   MakeStringsValidUtf8(&job);
   const bool named = !job.name().empty();
   for (int tries = 0;; ++tries) {
     if (!named) job.set_name(NewJobName());
+    // A connection per statement: the lookup below must not wait for a second one while holding this.
+    absl::StatusOr<pg::Pool::Lease> connection = Connect();
+    if (!connection.ok()) return connection.status();
     auto inserted = (*connection)->Exec(
         "INSERT INTO onnxopt_jobs (name, tenant, request_id, state, priority, wants_cuda, cache_key, job) "
         "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
@@ -107,10 +108,13 @@ absl::StatusOr<v1::Job> PostgresJobStore::Create(v1::Job job, bool* created) {
     break;
   }
   // The request id was taken, maybe by another replica a moment ago: that job is the answer.
-  std::optional<v1::Job> existing = FindByRequestId(job.tenant(), job.request_id());
-  if (!existing) return absl::UnavailableError("JOB_STORE_UNAVAILABLE: cannot read the job of this request id; retry");
+  absl::StatusOr<std::vector<v1::Job>> existing = QueryJobs(
+      absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND request_id = $2"),
+      {job.tenant(), job.request_id()});
+  if (!existing.ok()) return existing.status();
+  if (existing->empty()) return absl::AbortedError("the job of this request id was deleted meanwhile; retry");
   *created = false;
-  return *existing;
+  return existing->front();
 }
 
 absl::StatusOr<v1::Job> PostgresJobStore::Get(const std::string& name) const {
@@ -122,35 +126,41 @@ absl::StatusOr<v1::Job> PostgresJobStore::Get(const std::string& name) const {
   return ReadRow(*read, 0).job;
 }
 
-std::vector<v1::Job> PostgresJobStore::QueryJobs(const std::string& sql, const std::vector<pg::Param>& params) const {
-  std::vector<v1::Job> jobs;
+absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::QueryJobs(const std::string& sql,
+                                                                 const std::vector<pg::Param>& params) const {
   absl::StatusOr<pg::Pool::Lease> connection = Connect();
-  absl::StatusOr<pg::Result> read = connection.ok() ? (*connection)->Exec(sql, params) : connection.status();
-  if (!read.ok()) {
-    LogError("query", read.status());
-    return jobs;
-  }
+  if (!connection.ok()) return connection.status();
+  absl::StatusOr<pg::Result> read = (*connection)->Exec(sql, params);
+  if (!read.ok()) return read.status();
+  std::vector<v1::Job> jobs;
   for (int row = 0; row < read->rows(); ++row) jobs.push_back(ReadRow(*read, row).job);
   return jobs;
 }
 
-std::optional<int64_t> PostgresJobStore::QueryCount(const std::string& sql, const std::vector<pg::Param>& params) const {
-  absl::StatusOr<pg::Pool::Lease> connection = Connect();
-  absl::StatusOr<pg::Result> read = connection.ok() ? (*connection)->Exec(sql, params) : connection.status();
-  if (!read.ok()) {
-    LogError("count", read.status());
+std::optional<v1::Job> PostgresJobStore::QueryFirstJob(const std::string& sql,
+                                                       const std::vector<pg::Param>& params) const {
+  absl::StatusOr<std::vector<v1::Job>> jobs = QueryJobs(sql, params);
+  if (!jobs.ok()) {
+    LogError("lookup", jobs.status());
     return std::nullopt;
   }
-  return read->Int(0, 0);
+  if (jobs->empty()) return std::nullopt;
+  return jobs->front();
+}
+
+absl::StatusOr<int> PostgresJobStore::QueryCount(const std::string& sql, const std::vector<pg::Param>& params) const {
+  absl::StatusOr<pg::Pool::Lease> connection = Connect();
+  if (!connection.ok()) return connection.status();
+  absl::StatusOr<pg::Result> read = (*connection)->Exec(sql, params);
+  if (!read.ok()) return read.status();
+  return static_cast<int>(read->Int(0, 0));
 }
 
 std::optional<v1::Job> PostgresJobStore::FindByRequestId(const std::string& tenant, const std::string& request_id) const {
   if (request_id.empty()) return std::nullopt;
-  std::vector<v1::Job> jobs = QueryJobs(
+  return QueryFirstJob(
       absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND request_id = $2"),
       {tenant, request_id});
-  if (jobs.empty()) return std::nullopt;
-  return jobs.front();
 }
 
 absl::StatusOr<v1::Job> PostgresJobStore::Modify(const std::string& name, const std::function<bool(v1::Job&)>& mutate,
@@ -235,29 +245,24 @@ absl::Status PostgresJobStore::Delete(const std::string& name) {
   return absl::OkStatus();
 }
 
-std::vector<v1::Job> PostgresJobStore::All() const {
+absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::All() const {
   return QueryJobs(absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs ORDER BY sequence"), {});
 }
 
 std::optional<v1::Job> PostgresJobStore::FindSucceeded(const std::string& tenant, const std::string& cache_key) const {
-  std::vector<v1::Job> jobs = QueryJobs(
+  return QueryFirstJob(
       absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND cache_key = $2 AND state = $3 "
                    "ORDER BY sequence DESC LIMIT 1"),
       {tenant, cache_key, static_cast<int>(v1::SUCCEEDED)});
-  if (jobs.empty()) return std::nullopt;
-  return jobs.front();
 }
 
-int PostgresJobStore::CountActive(const std::string& tenant) const {
-  return static_cast<int>(
-      QueryCount("SELECT count(*) FROM onnxopt_jobs WHERE tenant = $1 AND state IN ($2, $3)",
-                 {tenant, static_cast<int>(v1::QUEUED), static_cast<int>(v1::RUNNING)})
-          .value_or(0));
+absl::StatusOr<int> PostgresJobStore::CountActive(const std::string& tenant) const {
+  return QueryCount("SELECT count(*) FROM onnxopt_jobs WHERE tenant = $1 AND state IN ($2, $3)",
+                    {tenant, static_cast<int>(v1::QUEUED), static_cast<int>(v1::RUNNING)});
 }
 
-int PostgresJobStore::QueueLength() const {
-  return static_cast<int>(
-      QueryCount("SELECT count(*) FROM onnxopt_jobs WHERE state = $1", {static_cast<int>(v1::QUEUED)}).value_or(0));
+absl::StatusOr<int> PostgresJobStore::QueueLength() const {
+  return QueryCount("SELECT count(*) FROM onnxopt_jobs WHERE state = $1", {static_cast<int>(v1::QUEUED)});
 }
 
 absl::StatusOr<std::optional<v1::Job>> PostgresJobStore::Claim(const ClaimRequest& request) {
@@ -289,14 +294,14 @@ absl::StatusOr<std::optional<v1::Job>> PostgresJobStore::Claim(const ClaimReques
   return claimed;
 }
 
-absl::StatusOr<LeaseState> PostgresJobStore::RenewLease(const std::string& name, const std::string& owner,
+absl::StatusOr<LeaseState> PostgresJobStore::RenewLease(const std::string& name, const std::string& token,
                                                         std::chrono::seconds lease) {
   absl::StatusOr<pg::Pool::Lease> connection = Connect();
   if (!connection.ok()) return connection.status();
   auto renewed = (*connection)->Exec(
       "UPDATE onnxopt_jobs SET lease_expires = now() + make_interval(secs => $3::integer) "
       "WHERE name = $1 AND state = $4 AND lease_owner = $2 RETURNING cancel_requested",
-      {name, owner, static_cast<int64_t>(lease.count()), static_cast<int>(v1::RUNNING)});
+      {name, token, static_cast<int64_t>(lease.count()), static_cast<int>(v1::RUNNING)});
   if (!renewed.ok()) return renewed.status();
   LeaseState state;
   state.held = renewed->rows() == 1;

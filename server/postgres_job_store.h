@@ -30,12 +30,12 @@ class PostgresJobStore : public JobStore {
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const override;
   absl::Status Delete(const std::string& name) override;
-  std::vector<v1::Job> All() const override;
+  absl::StatusOr<std::vector<v1::Job>> All() const override;
   std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const override;
-  int CountActive(const std::string& tenant) const override;
-  int QueueLength() const override;
+  absl::StatusOr<int> CountActive(const std::string& tenant) const override;
+  absl::StatusOr<int> QueueLength() const override;
   absl::StatusOr<std::optional<v1::Job>> Claim(const ClaimRequest& request) override;
-  absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& owner,
+  absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& token,
                                         std::chrono::seconds lease) override;
   absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) override;
   std::string Describe() const override { return description_; }
@@ -46,10 +46,11 @@ class PostgresJobStore : public JobStore {
   // Writes `job` over row `sequence`, its columns derived from it; `lease` > 0 starts a lease.
   static absl::Status Write(pg::Connection& connection, int64_t sequence, const v1::Job& job,
                             std::chrono::seconds lease = std::chrono::seconds(0));
-  // Runs a query expected to return job rows (kJobColumns); logs and returns nothing on errors, for
-  // the lookups whose callers cannot take a status.
-  std::vector<v1::Job> QueryJobs(const std::string& sql, const std::vector<pg::Param>& params) const;
-  std::optional<int64_t> QueryCount(const std::string& sql, const std::vector<pg::Param>& params) const;
+  // Runs a query that returns job rows (kJobColumns).
+  absl::StatusOr<std::vector<v1::Job>> QueryJobs(const std::string& sql, const std::vector<pg::Param>& params) const;
+  // The same for lookups whose callers cannot take a status: errors are logged and find nothing.
+  std::optional<v1::Job> QueryFirstJob(const std::string& sql, const std::vector<pg::Param>& params) const;
+  absl::StatusOr<int> QueryCount(const std::string& sql, const std::vector<pg::Param>& params) const;
 
   std::unique_ptr<pg::Pool> pool_;
   const PageTokens page_tokens_;

@@ -29,7 +29,7 @@ CREATE TABLE onnxopt_jobs (
   cache_key TEXT NOT NULL DEFAULT '',
   cancel_requested BOOLEAN NOT NULL DEFAULT false,
   version BIGINT NOT NULL DEFAULT 0,
-  lease_owner TEXT,
+  lease_owner TEXT,          -- the lease token: "<replica>#<attempt>"
   lease_expires TIMESTAMPTZ,
   job BYTEA NOT NULL
 );

@@ -303,7 +303,7 @@ absl::Status SqliteJobStore::Delete(const std::string& name) {
   return absl::OkStatus();
 }
 
-std::vector<v1::Job> SqliteJobStore::All() const {
+absl::StatusOr<std::vector<v1::Job>> SqliteJobStore::All() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<v1::Job> all;
   for (const auto& entry : by_sequence_) all.push_back(jobs_.at(entry.second).job);
@@ -319,14 +319,14 @@ std::optional<v1::Job> SqliteJobStore::FindSucceeded(const std::string& tenant, 
   return std::nullopt;
 }
 
-int SqliteJobStore::CountActive(const std::string& tenant) const {
+absl::StatusOr<int> SqliteJobStore::CountActive(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(mutex_);
   int active = 0;
   for (const auto& [name, entry] : jobs_) active += entry.job.tenant() == tenant && !IsTerminal(entry.job.state());
   return active;
 }
 
-int SqliteJobStore::QueueLength() const {
+absl::StatusOr<int> SqliteJobStore::QueueLength() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int>(queued_.size());
 }
@@ -347,14 +347,14 @@ absl::StatusOr<std::optional<v1::Job>> SqliteJobStore::Claim(const ClaimRequest&
   return std::optional<v1::Job>();
 }
 
-absl::StatusOr<LeaseState> SqliteJobStore::RenewLease(const std::string& name, const std::string& owner,
+absl::StatusOr<LeaseState> SqliteJobStore::RenewLease(const std::string& name, const std::string& token,
                                                       std::chrono::seconds lease) {
   std::lock_guard<std::mutex> lock(mutex_);
   LeaseState state;
   auto it = jobs_.find(name);
   auto held = leases_.find(name);
   if (it == jobs_.end() || held == leases_.end() || it->second.job.state() != v1::RUNNING ||
-      it->second.job.worker() != owner) {
+      LeaseToken(it->second.job) != token) {
     return state;
   }
   held->second = std::chrono::steady_clock::now() + lease;

@@ -36,12 +36,12 @@ class SqliteJobStore : public JobStore {
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const override;
   absl::Status Delete(const std::string& name) override;
-  std::vector<v1::Job> All() const override;
+  absl::StatusOr<std::vector<v1::Job>> All() const override;
   std::optional<v1::Job> FindSucceeded(const std::string& tenant, const std::string& cache_key) const override;
-  int CountActive(const std::string& tenant) const override;
-  int QueueLength() const override;
+  absl::StatusOr<int> CountActive(const std::string& tenant) const override;
+  absl::StatusOr<int> QueueLength() const override;
   absl::StatusOr<std::optional<v1::Job>> Claim(const ClaimRequest& request) override;
-  absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& owner,
+  absl::StatusOr<LeaseState> RenewLease(const std::string& name, const std::string& token,
                                         std::chrono::seconds lease) override;
   absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) override;
   std::string Describe() const override;

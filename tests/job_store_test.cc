@@ -81,7 +81,7 @@ class JobStoreContractTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(JobStoreContractTest, ClaimsByPriorityThenFifoAndByDevice) {
   const std::string low = Queue(0), high = Queue(5), low2 = Queue(0), gpu = Queue(9, /*cuda=*/true);
-  EXPECT_EQ(store_->QueueLength(), 4);
+  EXPECT_EQ(*store_->QueueLength(), 4);
   EXPECT_EQ(ClaimName(*store_, "cpu", WorkerDevice::kCpu), high) << "a CPU worker leaves the CUDA job";
   EXPECT_EQ(ClaimName(*store_, "gpu", WorkerDevice::kCuda), gpu);
   EXPECT_EQ(ClaimName(*store_, "gpu", WorkerDevice::kCuda), "") << "no other CUDA job";
@@ -94,7 +94,7 @@ TEST_P(JobStoreContractTest, ClaimsByPriorityThenFifoAndByDevice) {
   EXPECT_EQ(claimed->progress().phase(), v1::PHASE_LOADING);
   EXPECT_EQ(ClaimName(*store_), low2);
   EXPECT_EQ(ClaimName(*store_), "");
-  EXPECT_EQ(store_->QueueLength(), 0);
+  EXPECT_EQ(*store_->QueueLength(), 0);
 }
 
 TEST_P(JobStoreContractTest, ConcurrentClaimersFromSeveralStoresGetEachJobOnce) {
@@ -142,7 +142,7 @@ TEST_P(JobStoreContractTest, AnExpiredLeaseRequeuesThenFailsAfterMaxAttempts) {
   ASSERT_EQ(recovered->size(), 1u);
   EXPECT_EQ((*recovered)[0].state(), v1::QUEUED);
   EXPECT_EQ((*recovered)[0].worker(), "");
-  auto renewed = store_->RenewLease(name, "dead", seconds(30));
+  auto renewed = store_->RenewLease(name, "dead#1", seconds(30));
   ASSERT_TRUE(renewed.ok());
   EXPECT_FALSE(renewed->held) << "the dead replica's lease is gone";
 
@@ -150,7 +150,7 @@ TEST_P(JobStoreContractTest, AnExpiredLeaseRequeuesThenFailsAfterMaxAttempts) {
   EXPECT_EQ(store_->Get(name)->attempts(), 2);
   // Renewing keeps it; then the second replica dies too.
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  ASSERT_TRUE(store_->RenewLease(name, "second", seconds(1))->held);
+  ASSERT_TRUE(store_->RenewLease(name, "second#2", seconds(1))->held);
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   EXPECT_TRUE(store_->RecoverExpiredLeases(2)->empty()) << "renewed 0.6 s ago for 1 s";
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
@@ -161,7 +161,7 @@ TEST_P(JobStoreContractTest, AnExpiredLeaseRequeuesThenFailsAfterMaxAttempts) {
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.error().reason(), "LEASE_EXPIRED");
   EXPECT_NE(failed.error().message().find("attempt 2 of 2"), std::string::npos) << failed.error().message();
-  EXPECT_EQ(store_->QueueLength(), 0);
+  EXPECT_EQ(*store_->QueueLength(), 0);
 }
 
 TEST_P(JobStoreContractTest, OnlyTheLeaseHolderEndsAJob) {
@@ -175,7 +175,7 @@ TEST_P(JobStoreContractTest, OnlyTheLeaseHolderEndsAJob) {
   auto stale = store_->Modify(
       name,
       [](v1::Job& job) {
-        if (job.state() != v1::RUNNING || job.worker() != "old") return false;
+        if (job.state() != v1::RUNNING || LeaseToken(job) != "old#1") return false;
         job.set_state(v1::SUCCEEDED);
         return true;
       },
@@ -184,9 +184,9 @@ TEST_P(JobStoreContractTest, OnlyTheLeaseHolderEndsAJob) {
   EXPECT_FALSE(applied);
   EXPECT_EQ(stale->state(), v1::RUNNING);
   EXPECT_EQ(stale->worker(), "new");
-  auto lease = store_->RenewLease(name, "old", seconds(30));
+  auto lease = store_->RenewLease(name, "old#1", seconds(30));
   EXPECT_FALSE(lease->held);
-  EXPECT_TRUE(store_->RenewLease(name, "new", seconds(30))->held);
+  EXPECT_TRUE(store_->RenewLease(name, "new#2", seconds(30))->held);
 }
 
 TEST_P(JobStoreContractTest, CancelRequestsReachTheLeaseHolderAndWatchersSeeChanges) {
@@ -205,7 +205,7 @@ TEST_P(JobStoreContractTest, CancelRequestsReachTheLeaseHolderAndWatchersSeeChan
   ASSERT_TRUE(api.WaitForChange(name, &version, std::chrono::steady_clock::now() + seconds(5), &seen));
   canceller.join();
   EXPECT_TRUE(seen.cancel_requested());
-  auto lease = store_->RenewLease(name, "runner", seconds(30));
+  auto lease = store_->RenewLease(name, "runner#1", seconds(30));
   ASSERT_TRUE(lease.ok());
   EXPECT_TRUE(lease->held);
   EXPECT_TRUE(lease->cancel_requested);
@@ -238,14 +238,27 @@ TEST_P(JobStoreContractTest, RequestIdsPagesCacheHitsAndDeletes) {
   hit.set_cache_key("key");
   ASSERT_TRUE(store_->Create(hit, &created).ok());
   EXPECT_TRUE(created);
-  EXPECT_EQ(store_->QueueLength(), 5);
+  EXPECT_EQ(*store_->QueueLength(), 5);
   EXPECT_EQ(store_->FindSucceeded("", "key")->name(), "jobs/cachehit0001");
   EXPECT_EQ(store_->Create(hit, &created).status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(store_->CountActive(""), 5);
+  EXPECT_EQ(*store_->CountActive(""), 5);
   ASSERT_TRUE(store_->Delete(first).ok());
   EXPECT_EQ(store_->Delete(first).code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(store_->FindByRequestId("", "req-1").has_value());
-  EXPECT_EQ(store_->All().size(), 5u);
+  EXPECT_EQ(store_->All()->size(), 5u);
+}
+
+TEST_P(JobStoreContractTest, ALaterAttemptOfTheSameReplicaHoldsAnotherLease) {
+  // A replica cut off from the database past its lease takes its own job back on reconnecting: the
+  // attempt it was running must be fenced out like any other replica's.
+  const std::string name = Queue(0);
+  ASSERT_EQ(ClaimName(*store_, "same", WorkerDevice::kAny, seconds(1)), name);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  ASSERT_EQ(store_->RecoverExpiredLeases(3)->size(), 1u);
+  ASSERT_EQ(ClaimName(*store_, "same"), name);
+  EXPECT_FALSE(store_->RenewLease(name, "same#1", seconds(30))->held);
+  EXPECT_TRUE(store_->RenewLease(name, "same#2", seconds(30))->held);
+  EXPECT_EQ(LeaseToken(*store_->Get(name)), "same#2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, JobStoreContractTest, ::testing::Values("sqlite", "postgresql"),

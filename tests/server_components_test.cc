@@ -182,7 +182,7 @@ TEST(JobStoreTest, PersistsAcrossReopenAndHonoursRequestIds) {
   ASSERT_TRUE(recovered.ok());
   ASSERT_EQ(recovered->size(), 1u);
   EXPECT_EQ((*recovered)[0].state(), v1::QUEUED);
-  EXPECT_EQ((*store)->QueueLength(), 1);
+  EXPECT_EQ(*(*store)->QueueLength(), 1);
   EXPECT_EQ((*store)->FindByRequestId("", "retry-me")->name(), name);
   EXPECT_EQ((*store)->Get("jobs/nope").status().code(), absl::StatusCode::kNotFound);
 }
@@ -239,7 +239,7 @@ TEST(JobStoreTest, ADatabaseFromBeforeTenantsGainsTheTenantColumn) {
   v1::Job owned = NewJob();
   owned.set_tenant("team-a");
   ASSERT_TRUE((*store)->Create(owned, &created).ok());
-  EXPECT_EQ((*store)->CountActive("team-a"), 1);
+  EXPECT_EQ(*(*store)->CountActive("team-a"), 1);
 }
 
 TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
@@ -281,7 +281,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   EXPECT_EQ(job->error().reason(), "JOB_RECORD_UNREADABLE");
   EXPECT_EQ(job->request_id(), "retry-me");
   EXPECT_EQ(job->tenant(), "team-a") << "an unreadable record stays its owner's";
-  ASSERT_EQ((*store)->QueueLength(), 1) << "only the readable queued job is left to run";
+  ASSERT_EQ(*(*store)->QueueLength(), 1) << "only the readable queued job is left to run";
   auto claimed = (*store)->Claim({"r", std::chrono::seconds(30), WorkerDevice::kAny});
   ASSERT_TRUE(claimed.ok() && claimed->has_value());
   EXPECT_NE((**claimed).name(), name);
