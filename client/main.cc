@@ -499,8 +499,9 @@ int Run(const Args& args) {
                 << (provider.usable() ? "usable here" : absl::StrCat("not usable here (", provider.reason(), ")"));
     }
     std::cout << "\nworkers        "
-              << info->workers() << ", queue capacity " << info->queue_capacity() << "\ndraining       "
-              << (info->draining() ? "yes" : "no") << std::endl;
+              << info->workers() << ", queue capacity " << info->queue_capacity() << "\nreplica        "
+              << info->replica_id() << " (role " << info->role() << ", " << info->job_store() << " job store)"
+              << "\ndraining       " << (info->draining() ? "yes" : "no") << std::endl;
     return kOk;
   }
   std::cerr << "onnxopt: unknown command '" << command << "' (onnxopt --help lists them)\n";

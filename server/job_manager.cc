@@ -208,9 +208,7 @@ absl::Status JobManager::Start() {
   // queue now. With a shared store, those of dead replicas whose lease ran out.
   absl::StatusOr<std::vector<v1::Job>> recovered = store_->RecoverExpiredLeases(options_.max_attempts);
   if (!recovered.ok()) return recovered.status();
-  for (const v1::Job& job : *recovered) {
-    if (IsTerminal(job.state())) metrics_->JobFinished(job.state() == v1::CANCELLED ? "cancelled" : "failed", 0);
-  }
+  for (const v1::Job& job : *recovered) CountRecovered(job);
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { WorkerLoop(); });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   return absl::OkStatus();
@@ -225,9 +223,15 @@ void JobManager::RecoverExpiredLeases() {
   for (const v1::Job& job : *recovered) {
     std::cerr << "onnxopt-server: " << job.name() << " lost its lease; it is now " << v1::JobState_Name(job.state())
               << std::endl;
-    if (IsTerminal(job.state())) metrics_->JobFinished(job.state() == v1::CANCELLED ? "cancelled" : "failed", 0);
+    CountRecovered(job);
   }
   if (!recovered->empty()) WakeWorkers(/*all=*/true);
+}
+
+void JobManager::CountRecovered(const v1::Job& job) {
+  const char* outcome = job.state() == v1::CANCELLED ? "cancelled" : job.state() == v1::FAILED ? "failed" : "requeued";
+  metrics_->LeaseExpired(outcome);
+  if (IsTerminal(job.state())) metrics_->JobFinished(outcome, 0);
 }
 
 void JobManager::WakeWorkers(bool all) {

@@ -101,6 +101,8 @@ class JobManager {
   // Renews the leases of the jobs running here and takes back expired ones, until shutdown.
   void LeaseLoop();
   void RecoverExpiredLeases();
+  // Metrics of a job taken back from an expired lease.
+  void CountRecovered(const v1::Job& job);
   // Wakes idle workers: a job was queued here (or taken back).
   void WakeWorkers(bool all);
   void UpdateQueueMetric();

@@ -104,6 +104,8 @@ class JobStore {
   // Takes back the RUNNING jobs whose lease expired (see ExpireLease); returns them as they are now.
   virtual absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) = 0;
 
+  // "sqlite" or "postgresql".
+  virtual std::string kind() const = 0;
   // Where the jobs are, for logs ("SQLite at ...", "PostgreSQL database ... on host:port"); no secrets.
   virtual std::string Describe() const = 0;
 };

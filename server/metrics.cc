@@ -25,6 +25,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                      .Help("Jobs answered from the result cache without running")
                      .Register(*registry_)
                      .Add({});
+  lease_expirations_ = &prometheus::BuildCounter()
+                            .Name("onnxopt_job_lease_expirations_total")
+                            .Help("Running jobs taken back because their replica stopped renewing the lease, by "
+                                  "what became of them (requeued, failed after the last attempt, cancelled)")
+                            .Register(*registry_);
   queue_length_ = &prometheus::BuildGauge()
                        .Name("onnxopt_job_queue_length")
                        .Help("Jobs waiting in the queue")

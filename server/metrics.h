@@ -30,6 +30,8 @@ class Metrics {
   void UploadBytes(double bytes) { upload_bytes_->Increment(bytes); }
   void SetQueueLength(double length) { queue_length_->Set(length); }
   void SetRunning(double running) { jobs_running_->Set(running); }
+  // `outcome`: requeued, failed or cancelled.
+  void LeaseExpired(const std::string& outcome) { lease_expirations_->Add({{"outcome", outcome}}).Increment(); }
   prometheus::Registry& registry() { return *registry_; }
 
  private:
@@ -38,6 +40,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* jobs_total_;
   prometheus::Counter* jobs_created_;
   prometheus::Counter* cache_hits_;
+  prometheus::Family<prometheus::Counter>* lease_expirations_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* jobs_running_;
   prometheus::Histogram* job_duration_;

@@ -39,6 +39,7 @@ class PostgresJobStore : public JobStore {
                                         std::chrono::seconds lease) override;
   absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) override;
   std::string Describe() const override { return description_; }
+  std::string kind() const override { return "postgresql"; }
 
  private:
   PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string page_key, std::string description);

@@ -316,7 +316,10 @@ grpc::Status OptimizerService::GetServerInfo(grpc::ServerContext* context, const
     }
     response->set_onnx_version(onnx::LAST_RELEASE_VERSION);
     response->set_max_opset(kMaxCheckedOpset);
-    response->set_workers(jobs_->options().workers);
+    response->set_workers(jobs_->options().run_jobs ? jobs_->options().workers : 0);
+    response->set_replica_id(jobs_->options().replica_id);
+    response->set_role(jobs_->options().run_jobs ? "all" : "api");
+    response->set_job_store(store_->kind());
     response->set_queue_capacity(static_cast<int32_t>(jobs_->options().queue_capacity));
     absl::StatusOr<BlobStore*> blobs = blobs_->For("");
     if (blobs.ok()) response->set_max_upload_bytes((*blobs)->max_blob_bytes());

@@ -45,6 +45,7 @@ class SqliteJobStore : public JobStore {
                                         std::chrono::seconds lease) override;
   absl::StatusOr<std::vector<v1::Job>> RecoverExpiredLeases(int max_attempts) override;
   std::string Describe() const override;
+  std::string kind() const override { return "sqlite"; }
 
  private:
   struct Entry {

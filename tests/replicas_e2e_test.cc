@@ -7,6 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "grpcpp/create_channel.h"
+#include "onnxopt/v1/service.grpc.pb.h"
+#include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"
 #include "tests/postgres_cluster.h"
 
@@ -150,6 +153,12 @@ TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
   EXPECT_EQ(worker.GetJob(jobs[0]).status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(HealthStatus(replicas_["worker-a"].address, ""), 1);
   EXPECT_EQ(HealthStatus(replicas_["api"].address, "onnxopt.v1.Optimizer"), 1);
+  auto info = api.GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->replica_id(), "api");
+  EXPECT_EQ(info->role(), "api");
+  EXPECT_EQ(info->job_store(), "postgresql");
+  EXPECT_EQ(info->workers(), 0);
   // The CLI against the API replica names the worker.
   const pid_t cli = Spawn({ONNXOPT_CLI_BIN, "--server", replicas_["api"].address, "status", jobs[0]}, dir_ / "cli.out",
                           dir_ / "cli.err");
@@ -163,7 +172,7 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   Client api(replicas_["api"].address);
   const std::string name = Submit(api, FixturePath("bert_tiny.onnx"), kSlowJob);
   WaitUntil(api, name, [](const v1::Job& j) { return j.state() == v1::RUNNING && j.worker() == "doomed"; });
-  StartReplica("survivor", {"--role=worker", "--workers=1"});
+  StartReplica("survivor", {"--role=worker", "--workers=1", "--metrics_listen=127.0.0.1:0"});
   const auto killed = Clock::now();
   Kill("doomed");
   const v1::Job taken = WaitUntil(api, name, [](const v1::Job& j) { return j.worker() == "survivor"; });
@@ -176,6 +185,12 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.ShortDebugString() << "\n" << Log("survivor");
   EXPECT_EQ(done.worker(), "survivor");
   EXPECT_EQ(done.attempts(), 2);
+  const std::string banner = Slurp(dir_ / "survivor.out");
+  const size_t at = banner.find("metrics on port ");
+  ASSERT_NE(at, std::string::npos) << banner;
+  EXPECT_NE(ScrapeMetrics(std::stoi(banner.substr(at + 16))).find(
+                "onnxopt_job_lease_expirations_total{outcome=\"requeued\"} 1"),
+            std::string::npos);
   // Only the survivor's attempt was published; the dead replica's leftovers are gone.
   auto report = api.GetReport(name);
   ASSERT_TRUE(report.ok()) << report.status();
@@ -210,6 +225,78 @@ TEST_F(ReplicasTest, CancelAndWatchWorkFromAnyReplica) {
   EXPECT_EQ(seen.back(), v1::CANCELLED);
   EXPECT_LT(took, 15) << "seconds from CancelJob on one replica to the watcher on another seeing it end";
   EXPECT_EQ(second.GetJob(name)->state(), v1::CANCELLED);
+}
+
+TEST_F(ReplicasTest, AnUploadResumesOnAnotherReplicaButNeverOnTwoAtOnce) {
+  StartReplica("api-1", {"--role=api"});
+  StartReplica("api-2", {"--role=api"});
+  auto first = v1::Optimizer::NewStub(grpc::CreateChannel(replicas_["api-1"].address, grpc::InsecureChannelCredentials()));
+  auto second =
+      v1::Optimizer::NewStub(grpc::CreateChannel(replicas_["api-2"].address, grpc::InsecureChannelCredentials()));
+  const std::string bytes = Slurp(FixturePath("cnn_tiny.onnx"));
+  const std::string digest = *Sha256OfFile(FixturePath("cnn_tiny.onnx"));
+  const int64_t half = static_cast<int64_t>(bytes.size() / 2);
+  auto chunk = [&](const std::string& session, int64_t offset, int64_t length) {
+    v1::UploadBlobRequest request;
+    request.set_sha256(digest);
+    request.set_total_size(static_cast<int64_t>(bytes.size()));
+    request.set_upload_id(session);
+    request.set_offset(offset);
+    request.set_data(bytes.substr(static_cast<size_t>(offset), static_cast<size_t>(length)));
+    return request;
+  };
+  {  // The first half on one replica, then the client goes away.
+    grpc::ClientContext context;
+    v1::Blob blob;
+    auto writer = first->UploadBlob(&context, &blob);
+    ASSERT_TRUE(writer->Write(chunk("session-1", 0, half)));
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  // While a session writes on one replica, the same session is refused on the other.
+  grpc::ClientContext held_context;
+  v1::Blob held_blob;
+  auto held = first->UploadBlob(&held_context, &held_blob);
+  ASSERT_TRUE(held->Write(chunk("session-2", 0, 1024)));
+  auto committed = [&](v1::Optimizer::Stub& stub, const std::string& session) {
+    v1::GetUploadStatusRequest request;
+    request.set_sha256(digest);
+    request.set_upload_id(session);
+    v1::UploadStatus status;
+    grpc::ClientContext context;
+    return stub.GetUploadStatus(&context, request, &status).ok() ? status.committed_size() : -1;
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (committed(*second, "session-2") != 1024 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    grpc::ClientContext context;
+    v1::Blob blob;
+    auto writer = second->UploadBlob(&context, &blob);
+    writer->Write(chunk("session-2", 1024, 1024));
+    writer->WritesDone();
+    const grpc::Status refused = writer->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::ABORTED) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("UPLOAD_IN_PROGRESS"), std::string::npos) << refused.error_message();
+  }
+  held_context.TryCancel();
+  held->Finish();
+  // The other replica sees the first session's half and finishes it.
+  EXPECT_EQ(committed(*second, "session-1"), half);
+  {
+    grpc::ClientContext context;
+    v1::Blob blob;
+    auto writer = second->UploadBlob(&context, &blob);
+    v1::UploadBlobRequest last = chunk("session-1", half, static_cast<int64_t>(bytes.size()) - half);
+    last.set_finish_write(true);
+    ASSERT_TRUE(writer->Write(last));
+    writer->WritesDone();
+    const grpc::Status finished = writer->Finish();
+    ASSERT_TRUE(finished.ok()) << finished.error_message();
+  }
+  EXPECT_EQ(committed(*first, "session-1"), static_cast<int64_t>(bytes.size())) << "the blob is there for both";
+  EXPECT_EQ(*Sha256OfFile(dir_ / "data" / "blobs" / digest), digest);
 }
 
 TEST_F(ReplicasTest, SplitRolesNeedASharedStore) {
