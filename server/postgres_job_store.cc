@@ -36,8 +36,12 @@ void LogError(const char* what, const absl::Status& status) {
 
 }  // namespace
 
-PostgresJobStore::PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string page_key, std::string description)
-    : pool_(std::move(pool)), page_tokens_(std::move(page_key)), description_(std::move(description)) {}
+PostgresJobStore::PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string uri, std::string page_key,
+                                   std::string description)
+    : pool_(std::move(pool)),
+      lease_pool_(std::make_unique<pg::Pool>(std::move(uri), 2)),
+      page_tokens_(std::move(page_key)),
+      description_(std::move(description)) {}
 
 absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const std::string& uri, int max_connections) {
   auto pool = std::make_unique<pg::Pool>(uri, std::max(2, max_connections));
@@ -59,7 +63,7 @@ absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const s
     key = read->rows() == 1 ? read->Bytes(0, 0) : "";
     if (key.size() != 16) return absl::DataLossError("the job store's page token key is damaged");
   }
-  return std::unique_ptr<PostgresJobStore>(new PostgresJobStore(std::move(pool), std::move(key), description));
+  return std::unique_ptr<PostgresJobStore>(new PostgresJobStore(std::move(pool), uri, std::move(key), description));
 }
 
 absl::Status PostgresJobStore::Write(pg::Connection& connection, int64_t sequence, const v1::Job& job,
@@ -296,7 +300,7 @@ absl::StatusOr<std::optional<v1::Job>> PostgresJobStore::Claim(const ClaimReques
 
 absl::StatusOr<LeaseState> PostgresJobStore::RenewLease(const std::string& name, const std::string& token,
                                                         std::chrono::seconds lease) {
-  absl::StatusOr<pg::Pool::Lease> connection = Connect();
+  absl::StatusOr<pg::Pool::Lease> connection = ConnectForLeases();
   if (!connection.ok()) return connection.status();
   auto renewed = (*connection)->Exec(
       "UPDATE onnxopt_jobs SET lease_expires = now() + make_interval(secs => $3::integer) "
@@ -310,7 +314,7 @@ absl::StatusOr<LeaseState> PostgresJobStore::RenewLease(const std::string& name,
 }
 
 absl::StatusOr<std::vector<v1::Job>> PostgresJobStore::RecoverExpiredLeases(int max_attempts) {
-  absl::StatusOr<pg::Pool::Lease> connection = Connect();
+  absl::StatusOr<pg::Pool::Lease> connection = ConnectForLeases();
   if (!connection.ok()) return connection.status();
   std::vector<v1::Job> recovered;
   absl::Status status = (*connection)->Transaction([&]() -> absl::Status {

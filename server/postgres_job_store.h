@@ -42,8 +42,11 @@ class PostgresJobStore : public JobStore {
   std::string kind() const override { return "postgresql"; }
 
  private:
-  PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string page_key, std::string description);
+  PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string uri, std::string page_key, std::string description);
   absl::StatusOr<pg::Pool::Lease> Connect() const { return pool_->Acquire(); }
+  // Lease renewals and recovery have connections of their own, so that a crowd of watchers or API
+  // calls never delays a renewal past its lease.
+  absl::StatusOr<pg::Pool::Lease> ConnectForLeases() const { return lease_pool_->Acquire(); }
   // Writes `job` over row `sequence`, its columns derived from it; `lease` > 0 starts a lease.
   static absl::Status Write(pg::Connection& connection, int64_t sequence, const v1::Job& job,
                             std::chrono::seconds lease = std::chrono::seconds(0));
@@ -54,6 +57,7 @@ class PostgresJobStore : public JobStore {
   absl::StatusOr<int> QueryCount(const std::string& sql, const std::vector<pg::Param>& params) const;
 
   std::unique_ptr<pg::Pool> pool_;
+  std::unique_ptr<pg::Pool> lease_pool_;
   const PageTokens page_tokens_;
   const std::string description_;
 };
