@@ -16,7 +16,7 @@ FROM debian:12-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libonnx1 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
-      libsqlite3-0 libpq5 libssl3 ca-certificates \
+      libsqlite3-0 libpq5 libjemalloc2 libssl3 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/onnxopt --create-home onnxopt
 COPY --from=build /opt/onnxopt /opt/onnxopt

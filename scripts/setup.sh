@@ -32,7 +32,7 @@ apt_packages=(
   cmake ninja-build ccache pkg-config g++ ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libonnx-dev prometheus-cpp-dev libgtest-dev libgmock-dev
-  libsqlite3-dev libpq-dev libssl-dev openssl libcli11-dev
+  libsqlite3-dev libpq-dev libjemalloc-dev libssl-dev openssl libcli11-dev
   python3-grpcio python3-protobuf
 )
 # Only the tests use these: the ONNX conformance data, a browser to render the HTML report in, the
