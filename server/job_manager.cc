@@ -586,28 +586,43 @@ int64_t JobManager::RemoveFolder(const fs::path& folder) {
   return bytes;
 }
 
-absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& job) {
+JobManager::BlobUsage JobManager::CountBlobUsage(const std::vector<v1::Job>& jobs) {
+  BlobUsage usage;
+  for (const v1::Job& job : jobs) {
+    const std::vector<std::string> digests = BlobsOf(job);
+    for (const std::string& digest : std::set<std::string>(digests.begin(), digests.end())) ++usage[job.tenant()][digest];
+  }
+  return usage;
+}
+
+absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& job, BlobUsage* usage) {
   // The record goes first: a crash after it leaves only files, which garbage collection finds.
   absl::Status deleted = store_->Delete(job.name());
   if (!deleted.ok()) return deleted;
   v1::DeleteJobResponse response;
   response.set_name(job.name());
-  std::set<std::string> used;
-  absl::StatusOr<std::vector<v1::Job>> all = store_->All();
-  if (!all.ok()) {
-    // Which blobs other jobs use is unknown: they stay, for garbage collection to judge later.
-    std::cerr << "onnxopt-server: " << job.name() << " deleted, its blobs kept: " << all.status() << std::endl;
-    return response;
+  BlobUsage counted;
+  if (usage == nullptr) {
+    absl::StatusOr<std::vector<v1::Job>> all = store_->All();  // without `job` now
+    if (!all.ok()) {
+      // Which blobs other jobs use is unknown: they stay, for garbage collection to judge later.
+      std::cerr << "onnxopt-server: " << job.name() << " deleted, its blobs kept: " << all.status() << std::endl;
+      return response;
+    }
+    counted = CountBlobUsage(*all);
+  } else {
+    // The counts include `job`: it goes now.
+    const std::vector<std::string> digests = BlobsOf(job);
+    for (const std::string& digest : std::set<std::string>(digests.begin(), digests.end())) {
+      --(*usage)[job.tenant()][digest];
+    }
   }
-  for (const v1::Job& other : *all) {
-    if (other.tenant() != job.tenant()) continue;
-    for (const std::string& digest : BlobsOf(other)) used.insert(digest);
-  }
+  std::map<std::string, int>& used = (usage != nullptr ? *usage : counted)[job.tenant()];
   absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
   if (blobs.ok()) {
     const std::vector<std::string> digests = BlobsOf(job);
     for (const std::string& digest : std::set<std::string>(digests.begin(), digests.end())) {
-      if (used.count(digest) > 0) continue;
+      if (used[digest] > 0) continue;
       const int64_t bytes = (*blobs)->Remove(digest);
       if (bytes > 0) response.set_blobs_deleted(response.blobs_deleted() + 1);
       response.set_bytes_freed(response.bytes_freed() + bytes);
@@ -636,6 +651,8 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
     std::cerr << "onnxopt-server: garbage collection skipped: " << all.status() << std::endl;
     return collected;
   }
+  // Which blobs the jobs use, counted once: each expired job's deletion takes its own share off.
+  BlobUsage usage = CountBlobUsage(*all);
   if (retention.count() > 0) {
     const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
     for (const v1::Job& job : *all) {
@@ -643,7 +660,7 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
           google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
         continue;
       }
-      absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job);
+      absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job, &usage);
       if (!deleted.ok()) {
         std::cerr << "onnxopt-server: cannot delete expired " << job.name() << ": " << deleted.status() << std::endl;
         continue;

@@ -142,7 +142,11 @@ class JobManager {
   std::optional<v1::JobResult> CopyCachedResult(const v1::Job& job, const v1::Job& source);
   // Deletes `job`'s record and the blobs no other job of its tenant uses, with submit_mutex_ held:
   // blobs are only removed while no CreateJob can start using them. The folder is left to the caller.
-  absl::StatusOr<v1::DeleteJobResponse> DeleteLocked(const v1::Job& job);
+  // `usage`, when given, counts the jobs (`job` included) using each blob of each tenant, and is kept
+  // up to date; without it the store is read for them.
+  using BlobUsage = std::map<std::string, std::map<std::string, int>>;  // tenant -> digest -> jobs
+  static BlobUsage CountBlobUsage(const std::vector<v1::Job>& jobs);
+  absl::StatusOr<v1::DeleteJobResponse> DeleteLocked(const v1::Job& job, BlobUsage* usage = nullptr);
   // Removes a folder; the bytes it held.
   static int64_t RemoveFolder(const std::filesystem::path& folder);
   std::filesystem::path JobDir(const std::string& job_name) const;
