@@ -800,6 +800,14 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
   std::vector<FileDigest> digests = {{job.model().sha256(), "model.onnx"}};
   absl::StatusOr<BlobStore*> blobs = blobs_->For(job.tenant());
   if (!blobs.ok()) return blobs.status();
+  // A blob can go after the job was accepted: deleted with the last other job using it, on a replica
+  // whose DeleteJob ran while this job was being submitted on another.
+  for (const std::string& digest : BlobsOf(job)) {
+    if (!(*blobs)->Exists(digest)) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest,
+                                              " was deleted after the job was accepted; upload it and submit again"));
+    }
+  }
   absl::Status status = LinkOrCopy((*blobs)->PathOf(job.model().sha256()), input_dir / "model.onnx");
   for (const auto& file : job.model().external_data()) {
     if (!status.ok()) break;
