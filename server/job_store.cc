@@ -105,7 +105,8 @@ v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1
   return job;
 }
 
-absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir) {
+absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
+                                                       int max_connections) {
   auto widen = [](auto store) -> absl::StatusOr<std::unique_ptr<JobStore>> {
     if (!store.ok()) return store.status();
     return std::unique_ptr<JobStore>(std::move(*store));
@@ -113,7 +114,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, 
   if (spec.empty() || spec == "sqlite") return widen(SqliteJobStore::Open(data_dir / "jobs.sqlite3"));
   if (absl::StartsWith(spec, "sqlite:") && spec.size() > 7) return widen(SqliteJobStore::Open(spec.substr(7)));
   if (absl::StartsWith(spec, "postgresql://") || absl::StartsWith(spec, "postgres://")) {
-    return widen(PostgresJobStore::Open(spec));
+    return widen(PostgresJobStore::Open(spec, max_connections));
   }
   return absl::InvalidArgumentError(
       "job_store must be \"sqlite\" (the default), \"sqlite:<path>\" or a postgresql:// connection URI");

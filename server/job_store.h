@@ -112,9 +112,10 @@ class JobStore {
 
 // Opens the store `spec` names: "" or "sqlite" for <data_dir>/jobs.sqlite3, "sqlite:<path>", or a
 // libpq connection URI ("postgresql://user@host:5432/db?sslmode=require"; a password is better given
-// in PGPASSWORD or ~/.pgpass). INVALID_ARGUMENT for anything else.
-absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec,
-                                                       const std::filesystem::path& data_dir);
+// in PGPASSWORD or ~/.pgpass). INVALID_ARGUMENT for anything else. `max_connections`: the most
+// PostgreSQL connections the store opens for requests (lease renewals have two more of their own).
+absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
+                                                       int max_connections = 8);
 
 // What both stores do to a job's record at the queue's transitions.
 // A fresh job name, "jobs/<time><random>".

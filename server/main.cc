@@ -68,6 +68,9 @@ ABSL_FLAG(int64_t, tenant_max_stored_bytes, 0,
 ABSL_FLAG(std::string, job_store, "sqlite",
           "where jobs are kept: sqlite (<data_dir>/jobs.sqlite3, one server), sqlite:<path>, or a PostgreSQL "
           "connection URI postgresql://user@host:5432/db shared by replicas (password: PGPASSWORD or ~/.pgpass)");
+ABSL_FLAG(int, job_store_connections, 8,
+          "PostgreSQL connections one replica opens for requests, at most (two more renew leases); replicas x "
+          "(this + 2) must stay under the database's max_connections");
 ABSL_FLAG(std::string, role, "all",
           "all: serve the API and run jobs; api: serve the API only; worker: run jobs only (serves gRPC health and "
           "metrics). api and worker need a shared job store");
@@ -166,10 +169,11 @@ int main(int argc, char** argv) {
       !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0) || absl::GetFlag(FLAGS_tenant_max_active_jobs) < 0 ||
       absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0) ||
       absl::GetFlag(FLAGS_lease_seconds) < 2 || absl::GetFlag(FLAGS_max_attempts) < 1 ||
-      absl::GetFlag(FLAGS_poll_interval_ms) < 10) {
+      absl::GetFlag(FLAGS_poll_interval_ms) < 10 || absl::GetFlag(FLAGS_job_store_connections) < 2) {
     return Fail("flags", absl::InvalidArgumentError(
                              "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
-                             ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, drain_grace_seconds, "
+                             ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
+                             "drain_grace_seconds, "
                              "job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
                              "upload_expiry_hours > 0"));
   }
@@ -212,7 +216,7 @@ int main(int argc, char** argv) {
   srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
   auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
   if (!auth.ok()) return Fail("auth_tokens_file", auth.status());
-  auto store = srv::OpenJobStore(absl::GetFlag(FLAGS_job_store), data_dir);
+  auto store = srv::OpenJobStore(absl::GetFlag(FLAGS_job_store), data_dir, absl::GetFlag(FLAGS_job_store_connections));
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
   absl::StatusOr<int> metrics_port = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));

@@ -890,6 +890,7 @@ def check_manifests(docs, v, release, namespace):
         for flag, expect in (("listen", "0.0.0.0:50051"), ("metrics_listen", "0.0.0.0:9464"),
                              ("data_dir", DATA_DIR), ("lease_seconds", str(int(v["server"]["leaseSeconds"]))),
                              ("max_upload_bytes", str(int(v["server"]["maxUploadBytes"]))),
+                             ("job_store_connections", str(int(v["server"]["jobStoreConnections"]))),
                              ("drain_grace_seconds", str(int(drain)))):
             check(_flag(args, flag) == expect, f"{where}: --{flag}={_flag(args, flag)}, expected {expect}")
         for extra in (v["server"]["extraArgs"] or []) + (pv.get("extraArgs") or []):

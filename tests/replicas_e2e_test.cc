@@ -70,7 +70,8 @@ class ReplicasTest : public ::testing::Test {
                                      absl::StrCat("--replica_id=", name),
                                      "--lease_seconds=3",
                                      "--poll_interval_ms=100",
-                                     "--drain_grace_seconds=0"};
+                                     "--drain_grace_seconds=0",
+                                     "--job_store_connections=2"};  // the smallest pool: nothing may need more
     argv.insert(argv.end(), flags.begin(), flags.end());
     Replica& replica = replicas_[name];
     replica.pid = Spawn(argv, dir_ / (name + ".out"), dir_ / (name + ".err"));

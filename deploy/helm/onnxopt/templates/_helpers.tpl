@@ -130,6 +130,7 @@ capabilities:
 - --job_store=$(ONNXOPT_JOB_STORE)
 - --lease_seconds={{ .Values.server.leaseSeconds | int64 }}
 - --max_attempts={{ .Values.server.maxAttempts | int64 }}
+- --job_store_connections={{ .Values.server.jobStoreConnections | int64 }}
 - --drain_grace_seconds={{ .Values.server.drainGraceSeconds | int64 }}
 - --job_timeout_seconds={{ .Values.server.jobTimeoutSeconds | int64 }}
 - --queue_capacity={{ .Values.server.queueCapacity | int64 }}
