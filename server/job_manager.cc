@@ -25,14 +25,6 @@ namespace onnxopt::server {
 namespace fs = std::filesystem;
 namespace {
 
-using google::protobuf::util::TimeUtil;
-
-// Now() has whole seconds in this protobuf build; jobs need finer times.
-google::protobuf::Timestamp Now() {
-  return TimeUtil::NanosecondsToTimestamp(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                              std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
 v1::JobPhase ToProto(Phase phase) {
   switch (phase) {
     case Phase::kLoading: return v1::PHASE_LOADING;
@@ -81,7 +73,7 @@ absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
 
 // Ends `job`: SUCCEEDED with `result` when `status` is OK, else CANCELLED or FAILED with the reason.
 void SetOutcome(v1::Job& job, const absl::Status& status, const v1::JobResult* result) {
-  *job.mutable_end_time() = Now();
+  *job.mutable_end_time() = TimestampNow();
   if (status.ok()) {
     job.set_state(v1::SUCCEEDED);
     *job.mutable_result() = *result;
@@ -446,7 +438,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   *job.mutable_model() = request.model();
   *job.mutable_config() = request.config();
   *job.mutable_inputs() = request.inputs();
-  *job.mutable_create_time() = Now();
+  *job.mutable_create_time() = TimestampNow();
   job.set_cache_key(ResultCacheKey(request));
   // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
   // exists now stays until the job is stored and uses it.
@@ -485,7 +477,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
     if (std::optional<v1::JobResult> result = CopyCachedResult(hit, *cached)) {
       hit.set_state(v1::SUCCEEDED);
       hit.set_cached_from(cached->name());
-      *hit.mutable_start_time() = Now();
+      *hit.mutable_start_time() = TimestampNow();
       *hit.mutable_end_time() = hit.start_time();
       *hit.mutable_result() = *std::move(result);
       absl::StatusOr<v1::Job> stored = store_->Create(std::move(hit), &created);
@@ -654,7 +646,7 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
   // Which blobs the jobs use, counted once: each expired job's deletion takes its own share off.
   BlobUsage usage = CountBlobUsage(*all);
   if (retention.count() > 0) {
-    const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(Now()) - retention.count();
+    const int64_t cutoff = google::protobuf::util::TimeUtil::TimestampToSeconds(TimestampNow()) - retention.count();
     for (const v1::Job& job : *all) {
       if (!IsTerminal(job.state()) || !job.has_end_time() ||
           google::protobuf::util::TimeUtil::TimestampToSeconds(job.end_time()) > cutoff) {
@@ -976,7 +968,7 @@ void JobManager::RunJob(const v1::Job& job) {
   absl::StatusOr<std::string> report_bytes = ReadFile(output_dir / "report.pb");
   if (report_bytes.ok()) report.ParseFromString(*report_bytes);
   report.set_job(name);
-  *report.mutable_time() = Now();
+  *report.mutable_time() = TimestampNow();
   absl::Status report_written = WriteReport(report, output_dir);
   v1::JobResult result;
   if (outcome.ok()) outcome = report_written;

@@ -11,15 +11,11 @@
 #include "server/sqlite_job_store.h"
 
 namespace onnxopt::server {
-namespace {
-
-google::protobuf::Timestamp Now() {
+google::protobuf::Timestamp TimestampNow() {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
 }
-
-}  // namespace
 
 absl::Status JobNotFound(const std::string& name) {
   return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
@@ -60,7 +56,7 @@ std::string LeaseToken(const v1::Job& job) { return absl::StrCat(job.worker(), "
 
 void MarkClaimed(v1::Job& job, const std::string& owner) {
   job.set_state(v1::RUNNING);
-  *job.mutable_start_time() = Now();
+  *job.mutable_start_time() = TimestampNow();
   job.clear_progress();
   job.mutable_progress()->set_phase(v1::PHASE_LOADING);
   job.set_attempts(job.attempts() + 1);
@@ -72,7 +68,7 @@ void ExpireLease(v1::Job& job, int max_attempts) {
   if (job.cancel_requested() || job.attempts() >= max_attempts) {
     const bool cancelled = job.cancel_requested();
     job.set_state(cancelled ? v1::CANCELLED : v1::FAILED);
-    *job.mutable_end_time() = Now();
+    *job.mutable_end_time() = TimestampNow();
     v1::JobError* error = job.mutable_error();
     error->set_code(static_cast<int>(cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kUnavailable));
     error->set_reason(cancelled ? "CANCELLED" : "LEASE_EXPIRED");

@@ -117,6 +117,10 @@ class JobStore {
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
                                                        int max_connections = 8);
 
+// The time now, to the nanosecond (TimeUtil::GetCurrentTime has whole seconds in this protobuf build;
+// jobs need finer times).
+google::protobuf::Timestamp TimestampNow();
+
 // What both stores do to a job's record at the queue's transitions.
 // A fresh job name, "jobs/<time><random>".
 std::string NewJobName();
