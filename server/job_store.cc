@@ -101,6 +101,10 @@ v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1
   return job;
 }
 
+bool IsSharedJobStore(const std::string& spec) {
+  return absl::StartsWith(spec, "postgresql://") || absl::StartsWith(spec, "postgres://");
+}
+
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
                                                        int max_connections) {
   auto widen = [](auto store) -> absl::StatusOr<std::unique_ptr<JobStore>> {
@@ -109,9 +113,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, 
   };
   if (spec.empty() || spec == "sqlite") return widen(SqliteJobStore::Open(data_dir / "jobs.sqlite3"));
   if (absl::StartsWith(spec, "sqlite:") && spec.size() > 7) return widen(SqliteJobStore::Open(spec.substr(7)));
-  if (absl::StartsWith(spec, "postgresql://") || absl::StartsWith(spec, "postgres://")) {
-    return widen(PostgresJobStore::Open(spec, max_connections));
-  }
+  if (IsSharedJobStore(spec)) return widen(PostgresJobStore::Open(spec, max_connections));
   return absl::InvalidArgumentError(
       "job_store must be \"sqlite\" (the default), \"sqlite:<path>\" or a postgresql:// connection URI");
 }

@@ -116,6 +116,8 @@ class JobStore {
 // PostgreSQL connections the store opens for requests (lease renewals have two more of their own).
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
                                                        int max_connections = 8);
+// Whether `spec` names a store that replicas share (PostgreSQL), rather than one server's own.
+bool IsSharedJobStore(const std::string& spec);
 
 // The time now, to the nanosecond (TimeUtil::GetCurrentTime has whole seconds in this protobuf build;
 // jobs need finer times).

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<srv::WorkerDevice> device = srv::ParseWorkerDevice(absl::GetFlag(FLAGS_worker_device));
   if (!device.ok()) return Fail("flags", device.status());
-  const bool shared_store = absl::StartsWith(absl::GetFlag(FLAGS_job_store), "postgres");
+  const bool shared_store = srv::IsSharedJobStore(absl::GetFlag(FLAGS_job_store));
   if (role != "all" && !shared_store) {
     return Fail("flags", absl::InvalidArgumentError(absl::StrCat(
                              "--role=", role, " needs a job store other replicas share (--job_store=postgresql://...); "
