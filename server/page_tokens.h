@@ -5,6 +5,7 @@
 #ifndef ONNXOPT_SERVER_PAGE_TOKENS_H_
 #define ONNXOPT_SERVER_PAGE_TOKENS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@ class PageTokens {
 
   // The token of the page that starts below sequence `before`.
   std::string Seal(int64_t before, const std::optional<std::string>& tenant) const;
+  // ListJobs' page_size as served: 50 when unset, at most 500.
+  static int PageSize(int requested) { return requested <= 0 ? 50 : std::min(requested, 500); }
   // The sequence a token says the page starts below (INT64_MAX for ""); INVALID_ARGUMENT
   // (BAD_PAGE_TOKEN) for a token that is not one this store sealed for this listing.
   absl::StatusOr<int64_t> Open(const std::string& token, const std::optional<std::string>& tenant) const;

@@ -12,6 +12,10 @@ namespace {
 
 // The columns every job query selects, in this order (see ReadRow).
 constexpr char kJobColumns[] = "sequence, job, request_id, state, tenant, version, name";
+// The job of a request id ($1 tenant, $2 request id).
+std::string ByRequestId() {
+  return absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND request_id = $2");
+}
 
 struct Row {
   int64_t sequence = 0;
@@ -112,9 +116,7 @@ absl::StatusOr<v1::Job> PostgresJobStore::Create(v1::Job job, bool* created) {
     break;
   }
   // The request id was taken, maybe by another replica a moment ago: that job is the answer.
-  absl::StatusOr<std::vector<v1::Job>> existing = QueryJobs(
-      absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND request_id = $2"),
-      {job.tenant(), job.request_id()});
+  absl::StatusOr<std::vector<v1::Job>> existing = QueryJobs(ByRequestId(), {job.tenant(), job.request_id()});
   if (!existing.ok()) return existing.status();
   if (existing->empty()) return absl::AbortedError("the job of this request id was deleted meanwhile; retry");
   *created = false;
@@ -162,9 +164,7 @@ absl::StatusOr<int> PostgresJobStore::QueryCount(const std::string& sql, const s
 
 std::optional<v1::Job> PostgresJobStore::FindByRequestId(const std::string& tenant, const std::string& request_id) const {
   if (request_id.empty()) return std::nullopt;
-  return QueryFirstJob(
-      absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE tenant = $1 AND request_id = $2"),
-      {tenant, request_id});
+  return QueryFirstJob(ByRequestId(), {tenant, request_id});
 }
 
 absl::StatusOr<v1::Job> PostgresJobStore::Modify(const std::string& name, const std::function<bool(v1::Job&)>& mutate,
@@ -194,8 +194,7 @@ absl::StatusOr<JobStore::Page> PostgresJobStore::List(v1::JobState state, int pa
                                                       const std::optional<std::string>& tenant) const {
   absl::StatusOr<int64_t> before = page_tokens_.Open(page_token, tenant);
   if (!before.ok()) return before.status();
-  if (page_size <= 0) page_size = 50;
-  page_size = std::min(page_size, 500);
+  page_size = PageTokens::PageSize(page_size);
   absl::StatusOr<pg::Pool::Lease> connection = Connect();
   if (!connection.ok()) return connection.status();
   auto read = (*connection)->Exec(

@@ -236,8 +236,7 @@ absl::StatusOr<JobStore::Page> SqliteJobStore::List(v1::JobState state, int page
                                                     const std::optional<std::string>& tenant) const {
   absl::StatusOr<int64_t> before = page_tokens_.Open(page_token, tenant);
   if (!before.ok()) return before.status();
-  if (page_size <= 0) page_size = 50;
-  page_size = std::min(page_size, 500);
+  page_size = PageTokens::PageSize(page_size);
   Page page;
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = by_sequence_.lower_bound(*before); it != by_sequence_.begin();) {
