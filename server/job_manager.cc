@@ -58,6 +58,16 @@ std::vector<std::string> BlobsOf(const v1::Job& job) {
   return digests;
 }
 
+// NOT_FOUND (BLOB_NOT_FOUND) naming the first blob of `job` that is gone, `advice` after "was deleted".
+absl::Status BlobsPresent(const v1::Job& job, const BlobStore& blobs, absl::string_view advice) {
+  for (const std::string& digest : BlobsOf(job)) {
+    if (!blobs.Exists(digest)) {
+      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted", advice));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteReport(const v1::Report& report, const fs::path& dir) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
@@ -442,11 +452,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   job.set_cache_key(ResultCacheKey(request));
   // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
   // exists now stays until the job is stored and uses it.
-  for (const std::string& digest : BlobsOf(job)) {
-    if (!(*blobs)->Exists(digest)) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted; upload it again"));
-    }
-  }
+  if (absl::Status present = BlobsPresent(job, **blobs, "; upload it again"); !present.ok()) return present;
   if (draining_) return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
   std::optional<v1::Job> cached;
   if (!request.config().has_cache() || request.config().cache()) cached = store_->FindSucceeded(tenant, job.cache_key());
@@ -794,12 +800,8 @@ absl::Status JobManager::PrepareInputs(const v1::Job& job, const fs::path& input
   if (!blobs.ok()) return blobs.status();
   // A blob can go after the job was accepted: deleted with the last other job using it, on a replica
   // whose DeleteJob ran while this job was being submitted on another.
-  for (const std::string& digest : BlobsOf(job)) {
-    if (!(*blobs)->Exists(digest)) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest,
-                                              " was deleted after the job was accepted; upload it and submit again"));
-    }
-  }
+  absl::Status present = BlobsPresent(job, **blobs, " after the job was accepted; upload it and submit again");
+  if (!present.ok()) return present;
   absl::Status status = LinkOrCopy((*blobs)->PathOf(job.model().sha256()), input_dir / "model.onnx");
   for (const auto& file : job.model().external_data()) {
     if (!status.ok()) break;
