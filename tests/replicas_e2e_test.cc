@@ -12,6 +12,7 @@
 #include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"
 #include "tests/postgres_cluster.h"
+#include "tests/replica_deployment.h"
 
 namespace onnxopt::testing {
 namespace {
@@ -45,48 +46,22 @@ class ReplicasTest : public ::testing::Test {
     uri_ = cluster_->Uri(database);
   }
   void TearDown() override {
-    for (auto& [name, replica] : replicas_) {
-      if (replica.pid > 0) {
-        kill(replica.pid, SIGTERM);
-        WaitFor(replica.pid, std::chrono::seconds(60));
-      }
-    }
+    replicas_.reset();  // SIGTERM to every replica still running
     fs::remove_all(dir_);
   }
 
-  struct Replica {
-    pid_t pid = -1;
-    std::string address;
-  };
   // A replica on the shared store and data folder, named `name` (its --replica_id).
   void StartReplica(const std::string& name, const std::vector<std::string>& flags) {
-    const fs::path port_file = dir_ / (name + ".port");
-    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN,
-                                     "--listen=127.0.0.1:0",
-                                     "--metrics_listen=",
-                                     absl::StrCat("--data_dir=", (dir_ / "data").string()),
-                                     absl::StrCat("--port_file=", port_file.string()),
-                                     absl::StrCat("--job_store=", uri_),
-                                     absl::StrCat("--replica_id=", name),
-                                     "--lease_seconds=3",
-                                     "--poll_interval_ms=100",
-                                     "--drain_grace_seconds=0",
-                                     "--job_store_connections=2"};  // the smallest pool: nothing may need more
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    Replica& replica = replicas_[name];
-    replica.pid = Spawn(argv, dir_ / (name + ".out"), dir_ / (name + ".err"));
-    ASSERT_GT(replica.pid, 0);
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (!fs::exists(port_file) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ASSERT_TRUE(fs::exists(port_file)) << Slurp(dir_ / (name + ".err"));
-    replica.address = absl::StrCat("127.0.0.1:", Slurp(port_file));
+    if (!replicas_) {
+      replicas_ = std::make_unique<ReplicaDeployment>(
+          dir_, uri_,
+          std::vector<std::string>{"--lease_seconds=3", "--poll_interval_ms=100", "--drain_grace_seconds=0",
+                                   "--job_store_connections=2"});  // the smallest pool: nothing may need more
+    }
+    ASSERT_FALSE(replicas_->Start(name, flags).empty()) << replicas_->Log(name);
   }
-  void Kill(const std::string& name) {
-    Replica& replica = replicas_.at(name);
-    kill(replica.pid, SIGKILL);
-    WaitFor(replica.pid, std::chrono::seconds(10));
-    replica.pid = -1;
-  }
+  std::string Address(const std::string& name) { return replicas_->Address(name); }
+  void Kill(const std::string& name) { replicas_->Kill(name); }
 
   // Uploads `model` through `client` and creates a job with the config `json`.
   std::string Submit(Client& client, const fs::path& model, const std::string& json) {
@@ -114,13 +89,13 @@ class ReplicasTest : public ::testing::Test {
     ADD_FAILURE() << "timed out waiting for " << name << ", last seen " << job.ShortDebugString();
     return job;
   }
-  std::string Log(const std::string& name) { return Slurp(dir_ / (name + ".err")) + Slurp(dir_ / (name + ".out")); }
+  std::string Log(const std::string& name) { return replicas_->Log(name); }
 
   static inline PostgresCluster* cluster_ = nullptr;
   static inline int databases_ = 0;
   fs::path dir_;
   std::string uri_;
-  std::map<std::string, Replica> replicas_;
+  std::unique_ptr<ReplicaDeployment> replicas_;
 };
 
 // Tiny jobs: validation and benchmark skipped, no cache (each job runs).
@@ -133,7 +108,7 @@ TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
   StartReplica("api", {"--role=api"});
   StartReplica("worker-a", {"--role=worker", "--workers=1"});
   StartReplica("worker-b", {"--role=worker", "--workers=1"});
-  Client api(replicas_["api"].address);
+  Client api(Address("api"));
   std::vector<std::string> jobs;
   for (int i = 0; i < 8; ++i) jobs.push_back(Submit(api, FixturePath("cnn_tiny.onnx"), kTinyJob));
   std::map<std::string, int> per_worker;
@@ -150,10 +125,10 @@ TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
   ASSERT_TRUE(api.Download(jobs[0], "model.onnx", out).ok());
   EXPECT_GT(fs::file_size(out), 0u);
   // Workers serve health, not the API.
-  Client worker(replicas_["worker-a"].address);
+  Client worker(Address("worker-a"));
   EXPECT_EQ(worker.GetJob(jobs[0]).status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(HealthStatus(replicas_["worker-a"].address, ""), 1);
-  EXPECT_EQ(HealthStatus(replicas_["api"].address, "onnxopt.v1.Optimizer"), 1);
+  EXPECT_EQ(HealthStatus(Address("worker-a"), ""), 1);
+  EXPECT_EQ(HealthStatus(Address("api"), "onnxopt.v1.Optimizer"), 1);
   auto info = api.GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->replica_id(), "api");
@@ -161,7 +136,7 @@ TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
   EXPECT_EQ(info->job_store(), "postgresql");
   EXPECT_EQ(info->workers(), 0);
   // The CLI against the API replica names the worker.
-  const pid_t cli = Spawn({ONNXOPT_CLI_BIN, "--server", replicas_["api"].address, "status", jobs[0]}, dir_ / "cli.out",
+  const pid_t cli = Spawn({ONNXOPT_CLI_BIN, "--server", Address("api"), "status", jobs[0]}, dir_ / "cli.out",
                           dir_ / "cli.err");
   ASSERT_EQ(WaitFor(cli, std::chrono::seconds(60)), 0) << Slurp(dir_ / "cli.err");
   EXPECT_NE(Slurp(dir_ / "cli.out").find("worker   worker-"), std::string::npos) << Slurp(dir_ / "cli.out");
@@ -170,7 +145,7 @@ TEST_F(ReplicasTest, JobsSubmittedToTheApiRunOnSeveralWorkers) {
 TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   StartReplica("api", {"--role=api"});
   StartReplica("doomed", {"--role=worker", "--workers=1"});
-  Client api(replicas_["api"].address);
+  Client api(Address("api"));
   const std::string name = Submit(api, FixturePath("bert_tiny.onnx"), kSlowJob);
   WaitUntil(api, name, [](const v1::Job& j) { return j.state() == v1::RUNNING && j.worker() == "doomed"; });
   StartReplica("survivor", {"--role=worker", "--workers=1", "--metrics_listen=127.0.0.1:0"});
@@ -196,7 +171,7 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   auto report = api.GetReport(name);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->benchmark().speedup() > 0);
-  const fs::path job_dir = dir_ / "data" / "jobs" / name.substr(5);
+  const fs::path job_dir = replicas_->data_dir() / "jobs" / name.substr(5);
   EXPECT_TRUE(fs::exists(job_dir / "worker.log")) << "the attempt that counted keeps its log";
   for (const auto& entry : fs::directory_iterator(job_dir)) {
     EXPECT_EQ(entry.path().filename().string().rfind("attempt-", 0), std::string::npos) << entry.path();
@@ -207,7 +182,7 @@ TEST_F(ReplicasTest, CancelAndWatchWorkFromAnyReplica) {
   StartReplica("api-1", {"--role=api"});
   StartReplica("api-2", {"--role=api"});
   StartReplica("runner", {"--role=all", "--workers=1"});
-  Client first(replicas_["api-1"].address), second(replicas_["api-2"].address);
+  Client first(Address("api-1")), second(Address("api-2"));
   const std::string name = Submit(first, FixturePath("bert_tiny.onnx"),
                                   R"({"cache": false, "benchmark": {"time_budget_seconds": 120, "stability": 1e-9}})");
   WaitUntil(second, name, [](const v1::Job& j) { return j.state() == v1::RUNNING; });
@@ -231,9 +206,9 @@ TEST_F(ReplicasTest, CancelAndWatchWorkFromAnyReplica) {
 TEST_F(ReplicasTest, AnUploadResumesOnAnotherReplicaButNeverOnTwoAtOnce) {
   StartReplica("api-1", {"--role=api"});
   StartReplica("api-2", {"--role=api"});
-  auto first = v1::Optimizer::NewStub(grpc::CreateChannel(replicas_["api-1"].address, grpc::InsecureChannelCredentials()));
+  auto first = v1::Optimizer::NewStub(grpc::CreateChannel(Address("api-1"), grpc::InsecureChannelCredentials()));
   auto second =
-      v1::Optimizer::NewStub(grpc::CreateChannel(replicas_["api-2"].address, grpc::InsecureChannelCredentials()));
+      v1::Optimizer::NewStub(grpc::CreateChannel(Address("api-2"), grpc::InsecureChannelCredentials()));
   const std::string bytes = Slurp(FixturePath("cnn_tiny.onnx"));
   const std::string digest = *Sha256OfFile(FixturePath("cnn_tiny.onnx"));
   const int64_t half = static_cast<int64_t>(bytes.size() / 2);
@@ -297,7 +272,7 @@ TEST_F(ReplicasTest, AnUploadResumesOnAnotherReplicaButNeverOnTwoAtOnce) {
     ASSERT_TRUE(finished.ok()) << finished.error_message();
   }
   EXPECT_EQ(committed(*first, "session-1"), static_cast<int64_t>(bytes.size())) << "the blob is there for both";
-  EXPECT_EQ(*Sha256OfFile(dir_ / "data" / "blobs" / digest), digest);
+  EXPECT_EQ(*Sha256OfFile(replicas_->data_dir() / "blobs" / digest), digest);
 }
 
 TEST_F(ReplicasTest, SplitRolesNeedASharedStore) {

@@ -21,6 +21,7 @@
 #include "server/job_store.h"
 #include "tests/e2e_harness.h"
 #include "tests/postgres_cluster.h"
+#include "tests/replica_deployment.h"
 
 namespace onnxopt::testing {
 namespace {
@@ -35,49 +36,18 @@ bool Ended(const v1::Job& job) {
   return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
 }
 
-class Deployment {
- public:
-  Deployment(const fs::path& dir, std::string uri, int lease) : dir_(dir), uri_(std::move(uri)), lease_(lease) {
-    fs::create_directories(dir_);
-  }
-  ~Deployment() {
-    for (auto& [name, pid] : pids_) {
-      if (pid > 0) {
-        kill(pid, SIGTERM);
-        WaitFor(pid, std::chrono::seconds(60));
-      }
-    }
-  }
-  // Starts a replica; its address, or "" when it did not come up.
-  std::string Start(const std::string& name, const std::vector<std::string>& flags) {
-    const fs::path port_file = dir_ / (name + ".port");
-    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=",
-                                     absl::StrCat("--data_dir=", (dir_ / "data").string()),
-                                     absl::StrCat("--port_file=", port_file.string()), absl::StrCat("--job_store=", uri_),
-                                     absl::StrCat("--replica_id=", name), absl::StrCat("--lease_seconds=", lease_),
-                                     "--poll_interval_ms=100", "--drain_grace_seconds=0", "--queue_capacity=10000"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    pids_[name] = Spawn(argv, dir_ / (name + ".out"), dir_ / (name + ".err"));
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (!fs::exists(port_file) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!fs::exists(port_file)) {
-      std::fprintf(stderr, "%s did not start: %s\n", name.c_str(), Slurp(dir_ / (name + ".err")).c_str());
-      return "";
-    }
-    return absl::StrCat("127.0.0.1:", Slurp(port_file));
-  }
-  void Kill(const std::string& name) {
-    kill(pids_.at(name), SIGKILL);
-    WaitFor(pids_.at(name), std::chrono::seconds(10));
-    pids_[name] = -1;
-  }
+// What every replica here runs with besides its role.
+std::vector<std::string> ReplicaFlags(int lease) {
+  return {absl::StrCat("--lease_seconds=", lease), "--poll_interval_ms=100", "--drain_grace_seconds=0",
+          "--queue_capacity=10000"};
+}
 
- private:
-  fs::path dir_;
-  std::string uri_;
-  int lease_;
-  std::map<std::string, pid_t> pids_;
-};
+// Starts a replica; its address, or "" after saying why it did not start.
+std::string Start(ReplicaDeployment& deployment, const std::string& name, const std::vector<std::string>& flags) {
+  const std::string address = deployment.Start(name, flags);
+  if (address.empty()) std::fprintf(stderr, "%s did not start: %s\n", name.c_str(), deployment.Log(name).c_str());
+  return address;
+}
 
 // Polls until every job ended; false on timeout.
 bool WaitAll(Client& client, const std::vector<std::string>& jobs, std::chrono::seconds timeout,
@@ -102,10 +72,10 @@ bool WaitAll(Client& client, const std::vector<std::string>& jobs, std::chrono::
 double Throughput(PostgresCluster& cluster, const fs::path& dir, int replicas, int workers, int jobs) {
   const std::string database = absl::StrCat("throughput_", replicas);
   if (!cluster.CreateDatabase(database).ok()) return 0;
-  Deployment deployment(dir / database, cluster.Uri(database), 30);
+  ReplicaDeployment deployment(dir / database, cluster.Uri(database), ReplicaFlags(30));
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < replicas; ++i) {
-    const std::string address = deployment.Start(absl::StrCat("replica-", i), {absl::StrCat("--workers=", workers)});
+    const std::string address = Start(deployment, absl::StrCat("replica-", i), {absl::StrCat("--workers=", workers)});
     if (address.empty()) return 0;
     clients.push_back(std::make_unique<Client>(address));
   }
@@ -174,9 +144,9 @@ double Dispatch(PostgresCluster& cluster, int claimers, int jobs) {
 bool Recovery(PostgresCluster& cluster, const fs::path& dir, int lease, int round, double* rerun, double* finished) {
   const std::string database = absl::StrCat("recovery_", round);
   if (!cluster.CreateDatabase(database).ok()) return false;
-  Deployment deployment(dir / database, cluster.Uri(database), lease);
-  Client api(deployment.Start("api", {"--role=api"}));
-  if (deployment.Start("doomed", {"--role=worker", "--workers=1"}).empty()) return false;
+  ReplicaDeployment deployment(dir / database, cluster.Uri(database), ReplicaFlags(lease));
+  Client api(Start(deployment, "api", {"--role=api"}));
+  if (Start(deployment, "doomed", {"--role=worker", "--workers=1"}).empty()) return false;
   auto model = api.UploadModel(FixturePath("bert_tiny.onnx"));
   auto config = client::ParseConfigJson(kSlowJob);
   if (!model.ok() || !config.ok()) return false;
@@ -188,7 +158,7 @@ bool Recovery(PostgresCluster& cluster, const fs::path& dir, int lease, int roun
     if (seen.ok() && seen->state() == v1::RUNNING && seen->progress().phase() == v1::PHASE_BENCHMARKING) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (deployment.Start("survivor", {"--role=worker", "--workers=1"}).empty()) return false;
+  if (Start(deployment, "survivor", {"--role=worker", "--workers=1"}).empty()) return false;
   const auto killed = Clock::now();
   deployment.Kill("doomed");
   bool moved = false;
