@@ -754,6 +754,13 @@ def check(cond, msg):
         raise CheckFailed(msg)
 
 
+def check_ref(where, what, name, ref, made, named):
+    """A Secret or ConfigMap `ref` (a volume source, key ref or envFrom) refers to: rendered by the chart,
+    named in the values, or marked optional."""
+    check(name in made or name in named or ref.get("optional"),
+          f"{where}: {what} {name} is neither rendered nor named in the values")
+
+
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SCI = re.compile(r"^-?\d+(\.\d+)?e[-+]\d+$")
 COMPONENT = "app.kubernetes.io/component"
@@ -936,29 +943,22 @@ def check_manifests(docs, v, release, namespace):
                 check(claim in claims_made or claim in ext_claims, f"{where}: claim {claim} is neither rendered "
                       "nor persistence.existingClaim")
             if "secret" in vol:
-                s = vol["secret"]["secretName"]
-                check(s in secrets_made or s in ext_secrets or vol["secret"].get("optional"),
-                      f"{where}: volume {vol['name']}: secret {s} is neither rendered nor named in the values")
+                check_ref(where, f"volume {vol['name']}: secret", vol["secret"]["secretName"], vol["secret"],
+                          secrets_made, ext_secrets)
             if "configMap" in vol:
-                cm = vol["configMap"]["name"]
-                check(cm in configmaps_made or cm in ext_configmaps or vol["configMap"].get("optional"),
-                      f"{where}: volume {vol['name']}: configMap {cm} is neither rendered nor named in the values")
+                check_ref(where, f"volume {vol['name']}: configMap", vol["configMap"]["name"], vol["configMap"],
+                          configmaps_made, ext_configmaps)
         for e in env.values():
             vf = e.get("valueFrom") or {}
-            if "secretKeyRef" in vf:
-                s = vf["secretKeyRef"]["name"]
-                check(s in secrets_made or s in ext_secrets or vf["secretKeyRef"].get("optional"),
-                      f"{where}: env {e['name']}: secret {s} is neither rendered nor named in the values")
-            if "configMapKeyRef" in vf:
-                cm = vf["configMapKeyRef"]["name"]
-                check(cm in configmaps_made or cm in ext_configmaps or vf["configMapKeyRef"].get("optional"),
-                      f"{where}: env {e['name']}: configMap {cm} is neither rendered nor named in the values")
+            for key, kind, made, ext in (("secretKeyRef", "secret", secrets_made, ext_secrets),
+                                         ("configMapKeyRef", "configMap", configmaps_made, ext_configmaps)):
+                if key in vf:
+                    check_ref(where, f"env {e['name']}: {kind}", vf[key]["name"], vf[key], made, ext)
         for ef in c.get("envFrom") or []:
             for key, made, ext in (("secretRef", secrets_made, ext_secrets),
                                    ("configMapRef", configmaps_made, ext_configmaps)):
                 if key in ef:
-                    check(ef[key]["name"] in made or ef[key]["name"] in ext or ef[key].get("optional"),
-                          f"{where}: envFrom {key} {ef[key]['name']} is neither rendered nor named in the values")
+                    check_ref(where, f"envFrom {key}", ef[key]["name"], ef[key], made, ext)
 
         # every file flag points into a mounted folder
         for flag in ("tls_cert", "tls_key", "tls_client_ca", "auth_tokens_file"):
