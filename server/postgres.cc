@@ -28,7 +28,6 @@ int64_t Result::affected() const {
   return absl::SimpleAtoi(PQcmdTuples(result_.get()), &count) ? count : 0;
 }
 
-bool Result::IsNull(int row, int column) const { return PQgetisnull(result_.get(), row, column) != 0; }
 
 std::string Result::Text(int row, int column) const {
   return std::string(PQgetvalue(result_.get(), row, column),

@@ -31,7 +31,6 @@ class Result {
   explicit Result(pg_result* result) : result_(result) {}
   int rows() const;
   int64_t affected() const;  // rows an INSERT, UPDATE or DELETE changed
-  bool IsNull(int row, int column) const;
   std::string Text(int row, int column) const;
   int64_t Int(int row, int column) const;
   bool Bool(int row, int column) const;
