@@ -1,59 +1,14 @@
 #include "optimizer/shape_info.h"
 
-#include <map>
-#include <unordered_set>
-
-#include "onnx/defs/schema.h"
-#include "onnx/shape_inference/implementation.h"
-#include "optimizer/contrib_schemas.h"
-#include "optimizer/symbolic_shapes.h"
+#include "optimizer/shape_inference.h"
 
 namespace onnxopt {
 namespace {
 
+// onnx 1.12 has the schemas of opsets up to 17; a later opset may have changed an operator it knows.
 constexpr int kMaxInferableOpset = 17;
-// Initializers bigger than this are weights, never shape tensors: inference sees only their type.
-constexpr size_t kKeepInitializerBytes = 4096;
-
-// True if every output of a node onnx has no schema for carries a declared type.
-bool UnknownOutputsAreTyped(const onnx::ModelProto& model) {
-  std::map<std::string, int> opsets;
-  for (const auto& import : model.opset_import()) {
-    opsets[import.domain() == "ai.onnx" ? "" : import.domain()] = static_cast<int>(import.version());
-  }
-  const onnx::GraphProto& graph = model.graph();
-  std::unordered_set<std::string> typed;
-  for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
-    for (const auto& value : *values) {
-      if (value.has_type()) typed.insert(value.name());
-    }
-  }
-  for (const auto& node : graph.node()) {
-    const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
-    auto opset = opsets.find(domain);
-    const bool known = opset != opsets.end() &&
-                       onnx::OpSchemaRegistry::Schema(node.op_type(), opset->second, domain) != nullptr;
-    if (known) continue;
-    for (const auto& output : node.output()) {
-      if (!output.empty() && typed.count(output) == 0) return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
-
-bool InferShapesInPlace(onnx::ModelProto* model) {
-  EnsureContribSchemas();
-  const bool data_propagation = UnknownOutputsAreTyped(*model);
-  try {
-    onnx::shape_inference::InferShapes(*model, onnx::OpSchemaRegistry::Instance(),
-                                       onnx::ShapeInferenceOptions(false, 0, data_propagation));
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
   ShapeInfo info;
@@ -61,46 +16,14 @@ ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
   for (const auto& import : model.opset_import()) {
     if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
   }
-  onnx::ModelProto copy;
-  copy.set_ir_version(model.ir_version());
-  *copy.mutable_opset_import() = model.opset_import();
-  *copy.mutable_functions() = model.functions();
-  onnx::GraphProto* graph = copy.mutable_graph();
-  const onnx::GraphProto& source = model.graph();
-  *graph->mutable_node() = source.node();
-  *graph->mutable_input() = source.input();
-  *graph->mutable_output() = source.output();
-  *graph->mutable_value_info() = source.value_info();
-  graph->set_name(source.name());
-  for (const auto& tensor : source.initializer()) {
-    onnx::TensorProto* kept = graph->add_initializer();
-    if (tensor.ByteSizeLong() <= kKeepInitializerBytes) {
-      *kept = tensor;
-      continue;
-    }
-    kept->set_name(tensor.name());
-    kept->set_data_type(tensor.data_type());
-    *kept->mutable_dims() = tensor.dims();
-  }
   if (opset > 0 && opset <= kMaxInferableOpset) {
-    // When inference fails, what the model declares is still used below.
-    info.inferred_ = InferShapesInPlace(&copy);
+    InferredTypes inferred = InferGraphTypes(model);
+    info.types_ = std::move(inferred.types);
+    info.known_values_ = std::move(inferred.known);
+    info.inferred_ = true;
+  } else {
+    info.types_ = DeclaredTypes(model.graph());
   }
-  std::unordered_map<std::string, onnx::TypeProto> inferred;
-  for (const auto& tensor : source.initializer()) {
-    onnx::TypeProto type;
-    type.mutable_tensor_type()->set_elem_type(tensor.data_type());
-    auto* shape = type.mutable_tensor_type()->mutable_shape();
-    for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
-    inferred[tensor.name()] = type;
-  }
-  for (const auto* values : {&graph->input(), &graph->output(), &graph->value_info()}) {
-    for (const auto& value : *values) {
-      if (value.has_type()) inferred.emplace(value.name(), value.type());
-    }
-  }
-  if (info.inferred_) RecoverSymbolicShapes(&copy, &inferred, &info.known_values_);
-  for (auto& [name, type] : inferred) info.types_.emplace(name, std::move(type));
   return info;
 }
 

@@ -1,6 +1,6 @@
-// Types and shapes of a model's values, from onnx's shape inference where onnx 1.12 knows the
-// model's opsets (<= 17), plus whatever the model itself declares (inputs, outputs, value_info,
-// initializers). Passes that need a shape they cannot get here leave the graph alone.
+// Types and shapes of a model's values, from onnxopt's inference sweep (shape_inference.h) where onnx
+// 1.12 knows the model's opsets (<= 17), plus whatever the model itself declares (inputs, outputs,
+// value_info, initializers). Passes that need a shape they cannot get here leave the graph alone.
 #ifndef ONNXOPT_OPTIMIZER_SHAPE_INFO_H_
 #define ONNXOPT_OPTIMIZER_SHAPE_INFO_H_
 
@@ -11,14 +11,9 @@
 #include <vector>
 
 #include "onnx/onnx_pb.h"
+#include "optimizer/symbolic_shapes.h"
 
 namespace onnxopt {
-
-// Runs onnx's shape inference on `model` in place; false if it threw. Data propagation (which lets
-// onnx follow Shape -> ... -> Reshape) is turned off when a value made by an operator onnx has no
-// schema for (ONNX Runtime's fused ops, custom domains) has no declared type: onnx 1.12 dereferences
-// the missing type while propagating data through Shape-15 and crashes the process.
-bool InferShapesInPlace(onnx::ModelProto* model);
 
 // Two dims are the same when they are one number or one symbolic name.
 bool SameDimension(const onnx::TensorShapeProto::Dimension& a, const onnx::TensorShapeProto::Dimension& b);
@@ -51,7 +46,7 @@ class ShapeInfo {
   const std::vector<onnx::TensorShapeProto::Dimension>* SymbolicValue(const std::string& value) const;
 
  private:
-  std::unordered_map<std::string, onnx::TypeProto> types_;
+  TypeMap types_;
   std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>> known_values_;
   bool inferred_ = false;
 };

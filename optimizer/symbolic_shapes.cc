@@ -7,8 +7,6 @@
 #include <set>
 #include <vector>
 
-#include "optimizer/shape_info.h"
-
 namespace onnxopt {
 namespace {
 
@@ -70,7 +68,7 @@ Dim Divide(const Monomial& a, const Monomial& b) {
 
 using Shape = std::vector<Dim>;
 
-std::optional<Shape> ShapeOf(const std::unordered_map<std::string, onnx::TypeProto>& types, const std::string& name) {
+std::optional<Shape> ShapeOf(const TypeMap& types, const std::string& name) {
   auto it = types.find(name);
   if (it == types.end() || !it->second.tensor_type().has_shape()) return std::nullopt;
   Shape shape;
@@ -106,164 +104,162 @@ const std::set<std::string>& BroadcastOps() {
   return *ops;
 }
 
-// Symbolic values of small integer tensors (shape arithmetic), by value name.
-std::unordered_map<std::string, Shape> TrackValues(const onnx::GraphProto& graph,
-                                                   const std::unordered_map<std::string, onnx::TypeProto>& types,
-                                                   int64_t opset) {
-  std::unordered_map<std::string, Shape> values;
-  auto from_tensor = [&](const std::string& name, const onnx::TensorProto& tensor) {
-    if (tensor.dims_size() > 1) return;
-    auto ints = Ints(tensor);
-    if (!ints || ints->size() > 64) return;
-    Shape shape;
-    for (int64_t v : *ints) shape.push_back(Dim::Value(v));
-    values[name] = shape;
+using Values = std::unordered_map<std::string, Shape>;
+
+// A constant (initializer or Constant) small enough to be shape arithmetic, as its value.
+void TrackTensor(const std::string& name, const onnx::TensorProto& tensor, Values* values) {
+  if (tensor.dims_size() > 1 || tensor.data_location() == onnx::TensorProto::EXTERNAL) return;
+  auto ints = Ints(tensor);
+  if (!ints || ints->size() > 64) return;
+  Shape shape;
+  for (int64_t v : *ints) shape.push_back(Dim::Value(v));
+  (*values)[name] = shape;
+}
+
+// The symbolic value of `node`'s first output where its rule and the values of its inputs fix it.
+void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset, Values* tracked) {
+  Values& values = *tracked;
+  if (!node.domain().empty() && node.domain() != "ai.onnx") return;
+  const std::string& op = node.op_type();
+  auto input = [&](int i) -> const Shape* {
+    if (i >= node.input_size()) return nullptr;
+    auto it = values.find(node.input(i));
+    return it == values.end() ? nullptr : &it->second;
   };
-  for (const auto& tensor : graph.initializer()) from_tensor(tensor.name(), tensor);
-  for (const auto& node : graph.node()) {
-    if (!node.domain().empty() && node.domain() != "ai.onnx") continue;
-    const std::string& op = node.op_type();
-    auto input = [&](int i) -> const Shape* {
-      if (i >= node.input_size()) return nullptr;
-      auto it = values.find(node.input(i));
-      return it == values.end() ? nullptr : &it->second;
-    };
-    if (node.output_size() < 1) continue;
-    const std::string& out = node.output(0);
-    if (op == "Constant") {
-      for (const auto& a : node.attribute()) {
-        if (a.name() == "value" && a.has_t()) from_tensor(out, a.t());
-      }
-    } else if (op == "Shape" && node.input_size() == 1) {
-      auto shape = ShapeOf(types, node.input(0));
-      if (!shape) continue;
-      const int64_t rank = static_cast<int64_t>(shape->size());
-      int64_t start = opset >= 15 ? IntAttribute(node, "start", 0) : 0;
-      int64_t end = opset >= 15 ? IntAttribute(node, "end", rank) : rank;
-      if (start < 0) start += rank;
-      if (end < 0) end += rank;
-      start = std::clamp<int64_t>(start, 0, rank);
-      end = std::clamp<int64_t>(end, start, rank);
-      values[out] = Shape(shape->begin() + start, shape->begin() + end);
-    } else if (op == "Cast" && input(0)) {
-      // Casts that keep integer values as they are (not to bool, which would make 5 a 1).
-      const int64_t to = IntAttribute(node, "to", 0);
-      if (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::FLOAT ||
-          to == onnx::TensorProto::DOUBLE) {
-        values[out] = *input(0);
-      }
-    } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Identity") && input(0)) {
-      values[out] = *input(0);
-    } else if (op == "Gather" && input(0) && input(1) && IntAttribute(node, "axis", 0) == 0) {
-      Shape picked;
-      for (const Dim& index : *input(1)) {
-        if (index.kind != Dim::Kind::kValue) {
-          picked.clear();
-          break;
-        }
-        int64_t i = index.value < 0 ? index.value + static_cast<int64_t>(input(0)->size()) : index.value;
-        if (i < 0 || i >= static_cast<int64_t>(input(0)->size())) {
-          picked.clear();
-          break;
-        }
-        picked.push_back((*input(0))[static_cast<size_t>(i)]);
-      }
-      if (!picked.empty()) values[out] = picked;
-    } else if (op == "Slice" && input(0) && node.input_size() >= 3) {  // a slice of a shape tensor
-      const Shape* starts = input(1);
-      const Shape* ends = input(2);
-      const Shape* axes = node.input_size() > 3 && !node.input(3).empty() ? input(3) : nullptr;
-      const Shape* steps = node.input_size() > 4 && !node.input(4).empty() ? input(4) : nullptr;
-      if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (node.input_size() > 3 && !node.input(3).empty() && !axes) ||
-          (axes && !(axes->size() == 1 && ((*axes)[0] == Dim::Value(0) || (*axes)[0] == Dim::Value(-1)))) ||
-          (steps && !(steps->size() == 1 && (*steps)[0] == Dim::Value(1))) ||
-          (*starts)[0].kind != Dim::Kind::kValue || (*ends)[0].kind != Dim::Kind::kValue) {
-        continue;
-      }
-      const int64_t size = static_cast<int64_t>(input(0)->size());
-      int64_t start = (*starts)[0].value, end = (*ends)[0].value;
-      if (start < 0) start += size;
-      if (end < 0) end += size;
-      start = std::clamp<int64_t>(start, 0, size);
-      end = std::clamp<int64_t>(end, start, size);
-      values[out] = Shape(input(0)->begin() + start, input(0)->begin() + end);
-    } else if (op == "ConstantOfShape" && input(0) && input(0)->size() == 1 &&
-               (*input(0))[0].kind == Dim::Kind::kValue && (*input(0))[0].value <= 64) {
-      // A small integer tensor filled with the attribute's value (0 if none).
-      std::optional<int64_t> fill = 0;
-      for (const auto& a : node.attribute()) {
-        if (a.name() != "value" || !a.has_t()) continue;
-        auto ints = Ints(a.t());
-        fill = ints && ints->size() == 1 ? std::optional<int64_t>((*ints)[0]) : std::nullopt;
-      }
-      if (fill) values[out] = Shape(static_cast<size_t>((*input(0))[0].value), Dim::Value(*fill));
-    } else if (op == "Equal" && input(0) && input(1) && input(0)->size() == input(1)->size()) {
-      // Elementwise; a named dim is a size, never negative, so it differs from any negative number.
-      Shape result;
-      for (size_t i = 0; i < input(0)->size(); ++i) {
-        const Dim& a = (*input(0))[i];
-        const Dim& b = (*input(1))[i];
-        if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
-          result.push_back(Dim::Value(a.value == b.value ? 1 : 0));
-        } else if (a.known() && b.known() && a == b) {
-          result.push_back(Dim::Value(1));
-        } else if ((a.kind == Dim::Kind::kParam && b.kind == Dim::Kind::kValue && b.value < 0) ||
-                   (b.kind == Dim::Kind::kParam && a.kind == Dim::Kind::kValue && a.value < 0)) {
-          result.push_back(Dim::Value(0));
-        } else {
-          result.push_back({});
-        }
-      }
-      values[out] = result;
-    } else if (op == "Where" && input(0) && input(1) && input(2) && input(0)->size() == input(1)->size() &&
-               input(1)->size() == input(2)->size()) {
-      Shape result;
-      for (size_t i = 0; i < input(0)->size(); ++i) {
-        const Dim& c = (*input(0))[i];
-        result.push_back(c.kind != Dim::Kind::kValue ? Dim() : (c.value != 0 ? (*input(1))[i] : (*input(2))[i]));
-      }
-      values[out] = result;
-    } else if (op == "Concat") {
-      Shape joined;
-      bool complete = true;
-      for (int i = 0; i < node.input_size() && complete; ++i) {
-        if (const Shape* part = input(i)) {
-          joined.insert(joined.end(), part->begin(), part->end());
-        } else {
-          complete = false;
-        }
-      }
-      if (complete) values[out] = joined;
-    } else if ((op == "Mul" || op == "Add" || op == "Sub" || op == "Div") && input(0) && input(1) &&
-               input(0)->size() == input(1)->size()) {
-      Shape result;
-      for (size_t i = 0; i < input(0)->size(); ++i) {
-        const Dim& a = (*input(0))[i];
-        const Dim& b = (*input(1))[i];
-        if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
-          if (op == "Mul") result.push_back(Dim::Value(a.value * b.value));
-          if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
-          if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
-          if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
-        } else if (op == "Sub" && a.kind == Dim::Kind::kParam && a == b) {
-          // One symbolic name is one size (ONNX's rule for dim_param): key_length - query_length.
-          result.push_back(Dim::Value(0));
-        } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
-          result.push_back(a);
-        } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
-          result.push_back(a);
-        } else {
-          result.push_back({});
-        }
-      }
-      values[out] = result;
+  if (node.output_size() < 1) return;
+  const std::string& out = node.output(0);
+  if (op == "Constant") {
+    for (const auto& a : node.attribute()) {
+      if (a.name() == "value" && a.has_t()) TrackTensor(out, a.t(), &values);
     }
+  } else if (op == "Shape" && node.input_size() == 1) {
+    auto shape = ShapeOf(types, node.input(0));
+    if (!shape) return;
+    const int64_t rank = static_cast<int64_t>(shape->size());
+    int64_t start = opset >= 15 ? IntAttribute(node, "start", 0) : 0;
+    int64_t end = opset >= 15 ? IntAttribute(node, "end", rank) : rank;
+    if (start < 0) start += rank;
+    if (end < 0) end += rank;
+    start = std::clamp<int64_t>(start, 0, rank);
+    end = std::clamp<int64_t>(end, start, rank);
+    values[out] = Shape(shape->begin() + start, shape->begin() + end);
+  } else if (op == "Cast" && input(0)) {
+    // Casts that keep integer values as they are (not to bool, which would make 5 a 1).
+    const int64_t to = IntAttribute(node, "to", 0);
+    if (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::FLOAT ||
+        to == onnx::TensorProto::DOUBLE) {
+      values[out] = *input(0);
+    }
+  } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Identity") && input(0)) {
+    values[out] = *input(0);
+  } else if (op == "Gather" && input(0) && input(1) && IntAttribute(node, "axis", 0) == 0) {
+    Shape picked;
+    for (const Dim& index : *input(1)) {
+      if (index.kind != Dim::Kind::kValue) {
+        picked.clear();
+        break;
+      }
+      int64_t i = index.value < 0 ? index.value + static_cast<int64_t>(input(0)->size()) : index.value;
+      if (i < 0 || i >= static_cast<int64_t>(input(0)->size())) {
+        picked.clear();
+        break;
+      }
+      picked.push_back((*input(0))[static_cast<size_t>(i)]);
+    }
+    if (!picked.empty()) values[out] = picked;
+  } else if (op == "Slice" && input(0) && node.input_size() >= 3) {  // a slice of a shape tensor
+    const Shape* starts = input(1);
+    const Shape* ends = input(2);
+    const Shape* axes = node.input_size() > 3 && !node.input(3).empty() ? input(3) : nullptr;
+    const Shape* steps = node.input_size() > 4 && !node.input(4).empty() ? input(4) : nullptr;
+    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (node.input_size() > 3 && !node.input(3).empty() && !axes) ||
+        (axes && !(axes->size() == 1 && ((*axes)[0] == Dim::Value(0) || (*axes)[0] == Dim::Value(-1)))) ||
+        (steps && !(steps->size() == 1 && (*steps)[0] == Dim::Value(1))) ||
+        (*starts)[0].kind != Dim::Kind::kValue || (*ends)[0].kind != Dim::Kind::kValue) {
+      return;
+    }
+    const int64_t size = static_cast<int64_t>(input(0)->size());
+    int64_t start = (*starts)[0].value, end = (*ends)[0].value;
+    if (start < 0) start += size;
+    if (end < 0) end += size;
+    start = std::clamp<int64_t>(start, 0, size);
+    end = std::clamp<int64_t>(end, start, size);
+    values[out] = Shape(input(0)->begin() + start, input(0)->begin() + end);
+  } else if (op == "ConstantOfShape" && input(0) && input(0)->size() == 1 &&
+             (*input(0))[0].kind == Dim::Kind::kValue && (*input(0))[0].value <= 64) {
+    // A small integer tensor filled with the attribute's value (0 if none).
+    std::optional<int64_t> fill = 0;
+    for (const auto& a : node.attribute()) {
+      if (a.name() != "value" || !a.has_t()) continue;
+      auto ints = Ints(a.t());
+      fill = ints && ints->size() == 1 ? std::optional<int64_t>((*ints)[0]) : std::nullopt;
+    }
+    if (fill) values[out] = Shape(static_cast<size_t>((*input(0))[0].value), Dim::Value(*fill));
+  } else if (op == "Equal" && input(0) && input(1) && input(0)->size() == input(1)->size()) {
+    // Elementwise; a named dim is a size, never negative, so it differs from any negative number.
+    Shape result;
+    for (size_t i = 0; i < input(0)->size(); ++i) {
+      const Dim& a = (*input(0))[i];
+      const Dim& b = (*input(1))[i];
+      if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
+        result.push_back(Dim::Value(a.value == b.value ? 1 : 0));
+      } else if (a.known() && b.known() && a == b) {
+        result.push_back(Dim::Value(1));
+      } else if ((a.kind == Dim::Kind::kParam && b.kind == Dim::Kind::kValue && b.value < 0) ||
+                 (b.kind == Dim::Kind::kParam && a.kind == Dim::Kind::kValue && a.value < 0)) {
+        result.push_back(Dim::Value(0));
+      } else {
+        result.push_back({});
+      }
+    }
+    values[out] = result;
+  } else if (op == "Where" && input(0) && input(1) && input(2) && input(0)->size() == input(1)->size() &&
+             input(1)->size() == input(2)->size()) {
+    Shape result;
+    for (size_t i = 0; i < input(0)->size(); ++i) {
+      const Dim& c = (*input(0))[i];
+      result.push_back(c.kind != Dim::Kind::kValue ? Dim() : (c.value != 0 ? (*input(1))[i] : (*input(2))[i]));
+    }
+    values[out] = result;
+  } else if (op == "Concat") {
+    Shape joined;
+    bool complete = true;
+    for (int i = 0; i < node.input_size() && complete; ++i) {
+      if (const Shape* part = input(i)) {
+        joined.insert(joined.end(), part->begin(), part->end());
+      } else {
+        complete = false;
+      }
+    }
+    if (complete) values[out] = joined;
+  } else if ((op == "Mul" || op == "Add" || op == "Sub" || op == "Div") && input(0) && input(1) &&
+             input(0)->size() == input(1)->size()) {
+    Shape result;
+    for (size_t i = 0; i < input(0)->size(); ++i) {
+      const Dim& a = (*input(0))[i];
+      const Dim& b = (*input(1))[i];
+      if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
+        if (op == "Mul") result.push_back(Dim::Value(a.value * b.value));
+        if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
+        if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
+        if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
+      } else if (op == "Sub" && a.kind == Dim::Kind::kParam && a == b) {
+        // One symbolic name is one size (ONNX's rule for dim_param): key_length - query_length.
+        result.push_back(Dim::Value(0));
+      } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
+        result.push_back(a);
+      } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
+        result.push_back(a);
+      } else {
+        result.push_back({});
+      }
+    }
+    values[out] = result;
   }
-  return values;
 }
 
 // A better type for `name` from `shape` if it knows more than `types` does; true if updated.
-bool Improve(std::unordered_map<std::string, onnx::TypeProto>* types, const std::string& name, const Shape& shape,
+bool Improve(TypeMap* types, const std::string& name, const Shape& shape,
              int32_t element_type) {
   onnx::TypeProto& type = (*types)[name];
   auto* tensor = type.mutable_tensor_type();
@@ -283,7 +279,7 @@ bool Improve(std::unordered_map<std::string, onnx::TypeProto>* types, const std:
   return improved;
 }
 
-int32_t ElementType(const std::unordered_map<std::string, onnx::TypeProto>& types, const std::string& name) {
+int32_t ElementType(const TypeMap& types, const std::string& name) {
   auto it = types.find(name);
   return it == types.end() ? 0 : it->second.tensor_type().elem_type();
 }
@@ -299,253 +295,237 @@ bool KeepsInputShape(const onnx::NodeProto& node) {
          (node.op_type() == "LayerNormalization" || node.op_type() == "SimplifiedLayerNormalization");
 }
 
-int OneRound(const onnx::GraphProto& graph, std::unordered_map<std::string, onnx::TypeProto>* types, int64_t opset) {
-  const auto values = TrackValues(graph, *types, opset);
+// Better output types for `node` from its rule, the types of its inputs and the tracked values;
+// the number of outputs improved.
+int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* types) {
   int improved = 0;
-  for (const auto& node : graph.node()) {
-    if (KeepsInputShape(node) && node.input_size() >= 1 && node.output_size() >= 1) {
-      if (auto shape = ShapeOf(*types, node.input(0))) {
-        improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
-        // Skip(Simplified)LayerNormalization's 4th output, input + skip + bias, has the input's shape too.
-        if (node.output_size() >= 4 && !node.output(3).empty()) {
-          improved += Improve(types, node.output(3), *shape, ElementType(*types, node.input(0)));
-        }
+  if (KeepsInputShape(node) && node.input_size() >= 1 && node.output_size() >= 1) {
+    if (auto shape = ShapeOf(*types, node.input(0))) {
+      improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
+      // Skip(Simplified)LayerNormalization's 4th output, input + skip + bias, has the input's shape too.
+      if (node.output_size() >= 4 && !node.output(3).empty()) {
+        improved += Improve(types, node.output(3), *shape, ElementType(*types, node.input(0)));
       }
-      continue;
     }
-    if (node.domain() == "com.microsoft" && node.op_type() == "Attention" && node.input_size() >= 2) {
-      // [B, S, W/3] for weights W[H_in, 3 * H] (no qkv_hidden_sizes).
-      auto shape = ShapeOf(*types, node.input(0));
-      auto weights = ShapeOf(*types, node.input(1));
-      if (shape && shape->size() == 3 && weights && weights->size() == 2 && (*weights)[1].kind == Dim::Kind::kValue &&
-          (*weights)[1].value % 3 == 0) {
-        (*shape)[2] = Dim::Value((*weights)[1].value / 3);
-        improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
-      }
-      continue;
+    return improved;
+  }
+  if (node.domain() == "com.microsoft" && node.op_type() == "Attention" && node.input_size() >= 2) {
+    // [B, S, W/3] for weights W[H_in, 3 * H] (no qkv_hidden_sizes).
+    auto shape = ShapeOf(*types, node.input(0));
+    auto weights = ShapeOf(*types, node.input(1));
+    if (shape && shape->size() == 3 && weights && weights->size() == 2 && (*weights)[1].kind == Dim::Kind::kValue &&
+        (*weights)[1].value % 3 == 0) {
+      (*shape)[2] = Dim::Value((*weights)[1].value / 3);
+      improved += Improve(types, node.output(0), *shape, ElementType(*types, node.input(0)));
     }
-    if (node.domain() == "com.microsoft" && node.op_type() == "EmbedLayerNormalization" && node.input_size() >= 3) {
-      // [B, S, H] from the ids [B, S] and the word table [V, H]; mask_index [B].
-      auto ids = ShapeOf(*types, node.input(0));
-      auto table = ShapeOf(*types, node.input(2));
-      if (ids && ids->size() == 2 && table && table->size() == 2) {
-        const Shape shape = {(*ids)[0], (*ids)[1], (*table)[1]};
-        const int32_t element_type = ElementType(*types, node.input(2));
-        improved += Improve(types, node.output(0), shape, element_type);
-        if (node.output_size() >= 2 && !node.output(1).empty()) {
-          improved += Improve(types, node.output(1), Shape{(*ids)[0]}, onnx::TensorProto::INT32);
-        }
-        if (node.output_size() >= 3 && !node.output(2).empty()) improved += Improve(types, node.output(2), shape, element_type);
+    return improved;
+  }
+  if (node.domain() == "com.microsoft" && node.op_type() == "EmbedLayerNormalization" && node.input_size() >= 3) {
+    // [B, S, H] from the ids [B, S] and the word table [V, H]; mask_index [B].
+    auto ids = ShapeOf(*types, node.input(0));
+    auto table = ShapeOf(*types, node.input(2));
+    if (ids && ids->size() == 2 && table && table->size() == 2) {
+      const Shape shape = {(*ids)[0], (*ids)[1], (*table)[1]};
+      const int32_t element_type = ElementType(*types, node.input(2));
+      improved += Improve(types, node.output(0), shape, element_type);
+      if (node.output_size() >= 2 && !node.output(1).empty()) {
+        improved += Improve(types, node.output(1), Shape{(*ids)[0]}, onnx::TensorProto::INT32);
       }
-      continue;
+      if (node.output_size() >= 3 && !node.output(2).empty()) improved += Improve(types, node.output(2), shape, element_type);
     }
-    if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) continue;
-    const std::string& op = node.op_type();
-    const std::string& out = node.output(0);
-    if (op == "Range" && node.input_size() == 3) {
-      // Range(0, n, 1) has n elements.
-      auto start = values.find(node.input(0));
-      auto limit = values.find(node.input(1));
-      auto delta = values.find(node.input(2));
-      if (start == values.end() || limit == values.end() || delta == values.end() || start->second.size() != 1 ||
-          limit->second.size() != 1 || delta->second.size() != 1 || !(start->second[0] == Dim::Value(0)) ||
-          !(delta->second[0] == Dim::Value(1)) || !limit->second[0].known()) {
-        continue;
-      }
-      improved += Improve(types, out, Shape{limit->second[0]}, ElementType(*types, node.input(0)));
-      continue;
+    return improved;
+  }
+  if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) return improved;
+  const std::string& op = node.op_type();
+  const std::string& out = node.output(0);
+  if (op == "Range" && node.input_size() == 3) {
+    // Range(0, n, 1) has n elements.
+    auto start = values.find(node.input(0));
+    auto limit = values.find(node.input(1));
+    auto delta = values.find(node.input(2));
+    if (start == values.end() || limit == values.end() || delta == values.end() || start->second.size() != 1 ||
+        limit->second.size() != 1 || delta->second.size() != 1 || !(start->second[0] == Dim::Value(0)) ||
+        !(delta->second[0] == Dim::Value(1)) || !limit->second[0].known()) {
+      return improved;
     }
-    if (op == "Expand" && node.input_size() == 2) {
-      // Broadcast of the input's shape with the (tracked) target shape; a 1 keeps the input's dim.
-      auto target = values.find(node.input(1));
-      auto input = ShapeOf(*types, node.input(0));
-      if (target == values.end() || !input) continue;
-      const size_t rank = std::max(target->second.size(), input->size());
-      Shape result(rank);
-      for (size_t d = 0; d < rank; ++d) {
-        const size_t ti = d + target->second.size() - rank, ii = d + input->size() - rank;
-        const Dim t = d + target->second.size() >= rank ? target->second[ti] : Dim::Value(1);
-        const Dim i = d + input->size() >= rank ? (*input)[ii] : Dim::Value(1);
-        if (t == Dim::Value(1)) {
-          result[d] = i;
-        } else if (i == Dim::Value(1) || i == t) {
-          result[d] = t;
-        }
+    improved += Improve(types, out, Shape{limit->second[0]}, ElementType(*types, node.input(0)));
+    return improved;
+  }
+  if (op == "Expand" && node.input_size() == 2) {
+    // Broadcast of the input's shape with the (tracked) target shape; a 1 keeps the input's dim.
+    auto target = values.find(node.input(1));
+    auto input = ShapeOf(*types, node.input(0));
+    if (target == values.end() || !input) return improved;
+    const size_t rank = std::max(target->second.size(), input->size());
+    Shape result(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      const size_t ti = d + target->second.size() - rank, ii = d + input->size() - rank;
+      const Dim t = d + target->second.size() >= rank ? target->second[ti] : Dim::Value(1);
+      const Dim i = d + input->size() >= rank ? (*input)[ii] : Dim::Value(1);
+      if (t == Dim::Value(1)) {
+        result[d] = i;
+      } else if (i == Dim::Value(1) || i == t) {
+        result[d] = t;
       }
-      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
-      continue;
     }
-    if (op == "Reshape" && node.input_size() == 2) {
-      auto target = values.find(node.input(1));
-      auto input = ShapeOf(*types, node.input(0));
-      if (target == values.end()) continue;
-      const bool allow_zero = IntAttribute(node, "allowzero", 0) != 0;
-      Shape result;
-      int infer_at = -1;
-      for (size_t i = 0; i < target->second.size(); ++i) {
-        const Dim& d = target->second[i];
-        if (d.kind == Dim::Kind::kValue && d.value == 0 && !allow_zero) {
-          result.push_back(input && i < input->size() ? (*input)[i] : Dim());
-        } else if (d.kind == Dim::Kind::kValue && d.value == -1) {
-          infer_at = static_cast<int>(i);
-          result.push_back({});
-        } else {
-          result.push_back(d);
-        }
+    improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+    return improved;
+  }
+  if (op == "Reshape" && node.input_size() == 2) {
+    auto target = values.find(node.input(1));
+    auto input = ShapeOf(*types, node.input(0));
+    if (target == values.end()) return improved;
+    const bool allow_zero = IntAttribute(node, "allowzero", 0) != 0;
+    Shape result;
+    int infer_at = -1;
+    for (size_t i = 0; i < target->second.size(); ++i) {
+      const Dim& d = target->second[i];
+      if (d.kind == Dim::Kind::kValue && d.value == 0 && !allow_zero) {
+        result.push_back(input && i < input->size() ? (*input)[i] : Dim());
+      } else if (d.kind == Dim::Kind::kValue && d.value == -1) {
+        infer_at = static_cast<int>(i);
+        result.push_back({});
+      } else {
+        result.push_back(d);
       }
-      if (infer_at >= 0 && input) {
-        Monomial total, others;
-        bool ok = true;
-        for (const Dim& d : *input) ok &= total.Multiply(d);
-        for (size_t i = 0; i < result.size(); ++i) {
-          if (static_cast<int>(i) != infer_at) ok &= others.Multiply(result[i]);
-        }
-        if (ok) result[static_cast<size_t>(infer_at)] = Divide(total, others);
+    }
+    if (infer_at >= 0 && input) {
+      Monomial total, others;
+      bool ok = true;
+      for (const Dim& d : *input) ok &= total.Multiply(d);
+      for (size_t i = 0; i < result.size(); ++i) {
+        if (static_cast<int>(i) != infer_at) ok &= others.Multiply(result[i]);
       }
-      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
-    } else if (op == "Slice" && node.input_size() >= 3) {
-      // Same rank as the input; a sliced dim is known only when the slice provably takes all of it
-      // (start 0, step 1, end the dim itself).
-      auto input = ShapeOf(*types, node.input(0));
-      if (!input) continue;
-      auto get = [&](int i) -> const Shape* {
-        if (i >= node.input_size() || node.input(i).empty()) return nullptr;
-        auto it = values.find(node.input(i));
-        return it == values.end() ? nullptr : &it->second;
-      };
-      const Shape* starts = get(1);
-      const Shape* ends = get(2);
-      const Shape* axes = get(3);
-      const Shape* steps = get(4);
-      Shape result = *input;
-      const int64_t rank = static_cast<int64_t>(input->size());
-      const size_t count = starts ? starts->size() : 0;
-      for (size_t k = 0; k < std::max<size_t>(count, 1); ++k) {
-        int64_t axis = static_cast<int64_t>(k);
-        if (axes != nullptr) {
-          if (k >= axes->size() || (*axes)[k].kind != Dim::Kind::kValue) {
-            result.assign(input->size(), Dim());  // unknown axes: only the rank is certain
-            break;
-          }
-          axis = (*axes)[k].value < 0 ? (*axes)[k].value + rank : (*axes)[k].value;
+      if (ok) result[static_cast<size_t>(infer_at)] = Divide(total, others);
+    }
+    improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+  } else if (op == "Slice" && node.input_size() >= 3) {
+    // Same rank as the input; a sliced dim is known only when the slice provably takes all of it
+    // (start 0, step 1, end the dim itself).
+    auto input = ShapeOf(*types, node.input(0));
+    if (!input) return improved;
+    auto get = [&](int i) -> const Shape* {
+      if (i >= node.input_size() || node.input(i).empty()) return nullptr;
+      auto it = values.find(node.input(i));
+      return it == values.end() ? nullptr : &it->second;
+    };
+    const Shape* starts = get(1);
+    const Shape* ends = get(2);
+    const Shape* axes = get(3);
+    const Shape* steps = get(4);
+    Shape result = *input;
+    const int64_t rank = static_cast<int64_t>(input->size());
+    const size_t count = starts ? starts->size() : 0;
+    for (size_t k = 0; k < std::max<size_t>(count, 1); ++k) {
+      int64_t axis = static_cast<int64_t>(k);
+      if (axes != nullptr) {
+        if (k >= axes->size() || (*axes)[k].kind != Dim::Kind::kValue) {
+          result.assign(input->size(), Dim());  // unknown axes: only the rank is certain
+          break;
         }
-        if (axis < 0 || axis >= rank) break;
-        const bool whole = starts && ends && k < ends->size() && (*starts)[k] == Dim::Value(0) &&
-                           (!steps || (k < steps->size() && (*steps)[k] == Dim::Value(1))) &&
-                           (*ends)[k] == (*input)[static_cast<size_t>(axis)] && (*input)[static_cast<size_t>(axis)].known();
-        if (!whole) result[static_cast<size_t>(axis)] = Dim();
-        if (!starts) result.assign(input->size(), Dim());
+        axis = (*axes)[k].value < 0 ? (*axes)[k].value + rank : (*axes)[k].value;
       }
-      improved += Improve(types, out, result, ElementType(*types, node.input(0)));
-    } else if (BroadcastOps().count(op) > 0) {
-      std::vector<Shape> inputs;
-      size_t rank = 0;
-      bool all_ranked = true;
-      for (int i = 0; i < node.input_size() && all_ranked; ++i) {
-        auto shape = ShapeOf(*types, node.input(i));
-        if (!shape) {
-          all_ranked = false;
-        } else {
-          rank = std::max(rank, shape->size());
-          inputs.push_back(*shape);
-        }
+      if (axis < 0 || axis >= rank) break;
+      const bool whole = starts && ends && k < ends->size() && (*starts)[k] == Dim::Value(0) &&
+                         (!steps || (k < steps->size() && (*steps)[k] == Dim::Value(1))) &&
+                         (*ends)[k] == (*input)[static_cast<size_t>(axis)] && (*input)[static_cast<size_t>(axis)].known();
+      if (!whole) result[static_cast<size_t>(axis)] = Dim();
+      if (!starts) result.assign(input->size(), Dim());
+    }
+    improved += Improve(types, out, result, ElementType(*types, node.input(0)));
+  } else if (BroadcastOps().count(op) > 0) {
+    std::vector<Shape> inputs;
+    size_t rank = 0;
+    bool all_ranked = true;
+    for (int i = 0; i < node.input_size() && all_ranked; ++i) {
+      auto shape = ShapeOf(*types, node.input(i));
+      if (!shape) {
+        all_ranked = false;
+      } else {
+        rank = std::max(rank, shape->size());
+        inputs.push_back(*shape);
       }
-      if (!all_ranked || inputs.empty()) continue;
-      Shape result(rank);
-      for (size_t d = 0; d < rank; ++d) {
-        std::optional<Dim> chosen;
-        bool conflict = false, any_unknown = false, all_one = true;
-        for (const Shape& shape : inputs) {
-          const size_t offset = rank - shape.size();
-          if (d < offset) continue;  // broadcasts as 1
-          const Dim& dim = shape[d - offset];
-          if (!dim.known()) {
-            any_unknown = true;
-            all_one = false;
-            continue;
-          }
-          if (dim == Dim::Value(1)) continue;
+    }
+    if (!all_ranked || inputs.empty()) return improved;
+    Shape result(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      std::optional<Dim> chosen;
+      bool conflict = false, any_unknown = false, all_one = true;
+      for (const Shape& shape : inputs) {
+        const size_t offset = rank - shape.size();
+        if (d < offset) continue;  // broadcasts as 1
+        const Dim& dim = shape[d - offset];
+        if (!dim.known()) {
+          any_unknown = true;
           all_one = false;
-          if (!chosen) {
-            chosen = dim;
-          } else if (!(*chosen == dim)) {
-            conflict = true;
-          }
+          continue;
         }
-        if (conflict) continue;
-        if (chosen) {
-          result[d] = *chosen;
-        } else if (all_one && !any_unknown) {
-          result[d] = Dim::Value(1);
+        if (dim == Dim::Value(1)) continue;
+        all_one = false;
+        if (!chosen) {
+          chosen = dim;
+        } else if (!(*chosen == dim)) {
+          conflict = true;
         }
       }
-      const int32_t element_type = op == "Equal" || op == "Less" || op == "Greater" || op == "And" || op == "Or"
-                                       ? onnx::TensorProto::BOOL
-                                       : ElementType(*types, node.input(op == "Where" ? 1 : 0));
-      improved += Improve(types, out, result, element_type);
+      if (conflict) continue;
+      if (chosen) {
+        result[d] = *chosen;
+      } else if (all_one && !any_unknown) {
+        result[d] = Dim::Value(1);
+      }
     }
+    const int32_t element_type = op == "Equal" || op == "Less" || op == "Greater" || op == "And" || op == "Or"
+                                     ? onnx::TensorProto::BOOL
+                                     : ElementType(*types, node.input(op == "Where" ? 1 : 0));
+    improved += Improve(types, out, result, element_type);
   }
   return improved;
 }
 
 }  // namespace
 
-// Each round resolves what the last one exposed (roughly one Reshape deep per round).
-constexpr int kMaxRounds = 32;
+struct SymbolicShapes::State {
+  Values values;
+};
 
-int RecoverSymbolicShapes(onnx::ModelProto* model, std::unordered_map<std::string, onnx::TypeProto>* types,
-                          KnownIntValues* known) {
-  int64_t opset = 0;
-  for (const auto& import : model->opset_import()) {
-    if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
+SymbolicShapes::SymbolicShapes(int64_t opset) : opset_(opset), state_(std::make_unique<State>()) {}
+SymbolicShapes::~SymbolicShapes() = default;
+
+void SymbolicShapes::TrackConstant(const std::string& name, const onnx::TensorProto& tensor) {
+  TrackTensor(name, tensor, &state_->values);
+}
+
+int SymbolicShapes::Apply(const onnx::NodeProto& node, TypeMap* types) {
+  const int improved = ImproveNode(node, state_->values, types);
+  TrackNode(node, *types, opset_, &state_->values);
+  // Only computed values are worth reporting as known: a Constant is one already.
+  if (node.op_type() != "Constant" && node.output_size() == 1 && state_->values.count(node.output(0)) > 0) {
+    computed_.push_back(node.output(0));
   }
-  int total = 0;
-  for (int round = 0; round < kMaxRounds; ++round) {
-    const int improved = OneRound(model->graph(), types, opset);
-    if (improved == 0) break;
-    total += improved;
-    // Let onnx's inference carry the recovered shapes through the rest of the graph.
-    onnx::GraphProto* graph = model->mutable_graph();
-    graph->clear_value_info();
-    std::set<std::string> io;
-    for (const auto& v : graph->input()) io.insert(v.name());
-    for (const auto& v : graph->output()) io.insert(v.name());
-    for (const auto& t : graph->initializer()) io.insert(t.name());
-    for (const auto& [name, type] : *types) {
-      if (io.count(name) > 0) continue;
-      auto* value = graph->add_value_info();
-      value->set_name(name);
-      *value->mutable_type() = type;
-      // onnx's own placeholder names would outrank what it can now infer: hand them back as unknown.
-      if (!value->type().tensor_type().has_shape()) continue;
-      for (auto& dim : *value->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
-        if (dim.has_dim_param() && IsGeneratedName(dim.dim_param())) dim.clear_dim_param();
-      }
+  return improved;
+}
+
+bool SymbolicShapes::ShapeData(const std::string& name, onnx::TensorShapeProto* data) const {
+  auto it = state_->values.find(name);
+  if (it == state_->values.end()) return false;
+  data->Clear();
+  for (const Dim& d : it->second) ToProto(d, data->add_dim());
+  return true;
+}
+
+KnownIntValues SymbolicShapes::Known() const {
+  KnownIntValues known;
+  for (const std::string& name : computed_) {
+    const Shape& value = state_->values.at(name);
+    std::vector<onnx::TensorShapeProto::Dimension> dims;
+    for (const Dim& d : value) {
+      if (!d.known()) break;
+      ToProto(d, &dims.emplace_back());
     }
-    if (!InferShapesInPlace(model)) break;
-    for (const auto& value : graph->value_info()) {
-      auto shape = ShapeOf({{value.name(), value.type()}}, value.name());
-      if (!shape) continue;
-      total += Improve(types, value.name(), *shape, value.type().tensor_type().elem_type());
-    }
+    if (dims.size() == value.size()) known.emplace(name, std::move(dims));
   }
-  if (known != nullptr) {
-    std::set<std::string> computed;
-    for (const auto& node : model->graph().node()) {
-      if (node.op_type() == "Constant" || node.output_size() != 1) continue;
-      computed.insert(node.output(0));
-    }
-    for (auto& [name, value] : TrackValues(model->graph(), *types, opset)) {
-      if (computed.count(name) == 0) continue;
-      std::vector<onnx::TensorShapeProto::Dimension> dims;
-      for (const Dim& d : value) {
-        if (!d.known()) break;
-        ToProto(d, &dims.emplace_back());
-      }
-      if (dims.size() == value.size()) known->emplace(name, std::move(dims));
-    }
-  }
-  return total;
+  return known;
 }
 
 }  // namespace onnxopt

@@ -1,0 +1,299 @@
+#include "optimizer/shape_inference.h"
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "onnx/defs/schema.h"
+#include "onnx/defs/tensor_proto_util.h"
+#include "onnx/shape_inference/implementation.h"
+#include "optimizer/contrib_schemas.h"
+
+namespace onnxopt {
+namespace {
+
+namespace si = onnx::shape_inference;
+
+// Tensors bigger than this are weights, never shape tensors: rules see only their type.
+constexpr size_t kDataTensorBytes = 4096;
+
+const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& attribute : node.attribute()) {
+    if (attribute.name() == name) return &attribute;
+  }
+  return nullptr;
+}
+
+// What onnx's rules see of one node's inputs.
+struct NodeInputs {
+  std::vector<const onnx::TypeProto*> types;
+  std::vector<const onnx::TensorProto*> data;
+  std::vector<const onnx::TensorShapeProto*> shape_data;
+};
+
+class NodeInferenceContext final : public onnx::InferenceContext {
+ public:
+  NodeInferenceContext(const onnx::NodeProto& node, const NodeInputs& inputs, si::GraphInferenceContext* graph_context)
+      : node_(node), inputs_(inputs), outputs_(static_cast<size_t>(node.output_size())), graph_context_(graph_context) {}
+
+  const onnx::AttributeProto* getAttribute(const std::string& name) const override { return FindAttribute(node_, name); }
+  size_t getNumInputs() const override { return inputs_.types.size(); }
+  const onnx::TypeProto* getInputType(size_t index) const override { return At(inputs_.types, index); }
+  const onnx::TensorProto* getInputData(size_t index) const override { return At(inputs_.data, index); }
+  const onnx::TensorShapeProto* getSymbolicInput(size_t index) const override { return At(inputs_.shape_data, index); }
+  const onnx::SparseTensorProto* getInputSparseData(size_t) const override { return nullptr; }
+  size_t getNumOutputs() const override { return outputs_.size(); }
+  onnx::TypeProto* getOutputType(size_t index) override {
+    if (index >= outputs_.size()) fail_type_inference("output ", index, " is out of bounds");
+    return &outputs_[index];
+  }
+  onnx::GraphInferencer* getGraphAttributeInferencer(const std::string& name) override {
+    const onnx::AttributeProto* attribute = FindAttribute(node_, name);
+    if (graph_context_ == nullptr || attribute == nullptr || !attribute->has_g()) {
+      fail_type_inference("attribute ", name, " holds no graph");
+    }
+    // onnx's graph inferencer writes value_info into the graph: it gets a copy.
+    onnx::GraphProto& graph = graphs_.emplace_back(attribute->g());
+    inferencers_.push_back(std::make_unique<si::GraphInferencerImpl>(graph, *graph_context_));
+    return inferencers_.back().get();
+  }
+
+  std::vector<onnx::TypeProto>& outputs() { return outputs_; }
+
+ private:
+  template <typename T>
+  static const T* At(const std::vector<const T*>& values, size_t index) {
+    if (index >= values.size()) fail_type_inference("input ", index, " is out of bounds");
+    return values[index];
+  }
+
+  const onnx::NodeProto& node_;
+  const NodeInputs& inputs_;
+  std::vector<onnx::TypeProto> outputs_;
+  si::GraphInferenceContext* graph_context_;
+  std::deque<onnx::GraphProto> graphs_;
+  std::vector<std::unique_ptr<onnx::GraphInferencer>> inferencers_;
+};
+
+class NodePropagationContext final : public onnx::DataPropagationContext {
+ public:
+  NodePropagationContext(const onnx::NodeProto& node, const NodeInputs& inputs, const std::vector<onnx::TypeProto>& outputs)
+      : node_(node), inputs_(inputs), output_types_(outputs), output_data_(outputs.size()) {}
+
+  const onnx::AttributeProto* getAttribute(const std::string& name) const override { return FindAttribute(node_, name); }
+  size_t getNumInputs() const override { return inputs_.types.size(); }
+  const onnx::TypeProto* getInputType(size_t index) const override {
+    if (index >= inputs_.types.size()) fail_shape_inference("input ", index, " is out of bounds");
+    return inputs_.types[index];
+  }
+  size_t getNumOutputs() const override { return output_types_.size(); }
+  const onnx::TypeProto* getOutputType(size_t index) const override {
+    if (index >= output_types_.size()) fail_shape_inference("output ", index, " is out of bounds");
+    return &output_types_[index];
+  }
+  const onnx::TensorShapeProto* getInputData(size_t index) override {
+    if (index >= inputs_.types.size()) fail_shape_inference("input ", index, " is out of bounds");
+    if (inputs_.shape_data[index] != nullptr) return inputs_.shape_data[index];
+    const onnx::TensorProto* tensor = inputs_.data[index];
+    if (tensor == nullptr || tensor->dims_size() > 1) return nullptr;
+    onnx::TensorShapeProto& converted = converted_.emplace_back();
+    if (tensor->data_type() == onnx::TensorProto::INT64) {
+      for (int64_t v : onnx::ParseData<int64_t>(tensor)) converted.add_dim()->set_dim_value(v);
+    } else if (tensor->data_type() == onnx::TensorProto::INT32) {
+      for (int32_t v : onnx::ParseData<int32_t>(tensor)) converted.add_dim()->set_dim_value(v);
+    } else {
+      return nullptr;
+    }
+    return &converted;
+  }
+  void addOutputData(size_t index, onnx::TensorShapeProto&& data) override {
+    if (index >= output_data_.size()) fail_shape_inference("output ", index, " is out of bounds");
+    output_data_[index] = std::move(data);
+    has_output_data_ = true;
+  }
+
+  bool has_output_data() const { return has_output_data_; }
+  std::vector<onnx::TensorShapeProto>& output_data() { return output_data_; }
+
+ private:
+  const onnx::NodeProto& node_;
+  const NodeInputs& inputs_;
+  const std::vector<onnx::TypeProto>& output_types_;
+  std::vector<onnx::TensorShapeProto> output_data_;
+  std::deque<onnx::TensorShapeProto> converted_;
+  bool has_output_data_ = false;
+};
+
+// Where a tracked value (symbolic_shapes) knows an element, it wins over onnx's propagated one.
+void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProto* data) {
+  if (data->dim_size() != tracked.dim_size()) {
+    *data = tracked;
+    return;
+  }
+  for (int i = 0; i < tracked.dim_size(); ++i) {
+    const auto& d = tracked.dim(i);
+    if (d.has_dim_value() || d.has_dim_param()) *data->mutable_dim(i) = d;
+  }
+}
+
+class Sweep {
+ public:
+  explicit Sweep(const onnx::ModelProto& model) : model_(model), symbolic_(DefaultOpset(model)) {
+    for (const auto& import : model.opset_import()) {
+      opsets_[import.domain() == "ai.onnx" ? "" : import.domain()] = static_cast<int>(import.version());
+    }
+    for (const auto& function : model.functions()) {
+      functions_[function.domain() + ":" + function.name()] = &function;
+    }
+  }
+
+  InferredTypes Run() {
+    EnsureContribSchemas();
+    const onnx::GraphProto& graph = model_.graph();
+    result_.types = DeclaredTypes(graph);
+    for (const auto& tensor : graph.initializer()) {
+      if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
+        data_[tensor.name()] = &tensor;
+        symbolic_.TrackConstant(tensor.name(), tensor);
+      }
+    }
+    for (const auto& node : graph.node()) {
+      InferNode(node);
+      symbolic_.Apply(node, &result_.types);
+      PublishTrackedValue(node);
+    }
+    result_.known = symbolic_.Known();
+    return std::move(result_);
+  }
+
+ private:
+  static int64_t DefaultOpset(const onnx::ModelProto& model) {
+    int64_t opset = 0;
+    for (const auto& import : model.opset_import()) {
+      if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
+    }
+    return opset;
+  }
+
+  // onnx's rule for `node`: its outputs' types merged into what is declared, and the values its
+  // data-propagation rule works out.
+  void InferNode(const onnx::NodeProto& node) {
+    if (node.op_type() == "Constant" && node.output_size() == 1) {
+      const onnx::AttributeProto* value = FindAttribute(node, "value");
+      if (value != nullptr && value->has_t()) data_[node.output(0)] = &value->t();
+    }
+    const std::string& domain = node.domain() == "ai.onnx" ? kDefaultDomain : node.domain();
+    auto opset = opsets_.find(domain);
+    if (opset == opsets_.end()) return;
+    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), opset->second, domain);
+    const onnx::FunctionProto* function = nullptr;
+    if (schema == nullptr || (!schema->has_type_and_shape_inference_function() && schema->HasFunction())) {
+      function = schema != nullptr ? schema->GetFunction() : FindFunction(node);
+      if (function == nullptr) return;
+    }
+    NodeInputs inputs;
+    bool all_typed = true;
+    for (const std::string& input : node.input()) {
+      auto type = result_.types.find(input);
+      inputs.types.push_back(type != result_.types.end() ? &type->second : nullptr);
+      all_typed &= input.empty() || type != result_.types.end();
+      auto data = data_.find(input);
+      inputs.data.push_back(data != data_.end() ? data->second : nullptr);
+      auto shape_data = shape_data_.find(input);
+      inputs.shape_data.push_back(shape_data != shape_data_.end() ? &shape_data->second : nullptr);
+    }
+    std::unique_ptr<si::GraphInferenceContext> graph_context = MaybeGraphContext(node);
+    NodeInferenceContext context(node, inputs, graph_context.get());
+    try {
+      if (function != nullptr) {
+        std::unordered_map<std::string, int> function_opsets;
+        for (const auto& import : function->opset_import()) function_opsets[import.domain()] = import.version();
+        si::InferShapeForFunctionNode(*function, function_opsets, onnx::OpSchemaRegistry::Instance(), context,
+                                      onnx::ShapeInferenceOptions(false, 0, true), functions_, nullptr, &shape_data_);
+      } else if (schema->has_type_and_shape_inference_function()) {
+        schema->GetTypeAndShapeInferenceFunction()(context);
+      }
+      for (int i = 0; i < node.output_size(); ++i) {
+        onnx::TypeProto& inferred = context.outputs()[static_cast<size_t>(i)];
+        if (node.output(i).empty() || inferred.value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
+        auto [existing, inserted] = result_.types.try_emplace(node.output(i));
+        if (inserted) {
+          existing->second = std::move(inferred);
+        } else {
+          si::mergeShapesAndTypes(inferred, &existing->second);
+        }
+      }
+      if (schema == nullptr || !schema->has_data_propagation_function() || !all_typed) return;
+      NodePropagationContext propagation(node, inputs, context.outputs());
+      schema->GetDataPropagationFunction()(propagation);
+      if (!propagation.has_output_data()) return;
+      for (int i = 0; i < node.output_size(); ++i) {
+        auto& data = propagation.output_data()[static_cast<size_t>(i)];
+        if (!node.output(i).empty() && data.dim_size() > 0) shape_data_[node.output(i)] = std::move(data);
+      }
+    } catch (const std::exception&) {
+      // The node's outputs keep what is declared (and whatever merged before the failure).
+    }
+  }
+
+  // What the symbolic rules know of the node's first output becomes data-propagation input for
+  // onnx's rules downstream (Reshape, Expand, ConstantOfShape read their shape input through it).
+  void PublishTrackedValue(const onnx::NodeProto& node) {
+    if (node.output_size() < 1 || node.output(0).empty()) return;
+    onnx::TensorShapeProto tracked;
+    if (!symbolic_.ShapeData(node.output(0), &tracked)) return;
+    MergeShapeData(tracked, &shape_data_[node.output(0)]);
+  }
+
+  const onnx::FunctionProto* FindFunction(const onnx::NodeProto& node) const {
+    auto it = functions_.find(node.domain() + ":" + node.op_type());
+    return it == functions_.end() ? nullptr : it->second;
+  }
+
+  // If, Loop and Scan infer their bodies with onnx's graph inferencer, which sees the outer scope.
+  std::unique_ptr<si::GraphInferenceContext> MaybeGraphContext(const onnx::NodeProto& node) {
+    bool has_graph = false;
+    for (const auto& attribute : node.attribute()) has_graph |= attribute.has_g();
+    if (!has_graph) return nullptr;
+    outer_types_.clear();
+    for (auto& [name, type] : result_.types) outer_types_[name] = &type;
+    return std::make_unique<si::GraphInferenceContext>(outer_types_, opsets_, nullptr, functions_,
+                                                       onnx::OpSchemaRegistry::Instance(), &shape_data_,
+                                                       static_cast<int>(model_.ir_version()));
+  }
+
+  static inline const std::string kDefaultDomain;
+
+  const onnx::ModelProto& model_;
+  std::unordered_map<std::string, int> opsets_;
+  si::ModelLocalFunctionsMap functions_;
+  SymbolicShapes symbolic_;
+  InferredTypes result_;
+  std::unordered_map<std::string, const onnx::TensorProto*> data_;          // constant inputs onnx's rules read
+  std::unordered_map<std::string, onnx::TensorShapeProto> shape_data_;      // propagated integer values
+  std::unordered_map<std::string, onnx::TypeProto*> outer_types_;           // for subgraph inference
+};
+
+}  // namespace
+
+TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
+  TypeMap types;
+  for (const auto& tensor : graph.initializer()) {
+    onnx::TypeProto type;
+    type.mutable_tensor_type()->set_elem_type(tensor.data_type());
+    auto* shape = type.mutable_tensor_type()->mutable_shape();
+    for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
+    types.emplace(tensor.name(), std::move(type));
+  }
+  for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
+    for (const auto& value : *values) {
+      if (value.has_type()) types.emplace(value.name(), value.type());
+    }
+  }
+  return types;
+}
+
+InferredTypes InferGraphTypes(const onnx::ModelProto& model) { return Sweep(model).Run(); }
+
+}  // namespace onnxopt

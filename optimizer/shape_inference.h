@@ -1,0 +1,39 @@
+// onnxopt's shape inference of a model's main graph: one topological sweep that, node by node, runs
+// onnx's own inference rule for the operator (its schema's inference and data-propagation functions)
+// and then the rules of symbolic_shapes.h, so every node sees the final types of its inputs.
+//
+// It replaces onnx's whole-model InferShapes followed by recovery rounds (the recovered shapes written
+// back as value_info and onnx's inference run again until nothing improved): at 100k nodes that was
+// 2-2.7 s a run, of which onnx's own sweep was 0.25 s; the rounds were the rest.
+//
+// Differences from onnx's InferShapes, on purpose:
+// - A node whose rule fails (an onnx InferenceError, a type clash with a declared type) leaves its
+//   outputs as declared, and the sweep goes on; onnx's non-strict mode does the same but aborts the
+//   whole run on other errors.
+// - A data-propagation rule runs only when every input has a type: onnx 1.12's Shape-15 propagation
+//   dereferences a missing type and crashes the process.
+// - Nothing is written into the model: the result is a map.
+#ifndef ONNXOPT_OPTIMIZER_SHAPE_INFERENCE_H_
+#define ONNXOPT_OPTIMIZER_SHAPE_INFERENCE_H_
+
+#include "onnx/onnx_pb.h"
+#include "optimizer/symbolic_shapes.h"
+
+namespace onnxopt {
+
+struct InferredTypes {
+  TypeMap types;         // every main-graph value that has a type: declared, initializer or inferred
+  KnownIntValues known;  // node outputs whose values the shapes fix (shape arithmetic)
+};
+
+// The types a graph states without inference: its initializers' (which win over a declared type of
+// an overridable input), then its inputs', outputs' and value_info's.
+TypeMap DeclaredTypes(const onnx::GraphProto& graph);
+
+// DeclaredTypes, completed and refined by the sweep.
+// `model`'s default-domain opset must be one onnx 1.12 knows (<= 17): the caller checks.
+InferredTypes InferGraphTypes(const onnx::ModelProto& model);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_SHAPE_INFERENCE_H_
