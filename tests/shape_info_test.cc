@@ -10,6 +10,7 @@ namespace {
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::WithIntAttribute;
 
 // onnx 1.12 crashes the process when it propagates data through Shape-15 from a value whose
 // producer it has no schema for and whose type is undeclared (GPT-2 exports at opset 17 after
@@ -48,7 +49,7 @@ TEST(ShapeInfoTest, ShapesReachTheEndOfADeepFusedModel) {
     const std::string at = std::to_string(layer);
     onnx::NodeProto attention = MakeNode("Attention", {hidden, "w", "", ""}, {"a" + at});
     attention.set_domain("com.microsoft");
-    *graph.add_node() = testing::WithIntAttribute(attention, "num_heads", 2);
+    *graph.add_node() = WithIntAttribute(attention, "num_heads", 2);
     onnx::NodeProto skip = MakeNode("SkipLayerNormalization", {"a" + at, hidden, "gamma"}, {"n" + at, "", "", "sum" + at});
     skip.set_domain("com.microsoft");
     *graph.add_node() = skip;
@@ -76,6 +77,77 @@ TEST(ShapeInfoTest, ShapesReachTheEndOfADeepFusedModel) {
   std::vector<std::string> warnings;
   absl::Status checked = CheckModel(model, &warnings);
   EXPECT_TRUE(checked.ok()) << checked;
+}
+
+onnx::TensorProto Int64s(const std::string& name, std::vector<int64_t> values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::INT64);
+  tensor.add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t v : values) tensor.add_int64_data(v);
+  return tensor;
+}
+
+// 40 blocks of export-style reshapes, each target computed from the Shape of the block's input with
+// a -1 onnx cannot solve over symbolic dims: [batch, sequence, 8] -> [batch, sequence, 4, -1] ->
+// [0, 0, -1]. Each block needs the previous block's recovered shape. Recovery in rounds (the
+// recovered shapes written back and onnx's inference run again) went one block deeper a round and
+// stopped at 32; the sweep sees every node's inputs final, so one run reaches the end.
+TEST(ShapeInfoTest, ComputedReshapesResolveInOneSweepAtAnyDepth) {
+  constexpr int kBlocks = 40;
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {-1, 0, 8});
+  graph.mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
+  *graph.add_initializer() = Int64s("zero", {0});
+  *graph.add_initializer() = Int64s("one", {1});
+  *graph.add_initializer() = Int64s("four_rest", {4, -1});
+  *graph.add_initializer() = Int64s("keep_two_rest", {0, 0, -1});
+  std::string hidden = "x";
+  for (int block = 0; block < kBlocks; ++block) {
+    const std::string at = std::to_string(block);
+    *graph.add_node() = MakeNode("Shape", {hidden}, {"shape" + at});
+    *graph.add_node() = MakeNode("Gather", {"shape" + at, "zero"}, {"batch" + at});
+    *graph.add_node() = MakeNode("Gather", {"shape" + at, "one"}, {"sequence" + at});
+    *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"batch" + at, "sequence" + at, "four_rest"}, {"split_to" + at}), "axis", 0);
+    *graph.add_node() = MakeNode("Reshape", {hidden, "split_to" + at}, {"heads" + at});
+    *graph.add_node() = MakeNode("Reshape", {"heads" + at, "keep_two_rest"}, {"merged" + at});
+    *graph.add_node() = MakeNode("Relu", {"merged" + at}, {"h" + at});
+    hidden = "h" + at;
+  }
+  *graph.add_output() = FloatValue(hidden, {});
+  graph.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  ShapeInfo shapes = ShapeInfo::Infer(MakeModel(graph, 17));
+  ASSERT_TRUE(shapes.inferred());
+  const std::string last = std::to_string(kBlocks - 1);
+  ASSERT_EQ(shapes.Rank("heads" + last), 4);
+  EXPECT_EQ(shapes.Dim("heads" + last, 1)->dim_param(), "sequence");
+  EXPECT_EQ(shapes.DimValue("heads" + last, 3), 2);
+  ASSERT_EQ(shapes.Rank(hidden), 3);
+  EXPECT_EQ(shapes.Dim(hidden, 0)->dim_param(), "batch");
+  EXPECT_EQ(shapes.DimValue(hidden, 2), 8);
+  // The computed target is known symbolically, element by element.
+  const auto* target = shapes.SymbolicValue("split_to" + last);
+  ASSERT_NE(target, nullptr);
+  ASSERT_EQ(target->size(), 4u);
+  EXPECT_EQ((*target)[1].dim_param(), "sequence");
+  EXPECT_EQ((*target)[3].dim_value(), -1);
+}
+
+// A declared shape that contradicts inference costs that node's outputs, not the model's shapes:
+// onnx's InferShapes throws on the clash (even in its lenient mode) and gave nothing at all.
+TEST(ShapeInfoTest, AClashWithADeclaredShapeLosesOneNodeNotTheModel) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {2, 3});
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"r"});
+  *graph.add_value_info() = FloatValue("r", {5, 5});  // wrong
+  *graph.add_node() = MakeNode("Sigmoid", {"x"}, {"s"});
+  *graph.add_node() = MakeNode("Transpose", {"s"}, {"t"});
+  *graph.add_output() = FloatValue("t", {});
+  graph.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  ShapeInfo shapes = ShapeInfo::Infer(MakeModel(graph, 17));
+  ASSERT_TRUE(shapes.inferred());
+  EXPECT_EQ(shapes.StaticShape("t"), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(shapes.StaticShape("r"), (std::vector<int64_t>{5, 5}));  // as declared
 }
 
 }  // namespace
