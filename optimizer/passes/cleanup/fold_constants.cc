@@ -6,8 +6,9 @@
 //          Shape(x: 1x16x64) -> Gather(.., 2) -> Unsqueeze -> ...            [64] (initializer) -> ...
 //          Shape(v: Bx4xSx16) -> Slice(-1:) -> Squeeze                        16 (initializer) -> ...
 //          Sub(Gather(Shape(k), 2), Gather(Shape(q), 2)), both S              0 (initializer)
-// The evaluator is ONNX Runtime itself: all foldable nodes of a graph go into one small model that
-// one session runs, so results are exactly what ONNX Runtime would compute. A folded value larger
+// Integer shape arithmetic is evaluated natively (integer_arithmetic.h: exact, so the same as ONNX
+// Runtime's); everything else goes into one small model that one ONNX Runtime session runs, so
+// results are exactly what ONNX Runtime would compute. A folded value larger
 // than max_output_bytes and than its constant inputs stays computed (folding Expand or
 // ConstantOfShape must not blow the model up); its inputs are folded instead. Random operators,
 // nodes with subgraphs, other domains and graph inputs with initializers (overridable) never fold.
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/passes/integer_arithmetic.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/tensor_convert.h"
 
@@ -83,6 +85,34 @@ std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInf
   return tensor;
 }
 
+// The integer inputs of a node, from initializers and values folded so far, parsed once each.
+class IntegerInputs {
+ public:
+  IntegerInputs(const Graph& graph, const std::unordered_map<std::string, onnx::TensorProto>& values)
+      : graph_(graph), values_(values) {}
+
+  std::optional<IntTensor> Evaluate(const onnx::NodeProto& node, int64_t opset) {
+    std::vector<const IntTensor*> inputs;
+    for (const std::string& input : node.input()) inputs.push_back(input.empty() ? nullptr : Find(input));
+    return EvaluateIntegerNode(node, inputs, opset);
+  }
+
+ private:
+  const IntTensor* Find(const std::string& name) {
+    auto cached = parsed_.find(name);
+    if (cached != parsed_.end()) return cached->second ? &*cached->second : nullptr;
+    auto value = values_.find(name);
+    const onnx::TensorProto* tensor = value != values_.end() ? &value->second : graph_.Initializer(name);
+    std::optional<IntTensor> parsed = tensor != nullptr ? IntTensorFromProto(*tensor) : std::nullopt;
+    auto& slot = parsed_[name] = std::move(parsed);
+    return slot ? &*slot : nullptr;
+  }
+
+  const Graph& graph_;
+  const std::unordered_map<std::string, onnx::TensorProto>& values_;
+  std::unordered_map<std::string, std::optional<IntTensor>> parsed_;
+};
+
 class FoldConstantsPass final : public Pass {
  public:
   absl::string_view name() const override { return "fold_constants"; }
@@ -103,8 +133,9 @@ class FoldConstantsPass final : public Pass {
       if (!graph.IsGraphInput(tensor.name()) && graph.Initializer(tensor.name()) != nullptr) constant.insert(tensor.name());
     }
     std::vector<Node*> foldable;
-    std::unordered_set<const Node*> folded_directly;  // values known without running the node
+    std::unordered_set<const Node*> folded_directly;  // values known without ONNX Runtime
     std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
+    IntegerInputs integers(graph, values);
     for (Node* node : graph.Nodes()) {
       if (!FoldableOp(*node)) continue;
       bool all_constant = node->input_size() > 0 || node->op_type() == "Constant";
@@ -128,6 +159,12 @@ class FoldConstantsPass final : public Pass {
         all_constant = true;
       }
       if (!all_constant) continue;
+      if (folded_directly.count(node) == 0) {
+        if (std::optional<IntTensor> result = integers.Evaluate(node->proto(), opset)) {
+          values[node->output(0)] = IntTensorToProto(*result, node->output(0));
+          folded_directly.insert(node);
+        }
+      }
       foldable.push_back(node);
       for (int i = 0; i < node->output_size(); ++i) {
         if (!node->output(i).empty()) constant.insert(node->output(i));
@@ -210,14 +247,16 @@ class FoldConstantsPass final : public Pass {
     std::unordered_set<std::string> added;
     std::vector<std::string> fetch;
     for (const Node* node : foldable) {
-      if (folded_directly.count(node) > 0) {
-        if (added.insert(node->output(0)).second) *eval->add_initializer() = values->at(node->output(0));
-        continue;
-      }
+      if (folded_directly.count(node) > 0) continue;
       *eval->add_node() = node->proto();
       for (int i = 0; i < node->input_size(); ++i) {
-        const onnx::TensorProto* init = graph.Initializer(node->input(i));
-        if (init != nullptr && added.insert(node->input(i)).second) *eval->add_initializer() = *init;
+        const std::string& input = node->input(i);
+        if (input.empty() || added.count(input) > 0) continue;
+        auto known = values->find(input);
+        const onnx::TensorProto* init = known != values->end() ? &known->second : graph.Initializer(input);
+        if (init == nullptr) continue;  // computed in the session
+        added.insert(input);
+        *eval->add_initializer() = *init;
       }
       for (int i = 0; i < node->output_size(); ++i) {
         if (node->output(i).empty()) continue;
