@@ -51,7 +51,9 @@ float Node::GetAttributeFloat(absl::string_view name, float default_value) const
   return attribute != nullptr ? attribute->f() : default_value;
 }
 
-Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
+Graph::Graph(onnx::GraphProto* proto) : Graph(proto, nullptr) {}
+
+Graph::Graph(onnx::GraphProto* proto, Graph* root) : proto_(proto), root_(root != nullptr ? root : this) {
   for (const auto& input : proto_->input()) graph_inputs_.insert(input.name());
   for (const auto& output : proto_->output()) ++graph_outputs_[output.name()];
   for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
@@ -62,13 +64,7 @@ Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
     node->proto_.Swap(proto_->mutable_node(i));
     node->order_ = i;
     node->sequence_ = next_sequence_++;
-    for (auto& attribute : *node->proto_.mutable_attribute()) {
-      if (attribute.has_g()) node->subgraphs_.push_back(std::make_unique<Graph>(attribute.mutable_g()));
-      for (auto& graph : *attribute.mutable_graphs()) {
-        node->subgraphs_.push_back(std::make_unique<Graph>(&graph));
-      }
-    }
-    for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
+    TakeSubgraphs(node.get());
     IndexNode(node.get());
     ++live_nodes_;
     nodes_.push_back(std::move(node));
@@ -76,6 +72,37 @@ Graph::Graph(onnx::GraphProto* proto) : proto_(proto) {
 }
 
 Graph::~Graph() = default;
+
+void Graph::TakeSubgraphs(Node* node) {
+  for (auto& attribute : *node->proto_.mutable_attribute()) {
+    if (attribute.has_g()) node->subgraphs_.emplace_back(new Graph(attribute.mutable_g(), root_));
+    for (auto& graph : *attribute.mutable_graphs()) node->subgraphs_.emplace_back(new Graph(&graph, root_));
+  }
+  for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
+}
+
+std::string OpKey(const onnx::NodeProto& node) {
+  const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
+  return default_domain ? node.op_type() : absl::StrCat(node.domain(), "::", node.op_type());
+}
+
+void Graph::CountOps(const Node& node, int sign) {
+  root_->op_delta_[OpKey(node.proto_)] += sign;
+  for (const auto& subgraph : node.subgraphs_) {
+    for (const auto& inner : subgraph->nodes_) {
+      if (!inner->removed_) subgraph->CountOps(*inner, sign);
+    }
+  }
+}
+
+std::map<std::string, int64_t> Graph::TakeOpDelta() {
+  std::map<std::string, int64_t> delta;
+  for (const auto& [op, count] : op_delta_) {
+    if (count != 0) delta.emplace(op, count);
+  }
+  op_delta_.clear();
+  return delta;
+}
 
 void Graph::CollectOuterReads(std::unordered_set<std::string>* out) const {
   for (const auto& node : nodes_) {
@@ -181,12 +208,9 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
     node->order_ = nodes_.empty() ? 0 : nodes_.back()->order_ + 1;
   }
   node->sequence_ = next_sequence_++;
-  for (auto& attribute : *node->proto_.mutable_attribute()) {
-    if (attribute.has_g()) node->subgraphs_.push_back(std::make_unique<Graph>(attribute.mutable_g()));
-    for (auto& graph : *attribute.mutable_graphs()) node->subgraphs_.push_back(std::make_unique<Graph>(&graph));
-  }
-  for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
+  TakeSubgraphs(node.get());
   IndexNode(node.get());
+  CountOps(*node, +1);
   ++live_nodes_;
   changed_ = true;
   if (names_collected_) used_names_.insert(node->proto_.name());
@@ -197,6 +221,7 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
 void Graph::RemoveNode(Node* node) {
   if (node->removed_) return;
   UnindexNode(node);
+  CountOps(*node, -1);
   node->removed_ = true;
   --live_nodes_;
   changed_ = true;
@@ -231,7 +256,9 @@ void Graph::RenameInSubgraphs(Node* node, const std::string& from, const std::st
   for (const auto& subgraph : node->subgraphs_) subgraph->RenameOuterUse(from, to);
 }
 
-void Graph::ReplaceAllUsesWith(const std::string& from, const std::string& to) {
+void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& to_name) {
+  // Copies: callers pass names that live in node protos this function rewrites (a reader's input).
+  const std::string from = from_name, to = to_name;
   if (from == to) return;
   for (Node* node : Consumers(from)) {
     for (int i = 0; i < node->proto_.input_size(); ++i) {
@@ -268,7 +295,10 @@ void Graph::RenameOuterUse(const std::string& from, const std::string& to) {
   RenameGraphOutput(from, to);
 }
 
-absl::Status Graph::RenameValue(const std::string& from, const std::string& to) {
+absl::Status Graph::RenameValue(const std::string& from_name, const std::string& to_name) {
+  // Copies, as in ReplaceAllUsesWith: renaming the readers of `from` would otherwise change it midway
+  // (a name taken from a reader's input), and the graph-output rename then dropped the output.
+  const std::string from = from_name, to = to_name;
   Node* producer = Producer(from);
   if (producer == nullptr || IsGraphInput(from) || Initializer(from) != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cannot rename '", from, "': not a node output of this graph"));
@@ -388,6 +418,68 @@ std::vector<Node*> Graph::TopologicalOrder() const {
   return order;
 }
 
+void Graph::RefreshImplicitInputs(Node* node) {
+  std::unordered_set<std::string> reads;
+  for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&reads);
+  if (reads == node->implicit_inputs_) return;
+  for (const auto& implicit : node->implicit_inputs_) RemoveConsumer(implicit, node);
+  node->implicit_inputs_ = std::move(reads);
+  for (const auto& implicit : node->implicit_inputs_) AddConsumer(implicit, node);
+}
+
+// Drops removed initializers and the value_info of values a pass removed; everything else stays.
+void Graph::CompactTensorsAndValueInfo() {
+  if (!removed_initializers_.empty()) {
+    CompactRepeated(proto_->mutable_initializer(), [&](const onnx::TensorProto& tensor) {
+      return removed_initializers_.count(tensor.name()) == 0 || initializers_.count(tensor.name()) > 0;
+    });
+  }
+  CompactRepeated(proto_->mutable_value_info(), [&](const onnx::ValueInfoProto& info) {
+    const bool dropped = dropped_values_.count(info.name()) > 0 || removed_initializers_.count(info.name()) > 0;
+    return !dropped || IsDefinedHere(info.name());
+  });
+}
+
+absl::Status Graph::Checkpoint() {
+  if (committed_) return absl::FailedPreconditionError("graph already committed");
+  for (const auto& node : nodes_) {
+    if (node->removed_ || node->subgraphs_.empty()) continue;
+    bool inner_changed = false;
+    for (const auto& subgraph : node->subgraphs_) {
+      inner_changed |= subgraph->changed_;
+      absl::Status status = subgraph->Checkpoint();
+      if (!status.ok()) return status;
+    }
+    // A pass on the body may have dropped or added reads of this graph's values.
+    if (inner_changed) RefreshImplicitInputs(node.get());
+  }
+  used_names_.clear();
+  names_collected_ = false;
+  unique_counter_ = 0;
+  if (!changed_) return absl::OkStatus();
+  std::vector<Node*> order = TopologicalOrder();
+  if (static_cast<int64_t>(order.size()) != live_nodes_) {
+    return absl::InternalError(absl::StrCat("graph '", proto_->name(), "' has a cycle after rewriting"));
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i]->order_ = static_cast<double>(i);
+    order[i]->sequence_ = i;
+  }
+  next_sequence_ = order.size();
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
+               nodes_.end());
+  std::sort(nodes_.begin(), nodes_.end(),
+            [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return a->sequence_ < b->sequence_; });
+  CompactTensorsAndValueInfo();
+  removed_initializers_.clear();
+  dropped_values_.clear();
+  initializers_.clear();
+  for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
+  changed_ = false;
+  reordered_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status Graph::Commit() {
   if (committed_) return absl::FailedPreconditionError("graph already committed");
   committed_ = true;
@@ -398,7 +490,7 @@ absl::Status Graph::Commit() {
       if (!status.ok()) return status;
     }
   }
-  if (!changed_) {
+  if (!changed_ && !reordered_) {
     // Untouched: every node goes back to the slot it came from.
     for (size_t i = 0; i < nodes_.size(); ++i) proto_->mutable_node(static_cast<int>(i))->Swap(&nodes_[i]->proto_);
     return absl::OkStatus();
@@ -410,16 +502,7 @@ absl::Status Graph::Commit() {
   proto_->clear_node();
   proto_->mutable_node()->Reserve(static_cast<int>(order.size()));
   for (Node* node : order) proto_->add_node()->Swap(&node->proto_);
-  if (!removed_initializers_.empty()) {
-    CompactRepeated(proto_->mutable_initializer(), [&](const onnx::TensorProto& tensor) {
-      return removed_initializers_.count(tensor.name()) == 0 || initializers_.count(tensor.name()) > 0;
-    });
-  }
-  // value_info of values that a pass removed is stale; everything else stays as it was.
-  CompactRepeated(proto_->mutable_value_info(), [&](const onnx::ValueInfoProto& info) {
-    const bool dropped = dropped_values_.count(info.name()) > 0 || removed_initializers_.count(info.name()) > 0;
-    return !dropped || IsDefinedHere(info.name());
-  });
+  CompactTensorsAndValueInfo();
   return absl::OkStatus();
 }
 

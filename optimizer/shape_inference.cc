@@ -139,7 +139,8 @@ void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProt
 
 class Sweep {
  public:
-  explicit Sweep(const onnx::ModelProto& model) : model_(model), symbolic_(DefaultOpset(model)) {
+  Sweep(const onnx::ModelProto& model, const onnx::GraphProto& graph, const std::vector<const onnx::NodeProto*>& nodes)
+      : model_(model), graph_(graph), nodes_(nodes), symbolic_(DefaultOpset(model)) {
     for (const auto& import : model.opset_import()) {
       opsets_[import.domain() == "ai.onnx" ? "" : import.domain()] = static_cast<int>(import.version());
     }
@@ -150,18 +151,17 @@ class Sweep {
 
   InferredTypes Run() {
     EnsureContribSchemas();
-    const onnx::GraphProto& graph = model_.graph();
-    result_.types = DeclaredTypes(graph);
-    for (const auto& tensor : graph.initializer()) {
+    result_.types = DeclaredTypes(graph_);
+    for (const auto& tensor : graph_.initializer()) {
       if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
         data_[tensor.name()] = &tensor;
         symbolic_.TrackConstant(tensor.name(), tensor);
       }
     }
-    for (const auto& node : graph.node()) {
-      InferNode(node);
-      symbolic_.Apply(node, &result_.types);
-      PublishTrackedValue(node);
+    for (const onnx::NodeProto* node : nodes_) {
+      InferNode(*node);
+      symbolic_.Apply(*node, &result_.types);
+      PublishTrackedValue(*node);
     }
     result_.known = symbolic_.Known();
     return std::move(result_);
@@ -266,6 +266,8 @@ class Sweep {
   static inline const std::string kDefaultDomain;
 
   const onnx::ModelProto& model_;
+  const onnx::GraphProto& graph_;
+  const std::vector<const onnx::NodeProto*>& nodes_;
   std::unordered_map<std::string, int> opsets_;
   si::ModelLocalFunctionsMap functions_;
   SymbolicShapes symbolic_;
@@ -294,6 +296,18 @@ TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
   return types;
 }
 
-InferredTypes InferGraphTypes(const onnx::ModelProto& model) { return Sweep(model).Run(); }
+InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(static_cast<size_t>(model.graph().node_size()));
+  for (const auto& node : model.graph().node()) nodes.push_back(&node);
+  return Sweep(model, model.graph(), nodes).Run();
+}
+
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(static_cast<size_t>(graph.NodeCount()));
+  for (const Node* node : graph.Nodes()) nodes.push_back(&node->proto());
+  return Sweep(model, graph.proto(), nodes).Run();
+}
 
 }  // namespace onnxopt

@@ -17,6 +17,7 @@
 #define ONNXOPT_OPTIMIZER_SHAPE_INFERENCE_H_
 
 #include "onnx/onnx_pb.h"
+#include "optimizer/graph.h"
 #include "optimizer/symbolic_shapes.h"
 
 namespace onnxopt {
@@ -33,6 +34,9 @@ TypeMap DeclaredTypes(const onnx::GraphProto& graph);
 // DeclaredTypes, completed and refined by the sweep.
 // `model`'s default-domain opset must be one onnx 1.12 knows (<= 17): the caller checks.
 InferredTypes InferGraphTypes(const onnx::ModelProto& model);
+// The same for `model`'s main graph while a Graph holds its nodes (between passes, checkpointed, so
+// Nodes() is in topological order); opsets and functions come from `model`.
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph);
 
 }  // namespace onnxopt
 

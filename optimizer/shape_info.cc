@@ -8,23 +8,27 @@ namespace {
 // onnx 1.12 has the schemas of opsets up to 17; a later opset may have changed an operator it knows.
 constexpr int kMaxInferableOpset = 17;
 
-}  // namespace
-
-ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
-  ShapeInfo info;
+bool Inferable(const onnx::ModelProto& model) {
   int64_t opset = 0;
   for (const auto& import : model.opset_import()) {
     if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
   }
-  if (opset > 0 && opset <= kMaxInferableOpset) {
-    InferredTypes inferred = InferGraphTypes(model);
-    info.types_ = std::move(inferred.types);
-    info.known_values_ = std::move(inferred.known);
-    info.inferred_ = true;
-  } else {
-    info.types_ = DeclaredTypes(model.graph());
-  }
-  return info;
+  return opset > 0 && opset <= kMaxInferableOpset;
+}
+
+}  // namespace
+
+ShapeInfo::ShapeInfo(InferredTypes inferred, bool ran)
+    : types_(std::move(inferred.types)), known_values_(std::move(inferred.known)), inferred_(ran) {}
+
+ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
+  if (!Inferable(model)) return ShapeInfo(InferredTypes{DeclaredTypes(model.graph()), {}}, false);
+  return ShapeInfo(InferGraphTypes(model), true);
+}
+
+ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model, const Graph& graph) {
+  if (!Inferable(model)) return ShapeInfo(InferredTypes{DeclaredTypes(graph.proto()), {}}, false);
+  return ShapeInfo(InferGraphTypes(model, graph), true);
 }
 
 const std::vector<onnx::TensorShapeProto::Dimension>* ShapeInfo::SymbolicValue(const std::string& value) const {

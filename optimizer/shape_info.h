@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "onnx/onnx_pb.h"
-#include "optimizer/symbolic_shapes.h"
+#include "optimizer/graph.h"
+#include "optimizer/shape_inference.h"
 
 namespace onnxopt {
 
@@ -22,6 +23,8 @@ class ShapeInfo {
  public:
   // Main-graph values of `model`; `inferred()` says whether shape inference ran.
   static ShapeInfo Infer(const onnx::ModelProto& model);
+  // The same while `graph` holds the nodes of `model`'s main graph (see Graph::Checkpoint).
+  static ShapeInfo Infer(const onnx::ModelProto& model, const Graph& graph);
 
   const onnx::TypeProto* TypeOf(const std::string& value) const;
   std::optional<int32_t> ElementType(const std::string& value) const;
@@ -46,6 +49,7 @@ class ShapeInfo {
   const std::vector<onnx::TensorShapeProto::Dimension>* SymbolicValue(const std::string& value) const;
 
  private:
+  ShapeInfo(InferredTypes inferred, bool ran);
   TypeMap types_;
   std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>> known_values_;
   bool inferred_ = false;

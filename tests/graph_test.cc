@@ -159,5 +159,106 @@ TEST(GraphTest, UniqueNamesDoNotCollideWithValuesOrNodes) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
+// Passes hand RenameValue names that live in the protos it rewrites: here the bypassed reader's own
+// input. Renaming that reader changed `from` midway, and the graph output it was being renamed to
+// was dropped from the index (a later dead-node sweep then removed the whole graph).
+TEST(GraphTest, RenameValueWithANameTakenFromAReaderKeepsTheGraphOutput) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"f"});
+  *proto.add_node() = MakeNode("Neg", {"f"}, {"g"});
+  *proto.add_node() = MakeNode("Neg", {"g"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  Graph graph(&proto);
+  // The two Negs cancel (as Unsqueeze -> Squeeze does in fuse_reshape_chains): y becomes f's name.
+  Node* first = graph.Producer("g");
+  Node* second = graph.Producer("y");
+  graph.RemoveNode(second);
+  ASSERT_TRUE(graph.RenameValue(first->input(0), second->output(0)).ok());
+  graph.RemoveNode(first);
+  EXPECT_TRUE(graph.IsGraphOutput("y"));
+  EXPECT_FALSE(graph.IsGraphOutput("f"));
+  ASSERT_NE(graph.Producer("y"), nullptr);
+  EXPECT_EQ(graph.Producer("y")->op_type(), "Relu");
+  ASSERT_TRUE(graph.Commit().ok());
+  ASSERT_EQ(proto.node_size(), 1);
+  EXPECT_EQ(proto.node(0).output(0), "y");
+}
+
+// One Graph kept across passes: a checkpoint leaves it as a commit and a fresh Graph would, so the
+// next pass sees nodes in topological order and the model written at the end is the same.
+TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
+  onnx::GraphProto original;
+  *original.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *original.add_node() = MakeNode("Identity", {"a"}, {"b"});
+  *original.add_node() = MakeNode("Neg", {"b"}, {"y"});
+  *original.add_input() = FloatValue("x", {2});
+  *original.add_output() = FloatValue("y", {2});
+  *original.add_value_info() = FloatValue("b", {2});
+  *original.add_initializer() = testing::FloatTensor("unused", {1}, {1});
+  auto first_edit = [](Graph& graph) {
+    Node* identity = graph.Producer("b");
+    graph.RemoveNode(identity);
+    graph.ReplaceAllUsesWith("b", "a");
+    graph.RemoveInitializer("unused");
+    // Added last but read by Neg: only a topological order puts it first.
+    graph.AddNode(MakeNode("Abs", {"x"}, {"c"}), nullptr);
+    graph.SetInput(graph.Producer("a"), 0, "c");
+    graph.UniqueName("v");
+  };
+  auto second_edit = [](Graph& graph) {
+    // Sees the nodes in topological order, as a fresh Graph would.
+    std::vector<std::string> ops;
+    for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
+    EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Relu", "Neg"}));
+    EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_0");
+    graph.AddNode(MakeNode("Sigmoid", {"y"}, {"z"}), graph.Producer("a"), /*after=*/false);
+  };
+
+  onnx::GraphProto rebuilt = original;
+  {
+    Graph graph(&rebuilt);
+    first_edit(graph);
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  {
+    Graph graph(&rebuilt);
+    second_edit(graph);
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  onnx::GraphProto held = original;
+  {
+    Graph graph(&held);
+    first_edit(graph);
+    EXPECT_TRUE(graph.changed());
+    ASSERT_TRUE(graph.Checkpoint().ok());
+    EXPECT_FALSE(graph.changed());
+    EXPECT_EQ(graph.Initializer("unused"), nullptr);
+    EXPECT_EQ(graph.proto().initializer_size(), 0);
+    EXPECT_EQ(graph.proto().value_info_size(), 0);  // b is gone
+    second_edit(graph);
+    ASSERT_TRUE(graph.Checkpoint().ok());
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  EXPECT_EQ(held.SerializeAsString(), rebuilt.SerializeAsString()) << held.DebugString() << rebuilt.DebugString();
+}
+
+TEST(GraphTest, OpDeltaCountsAddedAndRemovedOperatorsWithTheirDomains) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Relu", {"a"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  Graph graph(&proto);
+  graph.RemoveNode(graph.Producer("a"));
+  graph.RemoveNode(graph.Producer("y"));
+  onnx::NodeProto fused = MakeNode("FastGelu", {"x"}, {"y"});
+  fused.set_domain("com.microsoft");
+  graph.AddNode(fused);
+  EXPECT_EQ(graph.TakeOpDelta(), (std::map<std::string, int64_t>{{"Relu", -2}, {"com.microsoft::FastGelu", 1}}));
+  EXPECT_TRUE(graph.TakeOpDelta().empty());
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
 }  // namespace
 }  // namespace onnxopt
