@@ -29,6 +29,8 @@ void CompactRepeated(google::protobuf::RepeatedPtrField<T>* field, Keep keep) {
 
 }  // namespace
 
+bool Graph::BySequence(const Node* a, const Node* b) { return a->sequence_ < b->sequence_; }
+
 const std::string& Node::domain() const {
   if (proto_.domain() == "ai.onnx") return EmptyString();
   return proto_.domain();
@@ -123,8 +125,18 @@ bool Graph::IsDefinedHere(const std::string& value) const {
   return producer_.count(value) > 0 || graph_inputs_.count(value) > 0 || initializers_.count(value) > 0;
 }
 
+// Reader lists stay sorted by creation (sequence), so Consumers() needs no sort: readers are mostly
+// added last, where the insert is an append.
 void Graph::AddConsumer(const std::string& value, Node* node) {
-  if (!value.empty()) consumers_[value].push_back(node);
+  if (value.empty()) return;
+  auto& list = consumers_[value];
+  if (list.empty() || list.back()->sequence_ <= node->sequence_) {
+    list.push_back(node);
+    return;
+  }
+  auto at = std::upper_bound(list.begin(), list.end(), node->sequence_,
+                             [](uint64_t sequence, const Node* reader) { return sequence < reader->sequence_; });
+  list.insert(at, node);
 }
 
 void Graph::RemoveConsumer(const std::string& value, Node* node) {
@@ -186,8 +198,7 @@ Node* Graph::Producer(const std::string& value) const {
 std::vector<Node*> Graph::Consumers(const std::string& value) const {
   auto it = consumers_.find(value);
   if (it == consumers_.end()) return {};
-  std::vector<Node*> result = it->second;
-  std::sort(result.begin(), result.end(), [](const Node* a, const Node* b) { return a->sequence_ < b->sequence_; });
+  std::vector<Node*> result = it->second;  // sorted by sequence: a node reading twice is adjacent
   result.erase(std::unique(result.begin(), result.end()), result.end());
   return result;
 }
@@ -274,7 +285,8 @@ void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& 
     std::vector<Node*> readers = std::move(it->second);
     consumers_.erase(it);
     auto& target = consumers_[to];
-    target.insert(target.end(), readers.begin(), readers.end());
+    const auto middle = target.insert(target.end(), readers.begin(), readers.end());
+    std::inplace_merge(target.begin(), middle, target.end(), BySequence);
   }
   changed_ = true;
 }
@@ -385,22 +397,25 @@ std::string Graph::UniqueName(absl::string_view hint) {
 }
 
 std::vector<Node*> Graph::TopologicalOrder() const {
+  // Kahn's algorithm, the ready node earliest in (order, sequence) first. Counts and marks live in
+  // the nodes; a node's dependents are the readers of its outputs.
   using Key = std::tuple<double, uint64_t, Node*>;
-  std::unordered_map<const Node*, int> pending_inputs;
-  std::unordered_map<const Node*, std::vector<Node*>> dependents;
   auto ready = std::priority_queue<Key, std::vector<Key>, std::greater<Key>>();
+  std::vector<Node*> producers;
   for (const auto& node : nodes_) {
     if (node->removed_) continue;
-    std::unordered_set<const Node*> producers;
+    producers.clear();
     auto add_dependency = [&](const std::string& value) {
       Node* producer = Producer(value);
-      if (producer != nullptr && producer != node.get() && producers.insert(producer).second) {
-        dependents[producer].push_back(node.get());
+      if (producer != nullptr && producer != node.get() &&
+          std::find(producers.begin(), producers.end(), producer) == producers.end()) {
+        producers.push_back(producer);
       }
     };
     for (const auto& input : node->proto_.input()) add_dependency(input);
     for (const auto& implicit : node->implicit_inputs_) add_dependency(implicit);
-    pending_inputs[node.get()] = static_cast<int>(producers.size());
+    node->pending_producers_ = static_cast<int>(producers.size());
+    node->last_released_by_ = nullptr;
     if (producers.empty()) ready.emplace(node->order_, node->sequence_, node.get());
   }
   std::vector<Node*> order;
@@ -409,10 +424,16 @@ std::vector<Node*> Graph::TopologicalOrder() const {
     Node* node = std::get<2>(ready.top());
     ready.pop();
     order.push_back(node);
-    auto it = dependents.find(node);
-    if (it == dependents.end()) continue;
-    for (Node* dependent : it->second) {
-      if (--pending_inputs[dependent] == 0) ready.emplace(dependent->order_, dependent->sequence_, dependent);
+    for (const auto& output : node->proto_.output()) {
+      if (output.empty() || Producer(output) != node) continue;  // a name defined twice counts once
+      auto readers = consumers_.find(output);
+      if (readers == consumers_.end()) continue;
+      for (Node* reader : readers->second) {
+        // Once per (producer, reader), however many of its values the reader reads.
+        if (reader == node || reader->last_released_by_ == node) continue;
+        reader->last_released_by_ = node;
+        if (--reader->pending_producers_ == 0) ready.emplace(reader->order_, reader->sequence_, reader);
+      }
     }
   }
   return order;
@@ -466,6 +487,7 @@ absl::Status Graph::Checkpoint() {
     order[i]->sequence_ = i;
   }
   next_sequence_ = order.size();
+  for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
                nodes_.end());
   std::sort(nodes_.begin(), nodes_.end(),

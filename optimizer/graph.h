@@ -62,6 +62,9 @@ class Node {
   double order_ = 0;
   uint64_t sequence_ = 0;
   bool removed_ = false;
+  // Scratch for Graph::TopologicalOrder.
+  int pending_producers_ = 0;
+  const Node* last_released_by_ = nullptr;
   std::vector<std::unique_ptr<Graph>> subgraphs_;
   std::unordered_set<std::string> implicit_inputs_;
 };
@@ -139,6 +142,7 @@ class Graph {
 
  private:
   Graph(onnx::GraphProto* proto, Graph* root);
+  static bool BySequence(const Node* a, const Node* b);
   // Builds Graphs for the node's graph-valued attributes and collects what they read from outside.
   void TakeSubgraphs(Node* node);
   void RefreshImplicitInputs(Node* node);
