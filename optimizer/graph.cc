@@ -224,6 +224,8 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
   CountOps(*node, +1);
   ++live_nodes_;
   changed_ = true;
+  touched_.push_back(node.get());
+  added_.push_back(node.get());
   if (names_collected_) used_names_.insert(node->proto_.name());
   nodes_.push_back(std::move(node));
   return nodes_.back().get();
@@ -242,6 +244,7 @@ void Graph::SetInput(Node* node, int index, const std::string& value) {
   RemoveConsumer(node->proto_.input(index), node);
   node->proto_.set_input(index, value);
   AddConsumer(value, node);
+  touched_.push_back(node);
   changed_ = true;
 }
 
@@ -260,6 +263,7 @@ void Graph::SetOutput(Node* node, int index, const std::string& name) {
   node->proto_.set_output(index, name);
   producer_[name] = node;
   if (names_collected_) used_names_.insert(name);
+  touched_.push_back(node);
   changed_ = true;
 }
 
@@ -272,6 +276,7 @@ void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& 
   const std::string from = from_name, to = to_name;
   if (from == to) return;
   for (Node* node : Consumers(from)) {
+    touched_.push_back(node);
     for (int i = 0; i < node->proto_.input_size(); ++i) {
       if (node->proto_.input(i) == from) node->proto_.set_input(i, to);
     }
@@ -323,6 +328,7 @@ absl::Status Graph::RenameValue(const std::string& from_name, const std::string&
   }
   producer_.erase(from);
   producer_[to] = producer;
+  touched_.push_back(producer);
   if (names_collected_) used_names_.insert(to);
   ReplaceAllUsesWith(from, to);
   RenameGraphOutput(from, to);
@@ -439,6 +445,46 @@ std::vector<Node*> Graph::TopologicalOrder() const {
   return order;
 }
 
+bool Graph::EmittedBefore(const Node* a, const Node* b) {
+  return a->order_ < b->order_ || (a->order_ == b->order_ && a->sequence_ < b->sequence_);
+}
+
+void Graph::Renumber() {
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    nodes_[i]->order_ = static_cast<double>(i);
+    nodes_[i]->sequence_ = i;
+  }
+  next_sequence_ = nodes_.size();
+}
+
+// Edges change only at touched nodes (added, inputs or outputs changed): if every touched node still
+// comes after the producers of what it reads and before the readers of what it writes, the emission
+// order of the whole graph is still topological.
+bool Graph::EditsKeptTheOrder() const {
+  for (const Node* node : touched_) {
+    if (node->removed_) continue;
+    auto produced_before = [&](const std::string& value) {
+      const Node* producer = Producer(value);
+      return producer == nullptr || producer == node || EmittedBefore(producer, node);
+    };
+    for (const auto& input : node->proto_.input()) {
+      if (!produced_before(input)) return false;
+    }
+    for (const auto& implicit : node->implicit_inputs_) {
+      if (!produced_before(implicit)) return false;
+    }
+    for (const auto& output : node->proto_.output()) {
+      if (output.empty() || Producer(output) != node) continue;
+      auto readers = consumers_.find(output);
+      if (readers == consumers_.end()) continue;
+      for (const Node* reader : readers->second) {
+        if (reader != node && !EmittedBefore(node, reader)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 void Graph::RefreshImplicitInputs(Node* node) {
   std::unordered_set<std::string> reads;
   for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&reads);
@@ -446,6 +492,8 @@ void Graph::RefreshImplicitInputs(Node* node) {
   for (const auto& implicit : node->implicit_inputs_) RemoveConsumer(implicit, node);
   node->implicit_inputs_ = std::move(reads);
   for (const auto& implicit : node->implicit_inputs_) AddConsumer(implicit, node);
+  touched_.push_back(node);
+  changed_ = true;
 }
 
 // Drops removed initializers and the value_info of values a pass removed; everything else stays.
@@ -478,25 +526,50 @@ absl::Status Graph::Checkpoint() {
   names_collected_ = false;
   unique_counter_ = 0;
   if (!changed_) return absl::OkStatus();
-  std::vector<Node*> order = TopologicalOrder();
-  if (static_cast<int64_t>(order.size()) != live_nodes_) {
-    return absl::InternalError(absl::StrCat("graph '", proto_->name(), "' has a cycle after rewriting"));
+  // touched_ and added_ may name removed nodes: read them before those are freed.
+  const bool order_kept = topological_ && EditsKeptTheOrder();
+  std::vector<Node*> live_added;
+  for (Node* node : added_) {
+    if (!node->removed_) live_added.push_back(node);
   }
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i]->order_ = static_cast<double>(i);
-    order[i]->sequence_ = i;
-  }
-  next_sequence_ = order.size();
-  for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
+  touched_.clear();
+  added_.clear();
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
                nodes_.end());
-  std::sort(nodes_.begin(), nodes_.end(),
-            [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return a->sequence_ < b->sequence_; });
-  CompactTensorsAndValueInfo();
+  if (order_kept) {
+    // Emission order is already topological, so it is what TopologicalOrder() would return (Kahn's
+    // algorithm taking the earliest ready node emits a topological sequence in its own order).
+    std::sort(nodes_.begin(), nodes_.end(),
+              [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return EmittedBefore(a.get(), b.get()); });
+    Renumber();
+    // Only lists with a node added since the last checkpoint can be out of the new order.
+    for (Node* node : live_added) {
+      auto resort = [&](const std::string& value) {
+        auto readers = consumers_.find(value);
+        if (readers != consumers_.end()) std::sort(readers->second.begin(), readers->second.end(), BySequence);
+      };
+      for (const auto& input : node->proto_.input()) resort(input);
+      for (const auto& implicit : node->implicit_inputs_) resort(implicit);
+    }
+  } else {
+    std::vector<Node*> order = TopologicalOrder();
+    if (static_cast<int64_t>(order.size()) != live_nodes_) {
+      return absl::InternalError(absl::StrCat("graph '", proto_->name(), "' has a cycle after rewriting"));
+    }
+    for (size_t i = 0; i < order.size(); ++i) order[i]->sequence_ = i;
+    std::sort(nodes_.begin(), nodes_.end(),
+              [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return a->sequence_ < b->sequence_; });
+    Renumber();
+    for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
+  }
+  topological_ = true;
+  if (!removed_initializers_.empty() || !dropped_values_.empty()) CompactTensorsAndValueInfo();
+  if (!removed_initializers_.empty()) {
+    initializers_.clear();
+    for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
+  }
   removed_initializers_.clear();
   dropped_values_.clear();
-  initializers_.clear();
-  for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
   changed_ = false;
   reordered_ = true;
   return absl::OkStatus();

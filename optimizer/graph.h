@@ -143,6 +143,11 @@ class Graph {
  private:
   Graph(onnx::GraphProto* proto, Graph* root);
   static bool BySequence(const Node* a, const Node* b);
+  // The order Commit writes nodes in when it can: by (order_, sequence_).
+  static bool EmittedBefore(const Node* a, const Node* b);
+  bool EditsKeptTheOrder() const;
+  // order_ and sequence_ become the position in nodes_.
+  void Renumber();
   // Builds Graphs for the node's graph-valued attributes and collects what they read from outside.
   void TakeSubgraphs(Node* node);
   void RefreshImplicitInputs(Node* node);
@@ -168,6 +173,9 @@ class Graph {
   uint64_t next_sequence_ = 0;
   bool changed_ = false;
   bool reordered_ = false;  // a checkpoint put the nodes in another order than the proto's
+  bool topological_ = false;  // nodes_ was put in topological order by a checkpoint
+  std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
+  std::vector<Node*> added_;    // since the last checkpoint
   bool committed_ = false;
   std::unordered_map<std::string, int64_t> op_delta_;  // on the main graph only
   std::unordered_map<std::string, Node*> producer_;

@@ -212,7 +212,14 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
     for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
     EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Relu", "Neg"}));
     EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_0");
+    // Anchored before Relu but reading y: the emission order breaks, only a full sort repairs it.
     graph.AddNode(MakeNode("Sigmoid", {"y"}, {"z"}), graph.Producer("a"), /*after=*/false);
+  };
+  auto third_edit = [](Graph& graph) {
+    // Edits that keep the emission order topological (a checkpoint then only sorts by it).
+    Node* exp = graph.AddNode(MakeNode("Exp", {"c"}, {"e"}), graph.Producer("c"), /*after=*/true);
+    graph.SetInput(graph.Producer("a"), 0, exp->output(0));
+    graph.AddNode(MakeNode("Tanh", {"e"}, {"t"}), graph.Producer("y"), /*after=*/true);
   };
 
   onnx::GraphProto rebuilt = original;
@@ -224,6 +231,11 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
   {
     Graph graph(&rebuilt);
     second_edit(graph);
+    ASSERT_TRUE(graph.Commit().ok());
+  }
+  {
+    Graph graph(&rebuilt);
+    third_edit(graph);
     ASSERT_TRUE(graph.Commit().ok());
   }
   onnx::GraphProto held = original;
@@ -238,6 +250,13 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
     EXPECT_EQ(graph.proto().value_info_size(), 0);  // b is gone
     second_edit(graph);
     ASSERT_TRUE(graph.Checkpoint().ok());
+    third_edit(graph);
+    ASSERT_TRUE(graph.Checkpoint().ok());
+    std::vector<std::string> ops;
+    for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
+    EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Exp", "Relu", "Neg", "Tanh", "Sigmoid"}));
+    EXPECT_EQ(graph.Consumers("e").size(), 2u);
+    EXPECT_EQ(graph.Consumers("e")[0]->op_type(), "Relu");  // readers in the new order
     ASSERT_TRUE(graph.Commit().ok());
   }
   EXPECT_EQ(held.SerializeAsString(), rebuilt.SerializeAsString()) << held.DebugString() << rebuilt.DebugString();
