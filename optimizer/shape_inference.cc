@@ -34,8 +34,12 @@ struct NodeInputs {
 
 class NodeInferenceContext final : public onnx::InferenceContext {
  public:
-  NodeInferenceContext(const onnx::NodeProto& node, const NodeInputs& inputs, si::GraphInferenceContext* graph_context)
-      : node_(node), inputs_(inputs), outputs_(static_cast<size_t>(node.output_size())), graph_context_(graph_context) {}
+  // The output types are made on `types`' arena: those the sweep keeps go into the map as they are.
+  NodeInferenceContext(const onnx::NodeProto& node, const NodeInputs& inputs, TypeMap& types,
+                       si::GraphInferenceContext* graph_context)
+      : node_(node), inputs_(inputs), graph_context_(graph_context) {
+    for (int i = 0; i < node.output_size(); ++i) outputs_.push_back(types.New());
+  }
 
   const onnx::AttributeProto* getAttribute(const std::string& name) const override { return FindAttribute(node_, name); }
   size_t getNumInputs() const override { return inputs_.types.size(); }
@@ -46,7 +50,7 @@ class NodeInferenceContext final : public onnx::InferenceContext {
   size_t getNumOutputs() const override { return outputs_.size(); }
   onnx::TypeProto* getOutputType(size_t index) override {
     if (index >= outputs_.size()) fail_type_inference("output ", index, " is out of bounds");
-    return &outputs_[index];
+    return outputs_[index];
   }
   onnx::GraphInferencer* getGraphAttributeInferencer(const std::string& name) override {
     const onnx::AttributeProto* attribute = FindAttribute(node_, name);
@@ -59,7 +63,7 @@ class NodeInferenceContext final : public onnx::InferenceContext {
     return inferencers_.back().get();
   }
 
-  std::vector<onnx::TypeProto>& outputs() { return outputs_; }
+  const std::vector<onnx::TypeProto*>& outputs() const { return outputs_; }
 
  private:
   template <typename T>
@@ -70,7 +74,7 @@ class NodeInferenceContext final : public onnx::InferenceContext {
 
   const onnx::NodeProto& node_;
   const NodeInputs& inputs_;
-  std::vector<onnx::TypeProto> outputs_;
+  std::vector<onnx::TypeProto*> outputs_;
   si::GraphInferenceContext* graph_context_;
   std::deque<onnx::GraphProto> graphs_;
   std::vector<std::unique_ptr<onnx::GraphInferencer>> inferencers_;
@@ -78,7 +82,7 @@ class NodeInferenceContext final : public onnx::InferenceContext {
 
 class NodePropagationContext final : public onnx::DataPropagationContext {
  public:
-  NodePropagationContext(const onnx::NodeProto& node, const NodeInputs& inputs, const std::vector<onnx::TypeProto>& outputs)
+  NodePropagationContext(const onnx::NodeProto& node, const NodeInputs& inputs, const std::vector<onnx::TypeProto*>& outputs)
       : node_(node), inputs_(inputs), output_types_(outputs), output_data_(outputs.size()) {}
 
   const onnx::AttributeProto* getAttribute(const std::string& name) const override { return FindAttribute(node_, name); }
@@ -90,7 +94,7 @@ class NodePropagationContext final : public onnx::DataPropagationContext {
   size_t getNumOutputs() const override { return output_types_.size(); }
   const onnx::TypeProto* getOutputType(size_t index) const override {
     if (index >= output_types_.size()) fail_shape_inference("output ", index, " is out of bounds");
-    return &output_types_[index];
+    return output_types_[index];
   }
   const onnx::TensorShapeProto* getInputData(size_t index) override {
     if (index >= inputs_.types.size()) fail_shape_inference("input ", index, " is out of bounds");
@@ -119,7 +123,7 @@ class NodePropagationContext final : public onnx::DataPropagationContext {
  private:
   const onnx::NodeProto& node_;
   const NodeInputs& inputs_;
-  const std::vector<onnx::TypeProto>& output_types_;
+  const std::vector<onnx::TypeProto*>& output_types_;
   std::vector<onnx::TensorShapeProto> output_data_;
   std::deque<onnx::TensorShapeProto> converted_;
   bool has_output_data_ = false;
@@ -195,16 +199,16 @@ class Sweep {
     NodeInputs inputs;
     bool all_typed = true;
     for (const std::string& input : node.input()) {
-      auto type = result_.types.find(input);
-      inputs.types.push_back(type != result_.types.end() ? &type->second : nullptr);
-      all_typed &= input.empty() || type != result_.types.end();
+      const onnx::TypeProto* type = result_.types.Find(input);
+      inputs.types.push_back(type);
+      all_typed &= input.empty() || type != nullptr;
       auto data = data_.find(input);
       inputs.data.push_back(data != data_.end() ? data->second : nullptr);
       auto shape_data = shape_data_.find(input);
       inputs.shape_data.push_back(shape_data != shape_data_.end() ? &shape_data->second : nullptr);
     }
     std::unique_ptr<si::GraphInferenceContext> graph_context = MaybeGraphContext(node);
-    NodeInferenceContext context(node, inputs, graph_context.get());
+    NodeInferenceContext context(node, inputs, result_.types, graph_context.get());
     try {
       if (function != nullptr) {
         std::unordered_map<std::string, int> function_opsets;
@@ -215,13 +219,12 @@ class Sweep {
         schema->GetTypeAndShapeInferenceFunction()(context);
       }
       for (int i = 0; i < node.output_size(); ++i) {
-        onnx::TypeProto& inferred = context.outputs()[static_cast<size_t>(i)];
-        if (node.output(i).empty() || inferred.value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
-        auto [existing, inserted] = result_.types.try_emplace(node.output(i));
-        if (inserted) {
-          existing->second = std::move(inferred);
+        onnx::TypeProto* inferred = context.outputs()[static_cast<size_t>(i)];
+        if (node.output(i).empty() || inferred->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
+        if (onnx::TypeProto* existing = result_.types.FindMutable(node.output(i))) {
+          si::mergeShapesAndTypes(*inferred, existing);
         } else {
-          si::mergeShapesAndTypes(inferred, &existing->second);
+          result_.types.AddNew(node.output(i), inferred);
         }
       }
       if (schema == nullptr || !schema->has_data_propagation_function() || !all_typed) return;
@@ -257,7 +260,7 @@ class Sweep {
     for (const auto& attribute : node.attribute()) has_graph |= attribute.has_g();
     if (!has_graph) return nullptr;
     outer_types_.clear();
-    for (auto& [name, type] : result_.types) outer_types_[name] = &type;
+    result_.types.ForEach([&](const std::string& name, onnx::TypeProto* type) { outer_types_[name] = type; });
     return std::make_unique<si::GraphInferenceContext>(outer_types_, opsets_, nullptr, functions_,
                                                        onnx::OpSchemaRegistry::Instance(), &shape_data_,
                                                        static_cast<int>(model_.ir_version()));
@@ -282,15 +285,15 @@ class Sweep {
 TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
   TypeMap types;
   for (const auto& tensor : graph.initializer()) {
-    onnx::TypeProto type;
-    type.mutable_tensor_type()->set_elem_type(tensor.data_type());
-    auto* shape = type.mutable_tensor_type()->mutable_shape();
+    onnx::TypeProto* type = types.New();
+    type->mutable_tensor_type()->set_elem_type(tensor.data_type());
+    auto* shape = type->mutable_tensor_type()->mutable_shape();
     for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
-    types.emplace(tensor.name(), std::move(type));
+    types.AddNew(tensor.name(), type);
   }
   for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
     for (const auto& value : *values) {
-      if (value.has_type()) types.emplace(value.name(), value.type());
+      if (value.has_type()) types.AddIfAbsent(value.name(), value.type());
     }
   }
   return types;

@@ -48,8 +48,7 @@ std::optional<std::vector<int64_t>> ShapeInfo::KnownValue(const std::string& val
 }
 
 const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {
-  auto it = types_.find(value);
-  return it == types_.end() ? nullptr : &it->second;
+  return types_.Find(value);
 }
 
 std::optional<int32_t> ShapeInfo::ElementType(const std::string& value) const {

@@ -69,10 +69,10 @@ Dim Divide(const Monomial& a, const Monomial& b) {
 using Shape = std::vector<Dim>;
 
 std::optional<Shape> ShapeOf(const TypeMap& types, const std::string& name) {
-  auto it = types.find(name);
-  if (it == types.end() || !it->second.tensor_type().has_shape()) return std::nullopt;
+  const onnx::TypeProto* type = types.Find(name);
+  if (type == nullptr || !type->tensor_type().has_shape()) return std::nullopt;
   Shape shape;
-  for (const auto& d : it->second.tensor_type().shape().dim()) shape.push_back(FromProto(d));
+  for (const auto& d : type->tensor_type().shape().dim()) shape.push_back(FromProto(d));
   return shape;
 }
 
@@ -261,8 +261,7 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
 // A better type for `name` from `shape` if it knows more than `types` does; true if updated.
 bool Improve(TypeMap* types, const std::string& name, const Shape& shape,
              int32_t element_type) {
-  onnx::TypeProto& type = (*types)[name];
-  auto* tensor = type.mutable_tensor_type();
+  auto* tensor = types->GetOrAdd(name)->mutable_tensor_type();
   if (tensor->elem_type() == 0 && element_type != 0) tensor->set_elem_type(element_type);
   if (tensor->has_shape() && tensor->shape().dim_size() != static_cast<int>(shape.size())) return false;
   bool improved = false;
@@ -280,8 +279,8 @@ bool Improve(TypeMap* types, const std::string& name, const Shape& shape,
 }
 
 int32_t ElementType(const TypeMap& types, const std::string& name) {
-  auto it = types.find(name);
-  return it == types.end() ? 0 : it->second.tensor_type().elem_type();
+  const onnx::TypeProto* type = types.Find(name);
+  return type == nullptr ? 0 : type->tensor_type().elem_type();
 }
 
 // Operators onnx 1.12 has no schema for here (ONNX Runtime's fused ones, LayerNormalization below

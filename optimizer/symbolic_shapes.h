@@ -17,11 +17,51 @@
 #include <unordered_map>
 #include <vector>
 
+#include "google/protobuf/arena.h"
 #include "onnx/onnx_pb.h"
 
 namespace onnxopt {
 
-using TypeMap = std::unordered_map<std::string, onnx::TypeProto>;
+// Types by value name. The TypeProtos live on an arena the map owns: building and dropping a map of
+// 100k heap messages at every inference was a seventh of a transformer pipeline.
+class TypeMap {
+ public:
+  TypeMap() : arena_(std::make_unique<google::protobuf::Arena>()) {}
+  TypeMap(TypeMap&&) = default;
+  TypeMap& operator=(TypeMap&&) = default;
+
+  const onnx::TypeProto* Find(const std::string& name) const {
+    auto it = types_.find(name);
+    return it == types_.end() ? nullptr : it->second;
+  }
+  onnx::TypeProto* FindMutable(const std::string& name) {
+    auto it = types_.find(name);
+    return it == types_.end() ? nullptr : it->second;
+  }
+  // The type of `name`, added empty if there is none.
+  onnx::TypeProto* GetOrAdd(const std::string& name) {
+    auto [it, added] = types_.try_emplace(name, nullptr);
+    if (added) it->second = New();
+    return it->second;
+  }
+  // Adds `name` with a copy of `type` unless it has a type already.
+  void AddIfAbsent(const std::string& name, const onnx::TypeProto& type) {
+    auto [it, added] = types_.try_emplace(name, nullptr);
+    if (added) *(it->second = New()) = type;
+  }
+  // Adds `name` with `type`, which must come from New(); false (and nothing changed) if it has one.
+  bool AddNew(const std::string& name, onnx::TypeProto* type) { return types_.try_emplace(name, type).second; }
+  // An empty TypeProto on this map's arena.
+  onnx::TypeProto* New() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get()); }
+  template <typename Fn>
+  void ForEach(Fn&& fn) {
+    for (auto& [name, type] : types_) fn(name, type);
+  }
+
+ private:
+  std::unique_ptr<google::protobuf::Arena> arena_;  // declared first: the map's pointers die with it
+  std::unordered_map<std::string, onnx::TypeProto*> types_;
+};
 
 // Node outputs that are small integer tensors (shape arithmetic) whose every element the shapes fix
 // to a number or a named dim, e.g. the static last dim of a [batch, sequence, 64] tensor read through
