@@ -302,8 +302,9 @@ void Graph::RenameGraphOutput(const std::string& from, const std::string& to) {
     for (auto& output : *proto_->mutable_output()) {
       if (output.name() == from) output.set_name(to);
     }
-    graph_outputs_[to] += it->second;
-    graph_outputs_.erase(from);
+    const int times = it->second;
+    graph_outputs_.erase(it);
+    graph_outputs_[to] += times;
   }
 }
 
@@ -376,7 +377,7 @@ void Graph::ForEachGraph(const std::function<void(Graph&)>& fn) {
   }
 }
 
-void Graph::CollectNames(std::unordered_set<std::string>* names) const {
+void Graph::CollectNames(absl::flat_hash_set<std::string>* names) const {
   for (const auto& value : proto_->input()) names->insert(value.name());
   for (const auto& value : proto_->output()) names->insert(value.name());
   for (const auto& value : proto_->value_info()) names->insert(value.name());

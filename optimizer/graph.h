@@ -23,6 +23,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "onnx/onnx_pb.h"
@@ -177,18 +179,18 @@ class Graph {
   std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
   std::vector<Node*> added_;    // since the last checkpoint
   bool committed_ = false;
-  std::unordered_map<std::string, int64_t> op_delta_;  // on the main graph only
-  std::unordered_map<std::string, Node*> producer_;
+  absl::flat_hash_map<std::string, int64_t> op_delta_;  // on the main graph only
+  absl::flat_hash_map<std::string, Node*> producer_;
   // value -> readers, one entry per reading input (a node reading a value twice is listed twice)
-  std::unordered_map<std::string, std::vector<Node*>> consumers_;
-  std::unordered_set<std::string> graph_inputs_;
-  std::unordered_map<std::string, int> graph_outputs_;  // name -> times listed
-  std::unordered_map<std::string, const onnx::TensorProto*> initializers_;
-  std::unordered_set<std::string> removed_initializers_;
-  std::unordered_set<std::string> dropped_values_;  // values whose producer was removed
+  absl::flat_hash_map<std::string, std::vector<Node*>> consumers_;
+  absl::flat_hash_set<std::string> graph_inputs_;
+  absl::flat_hash_map<std::string, int> graph_outputs_;  // name -> times listed
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
+  absl::flat_hash_set<std::string> removed_initializers_;
+  absl::flat_hash_set<std::string> dropped_values_;  // values whose producer was removed
   // Every name in this graph and its subgraphs, collected when UniqueName is first called.
-  void CollectNames(std::unordered_set<std::string>* names) const;
-  std::unordered_set<std::string> used_names_;
+  void CollectNames(absl::flat_hash_set<std::string>* names) const;
+  absl::flat_hash_set<std::string> used_names_;
   bool names_collected_ = false;
   uint64_t unique_counter_ = 0;
 };

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "google/protobuf/arena.h"
 #include "onnx/onnx_pb.h"
 
@@ -60,7 +61,7 @@ class TypeMap {
 
  private:
   std::unique_ptr<google::protobuf::Arena> arena_;  // declared first: the map's pointers die with it
-  std::unordered_map<std::string, onnx::TypeProto*> types_;
+  absl::flat_hash_map<std::string, onnx::TypeProto*> types_;
 };
 
 // Node outputs that are small integer tensors (shape arithmetic) whose every element the shapes fix
