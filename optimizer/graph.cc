@@ -97,6 +97,12 @@ void Graph::CountOps(const Node& node, int sign) {
   }
 }
 
+std::vector<std::string> Graph::TakeVanishedValues() {
+  std::vector<std::string> vanished;
+  vanished.swap(vanished_);
+  return vanished;
+}
+
 std::map<std::string, int64_t> Graph::TakeOpDelta() {
   std::map<std::string, int64_t> delta;
   for (const auto& [op, count] : op_delta_) {
@@ -340,9 +346,8 @@ absl::Status Graph::RenameValue(const std::string& from_name, const std::string&
     for (auto& value_info : *proto_->mutable_value_info()) {
       if (value_info.name() == from) value_info.set_name(to);
     }
-  } else {
-    dropped_values_.insert(from);
   }
+  dropped_values_.insert(from);  // the name is gone (its value_info, if any, moved to `to` above)
   changed_ = true;
   return absl::OkStatus();
 }
@@ -564,6 +569,11 @@ absl::Status Graph::Checkpoint() {
     for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
   }
   topological_ = true;
+  for (const auto* names : {&dropped_values_, &removed_initializers_}) {
+    for (const auto& name : *names) {
+      if (!IsDefinedHere(name)) vanished_.push_back(name);
+    }
+  }
   if (!removed_initializers_.empty() || !dropped_values_.empty()) CompactTensorsAndValueInfo();
   if (!removed_initializers_.empty()) {
     initializers_.clear();

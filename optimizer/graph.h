@@ -92,6 +92,9 @@ class Graph {
   // Operators added minus removed since the last call, over this graph and its subgraphs (call it on
   // the main graph), keyed as OpKey; zero counts left out.
   std::map<std::string, int64_t> TakeOpDelta();
+  // Names of this graph that checkpoints since the last call saw go (a removed node's outputs, a
+  // renamed value's old name, removed initializers), so that facts kept about them can be dropped.
+  std::vector<std::string> TakeVanishedValues();
 
   const onnx::GraphProto& proto() const { return *proto_; }
   onnx::GraphProto* mutable_proto() { return proto_; }
@@ -178,6 +181,7 @@ class Graph {
   bool topological_ = false;  // nodes_ was put in topological order by a checkpoint
   std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
   std::vector<Node*> added_;    // since the last checkpoint
+  std::vector<std::string> vanished_;  // see TakeVanishedValues
   bool committed_ = false;
   absl::flat_hash_map<std::string, int64_t> op_delta_;  // on the main graph only
   absl::flat_hash_map<std::string, Node*> producer_;

@@ -219,6 +219,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   bool edited = model_pass || invocation.pass->edits_declared_types();
   v1::PassReport report;
   std::map<std::string, int64_t> op_delta;
+  std::vector<std::string> vanished;
   if (model_pass) {
     const std::map<std::string, int64_t> before = OpHistogram(model->graph());
     report.set_nodes_before(CountNodes(model->graph()));
@@ -242,6 +243,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     absl::Status checkpoint = graph.Checkpoint();
     if (!checkpoint.ok()) return Named(invocation, checkpoint);
     op_delta = graph.TakeOpDelta();
+    vanished = graph.TakeVanishedValues();
     report.set_nodes_after(graph.NodeCountRecursive());
   }
   for (const auto& [domain, version] : context.required_opsets()) {
@@ -264,7 +266,14 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   for (const auto& [counter, count] : context.counters()) (*report.mutable_counters())[counter] = count;
   for (const auto& note : context.notes()) report.add_notes(note);
   for (const auto& [op, delta] : op_delta) (*report.mutable_op_delta())[op] = delta;
-  if (edited || PassChangedGraph(report) || !context.required_opsets().empty()) shapes->reset();
+  const bool changed = edited || PassChangedGraph(report) || !context.required_opsets().empty();
+  const bool types_kept = invocation.pass->keeps_value_types() && !model_pass &&
+                          !invocation.pass->edits_declared_types() && context.required_opsets().empty();
+  if (changed && types_kept && shapes->has_value()) {
+    (*shapes)->Forget(vanished);
+  } else if (changed) {
+    shapes->reset();
+  }
   reports->push_back(std::move(report));
   *rewrites += context.rewrites();
   return absl::OkStatus();

@@ -47,6 +47,13 @@ std::optional<std::vector<int64_t>> ShapeInfo::KnownValue(const std::string& val
   return numbers;
 }
 
+void ShapeInfo::Forget(const std::vector<std::string>& values) {
+  for (const std::string& value : values) {
+    types_.Erase(value);
+    known_values_.erase(value);
+  }
+}
+
 const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {
   return types_.Find(value);
 }

@@ -26,6 +26,10 @@ class ShapeInfo {
   // The same while `graph` holds the nodes of `model`'s main graph (see Graph::Checkpoint).
   static ShapeInfo Infer(const onnx::ModelProto& model, const Graph& graph);
 
+  // Drops what is known about values that no longer exist: a name used again later must not inherit
+  // it (see Pass::keeps_value_types).
+  void Forget(const std::vector<std::string>& values);
+
   const onnx::TypeProto* TypeOf(const std::string& value) const;
   std::optional<int32_t> ElementType(const std::string& value) const;
   std::optional<int> Rank(const std::string& value) const;

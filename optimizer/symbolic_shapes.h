@@ -52,6 +52,7 @@ class TypeMap {
   }
   // Adds `name` with `type`, which must come from New(); false (and nothing changed) if it has one.
   bool AddNew(const std::string& name, onnx::TypeProto* type) { return types_.try_emplace(name, type).second; }
+  void Erase(const std::string& name) { types_.erase(name); }
   // An empty TypeProto on this map's arena.
   onnx::TypeProto* New() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get()); }
   template <typename Fn>

@@ -1,5 +1,6 @@
 #include "optimizer/graph.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -276,6 +277,34 @@ TEST(GraphTest, OpDeltaCountsAddedAndRemovedOperatorsWithTheirDomains) {
   graph.AddNode(fused);
   EXPECT_EQ(graph.TakeOpDelta(), (std::map<std::string, int64_t>{{"Relu", -2}, {"com.microsoft::FastGelu", 1}}));
   EXPECT_TRUE(graph.TakeOpDelta().empty());
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
+// What a checkpoint reports gone: removed outputs, renamed-away names and removed initializers, but
+// not a name a pass defined again.
+TEST(GraphTest, CheckpointsReportTheNamesThatWent) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Neg", {"a"}, {"b"});
+  *proto.add_node() = MakeNode("Abs", {"b"}, {"c"});
+  *proto.add_node() = MakeNode("Add", {"c", "w"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  *proto.add_initializer() = testing::FloatTensor("w", {1}, {1});
+  *proto.add_initializer() = testing::FloatTensor("unused", {1}, {1});
+  Graph graph(&proto);
+  graph.RemoveNode(graph.Producer("b"));       // b goes
+  graph.SetInput(graph.Producer("c"), 0, "a");
+  Node* abs = graph.Producer("c");
+  graph.RemoveNode(abs);                       // c goes, and comes back from another node
+  graph.AddNode(MakeNode("Sigmoid", {"a"}, {"c"}), abs, /*after=*/true);
+  ASSERT_TRUE(graph.RenameValue("a", "a2").ok());  // a goes
+  graph.RemoveInitializer("unused");
+  ASSERT_TRUE(graph.Checkpoint().ok());
+  std::vector<std::string> vanished = graph.TakeVanishedValues();
+  std::sort(vanished.begin(), vanished.end());
+  EXPECT_EQ(vanished, (std::vector<std::string>{"a", "b", "unused"}));
+  EXPECT_TRUE(graph.TakeVanishedValues().empty());
   ASSERT_TRUE(graph.Commit().ok());
 }
 

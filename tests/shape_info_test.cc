@@ -150,5 +150,20 @@ TEST(ShapeInfoTest, AClashWithADeclaredShapeLosesOneNodeNotTheModel) {
   EXPECT_EQ(shapes.StaticShape("r"), (std::vector<int64_t>{5, 5}));  // as declared
 }
 
+TEST(ShapeInfoTest, ForgottenValuesHaveNoTypeOrValue) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {2, 3});
+  *graph.add_node() = MakeNode("Shape", {"x"}, {"s"});
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"r"});
+  *graph.add_output() = FloatValue("r", {2, 3});
+  ShapeInfo shapes = ShapeInfo::Infer(MakeModel(graph, 17));
+  ASSERT_TRUE(shapes.KnownValue("s").has_value());
+  shapes.Forget({"s", "r"});
+  EXPECT_EQ(shapes.TypeOf("s"), nullptr);
+  EXPECT_FALSE(shapes.KnownValue("s").has_value());
+  EXPECT_EQ(shapes.TypeOf("r"), nullptr);
+  EXPECT_EQ(shapes.StaticShape("x"), (std::vector<int64_t>{2, 3}));
+}
+
 }  // namespace
 }  // namespace onnxopt

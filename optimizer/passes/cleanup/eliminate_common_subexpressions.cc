@@ -38,6 +38,7 @@ std::string Key(const Node& node) {
 class EliminateCommonSubexpressionsPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_common_subexpressions"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override { return "Merge nodes with the same op, inputs and attributes"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {

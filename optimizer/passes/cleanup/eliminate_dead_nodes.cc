@@ -18,6 +18,7 @@ bool KnownDomain(const std::string& domain) {
 class EliminateDeadNodesPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_dead_nodes"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Remove nodes whose outputs nothing reads (not graph outputs, no consumers)";
   }

@@ -87,6 +87,7 @@ bool IsNoop(const Graph& graph, const Node& node, const PassContext& context, st
 class EliminateNoopOpsPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_noop_ops"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Remove Cast/Transpose/Reshape/Expand/Slice/Pad/Concat/Split nodes that return their input unchanged";
   }
