@@ -97,6 +97,16 @@ void Graph::CountOps(const Node& node, int sign) {
   }
 }
 
+std::vector<const Node*> Graph::TakeAddedNodes() {
+  std::vector<const Node*> added;
+  for (Node* node : added_since_take_) {
+    if (!node->removed_) added.push_back(node);
+  }
+  added_since_take_.clear();
+  std::sort(added.begin(), added.end(), BySequence);
+  return added;
+}
+
 std::vector<std::string> Graph::TakeVanishedValues() {
   std::vector<std::string> vanished;
   vanished.swap(vanished_);
@@ -540,6 +550,9 @@ absl::Status Graph::Checkpoint() {
   }
   touched_.clear();
   added_.clear();
+  added_since_take_.erase(std::remove_if(added_since_take_.begin(), added_since_take_.end(),
+                                         [](const Node* node) { return node->removed_; }),
+                          added_since_take_.end());
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
                nodes_.end());
   if (order_kept) {
@@ -569,6 +582,7 @@ absl::Status Graph::Checkpoint() {
     for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
   }
   topological_ = true;
+  added_since_take_.insert(added_since_take_.end(), live_added.begin(), live_added.end());
   for (const auto* names : {&dropped_values_, &removed_initializers_}) {
     for (const auto& name : *names) {
       if (!IsDefinedHere(name)) vanished_.push_back(name);

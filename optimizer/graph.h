@@ -95,6 +95,9 @@ class Graph {
   // Names of this graph that checkpoints since the last call saw go (a removed node's outputs, a
   // renamed value's old name, removed initializers), so that facts kept about them can be dropped.
   std::vector<std::string> TakeVanishedValues();
+  // The live nodes of this graph added since the last call, in their order; call it right after a
+  // checkpoint (the nodes a later pass removes are freed at its checkpoint).
+  std::vector<const Node*> TakeAddedNodes();
 
   const onnx::GraphProto& proto() const { return *proto_; }
   onnx::GraphProto* mutable_proto() { return proto_; }
@@ -182,6 +185,7 @@ class Graph {
   std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
   std::vector<Node*> added_;    // since the last checkpoint
   std::vector<std::string> vanished_;  // see TakeVanishedValues
+  std::vector<Node*> added_since_take_;  // see TakeAddedNodes
   bool committed_ = false;
   absl::flat_hash_map<std::string, int64_t> op_delta_;  // on the main graph only
   absl::flat_hash_map<std::string, Node*> producer_;

@@ -113,11 +113,12 @@ class Pass {
   // Whether the pass manager should run shape inference before this pass. Inference is shared: it
   // is run again only after a pass changed the graph.
   virtual bool needs_shapes() const { return false; }
-  // A pass that only removes nodes and initializers and points readers at values of the same type
-  // (identical computations, no-ops bypassed) says so: the types of the values that remain are what
-  // they were, so shapes inferred before it stay true after it and are not inferred again (what it
-  // removed is forgotten). They may be less precise than a new inference would find where a reader
-  // now reads a better-typed twin; the next pass that changes the graph otherwise infers again.
+  // A pass whose rewrites leave every value that survives them with the type it had (it removes
+  // nodes, points readers at same-typed values, or replaces a subgraph by nodes that write the same
+  // values) says so: shapes inferred before it stay true after it. The pass manager then forgets the
+  // values it removed and types the nodes it added from their inputs, instead of inferring the whole
+  // graph again. Those shapes may be less precise than a new inference would find (a reader pointed at
+  // a better-typed twin); the next pass that does not keep types infers again.
   virtual bool keeps_value_types() const { return false; }
   // A pass that edits declared types or shapes (graph inputs, outputs, value_info) directly says so:
   // shapes inferred before it are stale after it even when it reports no rewrite.

@@ -220,6 +220,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   v1::PassReport report;
   std::map<std::string, int64_t> op_delta;
   std::vector<std::string> vanished;
+  std::vector<const Node*> added;
   if (model_pass) {
     const std::map<std::string, int64_t> before = OpHistogram(model->graph());
     report.set_nodes_before(CountNodes(model->graph()));
@@ -244,6 +245,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     if (!checkpoint.ok()) return Named(invocation, checkpoint);
     op_delta = graph.TakeOpDelta();
     vanished = graph.TakeVanishedValues();
+    added = graph.TakeAddedNodes();
     report.set_nodes_after(graph.NodeCountRecursive());
   }
   for (const auto& [domain, version] : context.required_opsets()) {
@@ -267,10 +269,12 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   for (const auto& note : context.notes()) report.add_notes(note);
   for (const auto& [op, delta] : op_delta) (*report.mutable_op_delta())[op] = delta;
   const bool changed = edited || PassChangedGraph(report) || !context.required_opsets().empty();
-  const bool types_kept = invocation.pass->keeps_value_types() && !model_pass &&
-                          !invocation.pass->edits_declared_types() && context.required_opsets().empty();
+  // A domain the pass imported first is read only by nodes it added, which Extend types.
+  const bool types_kept =
+      invocation.pass->keeps_value_types() && !model_pass && !invocation.pass->edits_declared_types();
   if (changed && types_kept && shapes->has_value()) {
     (*shapes)->Forget(vanished);
+    (*shapes)->Extend(*model, held->Get(), added);
   } else if (changed) {
     shapes->reset();
   }

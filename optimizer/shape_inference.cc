@@ -153,9 +153,15 @@ class Sweep {
     }
   }
 
-  InferredTypes Run() {
+  // `from`: what an earlier sweep found, to extend with `nodes` (new ones, whose inputs it types);
+  // nullptr for a sweep of the whole graph from what it declares.
+  InferredTypes Run(InferredTypes* from = nullptr) {
     EnsureContribSchemas();
-    result_.types = DeclaredTypes(graph_);
+    if (from != nullptr) {
+      result_ = std::move(*from);
+    } else {
+      result_.types = DeclaredTypes(graph_);
+    }
     for (const auto& tensor : graph_.initializer()) {
       if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
         data_[tensor.name()] = &tensor;
@@ -167,7 +173,7 @@ class Sweep {
       symbolic_.Apply(*node, &result_.types);
       PublishTrackedValue(*node);
     }
-    result_.known = symbolic_.Known();
+    for (auto& [name, value] : symbolic_.Known()) result_.known[name] = std::move(value);
     return std::move(result_);
   }
 
@@ -304,6 +310,14 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
   nodes.reserve(static_cast<size_t>(model.graph().node_size()));
   for (const auto& node : model.graph().node()) nodes.push_back(&node);
   return Sweep(model, model.graph(), nodes).Run();
+}
+
+InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
+                               InferredTypes inferred) {
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(added.size());
+  for (const Node* node : added) nodes.push_back(&node->proto());
+  return Sweep(model, graph.proto(), nodes).Run(&inferred);
 }
 
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {

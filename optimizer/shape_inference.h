@@ -37,6 +37,11 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model);
 // The same for `model`'s main graph while a Graph holds its nodes (between passes, checkpointed, so
 // Nodes() is in topological order); opsets and functions come from `model`.
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph);
+// `inferred` (a sweep of `graph` before a pass that kept the types of the values it left) completed
+// with the nodes the pass added, in topological order: their outputs get types from their inputs'.
+// Shape arithmetic they read is known only as far as constants and the new nodes tell.
+InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
+                               InferredTypes inferred);
 
 }  // namespace onnxopt
 

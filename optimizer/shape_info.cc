@@ -54,6 +54,14 @@ void ShapeInfo::Forget(const std::vector<std::string>& values) {
   }
 }
 
+void ShapeInfo::Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added) {
+  if (!inferred_ || added.empty()) return;
+  InferredTypes extended =
+      ExtendGraphTypes(model, graph, added, InferredTypes{std::move(types_), std::move(known_values_)});
+  types_ = std::move(extended.types);
+  known_values_ = std::move(extended.known);
+}
+
 const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {
   return types_.Find(value);
 }

@@ -1,6 +1,7 @@
 // Shape inference over models onnx 1.12 only partly knows.
 #include "gtest/gtest.h"
 #include "optimizer/optimize.h"
+#include "optimizer/graph.h"
 #include "optimizer/shape_info.h"
 #include "tests/model_builder.h"
 
@@ -163,6 +164,30 @@ TEST(ShapeInfoTest, ForgottenValuesHaveNoTypeOrValue) {
   EXPECT_FALSE(shapes.KnownValue("s").has_value());
   EXPECT_EQ(shapes.TypeOf("r"), nullptr);
   EXPECT_EQ(shapes.StaticShape("x"), (std::vector<int64_t>{2, 3}));
+}
+
+// After a pass that keeps the types of what it left, the nodes it added are typed from their inputs
+// without a new inference of the graph (chained: an added node reads another's output).
+TEST(ShapeInfoTest, ExtendTypesTheNodesAPassAdded) {
+  onnx::GraphProto proto;
+  *proto.add_input() = FloatValue("x", {2, 3});
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"r"});
+  *proto.add_output() = FloatValue("r", {});
+  proto.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  onnx::ModelProto model = MakeModel(proto, 17);
+  Graph graph(model.mutable_graph());
+  ShapeInfo shapes = ShapeInfo::Infer(model, graph);
+  ASSERT_EQ(shapes.StaticShape("r"), (std::vector<int64_t>{2, 3}));
+  Node* relu = graph.Producer("r");
+  Node* transpose = graph.AddNode(MakeNode("Transpose", {"r"}, {"t"}), relu, /*after=*/true);
+  graph.AddNode(MakeNode("Sigmoid", {"t"}, {"s"}), transpose, /*after=*/true);
+  ASSERT_TRUE(graph.Checkpoint().ok());
+  EXPECT_EQ(shapes.TypeOf("s"), nullptr);
+  shapes.Extend(model, graph, graph.TakeAddedNodes());
+  EXPECT_EQ(shapes.StaticShape("t"), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(shapes.StaticShape("s"), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(shapes.StaticShape("r"), (std::vector<int64_t>{2, 3}));
+  ASSERT_TRUE(graph.Commit().ok());
 }
 
 }  // namespace

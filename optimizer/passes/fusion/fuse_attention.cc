@@ -53,6 +53,7 @@ using namespace attention;  // NOLINT(build/namespaces): the pass is written in 
 class FuseAttentionPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_attention"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Fuse self-attention (BERT/GPT-2 style and torch.nn.MultiheadAttention; separate or packed Q/K/V, "
            "additive and causal masks) into ONNX Runtime's Attention";

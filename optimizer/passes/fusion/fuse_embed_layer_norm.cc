@@ -109,6 +109,7 @@ bool PositionsCountUp(const Graph& graph, const ShapeInfo& shapes, const std::st
 class FuseEmbedLayerNormPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_embed_layer_norm"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Fuse word/position/token-type embedding lookups and their LayerNorm into EmbedLayerNormalization";
   }

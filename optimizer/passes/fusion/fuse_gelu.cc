@@ -131,6 +131,7 @@ void AbsorbBiasIntoFusedGelu(Graph& graph, PassContext& context) {
 class FuseGeluPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_gelu"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Fuse the Gelu family (erf, tanh and sigmoid forms, with a bias Add) into ONNX Runtime's Gelu, "
            "FastGelu, QuickGelu and BiasGelu";

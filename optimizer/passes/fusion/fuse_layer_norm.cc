@@ -94,6 +94,7 @@ std::optional<std::string> MatchDivision(const Graph& graph, const std::string& 
 class FuseLayerNormPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_layer_norm"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Fuse decomposed LayerNorm into LayerNormalization and RMSNorm into SimplifiedLayerNormalization";
   }

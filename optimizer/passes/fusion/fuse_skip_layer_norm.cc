@@ -30,6 +30,7 @@ bool SkipShapeFits(const ShapeInfo& shapes, const std::string& input, const std:
 class FuseSkipLayerNormPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_skip_layer_norm"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Fuse a residual Add (and a bias Add) with LayerNormalization or RMSNorm into (Simplified)SkipLayerNormalization";
   }

@@ -17,6 +17,7 @@ namespace {
 class UnflattenGemmPass final : public Pass {
  public:
   absl::string_view name() const override { return "unflatten_gemm"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Turn Reshape(-1,K) -> Gemm -> Reshape back (GPT-2's Conv1D) into MatMul + Add on the unflattened input";
   }
