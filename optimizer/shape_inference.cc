@@ -141,6 +141,12 @@ void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProt
   }
 }
 
+}  // namespace
+
+void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types);
+
+namespace {
+
 class Sweep {
  public:
   Sweep(const onnx::ModelProto& model, const onnx::GraphProto& graph, const std::vector<const onnx::NodeProto*>& nodes)
@@ -159,6 +165,7 @@ class Sweep {
     EnsureContribSchemas();
     if (from != nullptr) {
       result_ = std::move(*from);
+      AddInitializerTypes(graph_, &result_.types);  // those the pass added
     } else {
       result_.types = DeclaredTypes(graph_);
     }
@@ -288,15 +295,20 @@ class Sweep {
 
 }  // namespace
 
-TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
-  TypeMap types;
+void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types) {
   for (const auto& tensor : graph.initializer()) {
-    onnx::TypeProto* type = types.New();
+    if (types->Find(tensor.name()) != nullptr) continue;
+    onnx::TypeProto* type = types->New();
     type->mutable_tensor_type()->set_elem_type(tensor.data_type());
     auto* shape = type->mutable_tensor_type()->mutable_shape();
     for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
-    types.AddNew(tensor.name(), type);
+    types->AddNew(tensor.name(), type);
   }
+}
+
+TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
+  TypeMap types;
+  AddInitializerTypes(graph, &types);
   for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
     for (const auto& value : *values) {
       if (value.has_type()) types.AddIfAbsent(value.name(), value.type());

@@ -30,6 +30,8 @@ struct InferredTypes {
 // The types a graph states without inference: its initializers' (which win over a declared type of
 // an overridable input), then its inputs', outputs' and value_info's.
 TypeMap DeclaredTypes(const onnx::GraphProto& graph);
+// Adds the types of the initializers `types` does not have yet.
+void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types);
 
 // DeclaredTypes, completed and refined by the sweep.
 // `model`'s default-domain opset must be one onnx 1.12 knows (<= 17): the caller checks.

@@ -71,6 +71,7 @@ std::optional<int64_t> SlicedDim(const Graph& graph, const Node& slice, int rank
 class CanonicalizeShapeReadsPass final : public Pass {
  public:
   absl::string_view name() const override { return "canonicalize_shape_reads"; }
+  bool keeps_value_types() const override { return true; }
   absl::string_view description() const override {
     return "Read a named dimension from the graph input that defines it rather than from an intermediate value";
   }
