@@ -4,6 +4,7 @@
 #include "optimizer/passes/canonical/attention_masks.h"
 
 #include "gtest/gtest.h"
+#include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -18,15 +19,6 @@ onnx::ValueInfoProto MaskInput(const std::string& name) {
   return value;
 }
 
-onnx::TensorProto Ints(const std::string& name, std::vector<int64_t> values) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::INT64);
-  tensor.add_dims(static_cast<int64_t>(values.size()));
-  for (int64_t v : values) tensor.add_int64_data(v);
-  return tensor;
-}
-
 MaskMeaning Probe(const onnx::GraphProto& graph_proto, const std::string& mask) {
   onnx::ModelProto model = MakeModel(graph_proto, 17);
   Graph graph(model.mutable_graph());
@@ -38,7 +30,7 @@ TEST(AttentionMaskTest, KeyPaddingFromTheAttentionMaskInput) {
   onnx::GraphProto graph;
   *graph.add_input() = MaskInput("input_ids");
   *graph.add_input() = MaskInput("attention_mask");
-  *graph.add_initializer() = Ints("axes", {1, 2});
+  *graph.add_initializer() = MakeInt64Tensor("axes", {1, 2});
   *graph.add_node() = testing::WithIntAttribute(MakeNode("Cast", {"attention_mask"}, {"bool_mask"}), "to",
                                                 onnx::TensorProto::BOOL);
   *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes"}, {"mask4d"});
@@ -51,8 +43,8 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   onnx::GraphProto graph;
   *graph.add_input() = MaskInput("attention_mask");
   *graph.add_initializer() = testing::BoolScalar("yes", true);
-  *graph.add_initializer() = Ints("zero", {0});
-  *graph.add_initializer() = Ints("one", {1});
+  *graph.add_initializer() = MakeInt64Tensor("zero", {0});
+  *graph.add_initializer() = MakeInt64Tensor("one", {1});
   *graph.add_node() = MakeNode("Shape", {"attention_mask"}, {"shape"});
   *graph.add_node() = MakeNode("Gather", {"shape", "one"}, {"length"});
   *graph.add_node() = MakeNode("Gather", {"shape", "zero"}, {"batch"});
@@ -64,11 +56,11 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   EXPECT_EQ(all.kind, MaskMeaning::Kind::kAllTrue) << all.why;
 
   // Causal: t <= q, from Ranges over the length.
-  *graph.add_initializer() = Ints("axes_q", {0, 1, 3});
-  *graph.add_initializer() = Ints("axes_t", {0, 1, 2});
-  onnx::TensorProto zero_scalar = Ints("zero_scalar", {0});
+  *graph.add_initializer() = MakeInt64Tensor("axes_q", {0, 1, 3});
+  *graph.add_initializer() = MakeInt64Tensor("axes_t", {0, 1, 2});
+  onnx::TensorProto zero_scalar = MakeInt64Tensor("zero_scalar", {0});
   zero_scalar.clear_dims();
-  onnx::TensorProto one_scalar = Ints("one_scalar", {1});
+  onnx::TensorProto one_scalar = MakeInt64Tensor("one_scalar", {1});
   one_scalar.clear_dims();
   *graph.add_initializer() = zero_scalar;
   *graph.add_initializer() = one_scalar;
@@ -84,7 +76,7 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   // Causal and padded: a decoder's batch.
   *graph.add_node() = testing::WithIntAttribute(MakeNode("Cast", {"attention_mask"}, {"bool_mask"}), "to",
                                                 onnx::TensorProto::BOOL);
-  *graph.add_initializer() = Ints("axes_mask", {1, 2});
+  *graph.add_initializer() = MakeInt64Tensor("axes_mask", {1, 2});
   *graph.add_node() = MakeNode("Unsqueeze", {"bool_mask", "axes_mask"}, {"padding"});
   *graph.add_node() = MakeNode("And", {"causal_mask", "padding"}, {"decoder_mask"});
   MaskMeaning decoder = Probe(graph, "decoder_mask");
@@ -93,7 +85,7 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
 
   // A sliding window wider than the default probe lengths (64 positions back) is probed past its
   // width and not taken for causal.
-  *graph.add_initializer() = Ints("window", {64});
+  *graph.add_initializer() = MakeInt64Tensor("window", {64});
   *graph.add_node() = MakeNode("Sub", {"q", "t"}, {"distance"});
   *graph.add_node() = MakeNode("Less", {"distance", "window"}, {"near"});
   *graph.add_node() = MakeNode("And", {"causal_mask", "near"}, {"window_mask"});

@@ -2,6 +2,7 @@
 #include "gtest/gtest.h"
 #include "optimizer/optimize.h"
 #include "optimizer/graph.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
 #include "tests/model_builder.h"
 
@@ -80,15 +81,6 @@ TEST(ShapeInfoTest, ShapesReachTheEndOfADeepFusedModel) {
   EXPECT_TRUE(checked.ok()) << checked;
 }
 
-onnx::TensorProto Int64s(const std::string& name, std::vector<int64_t> values) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::INT64);
-  tensor.add_dims(static_cast<int64_t>(values.size()));
-  for (int64_t v : values) tensor.add_int64_data(v);
-  return tensor;
-}
-
 // 40 blocks of export-style reshapes, each target computed from the Shape of the block's input with
 // a -1 onnx cannot solve over symbolic dims: [batch, sequence, 8] -> [batch, sequence, 4, -1] ->
 // [0, 0, -1]. Each block needs the previous block's recovered shape. Recovery in rounds (the
@@ -99,10 +91,10 @@ TEST(ShapeInfoTest, ComputedReshapesResolveInOneSweepAtAnyDepth) {
   onnx::GraphProto graph;
   *graph.add_input() = FloatValue("x", {-1, 0, 8});
   graph.mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("sequence");
-  *graph.add_initializer() = Int64s("zero", {0});
-  *graph.add_initializer() = Int64s("one", {1});
-  *graph.add_initializer() = Int64s("four_rest", {4, -1});
-  *graph.add_initializer() = Int64s("keep_two_rest", {0, 0, -1});
+  *graph.add_initializer() = MakeInt64Tensor("zero", {0});
+  *graph.add_initializer() = MakeInt64Tensor("one", {1});
+  *graph.add_initializer() = MakeInt64Tensor("four_rest", {4, -1});
+  *graph.add_initializer() = MakeInt64Tensor("keep_two_rest", {0, 0, -1});
   std::string hidden = "x";
   for (int block = 0; block < kBlocks; ++block) {
     const std::string at = std::to_string(block);
