@@ -561,14 +561,18 @@ absl::Status Graph::Checkpoint() {
     std::sort(nodes_.begin(), nodes_.end(),
               [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return EmittedBefore(a.get(), b.get()); });
     Renumber();
-    // Only lists with a node added since the last checkpoint can be out of the new order.
+    // Only lists with a node added since the last checkpoint can be out of the new order; each is
+    // sorted once (a shared constant may have thousands of readers, many of them new).
+    absl::flat_hash_set<std::string> resort;
     for (Node* node : live_added) {
-      auto resort = [&](const std::string& value) {
-        auto readers = consumers_.find(value);
-        if (readers != consumers_.end()) std::sort(readers->second.begin(), readers->second.end(), BySequence);
-      };
-      for (const auto& input : node->proto_.input()) resort(input);
-      for (const auto& implicit : node->implicit_inputs_) resort(implicit);
+      for (const auto& input : node->proto_.input()) {
+        if (!input.empty()) resort.insert(input);
+      }
+      for (const auto& implicit : node->implicit_inputs_) resort.insert(implicit);
+    }
+    for (const std::string& value : resort) {
+      auto readers = consumers_.find(value);
+      if (readers != consumers_.end()) std::sort(readers->second.begin(), readers->second.end(), BySequence);
     }
   } else {
     std::vector<Node*> order = TopologicalOrder();
