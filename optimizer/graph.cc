@@ -48,6 +48,21 @@ int64_t Node::GetAttributeInt(absl::string_view name, int64_t default_value) con
   return attribute != nullptr ? attribute->i() : default_value;
 }
 
+onnx::NodeProto Node::ProtoWithBodies() const {
+  onnx::NodeProto copy = proto_;
+  size_t next = 0;  // subgraphs_ follow the attributes' order (TakeSubgraphs)
+  auto fill = [&](onnx::GraphProto* body) {
+    const Graph& graph = *subgraphs_[next++];
+    body->clear_node();
+    for (const Node* inner : graph.Nodes()) *body->add_node() = inner->ProtoWithBodies();
+  };
+  for (auto& attribute : *copy.mutable_attribute()) {
+    if (attribute.has_g()) fill(attribute.mutable_g());
+    for (auto& body : *attribute.mutable_graphs()) fill(&body);
+  }
+  return copy;
+}
+
 float Node::GetAttributeFloat(absl::string_view name, float default_value) const {
   const onnx::AttributeProto* attribute = FindAttribute(name);
   return attribute != nullptr ? attribute->f() : default_value;
@@ -269,13 +284,18 @@ void Graph::ReplaceInitializer(onnx::TensorProto tensor) {
   if (it == initializers_.end()) return;
   // The index points into proto_'s repeated field, which this Graph owns for editing.
   *const_cast<onnx::TensorProto*>(it->second) = std::move(tensor);
+  // Its type may be another now: what was known of it goes, as of a value that went.
+  if (root_ == this) vanished_.push_back(it->first);
   changed_ = true;
 }
 
 void Graph::SetOutput(Node* node, int index, const std::string& name) {
   const std::string old = node->proto_.output(index);
   auto it = producer_.find(old);
-  if (it != producer_.end() && it->second == node) producer_.erase(it);
+  if (it != producer_.end() && it->second == node) {
+    producer_.erase(it);
+    dropped_values_.insert(old);
+  }
   node->proto_.set_output(index, name);
   producer_[name] = node;
   if (names_collected_) used_names_.insert(name);
@@ -461,6 +481,17 @@ std::vector<Node*> Graph::TopologicalOrder() const {
   return order;
 }
 
+bool Graph::ChangedInside() const {
+  if (changed_) return true;
+  for (const auto& node : nodes_) {
+    if (node->removed_) continue;
+    for (const auto& subgraph : node->subgraphs_) {
+      if (subgraph->ChangedInside()) return true;
+    }
+  }
+  return false;
+}
+
 bool Graph::EmittedBefore(const Node* a, const Node* b) {
   return a->order_ < b->order_ || (a->order_ == b->order_ && a->sequence_ < b->sequence_);
 }
@@ -531,7 +562,7 @@ absl::Status Graph::Checkpoint() {
     if (node->removed_ || node->subgraphs_.empty()) continue;
     bool inner_changed = false;
     for (const auto& subgraph : node->subgraphs_) {
-      inner_changed |= subgraph->changed_;
+      inner_changed |= subgraph->ChangedInside();
       absl::Status status = subgraph->Checkpoint();
       if (!status.ok()) return status;
     }
@@ -586,10 +617,12 @@ absl::Status Graph::Checkpoint() {
     for (auto& [value, readers] : consumers_) std::sort(readers.begin(), readers.end(), BySequence);
   }
   topological_ = true;
-  added_since_take_.insert(added_since_take_.end(), live_added.begin(), live_added.end());
-  for (const auto* names : {&dropped_values_, &removed_initializers_}) {
-    for (const auto& name : *names) {
-      if (!IsDefinedHere(name)) vanished_.push_back(name);
+  if (root_ == this) {  // only the main graph's values have shapes kept about them
+    added_since_take_.insert(added_since_take_.end(), live_added.begin(), live_added.end());
+    for (const auto* names : {&dropped_values_, &removed_initializers_}) {
+      for (const auto& name : *names) {
+        if (!IsDefinedHere(name)) vanished_.push_back(name);
+      }
     }
   }
   if (!removed_initializers_.empty() || !dropped_values_.empty()) CompactTensorsAndValueInfo();

@@ -51,6 +51,9 @@ class Node {
   const std::unordered_set<std::string>& implicit_inputs() const { return implicit_inputs_; }
 
   const onnx::AttributeProto* FindAttribute(absl::string_view name) const;
+  // The node as a self-contained NodeProto: its graph attributes hold their bodies' live nodes (while
+  // a Graph holds a body's nodes, the attribute's own node list is empty).
+  onnx::NodeProto ProtoWithBodies() const;
   int64_t GetAttributeInt(absl::string_view name, int64_t default_value) const;
   float GetAttributeFloat(absl::string_view name, float default_value) const;
 
@@ -151,6 +154,8 @@ class Graph {
  private:
   Graph(onnx::GraphProto* proto, Graph* root);
   static bool BySequence(const Node* a, const Node* b);
+  // Whether this graph or any body below it changed since its last checkpoint.
+  bool ChangedInside() const;
   // The order Commit writes nodes in when it can: by (order_, sequence_).
   static bool EmittedBefore(const Node* a, const Node* b);
   bool EditsKeptTheOrder() const;

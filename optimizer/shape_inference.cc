@@ -177,8 +177,12 @@ class Sweep {
     }
     for (const onnx::NodeProto* node : nodes_) {
       InferNode(*node);
-      symbolic_.Apply(*node, &result_.types);
-      PublishTrackedValue(*node);
+      try {
+        symbolic_.Apply(*node, &result_.types);
+        PublishTrackedValue(*node);
+      } catch (const std::exception&) {
+        // A rule that cannot apply leaves the node's outputs as onnx's rule left them.
+      }
     }
     for (auto& [name, value] : symbolic_.Known()) result_.known[name] = std::move(value);
     return std::move(result_);
@@ -227,7 +231,9 @@ class Sweep {
         std::unordered_map<std::string, int> function_opsets;
         for (const auto& import : function->opset_import()) function_opsets[import.domain()] = import.version();
         si::InferShapeForFunctionNode(*function, function_opsets, onnx::OpSchemaRegistry::Instance(), context,
-                                      onnx::ShapeInferenceOptions(false, 0, true), functions_, nullptr, &shape_data_);
+                                      // no data propagation inside: it cannot be kept off untyped values
+                                      // there, and onnx 1.12's Shape-15 rule dereferences them
+                                      onnx::ShapeInferenceOptions(false, 0, false), functions_, nullptr, &shape_data_);
       } else if (schema->has_type_and_shape_inference_function()) {
         schema->GetTypeAndShapeInferenceFunction()(context);
       }
@@ -328,14 +334,28 @@ InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph
                                InferredTypes inferred) {
   std::vector<const onnx::NodeProto*> nodes;
   nodes.reserve(added.size());
-  for (const Node* node : added) nodes.push_back(&node->proto());
+  std::deque<onnx::NodeProto> with_bodies;
+  for (const Node* node : added) {
+    if (node->subgraphs().empty()) {
+      nodes.push_back(&node->proto());
+    } else {
+      nodes.push_back(&with_bodies.emplace_back(node->ProtoWithBodies()));
+    }
+  }
   return Sweep(model, graph.proto(), nodes).Run(&inferred);
 }
 
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {
   std::vector<const onnx::NodeProto*> nodes;
   nodes.reserve(static_cast<size_t>(graph.NodeCount()));
-  for (const Node* node : graph.Nodes()) nodes.push_back(&node->proto());
+  std::deque<onnx::NodeProto> with_bodies;  // If/Loop/Scan: onnx infers their bodies, held by the Graph
+  for (const Node* node : graph.Nodes()) {
+    if (node->subgraphs().empty()) {
+      nodes.push_back(&node->proto());
+    } else {
+      nodes.push_back(&with_bodies.emplace_back(node->ProtoWithBodies()));
+    }
+  }
   return Sweep(model, graph.proto(), nodes).Run();
 }
 

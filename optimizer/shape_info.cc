@@ -55,7 +55,11 @@ void ShapeInfo::Forget(const std::vector<std::string>& values) {
 }
 
 void ShapeInfo::Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added) {
-  if (!inferred_ || added.empty()) return;
+  if (!inferred_) return;
+  if (added.empty()) {
+    AddInitializerTypes(graph.proto(), &types_);  // a replaced initializer's new type
+    return;
+  }
   InferredTypes extended =
       ExtendGraphTypes(model, graph, added, InferredTypes{std::move(types_), std::move(known_values_)});
   types_ = std::move(extended.types);

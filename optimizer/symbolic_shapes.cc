@@ -186,7 +186,8 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
     end = std::clamp<int64_t>(end, start, size);
     values[out] = Shape(input(0)->begin() + start, input(0)->begin() + end);
   } else if (op == "ConstantOfShape" && input(0) && input(0)->size() == 1 &&
-             (*input(0))[0].kind == Dim::Kind::kValue && (*input(0))[0].value <= 64) {
+             (*input(0))[0].kind == Dim::Kind::kValue && (*input(0))[0].value >= 0 &&
+             (*input(0))[0].value <= 64) {
     // A small integer tensor filled with the attribute's value (0 if none).
     std::optional<int64_t> fill = 0;
     for (const auto& a : node.attribute()) {

@@ -96,6 +96,12 @@ TEST(IntegerArithmeticTest, EveryFormGivesWhatOnnxRuntimeGives) {
       {"slice negative step stops early", MakeNode("Slice", {}, {}),
        {v5, Ints({1}, {4}), Ints({1}, {1}), Ints({1}, {0}), Ints({1}, {-2})}},
       {"slice empty", MakeNode("Slice", {}, {}), {v5, Ints({1}, {3}), Ints({1}, {1})}},
+      {"slice reversed to an INT64_MAX end", MakeNode("Slice", {}, {}),
+       {v5, Ints({1}, {-1}), Ints({1}, {kMax}), Ints({1}, {0}), Ints({1}, {-1})}},
+      {"slice of an empty axis, reversed", MakeNode("Slice", {}, {}),
+       {Ints({0}, {}), Ints({1}, {-1}), Ints({1}, {kMin}), Ints({1}, {0}), Ints({1}, {-1})}},
+      {"slice with a huge step", MakeNode("Slice", {}, {}),
+       {v5, Ints({1}, {1}), Ints({1}, {kMax}), Ints({1}, {0}), Ints({1}, {kMax})}},
       {"slice attributes", WithIntsAttribute(WithIntsAttribute(MakeNode("Slice", {}, {}), "starts", {-2}), "ends", {kMax}),
        {v5}, 9},
       {"reshape 0 and -1", MakeNode("Reshape", {}, {}), {m23, Ints({2}, {0, -1})}},
@@ -148,6 +154,9 @@ TEST(IntegerArithmeticTest, LeavesEverythingElseToOnnxRuntime) {
       {"gather out of range", MakeNode("Gather", {}, {}), {v2, Ints({}, {2})}},
       {"reshape to a wrong size", MakeNode("Reshape", {}, {}), {v2, Ints({1}, {3})}},
       {"too big", MakeNode("Range", {}, {}), {Ints({}, {0}), Ints({}, {1000000}), Ints({}, {1})}},
+      {"squeeze with empty axes", MakeNode("Squeeze", {}, {}), {Ints({1, 2}, {4, 6}), Ints({0}, {})}},
+      {"int32 overflowing division", MakeNode("Div", {}, {}),
+       {Ints({1}, {-2147483647 - 1}, onnx::TensorProto::INT32), Ints({1}, {-1}, onnx::TensorProto::INT32)}},
   };
   for (const Case& c : cases) EXPECT_FALSE(EvaluateNatively(c).has_value()) << c.label;
 }

@@ -182,5 +182,44 @@ TEST(ShapeInfoTest, ExtendTypesTheNodesAPassAdded) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
+// While a Graph holds an If's branches, their node lists in the model are empty: inference must see
+// the live bodies, and find what onnx's InferShapes finds on the model itself.
+TEST(ShapeInfoTest, AHeldGraphInfersThroughItsBranches) {
+  auto branch = [](const std::string& name, const std::string& op) {
+    onnx::GraphProto body;
+    body.set_name(name);
+    *body.add_node() = MakeNode(op, {"x"}, {name + "_out"});
+    onnx::ValueInfoProto out;
+    out.set_name(name + "_out");
+    out.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);  // no shape
+    *body.add_output() = out;
+    return body;
+  };
+  onnx::GraphProto proto;
+  *proto.add_input() = FloatValue("x", {2, 3});
+  *proto.add_initializer() = testing::BoolScalar("condition", true);
+  onnx::NodeProto if_node = MakeNode("If", {"condition"}, {"y"});
+  auto* then_branch = if_node.add_attribute();
+  then_branch->set_name("then_branch");
+  then_branch->set_type(onnx::AttributeProto::GRAPH);
+  *then_branch->mutable_g() = branch("then", "Relu");
+  auto* else_branch = if_node.add_attribute();
+  else_branch->set_name("else_branch");
+  else_branch->set_type(onnx::AttributeProto::GRAPH);
+  *else_branch->mutable_g() = branch("else", "Neg");
+  *proto.add_node() = if_node;
+  *proto.add_node() = MakeNode("Transpose", {"y"}, {"t"});
+  *proto.add_output() = FloatValue("t", {});
+  proto.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  onnx::ModelProto model = MakeModel(proto, 17);
+  const ShapeInfo from_model = ShapeInfo::Infer(model);
+  ASSERT_EQ(from_model.StaticShape("t"), (std::vector<int64_t>{3, 2}));
+  Graph graph(model.mutable_graph());
+  const ShapeInfo held = ShapeInfo::Infer(model, graph);
+  EXPECT_EQ(held.StaticShape("y"), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(held.StaticShape("t"), (std::vector<int64_t>{3, 2}));
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
 }  // namespace
 }  // namespace onnxopt

@@ -91,7 +91,8 @@ std::optional<IntTensor> Unsqueeze(const onnx::NodeProto& node, const std::vecto
 std::optional<IntTensor> Squeeze(const onnx::NodeProto& node, const std::vector<const IntTensor*>& in, int64_t opset) {
   bool given = false;
   std::optional<Dims> axes = AxesOf(node, in, 1, opset, 13, &given);
-  if (!axes) return std::nullopt;
+  // An empty axes list: ONNX Runtime squeezes every 1, the spec is silent; left to ONNX Runtime.
+  if (!axes || (given && axes->empty())) return std::nullopt;
   const int64_t rank = static_cast<int64_t>(in[0]->dims.size());
   std::vector<bool> removed(static_cast<size_t>(rank), false);
   for (int64_t axis : *axes) {
@@ -187,28 +188,34 @@ std::optional<IntTensor> Slice(const onnx::NodeProto& node, const std::vector<co
   }
   if (steps.empty()) steps.assign(starts.size(), 1);
   if (axes.size() != starts.size() || steps.size() != starts.size()) return std::nullopt;
-  Dims first(static_cast<size_t>(rank), 0), step(static_cast<size_t>(rank), 1), out_dims = data.dims;
+  Dims first(static_cast<size_t>(rank), 0), step_of(static_cast<size_t>(rank), 1), out_dims = data.dims;
   std::vector<bool> seen(static_cast<size_t>(rank), false);
   for (size_t k = 0; k < starts.size(); ++k) {
     auto axis = Axis(axes[k], rank);
     if (!axis || seen[static_cast<size_t>(*axis)] || steps[k] == 0) return std::nullopt;
     seen[static_cast<size_t>(*axis)] = true;
     const int64_t dim = data.dims[static_cast<size_t>(*axis)];
+    const int64_t step = steps[k];
+    // As ONNX Runtime's SliceBase: INT_MAX ends mean "to the end" in the step's direction; the count
+    // is worked out in 128 bits, so huge steps cannot overflow.
     int64_t start = starts[k], end = ends[k];
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t count;
-    if (steps[k] > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      count = end > start ? (end - start + steps[k] - 1) / steps[k] : 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      count = start > end ? (start - end - steps[k] - 1) / -steps[k] : 0;
+    int64_t count = 0;
+    if (dim > 0) {
+      if (start < 0) start += dim;
+      start = step < 0 ? std::clamp<int64_t>(start, 0, dim - 1) : std::clamp<int64_t>(start, 0, dim);
+      if (end == std::numeric_limits<int32_t>::max() || end == std::numeric_limits<int64_t>::max()) {
+        end = step < 0 ? -1 : dim;
+      } else {
+        if (end < 0) end += dim;
+        end = step < 0 ? std::clamp<int64_t>(end, -1, dim) : std::clamp<int64_t>(end, 0, dim);
+      }
+      const __int128 span = static_cast<__int128>(end) - start;
+      const __int128 s128 = step;
+      const __int128 n = step > 0 ? (span <= 0 ? 0 : (span + s128 - 1) / s128) : (span >= 0 ? 0 : (-span - s128 - 1) / -s128);
+      count = static_cast<int64_t>(n);
     }
     first[static_cast<size_t>(*axis)] = start;
-    step[static_cast<size_t>(*axis)] = steps[k];
+    step_of[static_cast<size_t>(*axis)] = step;
     out_dims[static_cast<size_t>(*axis)] = count;
   }
   IntTensor out{data.data_type, out_dims, {}};
@@ -219,7 +226,7 @@ std::optional<IntTensor> Slice(const onnx::NodeProto& node, const std::vector<co
     int64_t offset = 0;
     for (int64_t d = 0; d < rank; ++d) {
       const int64_t at = (i / out_strides[static_cast<size_t>(d)]) % out_dims[static_cast<size_t>(d)];
-      offset += (first[static_cast<size_t>(d)] + at * step[static_cast<size_t>(d)]) * in_strides[static_cast<size_t>(d)];
+      offset += (first[static_cast<size_t>(d)] + at * step_of[static_cast<size_t>(d)]) * in_strides[static_cast<size_t>(d)];
     }
     out.values.push_back(data.values[static_cast<size_t>(offset)]);
   }
@@ -290,7 +297,9 @@ std::optional<IntTensor> Elementwise(const std::string& op, const IntTensor& a, 
     } else if (op == "Mul") {
       out.values.push_back(Narrow(out.data_type, ux * uy));
     } else {  // Div truncates toward zero, as C++ and ONNX Runtime's integer kernel do
-      if (y == 0 || (x == std::numeric_limits<int64_t>::min() && y == -1)) return std::nullopt;
+      const int64_t smallest = out.data_type == onnx::TensorProto::INT32 ? std::numeric_limits<int32_t>::min()
+                                                                        : std::numeric_limits<int64_t>::min();
+      if (y == 0 || (x == smallest && y == -1)) return std::nullopt;  // a fault in ONNX Runtime
       out.values.push_back(Narrow(out.data_type, static_cast<uint64_t>(x / y)));
     }
   }
