@@ -36,16 +36,24 @@ const std::string& Node::domain() const {
   return proto_.domain();
 }
 
-const onnx::AttributeProto* Node::FindAttribute(absl::string_view name) const {
-  for (const auto& attribute : proto_.attribute()) {
+const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, absl::string_view name) {
+  for (const auto& attribute : node.attribute()) {
     if (attribute.name() == name) return &attribute;
   }
   return nullptr;
 }
 
+int64_t IntAttribute(const onnx::NodeProto& node, absl::string_view name, int64_t fallback) {
+  const onnx::AttributeProto* attribute = FindAttribute(node, name);
+  return attribute != nullptr ? attribute->i() : fallback;
+}
+
+const onnx::AttributeProto* Node::FindAttribute(absl::string_view name) const {
+  return onnxopt::FindAttribute(proto_, name);
+}
+
 int64_t Node::GetAttributeInt(absl::string_view name, int64_t default_value) const {
-  const onnx::AttributeProto* attribute = FindAttribute(name);
-  return attribute != nullptr ? attribute->i() : default_value;
+  return IntAttribute(proto_, name, default_value);
 }
 
 onnx::NodeProto Node::ProtoWithBodies() const {

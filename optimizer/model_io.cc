@@ -176,6 +176,13 @@ bool HasTensorsByReference(const onnx::ModelProto& model) {
   return found;
 }
 
+int64_t DefaultOpset(const onnx::ModelProto& model) {
+  for (const auto& opset : model.opset_import()) {
+    if (opset.domain().empty() || opset.domain() == "ai.onnx") return opset.version();
+  }
+  return 0;
+}
+
 int64_t ModelBytes(const onnx::ModelProto& model) {
   int64_t bytes = static_cast<int64_t>(model.ByteSizeLong());
   ForEachTensor(const_cast<onnx::ModelProto*>(&model), [&](onnx::TensorProto* tensor, TensorKind) {

@@ -53,6 +53,8 @@ absl::Status LoadAllTensorBytes(onnx::ModelProto* model);
 
 // The model's size on disk: its serialized size, tensors by reference counted at their data's size.
 int64_t ModelBytes(const onnx::ModelProto& model);
+// The opset the model imports for the default domain ("" or "ai.onnx"); 0 if none.
+int64_t DefaultOpset(const onnx::ModelProto& model);
 // Whether any tensor of the model is by reference.
 bool HasTensorsByReference(const onnx::ModelProto& model);
 // The model serialized for ONNX Runtime, which refuses absolute external locations: tensors by

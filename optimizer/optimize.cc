@@ -30,13 +30,6 @@ namespace onnxopt {
 namespace fs = std::filesystem;
 namespace {
 
-int64_t DefaultOpset(const onnx::ModelProto& model) {
-  for (const auto& opset : model.opset_import()) {
-    if (opset.domain().empty() || opset.domain() == "ai.onnx") return opset.version();
-  }
-  return 0;
-}
-
 bool Cancelled(const OptimizeRequest& request) { return request.cancelled != nullptr && request.cancelled->load(); }
 
 void Progress(const OptimizeRequest& request, Phase phase) {

@@ -9,6 +9,7 @@
 #include "onnx/defs/tensor_proto_util.h"
 #include "onnx/shape_inference/implementation.h"
 #include "optimizer/contrib_schemas.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt {
 namespace {
@@ -17,13 +18,6 @@ namespace si = onnx::shape_inference;
 
 // Tensors bigger than this are weights, never shape tensors: rules see only their type.
 constexpr size_t kDataTensorBytes = 4096;
-
-const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, const std::string& name) {
-  for (const auto& attribute : node.attribute()) {
-    if (attribute.name() == name) return &attribute;
-  }
-  return nullptr;
-}
 
 // What onnx's rules see of one node's inputs.
 struct NodeInputs {
@@ -189,14 +183,6 @@ class Sweep {
   }
 
  private:
-  static int64_t DefaultOpset(const onnx::ModelProto& model) {
-    int64_t opset = 0;
-    for (const auto& import : model.opset_import()) {
-      if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
-    }
-    return opset;
-  }
-
   // onnx's rule for `node`: its outputs' types merged into what is declared, and the values its
   // data-propagation rule works out.
   void InferNode(const onnx::NodeProto& node) {

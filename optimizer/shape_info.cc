@@ -1,5 +1,6 @@
 #include "optimizer/shape_info.h"
 
+#include "optimizer/model_io.h"
 #include "optimizer/shape_inference.h"
 
 namespace onnxopt {
@@ -9,10 +10,7 @@ namespace {
 constexpr int kMaxInferableOpset = 17;
 
 bool Inferable(const onnx::ModelProto& model) {
-  int64_t opset = 0;
-  for (const auto& import : model.opset_import()) {
-    if (import.domain().empty() || import.domain() == "ai.onnx") opset = import.version();
-  }
+  const int64_t opset = DefaultOpset(model);
   return opset > 0 && opset <= kMaxInferableOpset;
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "optimizer/graph.h"
 namespace onnxopt {
 namespace {
 
@@ -89,13 +90,6 @@ std::optional<std::vector<int64_t>> Ints(const onnx::TensorProto& tensor) {
     return std::vector<int64_t>(tensor.int32_data().begin(), tensor.int32_data().end());
   }
   return std::nullopt;
-}
-
-int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {
-  for (const auto& a : node.attribute()) {
-    if (a.name() == name) return a.i();
-  }
-  return fallback;
 }
 
 const std::set<std::string>& BroadcastOps() {

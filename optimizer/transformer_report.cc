@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/graph.h"
 #include "optimizer/model_io.h"
 
 namespace onnxopt {
@@ -68,13 +69,6 @@ bool IsCausalBuffer(const std::unordered_map<std::string, const onnx::NodeProto*
   return true;
 }
 
-int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name) {
-  for (const auto& attribute : node.attribute()) {
-    if (attribute.name() == name) return attribute.i();
-  }
-  return 0;
-}
-
 }  // namespace
 
 namespace {
@@ -120,7 +114,7 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx:
     const bool standard = DefaultDomain(node);
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++shape.layers;
-      causal |= IntAttribute(node, "unidirectional") != 0;
+      causal |= IntAttribute(node, "unidirectional", 0) != 0;
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
       ++shape.layers;
@@ -154,7 +148,7 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx:
   }
   if (optimized != nullptr) {
     for (const auto& node : optimized->graph().node()) {
-      causal |= node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional") != 0;
+      causal |= node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional", 0) != 0;
     }
   }
   if (shape.layers == 0) return shape;
@@ -195,9 +189,9 @@ v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, c
   for (const auto& node : optimized.graph().node()) {
     if (kFusedOps.count(node.op_type()) == 0) continue;
     ++fused[node.op_type()];
-    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = IntAttribute(node, "num_heads");
+    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = IntAttribute(node, "num_heads", 0);
     if (node.op_type() == "Attention") {
-      if (heads == 0) heads = IntAttribute(node, "num_heads");
+      if (heads == 0) heads = IntAttribute(node, "num_heads", 0);
       auto weight = initializers.find(node.input_size() > 1 ? node.input(1) : "");
       if (hidden == 0 && weight != initializers.end() && weight->second->dims_size() == 2) {
         hidden = weight->second->dims(1) / 3;

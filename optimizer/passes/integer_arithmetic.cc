@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "optimizer/graph.h"
 #include "optimizer/passes/constants.h"
 
 namespace onnxopt {
@@ -36,18 +37,6 @@ Dims Strides(const Dims& dims) {
 int64_t Narrow(int32_t data_type, uint64_t bits) {
   return data_type == onnx::TensorProto::INT32 ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(bits)))
                                                : static_cast<int64_t>(bits);
-}
-
-const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, const char* name) {
-  for (const auto& attribute : node.attribute()) {
-    if (attribute.name() == name) return &attribute;
-  }
-  return nullptr;
-}
-
-int64_t IntAttribute(const onnx::NodeProto& node, const char* name, int64_t fallback) {
-  const onnx::AttributeProto* attribute = FindAttribute(node, name);
-  return attribute != nullptr ? attribute->i() : fallback;
 }
 
 // An axis in [-rank, rank) made non-negative; nullopt outside.
