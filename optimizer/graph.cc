@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace onnxopt {
@@ -94,6 +95,7 @@ Graph::Graph(onnx::GraphProto* proto, Graph* root) : proto_(proto), root_(root !
     ++live_nodes_;
     nodes_.push_back(std::move(node));
   }
+  checkpointed_sequence_ = next_sequence_;
 }
 
 Graph::~Graph() = default;
@@ -192,7 +194,7 @@ void Graph::IndexNode(Node* node) {
   for (const auto& output : node->proto_.output()) {
     if (output.empty()) continue;
     producer_[output] = node;
-    if (names_collected_) used_names_.insert(output);
+    RememberName(output);
   }
   for (const auto& input : node->proto_.input()) AddConsumer(input, node);
   for (const auto& implicit : node->implicit_inputs_) AddConsumer(implicit, node);
@@ -265,7 +267,7 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
   changed_ = true;
   touched_.push_back(node.get());
   added_.push_back(node.get());
-  if (names_collected_) used_names_.insert(node->proto_.name());
+  RememberName(node->proto_.name());
   nodes_.push_back(std::move(node));
   return nodes_.back().get();
 }
@@ -306,7 +308,7 @@ void Graph::SetOutput(Node* node, int index, const std::string& name) {
   }
   node->proto_.set_output(index, name);
   producer_[name] = node;
-  if (names_collected_) used_names_.insert(name);
+  RememberName(name);
   touched_.push_back(node);
   changed_ = true;
 }
@@ -374,7 +376,7 @@ absl::Status Graph::RenameValue(const std::string& from_name, const std::string&
   producer_.erase(from);
   producer_[to] = producer;
   touched_.push_back(producer);
-  if (names_collected_) used_names_.insert(to);
+  RememberName(to);
   ReplaceAllUsesWith(from, to);
   RenameGraphOutput(from, to);
   // Keep the type information of `from` under its new name unless `to` already has its own.
@@ -407,7 +409,7 @@ const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
   *added = std::move(tensor);
   removed_initializers_.erase(added->name());
   initializers_[added->name()] = added;
-  if (names_collected_) used_names_.insert(added->name());
+  RememberName(added->name());
   changed_ = true;
   return added;
 }
@@ -420,27 +422,40 @@ void Graph::ForEachGraph(const std::function<void(Graph&)>& fn) {
   }
 }
 
-void Graph::CollectNames(absl::flat_hash_set<std::string>* names) const {
-  for (const auto& value : proto_->input()) names->insert(value.name());
-  for (const auto& value : proto_->output()) names->insert(value.name());
-  for (const auto& value : proto_->value_info()) names->insert(value.name());
-  for (const auto& tensor : proto_->initializer()) names->insert(tensor.name());
+namespace {
+constexpr absl::string_view kGeneratedInfix = "_onnxopt_";
+}  // namespace
+
+// Only names with the infix can equal a generated one, so only those are kept: hashing every name
+// of a 100k-node graph for each pass that adds a node cost more than the passes' own work.
+void Graph::CollectGeneratedNames(absl::flat_hash_set<std::string>* names) const {
+  auto collect = [&](const std::string& name) {
+    if (absl::StrContains(name, kGeneratedInfix)) names->insert(name);
+  };
+  for (const auto& value : proto_->input()) collect(value.name());
+  for (const auto& value : proto_->output()) collect(value.name());
+  for (const auto& value : proto_->value_info()) collect(value.name());
+  for (const auto& tensor : proto_->initializer()) collect(tensor.name());
   for (const auto& node : nodes_) {
-    names->insert(node->proto_.name());  // node names share the space: ONNX Runtime wants them unique too
-    for (const auto& name : node->proto_.input()) names->insert(name);
-    for (const auto& name : node->proto_.output()) names->insert(name);
-    for (const auto& subgraph : node->subgraphs_) subgraph->CollectNames(names);
+    collect(node->proto_.name());  // node names share the space: ONNX Runtime wants them unique too
+    for (const auto& name : node->proto_.input()) collect(name);
+    for (const auto& name : node->proto_.output()) collect(name);
+    for (const auto& subgraph : node->subgraphs_) subgraph->CollectGeneratedNames(names);
   }
+}
+
+void Graph::RememberName(const std::string& name) {
+  if (names_collected_ && absl::StrContains(name, kGeneratedInfix)) used_names_.insert(name);
 }
 
 std::string Graph::UniqueName(absl::string_view hint) {
   if (!names_collected_) {  // built on first use: most passes never need a new name
-    CollectNames(&used_names_);
+    CollectGeneratedNames(&used_names_);
     names_collected_ = true;
   }
   std::string candidate;
   do {
-    candidate = absl::StrCat(hint, "_onnxopt_", unique_counter_++);
+    candidate = absl::StrCat(hint, kGeneratedInfix, unique_counter_++);
   } while (used_names_.count(candidate) > 0);
   used_names_.insert(candidate);
   return candidate;
@@ -510,6 +525,7 @@ void Graph::Renumber() {
     nodes_[i]->sequence_ = i;
   }
   next_sequence_ = nodes_.size();
+  checkpointed_sequence_ = next_sequence_;
 }
 
 // Edges change only at touched nodes (added, inputs or outputs changed): if every touched node still
@@ -597,8 +613,16 @@ absl::Status Graph::Checkpoint() {
   if (order_kept) {
     // Emission order is already topological, so it is what TopologicalOrder() would return (Kahn's
     // algorithm taking the earliest ready node emits a topological sequence in its own order).
-    std::sort(nodes_.begin(), nodes_.end(),
-              [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) { return EmittedBefore(a.get(), b.get()); });
+    // nodes_ runs in sequence: the nodes kept from the last checkpoint, already in emission order,
+    // then those added since, which are sorted and merged in.
+    auto emitted_before = [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) {
+      return EmittedBefore(a.get(), b.get());
+    };
+    auto first_added = std::partition_point(nodes_.begin(), nodes_.end(), [&](const std::unique_ptr<Node>& node) {
+      return node->sequence_ < checkpointed_sequence_;
+    });
+    std::sort(first_added, nodes_.end(), emitted_before);
+    std::inplace_merge(nodes_.begin(), first_added, nodes_.end(), emitted_before);
     Renumber();
     // Only lists with a node added since the last checkpoint can be out of the new order; each is
     // sorted once (a shared constant may have thousands of readers, many of them new).
@@ -658,6 +682,13 @@ absl::Status Graph::Commit() {
   if (!changed_ && !reordered_) {
     // Untouched: every node goes back to the slot it came from.
     for (size_t i = 0; i < nodes_.size(); ++i) proto_->mutable_node(static_cast<int>(i))->Swap(&nodes_[i]->proto_);
+    return absl::OkStatus();
+  }
+  if (!changed_ && topological_) {
+    // Untouched since a checkpoint put nodes_ in the order TopologicalOrder() would give.
+    proto_->clear_node();
+    proto_->mutable_node()->Reserve(static_cast<int>(nodes_.size()));
+    for (const auto& node : nodes_) proto_->add_node()->Swap(&node->proto_);
     return absl::OkStatus();
   }
   std::vector<Node*> order = TopologicalOrder();

@@ -184,6 +184,7 @@ class Graph {
   std::vector<std::unique_ptr<Node>> nodes_;
   int64_t live_nodes_ = 0;
   uint64_t next_sequence_ = 0;
+  uint64_t checkpointed_sequence_ = 0;  // nodes with a smaller sequence are in emission order
   bool changed_ = false;
   bool reordered_ = false;  // a checkpoint put the nodes in another order than the proto's
   bool topological_ = false;  // nodes_ was put in topological order by a checkpoint
@@ -201,8 +202,10 @@ class Graph {
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_set<std::string> removed_initializers_;
   absl::flat_hash_set<std::string> dropped_values_;  // values whose producer was removed
-  // Every name in this graph and its subgraphs, collected when UniqueName is first called.
-  void CollectNames(absl::flat_hash_set<std::string>* names) const;
+  // The names in this graph and its subgraphs that UniqueName could generate, collected when it is
+  // first called and kept up to date by the edits after that.
+  void CollectGeneratedNames(absl::flat_hash_set<std::string>* names) const;
+  void RememberName(const std::string& name);
   absl::flat_hash_set<std::string> used_names_;
   bool names_collected_ = false;
   uint64_t unique_counter_ = 0;
