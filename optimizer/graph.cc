@@ -85,17 +85,24 @@ Graph::Graph(onnx::GraphProto* proto, Graph* root) : proto_(proto), root_(root !
   for (const auto& initializer : proto_->initializer()) initializers_[initializer.name()] = &initializer;
 
   nodes_.reserve(proto_->node_size());
+  // A graph stored in topological order (exporters write one) is what TopologicalOrder() would
+  // give: the first checkpoint can then take its fast path too.
+  bool topological = true;
   for (int i = 0; i < proto_->node_size(); ++i) {
     std::unique_ptr<Node> node(new Node());
     node->proto_.Swap(proto_->mutable_node(i));
     node->order_ = i;
     node->sequence_ = next_sequence_++;
     TakeSubgraphs(node.get());
+    for (const auto& output : node->proto_.output()) {
+      if (topological && !output.empty() && consumers_.contains(output)) topological = false;  // read before written
+    }
     IndexNode(node.get());
     ++live_nodes_;
     nodes_.push_back(std::move(node));
   }
   checkpointed_sequence_ = next_sequence_;
+  topological_ = topological;
 }
 
 Graph::~Graph() = default;
@@ -608,8 +615,11 @@ absl::Status Graph::Checkpoint() {
   added_since_take_.erase(std::remove_if(added_since_take_.begin(), added_since_take_.end(),
                                          [](const Node* node) { return node->removed_; }),
                           added_since_take_.end());
-  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
-               nodes_.end());
+  if (static_cast<int64_t>(nodes_.size()) != live_nodes_) {
+    nodes_.erase(
+        std::remove_if(nodes_.begin(), nodes_.end(), [](const std::unique_ptr<Node>& node) { return node->removed_; }),
+        nodes_.end());
+  }
   if (order_kept) {
     // Emission order is already topological, so it is what TopologicalOrder() would return (Kahn's
     // algorithm taking the earliest ready node emits a topological sequence in its own order).

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
@@ -64,6 +65,7 @@ std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* sh
 std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInfo* shapes) {
   if (shapes == nullptr || node.output_size() != 1) return std::nullopt;
   const std::optional<std::vector<int64_t>> known = shapes->KnownValue(node.output(0));
+  if (!known) return std::nullopt;  // most values: ask nothing more
   const auto rank = shapes->Rank(node.output(0));
   const auto element_type = shapes->ElementType(node.output(0));
   // Integer results only: the tracking reasons about integers; ONNX Runtime then folds the
@@ -128,12 +130,14 @@ class FoldConstantsPass final : public Pass {
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     const int64_t opset = context.OpsetVersion("");
-    std::unordered_set<std::string> constant;
+    // Names point into the graph, which nothing edits before the folded nodes go.
+    absl::flat_hash_set<absl::string_view> constant;
+    constant.reserve(static_cast<size_t>(graph.proto().initializer_size() + graph.NodeCount()));
     for (const auto& tensor : graph.proto().initializer()) {
       if (!graph.IsGraphInput(tensor.name()) && graph.Initializer(tensor.name()) != nullptr) constant.insert(tensor.name());
     }
     std::vector<Node*> foldable;
-    std::unordered_set<const Node*> folded_directly;  // values known without ONNX Runtime
+    absl::flat_hash_set<const Node*> folded_directly;  // values known without ONNX Runtime
     std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
     IntegerInputs integers(graph, values);
     for (Node* node : graph.Nodes()) {
@@ -177,7 +181,7 @@ class FoldConstantsPass final : public Pass {
       return absl::OkStatus();
     }
 
-    std::unordered_set<Node*> folding(foldable.begin(), foldable.end());
+    absl::flat_hash_set<Node*> folding(foldable.begin(), foldable.end());
     auto consumed_outside = [&](const std::string& value) {
       if (graph.IsGraphOutput(value)) return true;
       for (Node* consumer : graph.Consumers(value)) {
@@ -237,7 +241,7 @@ class FoldConstantsPass final : public Pass {
  private:
   // Runs the foldable nodes (those not already folded directly) in one ONNX Runtime session.
   static absl::Status Evaluate(const Graph& graph, const PassContext& context, const std::vector<Node*>& foldable,
-                               const std::unordered_set<const Node*>& folded_directly,
+                               const absl::flat_hash_set<const Node*>& folded_directly,
                                std::unordered_map<std::string, onnx::TensorProto>* values) {
     onnx::ModelProto model;
     model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
