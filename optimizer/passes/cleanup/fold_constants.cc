@@ -127,6 +127,7 @@ class FoldConstantsPass final : public Pass {
              "a folded value bigger than this and than its constant inputs stays computed"}};
   }
   bool needs_shapes() const override { return true; }
+  bool keeps_value_types() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     const int64_t opset = context.OpsetVersion("");
