@@ -342,9 +342,16 @@ void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& 
   if (it != consumers_.end()) {
     std::vector<Node*> readers = std::move(it->second);
     consumers_.erase(it);
+    // Merging thousands of twins into one value one at a time must not cost a walk of its whole list
+    // each time: a few readers are placed by binary search, more are merged from where they start.
     auto& target = consumers_[to];
-    const auto middle = target.insert(target.end(), readers.begin(), readers.end());
-    std::inplace_merge(target.begin(), middle, target.end(), BySequence);
+    if (readers.size() <= 8) {
+      for (Node* reader : readers) target.insert(std::upper_bound(target.begin(), target.end(), reader, BySequence), reader);
+    } else {
+      const auto start = std::upper_bound(target.begin(), target.end(), readers.front(), BySequence) - target.begin();
+      const auto middle = target.insert(target.end(), readers.begin(), readers.end());
+      std::inplace_merge(target.begin() + start, middle, target.end(), BySequence);
+    }
   }
   changed_ = true;
 }
