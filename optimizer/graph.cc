@@ -139,6 +139,12 @@ std::vector<const Node*> Graph::TakeAddedNodes() {
   return added;
 }
 
+std::vector<std::string> Graph::TakeAddedInitializers() {
+  std::vector<std::string> added;
+  added.swap(added_initializers_);
+  return added;
+}
+
 std::vector<std::string> Graph::TakeVanishedValues() {
   std::vector<std::string> vanished;
   vanished.swap(vanished_);
@@ -302,7 +308,10 @@ void Graph::ReplaceInitializer(onnx::TensorProto tensor) {
   // The index points into proto_'s repeated field, which this Graph owns for editing.
   *const_cast<onnx::TensorProto*>(it->second) = std::move(tensor);
   // Its type may be another now: what was known of it goes, as of a value that went.
-  if (root_ == this) vanished_.push_back(it->first);
+  if (root_ == this) {
+    vanished_.push_back(it->first);
+    added_initializers_.push_back(it->first);
+  }
   changed_ = true;
 }
 
@@ -423,6 +432,7 @@ const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
   *added = std::move(tensor);
   removed_initializers_.erase(added->name());
   initializers_[added->name()] = added;
+  if (root_ == this) added_initializers_.push_back(added->name());
   RememberName(added->name());
   changed_ = true;
   return added;

@@ -101,6 +101,9 @@ class Graph {
   // The live nodes of this graph added since the last call, in their order; call it right after a
   // checkpoint (the nodes a later pass removes are freed at its checkpoint).
   std::vector<const Node*> TakeAddedNodes();
+  // Names of the main graph's initializers added or replaced since the last call (some may have gone
+  // again since).
+  std::vector<std::string> TakeAddedInitializers();
 
   const onnx::GraphProto& proto() const { return *proto_; }
   onnx::GraphProto* mutable_proto() { return proto_; }
@@ -187,11 +190,12 @@ class Graph {
   uint64_t checkpointed_sequence_ = 0;  // nodes with a smaller sequence are in emission order
   bool changed_ = false;
   bool reordered_ = false;  // a checkpoint put the nodes in another order than the proto's
-  bool topological_ = false;  // nodes_ was put in topological order by a checkpoint
+  bool topological_ = false;  // nodes_ is in topological order (as built, or by a checkpoint)
   std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
   std::vector<Node*> added_;    // since the last checkpoint
   std::vector<std::string> vanished_;  // see TakeVanishedValues
   std::vector<Node*> added_since_take_;  // see TakeAddedNodes
+  std::vector<std::string> added_initializers_;  // see TakeAddedInitializers
   bool committed_ = false;
   absl::flat_hash_map<std::string, int64_t> op_delta_;  // on the main graph only
   absl::flat_hash_map<std::string, Node*> producer_;

@@ -221,6 +221,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   std::map<std::string, int64_t> op_delta;
   std::vector<std::string> vanished;
   std::vector<const Node*> added;
+  std::vector<std::string> added_initializers;
   if (model_pass) {
     const std::map<std::string, int64_t> before = OpHistogram(model->graph());
     report.set_nodes_before(CountNodes(model->graph()));
@@ -246,6 +247,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
     op_delta = graph.TakeOpDelta();
     vanished = graph.TakeVanishedValues();
     added = graph.TakeAddedNodes();
+    added_initializers = graph.TakeAddedInitializers();
     report.set_nodes_after(graph.NodeCountRecursive());
   }
   for (const auto& [domain, version] : context.required_opsets()) {
@@ -274,7 +276,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
       invocation.pass->keeps_value_types() && !model_pass && !invocation.pass->edits_declared_types();
   if (changed && types_kept && shapes->has_value()) {
     (*shapes)->Forget(vanished);
-    (*shapes)->Extend(*model, held->Get(), added);
+    (*shapes)->Extend(*model, held->Get(), added, added_initializers);
   } else if (changed) {
     shapes->reset();
   }

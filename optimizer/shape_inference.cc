@@ -135,11 +135,6 @@ void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProt
   }
 }
 
-}  // namespace
-
-void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types);
-
-namespace {
 
 class Sweep {
  public:
@@ -153,22 +148,36 @@ class Sweep {
     }
   }
 
-  // `from`: what an earlier sweep found, to extend with `nodes` (new ones, whose inputs it types);
-  // nullptr for a sweep of the whole graph from what it declares.
-  InferredTypes Run(InferredTypes* from = nullptr) {
-    EnsureContribSchemas();
-    if (from != nullptr) {
-      result_ = std::move(*from);
-      AddInitializerTypes(graph_, &result_.types);  // those the pass added
-    } else {
-      result_.types = DeclaredTypes(graph_);
-    }
-    for (const auto& tensor : graph_.initializer()) {
-      if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
-        data_[tensor.name()] = &tensor;
-        symbolic_.TrackConstant(tensor.name(), tensor);
+  // A sweep of the whole graph from what it declares.
+  InferredTypes Run() {
+    result_.types = DeclaredTypes(graph_);
+    for (const auto& tensor : graph_.initializer()) TrackInitializer(tensor);
+    return SweepNodes();
+  }
+
+  // What an earlier sweep found, extended with `nodes` (new ones, whose inputs it types). Only the
+  // initializers they read are tracked: tracking every one cost more than typing a few nodes.
+  InferredTypes Extend(InferredTypes* from, const Graph& graph) {
+    result_ = std::move(*from);
+    for (const onnx::NodeProto* node : nodes_) {
+      for (const std::string& input : node->input()) {
+        const onnx::TensorProto* tensor = input.empty() ? nullptr : graph.Initializer(input);
+        if (tensor != nullptr && data_.count(input) == 0) TrackInitializer(*tensor);
       }
     }
+    return SweepNodes();
+  }
+
+ private:
+  void TrackInitializer(const onnx::TensorProto& tensor) {
+    if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
+      data_[tensor.name()] = &tensor;
+      symbolic_.TrackConstant(tensor.name(), tensor);
+    }
+  }
+
+  InferredTypes SweepNodes() {
+    EnsureContribSchemas();
     for (const onnx::NodeProto* node : nodes_) {
       InferNode(*node);
       try {
@@ -182,7 +191,6 @@ class Sweep {
     return std::move(result_);
   }
 
- private:
   // onnx's rule for `node`: its outputs' types merged into what is declared, and the values its
   // data-propagation rule works out.
   void InferNode(const onnx::NodeProto& node) {
@@ -285,22 +293,24 @@ class Sweep {
   std::unordered_map<std::string, onnx::TypeProto*> outer_types_;           // for subgraph inference
 };
 
-}  // namespace
-
-void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types) {
-  for (const auto& tensor : graph.initializer()) {
-    if (types->Find(tensor.name()) != nullptr) continue;
-    onnx::TypeProto* type = types->New();
-    type->mutable_tensor_type()->set_elem_type(tensor.data_type());
-    auto* shape = type->mutable_tensor_type()->mutable_shape();
-    for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
+// An initializer's type is its tensor's, whatever was declared or inferred for the name before.
+void SetInitializerType(const onnx::TensorProto& tensor, TypeMap* types) {
+  onnx::TypeProto* type = types->FindMutable(tensor.name());
+  if (type == nullptr) {
+    type = types->New();
     types->AddNew(tensor.name(), type);
   }
+  type->Clear();
+  type->mutable_tensor_type()->set_elem_type(tensor.data_type());
+  auto* shape = type->mutable_tensor_type()->mutable_shape();
+  for (int64_t dim : tensor.dims()) shape->add_dim()->set_dim_value(dim);
 }
+
+}  // namespace
 
 TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
   TypeMap types;
-  AddInitializerTypes(graph, &types);
+  for (const auto& tensor : graph.initializer()) SetInitializerType(tensor, &types);
   for (const auto* values : {&graph.input(), &graph.output(), &graph.value_info()}) {
     for (const auto& value : *values) {
       if (value.has_type()) types.AddIfAbsent(value.name(), value.type());
@@ -317,7 +327,11 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
 }
 
 InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
-                               InferredTypes inferred) {
+                               const std::vector<std::string>& added_initializers, InferredTypes inferred) {
+  for (const std::string& name : added_initializers) {
+    if (const onnx::TensorProto* tensor = graph.Initializer(name)) SetInitializerType(*tensor, &inferred.types);
+  }
+  if (added.empty()) return inferred;
   std::vector<const onnx::NodeProto*> nodes;
   nodes.reserve(added.size());
   std::deque<onnx::NodeProto> with_bodies;
@@ -328,7 +342,7 @@ InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph
       nodes.push_back(&with_bodies.emplace_back(node->ProtoWithBodies()));
     }
   }
-  return Sweep(model, graph.proto(), nodes).Run(&inferred);
+  return Sweep(model, graph.proto(), nodes).Extend(&inferred, graph);
 }
 
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {

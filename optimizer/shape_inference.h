@@ -30,8 +30,6 @@ struct InferredTypes {
 // The types a graph states without inference: its initializers' (which win over a declared type of
 // an overridable input), then its inputs', outputs' and value_info's.
 TypeMap DeclaredTypes(const onnx::GraphProto& graph);
-// Adds the types of the initializers `types` does not have yet.
-void AddInitializerTypes(const onnx::GraphProto& graph, TypeMap* types);
 
 // DeclaredTypes, completed and refined by the sweep.
 // `model`'s default-domain opset must be one onnx 1.12 knows (<= 17): the caller checks.
@@ -40,10 +38,11 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model);
 // Nodes() is in topological order); opsets and functions come from `model`.
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph);
 // `inferred` (a sweep of `graph` before a pass that kept the types of the values it left) completed
-// with the nodes the pass added, in topological order: their outputs get types from their inputs'.
-// Shape arithmetic they read is known only as far as constants and the new nodes tell.
+// with the initializers the pass added or replaced (typed by their tensors) and the nodes it added,
+// in topological order: their outputs get types from their inputs'. Shape arithmetic they read is
+// known only as far as constants and the new nodes tell.
 InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
-                               InferredTypes inferred);
+                               const std::vector<std::string>& added_initializers, InferredTypes inferred);
 
 }  // namespace onnxopt
 

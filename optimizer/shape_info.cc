@@ -52,14 +52,11 @@ void ShapeInfo::Forget(const std::vector<std::string>& values) {
   }
 }
 
-void ShapeInfo::Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added) {
+void ShapeInfo::Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
+                       const std::vector<std::string>& added_initializers) {
   if (!inferred_) return;
-  if (added.empty()) {
-    AddInitializerTypes(graph.proto(), &types_);  // a replaced initializer's new type
-    return;
-  }
-  InferredTypes extended =
-      ExtendGraphTypes(model, graph, added, InferredTypes{std::move(types_), std::move(known_values_)});
+  InferredTypes extended = ExtendGraphTypes(model, graph, added, added_initializers,
+                                            InferredTypes{std::move(types_), std::move(known_values_)});
   types_ = std::move(extended.types);
   known_values_ = std::move(extended.known);
 }

@@ -29,8 +29,10 @@ class ShapeInfo {
   // Drops what is known about values that no longer exist: a name used again later must not inherit
   // it (see Pass::keeps_value_types).
   void Forget(const std::vector<std::string>& values);
-  // Types the nodes a pass added (topologically ordered) from their inputs' (ExtendGraphTypes).
-  void Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added);
+  // Types the initializers a pass added or replaced, and the nodes it added (topologically ordered)
+  // from their inputs' (ExtendGraphTypes).
+  void Extend(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
+              const std::vector<std::string>& added_initializers);
 
   const onnx::TypeProto* TypeOf(const std::string& value) const;
   std::optional<int32_t> ElementType(const std::string& value) const;

@@ -175,10 +175,49 @@ TEST(ShapeInfoTest, ExtendTypesTheNodesAPassAdded) {
   graph.AddNode(MakeNode("Sigmoid", {"t"}, {"s"}), transpose, /*after=*/true);
   ASSERT_TRUE(graph.Checkpoint().ok());
   EXPECT_EQ(shapes.TypeOf("s"), nullptr);
-  shapes.Extend(model, graph, graph.TakeAddedNodes());
+  shapes.Extend(model, graph, graph.TakeAddedNodes(), graph.TakeAddedInitializers());
   EXPECT_EQ(shapes.StaticShape("t"), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(shapes.StaticShape("s"), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(shapes.StaticShape("r"), (std::vector<int64_t>{2, 3}));
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
+onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::FLOAT);
+  int64_t size = 1;
+  for (int64_t dim : dims) {
+    tensor.add_dims(dim);
+    size *= dim;
+  }
+  for (int64_t i = 0; i < size; ++i) tensor.add_float_data(1.0f);
+  return tensor;
+}
+
+// Extend types only the initializers a pass added or replaced (not every initializer again); one
+// that an existing node is rewired to is typed although no node was added.
+TEST(ShapeInfoTest, ExtendTypesTheInitializersAPassAddedOrReplaced) {
+  onnx::GraphProto proto;
+  *proto.add_input() = FloatValue("x", {2, 3});
+  *proto.add_initializer() = FloatTensor("b", {3});
+  *proto.add_node() = MakeNode("Add", {"x", "b"}, {"y"});
+  *proto.add_output() = FloatValue("y", {2, 3});
+  onnx::ModelProto model = MakeModel(proto, 17);
+  Graph graph(model.mutable_graph());
+  ShapeInfo shapes = ShapeInfo::Infer(model, graph);
+  ASSERT_EQ(shapes.StaticShape("b"), (std::vector<int64_t>{3}));
+  graph.AddInitializer(FloatTensor("c", {2, 3}));
+  graph.SetInput(graph.Producer("y"), 1, "c");
+  graph.ReplaceInitializer(FloatTensor("b", {4}));
+  ASSERT_TRUE(graph.Checkpoint().ok());
+  EXPECT_EQ(shapes.TypeOf("c"), nullptr);
+  shapes.Forget(graph.TakeVanishedValues());
+  shapes.Extend(model, graph, graph.TakeAddedNodes(), graph.TakeAddedInitializers());
+  EXPECT_EQ(shapes.StaticShape("c"), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(shapes.StaticShape("b"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(shapes.StaticShape("y"), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(graph.TakeAddedInitializers().empty());
   ASSERT_TRUE(graph.Commit().ok());
 }
 
