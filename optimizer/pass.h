@@ -88,6 +88,10 @@ class PassContext {
   void Skip(absl::string_view reason) { ++skipped_[std::string(reason)]; }
   int64_t rewrites() const { return rewrites_; }
   const std::map<std::string, int64_t>& skipped() const { return skipped_; }
+  // A pass that keeps value types but made values known that the shapes did not know (an inference
+  // would now find more downstream) says so: the pass manager then infers again.
+  void ShapesCanImprove() { shapes_can_improve_ = true; }
+  bool shapes_can_improve() const { return shapes_can_improve_; }
 
  private:
   const PassParams& params_;
@@ -96,6 +100,7 @@ class PassContext {
   ModelHints hints_;
   std::map<std::string, int64_t> opsets_;
   int64_t rewrites_ = 0;
+  bool shapes_can_improve_ = false;
   std::map<std::string, int64_t> skipped_;
   std::map<std::string, int64_t> required_opsets_;
   std::map<std::string, int64_t> counters_;
@@ -118,7 +123,8 @@ class Pass {
   // values) says so: shapes inferred before it stay true after it. The pass manager then forgets the
   // values it removed and types the nodes it added from their inputs, instead of inferring the whole
   // graph again. Those shapes may be less precise than a new inference would find (a reader pointed at
-  // a better-typed twin); the next pass that does not keep types infers again.
+  // a better-typed twin); the next pass that does not keep types infers again. A run that made
+  // values known that the shapes did not know says so (PassContext::ShapesCanImprove).
   virtual bool keeps_value_types() const { return false; }
   // A pass that edits declared types or shapes (graph inputs, outputs, value_info) directly says so:
   // shapes inferred before it are stale after it even when it reports no rewrite.

@@ -274,7 +274,7 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   // A domain the pass imported first is read only by nodes it added, which Extend types.
   const bool types_kept =
       invocation.pass->keeps_value_types() && !model_pass && !invocation.pass->edits_declared_types();
-  if (changed && types_kept && shapes->has_value()) {
+  if (changed && types_kept && shapes->has_value() && !context.shapes_can_improve()) {
     (*shapes)->Forget(vanished);
     (*shapes)->Extend(*model, held->Get(), added, added_initializers);
   } else if (changed) {

@@ -16,9 +16,6 @@ namespace {
 
 namespace si = onnx::shape_inference;
 
-// Tensors bigger than this are weights, never shape tensors: rules see only their type.
-constexpr size_t kDataTensorBytes = 4096;
-
 // What onnx's rules see of one node's inputs.
 struct NodeInputs {
   std::vector<const onnx::TypeProto*> types;
@@ -170,7 +167,7 @@ class Sweep {
 
  private:
   void TrackInitializer(const onnx::TensorProto& tensor) {
-    if (tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes) {
+    if (ReadAsData(tensor)) {
       data_[tensor.name()] = &tensor;
       symbolic_.TrackConstant(tensor.name(), tensor);
     }
@@ -307,6 +304,12 @@ void SetInitializerType(const onnx::TensorProto& tensor, TypeMap* types) {
 }
 
 }  // namespace
+
+bool ReadAsData(const onnx::TensorProto& tensor) {
+  // Bigger tensors are weights, never shape tensors: rules see only their type.
+  constexpr size_t kDataTensorBytes = 4096;
+  return tensor.data_location() != onnx::TensorProto::EXTERNAL && tensor.ByteSizeLong() <= kDataTensorBytes;
+}
 
 TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
   TypeMap types;

@@ -27,6 +27,9 @@ struct InferredTypes {
   KnownIntValues known;  // node outputs whose values the shapes fix (shape arithmetic)
 };
 
+// Whether the sweep reads an initializer's values (small and in memory), not only its type.
+bool ReadAsData(const onnx::TensorProto& tensor);
+
 // The types a graph states without inference: its initializers' (which win over a declared type of
 // an overridable input), then its inputs', outputs' and value_info's.
 TypeMap DeclaredTypes(const onnx::GraphProto& graph);

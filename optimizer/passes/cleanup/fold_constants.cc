@@ -22,6 +22,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/passes/integer_arithmetic.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/shape_inference.h"
 #include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
@@ -87,6 +88,25 @@ std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInf
   return tensor;
 }
 
+// Whether an inference would learn from the folded value what the shapes did not know: a shape the
+// sweep had not pinned down, or values that rules read as data and it had not worked out (computed
+// by ONNX Runtime, say). Rules read integers as shapes, and floats only as Range bounds and Resize
+// scales. Llama's rotary caches need that second inference to fuse; a decoder's float scales do not.
+bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& name, const onnx::TensorProto& tensor) {
+  if (shapes == nullptr) return false;
+  const std::vector<int64_t> dims(tensor.dims().begin(), tensor.dims().end());
+  if (shapes->ElementType(name) != tensor.data_type() || shapes->StaticShape(name) != dims) return true;
+  if (!ReadAsData(tensor) || shapes->KnownValue(name)) return false;
+  if (tensor.data_type() == onnx::TensorProto::INT64 || tensor.data_type() == onnx::TensorProto::INT32) return true;
+  for (const Node* reader : graph.Consumers(name)) {
+    if (reader->domain().empty() &&
+        (reader->op_type() == "Range" || reader->op_type() == "Resize" || reader->op_type() == "Upsample")) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // The integer inputs of a node, from initializers and values folded so far, parsed once each.
 class IntegerInputs {
  public:
@@ -127,6 +147,7 @@ class FoldConstantsPass final : public Pass {
              "a folded value bigger than this and than its constant inputs stays computed"}};
   }
   bool needs_shapes() const override { return true; }
+  // A folded value is an initializer of the same name and type; see LearnsMore for the rest.
   bool keeps_value_types() const override { return true; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
@@ -139,6 +160,7 @@ class FoldConstantsPass final : public Pass {
     }
     std::vector<Node*> foldable;
     absl::flat_hash_set<const Node*> folded_directly;  // values known without ONNX Runtime
+    absl::flat_hash_set<const Node*> known_to_shapes;  // values the shapes' sweep saw or worked out
     std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
     IntegerInputs integers(graph, values);
     for (Node* node : graph.Nodes()) {
@@ -154,6 +176,7 @@ class FoldConstantsPass final : public Pass {
         tensor.set_name(node->output(0));
         values[node->output(0)] = std::move(tensor);
         folded_directly.insert(node);
+        known_to_shapes.insert(node);
       } else if (!all_constant) {
         std::optional<onnx::TensorProto> folded = node->op_type() == "Shape" || node->op_type() == "Size"
                                                       ? FoldShape(*node, context.shapes(), opset)
@@ -161,6 +184,7 @@ class FoldConstantsPass final : public Pass {
         if (!folded) continue;
         values[node->output(0)] = *std::move(folded);
         folded_directly.insert(node);
+        known_to_shapes.insert(node);
         all_constant = true;
       }
       if (!all_constant) continue;
@@ -223,7 +247,12 @@ class FoldConstantsPass final : public Pass {
     for (Node* node : foldable) {
       if (folding.count(node) == 0) continue;
       for (int i = 0; i < node->output_size(); ++i) {
-        if (!node->output(i).empty() && consumed_outside(node->output(i))) materialize.push_back(node->output(i));
+        const std::string& output = node->output(i);
+        if (output.empty() || !consumed_outside(output)) continue;
+        materialize.push_back(output);
+        if (known_to_shapes.count(node) == 0 && LearnsMore(graph, context.shapes(), output, values[output])) {
+          context.ShapesCanImprove();
+        }
       }
     }
     for (Node* node : foldable) {
