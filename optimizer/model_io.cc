@@ -517,17 +517,14 @@ absl::Status RelocateExternalData(const fs::path& path, const std::string& from,
   return WriteFileAtomically(path, model->SerializeAsString());
 }
 
-absl::StatusOr<std::vector<fs::path>> SaveModel(onnx::ModelProto model, const fs::path& path,
-                                                const SaveOptions& options) {
+namespace {
+
+absl::Status WriteModelFile(const onnx::ModelProto& model, const fs::path& path);
+
+absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, const fs::path& path,
+                                                       const SaveOptions& options) {
   std::vector<fs::path> written;
-  bool by_reference = false;
-  int64_t referenced_bytes = 0;
-  ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind) {
-    if (!IsByReference(*tensor)) return;
-    by_reference = true;
-    referenced_bytes += TensorDataBytes(*tensor);
-  });
-  if (by_reference || static_cast<int64_t>(model.ByteSizeLong()) + referenced_bytes > options.external_threshold_bytes) {
+  {
     const std::string data_name = path.filename().string() + ".data";
     const fs::path data_path = path.parent_path() / data_name;
     AtomicFileWriter data(data_path);
@@ -563,16 +560,34 @@ absl::StatusOr<std::vector<fs::path>> SaveModel(onnx::ModelProto model, const fs
     if (!status.ok()) return status;
     written.push_back(data_path);
   }
+  absl::Status status = WriteModelFile(model, path);
+  if (!status.ok()) return status;
+  written.insert(written.begin(), path);
+  return written;
+}
+
+absl::Status WriteModelFile(const onnx::ModelProto& model, const fs::path& path) {
   std::string bytes;
   if (model.ByteSizeLong() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !model.SerializeToString(&bytes)) {
     return absl::InvalidArgumentError("MODEL_TOO_LARGE: the model does not fit a protobuf message even with "
                                       "external data");
   }
-  absl::Status status = WriteFileAtomically(path, bytes);
-  if (!status.ok()) return status;
-  written.insert(written.begin(), path);
-  return written;
+  return WriteFileAtomically(path, bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<fs::path>> SaveModel(const onnx::ModelProto& model, const fs::path& path,
+                                                const SaveOptions& options) {
+  const bool by_reference = HasTensorsByReference(model);
+  if (!by_reference && static_cast<int64_t>(model.ByteSizeLong()) <= options.external_threshold_bytes) {
+    absl::Status status = WriteModelFile(model, path);  // as it is: no copy of a model that may be big
+    if (!status.ok()) return status;
+    return std::vector<fs::path>{path};
+  }
+  onnx::ModelProto copy = model;  // its tensors' entries get rewritten to point into the data file
+  return SaveWithDataFile(std::move(copy), path, options);
 }
 
 }  // namespace onnxopt
