@@ -112,6 +112,7 @@ void Graph::TakeSubgraphs(Node* node) {
     if (attribute.has_g()) node->subgraphs_.emplace_back(new Graph(attribute.mutable_g(), root_));
     for (auto& graph : *attribute.mutable_graphs()) node->subgraphs_.emplace_back(new Graph(&graph, root_));
   }
+  if (!node->subgraphs_.empty()) ++nodes_with_bodies_;
   for (const auto& subgraph : node->subgraphs_) subgraph->CollectOuterReads(&node->implicit_inputs_);
 }
 
@@ -235,6 +236,7 @@ std::vector<Node*> Graph::Nodes() const {
 }
 
 int64_t Graph::NodeCountRecursive() const {
+  if (nodes_with_bodies_ == 0) return live_nodes_;
   int64_t count = 0;
   for (const auto& node : nodes_) {
     if (node->removed_) continue;
@@ -291,6 +293,7 @@ void Graph::RemoveNode(Node* node) {
   CountOps(*node, -1);
   node->removed_ = true;
   --live_nodes_;
+  if (!node->subgraphs_.empty()) --nodes_with_bodies_;
   changed_ = true;
 }
 
@@ -440,6 +443,7 @@ const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
 
 void Graph::ForEachGraph(const std::function<void(Graph&)>& fn) {
   fn(*this);
+  if (nodes_with_bodies_ == 0) return;
   for (const auto& node : nodes_) {
     if (node->removed_) continue;
     for (const auto& subgraph : node->subgraphs_) subgraph->ForEachGraph(fn);
@@ -530,6 +534,7 @@ std::vector<Node*> Graph::TopologicalOrder() const {
 
 bool Graph::ChangedInside() const {
   if (changed_) return true;
+  if (nodes_with_bodies_ == 0) return false;
   for (const auto& node : nodes_) {
     if (node->removed_) continue;
     for (const auto& subgraph : node->subgraphs_) {
@@ -607,6 +612,7 @@ void Graph::CompactTensorsAndValueInfo() {
 absl::Status Graph::Checkpoint() {
   if (committed_) return absl::FailedPreconditionError("graph already committed");
   for (const auto& node : nodes_) {
+    if (nodes_with_bodies_ == 0) break;
     if (node->removed_ || node->subgraphs_.empty()) continue;
     bool inner_changed = false;
     for (const auto& subgraph : node->subgraphs_) {

@@ -186,6 +186,7 @@ class Graph {
   Graph* root_;  // the main graph (this one unless this is a subgraph)
   std::vector<std::unique_ptr<Node>> nodes_;
   int64_t live_nodes_ = 0;
+  int64_t nodes_with_bodies_ = 0;  // live nodes with subgraphs: none spares the walks looking for them
   uint64_t next_sequence_ = 0;
   uint64_t checkpointed_sequence_ = 0;  // nodes with a smaller sequence are in emission order
   bool changed_ = false;
