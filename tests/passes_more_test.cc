@@ -158,6 +158,34 @@ TEST(EliminateCommonSubexpressionsTest, MergesTwinsButNotRandomOps) {
   EXPECT_EQ(OpCounts(run.model)["RandomNormalLike"], 2);
 }
 
+// Twins are equal whatever the order of their attributes; the same inputs in another order make
+// another node.
+TEST(EliminateCommonSubexpressionsTest, ComparesAttributesAsASetAndInputsInOrder) {
+  onnx::GraphProto graph;
+  onnx::NodeProto first = WithIntAttribute(MakeNode("Gemm", {"x", "w"}, {"a"}), "transB", 1);
+  *first.add_attribute() = WithIntAttribute(onnx::NodeProto(), "transA", 0).attribute(0);
+  onnx::NodeProto second = WithIntAttribute(MakeNode("Gemm", {"x", "w"}, {"b"}), "transA", 0);
+  *second.add_attribute() = WithIntAttribute(onnx::NodeProto(), "transB", 1).attribute(0);
+  *graph.add_node() = first;
+  *graph.add_node() = second;
+  *graph.add_node() = MakeNode("Sub", {"a", "b"}, {"d1"});
+  *graph.add_node() = MakeNode("Sub", {"b", "a"}, {"d2"});  // after the merge, the same inputs as d1
+  *graph.add_node() = MakeNode("Concat", {"x", "w"}, {"c1"});
+  *graph.add_node() = MakeNode("Concat", {"w", "x"}, {"c2"});
+  for (int i : {4, 5}) *graph.mutable_node(i)->add_attribute() = WithIntAttribute(onnx::NodeProto(), "axis", 0).attribute(0);
+  *graph.add_node() = MakeNode("Add", {"d1", "d2"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {3, 3}, RandomFloats(9, 2));
+  *graph.add_input() = FloatValue("x", {3, 3});
+  *graph.add_output() = FloatValue("y", {3, 3});
+  *graph.add_output() = FloatValue("c1", {6, 3});
+  *graph.add_output() = FloatValue("c2", {6, 3});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunPass("eliminate_common_subexpressions", original);
+  EXPECT_EQ(run.report.rewrites(), 2);  // the Gemms, then the Subs
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Gemm", 1}, {"Sub", 1}, {"Concat", 2}, {"Add", 1}}));
+  ExpectSameOutputs(original, run.model);
+}
+
 TEST(EliminateDuplicateInitializersTest, MergesEqualContents) {
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Add", {"x", "w1"}, {"a"});
