@@ -261,6 +261,18 @@ std::vector<Node*> Graph::Consumers(const std::string& value) const {
 
 bool Graph::HasConsumers(const std::string& value) const { return consumers_.count(value) > 0; }
 
+const std::vector<Node*>& Graph::Readers(const std::string& value) const {
+  static const std::vector<Node*> kNone;
+  auto it = consumers_.find(value);
+  return it == consumers_.end() ? kNone : it->second;
+}
+
+Node* Graph::SoleReader(const std::string& value) const {
+  const std::vector<Node*>& readers = Readers(value);
+  // Entries of one node are adjacent: the first and last are the same node only if it is the one.
+  return !readers.empty() && readers.front() == readers.back() ? readers.front() : nullptr;
+}
+
 const onnx::TensorProto* Graph::Initializer(const std::string& name) const {
   auto it = initializers_.find(name);
   return it == initializers_.end() ? nullptr : it->second;

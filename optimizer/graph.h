@@ -118,6 +118,12 @@ class Graph {
   // Nodes that read `value`, explicitly or through a subgraph; one entry per node, in creation order.
   std::vector<Node*> Consumers(const std::string& value) const;
   bool HasConsumers(const std::string& value) const;
+  // The readers of `value` without a copy: one entry per reading input, in creation order (a node
+  // reading it twice is listed twice, adjacent); valid until the next edit. For loops over values
+  // that thousands of nodes read (a model's shape tensors), where a copy per query is quadratic.
+  const std::vector<Node*>& Readers(const std::string& value) const;
+  // The node that reads `value` (once or more) if exactly one does, else nullptr; no copy.
+  Node* SoleReader(const std::string& value) const;
   bool IsGraphInput(const std::string& value) const { return graph_inputs_.count(value) > 0; }
   bool IsGraphOutput(const std::string& value) const { return graph_outputs_.count(value) > 0; }
   const onnx::TensorProto* Initializer(const std::string& name) const;

@@ -52,6 +52,27 @@ TEST(GraphTest, IndexesProducersAndConsumers) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
+// Readers lists each reading input; SoleReader names the one node reading a value, however often.
+TEST(GraphTest, ReadersAndTheSoleReaderOfAValue) {
+  onnx::GraphProto proto;
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *proto.add_node() = MakeNode("Mul", {"a", "a"}, {"b"});  // reads `a` twice
+  *proto.add_node() = MakeNode("Neg", {"b"}, {"c"});
+  *proto.add_node() = MakeNode("Add", {"b", "c"}, {"y"});
+  *proto.add_input() = FloatValue("x", {2});
+  *proto.add_output() = FloatValue("y", {2});
+  Graph graph(&proto);
+  Node* mul = graph.Producer("b");
+  EXPECT_EQ(graph.Readers("a"), (std::vector<Node*>{mul, mul}));
+  EXPECT_EQ(graph.SoleReader("a"), mul);
+  EXPECT_EQ(graph.Readers("b").size(), 2u);
+  EXPECT_EQ(graph.SoleReader("b"), nullptr);  // Neg and Add
+  EXPECT_TRUE(graph.Readers("y").empty());
+  EXPECT_EQ(graph.SoleReader("y"), nullptr);
+  graph.RemoveNode(graph.Producer("y"));
+  EXPECT_EQ(graph.SoleReader("b"), graph.Producer("c"));
+}
+
 TEST(GraphTest, EditedGraphIsWrittenInTopologicalOrderAndDropsStaleValueInfo) {
   onnx::GraphProto proto;
   *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});

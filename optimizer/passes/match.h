@@ -19,8 +19,8 @@ inline Node* ProducerWithOp(const Graph& graph, const std::string& value, const 
 
 // The one node reading `value`, if exactly one does and it is no graph output.
 inline Node* SoleConsumer(const Graph& graph, const std::string& value) {
-  auto consumers = graph.Consumers(value);
-  return consumers.size() == 1 && !graph.IsGraphOutput(value) ? consumers[0] : nullptr;
+  Node* reader = graph.SoleReader(value);
+  return reader != nullptr && !graph.IsGraphOutput(value) ? reader : nullptr;
 }
 
 // A constant float holding one element (a scalar or a 1-element tensor).

@@ -140,8 +140,8 @@ class UpstreamSlicePass final : public Pass {
     if (!slicer) return {};
     // Every reader of the value must be this slice or an identical one.
     std::vector<Node*> twins;
-    for (Node* consumer : graph.Consumers(value)) {
-      if (consumer == node) continue;
+    for (Node* consumer : graph.Readers(value)) {
+      if (consumer == node || (!twins.empty() && twins.back() == consumer)) continue;
       if (consumer->input(0) != value || !SameSlice(*consumer, *node) || graph.IsGraphOutput(consumer->output(0))) {
         return {};
       }
