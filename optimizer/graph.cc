@@ -660,27 +660,32 @@ absl::Status Graph::Checkpoint() {
     // algorithm taking the earliest ready node emits a topological sequence in its own order).
     // nodes_ runs in sequence: the nodes kept from the last checkpoint, already in emission order,
     // then those added since, which are sorted and merged in.
-    auto emitted_before = [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) {
-      return EmittedBefore(a.get(), b.get());
-    };
-    auto first_added = std::partition_point(nodes_.begin(), nodes_.end(), [&](const std::unique_ptr<Node>& node) {
-      return node->sequence_ < checkpointed_sequence_;
-    });
-    std::sort(first_added, nodes_.end(), emitted_before);
-    std::inplace_merge(nodes_.begin(), first_added, nodes_.end(), emitted_before);
-    Renumber();
-    // Only lists with a node added since the last checkpoint can be out of the new order; each is
-    // sorted once (a shared constant may have thousands of readers, many of them new).
-    absl::flat_hash_set<std::string> resort;
-    for (Node* node : live_added) {
-      for (const auto& input : node->proto_.input()) {
-        if (!input.empty()) resort.insert(input);
+    if (live_added.empty()) {
+      // Only removals and rewiring: the order left is the order kept, and numbers may keep their gaps.
+      checkpointed_sequence_ = next_sequence_;
+    } else {
+      auto emitted_before = [](const std::unique_ptr<Node>& a, const std::unique_ptr<Node>& b) {
+        return EmittedBefore(a.get(), b.get());
+      };
+      auto first_added = std::partition_point(nodes_.begin(), nodes_.end(), [&](const std::unique_ptr<Node>& node) {
+        return node->sequence_ < checkpointed_sequence_;
+      });
+      std::sort(first_added, nodes_.end(), emitted_before);
+      std::inplace_merge(nodes_.begin(), first_added, nodes_.end(), emitted_before);
+      Renumber();
+      // Only lists with a node added since the last checkpoint can be out of the new order; each is
+      // sorted once (a shared constant may have thousands of readers, many of them new).
+      absl::flat_hash_set<std::string> resort;
+      for (Node* node : live_added) {
+        for (const auto& input : node->proto_.input()) {
+          if (!input.empty()) resort.insert(input);
+        }
+        for (const auto& implicit : node->implicit_inputs_) resort.insert(implicit);
       }
-      for (const auto& implicit : node->implicit_inputs_) resort.insert(implicit);
-    }
-    for (const std::string& value : resort) {
-      auto readers = consumers_.find(value);
-      if (readers != consumers_.end()) std::sort(readers->second.begin(), readers->second.end(), BySequence);
+      for (const std::string& value : resort) {
+        auto readers = consumers_.find(value);
+        if (readers != consumers_.end()) std::sort(readers->second.begin(), readers->second.end(), BySequence);
+      }
     }
   } else {
     std::vector<Node*> order = TopologicalOrder();
