@@ -132,7 +132,6 @@ void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProt
   }
 }
 
-
 class Sweep {
  public:
   Sweep(const onnx::ModelProto& model, const onnx::GraphProto& graph, const std::vector<const onnx::NodeProto*>& nodes)
