@@ -370,7 +370,9 @@ void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& 
     // each time: a few readers are placed by binary search, more are merged from where they start.
     auto& target = consumers_[to];
     if (readers.size() <= 8) {
-      for (Node* reader : readers) target.insert(std::upper_bound(target.begin(), target.end(), reader, BySequence), reader);
+      for (Node* reader : readers) {
+        target.insert(std::upper_bound(target.begin(), target.end(), reader, BySequence), reader);
+      }
     } else {
       const auto start = std::upper_bound(target.begin(), target.end(), readers.front(), BySequence) - target.begin();
       const auto middle = target.insert(target.end(), readers.begin(), readers.end());

@@ -85,7 +85,8 @@ struct SaveOptions {
 
 // Writes the model (and its data file when needed) atomically: to temporary names, then renamed.
 // Returns the files written, model first.
-absl::StatusOr<std::vector<std::filesystem::path>> SaveModel(const onnx::ModelProto& model, const std::filesystem::path& path,
+absl::StatusOr<std::vector<std::filesystem::path>> SaveModel(const onnx::ModelProto& model,
+                                                             const std::filesystem::path& path,
                                                              const SaveOptions& options = {});
 
 // Points the external data of the model file at `path` from `from` to `to` (a file name beside it),

@@ -172,7 +172,9 @@ TEST(EliminateCommonSubexpressionsTest, ComparesAttributesAsASetAndInputsInOrder
   *graph.add_node() = MakeNode("Sub", {"b", "a"}, {"d2"});  // after the merge, the same inputs as d1
   *graph.add_node() = MakeNode("Concat", {"x", "w"}, {"c1"});
   *graph.add_node() = MakeNode("Concat", {"w", "x"}, {"c2"});
-  for (int i : {4, 5}) *graph.mutable_node(i)->add_attribute() = WithIntAttribute(onnx::NodeProto(), "axis", 0).attribute(0);
+  for (int i : {4, 5}) {
+    *graph.mutable_node(i)->add_attribute() = WithIntAttribute(onnx::NodeProto(), "axis", 0).attribute(0);
+  }
   *graph.add_node() = MakeNode("Add", {"d1", "d2"}, {"y"});
   *graph.add_initializer() = FloatTensor("w", {3, 3}, RandomFloats(9, 2));
   *graph.add_input() = FloatValue("x", {3, 3});
