@@ -134,16 +134,9 @@ TEST(GraphTest, SubgraphReadsAreImplicitInputsAndRenamesReachThem) {
   onnx::GraphProto proto;
   *proto.add_node() = MakeNode("Relu", {"x"}, {"r"});
   *proto.add_node() = MakeNode("Identity", {"r"}, {"a"});
-  onnx::NodeProto if_node = MakeNode("If", {"cond"}, {"y"});
-  auto* then_attr = if_node.add_attribute();
-  then_attr->set_name("then_branch");
-  then_attr->set_type(onnx::AttributeProto::GRAPH);
-  *then_attr->mutable_g() = then_branch;
-  auto* else_attr = if_node.add_attribute();
-  else_attr->set_name("else_branch");
-  else_attr->set_type(onnx::AttributeProto::GRAPH);
-  *else_attr->mutable_g() = else_branch;
-  *proto.add_node() = if_node;
+  *proto.add_node() = testing::WithGraphAttribute(
+      testing::WithGraphAttribute(MakeNode("If", {"cond"}, {"y"}), "then_branch", then_branch), "else_branch",
+      else_branch);
   {
     Graph graph(&proto);
     ASSERT_EQ(graph.Consumers("a").size(), 1u);

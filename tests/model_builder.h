@@ -86,6 +86,14 @@ inline onnx::NodeProto WithIntsAttribute(onnx::NodeProto node, const std::string
   return node;
 }
 
+inline onnx::NodeProto WithGraphAttribute(onnx::NodeProto node, const std::string& name, onnx::GraphProto graph) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::GRAPH);
+  *attribute->mutable_g() = std::move(graph);
+  return node;
+}
+
 // Seeded standard-normal floats.
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   std::mt19937 random(seed);

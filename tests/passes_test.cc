@@ -140,14 +140,8 @@ TEST(EliminateDeadNodesTest, KeepsNodesReadOnlyByASubgraph) {
   other.mutable_node(0)->set_op_type("Abs");
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Relu", {"x"}, {"a"});
-  onnx::NodeProto if_node = MakeNode("If", {"cond"}, {"y"});
-  for (auto [name, branch] : {std::pair<const char*, onnx::GraphProto*>{"then_branch", &body}, {"else_branch", &other}}) {
-    auto* attribute = if_node.add_attribute();
-    attribute->set_name(name);
-    attribute->set_type(onnx::AttributeProto::GRAPH);
-    *attribute->mutable_g() = *branch;
-  }
-  *graph.add_node() = if_node;
+  *graph.add_node() = testing::WithGraphAttribute(
+      testing::WithGraphAttribute(MakeNode("If", {"cond"}, {"y"}), "then_branch", body), "else_branch", other);
   *graph.add_input() = FloatValue("x", {3});
   *graph.add_input() = testing::MakeValue("cond", onnx::TensorProto::BOOL, {});
   *graph.add_output() = FloatValue("y", {3});

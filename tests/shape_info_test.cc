@@ -9,9 +9,11 @@
 namespace onnxopt {
 namespace {
 
+using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::WithGraphAttribute;
 using testing::WithIntAttribute;
 
 // onnx 1.12 crashes the process when it propagates data through Shape-15 from a value whose
@@ -182,34 +184,21 @@ TEST(ShapeInfoTest, ExtendTypesTheNodesAPassAdded) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
-onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims) {
-  onnx::TensorProto tensor;
-  tensor.set_name(name);
-  tensor.set_data_type(onnx::TensorProto::FLOAT);
-  int64_t size = 1;
-  for (int64_t dim : dims) {
-    tensor.add_dims(dim);
-    size *= dim;
-  }
-  for (int64_t i = 0; i < size; ++i) tensor.add_float_data(1.0f);
-  return tensor;
-}
-
 // Extend types only the initializers a pass added or replaced (not every initializer again); one
 // that an existing node is rewired to is typed although no node was added.
 TEST(ShapeInfoTest, ExtendTypesTheInitializersAPassAddedOrReplaced) {
   onnx::GraphProto proto;
   *proto.add_input() = FloatValue("x", {2, 3});
-  *proto.add_initializer() = FloatTensor("b", {3});
+  *proto.add_initializer() = FloatTensor("b", {3}, {1, 1, 1});
   *proto.add_node() = MakeNode("Add", {"x", "b"}, {"y"});
   *proto.add_output() = FloatValue("y", {2, 3});
   onnx::ModelProto model = MakeModel(proto, 17);
   Graph graph(model.mutable_graph());
   ShapeInfo shapes = ShapeInfo::Infer(model, graph);
   ASSERT_EQ(shapes.StaticShape("b"), (std::vector<int64_t>{3}));
-  graph.AddInitializer(FloatTensor("c", {2, 3}));
+  graph.AddInitializer(FloatTensor("c", {2, 3}, std::vector<float>(6, 1)));
   graph.SetInput(graph.Producer("y"), 1, "c");
-  graph.ReplaceInitializer(FloatTensor("b", {4}));
+  graph.ReplaceInitializer(FloatTensor("b", {4}, {1, 1, 1, 1}));
   ASSERT_TRUE(graph.Checkpoint().ok());
   EXPECT_EQ(shapes.TypeOf("c"), nullptr);
   shapes.Forget(graph.TakeVanishedValues());
@@ -237,16 +226,9 @@ TEST(ShapeInfoTest, AHeldGraphInfersThroughItsBranches) {
   onnx::GraphProto proto;
   *proto.add_input() = FloatValue("x", {2, 3});
   *proto.add_initializer() = testing::BoolScalar("condition", true);
-  onnx::NodeProto if_node = MakeNode("If", {"condition"}, {"y"});
-  auto* then_branch = if_node.add_attribute();
-  then_branch->set_name("then_branch");
-  then_branch->set_type(onnx::AttributeProto::GRAPH);
-  *then_branch->mutable_g() = branch("then", "Relu");
-  auto* else_branch = if_node.add_attribute();
-  else_branch->set_name("else_branch");
-  else_branch->set_type(onnx::AttributeProto::GRAPH);
-  *else_branch->mutable_g() = branch("else", "Neg");
-  *proto.add_node() = if_node;
+  *proto.add_node() = WithGraphAttribute(
+      WithGraphAttribute(MakeNode("If", {"condition"}, {"y"}), "then_branch", branch("then", "Relu")), "else_branch",
+      branch("else", "Neg"));
   *proto.add_node() = MakeNode("Transpose", {"y"}, {"t"});
   *proto.add_output() = FloatValue("t", {});
   proto.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
