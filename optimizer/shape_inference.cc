@@ -328,36 +328,36 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
   return Sweep(model, model.graph(), nodes).Run();
 }
 
+namespace {
+
+// The protos a sweep of held nodes reads, in their order. If/Loop/Scan: onnx infers their bodies,
+// whose nodes the Graph holds, so those nodes go as copies with their bodies (kept in `with_bodies`).
+template <typename Nodes>
+std::vector<const onnx::NodeProto*> SweptProtos(const Nodes& held, std::deque<onnx::NodeProto>* with_bodies) {
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(held.size());
+  for (const Node* node : held) {
+    nodes.push_back(node->subgraphs().empty() ? &node->proto() : &with_bodies->emplace_back(node->ProtoWithBodies()));
+  }
+  return nodes;
+}
+
+}  // namespace
+
 InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph, const std::vector<const Node*>& added,
                                const std::vector<std::string>& added_initializers, InferredTypes inferred) {
   for (const std::string& name : added_initializers) {
     if (const onnx::TensorProto* tensor = graph.Initializer(name)) SetInitializerType(*tensor, &inferred.types);
   }
   if (added.empty()) return inferred;
-  std::vector<const onnx::NodeProto*> nodes;
-  nodes.reserve(added.size());
   std::deque<onnx::NodeProto> with_bodies;
-  for (const Node* node : added) {
-    if (node->subgraphs().empty()) {
-      nodes.push_back(&node->proto());
-    } else {
-      nodes.push_back(&with_bodies.emplace_back(node->ProtoWithBodies()));
-    }
-  }
+  const std::vector<const onnx::NodeProto*> nodes = SweptProtos(added, &with_bodies);
   return Sweep(model, graph.proto(), nodes).Extend(&inferred, graph);
 }
 
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {
-  std::vector<const onnx::NodeProto*> nodes;
-  nodes.reserve(static_cast<size_t>(graph.NodeCount()));
-  std::deque<onnx::NodeProto> with_bodies;  // If/Loop/Scan: onnx infers their bodies, held by the Graph
-  for (const Node* node : graph.Nodes()) {
-    if (node->subgraphs().empty()) {
-      nodes.push_back(&node->proto());
-    } else {
-      nodes.push_back(&with_bodies.emplace_back(node->ProtoWithBodies()));
-    }
-  }
+  std::deque<onnx::NodeProto> with_bodies;
+  const std::vector<const onnx::NodeProto*> nodes = SweptProtos(graph.Nodes(), &with_bodies);
   return Sweep(model, graph.proto(), nodes).Run();
 }
 
