@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "optimizer/graph.h"
+
 namespace onnxopt {
 namespace {
 

@@ -148,7 +148,8 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx:
   }
   if (optimized != nullptr) {
     for (const auto& node : optimized->graph().node()) {
-      causal |= node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional", 0) != 0;
+      causal |=
+          node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional", 0) != 0;
     }
   }
   if (shape.layers == 0) return shape;

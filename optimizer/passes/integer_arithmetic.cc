@@ -200,7 +200,8 @@ std::optional<IntTensor> Slice(const onnx::NodeProto& node, const std::vector<co
       }
       const __int128 span = static_cast<__int128>(end) - start;
       const __int128 s128 = step;
-      const __int128 n = step > 0 ? (span <= 0 ? 0 : (span + s128 - 1) / s128) : (span >= 0 ? 0 : (-span - s128 - 1) / -s128);
+      const __int128 n =
+          step > 0 ? (span <= 0 ? 0 : (span + s128 - 1) / s128) : (span >= 0 ? 0 : (-span - s128 - 1) / -s128);
       count = static_cast<int64_t>(n);
     }
     first[static_cast<size_t>(*axis)] = start;
@@ -214,8 +215,9 @@ std::optional<IntTensor> Slice(const onnx::NodeProto& node, const std::vector<co
   for (int64_t i = 0; i < count; ++i) {
     int64_t offset = 0;
     for (int64_t d = 0; d < rank; ++d) {
-      const int64_t at = (i / out_strides[static_cast<size_t>(d)]) % out_dims[static_cast<size_t>(d)];
-      offset += (first[static_cast<size_t>(d)] + at * step_of[static_cast<size_t>(d)]) * in_strides[static_cast<size_t>(d)];
+      const size_t axis = static_cast<size_t>(d);
+      const int64_t at = (i / out_strides[axis]) % out_dims[axis];
+      offset += (first[axis] + at * step_of[axis]) * in_strides[axis];
     }
     out.values.push_back(data.values[static_cast<size_t>(offset)]);
   }
