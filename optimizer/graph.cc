@@ -288,6 +288,9 @@ Node* Graph::AddNode(onnx::NodeProto proto, const Node* anchor, bool after) {
   }
   node->sequence_ = next_sequence_++;
   TakeSubgraphs(node.get());
+  if (root_->names_collected_) {
+    for (const auto& subgraph : node->subgraphs_) subgraph->CollectGeneratedNames(&root_->used_names_);
+  }
   IndexNode(node.get());
   CountOps(*node, +1);
   ++live_nodes_;
@@ -488,19 +491,24 @@ void Graph::CollectGeneratedNames(absl::flat_hash_set<std::string>* names) const
 }
 
 void Graph::RememberName(const std::string& name) {
-  if (names_collected_ && absl::StrContains(name, kGeneratedInfix)) used_names_.insert(name);
+  Graph& root = *root_;
+  if (root.names_collected_ && absl::StrContains(name, kGeneratedInfix)) root.used_names_.insert(name);
 }
 
+// One namespace for the main graph and every body: a body's value must not shadow an outer one, so
+// a name generated in either is taken in both. Names are reserved for the Graph's whole life (a
+// checkpoint keeps them), so a generated name never comes back for another value in a later pass.
 std::string Graph::UniqueName(absl::string_view hint) {
-  if (!names_collected_) {  // built on first use: most passes never need a new name
-    CollectGeneratedNames(&used_names_);
-    names_collected_ = true;
+  Graph& root = *root_;
+  if (!root.names_collected_) {  // built on first use: most pipelines name little
+    root.CollectGeneratedNames(&root.used_names_);
+    root.names_collected_ = true;
   }
   std::string candidate;
   do {
-    candidate = absl::StrCat(hint, kGeneratedInfix, unique_counter_++);
-  } while (used_names_.count(candidate) > 0);
-  used_names_.insert(candidate);
+    candidate = absl::StrCat(hint, kGeneratedInfix, root.unique_counter_++);
+  } while (root.used_names_.count(candidate) > 0);
+  root.used_names_.insert(candidate);
   return candidate;
 }
 
@@ -638,9 +646,6 @@ absl::Status Graph::Checkpoint() {
     // A pass on the body may have dropped or added reads of this graph's values.
     if (inner_changed) RefreshImplicitInputs(node.get());
   }
-  used_names_.clear();
-  names_collected_ = false;
-  unique_counter_ = 0;
   if (!changed_) return absl::OkStatus();
   // touched_ and added_ may name removed nodes: read them before those are freed.
   const bool order_kept = topological_ && EditsKeptTheOrder();

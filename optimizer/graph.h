@@ -87,8 +87,8 @@ class Graph {
   absl::Status Commit();
   // Brings this graph and its subgraphs to the state Commit() and a fresh Graph over the result would
   // give, without giving the nodes back: live nodes in the order Commit would write them (Nodes() is
-  // topological again), removed nodes, initializers and stale value_info gone, changed() false, name
-  // generation restarted. The pass manager calls it between passes and keeps one Graph across them:
+  // topological again), removed nodes, initializers and stale value_info gone, changed() false. Names
+  // UniqueName gave out stay taken. The pass manager calls it between passes and keeps one Graph across them:
   // taking a 100k-node graph apart and writing it back for every pass cost 1.5 us a node a pass.
   // Fails (the Graph still usable, unreordered) if a rewrite left a cycle.
   absl::Status Checkpoint();
@@ -155,7 +155,8 @@ class Graph {
 
   // Calls fn on this graph and then every subgraph, depth first.
   void ForEachGraph(const std::function<void(Graph&)>& fn);
-  // A name not yet used in this graph (for a value or a node), starting with `hint`.
+  // A name (for a value or a node) starting with `hint` that is not used in the main graph or any of
+  // its subgraphs and that UniqueName has not given out before, in this Graph's life.
   std::string UniqueName(absl::string_view hint);
   // Whether a rewrite touched this graph since it was built or last checkpointed.
   bool changed() const { return changed_; }
@@ -213,8 +214,8 @@ class Graph {
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_set<std::string> removed_initializers_;
   absl::flat_hash_set<std::string> dropped_values_;  // values whose producer was removed
-  // The names in this graph and its subgraphs that UniqueName could generate, collected when it is
-  // first called and kept up to date by the edits after that.
+  // On the main graph only: the names in it and its subgraphs that UniqueName could generate (or has
+  // generated), collected when it is first called and kept up to date by the edits after that.
   void CollectGeneratedNames(absl::flat_hash_set<std::string>* names) const;
   void RememberName(const std::string& name);
   absl::flat_hash_set<std::string> used_names_;

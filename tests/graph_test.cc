@@ -174,6 +174,31 @@ TEST(GraphTest, UniqueNamesDoNotCollideWithValuesOrNodes) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
+// A body's values must not shadow the outer graph's (the ONNX checker rejects it): names generated in
+// a subgraph and in the main graph come from one namespace, whichever graph asks first.
+TEST(GraphTest, UniqueNamesAreUniqueAcrossTheMainGraphAndItsBodies) {
+  onnx::GraphProto body;
+  *body.add_node() = MakeNode("Neg", {"x"}, {"v_onnxopt_1"});
+  *body.add_output() = FloatValue("v_onnxopt_1", {2});
+  onnx::GraphProto proto;
+  *proto.add_node() = testing::WithGraphAttribute(MakeNode("If", {"c"}, {"y"}), "then_branch", body);
+  Graph graph(&proto);
+  Graph& inner = *graph.Producer("y")->subgraphs().front();
+  const std::string inner_name = inner.UniqueName("v");
+  EXPECT_EQ(inner_name, "v_onnxopt_0");
+  EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_2") << "the body's generated and existing names are taken";
+  EXPECT_EQ(inner.UniqueName("v"), "v_onnxopt_3");
+  ASSERT_TRUE(graph.Checkpoint().ok());
+  EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_4");
+  // A body that comes with a node added later is taken as well.
+  onnx::GraphProto added_body;
+  *added_body.add_node() = MakeNode("Abs", {"x"}, {"v_onnxopt_5"});
+  *added_body.add_output() = FloatValue("v_onnxopt_5", {2});
+  graph.AddNode(testing::WithGraphAttribute(MakeNode("If", {"c"}, {"z"}), "then_branch", added_body));
+  EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_6");
+  ASSERT_TRUE(graph.Commit().ok());
+}
+
 // Passes hand RenameValue names that live in the protos it rewrites: here the bypassed reader's own
 // input. Renaming that reader changed `from` midway, and the graph output it was being renamed to
 // was dropped from the index (a later dead-node sweep then removed the whole graph).
@@ -219,14 +244,12 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
     // Added last but read by Neg: only a topological order puts it first.
     graph.AddNode(MakeNode("Abs", {"x"}, {"c"}), nullptr);
     graph.SetInput(graph.Producer("a"), 0, "c");
-    graph.UniqueName("v");
   };
   auto second_edit = [](Graph& graph) {
     // Sees the nodes in topological order, as a fresh Graph would.
     std::vector<std::string> ops;
     for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
     EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Relu", "Neg"}));
-    EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_0");
     // Anchored before Relu but reading y: the emission order breaks, only a full sort repairs it.
     graph.AddNode(MakeNode("Sigmoid", {"y"}, {"z"}), graph.Producer("a"), /*after=*/false);
   };
@@ -263,6 +286,9 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
     EXPECT_EQ(graph.Initializer("unused"), nullptr);
     EXPECT_EQ(graph.proto().initializer_size(), 0);
     EXPECT_EQ(graph.proto().value_info_size(), 0);  // b is gone
+    EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_0");
+    ASSERT_TRUE(graph.Checkpoint().ok());
+    EXPECT_EQ(graph.UniqueName("v"), "v_onnxopt_1") << "a name given out stays taken across checkpoints";
     second_edit(graph);
     ASSERT_TRUE(graph.Checkpoint().ok());
     third_edit(graph);
