@@ -2,8 +2,8 @@
 
 #include <map>
 #include <set>
-#include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/graph.h"
@@ -16,19 +16,30 @@ constexpr char kMicrosoft[] = "com.microsoft";
 
 bool DefaultDomain(const onnx::NodeProto& node) { return node.domain().empty() || node.domain() == "ai.onnx"; }
 
+// Keyed by views into the model, which outlives the maps: no copy of 100k names.
+using ProducerMap = absl::flat_hash_map<absl::string_view, const onnx::NodeProto*>;
+using InitializerMap = absl::flat_hash_map<absl::string_view, const onnx::TensorProto*>;
+
 // Producers of the main graph's values.
-std::unordered_map<std::string, const onnx::NodeProto*> Producers(const onnx::GraphProto& graph) {
-  std::unordered_map<std::string, const onnx::NodeProto*> producers;
+ProducerMap Producers(const onnx::GraphProto& graph) {
+  ProducerMap producers;
+  producers.reserve(static_cast<size_t>(graph.node_size()));
   for (const auto& node : graph.node()) {
     for (const auto& output : node.output()) producers[output] = &node;
   }
   return producers;
 }
 
+InitializerMap Initializers(const onnx::GraphProto& graph) {
+  InitializerMap initializers;
+  initializers.reserve(static_cast<size_t>(graph.initializer_size()));
+  for (const auto& tensor : graph.initializer()) initializers[tensor.name()] = &tensor;
+  return initializers;
+}
+
 // True if a MatMul is found walking up from `value` through at most `depth` single-path nodes
 // (scale, mask, causal Where): the Softmax is attention's.
-bool ReachesMatMul(const std::unordered_map<std::string, const onnx::NodeProto*>& producers, const std::string& value,
-                   int depth) {
+bool ReachesMatMul(const ProducerMap& producers, const std::string& value, int depth) {
   auto it = producers.find(value);
   if (it == producers.end() || depth < 0) return false;
   const onnx::NodeProto& node = *it->second;
@@ -41,8 +52,7 @@ bool ReachesMatMul(const std::unordered_map<std::string, const onnx::NodeProto*>
 
 // True if `value` is cut (Slice, Identity) out of a lower-triangular square constant [1,1,P,P]: the
 // causal mask of a decoder.
-bool IsCausalBuffer(const std::unordered_map<std::string, const onnx::NodeProto*>& producers,
-                    const std::unordered_map<std::string, const onnx::TensorProto*>& initializers, std::string value) {
+bool IsCausalBuffer(const ProducerMap& producers, const InitializerMap& initializers, absl::string_view value) {
   for (int depth = 0; depth < 4; ++depth) {
     auto it = producers.find(value);
     if (it == producers.end()) break;
@@ -75,8 +85,7 @@ namespace {
 
 // True if `value` is computed from a Range within a few steps (Unsqueeze, Add, Mul, Cast, Expand):
 // a position index.
-bool FromRange(const std::unordered_map<std::string, const onnx::NodeProto*>& producers, const std::string& value,
-               int depth, const onnx::NodeProto** range) {
+bool FromRange(const ProducerMap& producers, const std::string& value, int depth, const onnx::NodeProto** range) {
   auto it = producers.find(value);
   if (it == producers.end() || depth < 0) return false;
   const onnx::NodeProto& node = *it->second;
@@ -94,74 +103,80 @@ bool FromRange(const std::unordered_map<std::string, const onnx::NodeProto*>& pr
 
 }  // namespace
 
-TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized) {
-  TransformerShape shape;
+TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
+  TransformerEvidence found;
   const onnx::GraphProto& graph = original.graph();
-  const auto producers = Producers(graph);
-  std::unordered_map<std::string, const onnx::TensorProto*> initializers;
-  for (const auto& tensor : graph.initializer()) initializers[tensor.name()] = &tensor;
+  const ProducerMap producers = Producers(graph);
+  const InitializerMap initializers = Initializers(graph);
   std::set<std::string> integer_inputs;
   for (const auto& input : graph.input()) {
     const int32_t type = input.type().tensor_type().elem_type();
     if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
   }
-  bool causal = false, token_lookup = false, convolution = false;
-  bool rms_norm = false, sine = false, cosine = false, log_buckets = false, cumulative_positions = false;
   int first_softmax = -1;
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& node = graph.node(i);
     const std::string& op = node.op_type();
     const bool standard = DefaultDomain(node);
     if (node.domain() == kMicrosoft && op == "Attention") {
-      ++shape.layers;
-      causal |= IntAttribute(node, "unidirectional", 0) != 0;
+      ++found.layers;
+      found.causal |= IntAttribute(node, "unidirectional", 0) != 0;
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
-      ++shape.layers;
+      ++found.layers;
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
-      causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
+      found.causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
     } else if (standard && (op == "LessOrEqual" || op == "Less" || op == "GreaterOrEqual" || op == "Greater") &&
                node.input_size() == 2) {
       // Two different position ranges compared (key <= query): masking_utils' causal mask.
       const onnx::NodeProto *a = nullptr, *b = nullptr;
-      causal |= FromRange(producers, node.input(0), 4, &a) && FromRange(producers, node.input(1), 4, &b) && a != b;
+      found.causal |= FromRange(producers, node.input(0), 4, &a) && FromRange(producers, node.input(1), 4, &b) && a != b;
     } else if ((standard && op == "Gather" && node.input_size() == 2 && integer_inputs.count(node.input(1)) > 0) ||
                (node.domain() == kMicrosoft && op == "EmbedLayerNormalization")) {
-      token_lookup = true;
+      found.token_lookup = true;
     } else if (standard && op == "Conv" && first_softmax < 0) {
-      convolution = true;
+      found.convolution = true;
     } else if (standard && op == "ReduceMean" && node.input_size() >= 1) {
       // mean(x^2) of x itself, not of x - mean(x): RMSNorm (LLaMA, T5), not LayerNorm.
       auto pow = producers.find(node.input(0));
       if (pow != producers.end() && (pow->second->op_type() == "Pow" || pow->second->op_type() == "Mul")) {
         auto base = producers.find(pow->second->input(0));
-        rms_norm |= base == producers.end() || base->second->op_type() != "Sub";
+        found.rms_norm |= base == producers.end() || base->second->op_type() != "Sub";
       }
     } else if (node.domain() == kMicrosoft && (op == "SimplifiedLayerNormalization" || op == "SkipSimplifiedLayerNormalization")) {
-      rms_norm = true;
+      found.rms_norm = true;
     }
-    sine |= standard && op == "Sin";
-    cosine |= standard && op == "Cos";
-    log_buckets |= standard && op == "Log";
-    cumulative_positions |= standard && op == "CumSum";
+    found.sine |= standard && op == "Sin";
+    found.cosine |= standard && op == "Cos";
+    found.log_buckets |= standard && op == "Log";
+    found.cumulative_positions |= standard && op == "CumSum";
   }
+  return found;
+}
+
+namespace {
+
+// The family from the original's evidence and, if given, the optimized model's unidirectional Attention.
+TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* optimized) {
+  TransformerShape shape;
+  shape.layers = found.layers;
   if (optimized != nullptr) {
     for (const auto& node : optimized->graph().node()) {
-      causal |=
+      found.causal |=
           node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional", 0) != 0;
     }
   }
   if (shape.layers == 0) return shape;
-  if (convolution && !token_lookup) {
+  if (found.convolution && !found.token_lookup) {
     shape.family = "vit";
-  } else if (rms_norm && sine && cosine) {
+  } else if (found.rms_norm && found.sine && found.cosine) {
     shape.family = "llama";  // RMSNorm and rotary position embeddings: LLaMA, Qwen, Mistral
-  } else if (rms_norm && log_buckets) {
+  } else if (found.rms_norm && found.log_buckets) {
     shape.family = "t5";     // RMSNorm and log-bucketed relative positions
-  } else if (causal) {
+  } else if (found.causal) {
     shape.family = "gpt2";
-  } else if (cumulative_positions && token_lookup) {
+  } else if (found.cumulative_positions && found.token_lookup) {
     shape.family = "roberta";  // position ids counted from the non-padding tokens
   } else {
     shape.family = "bert";
@@ -169,10 +184,21 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx:
   return shape;
 }
 
+}  // namespace
+
+TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized) {
+  return Classify(ReadTransformerEvidence(original), optimized);
+}
+
 v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
                                              const std::vector<v1::PassReport>& passes, const ModelHints& hints) {
+  return JudgeTransformerFusion(ReadTransformerEvidence(original), optimized, passes, hints);
+}
+
+v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original, const onnx::ModelProto& optimized,
+                                             const std::vector<v1::PassReport>& passes, const ModelHints& hints) {
   v1::TransformerReport report;
-  TransformerShape shape = DetectTransformer(original, &optimized);
+  TransformerShape shape = Classify(original, &optimized);
   if (shape.family.empty() && hints.family.empty()) return report;
   report.set_family(hints.family.empty() ? shape.family : hints.family);
   report.set_family_source(hints.family.empty() ? "detected" : "config");
@@ -181,8 +207,7 @@ v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, c
   // Heads and width: the config's, else what the fused operators say.
   std::map<std::string, int64_t> fused;
   int64_t heads = hints.num_heads, hidden = hints.hidden_size;
-  std::unordered_map<std::string, const onnx::TensorProto*> initializers;
-  for (const auto& tensor : optimized.graph().initializer()) initializers[tensor.name()] = &tensor;
+  const InitializerMap initializers = Initializers(optimized.graph());
   static const std::set<std::string> kFusedOps = {
       "Attention", "MultiHeadAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
       "EmbedLayerNormalization", "QEmbedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu",

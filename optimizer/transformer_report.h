@@ -28,8 +28,19 @@ struct TransformerShape {
 // by CumSum (RoBERTa); else an encoder (BERT).
 TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized = nullptr);
 
+// What detection reads from the original graph, taken before the pipeline so that the original need
+// not be kept for the report alone.
+struct TransformerEvidence {
+  int layers = 0;
+  bool causal = false, token_lookup = false, convolution = false, rms_norm = false, sine = false, cosine = false,
+       log_buckets = false, cumulative_positions = false;
+};
+TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);
+
 // The report section: `hints` override what detection found; `passes` give the skip reasons of
 // each fusion's last run. Empty family: the model is no transformer and the section stays empty.
+v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original, const onnx::ModelProto& optimized,
+                                             const std::vector<v1::PassReport>& passes, const ModelHints& hints);
 v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
                                              const std::vector<v1::PassReport>& passes, const ModelHints& hints);
 

@@ -9,6 +9,7 @@
 #include "optimizer/validation/input_generator.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
+#include "optimizer/transformer_report.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -252,6 +253,32 @@ TEST(OptimizeTest, ARandomOriginalIsReportedAsSuchNotBlamedOnTheOptimizer) {
   auto unchecked = Optimize(request);
   ASSERT_TRUE(unchecked.ok()) << unchecked.status();
   EXPECT_TRUE(unchecked->report.parity().skipped());
+  std::filesystem::remove_all(dir);
+}
+
+// With validation and the benchmark skipped the pipeline takes the original model instead of a copy;
+// the report's transformer section, read from the original, must come out as it does with a copy.
+TEST(OptimizeTest, WithoutValidationOrBenchmarkTheReportStillJudgesTheFusions) {
+  const auto dir = std::filesystem::temp_directory_path() / ("onnxopt_moved_" + std::to_string(::getpid()));
+  OptimizeRequest request;
+  request.model_path = FixturePath("gpt2_tiny.onnx");
+  request.output_dir = dir;
+  request.config.set_preset("transformer");
+  request.config.mutable_benchmark()->set_skip(true);
+  request.config.mutable_validation()->set_skip(true);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::StatusOr<onnx::ModelProto> original = LoadModel(request.model_path);
+  absl::StatusOr<onnx::ModelProto> optimized = LoadModel(dir / "model.onnx");
+  ASSERT_TRUE(original.ok() && optimized.ok());
+  const v1::TransformerReport expected = JudgeTransformerFusion(*original, *optimized, {}, ModelHints());
+  const v1::TransformerReport& got = result->report.transformer();
+  EXPECT_EQ(got.family(), "gpt2");
+  EXPECT_EQ(got.family(), expected.family());
+  EXPECT_EQ(got.layers(), expected.layers());
+  EXPECT_EQ(got.fused_kinds().at("Attention"), expected.fused_kinds().at("Attention"));
+  EXPECT_GT(got.fused_kinds().at("Attention"), 0);
+  EXPECT_EQ(result->report.original().nodes(), CountNodes(original->graph()));
   std::filesystem::remove_all(dir);
 }
 
