@@ -284,7 +284,7 @@ class Sweep {
   si::ModelLocalFunctionsMap functions_;
   SymbolicShapes symbolic_;
   InferredTypes result_;
-  std::unordered_map<std::string, const onnx::TensorProto*> data_;          // constant inputs onnx's rules read
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> data_;        // constant inputs onnx's rules read
   std::unordered_map<std::string, onnx::TensorShapeProto> shape_data_;      // propagated integer values
   std::unordered_map<std::string, onnx::TypeProto*> outer_types_;           // for subgraph inference
 };

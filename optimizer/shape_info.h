@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
@@ -59,7 +58,7 @@ class ShapeInfo {
  private:
   ShapeInfo(InferredTypes inferred, bool ran);
   TypeMap types_;
-  std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>> known_values_;
+  KnownIntValues known_values_;
   bool inferred_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/container/node_hash_map.h"
 #include "optimizer/graph.h"
 
 namespace onnxopt {
@@ -99,7 +100,8 @@ const std::set<std::string>& BroadcastOps() {
   return *ops;
 }
 
-using Values = std::unordered_map<std::string, Shape>;
+// Node-based: rules copy one tracked value into another's slot, which must not move the first.
+using Values = absl::node_hash_map<std::string, Shape>;
 
 // A constant (initializer or Constant) small enough to be shape arithmetic, as its value.
 void TrackTensor(const std::string& name, const onnx::TensorProto& tensor, Values* values) {

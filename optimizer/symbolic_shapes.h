@@ -68,7 +68,7 @@ class TypeMap {
 // Node outputs that are small integer tensors (shape arithmetic) whose every element the shapes fix
 // to a number or a named dim, e.g. the static last dim of a [batch, sequence, 64] tensor read through
 // Shape -> Gather, key_length - query_length when both are the same symbolic dim (0), or "sequence".
-using KnownIntValues = std::unordered_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>>;
+using KnownIntValues = absl::flat_hash_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>>;
 
 class SymbolicShapes {
  public:

@@ -13,10 +13,11 @@
 // ConstantOfShape must not blow the model up); its inputs are folded instead. Random operators,
 // nodes with subgraphs, other domains and graph inputs with initializers (overridable) never fold.
 #include <numeric>
-#include <unordered_map>
 #include <unordered_set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
@@ -98,7 +99,7 @@ bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& 
   if (shapes->ElementType(name) != tensor.data_type() || shapes->StaticShape(name) != dims) return true;
   if (!ReadAsData(tensor) || shapes->KnownValue(name)) return false;
   if (tensor.data_type() == onnx::TensorProto::INT64 || tensor.data_type() == onnx::TensorProto::INT32) return true;
-  for (const Node* reader : graph.Consumers(name)) {
+  for (const Node* reader : graph.Readers(name)) {
     if (reader->domain().empty() &&
         (reader->op_type() == "Range" || reader->op_type() == "Resize" || reader->op_type() == "Upsample")) {
       return true;
@@ -107,10 +108,13 @@ bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& 
   return false;
 }
 
+// Every folded output by name.
+using FoldedValues = absl::flat_hash_map<std::string, onnx::TensorProto>;
+
 // The integer inputs of a node, from initializers and values folded so far, parsed once each.
 class IntegerInputs {
  public:
-  IntegerInputs(const Graph& graph, const std::unordered_map<std::string, onnx::TensorProto>& values)
+  IntegerInputs(const Graph& graph, const FoldedValues& values)
       : graph_(graph), values_(values) {}
 
   std::optional<IntTensor> Evaluate(const onnx::NodeProto& node, int64_t opset) {
@@ -131,8 +135,8 @@ class IntegerInputs {
   }
 
   const Graph& graph_;
-  const std::unordered_map<std::string, onnx::TensorProto>& values_;
-  std::unordered_map<std::string, std::optional<IntTensor>> parsed_;
+  const FoldedValues& values_;
+  absl::node_hash_map<std::string, std::optional<IntTensor>> parsed_;  // node-based: Evaluate holds pointers
 };
 
 class FoldConstantsPass final : public Pass {
@@ -161,7 +165,7 @@ class FoldConstantsPass final : public Pass {
     std::vector<Node*> foldable;
     absl::flat_hash_set<const Node*> folded_directly;  // values known without ONNX Runtime
     absl::flat_hash_set<const Node*> known_to_shapes;  // values the shapes' sweep saw or worked out
-    std::unordered_map<std::string, onnx::TensorProto> values;  // every folded output
+    FoldedValues values;
     IntegerInputs integers(graph, values);
     for (Node* node : graph.Nodes()) {
       if (!FoldableOp(*node)) continue;
@@ -209,7 +213,7 @@ class FoldConstantsPass final : public Pass {
     absl::flat_hash_set<Node*> folding(foldable.begin(), foldable.end());
     auto consumed_outside = [&](const std::string& value) {
       if (graph.IsGraphOutput(value)) return true;
-      for (Node* consumer : graph.Consumers(value)) {
+      for (Node* consumer : graph.Readers(value)) {
         if (folding.count(consumer) == 0) return true;
       }
       return false;
@@ -272,7 +276,7 @@ class FoldConstantsPass final : public Pass {
   // Runs the foldable nodes (those not already folded directly) in one ONNX Runtime session.
   static absl::Status Evaluate(const Graph& graph, const PassContext& context, const std::vector<Node*>& foldable,
                                const absl::flat_hash_set<const Node*>& folded_directly,
-                               std::unordered_map<std::string, onnx::TensorProto>* values) {
+                               FoldedValues* values) {
     onnx::ModelProto model;
     model.set_ir_version(std::max<int64_t>(context.model().ir_version(), 7));
     *model.mutable_opset_import() = context.model().opset_import();
