@@ -1,5 +1,9 @@
 #include "optimizer/model_io.h"
 
+#include <sys/mount.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "google/protobuf/unknown_field_set.h"
@@ -204,6 +208,32 @@ TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {
   for (const auto& entry : fs::directory_iterator(dir_)) {
     EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << "leftover " << entry.path();
   }
+}
+
+// The model file is serialized straight into the file: a write that runs out of space must still
+// say DISK_FULL and leave neither the file nor its temporary behind. Needs a small tmpfs (root).
+TEST_F(ModelIoTest, SavingOntoAFullDiskIsDiskFullAndLeavesNothing) {
+  const fs::path small = dir_ / "small";
+  fs::create_directories(small);
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); run as root to test a full disk";
+  }
+  struct Unmount {
+    fs::path path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{small};
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
+  *graph.add_initializer() = FloatTensor("w", {65536}, std::vector<float>(65536, 1.0f));  // 256 KB inline
+  *graph.add_input() = FloatValue("x", {65536});
+  *graph.add_output() = FloatValue("y", {65536});
+  SaveOptions options;
+  options.external_threshold_bytes = int64_t{1} << 30;  // one file, written by the serializer
+  auto files = SaveModel(MakeModel(graph), small / "model.onnx", options);
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kResourceExhausted) << files.status();
+  EXPECT_NE(files.status().message().find("DISK_FULL"), std::string::npos) << files.status();
+  for (const auto& entry : fs::directory_iterator(small)) ADD_FAILURE() << "left behind: " << entry.path();
 }
 
 TEST_F(ModelIoTest, ByReferenceKeepsBigTensorsInTheirFileAndReadsTheSameBytes) {
