@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "optimizer/passes/passes.h"
 
@@ -42,20 +43,16 @@ size_t Fingerprint(const Node& node, const std::vector<std::pair<std::string, st
   return hash;
 }
 
-struct Seen {
-  Node* node;
-  std::vector<std::pair<std::string, std::string>> attributes;
-};
-
 // Same op, domain, inputs in order, number of outputs and attributes.
-bool Same(const Node& node, const std::vector<std::pair<std::string, std::string>>& attributes, const Seen& seen) {
+bool Same(const Node& node, const std::vector<std::pair<std::string, std::string>>& attributes, const Node& seen) {
   const onnx::NodeProto& a = node.proto();
-  const onnx::NodeProto& b = seen.node->proto();
-  if (a.op_type() != b.op_type() || node.domain() != seen.node->domain() || a.output_size() != b.output_size() ||
-      a.input_size() != b.input_size() || attributes != seen.attributes) {
+  const onnx::NodeProto& b = seen.proto();
+  if (a.op_type() != b.op_type() || node.domain() != seen.domain() || a.output_size() != b.output_size() ||
+      a.input_size() != b.input_size() || a.attribute_size() != b.attribute_size() ||
+      !std::equal(a.input().begin(), a.input().end(), b.input().begin())) {
     return false;
   }
-  return std::equal(a.input().begin(), a.input().end(), b.input().begin());
+  return attributes == SortedAttributes(seen);  // fingerprints matched: almost always a twin
 }
 
 class EliminateCommonSubexpressionsPass final : public Pass {
@@ -65,18 +62,20 @@ class EliminateCommonSubexpressionsPass final : public Pass {
   absl::string_view description() const override { return "Merge nodes with the same op, inputs and attributes"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    absl::flat_hash_map<size_t, std::vector<Seen>> seen;  // by fingerprint, first seen first
+    // By fingerprint, first seen first. Only nodes are kept: a candidate's attributes are made again
+    // when a fingerprint matches, which is rare but for twins.
+    absl::flat_hash_map<size_t, absl::InlinedVector<Node*, 1>> seen;
     for (Node* node : graph.Nodes()) {  // topological: inputs are already merged when a node is compared
       if (!Mergeable(*node)) continue;
-      std::vector<std::pair<std::string, std::string>> attributes = SortedAttributes(*node);
-      std::vector<Seen>& candidates = seen[Fingerprint(*node, attributes)];
+      const std::vector<std::pair<std::string, std::string>> attributes = SortedAttributes(*node);
+      absl::InlinedVector<Node*, 1>& candidates = seen[Fingerprint(*node, attributes)];
       auto twin = std::find_if(candidates.begin(), candidates.end(),
-                               [&](const Seen& candidate) { return Same(*node, attributes, candidate); });
+                               [&](const Node* candidate) { return Same(*node, attributes, *candidate); });
       if (twin == candidates.end()) {
-        candidates.push_back({node, std::move(attributes)});
+        candidates.push_back(node);
         continue;
       }
-      Node* original = twin->node;
+      Node* original = *twin;
       bool feeds_output = false;
       for (int i = 0; i < node->output_size(); ++i) feeds_output |= graph.IsGraphOutput(node->output(i));
       if (feeds_output) {
