@@ -355,35 +355,37 @@ void Graph::ReplaceAllUsesWith(const std::string& from_name, const std::string& 
   // Copies: callers pass names that live in node protos this function rewrites (a reader's input).
   const std::string from = from_name, to = to_name;
   if (from == to) return;
-  for (Node* node : Consumers(from)) {
+  changed_ = true;
+  auto it = consumers_.find(from);
+  if (it == consumers_.end()) return;
+  std::vector<Node*> readers = std::move(it->second);
+  consumers_.erase(it);
+  const Node* previous = nullptr;
+  for (Node* node : readers) {
+    if (node == previous) continue;  // a node reading `from` twice is listed twice, adjacent
+    previous = node;
     touched_.push_back(node);
     for (int i = 0; i < node->proto_.input_size(); ++i) {
       if (node->proto_.input(i) == from) node->proto_.set_input(i, to);
     }
     if (node->implicit_inputs_.erase(from) > 0) {
       node->implicit_inputs_.insert(to);
-      RenameInSubgraphs(node, from, to);
+      RenameInSubgraphs(node, from, to);  // the bodies' own indexes, not this graph's
     }
   }
-  auto it = consumers_.find(from);
-  if (it != consumers_.end()) {
-    std::vector<Node*> readers = std::move(it->second);
-    consumers_.erase(it);
-    // Merging thousands of twins into one value one at a time must not cost a walk of its whole list
-    // each time: a few readers are placed by binary search, more are merged from where they start.
-    // (Merging always, even one reader, was slower: inplace_merge takes a buffer every call.)
-    auto& target = consumers_[to];
-    if (readers.size() <= 8) {
-      for (Node* reader : readers) {
-        target.insert(std::upper_bound(target.begin(), target.end(), reader, BySequence), reader);
-      }
-    } else {
-      const auto start = std::upper_bound(target.begin(), target.end(), readers.front(), BySequence) - target.begin();
-      const auto middle = target.insert(target.end(), readers.begin(), readers.end());
-      std::inplace_merge(target.begin() + start, middle, target.end(), BySequence);
+  // Merging thousands of twins into one value one at a time must not cost a walk of its whole list
+  // each time: a few readers are placed by binary search, more are merged from where they start.
+  // (Merging always, even one reader, was slower: inplace_merge takes a buffer every call.)
+  auto& target = consumers_[to];
+  if (readers.size() <= 8) {
+    for (Node* reader : readers) {
+      target.insert(std::upper_bound(target.begin(), target.end(), reader, BySequence), reader);
     }
+  } else {
+    const auto start = std::upper_bound(target.begin(), target.end(), readers.front(), BySequence) - target.begin();
+    const auto middle = target.insert(target.end(), readers.begin(), readers.end());
+    std::inplace_merge(target.begin() + start, middle, target.end(), BySequence);
   }
-  changed_ = true;
 }
 
 void Graph::RenameGraphOutput(const std::string& from, const std::string& to) {
