@@ -1,6 +1,5 @@
 // The service tried as an attacker would, through the real server and CLI: each test is one defect
 // that hostile testing found (issue 9) and failed before its fix.
-#include <sys/mount.h>
 #include <sys/resource.h>
 
 #include "absl/strings/str_join.h"
@@ -399,14 +398,9 @@ TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempFolder) {
 TEST_F(E2eTest, AFullDiskRefusesUploadsAndLeavesNoJobRunning) {
   const fs::path data = dir_ / "data";
   fs::create_directories(data);
-  if (::mount("tmpfs", data.c_str(), "tmpfs", 0, "size=4m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); run as root to test a full disk";
-  }
-  struct Unmount {
-    E2eTest* test;
-    fs::path path;
-    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
-  } unmount{this, data};
+  std::string why;
+  const auto disk = testing::MountSmallDisk(data, "4m", &why);
+  if (disk == nullptr) GTEST_SKIP() << why;
   StartServer();
   auto fill = [&](const fs::path& file, int64_t leave) {
     std::ofstream out(file, std::ios::binary);

@@ -2,13 +2,18 @@
 #ifndef ONNXOPT_TESTS_MODEL_BUILDER_H_
 #define ONNXOPT_TESTS_MODEL_BUILDER_H_
 
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
@@ -117,6 +122,28 @@ inline std::filesystem::path TempDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// A tmpfs of `size` (mount's form: "64k", "4m") mounted on `dir` (which must exist) for as long as the
+// object lives, to fill a disk for real; nullptr, with the reason in `why`, where mounting is not
+// allowed (not root).
+class SmallDisk {
+ public:
+  explicit SmallDisk(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  ~SmallDisk() { ::umount2(dir_.c_str(), MNT_DETACH); }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+
+ private:
+  std::filesystem::path dir_;
+};
+inline std::unique_ptr<SmallDisk> MountSmallDisk(const std::filesystem::path& dir, const std::string& size,
+                                                 std::string* why) {
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) != 0) {
+    *why = std::string("cannot mount a tmpfs here (") + std::strerror(errno) + "); run as root to test a full disk";
+    return nullptr;
+  }
+  return std::make_unique<SmallDisk>(dir);
 }
 
 // Where the fixtures live; CMake passes the source folder in ONNXOPT_SOURCE_DIR.

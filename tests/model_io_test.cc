@@ -1,9 +1,5 @@
 #include "optimizer/model_io.h"
 
-#include <sys/mount.h>
-
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 
 #include "google/protobuf/unknown_field_set.h"
@@ -215,13 +211,9 @@ TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {
 TEST_F(ModelIoTest, SavingOntoAFullDiskIsDiskFullAndLeavesNothing) {
   const fs::path small = dir_ / "small";
   fs::create_directories(small);
-  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); run as root to test a full disk";
-  }
-  struct Unmount {
-    fs::path path;
-    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
-  } unmount{small};
+  std::string why;
+  const auto disk = testing::MountSmallDisk(small, "64k", &why);
+  if (disk == nullptr) GTEST_SKIP() << why;
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
   *graph.add_initializer() = FloatTensor("w", {65536}, std::vector<float>(65536, 1.0f));  // 256 KB inline
