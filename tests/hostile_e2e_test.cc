@@ -397,7 +397,6 @@ TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempFolder) {
 // results cannot be written, nor its state stored, still ends, visibly. Needs a small tmpfs (root).
 TEST_F(E2eTest, AFullDiskRefusesUploadsAndLeavesNoJobRunning) {
   const fs::path data = dir_ / "data";
-  fs::create_directories(data);
   std::string why;
   const auto disk = testing::MountSmallDisk(data, "4m", &why);
   if (disk == nullptr) GTEST_SKIP() << why;

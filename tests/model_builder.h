@@ -124,7 +124,7 @@ inline std::filesystem::path TempDir(const std::string& name) {
   return dir;
 }
 
-// A tmpfs of `size` (mount's form: "64k", "4m") mounted on `dir` (which must exist) for as long as the
+// A tmpfs of `size` (mount's form: "64k", "4m") mounted on `dir` (made if missing) for as long as the
 // object lives, to fill a disk for real; nullptr, with the reason in `why`, where mounting is not
 // allowed (not root).
 class SmallDisk {
@@ -139,6 +139,7 @@ class SmallDisk {
 };
 inline std::unique_ptr<SmallDisk> MountSmallDisk(const std::filesystem::path& dir, const std::string& size,
                                                  std::string* why) {
+  std::filesystem::create_directories(dir);
   if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) != 0) {
     *why = std::string("cannot mount a tmpfs here (") + std::strerror(errno) + "); run as root to test a full disk";
     return nullptr;

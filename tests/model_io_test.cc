@@ -210,7 +210,6 @@ TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {
 // say DISK_FULL and leave neither the file nor its temporary behind. Needs a small tmpfs (root).
 TEST_F(ModelIoTest, SavingOntoAFullDiskIsDiskFullAndLeavesNothing) {
   const fs::path small = dir_ / "small";
-  fs::create_directories(small);
   std::string why;
   const auto disk = testing::MountSmallDisk(small, "64k", &why);
   if (disk == nullptr) GTEST_SKIP() << why;
