@@ -88,8 +88,9 @@ class Graph {
   // Brings this graph and its subgraphs to the state Commit() and a fresh Graph over the result would
   // give, without giving the nodes back: live nodes in the order Commit would write them (Nodes() is
   // topological again), removed nodes, initializers and stale value_info gone, changed() false. Names
-  // UniqueName gave out stay taken. The pass manager calls it between passes and keeps one Graph across them:
-  // taking a 100k-node graph apart and writing it back for every pass cost 1.5 us a node a pass.
+  // UniqueName gave out stay taken. The pass manager calls it between passes and keeps one Graph
+  // across them: taking a 100k-node graph apart and writing it back for every pass cost 1.5 us a node
+  // a pass.
   // Fails (the Graph still usable, unreordered) if a rewrite left a cycle.
   absl::Status Checkpoint();
   // Operators added minus removed since the last call, over this graph and its subgraphs (call it on

@@ -131,7 +131,8 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
                node.input_size() == 2) {
       // Two different position ranges compared (key <= query): masking_utils' causal mask.
       const onnx::NodeProto *a = nullptr, *b = nullptr;
-      found.causal |= FromRange(producers, node.input(0), 4, &a) && FromRange(producers, node.input(1), 4, &b) && a != b;
+      found.causal |=
+          FromRange(producers, node.input(0), 4, &a) && FromRange(producers, node.input(1), 4, &b) && a != b;
     } else if ((standard && op == "Gather" && node.input_size() == 2 && integer_inputs.count(node.input(1)) > 0) ||
                (node.domain() == kMicrosoft && op == "EmbedLayerNormalization")) {
       found.token_lookup = true;
