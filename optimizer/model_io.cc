@@ -519,6 +519,20 @@ class AtomicFileWriter {
   int64_t size_ = 0;
 };
 
+// Writes `model` as the file at `path`. `bytes` is model.ByteSizeLong(), computed by the caller after
+// its last edit of the model: serialization writes by the sizes that call cached.
+absl::Status WriteModelFile(const onnx::ModelProto& model, size_t bytes, const fs::path& path) {
+  if (bytes > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("MODEL_TOO_LARGE: the model does not fit a protobuf message even with "
+                                      "external data");
+  }
+  AtomicFileWriter file(path);
+  absl::Status status = file.Open();
+  if (status.ok()) status = file.AppendMessage(model);
+  if (status.ok()) status = file.Commit();
+  return status;
+}
+
 }  // namespace
 
 absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
@@ -537,12 +551,10 @@ absl::Status RelocateExternalData(const fs::path& path, const std::string& from,
       if (entry.key() == "location" && entry.value() == from) entry.set_value(to);
     }
   });
-  return WriteFileAtomically(path, model->SerializeAsString());
+  return WriteModelFile(*model, model->ByteSizeLong(), path);
 }
 
 namespace {
-
-absl::Status WriteModelFile(const onnx::ModelProto& model, const fs::path& path);
 
 absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, const fs::path& path,
                                                        const SaveOptions& options) {
@@ -583,31 +595,19 @@ absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, c
     if (!status.ok()) return status;
     written.push_back(data_path);
   }
-  absl::Status status = WriteModelFile(model, path);
+  absl::Status status = WriteModelFile(model, model.ByteSizeLong(), path);
   if (!status.ok()) return status;
   written.insert(written.begin(), path);
   return written;
-}
-
-absl::Status WriteModelFile(const onnx::ModelProto& model, const fs::path& path) {
-  if (model.ByteSizeLong() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError("MODEL_TOO_LARGE: the model does not fit a protobuf message even with "
-                                      "external data");
-  }
-  AtomicFileWriter file(path);
-  absl::Status status = file.Open();
-  if (status.ok()) status = file.AppendMessage(model);  // sizes cached by ByteSizeLong above
-  if (status.ok()) status = file.Commit();
-  return status;
 }
 
 }  // namespace
 
 absl::StatusOr<std::vector<fs::path>> SaveModel(const onnx::ModelProto& model, const fs::path& path,
                                                 const SaveOptions& options) {
-  const bool by_reference = HasTensorsByReference(model);
-  if (!by_reference && static_cast<int64_t>(model.ByteSizeLong()) <= options.external_threshold_bytes) {
-    absl::Status status = WriteModelFile(model, path);  // as it is: no copy of a model that may be big
+  const size_t bytes = model.ByteSizeLong();
+  if (!HasTensorsByReference(model) && static_cast<int64_t>(bytes) <= options.external_threshold_bytes) {
+    absl::Status status = WriteModelFile(model, bytes, path);  // as it is: no copy of a model that may be big
     if (!status.ok()) return status;
     return std::vector<fs::path>{path};
   }
