@@ -187,8 +187,8 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
 
 }  // namespace
 
-TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized) {
-  return Classify(ReadTransformerEvidence(original), optimized);
+TransformerShape DetectTransformer(const onnx::ModelProto& original) {
+  return Classify(ReadTransformerEvidence(original), nullptr);
 }
 
 v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,

@@ -24,9 +24,9 @@ struct TransformerShape {
 // Reads the family from the original graph: attention Softmaxes (layers); a convolution before the
 // first attention with no token lookups (ViT); RMSNorm with rotary Sin/Cos (LLaMA) or with log-bucketed
 // relative positions (T5); a causal mask, as a lower-triangular buffer, Trilu, two position ranges
-// compared, or an Attention the fusion proved unidirectional in `optimized` (GPT-2); positions counted
-// by CumSum (RoBERTa); else an encoder (BERT).
-TransformerShape DetectTransformer(const onnx::ModelProto& original, const onnx::ModelProto* optimized = nullptr);
+// compared (GPT-2; the report also counts an Attention the fusion proved unidirectional); positions
+// counted by CumSum (RoBERTa); else an encoder (BERT).
+TransformerShape DetectTransformer(const onnx::ModelProto& original);
 
 // What detection reads from the original graph, taken before the pipeline so that the original need
 // not be kept for the report alone.
@@ -37,8 +37,10 @@ struct TransformerEvidence {
 };
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);
 
-// The report section: `hints` override what detection found; `passes` give the skip reasons of
-// each fusion's last run. Empty family: the model is no transformer and the section stays empty.
+// The report section: the family as DetectTransformer reads it, GPT-2 also where the optimized model
+// has an Attention the fusion proved unidirectional; `hints` override what detection found; `passes`
+// give the skip reasons of each fusion's last run. Empty family: the model is no transformer and the
+// section stays empty.
 v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original, const onnx::ModelProto& optimized,
                                              const std::vector<v1::PassReport>& passes, const ModelHints& hints);
 v1::TransformerReport JudgeTransformerFusion(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
