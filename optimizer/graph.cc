@@ -11,11 +11,6 @@
 namespace onnxopt {
 namespace {
 
-const std::string& EmptyString() {
-  static const std::string* const kEmpty = new std::string();
-  return *kEmpty;
-}
-
 // Keeps the elements of a repeated field for which keep(element) is true, in their order.
 template <typename T, typename Keep>
 void CompactRepeated(google::protobuf::RepeatedPtrField<T>* field, Keep keep) {
@@ -31,11 +26,6 @@ void CompactRepeated(google::protobuf::RepeatedPtrField<T>* field, Keep keep) {
 }  // namespace
 
 bool Graph::BySequence(const Node* a, const Node* b) { return a->sequence_ < b->sequence_; }
-
-const std::string& Node::domain() const {
-  if (proto_.domain() == "ai.onnx") return EmptyString();
-  return proto_.domain();
-}
 
 const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, absl::string_view name) {
   for (const auto& attribute : node.attribute()) {

@@ -116,7 +116,7 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
   int first_softmax = -1;
   for (int i = 0; i < graph.node_size(); ++i) {
     const onnx::NodeProto& node = graph.node(i);
-    const std::string& op = node.op_type();
+    const absl::string_view op = node.op_type();
     const bool standard = DefaultDomain(node);
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++found.layers;

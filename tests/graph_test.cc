@@ -248,7 +248,7 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
   auto second_edit = [](Graph& graph) {
     // Sees the nodes in topological order, as a fresh Graph would.
     std::vector<std::string> ops;
-    for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
+    for (const Node* node : graph.Nodes()) ops.emplace_back(node->op_type());
     EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Relu", "Neg"}));
     // Anchored before Relu but reading y: the emission order breaks, only a full sort repairs it.
     graph.AddNode(MakeNode("Sigmoid", {"y"}, {"z"}), graph.Producer("a"), /*after=*/false);
@@ -294,7 +294,7 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
     third_edit(graph);
     ASSERT_TRUE(graph.Checkpoint().ok());
     std::vector<std::string> ops;
-    for (const Node* node : graph.Nodes()) ops.push_back(node->op_type());
+    for (const Node* node : graph.Nodes()) ops.emplace_back(node->op_type());
     EXPECT_EQ(ops, (std::vector<std::string>{"Abs", "Exp", "Relu", "Neg", "Tanh", "Sigmoid"}));
     EXPECT_EQ(graph.Consumers("e").size(), 2u);
     EXPECT_EQ(graph.Consumers("e")[0]->op_type(), "Relu");  // readers in the new order

@@ -20,7 +20,7 @@ bool Mergeable(const Node& node) {
                                                           "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
   // com.microsoft has random operators of its own (BiasDropout, BitmaskDropout...): left out.
   const bool known_domain = node.domain().empty() || node.domain() == "ai.onnx.ml";
-  return known_domain && node.subgraphs().empty() && node.implicit_inputs().empty() && kRandom.count(node.op_type()) == 0;
+  return known_domain && node.subgraphs().empty() && node.implicit_inputs().empty() && kRandom.count(std::string(node.op_type())) == 0;
 }
 
 // Attributes as (name, serialized bytes), sorted by name so that their order does not matter.

@@ -11,7 +11,7 @@
 namespace onnxopt {
 namespace {
 
-bool KnownDomain(const std::string& domain) {
+bool KnownDomain(absl::string_view domain) {
   return domain.empty() || domain == "ai.onnx.ml" || domain == "com.microsoft";
 }
 

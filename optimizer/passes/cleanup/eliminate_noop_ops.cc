@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "optimizer/passes/bypass.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
@@ -22,7 +23,7 @@ std::vector<int64_t> AttributeInts(const Node& node, const char* name) {
 
 // Whether a node is a no-op; `reason` says why not when the answer depends on missing information.
 bool IsNoop(const Graph& graph, const Node& node, const PassContext& context, std::string* reason) {
-  const std::string& op = node.op_type();
+  const absl::string_view op = node.op_type();
   const ShapeInfo* shapes = context.shapes();
   const int64_t opset = context.OpsetVersion("");
   if (op == "Cast") {
@@ -43,7 +44,7 @@ bool IsNoop(const Graph& graph, const Node& node, const PassContext& context, st
   }
   if (op == "Reshape" || op == "Expand") {
     if (shapes == nullptr || !shapes->SameShape(node.input(0), node.output(0))) {
-      *reason = op + ": output shape not known to equal the input's";
+      *reason = absl::StrCat(op, ": output shape not known to equal the input's");
       return false;
     }
     return true;

@@ -34,7 +34,7 @@ bool FoldableOp(const Node& node) {
       "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
       "Dropout", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"};
   return node.domain().empty() && node.subgraphs().empty() && node.implicit_inputs().empty() &&
-         kNever.count(node.op_type()) == 0;
+         kNever.count(std::string(node.op_type())) == 0;
 }
 
 int64_t TensorBytes(const onnx::TensorProto& tensor) { return TensorDataBytes(tensor); }

@@ -65,7 +65,7 @@ std::optional<int64_t> SameConstantEverywhere(const Graph& graph, const std::str
   static const std::set<std::string> kReadsElementsOfInput0 = {"Gather", "GatherElements", "GatherND", "Expand",
                                                                "Slice", "Reshape", "Unsqueeze", "Squeeze",
                                                                "Flatten", "Identity", "Cast", "Transpose"};
-  if (kReadsElementsOfInput0.count(producer->op_type()) == 0) return std::nullopt;
+  if (kReadsElementsOfInput0.count(std::string(producer->op_type())) == 0) return std::nullopt;
   return SameConstantEverywhere(graph, producer->input(0), depth + 1);
 }
 

@@ -68,7 +68,7 @@ bool TokenWise(const Graph& graph, const Node& node, const std::string& value) {
     return false;
   }
   static const std::set<std::string> kGelu = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"};
-  return node.domain() == kMicrosoft && kGelu.count(node.op_type()) > 0 &&
+  return node.domain() == kMicrosoft && kGelu.count(std::string(node.op_type())) > 0 &&
          (node.input_size() < 2 || node.input(1).empty() || ConstantWeight(graph, node.input(1), 1));
 }
 

@@ -106,7 +106,7 @@ class Converter {
         else touches_float |= it->second == TensorProto::FLOAT;
       }
     }
-    const std::string& op = node.op_type();
+    const std::string op(node.op_type());
     if (!touches_float && !unknown) return;  // nothing to convert either way
     std::string reason;
     if (settings_.op_block_list.count(op) > 0) reason = "op block list";
@@ -129,7 +129,7 @@ class Converter {
   bool SchemaAllows(const Node& node) const {
     if (!node.domain().empty()) return true;
     const onnx::OpSchema* schema =
-        onnx::OpSchemaRegistry::Schema(node.op_type(), context_.OpsetVersion(""), "");
+        onnx::OpSchemaRegistry::Schema(std::string(node.op_type()), context_.OpsetVersion(""), "");
     if (schema == nullptr) return true;
     const std::string low_type = settings_.to == TensorProto::FLOAT16 ? "tensor(float16)" : "tensor(bfloat16)";
     auto allowed = [&](const std::vector<onnx::OpSchema::FormalParameter>& formals, int index) {

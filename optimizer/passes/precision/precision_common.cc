@@ -36,7 +36,7 @@ std::optional<int32_t> OutputType(const Node& node, int index,
     auto it = types.find(node.input(input));
     return it == types.end() ? std::nullopt : std::optional<int32_t>(it->second);
   };
-  const std::string& op = node.op_type();
+  const std::string op(node.op_type());
   if (node.domain().empty()) {
     static const std::set<std::string> kInt64 = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "NonMaxSuppression"};
     static const std::set<std::string> kBool = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not",

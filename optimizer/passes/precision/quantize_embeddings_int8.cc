@@ -95,7 +95,7 @@ class QuantizeEmbeddingsInt8Pass final : public Pass {
     const std::set<std::string> forms = SplitNameList(context.params().GetString("op_types"));
     std::set<std::string> gather_tables;
     for (Node* node : graph.Nodes()) {
-      if (forms.count(node->op_type()) == 0) continue;
+      if (forms.count(std::string(node->op_type())) == 0) continue;
       if (blocked.count(NodeKey(*node)) > 0) {
         context.Skip("left in float: node block list");
         continue;

@@ -127,7 +127,7 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
 
 // MatMul or Gemm (ONNX) or com.microsoft Attention, and among the forms asked for.
 bool IsProductForm(const Node& node, const std::set<std::string>& op_types) {
-  const std::string& op = node.op_type();
+  const std::string op(node.op_type());
   const bool known = node.domain().empty() ? (op == "MatMul" || op == "Gemm")
                                            : (op == "Attention" && node.domain() == "com.microsoft");
   return known && op_types.count(op) > 0;

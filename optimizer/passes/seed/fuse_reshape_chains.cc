@@ -63,8 +63,8 @@ class FuseReshapeChainsPass final : public Pass {
       if (second->removed() || !second->domain().empty() || second->input_size() < 1) continue;
       Node* first = graph.Producer(second->input(0));
       if (first == nullptr || first->removed() || !first->domain().empty()) continue;
-      const std::string& a = first->op_type();
-      const std::string& b = second->op_type();
+      const absl::string_view a = first->op_type();
+      const absl::string_view b = second->op_type();
       const std::string middle = first->output(0);
       bool rewritten = false;
       if (a == "Reshape" && b == "Reshape") {

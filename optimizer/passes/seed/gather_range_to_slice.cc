@@ -38,7 +38,7 @@ std::optional<int64_t> ScalarInt(const Graph& graph, const std::string& value) {
 bool IsSize(const Graph& graph, const std::string& value, int depth = 0) {
   const Node* producer = graph.Producer(value);
   if (producer == nullptr || depth > 8 || !producer->domain().empty()) return false;
-  const std::string& op = producer->op_type();
+  const absl::string_view op = producer->op_type();
   if (op == "Shape" || op == "Size") return true;
   if (op == "Gather" || op == "Slice" || op == "Squeeze" || op == "Unsqueeze" || op == "Reshape" || op == "Cast" ||
       op == "Identity") {

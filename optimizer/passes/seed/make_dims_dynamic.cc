@@ -194,7 +194,7 @@ class MakeDimsDynamicPass final : public Pass {
     }
     for (Node* node : graph.Nodes()) {
       if (!node->domain().empty()) continue;
-      const std::string& op = node->op_type();
+      const absl::string_view op = node->op_type();
       // (slot, kind): kind 0 = a shape vector, 1 = a scalar limit; either may be built from pieces.
       std::vector<std::pair<int, int>> slots;
       if (op == "Reshape" || op == "Expand" || op == "Tile") slots = {{1, 0}};
@@ -257,7 +257,7 @@ class MakeDimsDynamicPass final : public Pass {
     }
     Node* producer = graph.Producer(value);
     if (producer == nullptr || depth > 8 || !producer->domain().empty()) return;
-    const std::string& op = producer->op_type();
+    const absl::string_view op = producer->op_type();
     if (op == "Concat") {
       for (int i = 0; i < producer->input_size(); ++i) LengthLeaves(graph, producer, i, length, depth + 1, leaves);
     } else if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {

@@ -35,21 +35,21 @@
 namespace onnxopt {
 namespace {
 
-const std::set<std::string>& UnaryOps() {
-  static const auto* ops = new std::set<std::string>{
+const std::set<std::string, std::less<>>& UnaryOps() {
+  static const auto* ops = new std::set<std::string, std::less<>>{
       "Relu", "Erf", "Tanh", "Sigmoid", "Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Cast", "Identity",
       "Softplus", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Gelu", "Not", "Sign", "Floor", "Ceil", "Round"};
   return *ops;
 }
 
 // com.microsoft operators that work token by token: element-wise, with a bias over the last axis.
-const std::set<std::string>& TokenwiseContribOps() {
-  static const auto* ops = new std::set<std::string>{"Gelu", "QuickGelu", "BiasGelu", "FastGelu"};
+const std::set<std::string, std::less<>>& TokenwiseContribOps() {
+  static const auto* ops = new std::set<std::string, std::less<>>{"Gelu", "QuickGelu", "BiasGelu", "FastGelu"};
   return *ops;
 }
 
-const std::set<std::string>& BroadcastOps() {
-  static const auto* ops = new std::set<std::string>{"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less",
+const std::set<std::string, std::less<>>& BroadcastOps() {
+  static const auto* ops = new std::set<std::string, std::less<>>{"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less",
                                                      "Greater", "And", "Or", "Max", "Min", "PRelu"};
   return *ops;
 }
@@ -147,7 +147,7 @@ class UpstreamSlicePass final : public Pass {
       }
       twins.push_back(consumer);
     }
-    const std::string& op = producer->op_type();
+    const absl::string_view op = producer->op_type();
     const int64_t axis = slicer->axis;
     const int rank = *out_rank;
     std::vector<int> sliced_inputs;            // which producer inputs get a copy of the slice
