@@ -175,6 +175,8 @@ class Graph {
   // The order Commit writes nodes in when it can: by (order_, sequence_).
   static bool EmittedBefore(const Node* a, const Node* b);
   bool EditsKeptTheOrder() const;
+  // Notes whether `reader`, now reading `value`, still comes after the value's producer.
+  void CheckRewiredInput(const Node* reader, const Node* producer);
   // order_ and sequence_ become the position in nodes_.
   void Renumber();
   // Builds Graphs for the node's graph-valued attributes and collects what they read from outside.
@@ -205,7 +207,10 @@ class Graph {
   bool changed_ = false;
   bool reordered_ = false;  // a checkpoint put the nodes in another order than the proto's
   bool topological_ = false;  // nodes_ is in topological order (as built, or by a checkpoint)
-  std::vector<Node*> touched_;  // since the last checkpoint: nodes added or whose inputs or outputs changed
+  // Since the last checkpoint: nodes added, or whose outputs or implicit inputs changed, which the
+  // checkpoint checks against the order; a rewired input is checked as it is set (order_broken_).
+  std::vector<Node*> touched_;
+  bool order_broken_ = false;
   std::vector<Node*> added_;    // since the last checkpoint
   std::vector<std::string> vanished_;  // see TakeVanishedValues
   std::vector<Node*> added_since_take_;  // see TakeAddedNodes

@@ -303,6 +303,30 @@ TEST(GraphTest, ACheckpointIsACommitAndAFreshGraph) {
   EXPECT_EQ(held.SerializeAsString(), rebuilt.SerializeAsString()) << held.DebugString() << rebuilt.DebugString();
 }
 
+// A rewired input is checked when it is set: no node was added and no output changed, yet B now
+// reads a value written after it, and only a full sort at the checkpoint puts C first.
+TEST(GraphTest, RewiringAReaderToALaterValueReordersAtTheCheckpoint) {
+  for (const bool replace_all_uses : {false, true}) {
+    onnx::GraphProto proto;
+    *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
+    *proto.add_node() = MakeNode("Neg", {"a"}, {"b"});
+    *proto.add_node() = MakeNode("Abs", {"x"}, {"c"});
+    *proto.add_input() = FloatValue("x", {2});
+    *proto.add_output() = FloatValue("b", {2});
+    *proto.add_output() = FloatValue("c", {2});
+    Graph graph(&proto);
+    if (replace_all_uses) {
+      graph.ReplaceAllUsesWith("a", "c");
+    } else {
+      graph.SetInput(graph.Producer("b"), 0, "c");
+    }
+    ASSERT_TRUE(graph.Checkpoint().ok());
+    std::vector<std::string> ops;
+    for (const Node* node : graph.Nodes()) ops.emplace_back(node->op_type());
+    EXPECT_EQ(ops, (std::vector<std::string>{"Relu", "Abs", "Neg"})) << "ReplaceAllUsesWith: " << replace_all_uses;
+  }
+}
+
 TEST(GraphTest, OpDeltaCountsAddedAndRemovedOperatorsWithTheirDomains) {
   onnx::GraphProto proto;
   *proto.add_node() = MakeNode("Relu", {"x"}, {"a"});
