@@ -15,7 +15,6 @@
 #include <numeric>
 #include <unordered_set>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -108,8 +107,9 @@ bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& 
   return false;
 }
 
-// Every folded output by name.
-using FoldedValues = absl::flat_hash_map<std::string, onnx::TensorProto>;
+// Every folded output by name. Node-based: growing a flat table of 47k TensorProtos moved each of
+// them at every rehash.
+using FoldedValues = absl::node_hash_map<std::string, onnx::TensorProto>;
 
 // The integer inputs of a node, from initializers and values folded so far, parsed once each.
 class IntegerInputs {
