@@ -94,9 +94,9 @@ std::optional<std::vector<int64_t>> Ints(const onnx::TensorProto& tensor) {
   return std::nullopt;
 }
 
-const std::set<std::string>& BroadcastOps() {
-  static const auto* ops = new std::set<std::string>{"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less",
-                                                     "Greater", "And", "Or", "Max", "Min"};
+const std::set<std::string, std::less<>>& BroadcastOps() {
+  static const auto* ops = new std::set<std::string, std::less<>>{
+      "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "And", "Or", "Max", "Min"};
   return *ops;
 }
 
@@ -117,7 +117,7 @@ void TrackTensor(const std::string& name, const onnx::TensorProto& tensor, Value
 void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset, Values* tracked) {
   Values& values = *tracked;
   if (!node.domain().empty() && node.domain() != "ai.onnx") return;
-  const std::string& op = node.op_type();
+  const absl::string_view op = node.op_type();
   auto input = [&](int i) -> const Shape* {
     if (i >= node.input_size()) return nullptr;
     auto it = values.find(node.input(i));
@@ -333,7 +333,7 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
     return improved;
   }
   if ((!node.domain().empty() && node.domain() != "ai.onnx") || node.output_size() < 1) return improved;
-  const std::string& op = node.op_type();
+  const absl::string_view op = node.op_type();
   const std::string& out = node.output(0);
   if (op == "Range" && node.input_size() == 3) {
     // Range(0, n, 1) has n elements.
