@@ -49,8 +49,8 @@ const std::set<std::string, std::less<>>& TokenwiseContribOps() {
 }
 
 const std::set<std::string, std::less<>>& BroadcastOps() {
-  static const auto* ops = new std::set<std::string, std::less<>>{"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less",
-                                                     "Greater", "And", "Or", "Max", "Min", "PRelu"};
+  static const auto* ops = new std::set<std::string, std::less<>>{
+      "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "And", "Or", "Max", "Min", "PRelu"};
   return *ops;
 }
 
