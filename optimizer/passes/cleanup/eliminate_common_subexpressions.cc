@@ -5,9 +5,9 @@
 // operators, nodes with subgraphs and nodes outside the ONNX domains are never merged; a duplicate whose
 // output is a graph output keeps its node.
 #include <algorithm>
-#include <unordered_set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "optimizer/passes/passes.h"
@@ -16,11 +16,12 @@ namespace onnxopt {
 namespace {
 
 bool Mergeable(const Node& node) {
-  static const std::unordered_set<std::string> kRandom = {"RandomNormal", "RandomUniform", "RandomNormalLike",
-                                                          "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
+  static const auto* kRandom = new absl::flat_hash_set<absl::string_view>{
+      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
   // com.microsoft has random operators of its own (BiasDropout, BitmaskDropout...): left out.
   const bool known_domain = node.domain().empty() || node.domain() == "ai.onnx.ml";
-  return known_domain && node.subgraphs().empty() && node.implicit_inputs().empty() && kRandom.count(std::string(node.op_type())) == 0;
+  return known_domain && node.subgraphs().empty() && node.implicit_inputs().empty() &&
+         !kRandom->contains(node.op_type());
 }
 
 // Attributes as (name, serialized bytes), sorted by name so that their order does not matter.

@@ -29,11 +29,11 @@ namespace onnxopt {
 namespace {
 
 bool FoldableOp(const Node& node) {
-  static const std::unordered_set<std::string> kNever = {
+  static const auto* kNever = new absl::flat_hash_set<absl::string_view>{
       "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
       "Dropout", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"};
   return node.domain().empty() && node.subgraphs().empty() && node.implicit_inputs().empty() &&
-         kNever.count(std::string(node.op_type())) == 0;
+         !kNever->contains(node.op_type());
 }
 
 int64_t TensorBytes(const onnx::TensorProto& tensor) { return TensorDataBytes(tensor); }
