@@ -175,7 +175,7 @@ class Graph {
   // The order Commit writes nodes in when it can: by (order_, sequence_).
   static bool EmittedBefore(const Node* a, const Node* b);
   bool EditsKeptTheOrder() const;
-  // Notes whether `reader`, now reading `value`, still comes after the value's producer.
+  // Notes a break in the order if `reader`, rewired to a value `producer` writes, comes before it.
   void CheckRewiredInput(const Node* reader, const Node* producer);
   // order_ and sequence_ become the position in nodes_.
   void Renumber();

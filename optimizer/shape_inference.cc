@@ -269,7 +269,8 @@ class Sweep {
     for (const auto& attribute : node.attribute()) has_graph |= attribute.has_g();
     if (!has_graph) return nullptr;
     outer_types_.clear();
-    result_.types.ForEach([&](absl::string_view name, onnx::TypeProto* type) { outer_types_[std::string(name)] = type; });
+    result_.types.ForEach(
+        [&](absl::string_view name, onnx::TypeProto* type) { outer_types_[std::string(name)] = type; });
     return std::make_unique<si::GraphInferenceContext>(outer_types_, opsets_, nullptr, functions_,
                                                        onnx::OpSchemaRegistry::Instance(), &shape_data_,
                                                        static_cast<int>(model_.ir_version()));

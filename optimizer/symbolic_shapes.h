@@ -11,8 +11,8 @@
 #ifndef ONNXOPT_OPTIMIZER_SYMBOLIC_SHAPES_H_
 #define ONNXOPT_OPTIMIZER_SYMBOLIC_SHAPES_H_
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>

@@ -87,7 +87,8 @@ bool CollectFunction(const Graph& graph, const std::string& idx, const std::stri
     }
     const Node* producer = graph.Producer(value);
     std::vector<std::string> inputs;
-    if (producer != nullptr && producer->domain().empty() && ElementwiseOps().count(std::string(producer->op_type())) > 0) {
+    if (producer != nullptr && producer->domain().empty() &&
+        ElementwiseOps().count(std::string(producer->op_type())) > 0) {
       inputs.assign(producer->proto().input().begin(), producer->proto().input().end());
     } else if (producer != nullptr && producer->domain().empty() && producer->op_type() == "ConstantOfShape") {
       const Node* shape = graph.Producer(producer->input(0));
