@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -44,9 +45,7 @@ class TypeMap {
   }
   // The type of `name`, added empty if there is none.
   onnx::TypeProto* GetOrAdd(absl::string_view name) {
-    onnx::TypeProto* type = nullptr;
-    Emplace(name, [&] { return type = New(); });
-    return type != nullptr ? type : types_.find(name)->second;
+    return Emplace(name, [this] { return New(); }).first;
   }
   // Adds `name` with a copy of `type` unless it has a type already.
   void AddIfAbsent(absl::string_view name, const onnx::TypeProto& type) {
@@ -58,7 +57,7 @@ class TypeMap {
   }
   // Adds `name` with `type`, which must come from New(); false (and nothing changed) if it has one.
   bool AddNew(absl::string_view name, onnx::TypeProto* type) {
-    return Emplace(name, [type] { return type; });
+    return Emplace(name, [type] { return type; }).second;
   }
   void Erase(absl::string_view name) { types_.erase(name); }
   // An empty TypeProto on this map's arena.
@@ -69,17 +68,18 @@ class TypeMap {
   }
 
  private:
-  // Adds `name` with make()'s type unless it has one; the key is a copy of the name on the arena.
+  // Adds `name` with make()'s type unless it has one (one lookup either way); the key is a copy of
+  // the name on the arena. Returns the name's type and whether it was added.
   template <typename Make>
-  bool Emplace(absl::string_view name, Make make) {
+  std::pair<onnx::TypeProto*, bool> Emplace(absl::string_view name, Make make) {
     bool added = false;
-    types_.lazy_emplace(name, [&](const auto& construct) {
+    auto it = types_.lazy_emplace(name, [&](const auto& construct) {
       char* copy = google::protobuf::Arena::CreateArray<char>(arena_.get(), name.size());
       std::copy(name.begin(), name.end(), copy);
       construct(absl::string_view(copy, name.size()), make());
       added = true;
     });
-    return added;
+    return {it->second, added};
   }
 
   std::unique_ptr<google::protobuf::Arena> arena_;  // declared first: the map's names and types die with it
