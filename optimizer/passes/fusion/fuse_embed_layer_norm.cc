@@ -62,10 +62,10 @@ std::optional<int64_t> SameConstantEverywhere(const Graph& graph, const std::str
   }
   const Node* producer = graph.Producer(ids);
   if (producer == nullptr || depth > 6 || !producer->domain().empty()) return std::nullopt;
-  static const std::set<std::string> kReadsElementsOfInput0 = {"Gather", "GatherElements", "GatherND", "Expand",
-                                                               "Slice", "Reshape", "Unsqueeze", "Squeeze",
-                                                               "Flatten", "Identity", "Cast", "Transpose"};
-  if (kReadsElementsOfInput0.count(std::string(producer->op_type())) == 0) return std::nullopt;
+  static const std::set<std::string, std::less<>> kReadsElementsOfInput0 = {
+      "Gather", "GatherElements", "GatherND", "Expand", "Slice", "Reshape", "Unsqueeze", "Squeeze",
+      "Flatten", "Identity", "Cast", "Transpose"};
+  if (kReadsElementsOfInput0.count(producer->op_type()) == 0) return std::nullopt;
   return SameConstantEverywhere(graph, producer->input(0), depth + 1);
 }
 

@@ -67,8 +67,8 @@ bool TokenWise(const Graph& graph, const Node& node, const std::string& value) {
     if (node.op_type() == "Add") return node.input_size() == 2 && ConstantWeight(graph, node.input(1), 1);
     return false;
   }
-  static const std::set<std::string> kGelu = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"};
-  return node.domain() == kMicrosoft && kGelu.count(std::string(node.op_type())) > 0 &&
+  static const std::set<std::string, std::less<>> kGelu = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"};
+  return node.domain() == kMicrosoft && kGelu.count(node.op_type()) > 0 &&
          (node.input_size() < 2 || node.input(1).empty() || ConstantWeight(graph, node.input(1), 1));
 }
 

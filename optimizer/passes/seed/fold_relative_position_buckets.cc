@@ -38,8 +38,8 @@ constexpr int64_t kMaxBound = 4096;
 constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
 constexpr size_t kMaxFunctionNodes = 64;
 
-const std::set<std::string>& ElementwiseOps() {
-  static const auto* ops = new std::set<std::string>{
+const std::set<std::string, std::less<>>& ElementwiseOps() {
+  static const auto* ops = new std::set<std::string, std::less<>>{
       "Abs",  "Neg",   "Add",     "Sub",          "Mul",         "Div",   "Mod",  "Log", "Exp",
       "Sqrt", "Pow",   "Floor",   "Ceil",         "Round",       "Sign",  "Less", "LessOrEqual",
       "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or", "Xor", "Where", "Min", "Max", "Cast",
@@ -87,8 +87,7 @@ bool CollectFunction(const Graph& graph, const std::string& idx, const std::stri
     }
     const Node* producer = graph.Producer(value);
     std::vector<std::string> inputs;
-    if (producer != nullptr && producer->domain().empty() &&
-        ElementwiseOps().count(std::string(producer->op_type())) > 0) {
+    if (producer != nullptr && producer->domain().empty() && ElementwiseOps().count(producer->op_type()) > 0) {
       inputs.assign(producer->proto().input().begin(), producer->proto().input().end());
     } else if (producer != nullptr && producer->domain().empty() && producer->op_type() == "ConstantOfShape") {
       const Node* shape = graph.Producer(producer->input(0));
