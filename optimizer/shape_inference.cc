@@ -1,10 +1,14 @@
 #include "optimizer/shape_inference.h"
 
 #include <deque>
+#include <list>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 #include "onnx/defs/schema.h"
 #include "onnx/defs/tensor_proto_util.h"
 #include "onnx/shape_inference/implementation.h"
@@ -16,11 +20,33 @@ namespace {
 
 namespace si = onnx::shape_inference;
 
-// What onnx's rules see of one node's inputs.
-struct NodeInputs {
-  std::vector<const onnx::TypeProto*> types;
-  std::vector<const onnx::TensorProto*> data;
-  std::vector<const onnx::TensorShapeProto*> shape_data;
+using DataMap = absl::flat_hash_map<std::string, const onnx::TensorProto*>;
+using ShapeDataMap = std::unordered_map<std::string, onnx::TensorShapeProto>;  // onnx's type for it
+
+// What onnx's rules see of one node's inputs. Their values are looked up when a rule asks: most rules
+// read only types, and two eager lookups per input were a twentieth of a sweep.
+class NodeInputs {
+ public:
+  NodeInputs(const onnx::NodeProto& node, const DataMap& data, const ShapeDataMap& shape_data)
+      : node_(node), data_(data), shape_data_(shape_data) {}
+
+  absl::InlinedVector<const onnx::TypeProto*, 4> types;
+
+  // The constant tensor of input `index`, if it has one small enough to read.
+  const onnx::TensorProto* Data(size_t index) const {
+    auto it = data_.find(node_.input(static_cast<int>(index)));
+    return it != data_.end() ? it->second : nullptr;
+  }
+  // The integer values propagated to input `index`, if any.
+  const onnx::TensorShapeProto* ShapeData(size_t index) const {
+    auto it = shape_data_.find(node_.input(static_cast<int>(index)));
+    return it != shape_data_.end() ? &it->second : nullptr;
+  }
+
+ private:
+  const onnx::NodeProto& node_;
+  const DataMap& data_;
+  const ShapeDataMap& shape_data_;
 };
 
 class NodeInferenceContext final : public onnx::InferenceContext {
@@ -34,9 +60,18 @@ class NodeInferenceContext final : public onnx::InferenceContext {
 
   const onnx::AttributeProto* getAttribute(const std::string& name) const override { return FindAttribute(node_, name); }
   size_t getNumInputs() const override { return inputs_.types.size(); }
-  const onnx::TypeProto* getInputType(size_t index) const override { return At(inputs_.types, index); }
-  const onnx::TensorProto* getInputData(size_t index) const override { return At(inputs_.data, index); }
-  const onnx::TensorShapeProto* getSymbolicInput(size_t index) const override { return At(inputs_.shape_data, index); }
+  const onnx::TypeProto* getInputType(size_t index) const override {
+    CheckInput(index);
+    return inputs_.types[index];
+  }
+  const onnx::TensorProto* getInputData(size_t index) const override {
+    CheckInput(index);
+    return inputs_.Data(index);
+  }
+  const onnx::TensorShapeProto* getSymbolicInput(size_t index) const override {
+    CheckInput(index);
+    return inputs_.ShapeData(index);
+  }
   const onnx::SparseTensorProto* getInputSparseData(size_t) const override { return nullptr; }
   size_t getNumOutputs() const override { return outputs_.size(); }
   onnx::TypeProto* getOutputType(size_t index) override {
@@ -57,17 +92,15 @@ class NodeInferenceContext final : public onnx::InferenceContext {
   const std::vector<onnx::TypeProto*>& outputs() const { return outputs_; }
 
  private:
-  template <typename T>
-  static const T* At(const std::vector<const T*>& values, size_t index) {
-    if (index >= values.size()) fail_type_inference("input ", index, " is out of bounds");
-    return values[index];
+  void CheckInput(size_t index) const {
+    if (index >= inputs_.types.size()) fail_type_inference("input ", index, " is out of bounds");
   }
 
   const onnx::NodeProto& node_;
   const NodeInputs& inputs_;
   std::vector<onnx::TypeProto*> outputs_;
   si::GraphInferenceContext* graph_context_;
-  std::deque<onnx::GraphProto> graphs_;
+  std::list<onnx::GraphProto> graphs_;  // a list: a deque allocates when made, and few nodes have graphs
   std::vector<std::unique_ptr<onnx::GraphInferencer>> inferencers_;
 };
 
@@ -89,8 +122,8 @@ class NodePropagationContext final : public onnx::DataPropagationContext {
   }
   const onnx::TensorShapeProto* getInputData(size_t index) override {
     if (index >= inputs_.types.size()) fail_shape_inference("input ", index, " is out of bounds");
-    if (inputs_.shape_data[index] != nullptr) return inputs_.shape_data[index];
-    const onnx::TensorProto* tensor = inputs_.data[index];
+    if (const onnx::TensorShapeProto* data = inputs_.ShapeData(index)) return data;
+    const onnx::TensorProto* tensor = inputs_.Data(index);
     if (tensor == nullptr || tensor->dims_size() > 1) return nullptr;
     onnx::TensorShapeProto& converted = converted_.emplace_back();
     if (tensor->data_type() == onnx::TensorProto::INT64) {
@@ -116,7 +149,7 @@ class NodePropagationContext final : public onnx::DataPropagationContext {
   const NodeInputs& inputs_;
   const std::vector<onnx::TypeProto*>& output_types_;
   std::vector<onnx::TensorShapeProto> output_data_;
-  std::deque<onnx::TensorShapeProto> converted_;
+  std::list<onnx::TensorShapeProto> converted_;  // a list, which allocates nothing until used
   bool has_output_data_ = false;
 };
 
@@ -183,36 +216,32 @@ class Sweep {
         // A rule that cannot apply leaves the node's outputs as onnx's rule left them.
       }
     }
-    for (auto& [name, value] : symbolic_.Known()) result_.known[name] = std::move(value);
+    symbolic_.AddKnown(&result_.known);
     return std::move(result_);
   }
 
   // onnx's rule for `node`: its outputs' types merged into what is declared, and the values its
   // data-propagation rule works out.
   void InferNode(const onnx::NodeProto& node) {
-    if (node.op_type() == "Constant" && node.output_size() == 1) {
+    if (absl::string_view(node.op_type()) == "Constant" && node.output_size() == 1) {
       const onnx::AttributeProto* value = FindAttribute(node, "value");
       if (value != nullptr && value->has_t()) data_[node.output(0)] = &value->t();
     }
     const std::string& domain = node.domain() == "ai.onnx" ? kDefaultDomain : node.domain();
     auto opset = opsets_.find(domain);
     if (opset == opsets_.end()) return;
-    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), opset->second, domain);
+    const onnx::OpSchema* schema = SchemaOf(node.op_type(), opset->second, domain);
     const onnx::FunctionProto* function = nullptr;
     if (schema == nullptr || (!schema->has_type_and_shape_inference_function() && schema->HasFunction())) {
       function = schema != nullptr ? schema->GetFunction() : FindFunction(node);
       if (function == nullptr) return;
     }
-    NodeInputs inputs;
+    NodeInputs inputs(node, data_, shape_data_);
     bool all_typed = true;
     for (const std::string& input : node.input()) {
       const onnx::TypeProto* type = result_.types.Find(input);
       inputs.types.push_back(type);
       all_typed &= input.empty() || type != nullptr;
-      auto data = data_.find(input);
-      inputs.data.push_back(data != data_.end() ? data->second : nullptr);
-      auto shape_data = shape_data_.find(input);
-      inputs.shape_data.push_back(shape_data != shape_data_.end() ? &shape_data->second : nullptr);
     }
     std::unique_ptr<si::GraphInferenceContext> graph_context = MaybeGraphContext(node);
     NodeInferenceContext context(node, inputs, result_.types, graph_context.get());
@@ -258,6 +287,17 @@ class Sweep {
     MergeShapeData(tracked, &shape_data_[node.output(0)]);
   }
 
+  // onnx's registry, remembered per default-domain op type: a sweep asks for a few dozen schemas
+  // hundreds of thousands of times, and the registry's nested maps hash each name again.
+  const onnx::OpSchema* SchemaOf(const std::string& op_type, int opset, const std::string& domain) {
+    if (!domain.empty()) return onnx::OpSchemaRegistry::Schema(op_type, opset, domain);
+    auto it = default_domain_schemas_.find(op_type);
+    if (it == default_domain_schemas_.end()) {
+      it = default_domain_schemas_.emplace(op_type, onnx::OpSchemaRegistry::Schema(op_type, opset, domain)).first;
+    }
+    return it->second;
+  }
+
   const onnx::FunctionProto* FindFunction(const onnx::NodeProto& node) const {
     auto it = functions_.find(node.domain() + ":" + node.op_type());
     return it == functions_.end() ? nullptr : it->second;
@@ -282,11 +322,12 @@ class Sweep {
   const onnx::GraphProto& graph_;
   const std::vector<const onnx::NodeProto*>& nodes_;
   std::unordered_map<std::string, int> opsets_;
+  absl::flat_hash_map<std::string, const onnx::OpSchema*> default_domain_schemas_;
   si::ModelLocalFunctionsMap functions_;
   SymbolicShapes symbolic_;
   InferredTypes result_;
-  absl::flat_hash_map<std::string, const onnx::TensorProto*> data_;        // constant inputs onnx's rules read
-  std::unordered_map<std::string, onnx::TensorShapeProto> shape_data_;      // propagated integer values
+  DataMap data_;               // constant inputs onnx's rules read
+  ShapeDataMap shape_data_;    // propagated integer values
   std::unordered_map<std::string, onnx::TypeProto*> outer_types_;           // for subgraph inference
 };
 

@@ -484,6 +484,8 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
 
 struct SymbolicShapes::State {
   Values values;
+  // The tracked node outputs, in the order they were computed (the map's entries do not move).
+  std::vector<const Values::value_type*> computed;
 };
 
 SymbolicShapes::SymbolicShapes(int64_t opset) : opset_(opset), state_(std::make_unique<State>()) {}
@@ -497,8 +499,9 @@ int SymbolicShapes::Apply(const onnx::NodeProto& node, TypeMap* types) {
   const int improved = ImproveNode(node, state_->values, types);
   TrackNode(node, *types, opset_, &state_->values);
   // Only computed values are worth reporting as known: a Constant is one already.
-  if (node.op_type() != "Constant" && node.output_size() == 1 && state_->values.count(node.output(0)) > 0) {
-    computed_.push_back(node.output(0));
+  if (absl::string_view(node.op_type()) != "Constant" && node.output_size() == 1) {
+    auto it = state_->values.find(node.output(0));
+    if (it != state_->values.end()) state_->computed.push_back(&*it);
   }
   return improved;
 }
@@ -511,18 +514,17 @@ bool SymbolicShapes::ShapeData(const std::string& name, onnx::TensorShapeProto* 
   return true;
 }
 
-KnownIntValues SymbolicShapes::Known() const {
-  KnownIntValues known;
-  for (const std::string& name : computed_) {
-    const Shape& value = state_->values.at(name);
+void SymbolicShapes::AddKnown(KnownIntValues* known) const {
+  known->reserve(known->size() + state_->computed.size());
+  for (const Values::value_type* entry : state_->computed) {
+    const auto& [name, value] = *entry;
     std::vector<onnx::TensorShapeProto::Dimension> dims;
     for (const Dim& d : value) {
       if (!d.known()) break;
       ToProto(d, &dims.emplace_back());
     }
-    if (dims.size() == value.size()) known.emplace(name, std::move(dims));
+    if (dims.size() == value.size()) (*known)[name] = std::move(dims);
   }
-  return known;
 }
 
 }  // namespace onnxopt

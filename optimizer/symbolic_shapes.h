@@ -106,14 +106,13 @@ class SymbolicShapes {
   int Apply(const onnx::NodeProto& node, TypeMap* types);
   // The tracked value of `name` in onnx's data-propagation form (unknown elements as empty dims).
   bool ShapeData(const std::string& name, onnx::TensorShapeProto* data) const;
-  // The computed values (not Constants) whose every element is known.
-  KnownIntValues Known() const;
+  // Adds to `known` the computed values (not Constants) whose every element is known.
+  void AddKnown(KnownIntValues* known) const;
 
  private:
   struct State;  // the tracked values
   int64_t opset_;
   std::unique_ptr<State> state_;
-  std::vector<std::string> computed_;  // tracked node outputs, in the order they were computed
 };
 
 }  // namespace onnxopt
