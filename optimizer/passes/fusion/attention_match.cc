@@ -164,24 +164,28 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
     return false;
   }
   const int64_t n = buffer->dims(2);
-  std::vector<bool> on;
+  // Element k of the buffer is set exactly where its column is at most its row. Read in place: one
+  // buffer shared by every layer is checked once per layer.
+  auto lower_triangular = [n](int64_t count, auto&& is_set) {
+    if (count != n * n) return false;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        if (is_set(i * n + j) != (j <= i)) return false;
+      }
+    }
+    return true;
+  };
   if (buffer->data_type() == onnx::TensorProto::BOOL || buffer->data_type() == onnx::TensorProto::UINT8) {
     std::string scratch;
     if (const std::string* raw = RawBytes(*buffer, &scratch)) {
-      for (char c : *raw) on.push_back(c != 0);
-    } else {
-      for (int32_t v : buffer->int32_data()) on.push_back(v != 0);
+      return lower_triangular(static_cast<int64_t>(raw->size()),
+                              [&](int64_t k) { return (*raw)[static_cast<size_t>(k)] != 0; });
     }
-  } else if (auto floats = TensorFloats(*buffer)) {
-    for (float v : *floats) on.push_back(v != 0);
+    return lower_triangular(buffer->int32_data_size(), [&](int64_t k) { return buffer->int32_data(static_cast<int>(k)) != 0; });
   }
-  if (static_cast<int64_t>(on.size()) != n * n) return false;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      if (on[static_cast<size_t>(i * n + j)] != (j <= i)) return false;
-    }
-  }
-  return true;
+  const std::optional<std::vector<float>> floats = TensorFloats(*buffer);
+  return floats && lower_triangular(static_cast<int64_t>(floats->size()),
+                                    [&](int64_t k) { return (*floats)[static_cast<size_t>(k)] != 0; });
 }
 
 }  // namespace
