@@ -135,7 +135,10 @@ absl::StatusOr<onnx::ModelProto> ParseModelFile(const fs::path& path) {
     return absl::InvalidArgumentError(absl::StrCat("MODEL_PARSE_FAILED: ", path.filename().string(),
                                                    " is over the 2 GiB a serialized ModelProto can be"));
   }
-  google::protobuf::io::FileInputStream raw(fd);
+  // Read in 1 MiB blocks rather than the default 8 KiB: 13k reads fewer for a 100 MB model, 5% of
+  // its parse.
+  constexpr int kReadBlockBytes = 1 << 20;
+  google::protobuf::io::FileInputStream raw(fd, kReadBlockBytes);
   raw.SetCloseOnDelete(true);
   absl::StatusOr<onnx::ModelProto> model = ParseModelFrom(&raw);
   if (raw.GetErrno() != 0) return absl::DataLossError(absl::StrCat("cannot read ", path.string()));
