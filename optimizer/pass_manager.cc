@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -202,10 +203,11 @@ absl::Status Named(const PassInvocation& invocation, const absl::Status& status)
 
 // Runs one pass over every graph of the model and records what it did. `shapes` holds the inference
 // of the model as it is (or nothing); the pass runs it if it needs it and none is held, and drops it
-// when it changed the model.
+// when it changed the model. A pass that needs shapes takes `inference_seconds` (an inference made
+// before it, for it) into its time.
 absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hints, int iteration,
                         onnx::ModelProto* model, HeldGraph* held, std::optional<ShapeInfo>* shapes,
-                        std::vector<v1::PassReport>* reports, int64_t* rewrites) {
+                        double* inference_seconds, std::vector<v1::PassReport>* reports, int64_t* rewrites) {
   const auto start = std::chrono::steady_clock::now();
   const bool model_pass = invocation.pass->is_model_pass();
   if (model_pass) {
@@ -260,7 +262,9 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   }
   report.set_name(std::string(invocation.pass->name()));
   report.set_iteration(iteration);
-  report.set_duration_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (invocation.pass->needs_shapes()) seconds += std::exchange(*inference_seconds, 0.0);
+  report.set_duration_seconds(seconds);
   report.set_rewrites(context.rewrites());
   for (const auto& skip : context.skipped()) {
     auto* reason = report.add_skipped();
@@ -286,11 +290,18 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
 }
 
 absl::Status RunSteps(const Pipeline& pipeline, onnx::ModelProto* model, HeldGraph* held,
-                      const PassManagerOptions& options, std::vector<v1::PassReport>* reports) {
+                      const PassManagerOptions& options, std::vector<v1::PassReport>* reports,
+                      std::optional<InitialShapes> initial_shapes) {
   const int total = pipeline.PassCount();
   int done = 0;
   int64_t changes = 0;
   std::optional<ShapeInfo> shapes;  // shared by the passes that need it until one changes the model
+  double inference_seconds = 0;     // of `shapes`, until the first pass that reads them
+  if (InfersShapesFirst(pipeline, options)) {
+    if (!initial_shapes) initial_shapes = InferInitialShapes(*model);
+    shapes = std::move(initial_shapes->shapes);
+    inference_seconds = initial_shapes->seconds;
+  }
   for (const auto& step : pipeline.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
       int64_t sweep_rewrites = 0;
@@ -306,7 +317,8 @@ absl::Status RunSteps(const Pipeline& pipeline, onnx::ModelProto* model, HeldGra
         }
         if (options.on_pass_start) options.on_pass_start(std::string(invocation.pass->name()), done + index_in_sweep, total);
         absl::Status status =
-            RunOnePass(invocation, pipeline.hints, iteration, model, held, &shapes, reports, &sweep_rewrites);
+            RunOnePass(invocation, pipeline.hints, iteration, model, held, &shapes, &inference_seconds, reports,
+                       &sweep_rewrites);
         if (!status.ok()) return status;
         if (PassChangedGraph(reports->back())) ++changes;
         ++index_in_sweep;
@@ -324,10 +336,28 @@ bool PassChangedGraph(const v1::PassReport& report) {
   return report.rewrites() > 0 || report.nodes_before() != report.nodes_after() || report.op_delta_size() > 0;
 }
 
+InitialShapes InferInitialShapes(const onnx::ModelProto& model) {
+  const auto start = std::chrono::steady_clock::now();
+  ShapeInfo shapes = ShapeInfo::Infer(model);
+  return {std::move(shapes), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+bool InfersShapesFirst(const Pipeline& pipeline, const PassManagerOptions& options) {
+  for (const auto& step : pipeline.steps) {
+    for (const auto& invocation : step.passes) {
+      const Pass& pass = *invocation.pass;
+      if (options.excluded_passes.count(std::string(pass.name())) > 0) continue;
+      if (pass.needs_shapes()) return true;
+      if (pass.is_model_pass() || !pass.keeps_value_types() || pass.edits_declared_types()) return false;
+    }
+  }
+  return false;
+}
+
 absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
-                         std::vector<v1::PassReport>* reports) {
+                         std::vector<v1::PassReport>* reports, std::optional<InitialShapes> initial_shapes) {
   HeldGraph held(model);
-  absl::Status status = RunSteps(pipeline, model, &held, options, reports);
+  absl::Status status = RunSteps(pipeline, model, &held, options, reports, std::move(initial_shapes));
   // The model is whole again whatever happened; a failure to write it back outranks the run's status.
   absl::Status released = held.Release();
   return released.ok() ? status : released;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/pass_registry.h"
+#include "optimizer/shape_info.h"
 
 namespace onnxopt {
 
@@ -61,10 +63,25 @@ struct PassManagerOptions {
 // Whether a pass run (as reported) changed the graph.
 bool PassChangedGraph(const v1::PassReport& report);
 
+// The shapes of a model as it was given, and the seconds their inference took.
+struct InitialShapes {
+  ShapeInfo shapes;
+  double seconds = 0;
+};
+InitialShapes InferInitialShapes(const onnx::ModelProto& model);
+
+// Whether the pipeline's first pass run that needs shapes comes before any that could change value
+// types. RunPipeline then infers the model's shapes before its first pass, so that a caller may infer
+// them beside other work and hand them over; the first pass that reads them is reported with their
+// inference time, as it would have run it.
+bool InfersShapesFirst(const Pipeline& pipeline, const PassManagerOptions& options);
+
 // Runs `pipeline` on `model` in place, appending one PassReport per pass run to `reports`.
+// `initial_shapes`: InferInitialShapes(*model), if the caller has it and InfersShapesFirst.
 // CANCELLED if cancellation was requested; the model is then as the last finished pass left it.
 absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
-                         std::vector<v1::PassReport>* reports);
+                         std::vector<v1::PassReport>* reports,
+                         std::optional<InitialShapes> initial_shapes = std::nullopt);
 
 // "Domain::OpType" (plain OpType for the default domain) -> count, over all subgraphs.
 std::map<std::string, int64_t> OpHistogram(const onnx::GraphProto& graph);

@@ -172,6 +172,129 @@ TEST(RunPipelineTest, CancellationStopsBetweenPasses) {
   EXPECT_EQ(reports.size(), 2u);
 }
 
+// Reads the static shape of "y" from the shapes it is given.
+class ShapeProbePass final : public Pass {
+ public:
+  explicit ShapeProbePass(std::vector<int64_t>* seen) : seen_(seen) {}
+  absl::string_view name() const override { return "probe"; }
+  absl::string_view description() const override { return "records y's shape"; }
+  bool needs_shapes() const override { return true; }
+  bool keeps_value_types() const override { return true; }
+  absl::Status RunOnGraph(Graph&, PassContext& context) const override {
+    *seen_ = context.shapes()->StaticShape("y").value_or(std::vector<int64_t>{});
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int64_t>* seen_;
+};
+
+// Rewrites nothing but may change types, as far as the pass manager knows.
+class OpaquePass final : public Pass {
+ public:
+  absl::string_view name() const override { return "opaque"; }
+  absl::string_view description() const override { return "changes nothing"; }
+  absl::Status RunOnGraph(Graph&, PassContext&) const override { return absl::OkStatus(); }
+};
+
+absl::StatusOr<Pipeline> PassList(const std::vector<std::string>& names, const PassRegistry& registry) {
+  v1::OptimizationConfig config;
+  for (const auto& name : names) config.add_passes()->set_name(name);
+  return BuildPipeline(config, registry);
+}
+
+TEST(InfersShapesFirstTest, OnlyWhenNoPassBeforeTheFirstReaderCanChangeTypes) {
+  std::vector<int64_t> seen;
+  PassRegistry registry;
+  registry.Register(std::make_unique<ShapeProbePass>(&seen));
+  registry.Register(std::make_unique<OpaquePass>());
+  for (const char* preset : {"basic", "transformer"}) {
+    v1::OptimizationConfig config;
+    config.set_preset(preset);
+    auto pipeline = BuildPipeline(config, DefaultPassRegistry());
+    ASSERT_TRUE(pipeline.ok());
+    EXPECT_TRUE(InfersShapesFirst(*pipeline, {})) << preset;  // identity and dropout keep types
+  }
+  auto opaque_first = PassList({"opaque", "probe"}, registry);
+  ASSERT_TRUE(opaque_first.ok());
+  EXPECT_FALSE(InfersShapesFirst(*opaque_first, {}));
+  PassManagerOptions without_opaque;
+  without_opaque.excluded_passes = {"opaque"};
+  EXPECT_TRUE(InfersShapesFirst(*opaque_first, without_opaque));
+  auto no_reader = PassList({"opaque"}, registry);
+  ASSERT_TRUE(no_reader.ok());
+  EXPECT_FALSE(InfersShapesFirst(*no_reader, {}));
+}
+
+// Shapes handed to RunPipeline are what its first reader sees (they are not inferred again), and
+// that pass's time includes their inference.
+TEST(RunPipelineTest, HandedInitialShapesAreReadAndTheirTimeReported) {
+  std::vector<int64_t> seen;
+  PassRegistry registry;
+  registry.Register(std::make_unique<ShapeProbePass>(&seen));
+  auto pipeline = PassList({"probe"}, registry);
+  ASSERT_TRUE(pipeline.ok());
+  onnx::ModelProto model = TinyModel();  // y: [2]
+
+  std::vector<v1::PassReport> reports;
+  ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
+  EXPECT_EQ(seen, std::vector<int64_t>{2});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_LT(reports[0].duration_seconds(), 7.5);
+
+  onnx::ModelProto wider = TinyModel();  // y: [3]
+  *wider.mutable_graph()->mutable_input(0) = FloatValue("x", {3});
+  *wider.mutable_graph()->mutable_output(0) = FloatValue("y", {3});
+  InitialShapes handed = InferInitialShapes(wider);
+  handed.seconds = 7.5;
+  reports.clear();
+  ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports, std::move(handed)).ok());
+  EXPECT_EQ(seen, std::vector<int64_t>{3});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_GE(reports[0].duration_seconds(), 7.5);
+}
+
+// The basic preset infers the model's shapes before eliminate_identity and eliminate_dropout run and
+// keeps them through their edits: the result is what inferring after those two gives.
+TEST(RunPipelineTest, ShapesInferredBeforeIdentityAndDropoutGiveTheSameModel) {
+  absl::StatusOr<onnx::ModelProto> loaded = LoadModel(testing::FixturePath("gpt2_tiny.onnx"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // An Identity and a Dropout between the first MatMul and its readers.
+  onnx::GraphProto* graph = loaded->mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  std::string target;
+  for (const auto& node : graph->node()) {
+    onnx::NodeProto* copy = nodes.Add();
+    *copy = node;
+    for (auto& input : *copy->mutable_input()) {
+      if (!target.empty() && input == target) input = "through_dropout";
+    }
+    if (target.empty() && node.op_type() == "MatMul") {
+      target = node.output(0);
+      *nodes.Add() = MakeNode("Identity", {target}, {"through_identity"});
+      *nodes.Add() = MakeNode("Dropout", {"through_identity"}, {"through_dropout"});
+    }
+  }
+  ASSERT_FALSE(target.empty());
+  graph->mutable_node()->Swap(&nodes);
+
+  v1::OptimizationConfig basic;
+  basic.set_preset("basic");
+  auto pipeline = BuildPipeline(basic, DefaultPassRegistry());
+  auto first_two = PassList({"eliminate_identity", "eliminate_dropout"}, DefaultPassRegistry());
+  ASSERT_TRUE(pipeline.ok() && first_two.ok());
+  ASSERT_TRUE(InfersShapesFirst(*pipeline, {}));
+  std::vector<v1::PassReport> reports;
+  onnx::ModelProto whole = *loaded;
+  ASSERT_TRUE(RunPipeline(*pipeline, &whole, {}, &reports).ok());
+  EXPECT_GT(reports[0].rewrites() + reports[1].rewrites(), 0);
+
+  onnx::ModelProto split = *loaded;
+  ASSERT_TRUE(RunPipeline(*first_two, &split, {}, &reports).ok());
+  ASSERT_TRUE(RunPipeline(*pipeline, &split, {}, &reports).ok());  // infers the model as the two left it
+  EXPECT_EQ(whole.SerializeAsString(), split.SerializeAsString());
+}
+
 TEST(OpHistogramTest, CountsSubgraphsAndQualifiesDomains) {
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Relu", {"x"}, {"a"});
