@@ -108,6 +108,32 @@ TEST(FoldConstantsTest, AValueTheShapesDidNotKnowMakesThemInferAgain) {
   ExpectSameOutputs(original, run.model);
 }
 
+// Nodes that compute the same thing from equal constants run once in ONNX Runtime; a node reading a
+// twin's result reads the first one's there.
+TEST(FoldConstantsTest, TwinsRunOnceAndTakeCopies) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Pow", {"four", "half"}, {"p1"});
+  *graph.add_node() = MakeNode("Pow", {"also_four", "half"}, {"p2"});  // p1's twin
+  *graph.add_node() = MakeNode("Add", {"p2", "one"}, {"q2"});          // reads the twin's result
+  *graph.add_node() = MakeNode("Mul", {"x", "p1"}, {"y"});
+  *graph.add_node() = MakeNode("Mul", {"x", "p2"}, {"w"});
+  *graph.add_node() = MakeNode("Mul", {"x", "q2"}, {"z"});
+  *graph.add_initializer() = FloatTensor("four", {1}, {4});
+  *graph.add_initializer() = FloatTensor("also_four", {1}, {4});
+  *graph.add_initializer() = FloatTensor("half", {1}, {0.5});
+  *graph.add_initializer() = FloatTensor("one", {1}, {1});
+  *graph.add_input() = FloatValue("x", {2});
+  for (const char* output : {"y", "w", "z"}) *graph.add_output() = FloatValue(output, {2});
+  const onnx::ModelProto original = MakeModel(graph, 15);
+  PassRun run = RunPass("fold_constants", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 3);
+  EXPECT_EQ(run.report.counters().at("nodes_run_in_onnx_runtime"), 2);  // p1 and q2
+  EXPECT_EQ(run.report.counters().at("twins_given_copies"), 1);
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Mul", 3}}));
+  ExpectSameOutputs(original, run.model);
+}
+
 TEST(FoldConstantsTest, NeverBlowsTheModelUpNorTouchesOverridableInputs) {
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("ConstantOfShape", {"big_shape"}, {"big"});  // 4 MB of zeros from 16 bytes

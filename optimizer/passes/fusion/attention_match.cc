@@ -181,7 +181,8 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
       return lower_triangular(static_cast<int64_t>(raw->size()),
                               [&](int64_t k) { return (*raw)[static_cast<size_t>(k)] != 0; });
     }
-    return lower_triangular(buffer->int32_data_size(), [&](int64_t k) { return buffer->int32_data(static_cast<int>(k)) != 0; });
+    return lower_triangular(buffer->int32_data_size(),
+                            [&](int64_t k) { return buffer->int32_data(static_cast<int>(k)) != 0; });
   }
   const std::optional<std::vector<float>> floats = TensorFloats(*buffer);
   return floats && lower_triangular(static_cast<int64_t>(floats->size()),
