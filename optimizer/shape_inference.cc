@@ -1,5 +1,6 @@
 #include "optimizer/shape_inference.h"
 
+#include <algorithm>
 #include <deque>
 #include <list>
 #include <memory>
@@ -7,8 +8,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/arena.h"
 #include "onnx/defs/schema.h"
 #include "onnx/defs/tensor_proto_util.h"
 #include "onnx/shape_inference/implementation.h"
@@ -21,7 +24,40 @@ namespace {
 namespace si = onnx::shape_inference;
 
 using DataMap = absl::flat_hash_map<std::string, const onnx::TensorProto*>;
-using ShapeDataMap = std::unordered_map<std::string, onnx::TensorShapeProto>;  // onnx's type for it
+using OnnxShapeData = std::unordered_map<std::string, onnx::TensorShapeProto>;  // what onnx's API takes
+
+// The integer values propagated to node outputs (onnx's data propagation and the symbolic rules), by
+// name, on an arena the map owns: a sweep of a 100k-node decoder keeps 40k of them, and onnx's map of
+// heap messages cost a sixth of the sweep to fill and free.
+class ShapeDataMap {
+ public:
+  const onnx::TensorShapeProto* Find(absl::string_view name) const {
+    auto it = entries_.find(name);
+    return it == entries_.end() ? nullptr : it->second;
+  }
+  // The entry of `name`, added empty if there is none.
+  onnx::TensorShapeProto* GetOrAdd(absl::string_view name) {
+    auto it = entries_.lazy_emplace(name, [&](const auto& construct) {
+      char* copy = google::protobuf::Arena::CreateArray<char>(&arena_, name.size());
+      std::copy(name.begin(), name.end(), copy);
+      construct(absl::string_view(copy, name.size()),
+                google::protobuf::Arena::CreateMessage<onnx::TensorShapeProto>(&arena_));
+    });
+    return it->second;
+  }
+  // Copies of the entries `wanted` says yes to, in onnx's form.
+  template <typename Wanted>
+  void CopyTo(OnnxShapeData* out, Wanted&& wanted) const {
+    out->clear();
+    for (const auto& [name, data] : entries_) {
+      if (wanted(name)) (*out)[std::string(name)] = *data;
+    }
+  }
+
+ private:
+  google::protobuf::Arena arena_;  // declared first: the entries' names and messages die with it
+  absl::flat_hash_map<absl::string_view, onnx::TensorShapeProto*> entries_;
+};
 
 // What onnx's rules see of one node's inputs. Their values are looked up when a rule asks: most rules
 // read only types, and two eager lookups per input were a twentieth of a sweep.
@@ -39,8 +75,7 @@ class NodeInputs {
   }
   // The integer values propagated to input `index`, if any.
   const onnx::TensorShapeProto* ShapeData(size_t index) const {
-    auto it = shape_data_.find(node_.input(static_cast<int>(index)));
-    return it != shape_data_.end() ? &it->second : nullptr;
+    return shape_data_.Find(node_.input(static_cast<int>(index)));
   }
 
  private:
@@ -252,7 +287,8 @@ class Sweep {
         si::InferShapeForFunctionNode(*function, function_opsets, onnx::OpSchemaRegistry::Instance(), context,
                                       // no data propagation inside: it cannot be kept off untyped values
                                       // there, and onnx 1.12's Shape-15 rule dereferences them
-                                      onnx::ShapeInferenceOptions(false, 0, false), functions_, nullptr, &shape_data_);
+                                      onnx::ShapeInferenceOptions(false, 0, false), functions_, nullptr,
+                                      &FunctionShapeData(*function));
       } else if (schema->has_type_and_shape_inference_function()) {
         schema->GetTypeAndShapeInferenceFunction()(context);
       }
@@ -271,7 +307,7 @@ class Sweep {
       if (!propagation.has_output_data()) return;
       for (int i = 0; i < node.output_size(); ++i) {
         auto& data = propagation.output_data()[static_cast<size_t>(i)];
-        if (!node.output(i).empty() && data.dim_size() > 0) shape_data_[node.output(i)] = std::move(data);
+        if (!node.output(i).empty() && data.dim_size() > 0) *shape_data_.GetOrAdd(node.output(i)) = data;
       }
     } catch (const std::exception&) {
       // The node's outputs keep what is declared (and whatever merged before the failure).
@@ -284,7 +320,7 @@ class Sweep {
     if (node.output_size() < 1 || node.output(0).empty()) return;
     onnx::TensorShapeProto tracked;
     if (!symbolic_.ShapeData(node.output(0), &tracked)) return;
-    MergeShapeData(tracked, &shape_data_[node.output(0)]);
+    MergeShapeData(tracked, shape_data_.GetOrAdd(node.output(0)));
   }
 
   // onnx's registry, remembered per default-domain op type: a sweep asks for a few dozen schemas
@@ -298,6 +334,18 @@ class Sweep {
     return it->second;
   }
 
+  // The shape data onnx's inference of a function body could read: that of the names the body uses
+  // (it reads by the body's own names, which only an outer value of the same name can match).
+  OnnxShapeData& FunctionShapeData(const onnx::FunctionProto& function) {
+    absl::flat_hash_set<absl::string_view> names(function.input().begin(), function.input().end());
+    for (const auto& inner : function.node()) {
+      names.insert(inner.input().begin(), inner.input().end());
+      names.insert(inner.output().begin(), inner.output().end());
+    }
+    shape_data_.CopyTo(&function_shape_data_, [&](absl::string_view name) { return names.contains(name); });
+    return function_shape_data_;
+  }
+
   const onnx::FunctionProto* FindFunction(const onnx::NodeProto& node) const {
     auto it = functions_.find(node.domain() + ":" + node.op_type());
     return it == functions_.end() ? nullptr : it->second;
@@ -309,10 +357,11 @@ class Sweep {
     for (const auto& attribute : node.attribute()) has_graph |= attribute.has_g();
     if (!has_graph) return nullptr;
     outer_types_.clear();
+    shape_data_.CopyTo(&outer_shape_data_, [](absl::string_view) { return true; });
     result_.types.ForEach(
         [&](absl::string_view name, onnx::TypeProto* type) { outer_types_[std::string(name)] = type; });
     return std::make_unique<si::GraphInferenceContext>(outer_types_, opsets_, nullptr, functions_,
-                                                       onnx::OpSchemaRegistry::Instance(), &shape_data_,
+                                                       onnx::OpSchemaRegistry::Instance(), &outer_shape_data_,
                                                        static_cast<int>(model_.ir_version()));
   }
 
@@ -328,6 +377,8 @@ class Sweep {
   InferredTypes result_;
   DataMap data_;               // constant inputs onnx's rules read
   ShapeDataMap shape_data_;    // propagated integer values
+  OnnxShapeData outer_shape_data_;     // for subgraph inference
+  OnnxShapeData function_shape_data_;  // for function bodies
   std::unordered_map<std::string, onnx::TypeProto*> outer_types_;           // for subgraph inference
 };
 

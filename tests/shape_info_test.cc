@@ -242,5 +242,34 @@ TEST(ShapeInfoTest, AHeldGraphInfersThroughItsBranches) {
   ASSERT_TRUE(graph.Commit().ok());
 }
 
+// A node calling a model-local function is typed through the function's body, whose names may also
+// be the outer graph's.
+TEST(ShapeInfoTest, ModelLocalFunctionsAreInferredThroughTheirBodies) {
+  onnx::GraphProto proto;
+  *proto.add_input() = FloatValue("x", {2, 3});
+  *proto.add_node() = MakeNode("Shape", {"x"}, {"t"});  // a name the body uses too
+  *proto.add_node() = MakeNode("Relu", {"x"}, {"r"});
+  onnx::NodeProto call = MakeNode("TransposeTwice", {"r"}, {"y"});
+  call.set_domain("local");
+  *proto.add_node() = call;
+  *proto.add_output() = FloatValue("y", {});
+  proto.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  onnx::ModelProto model = MakeModel(proto, 17);
+  auto* import = model.add_opset_import();
+  import->set_domain("local");
+  import->set_version(1);
+  onnx::FunctionProto* function = model.add_functions();
+  function->set_name("TransposeTwice");
+  function->set_domain("local");
+  function->add_input("in");
+  function->add_output("out");
+  *function->add_opset_import() = model.opset_import(0);
+  *function->add_node() = MakeNode("Transpose", {"in"}, {"t"});
+  *function->add_node() = MakeNode("Transpose", {"t"}, {"out"});
+  const ShapeInfo shapes = ShapeInfo::Infer(model);
+  EXPECT_EQ(shapes.StaticShape("y"), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(shapes.StaticShape("t"), (std::vector<int64_t>{2}));
+}
+
 }  // namespace
 }  // namespace onnxopt
