@@ -23,7 +23,8 @@ namespace {
 
 namespace si = onnx::shape_inference;
 
-using DataMap = absl::flat_hash_map<std::string, const onnx::TensorProto*>;
+// Keyed by views of names in the protos swept, which outlive the sweep.
+using DataMap = absl::flat_hash_map<absl::string_view, const onnx::TensorProto*>;
 using OnnxShapeData = std::unordered_map<std::string, onnx::TensorShapeProto>;  // what onnx's API takes
 
 // The integer values propagated to node outputs (onnx's data propagation and the symbolic rules), by
@@ -295,10 +296,8 @@ class Sweep {
       for (int i = 0; i < node.output_size(); ++i) {
         onnx::TypeProto* inferred = context.outputs()[static_cast<size_t>(i)];
         if (node.output(i).empty() || inferred->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
-        if (onnx::TypeProto* existing = result_.types.FindMutable(node.output(i))) {
+        if (onnx::TypeProto* existing = result_.types.AddNewOrFind(node.output(i), inferred)) {
           si::mergeShapesAndTypes(*inferred, existing);
-        } else {
-          result_.types.AddNew(node.output(i), inferred);
         }
       }
       if (schema == nullptr || !schema->has_data_propagation_function() || !all_typed) return;

@@ -59,6 +59,12 @@ class TypeMap {
   bool AddNew(absl::string_view name, onnx::TypeProto* type) {
     return Emplace(name, [type] { return type; }).second;
   }
+  // AddNew in one lookup, for a name that may have a type: nullptr if `type` was added, else the
+  // type `name` has (and `type` is left unused).
+  onnx::TypeProto* AddNewOrFind(absl::string_view name, onnx::TypeProto* type) {
+    auto [present, added] = Emplace(name, [type] { return type; });
+    return added ? nullptr : present;
+  }
   void Erase(absl::string_view name) { types_.erase(name); }
   // An empty TypeProto on this map's arena.
   onnx::TypeProto* New() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get()); }
