@@ -132,6 +132,23 @@ TEST(EliminateDeadNodesTest, RemovesUnusedChainsButNotUnknownDomains) {
   EXPECT_EQ(run.model.graph().node_size(), 3);
 }
 
+// Stored out of order, a dead reader comes after its producer in the backward sweep: the producer
+// is looked at again and goes too.
+TEST(EliminateDeadNodesTest, RemovesADeadChainStoredOutOfOrder) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Abs", {"dead1"}, {"dead2"});
+  *graph.add_node() = MakeNode("Neg", {"a"}, {"dead1"});
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"a"});
+  *graph.add_node() = MakeNode("Sigmoid", {"x"}, {"y"});
+  *graph.add_input() = FloatValue("x", {3});
+  *graph.add_output() = FloatValue("y", {3});
+  PassRun run = RunPass("eliminate_dead_nodes", MakeModel(graph));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 3);
+  ASSERT_EQ(run.model.graph().node_size(), 1);
+  EXPECT_EQ(run.model.graph().node(0).op_type(), "Sigmoid");
+}
+
 TEST(EliminateDeadNodesTest, KeepsNodesReadOnlyByASubgraph) {
   onnx::GraphProto body;
   *body.add_node() = MakeNode("Neg", {"a"}, {"t"});

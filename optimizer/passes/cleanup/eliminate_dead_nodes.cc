@@ -3,9 +3,10 @@
 // Before:  A -> B -> (nothing)  ;  A -> C -> output       After:  A -> C -> output
 // Works backwards with a worklist, so a chain of dead nodes goes in one run. Nodes of domains whose
 // semantics onnxopt does not know are kept: a custom op may have side effects.
-#include <deque>
-#include <unordered_set>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
@@ -24,17 +25,21 @@ class EliminateDeadNodesPass final : public Pass {
   }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    std::vector<Node*> nodes = graph.Nodes();
-    std::deque<Node*> worklist(nodes.rbegin(), nodes.rend());
-    std::unordered_set<Node*> queued(nodes.begin(), nodes.end());
-    while (!worklist.empty()) {
-      Node* node = worklist.front();
-      worklist.pop_front();
-      queued.erase(node);
-      if (node->removed() || !IsDead(graph, *node)) continue;
+    // One backward sweep; a producer of a removed node is looked at again only if the sweep had
+    // passed it already, which a topological order never makes happen. (Queueing every node in a
+    // deque and a node-based set cost more than the sweep itself at 45k nodes.)
+    const std::vector<Node*> nodes = graph.Nodes();
+    absl::flat_hash_map<const Node*, size_t> position;
+    position.reserve(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) position[nodes[i]] = i;
+    size_t next = nodes.size();  // the sweep looks at nodes[next - 1] next
+    std::vector<Node*> again;    // producers the sweep had passed when their reader went
+    absl::flat_hash_set<const Node*> queued_again;
+    auto look_at = [&](Node* node) {
+      if (node->removed() || !IsDead(graph, *node)) return;
       if (!KnownDomain(node->domain())) {
         context.Skip("unused node of an unknown domain may have side effects");
-        continue;
+        return;
       }
       std::vector<Node*> producers;
       for (int i = 0; i < node->input_size(); ++i) {
@@ -46,8 +51,20 @@ class EliminateDeadNodesPass final : public Pass {
       graph.RemoveNode(node);
       context.CountRewrite();
       for (Node* producer : producers) {
-        if (queued.insert(producer).second) worklist.push_back(producer);
+        auto at = position.find(producer);
+        if (at != position.end() && at->second < next) continue;  // the sweep gets to it
+        if (queued_again.insert(producer).second) again.push_back(producer);
       }
+    };
+    while (next > 0) {
+      --next;
+      look_at(nodes[next]);
+    }
+    while (!again.empty()) {
+      Node* node = again.back();
+      again.pop_back();
+      queued_again.erase(node);
+      look_at(node);
     }
     return absl::OkStatus();
   }
