@@ -383,11 +383,7 @@ class Sweep {
 
 // An initializer's type is its tensor's, whatever was declared or inferred for the name before.
 void SetInitializerType(const onnx::TensorProto& tensor, TypeMap* types) {
-  onnx::TypeProto* type = types->FindMutable(tensor.name());
-  if (type == nullptr) {
-    type = types->New();
-    types->AddNew(tensor.name(), type);
-  }
+  onnx::TypeProto* type = types->GetOrAdd(tensor.name());
   type->Clear();
   type->mutable_tensor_type()->set_elem_type(tensor.data_type());
   auto* shape = type->mutable_tensor_type()->mutable_shape();
