@@ -112,6 +112,12 @@ bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& 
 // them at every rehash.
 using FoldedValues = absl::node_hash_map<std::string, onnx::TensorProto>;
 
+// The constant tensor named `name`: a value folded so far, or an initializer.
+const onnx::TensorProto* FoldedOrInitializer(const Graph& graph, const FoldedValues& values, const std::string& name) {
+  auto value = values.find(name);
+  return value != values.end() ? &value->second : graph.Initializer(name);
+}
+
 // The integer inputs of a node, from initializers and values folded so far, parsed once each.
 class IntegerInputs {
  public:
@@ -128,8 +134,7 @@ class IntegerInputs {
   const IntTensor* Find(const std::string& name) {
     auto cached = parsed_.find(name);
     if (cached != parsed_.end()) return cached->second ? &*cached->second : nullptr;
-    auto value = values_.find(name);
-    const onnx::TensorProto* tensor = value != values_.end() ? &value->second : graph_.Initializer(name);
+    const onnx::TensorProto* tensor = FoldedOrInitializer(graph_, values_, name);
     std::optional<IntTensor> parsed = tensor != nullptr ? IntTensorFromProto(*tensor) : std::nullopt;
     auto& slot = parsed_[name] = std::move(parsed);
     return slot ? &*slot : nullptr;
@@ -143,9 +148,8 @@ class IntegerInputs {
 // What a node sent to ONNX Runtime computes: its operator, attributes and outputs, and for each input
 // either the bytes of a small constant, the name of a big one, or the session value it reads
 // (`computed_as`: the output of the first node with that key). Equal keys compute equal tensors.
-template <typename ConstantOf>
 std::string EvaluationKey(const Node& node, const absl::flat_hash_map<std::string, std::string>& computed_as,
-                          ConstantOf&& constant_of) {
+                          const Graph& graph, const FoldedValues& values) {
   constexpr size_t kContentKeyBytes = 4096;  // bigger constants are told apart by name
   std::string key;
   // Each part is tagged and length-prefixed, so that no two different lists of parts read the same.
@@ -162,7 +166,7 @@ std::string EvaluationKey(const Node& node, const absl::flat_hash_map<std::strin
       part('-', "");
     } else if (auto computed = computed_as.find(input); computed != computed_as.end()) {
       part('v', computed->second);
-    } else if (const onnx::TensorProto* tensor = constant_of(input);
+    } else if (const onnx::TensorProto* tensor = FoldedOrInitializer(graph, values, input);
                tensor != nullptr && tensor->ByteSizeLong() <= kContentKeyBytes) {
       onnx::TensorProto content = *tensor;
       content.clear_name();
@@ -325,13 +329,9 @@ class FoldConstantsPass final : public Pass {
     absl::flat_hash_map<std::string, const Node*> first_with_key;
     absl::flat_hash_map<std::string, std::string> computed_as;  // a session value -> what computes it
     std::vector<std::pair<std::string, std::string>> twins;     // (output of a twin, the run node's output)
-    auto constant = [&](const std::string& name) -> const onnx::TensorProto* {
-      auto known = values->find(name);
-      return known != values->end() ? &known->second : graph.Initializer(name);
-    };
     for (const Node* node : foldable) {
       if (folded_directly.count(node) > 0) continue;
-      const std::string key = EvaluationKey(*node, computed_as, constant);
+      const std::string key = EvaluationKey(*node, computed_as, graph, *values);
       auto [first, is_first] = first_with_key.emplace(key, node);
       for (int i = 0; i < node->output_size(); ++i) {
         if (node->output(i).empty()) continue;
@@ -352,7 +352,7 @@ class FoldConstantsPass final : public Pass {
           continue;
         }
         if (added.count(input) > 0) continue;
-        const onnx::TensorProto* init = constant(input);
+        const onnx::TensorProto* init = FoldedOrInitializer(graph, *values, input);
         if (init == nullptr) continue;  // computed in the session
         added.insert(input);
         *eval->add_initializer() = *init;
