@@ -1,6 +1,5 @@
 #include "optimizer/shape_inference.h"
 
-#include <algorithm>
 #include <deque>
 #include <list>
 #include <memory>
@@ -11,7 +10,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/string_view.h"
-#include "google/protobuf/arena.h"
 #include "onnx/defs/schema.h"
 #include "onnx/defs/tensor_proto_util.h"
 #include "onnx/shape_inference/implementation.h"
@@ -28,37 +26,18 @@ using DataMap = absl::flat_hash_map<absl::string_view, const onnx::TensorProto*>
 using OnnxShapeData = std::unordered_map<std::string, onnx::TensorShapeProto>;  // what onnx's API takes
 
 // The integer values propagated to node outputs (onnx's data propagation and the symbolic rules), by
-// name, on an arena the map owns: a sweep of a 100k-node decoder keeps 40k of them, and onnx's map of
-// heap messages cost a sixth of the sweep to fill and free.
-class ShapeDataMap {
- public:
-  const onnx::TensorShapeProto* Find(absl::string_view name) const {
-    auto it = entries_.find(name);
-    return it == entries_.end() ? nullptr : it->second;
-  }
-  // The entry of `name`, added empty if there is none.
-  onnx::TensorShapeProto* GetOrAdd(absl::string_view name) {
-    auto it = entries_.lazy_emplace(name, [&](const auto& construct) {
-      char* copy = google::protobuf::Arena::CreateArray<char>(&arena_, name.size());
-      std::copy(name.begin(), name.end(), copy);
-      construct(absl::string_view(copy, name.size()),
-                google::protobuf::Arena::CreateMessage<onnx::TensorShapeProto>(&arena_));
-    });
-    return it->second;
-  }
-  // Copies of the entries `wanted` says yes to, in onnx's form.
-  template <typename Wanted>
-  void CopyTo(OnnxShapeData* out, Wanted&& wanted) const {
-    out->clear();
-    for (const auto& [name, data] : entries_) {
-      if (wanted(name)) (*out)[std::string(name)] = *data;
-    }
-  }
+// name: a sweep of a 100k-node decoder keeps 40k of them, and onnx's map of heap messages cost a
+// sixth of the sweep to fill and free.
+using ShapeDataMap = MessagesByName<onnx::TensorShapeProto>;
 
- private:
-  google::protobuf::Arena arena_;  // declared first: the entries' names and messages die with it
-  absl::flat_hash_map<absl::string_view, onnx::TensorShapeProto*> entries_;
-};
+// Copies of the entries of `data` whose names `wanted` says yes to, in onnx's form.
+template <typename Wanted>
+void CopyShapeData(const ShapeDataMap& data, OnnxShapeData* out, Wanted&& wanted) {
+  out->clear();
+  data.ForEach([&](absl::string_view name, const onnx::TensorShapeProto* values) {
+    if (wanted(name)) (*out)[std::string(name)] = *values;
+  });
+}
 
 // What onnx's rules see of one node's inputs. Their values are looked up when a rule asks: most rules
 // read only types, and two eager lookups per input were a twentieth of a sweep.
@@ -341,7 +320,7 @@ class Sweep {
       names.insert(inner.input().begin(), inner.input().end());
       names.insert(inner.output().begin(), inner.output().end());
     }
-    shape_data_.CopyTo(&function_shape_data_, [&](absl::string_view name) { return names.contains(name); });
+    CopyShapeData(shape_data_, &function_shape_data_, [&](absl::string_view name) { return names.contains(name); });
     return function_shape_data_;
   }
 
@@ -356,7 +335,7 @@ class Sweep {
     for (const auto& attribute : node.attribute()) has_graph |= attribute.has_g();
     if (!has_graph) return nullptr;
     outer_types_.clear();
-    shape_data_.CopyTo(&outer_shape_data_, [](absl::string_view) { return true; });
+    CopyShapeData(shape_data_, &outer_shape_data_, [](absl::string_view) { return true; });
     result_.types.ForEach(
         [&](absl::string_view name, onnx::TypeProto* type) { outer_types_[std::string(name)] = type; });
     return std::make_unique<si::GraphInferenceContext>(outer_types_, opsets_, nullptr, functions_,

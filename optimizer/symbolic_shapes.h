@@ -26,27 +26,59 @@
 
 namespace onnxopt {
 
-// Types by value name. The TypeProtos and the names live on an arena the map owns: building and
+// Messages by value name. The messages and the names live on an arena the map owns: building and
 // dropping a map of 100k heap messages at every inference was a seventh of a transformer pipeline,
 // and a heap copy of every name a tenth of what a sweep spent on its own.
-class TypeMap {
+template <typename Message>
+class MessagesByName {
  public:
-  TypeMap() : arena_(std::make_unique<google::protobuf::Arena>()) {}
-  TypeMap(TypeMap&&) = default;
-  TypeMap& operator=(TypeMap&&) = default;
+  MessagesByName() : arena_(std::make_unique<google::protobuf::Arena>()) {}
+  MessagesByName(MessagesByName&&) = default;
+  MessagesByName& operator=(MessagesByName&&) = default;
 
-  const onnx::TypeProto* Find(absl::string_view name) const {
-    auto it = types_.find(name);
-    return it == types_.end() ? nullptr : it->second;
+  const Message* Find(absl::string_view name) const {
+    auto it = messages_.find(name);
+    return it == messages_.end() ? nullptr : it->second;
   }
-  onnx::TypeProto* FindMutable(absl::string_view name) {
-    auto it = types_.find(name);
-    return it == types_.end() ? nullptr : it->second;
+  Message* FindMutable(absl::string_view name) {
+    auto it = messages_.find(name);
+    return it == messages_.end() ? nullptr : it->second;
   }
-  // The type of `name`, added empty if there is none.
-  onnx::TypeProto* GetOrAdd(absl::string_view name) {
+  // The message of `name`, added empty if there is none.
+  Message* GetOrAdd(absl::string_view name) {
     return Emplace(name, [this] { return New(); }).first;
   }
+  void Erase(absl::string_view name) { messages_.erase(name); }
+  // An empty message on this map's arena.
+  Message* New() { return google::protobuf::Arena::CreateMessage<Message>(arena_.get()); }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& [name, message] : messages_) fn(name, message);
+  }
+
+ protected:
+  // Adds `name` with make()'s message unless it has one (one lookup either way); the key is a copy of
+  // the name on the arena. Returns the name's message and whether it was added.
+  template <typename Make>
+  std::pair<Message*, bool> Emplace(absl::string_view name, Make make) {
+    bool added = false;
+    auto it = messages_.lazy_emplace(name, [&](const auto& construct) {
+      char* copy = google::protobuf::Arena::CreateArray<char>(arena_.get(), name.size());
+      std::copy(name.begin(), name.end(), copy);
+      construct(absl::string_view(copy, name.size()), make());
+      added = true;
+    });
+    return {it->second, added};
+  }
+
+ private:
+  std::unique_ptr<google::protobuf::Arena> arena_;  // declared first: the names and messages die with it
+  absl::flat_hash_map<absl::string_view, Message*> messages_;
+};
+
+// Types by value name.
+class TypeMap : public MessagesByName<onnx::TypeProto> {
+ public:
   // Adds `name` with a copy of `type` unless it has a type already.
   void AddIfAbsent(absl::string_view name, const onnx::TypeProto& type) {
     Emplace(name, [&] {
@@ -65,31 +97,6 @@ class TypeMap {
     auto [present, added] = Emplace(name, [type] { return type; });
     return added ? nullptr : present;
   }
-  void Erase(absl::string_view name) { types_.erase(name); }
-  // An empty TypeProto on this map's arena.
-  onnx::TypeProto* New() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get()); }
-  template <typename Fn>
-  void ForEach(Fn&& fn) {
-    for (auto& [name, type] : types_) fn(name, type);
-  }
-
- private:
-  // Adds `name` with make()'s type unless it has one (one lookup either way); the key is a copy of
-  // the name on the arena. Returns the name's type and whether it was added.
-  template <typename Make>
-  std::pair<onnx::TypeProto*, bool> Emplace(absl::string_view name, Make make) {
-    bool added = false;
-    auto it = types_.lazy_emplace(name, [&](const auto& construct) {
-      char* copy = google::protobuf::Arena::CreateArray<char>(arena_.get(), name.size());
-      std::copy(name.begin(), name.end(), copy);
-      construct(absl::string_view(copy, name.size()), make());
-      added = true;
-    });
-    return {it->second, added};
-  }
-
-  std::unique_ptr<google::protobuf::Arena> arena_;  // declared first: the map's names and types die with it
-  absl::flat_hash_map<absl::string_view, onnx::TypeProto*> types_;
 };
 
 // Node outputs that are small integer tensors (shape arithmetic) whose every element the shapes fix
