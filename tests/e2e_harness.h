@@ -176,7 +176,8 @@ class E2eTest : public ::testing::Test {
   Result Cli(std::vector<std::string> args, const std::vector<std::string>& env = {}) {
     std::vector<std::string> argv = {ONNXOPT_CLI_BIN, "--server", address_};
     argv.insert(argv.end(), args.begin(), args.end());
-    const pid_t pid = Spawn(argv, dir_ / "cli.out", dir_ / "cli.err", {}, env);
+    // In the test's folder: `submit --wait` without -o writes the optimized model to its working directory.
+    const pid_t pid = Spawn(argv, dir_ / "cli.out", dir_ / "cli.err", dir_, env);
     Result result{pid > 0 ? WaitFor(pid, std::chrono::seconds(180)) : -1, "", ""};
     result.out = Slurp(dir_ / "cli.out");
     result.err = Slurp(dir_ / "cli.err");
