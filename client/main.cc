@@ -301,6 +301,7 @@ int Local(const Args& args) {
     request.model_path = args.positional[1];
     request.output_dir = staging;
     request.config = *config;
+    request.durable_output = false;  // a local file, like cp's: the kernel writes it back (no fsync)
     if (args.Has("--inputs")) {
       auto files = onnxopt::client::FindInputFiles(args.Get("--inputs"));
       if (!files.ok()) return Report(files.status());

@@ -407,8 +407,10 @@ namespace {
 // see half of it; the temporary file is removed if Commit() is never reached.
 class AtomicFileWriter {
  public:
-  explicit AtomicFileWriter(fs::path path)
-      : path_(std::move(path)), temporary_(path_.string() + ".tmp-" + std::to_string(::getpid())) {}
+  // `durable`: flushed to the disk before the rename, so that the file survives a crash of the machine
+  // once Commit() returns. Without it the rename still never shows a half-written file to readers.
+  explicit AtomicFileWriter(fs::path path, bool durable = true)
+      : path_(std::move(path)), temporary_(path_.string() + ".tmp-" + std::to_string(::getpid())), durable_(durable) {}
   ~AtomicFileWriter() {
     if (fd_ >= 0) {
       ::close(fd_);
@@ -498,7 +500,7 @@ class AtomicFileWriter {
   }
 
   absl::Status Commit() {
-    int error = ::fsync(fd_) != 0 ? errno : 0;
+    int error = durable_ && ::fsync(fd_) != 0 ? errno : 0;
     if (::close(fd_) != 0 && error == 0) error = errno;  // closed whatever fsync said
     fd_ = -1;
     if (error != 0) {
@@ -518,18 +520,19 @@ class AtomicFileWriter {
  private:
   fs::path path_;
   fs::path temporary_;
+  bool durable_;
   int fd_ = -1;
   int64_t size_ = 0;
 };
 
 // Writes `model` as the file at `path`. `bytes` is model.ByteSizeLong(), computed by the caller after
 // its last edit of the model: serialization writes by the sizes that call cached.
-absl::Status WriteModelFile(const onnx::ModelProto& model, size_t bytes, const fs::path& path) {
+absl::Status WriteModelFile(const onnx::ModelProto& model, size_t bytes, const fs::path& path, bool durable = true) {
   if (bytes > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return absl::InvalidArgumentError("MODEL_TOO_LARGE: the model does not fit a protobuf message even with "
                                       "external data");
   }
-  AtomicFileWriter file(path);
+  AtomicFileWriter file(path, durable);
   absl::Status status = file.Open();
   if (status.ok()) status = file.AppendMessage(model);
   if (status.ok()) status = file.Commit();
@@ -565,7 +568,7 @@ absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, c
   {
     const std::string data_name = path.filename().string() + ".data";
     const fs::path data_path = path.parent_path() / data_name;
-    AtomicFileWriter data(data_path);
+    AtomicFileWriter data(data_path, options.durable);
     absl::Status status = data.Open();
     ForEachTensor(&model, [&](onnx::TensorProto* tensor, TensorKind kind) {
       if (!status.ok()) return;
@@ -598,7 +601,7 @@ absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, c
     if (!status.ok()) return status;
     written.push_back(data_path);
   }
-  absl::Status status = WriteModelFile(model, model.ByteSizeLong(), path);
+  absl::Status status = WriteModelFile(model, model.ByteSizeLong(), path, options.durable);
   if (!status.ok()) return status;
   written.insert(written.begin(), path);
   return written;
@@ -610,7 +613,7 @@ absl::StatusOr<std::vector<fs::path>> SaveModel(const onnx::ModelProto& model, c
                                                 const SaveOptions& options) {
   const size_t bytes = model.ByteSizeLong();
   if (!HasTensorsByReference(model) && static_cast<int64_t>(bytes) <= options.external_threshold_bytes) {
-    absl::Status status = WriteModelFile(model, bytes, path);  // as it is: no copy of a model that may be big
+    absl::Status status = WriteModelFile(model, bytes, path, options.durable);  // as it is: no copy of a model that may be big
     if (!status.ok()) return status;
     return std::vector<fs::path>{path};
   }

@@ -81,6 +81,9 @@ struct SaveOptions {
   // there file to file, never held in memory). Protobuf cannot hold messages over 2 GiB.
   int64_t external_threshold_bytes = int64_t{1800} << 20;
   int64_t external_min_bytes = 1024;
+  // Flushed to the disk before the rename (fsync): what a server that acknowledges the files needs.
+  // A local command may leave that to the kernel, as cp does: 0.2 s of a 100k-node decoder's 95 MB.
+  bool durable = true;
 };
 
 // Writes the model (and its data file when needed) atomically: to temporary names, then renamed.

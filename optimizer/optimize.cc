@@ -409,7 +409,9 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
   const fs::path output_path = request.output_dir / "model.onnx";
   // Writes `model` as the result and describes it in the report.
   auto save_result = [&](const onnx::ModelProto& model, const std::vector<v1::PassReport>& runs) -> absl::Status {
-    absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, output_path);
+    SaveOptions save;
+    save.durable = request.durable_output;
+    absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, output_path, save);
     if (!files.ok()) return files.status();
     for (const auto& stale : result.files) {
       if (std::find(files->begin(), files->end(), stale) == files->end()) fs::remove(stale, error);

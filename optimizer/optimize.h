@@ -36,6 +36,9 @@ struct OptimizeRequest {
   std::vector<std::map<std::string, std::filesystem::path>> input_files;
   const std::atomic<bool>* cancelled = nullptr;
   std::function<void(Phase phase, const std::string& pass, int done, int total)> on_progress;
+  // The saved model is on the disk when Optimize returns (SaveOptions::durable). The server's jobs
+  // need it; `onnxopt optimize` on a local file leaves the write-back to the kernel.
+  bool durable_output = true;
 };
 
 struct OptimizeResult {

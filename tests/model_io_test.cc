@@ -207,7 +207,8 @@ TEST_F(ModelIoTest, SavesBigModelsWithExternalDataThatLoadsBack) {
 }
 
 // The model file is serialized straight into the file: a write that runs out of space must still
-// say DISK_FULL and leave neither the file nor its temporary behind. Needs a small tmpfs (root).
+// say DISK_FULL and leave neither the file nor its temporary behind, flushed to the disk (the server)
+// or not (the CLI). Needs a small tmpfs (root).
 TEST_F(ModelIoTest, SavingOntoAFullDiskIsDiskFullAndLeavesNothing) {
   const fs::path small = dir_ / "small";
   std::string why;
@@ -218,13 +219,16 @@ TEST_F(ModelIoTest, SavingOntoAFullDiskIsDiskFullAndLeavesNothing) {
   *graph.add_initializer() = FloatTensor("w", {65536}, std::vector<float>(65536, 1.0f));  // 256 KB inline
   *graph.add_input() = FloatValue("x", {65536});
   *graph.add_output() = FloatValue("y", {65536});
-  SaveOptions options;
-  options.external_threshold_bytes = int64_t{1} << 30;  // one file, written by the serializer
-  auto files = SaveModel(MakeModel(graph), small / "model.onnx", options);
-  ASSERT_FALSE(files.ok());
-  EXPECT_EQ(files.status().code(), absl::StatusCode::kResourceExhausted) << files.status();
-  EXPECT_NE(files.status().message().find("DISK_FULL"), std::string::npos) << files.status();
-  for (const auto& entry : fs::directory_iterator(small)) ADD_FAILURE() << "left behind: " << entry.path();
+  for (const bool durable : {true, false}) {
+    SaveOptions options;
+    options.external_threshold_bytes = int64_t{1} << 30;  // one file, written by the serializer
+    options.durable = durable;
+    auto files = SaveModel(MakeModel(graph), small / "model.onnx", options);
+    ASSERT_FALSE(files.ok()) << "durable " << durable;
+    EXPECT_EQ(files.status().code(), absl::StatusCode::kResourceExhausted) << files.status();
+    EXPECT_NE(files.status().message().find("DISK_FULL"), std::string::npos) << files.status();
+    for (const auto& entry : fs::directory_iterator(small)) ADD_FAILURE() << "left behind: " << entry.path();
+  }
 }
 
 TEST_F(ModelIoTest, ByReferenceKeepsBigTensorsInTheirFileAndReadsTheSameBytes) {
