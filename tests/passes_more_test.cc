@@ -2,6 +2,7 @@
 // passes: each fires where it may, skips where it may not, and keeps the outputs in ONNX Runtime.
 #include <map>
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
@@ -109,7 +110,7 @@ TEST(FoldConstantsTest, AValueTheShapesDidNotKnowMakesThemInferAgain) {
 }
 
 // Nodes that compute the same thing from equal constants run once in ONNX Runtime; a node reading a
-// twin's result reads the first one's there.
+// twin's result reads the first one's there. Equal results become one initializer, the first's.
 TEST(FoldConstantsTest, TwinsRunOnceAndTakeCopies) {
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Pow", {"four", "half"}, {"p1"});
@@ -131,6 +132,35 @@ TEST(FoldConstantsTest, TwinsRunOnceAndTakeCopies) {
   EXPECT_EQ(run.report.counters().at("nodes_run_in_onnx_runtime"), 2);  // p1 and q2
   EXPECT_EQ(run.report.counters().at("twins_given_copies"), 1);
   EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Mul", 3}}));
+  std::set<std::string> initializers;
+  for (const auto& tensor : run.model.graph().initializer()) initializers.insert(tensor.name());
+  EXPECT_TRUE(initializers.count("p1") > 0 && initializers.count("q2") > 0);
+  EXPECT_EQ(initializers.count("p2"), 0u) << "p2 equals p1: its reader reads p1";
+  for (const auto& node : run.model.graph().node()) {
+    if (node.output(0) == "w") {
+      EXPECT_EQ(node.input(1), "p1");
+    }
+  }
+  ExpectSameOutputs(original, run.model);
+}
+
+// A folded value that is a graph output keeps its name even when an equal one was folded before it.
+TEST(FoldConstantsTest, AFoldedGraphOutputKeepsItsNameBesideAnEqualValue) {
+  onnx::GraphProto graph;
+  *graph.add_node() = MakeNode("Neg", {"two"}, {"a"});
+  *graph.add_node() = MakeNode("Neg", {"also_two"}, {"b"});  // equal to a, and an output
+  *graph.add_node() = MakeNode("Mul", {"x", "a"}, {"y"});
+  *graph.add_initializer() = FloatTensor("two", {1}, {2});
+  *graph.add_initializer() = FloatTensor("also_two", {1}, {2});
+  *graph.add_input() = FloatValue("x", {2});
+  *graph.add_output() = FloatValue("y", {2});
+  *graph.add_output() = FloatValue("b", {1});
+  const onnx::ModelProto original = MakeModel(graph, 15);
+  PassRun run = RunPass("fold_constants", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::set<std::string> initializers;
+  for (const auto& tensor : run.model.graph().initializer()) initializers.insert(tensor.name());
+  EXPECT_TRUE(initializers.count("a") > 0 && initializers.count("b") > 0);
   ExpectSameOutputs(original, run.model);
 }
 

@@ -9,13 +9,15 @@
 // Integer shape arithmetic is evaluated natively (integer_arithmetic.h: exact, so the same as ONNX
 // Runtime's); everything else goes into one small model that one ONNX Runtime session runs, so
 // results are exactly what ONNX Runtime would compute (nodes computing the same thing from equal
-// inputs run there once, their twins copying the result). A folded value larger
+// inputs run there once, their twins copying the result; small equal results become one
+// initializer, the first's, as eliminate_duplicate_initializers would make them). A folded value larger
 // than max_output_bytes and than its constant inputs stays computed (folding Expand or
 // ConstantOfShape must not blow the model up); its inputs are folded instead. Random operators,
 // nodes with subgraphs, other domains and graph inputs with initializers (overridable) never fold.
 #include <numeric>
 #include <unordered_set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -178,6 +180,9 @@ std::string EvaluationKey(const Node& node, const absl::flat_hash_map<std::strin
   return key;
 }
 
+// Folded values up to this size are merged with their equals as they are materialized.
+constexpr size_t kMergedAtSourceBytes = 4096;
+
 class FoldConstantsPass final : public Pass {
  public:
   absl::string_view name() const override { return "fold_constants"; }
@@ -303,8 +308,20 @@ class FoldConstantsPass final : public Pass {
       graph.RemoveNode(node);
       context.CountRewrite();
     }
+    // A small folded value equal to one materialized before it (every layer's shape constants) takes
+    // that one's name, as eliminate_duplicate_initializers would: 25k initializers of a 100k-node
+    // decoder were made here only to be merged by it. Graph outputs keep their names.
+    absl::flat_hash_map<std::string, std::string> materialized_as;  // content -> the value keeping it
     for (const std::string& value : materialize) {
       onnx::TensorProto tensor = std::move(values[value]);
+      tensor.clear_name();
+      if (!graph.IsGraphOutput(value) && tensor.ByteSizeLong() <= kMergedAtSourceBytes) {
+        auto [kept, first] = materialized_as.emplace(tensor.SerializeAsString(), value);
+        if (!first) {
+          graph.ReplaceAllUsesWith(value, kept->second);
+          continue;
+        }
+      }
       tensor.set_name(value);
       graph.AddInitializer(std::move(tensor));
     }
