@@ -100,6 +100,32 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TransformerFamilyTest, ::testing::ValuesIn(Fi
                            return absl::StrCat(std::get<0>(info.param), "_opset", std::get<1>(info.param));
                          });
 
+// torch.jit exports mask[:, None, None, :] as two Unsqueezes: fuse_attention reads the chain itself,
+// so the layers fuse in the first sweep rather than after fuse_reshape_chains merged it in a second.
+TEST(TransformerMaskTest, AMaskUnsqueezedByAChainFusesWithoutReshapeChains) {
+  const std::string cleanups = R"({"name": "eliminate_identity"}, {"name": "eliminate_noop_ops"},
+      {"name": "fold_constants"}, {"name": "eliminate_common_subexpressions"}, {"name": "eliminate_dead_nodes"})";
+  const std::string config = absl::StrCat(R"({"passes": [)", cleanups, ",", cleanups, R"(,
+      {"name": "canonicalize_shape_reads"}, {"name": "unflatten_gemm"}, {"name": "fuse_attention"}]})");
+  for (const char* fixture : {"transformers/bert_opset17.onnx", "transformers/gpt2_opset17.onnx"}) {
+    auto original = LoadModel(testing::FixturePath(fixture));
+    ASSERT_TRUE(original.ok()) << original.status();
+    int chained = 0;  // an Unsqueeze reading an Unsqueeze: the chain this is about
+    for (const auto& node : original->graph().node()) {
+      if (node.op_type() != "Unsqueeze") continue;
+      for (const auto& other : original->graph().node()) {
+        chained += other.op_type() == "Unsqueeze" && !other.output().empty() && other.output(0) == node.input(0);
+      }
+    }
+    ASSERT_GT(chained, 0) << fixture << " no longer has the chain";
+    testing::PassRun run = testing::RunConfig(config, *original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(OpCounts(run.model)["Attention"], 2) << fixture;
+    v1::ParityReport parity;
+    testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {16}, &parity);
+  }
+}
+
 // Sixteen layers: the shapes the fusions need reach the last layer (they stopped after about a dozen
 // fused layers), so every layer fuses, and the outputs still match on padded masks.
 TEST(TransformerDepthTest, EveryLayerOfADeepDecoderFuses) {

@@ -1,6 +1,7 @@
 // Matchers shared by the attention fusions: see attention_match.h.
 #include "optimizer/passes/fusion/attention_match.h"
 
+#include <algorithm>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -350,6 +351,45 @@ bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, No
   return true;
 }
 
+// The axes an Unsqueeze inserts: its second input (opset 13 on) or its attribute (before).
+std::optional<std::vector<int64_t>> UnsqueezeAxes(const Graph& graph, const Node& unsqueeze) {
+  if (unsqueeze.input_size() > 1) return ConstantInts(graph, unsqueeze.input(1));
+  const onnx::AttributeProto* attribute = unsqueeze.FindAttribute("axes");
+  if (attribute == nullptr) return std::nullopt;
+  return std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
+}
+
+// Whether `value` is a [B,S] tensor made [B,1,1,S] by Unsqueeze: one with axes (1, 2), or a chain
+// (torch.jit exports mask[:, None, None, :] as two); sets *bs to the [B,S] tensor. The chain is
+// replayed on the dims' labels, each Unsqueeze inserting at its axes in ascending order.
+bool UnsqueezedFromBS(const Graph& graph, const ShapeInfo& shapes, const std::string& value, std::string* bs) {
+  std::vector<const Node*> chain;  // the last Unsqueeze first
+  std::string source = value;
+  while (chain.size() < 2) {
+    const Node* unsqueeze = ProducerWithOp(graph, source, "Unsqueeze");
+    if (unsqueeze == nullptr) break;
+    chain.push_back(unsqueeze);
+    source = unsqueeze->input(0);
+    if (shapes.Rank(source).value_or(0) == 2) break;
+  }
+  if (chain.empty() || shapes.Rank(source).value_or(0) != 2) return false;
+  std::vector<char> dims = {'B', 'S'};
+  for (auto unsqueeze = chain.rbegin(); unsqueeze != chain.rend(); ++unsqueeze) {
+    std::optional<std::vector<int64_t>> axes = UnsqueezeAxes(graph, **unsqueeze);
+    if (!axes || axes->empty()) return false;
+    const int64_t rank = static_cast<int64_t>(dims.size() + axes->size());
+    for (int64_t& axis : *axes) axis += axis < 0 ? rank : 0;
+    std::sort(axes->begin(), axes->end());
+    if (axes->front() < 0 || axes->back() >= rank || std::adjacent_find(axes->begin(), axes->end()) != axes->end()) {
+      return false;
+    }
+    for (int64_t axis : *axes) dims.insert(dims.begin() + axis, '1');
+  }
+  if (dims != std::vector<char>{'B', '1', '1', 'S'}) return false;
+  *bs = source;
+  return true;
+}
+
 // The additive mask `(1 - Cast(Unsqueeze(mask[B,S], [1,2]))) * c`: the raw [B,S] mask and c.
 bool MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::string& term, std::string* raw_mask,
                        float* filter, std::string* reason) {
@@ -370,21 +410,10 @@ bool MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::s
   }
   std::string value = sub->input(1);
   if (Node* cast = ProducerWithOp(graph, value, "Cast")) value = cast->input(0);
-  Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
-  std::optional<std::vector<int64_t>> axes;
-  if (unsqueeze != nullptr) {
-    axes = unsqueeze->input_size() > 1 ? ConstantInts(graph, unsqueeze->input(1)) : std::nullopt;
-    if (!axes) {
-      const onnx::AttributeProto* attribute = unsqueeze->FindAttribute("axes");
-      if (attribute != nullptr) axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
-    }
-  }
-  if (unsqueeze == nullptr || !axes || *axes != std::vector<int64_t>{1, 2} ||
-      shapes.Rank(unsqueeze->input(0)).value_or(0) != 2) {
+  if (!UnsqueezedFromBS(graph, shapes, value, raw_mask)) {
     *reason = "the mask is not a [B,S] mask unsqueezed to [B,1,1,S]";
     return false;
   }
-  *raw_mask = unsqueeze->input(0);
   return true;
 }
 
