@@ -61,6 +61,13 @@ std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::
   return tensor == nullptr ? std::nullopt : TensorInts(*tensor);
 }
 
+std::optional<std::vector<int64_t>> ConstantAxes(const Graph& graph, const Node& node) {
+  if (node.input_size() > 1) return ConstantInts(graph, node.input(1));
+  const onnx::AttributeProto* attribute = node.FindAttribute("axes");
+  if (attribute == nullptr) return std::nullopt;
+  return std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
+}
+
 std::optional<std::vector<float>> ConstantFloats(const Graph& graph, const std::string& value) {
   const onnx::TensorProto* tensor = ConstantTensor(graph, value);
   return tensor == nullptr ? std::nullopt : TensorFloats(*tensor);

@@ -21,6 +21,9 @@ std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::
 std::optional<std::vector<float>> ConstantFloats(const Graph& graph, const std::string& value);
 std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor);
 std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor);
+// The axes of an Unsqueeze (or a node like it): its constant second input (opset 13 on), else its
+// "axes" attribute.
+std::optional<std::vector<int64_t>> ConstantAxes(const Graph& graph, const Node& node);
 
 onnx::TensorProto MakeInt64Tensor(const std::string& name, const std::vector<int64_t>& values);  // 1-D
 // A rank-0 INT32 (type INT32) or INT64 (any other type) tensor.

@@ -351,14 +351,6 @@ bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, No
   return true;
 }
 
-// The axes an Unsqueeze inserts: its second input (opset 13 on) or its attribute (before).
-std::optional<std::vector<int64_t>> UnsqueezeAxes(const Graph& graph, const Node& unsqueeze) {
-  if (unsqueeze.input_size() > 1) return ConstantInts(graph, unsqueeze.input(1));
-  const onnx::AttributeProto* attribute = unsqueeze.FindAttribute("axes");
-  if (attribute == nullptr) return std::nullopt;
-  return std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
-}
-
 // Whether `value` is a [B,S] tensor made [B,1,1,S] by Unsqueeze: one with axes (1, 2), or a chain
 // (torch.jit exports mask[:, None, None, :] as two); sets *bs to the [B,S] tensor. The chain is
 // replayed on the dims' labels, each Unsqueeze inserting at its axes in ascending order.
@@ -375,7 +367,7 @@ bool UnsqueezedFromBS(const Graph& graph, const ShapeInfo& shapes, const std::st
   if (chain.empty() || shapes.Rank(source).value_or(0) != 2) return false;
   std::vector<char> dims = {'B', 'S'};
   for (auto unsqueeze = chain.rbegin(); unsqueeze != chain.rend(); ++unsqueeze) {
-    std::optional<std::vector<int64_t>> axes = UnsqueezeAxes(graph, **unsqueeze);
+    std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, **unsqueeze);
     if (!axes || axes->empty()) return false;
     const int64_t rank = static_cast<int64_t>(dims.size() + axes->size());
     for (int64_t& axis : *axes) axis += axis < 0 ? rank : 0;

@@ -94,12 +94,7 @@ bool PositionsCountUp(const Graph& graph, const ShapeInfo& shapes, const std::st
   Node* unsqueeze = ProducerWithOp(graph, ids, "Unsqueeze");
   Node* range = unsqueeze != nullptr ? ProducerWithOp(graph, unsqueeze->input(0), "Range") : nullptr;
   if (range == nullptr) return false;
-  auto axes = unsqueeze->input_size() > 1 ? ConstantInts(graph, unsqueeze->input(1)) : std::nullopt;
-  if (!axes) {
-    if (const onnx::AttributeProto* attribute = unsqueeze->FindAttribute("axes")) {
-      axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
-    }
-  }
+  auto axes = ConstantAxes(graph, *unsqueeze);
   auto start = ConstantInts(graph, range->input(0));
   auto delta = ConstantInts(graph, range->input(2));
   return axes && *axes == std::vector<int64_t>{0} && start && *start == std::vector<int64_t>{0} && delta &&

@@ -23,12 +23,7 @@ struct Rotary {
 std::optional<std::string> UnsqueezedOn(const Graph& graph, const std::string& value, int64_t axis) {
   Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
   if (unsqueeze == nullptr) return std::nullopt;
-  std::optional<std::vector<int64_t>> axes;
-  if (unsqueeze->input_size() > 1) {
-    axes = ConstantInts(graph, unsqueeze->input(1));
-  } else if (const onnx::AttributeProto* attribute = unsqueeze->FindAttribute("axes")) {
-    axes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
-  }
+  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *unsqueeze);
   if (!axes || *axes != std::vector<int64_t>{axis}) return std::nullopt;
   return unsqueeze->input(0);
 }
