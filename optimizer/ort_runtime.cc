@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -32,9 +33,13 @@ void SetOrtLoggingLevel(OrtLoggingLevel level) { logging_level.store(level); }
 
 namespace {
 
-// ONNX Runtime's telemetry layer writes mat-debug-<pid>.log and .ses into TMPDIR when an environment
-// is created, and never removes them: one pair per process, piling up in /tmp. The environment is
-// created with TMPDIR pointing at a private folder, which is removed when the process exits.
+// ONNX Runtime 1.29 reports to Microsoft by default on Linux too: creating an environment writes a
+// device id and an event store under ~/.cache/Microsoft/DeveloperTools, starts an uploader thread that
+// resolves its endpoint, and fsyncs the store at exit. Models uploaded here are the tenants' own, so
+// the service turns it off (ORT_DISABLE_TELEMETRY=1, read when the environment is made, and
+// DisableTelemetryEvents for the events after that) unless the operator set ORT_DISABLE_TELEMETRY=0.
+// With telemetry on, its layer writes mat-debug-<pid>.log and .ses into TMPDIR and never removes
+// them: the environment is created with TMPDIR pointing at a private folder, removed at exit.
 std::string& PrivateTempDir() {
   static std::string* const dir = new std::string();
   return *dir;
@@ -46,6 +51,9 @@ void RemovePrivateTempDir() {
 }
 
 Ort::Env* CreateEnvironment() {
+  const char* telemetry = std::getenv("ORT_DISABLE_TELEMETRY");
+  const bool telemetry_opted_in = telemetry != nullptr && std::string_view(telemetry) == "0";
+  if (!telemetry_opted_in) ::setenv("ORT_DISABLE_TELEMETRY", "1", 1);
   const char* tmpdir = std::getenv("TMPDIR");
   const std::string previous = tmpdir == nullptr ? "" : tmpdir;
   std::string pattern = (previous.empty() ? std::string("/tmp") : previous) + "/onnxopt-ort-XXXXXX";
@@ -55,6 +63,7 @@ Ort::Env* CreateEnvironment() {
     ::setenv("TMPDIR", pattern.c_str(), 1);
   }
   auto* env = new Ort::Env(static_cast<OrtLoggingLevel>(logging_level.load()), "onnxopt");
+  if (!telemetry_opted_in) env->DisableTelemetryEvents();
   if (tmpdir == nullptr) {
     ::unsetenv("TMPDIR");
   } else {

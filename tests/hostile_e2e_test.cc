@@ -373,10 +373,14 @@ TEST_F(E2eTest, AbandonedPartialUploadsExpire) {
 }
 
 // 7. Every job left an empty mat-debug-<pid>.log (ONNX Runtime's telemetry) in the temp folder.
-TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempFolder) {
+// 8. ONNX Runtime 1.29's telemetry wrote a device id and an event store into the home folder and
+//    looked up its upload endpoint, for every job and local run.
+TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempOrHomeFolder) {
   const fs::path tmp = dir_ / "tmp";
+  const fs::path home = dir_ / "home";
   fs::create_directories(tmp);
-  const std::vector<std::string> env = {"TMPDIR=" + tmp.string()};
+  fs::create_directories(home);
+  const std::vector<std::string> env = {"TMPDIR=" + tmp.string(), "HOME=" + home.string()};
   StartServer({}, {}, env);
   const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 3}})");
   Result submit = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string(), "--wait"}, env);
@@ -388,6 +392,9 @@ TEST_F(E2eTest, JobsAndLocalRunsLeaveNothingInTheTempFolder) {
   std::vector<std::string> left;
   for (const auto& entry : fs::recursive_directory_iterator(tmp)) left.push_back(entry.path().string());
   EXPECT_TRUE(left.empty()) << "left in TMPDIR: " << absl::StrJoin(left, ", ");
+  std::vector<std::string> at_home;
+  for (const auto& entry : fs::recursive_directory_iterator(home)) at_home.push_back(entry.path().string());
+  EXPECT_TRUE(at_home.empty()) << "written to HOME: " << absl::StrJoin(at_home, ", ");
   for (const auto& entry : fs::recursive_directory_iterator(dir_ / "data" / "jobs")) {
     EXPECT_FALSE(absl::StrContains(entry.path().filename().string(), "mat-debug")) << entry.path();
   }
