@@ -138,12 +138,14 @@ class FuseAttentionPass final : public Pass {
     if (packed) {
       const onnx::TensorProto* b = q.bias.empty() ? nullptr : ConstantTensor(graph, q.bias);
       hidden = q.size;
+      // The packed weight and bias become the Attention's as they are: their types are checked, their
+      // values not read.
       const bool bias_ok = q.bias.empty() || (b != nullptr && b->dims_size() == 1 && b->dims(0) == 3 * hidden &&
-                                              TensorFloats(*b));
+                                              b->data_type() == onnx::TensorProto::FLOAT);
       if (k.matmul != q.matmul || v.matmul != q.matmul || k.add != q.add || v.add != q.add || q.offset != 0 ||
           k.offset != hidden ||
           v.offset != 2 * hidden || k.size != hidden || v.size != hidden || q_weight->dims(1) != 3 * hidden ||
-          !bias_ok || !TensorFloats(*q_weight)) {
+          !bias_ok || q_weight->data_type() != onnx::TensorProto::FLOAT) {
         *reason = "the packed Q/K/V projection is not split into three equal float parts in order";
         return false;
       }

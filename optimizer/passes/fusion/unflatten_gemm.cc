@@ -49,9 +49,16 @@ class UnflattenGemmPass final : public Pass {
       }
       const bool trans_b = gemm->GetAttributeInt("transB", 0) != 0;
       const onnx::TensorProto* w = ConstantTensor(graph, gemm->input(1));
-      auto w_values = w ? TensorFloats(*w) : std::nullopt;
-      if (!w_values || w->dims_size() != 2 || w->dims(trans_b ? 1 : 0) != *k) {
+      if (w == nullptr || w->data_type() != onnx::TensorProto::FLOAT || w->dims_size() != 2 ||
+          w->dims(trans_b ? 1 : 0) != *k) {
         context.Skip("unflatten_gemm: the weight is not a float constant [K, N]");
+        continue;
+      }
+      // Only a transposed weight is read (to be written transposed); MatMul takes any other as it is,
+      // so a weight kept in its file stays there: the 1 GB decoder's were a gigabyte read for nothing.
+      std::optional<std::vector<float>> w_values;
+      if (trans_b && !(w_values = TensorFloats(*w))) {
+        context.Skip("unflatten_gemm: the weight's values cannot be read");
         continue;
       }
       const int64_t n = w->dims(trans_b ? 0 : 1);
