@@ -89,6 +89,51 @@ TEST(FoldConstantsTest, FoldsConstantChainsAndStaticShapes) {
   ExpectSameOutputs(original, run.model);
 }
 
+// Constants become initializers before anything folds (exports have tens of thousands), with what
+// folding them as nodes gave: equal small ones become one, one whose readers all fold leaves
+// nothing behind, and one that is a graph output or bigger than max_output_bytes (left to the general
+// path) still folds with its reader or keeps its name.
+TEST(FoldConstantsTest, ConstantsBecomeInitializersOnceAndOnlyWhereRead) {
+  auto constant = [](const std::string& output, std::vector<float> values) {
+    onnx::NodeProto node = MakeNode("Constant", {}, {output});
+    auto* value = node.add_attribute();
+    value->set_name("value");
+    value->set_type(onnx::AttributeProto::TENSOR);
+    *value->mutable_t() = FloatTensor("", {static_cast<int64_t>(values.size())}, values);
+    return node;
+  };
+  onnx::GraphProto graph;
+  *graph.add_node() = constant("c1", {1, 2, 3});
+  *graph.add_node() = constant("c2", {1, 2, 3});  // equal to c1
+  *graph.add_node() = constant("c3", {4, 5, 6});  // read only by a node that folds
+  *graph.add_node() = constant("big", std::vector<float>(64, 7));
+  *graph.add_node() = constant("out", {8, 9, 10});
+  *graph.add_node() = MakeNode("Mul", {"x", "c1"}, {"y1"});
+  *graph.add_node() = MakeNode("Mul", {"x", "c2"}, {"y2"});
+  *graph.add_node() = MakeNode("Neg", {"c3"}, {"n"});
+  *graph.add_node() = MakeNode("Mul", {"x", "n"}, {"y3"});
+  *graph.add_node() = MakeNode("ReduceSum", {"big"}, {"total"});
+  *graph.add_node() = MakeNode("Add", {"x", "total"}, {"y4"});
+  *graph.add_input() = FloatValue("x", {3});
+  for (const char* output : {"y1", "y2", "y3", "y4"}) *graph.add_output() = FloatValue(output, {3});
+  *graph.add_output() = FloatValue("out", {3});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fold_constants", "params": {"max_output_bytes": 128}}]})",
+                          original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::set<std::string> initializers;
+  for (const auto& tensor : run.model.graph().initializer()) initializers.insert(tensor.name());
+  EXPECT_EQ(initializers, (std::set<std::string>{"c1", "n", "out", "total"}));
+  std::set<std::string> constants;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "Constant") constants.insert(node.output(0));
+    if (node.output(0) == "y2") EXPECT_EQ(node.input(1), "c1");
+  }
+  EXPECT_TRUE(constants.empty());
+  EXPECT_EQ(run.report.rewrites(), 7);  // five Constants, Neg, ReduceSum
+  ExpectSameOutputs(original, run.model);
+}
+
 // fold_constants keeps the types of what it leaves, but a shape it computes in ONNX Runtime (Abs:
 // no rule knows its values) is news to the shapes: the next pass must see the Reshape is a no-op.
 TEST(FoldConstantsTest, AValueTheShapesDidNotKnowMakesThemInferAgain) {

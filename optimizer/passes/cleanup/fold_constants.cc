@@ -1,6 +1,6 @@
 // fold_constants: evaluates nodes whose inputs are all constant, Shape/Size of values whose shape
 // is static, and shape arithmetic whose value the shapes pin down, and stores the results as
-// initializers.
+// initializers. Constant nodes holding a tensor become initializers first.
 //
 // Before:  W (initializer) -> Transpose -> Wt -> MatMul(x, Wt)       After:  Wt' (initializer) -> MatMul(x, Wt')
 //          Shape(x: 1x16x64) -> Gather(.., 2) -> Unsqueeze -> ...            [64] (initializer) -> ...
@@ -183,6 +183,71 @@ std::string EvaluationKey(const Node& node, const absl::flat_hash_map<std::strin
 // Folded values up to this size are merged with their equals as they are materialized.
 constexpr size_t kMergedAtSourceBytes = 4096;
 
+// Writes folded values into the graph as initializers. A small value equal to one written before it
+// (every layer's shape constants) takes that one's name, as eliminate_duplicate_initializers would:
+// 25k initializers of a 100k-node decoder were made only to be merged by it. Graph outputs keep
+// their names.
+class Materializer {
+ public:
+  explicit Materializer(Graph& graph) : graph_(graph) {}
+
+  // `value` is what `tensor` (named anything) becomes; its producer is removed by the caller. Returns
+  // whether an initializer of that name was added (not an equal one's read instead).
+  bool Write(const std::string& value, onnx::TensorProto tensor) {
+    tensor.clear_name();
+    if (!graph_.IsGraphOutput(value) && tensor.ByteSizeLong() <= kMergedAtSourceBytes) {
+      auto [kept, first] = written_as_.emplace(tensor.SerializeAsString(), value);
+      if (!first) {
+        graph_.ReplaceAllUsesWith(value, kept->second);
+        return false;
+      }
+    }
+    tensor.set_name(value);
+    graph_.AddInitializer(std::move(tensor));
+    return true;
+  }
+
+ private:
+  Graph& graph_;
+  absl::flat_hash_map<std::string, std::string> written_as_;  // content -> the value keeping it
+};
+
+// A Constant holding a tensor is that tensor: it becomes an initializer before anything else, so
+// that the folding below sees it as one. Exports have tens of thousands (36k in a 100k-node
+// decoder); carried through the folding's tables they were half of the pass's time. A Constant that
+// is a graph output, or too big to fold, is left to the general path. Returns the initializers made.
+std::vector<std::string> ConstantsToInitializers(Graph& graph, PassContext& context, int64_t max_bytes,
+                                                 Materializer* materializer) {
+  std::vector<std::string> made;
+  for (Node* node : graph.Nodes()) {
+    if (node->op_type() != "Constant" || !node->domain().empty() || node->output_size() != 1 ||
+        node->proto().attribute_size() != 1) {
+      continue;
+    }
+    const onnx::AttributeProto& value = node->proto().attribute(0);
+    const std::string& output = node->output(0);
+    if (value.name() != "value" || !value.has_t() || output.empty() || graph.IsGraphOutput(output) ||
+        TensorBytes(value.t()) > max_bytes) {
+      continue;
+    }
+    const bool read = graph.HasConsumers(output);
+    onnx::TensorProto tensor = read ? value.t() : onnx::TensorProto();
+    const std::string name = output;
+    graph.RemoveNode(node);
+    context.CountRewrite();
+    if (read && materializer->Write(name, std::move(tensor))) made.push_back(name);
+  }
+  return made;
+}
+
+// Initializers made of Constants that the folding left unread (it folded all their readers), as
+// folding the Constant with its readers left none.
+void DropUnread(Graph& graph, const std::vector<std::string>& made) {
+  for (const std::string& name : made) {
+    if (!graph.HasConsumers(name) && !graph.IsGraphOutput(name)) graph.RemoveInitializer(name);
+  }
+}
+
 class FoldConstantsPass final : public Pass {
  public:
   absl::string_view name() const override { return "fold_constants"; }
@@ -200,6 +265,9 @@ class FoldConstantsPass final : public Pass {
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     const int64_t opset = context.OpsetVersion("");
+    const int64_t max_bytes = context.params().GetInt("max_output_bytes");
+    Materializer materializer(graph);
+    const std::vector<std::string> from_constants = ConstantsToInitializers(graph, context, max_bytes, &materializer);
     // Names point into the graph, which nothing edits before the folded nodes go.
     absl::flat_hash_set<absl::string_view> constant;
     constant.reserve(static_cast<size_t>(graph.proto().initializer_size() + graph.NodeCount()));
@@ -271,7 +339,6 @@ class FoldConstantsPass final : public Pass {
       }
       return bytes;
     };
-    const int64_t max_bytes = context.params().GetInt("max_output_bytes");
     // Unfold producers of oversized results until every value that leaves the folded set is acceptable.
     for (bool changed = true; changed;) {
       changed = false;
@@ -308,23 +375,8 @@ class FoldConstantsPass final : public Pass {
       graph.RemoveNode(node);
       context.CountRewrite();
     }
-    // A small folded value equal to one materialized before it (every layer's shape constants) takes
-    // that one's name, as eliminate_duplicate_initializers would: 25k initializers of a 100k-node
-    // decoder were made here only to be merged by it. Graph outputs keep their names.
-    absl::flat_hash_map<std::string, std::string> materialized_as;  // content -> the value keeping it
-    for (const std::string& value : materialize) {
-      onnx::TensorProto tensor = std::move(values[value]);
-      tensor.clear_name();
-      if (!graph.IsGraphOutput(value) && tensor.ByteSizeLong() <= kMergedAtSourceBytes) {
-        auto [kept, first] = materialized_as.emplace(tensor.SerializeAsString(), value);
-        if (!first) {
-          graph.ReplaceAllUsesWith(value, kept->second);
-          continue;
-        }
-      }
-      tensor.set_name(value);
-      graph.AddInitializer(std::move(tensor));
-    }
+    for (const std::string& value : materialize) materializer.Write(value, std::move(values[value]));
+    DropUnread(graph, from_constants);
     return absl::OkStatus();
   }
 
