@@ -214,8 +214,9 @@ class Materializer {
 
 // A Constant holding a tensor is that tensor: it becomes an initializer before anything else, so
 // that the folding below sees it as one. Exports have tens of thousands (36k in a 100k-node
-// decoder); carried through the folding's tables they were half of the pass's time. A Constant that
-// is a graph output, or too big to fold, is left to the general path. Returns the initializers made.
+// decoder), which went through the folding's tables like computed values: this way the decoder's
+// process took 0.18 s less (median of 10 pairs). A Constant that is a graph output, or too big to
+// fold, is left to the general path. Returns the initializers made.
 std::vector<std::string> ConstantsToInitializers(Graph& graph, PassContext& context, int64_t max_bytes,
                                                  Materializer* materializer) {
   std::vector<std::string> made;
