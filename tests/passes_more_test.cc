@@ -127,7 +127,9 @@ TEST(FoldConstantsTest, ConstantsBecomeInitializersOnceAndOnlyWhereRead) {
   std::set<std::string> constants;
   for (const auto& node : run.model.graph().node()) {
     if (node.op_type() == "Constant") constants.insert(node.output(0));
-    if (node.output(0) == "y2") EXPECT_EQ(node.input(1), "c1");
+    if (node.output(0) == "y2") {
+      EXPECT_EQ(node.input(1), "c1");
+    }
   }
   EXPECT_TRUE(constants.empty());
   EXPECT_EQ(run.report.rewrites(), 7);  // five Constants, Neg, ReduceSum
