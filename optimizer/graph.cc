@@ -34,7 +34,7 @@ const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, absl::str
   return nullptr;
 }
 
-int64_t IntAttribute(const onnx::NodeProto& node, absl::string_view name, int64_t fallback) {
+int64_t GetAttributeInt(const onnx::NodeProto& node, absl::string_view name, int64_t fallback) {
   const onnx::AttributeProto* attribute = FindAttribute(node, name);
   return attribute != nullptr ? attribute->i() : fallback;
 }
@@ -44,7 +44,7 @@ const onnx::AttributeProto* Node::FindAttribute(absl::string_view name) const {
 }
 
 int64_t Node::GetAttributeInt(absl::string_view name, int64_t default_value) const {
-  return IntAttribute(proto_, name, default_value);
+  return onnxopt::GetAttributeInt(proto_, name, default_value);
 }
 
 onnx::NodeProto Node::ProtoWithBodies() const {

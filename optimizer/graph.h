@@ -236,7 +236,7 @@ class Graph {
 
 // The attribute `name` of a node, or nullptr; an INT attribute's value, or `fallback` when absent.
 const onnx::AttributeProto* FindAttribute(const onnx::NodeProto& node, absl::string_view name);
-int64_t IntAttribute(const onnx::NodeProto& node, absl::string_view name, int64_t fallback);
+int64_t GetAttributeInt(const onnx::NodeProto& node, absl::string_view name, int64_t fallback);
 
 // A node's operator as reports count it: "Relu", or "com.microsoft::FastGelu" outside the default domain.
 std::string OpKey(const onnx::NodeProto& node);

@@ -494,7 +494,7 @@ absl::StatusOr<OptimizeResult> Optimize(const OptimizeRequest& request, v1::Repo
       described->set_note(absl::StrCat("the ", precision.mode(), " model failed parity: ", WorstOutput(*parity)));
       if (!precision.has_auto_mixed() || precision.auto_mixed()) {
         if (request.on_progress) request.on_progress(Phase::kValidating, "automatic mixed precision", 0, 0);
-        ActivationRanges ranges = [&](const onnx::ModelProto& model) {
+        ActivationMagnitudes ranges = [&](const onnx::ModelProto& model) {
           return MaxAbsActivations(model, reference->sets.front().inputs, settings);
         };
         std::string search_failure;

@@ -56,15 +56,25 @@ struct ModelHints {
   int64_t hidden_size = 0;
 };
 
+// The range of values a float activation took in calibration.
+struct ValueRange {
+  float low = 0;
+  float high = 0;
+};
+// Calibrated ranges by value name, for the passes that quantize activations (int8_static).
+using ActivationRanges = std::map<std::string, ValueRange>;
+
 class PassContext {
  public:
   PassContext(const PassParams& params, const onnx::ModelProto& model, const ShapeInfo* shapes = nullptr,
-              const ModelHints* hints = nullptr);
+              const ModelHints* hints = nullptr, const ActivationRanges* activation_ranges = nullptr);
   const PassParams& params() const { return params_; }
-  // Types and shapes of main-graph values as the pass started; null unless the pass needs_shapes().
+  // Types and shapes of main-graph values as the pass started, for a ShapedPass (null for others).
   const ShapeInfo* shapes() const { return shapes_; }
   const onnx::ModelProto& model() const { return model_; }
   const ModelHints& hints() const { return hints_; }
+  // Calibrated activation ranges the pipeline was given (empty when none).
+  const ActivationRanges& activation_ranges() const { return *activation_ranges_; }
   // Opset version the model imports for `domain` ("" and "ai.onnx" are the same); 0 if none.
   int64_t OpsetVersion(absl::string_view domain) const;
 
@@ -98,6 +108,7 @@ class PassContext {
   const onnx::ModelProto& model_;
   const ShapeInfo* shapes_;
   ModelHints hints_;
+  const ActivationRanges* activation_ranges_;
   std::map<std::string, int64_t> opsets_;
   int64_t rewrites_ = 0;
   bool shapes_can_improve_ = false;
@@ -105,6 +116,24 @@ class PassContext {
   std::map<std::string, int64_t> required_opsets_;
   std::map<std::string, int64_t> counters_;
   std::vector<std::string> notes_;
+};
+
+// What a pass does to the types and shapes inferred before it, declared once per pass and read by the
+// pass manager in one place (pass_manager.cc).
+enum class ShapeEffect {
+  // Every value that survives its rewrites keeps its type, and what it adds writes values typed from
+  // their inputs (it removes nodes, points readers at same-typed values, or replaces a subgraph by
+  // nodes that write the same values): the shapes carry over, the removed values forgotten and the
+  // added ones typed from their inputs, instead of a new inference. Those shapes may be less precise
+  // than a new inference would find (a reader pointed at a better-typed twin); the next pass that does
+  // not keep types infers again. A run that made values known that the shapes did not know says so
+  // (PassContext::ShapesCanImprove).
+  kKeepsValueTypes,
+  // A rewrite may change value types: shapes are inferred again after a run that changed the graph.
+  kInvalidatesOnChange,
+  // It edits declared types or shapes (graph inputs, outputs, value_info) directly, or works on the
+  // model as a whole: shapes inferred before it are stale after every run, rewrites or not.
+  kInvalidatesAlways,
 };
 
 class Pass {
@@ -115,29 +144,30 @@ class Pass {
   virtual std::vector<ParamSpec> params() const { return {}; }
   // Checks parameter values beyond their type (e.g. the syntax of a string); INVALID_ARGUMENT.
   virtual absl::Status ValidateParams(const PassParams& params) const { return absl::OkStatus(); }
-  // Whether the pass manager should run shape inference before this pass. Inference is shared: it
-  // is run again only after a pass changed the graph.
+  virtual ShapeEffect shape_effect() const { return ShapeEffect::kInvalidatesOnChange; }
+  // Whether the pass reads inferred shapes (ShapedPass). Inference is shared: it runs again only after
+  // a pass changed what the shapes describe.
   virtual bool needs_shapes() const { return false; }
-  // A pass whose rewrites leave every value that survives them with the type it had (it removes
-  // nodes, points readers at same-typed values, or replaces a subgraph by nodes that write the same
-  // values) says so: shapes inferred before it stay true after it. The pass manager then forgets the
-  // values it removed and types the nodes it added from their inputs, instead of inferring the whole
-  // graph again. Those shapes may be less precise than a new inference would find (a reader pointed at
-  // a better-typed twin); the next pass that does not keep types infers again. A run that made
-  // values known that the shapes did not know says so (PassContext::ShapesCanImprove).
-  virtual bool keeps_value_types() const { return false; }
-  // A pass that edits declared types or shapes (graph inputs, outputs, value_info) directly says so:
-  // shapes inferred before it are stale after it even when it reports no rewrite.
-  virtual bool edits_declared_types() const { return false; }
   // Called for the main graph and every subgraph. The model (PassContext::model) must not be read
   // for nodes while the pass runs: they live in the Graph until it is committed.
   virtual absl::Status RunOnGraph(Graph& graph, PassContext& context) const = 0;
   // A pass that works on the model as a whole (opset conversion) says so; the manager then calls
-  // RunOnModel instead of RunOnGraph.
+  // RunOnModel instead of RunOnGraph, and takes its shape effect as kInvalidatesAlways.
   virtual bool is_model_pass() const { return false; }
   virtual absl::Status RunOnModel(onnx::ModelProto* model, PassContext& context) const {
     return absl::UnimplementedError("not a model pass");
   }
+};
+
+// A pass that reads the types and shapes of main-graph values as they were when it started: the pass
+// manager infers them first, and the pass receives them.
+class ShapedPass : public Pass {
+ public:
+  bool needs_shapes() const final { return true; }
+  absl::Status RunOnGraph(Graph& graph, PassContext& context) const final;
+
+ protected:
+  virtual absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const = 0;
 };
 
 }  // namespace onnxopt

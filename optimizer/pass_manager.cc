@@ -121,7 +121,7 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
     pipeline.preset = "passes";
     return pipeline;
   }
-  std::string preset_name = config.preset().empty() ? kDefaultPreset : config.preset();
+  std::string preset_name = config.preset().empty() ? kAutoPreset : config.preset();
   pipeline.preset = preset_name;
   std::set<std::string> left_out;
   if (preset_name == kAutoPreset) {
@@ -183,7 +183,6 @@ class HeldGraph {
     if (graph_ == nullptr) graph_ = std::make_unique<Graph>(model_->mutable_graph());
     return *graph_;
   }
-  bool held() const { return graph_ != nullptr; }
   // Gives the nodes back to the model.
   absl::Status Release() {
     if (graph_ == nullptr) return absl::OkStatus();
@@ -201,69 +200,130 @@ absl::Status Named(const PassInvocation& invocation, const absl::Status& status)
   return absl::Status(status.code(), absl::StrCat("pass '", invocation.pass->name(), "': ", status.message()));
 }
 
-// Runs one pass over every graph of the model and records what it did. `shapes` holds the inference
-// of the model as it is (or nothing); the pass runs it if it needs it and none is held, and drops it
-// when it changed the model. A pass that needs shapes takes `inference_seconds` (an inference made
-// before it, for it) into its time.
-absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hints, int iteration,
-                        onnx::ModelProto* model, HeldGraph* held, std::optional<ShapeInfo>* shapes,
-                        double* inference_seconds, std::vector<v1::PassReport>* reports, int64_t* rewrites) {
-  const auto start = std::chrono::steady_clock::now();
-  const bool model_pass = invocation.pass->is_model_pass();
-  if (model_pass) {
-    absl::Status released = held->Release();
-    if (!released.ok()) return released;
-  }
-  if (invocation.pass->needs_shapes() && !shapes->has_value()) {
-    *shapes = model_pass ? ShapeInfo::Infer(*model) : ShapeInfo::Infer(*model, held->Get());
-  }
-  PassContext context(invocation.params, *model, invocation.pass->needs_shapes() ? &**shapes : nullptr, &hints);
-  bool edited = model_pass || invocation.pass->edits_declared_types();
-  v1::PassReport report;
-  std::map<std::string, int64_t> op_delta;
-  std::vector<std::string> vanished;
-  std::vector<const Node*> added;
+// The one place a pass's declared shape effect is read: a model pass invalidates, whatever it says.
+ShapeEffect EffectOf(const Pass& pass) {
+  return pass.is_model_pass() ? ShapeEffect::kInvalidatesAlways : pass.shape_effect();
+}
+
+// What one run of a pass did to the graph, beyond its report.
+struct PassEdits {
+  std::vector<std::string> vanished;  // values gone
+  std::vector<const Node*> added;     // nodes added, in order
   std::vector<std::string> added_initializers;
-  if (model_pass) {
-    const std::map<std::string, int64_t> before = OpHistogram(model->graph());
-    report.set_nodes_before(CountNodes(model->graph()));
-    absl::Status status = invocation.pass->RunOnModel(model, context);
-    if (!status.ok()) return Named(invocation, status);
-    report.set_nodes_after(CountNodes(model->graph()));
-    std::map<std::string, int64_t> after = OpHistogram(model->graph());
-    for (const auto& [op, count] : before) after[op] -= count;
-    for (const auto& [op, count] : after) {
-      if (count != 0) op_delta[op] = count;
-    }
-  } else {
-    Graph& graph = held->Get();
-    report.set_nodes_before(graph.NodeCountRecursive());
-    absl::Status status = absl::OkStatus();
-    graph.ForEachGraph([&](Graph& g) {
-      if (status.ok()) status = invocation.pass->RunOnGraph(g, context);
-    });
-    graph.ForEachGraph([&](Graph& g) { edited = edited || g.changed(); });
-    if (!status.ok()) return Named(invocation, status);
-    absl::Status checkpoint = graph.Checkpoint();
-    if (!checkpoint.ok()) return Named(invocation, checkpoint);
-    op_delta = graph.TakeOpDelta();
-    vanished = graph.TakeVanishedValues();
-    added = graph.TakeAddedNodes();
-    added_initializers = graph.TakeAddedInitializers();
-    report.set_nodes_after(graph.NodeCountRecursive());
+  bool graph_edited = false;  // a rewrite touched a graph (even one that left its counts as they were)
+};
+
+// One run of a pipeline over a model: the Graph held across graph passes, and the shapes the passes
+// that read them share until one changes what they describe.
+class PipelineRunner {
+ public:
+  PipelineRunner(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
+                 std::vector<v1::PassReport>* reports)
+      : pipeline_(pipeline), model_(model), options_(options), reports_(reports), held_(model) {}
+
+  absl::Status Run(std::optional<InitialShapes> initial_shapes);
+  absl::Status Release() { return held_.Release(); }
+
+ private:
+  // Runs one pass over every graph of the model, records what it did, and keeps or drops the shapes.
+  absl::Status RunPass(const PassInvocation& invocation, int iteration, int64_t* rewrites);
+  absl::Status RunOnGraphs(const PassInvocation& invocation, PassContext& context, v1::PassReport* report,
+                           PassEdits* edits);
+  absl::Status RunOnModel(const PassInvocation& invocation, PassContext& context, v1::PassReport* report);
+  void ImportRequiredOpsets(const PassContext& context);
+  // Shapes inferred before a run that changed the graph: carried over (kKeepsValueTypes) or dropped.
+  void UpdateShapes(const Pass& pass, const PassContext& context, const PassEdits& edits);
+
+  const Pipeline& pipeline_;
+  onnx::ModelProto* model_;
+  const PassManagerOptions& options_;
+  std::vector<v1::PassReport>* reports_;
+  HeldGraph held_;
+  std::optional<ShapeInfo> shapes_;  // of the model as it is, or nothing
+  double inference_seconds_ = 0;     // of `shapes_`, until the first pass that reads them takes it
+};
+
+absl::Status PipelineRunner::RunOnModel(const PassInvocation& invocation, PassContext& context,
+                                        v1::PassReport* report) {
+  const std::map<std::string, int64_t> before = OpHistogram(model_->graph());
+  report->set_nodes_before(CountNodes(model_->graph()));
+  absl::Status status = invocation.pass->RunOnModel(model_, context);
+  if (!status.ok()) return Named(invocation, status);
+  report->set_nodes_after(CountNodes(model_->graph()));
+  std::map<std::string, int64_t> after = OpHistogram(model_->graph());
+  for (const auto& [op, count] : before) after[op] -= count;
+  for (const auto& [op, count] : after) {
+    if (count != 0) (*report->mutable_op_delta())[op] = count;
   }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::RunOnGraphs(const PassInvocation& invocation, PassContext& context,
+                                         v1::PassReport* report, PassEdits* edits) {
+  Graph& graph = held_.Get();
+  report->set_nodes_before(graph.NodeCountRecursive());
+  absl::Status status = absl::OkStatus();
+  graph.ForEachGraph([&](Graph& g) {
+    if (status.ok()) status = invocation.pass->RunOnGraph(g, context);
+  });
+  bool changed = false;
+  graph.ForEachGraph([&](Graph& g) { changed = changed || g.changed(); });
+  edits->graph_edited = changed;
+  if (!status.ok()) return Named(invocation, status);
+  absl::Status checkpoint = graph.Checkpoint();
+  if (!checkpoint.ok()) return Named(invocation, checkpoint);
+  for (const auto& [op, delta] : graph.TakeOpDelta()) (*report->mutable_op_delta())[op] = delta;
+  edits->vanished = graph.TakeVanishedValues();
+  edits->added = graph.TakeAddedNodes();
+  edits->added_initializers = graph.TakeAddedInitializers();
+  report->set_nodes_after(graph.NodeCountRecursive());
+  return absl::OkStatus();
+}
+
+void PipelineRunner::ImportRequiredOpsets(const PassContext& context) {
   for (const auto& [domain, version] : context.required_opsets()) {
     bool present = false;
-    for (const auto& import : model->opset_import()) present |= import.domain() == domain;
+    for (const auto& import : model_->opset_import()) present |= import.domain() == domain;
     if (present) continue;
-    auto* import = model->add_opset_import();
+    auto* import = model_->add_opset_import();
     import->set_domain(domain);
     import->set_version(version);
   }
-  report.set_name(std::string(invocation.pass->name()));
+}
+
+void PipelineRunner::UpdateShapes(const Pass& pass, const PassContext& context, const PassEdits& edits) {
+  // A domain the pass imported first is read only by nodes it added, which Extend types.
+  if (EffectOf(pass) == ShapeEffect::kKeepsValueTypes && shapes_.has_value() && !context.shapes_can_improve()) {
+    shapes_->Forget(edits.vanished);
+    shapes_->Extend(*model_, held_.Get(), edits.added, edits.added_initializers);
+  } else {
+    shapes_.reset();
+  }
+}
+
+absl::Status PipelineRunner::RunPass(const PassInvocation& invocation, int iteration, int64_t* rewrites) {
+  const auto start = std::chrono::steady_clock::now();
+  const Pass& pass = *invocation.pass;
+  const bool model_pass = pass.is_model_pass();
+  if (model_pass) {
+    absl::Status released = held_.Release();
+    if (!released.ok()) return released;
+  }
+  if (pass.needs_shapes() && !shapes_.has_value()) {
+    shapes_ = model_pass ? ShapeInfo::Infer(*model_) : ShapeInfo::Infer(*model_, held_.Get());
+  }
+  PassContext context(invocation.params, *model_, pass.needs_shapes() ? &*shapes_ : nullptr, &pipeline_.hints,
+                      &pipeline_.activation_ranges);
+  v1::PassReport report;
+  PassEdits edits;
+  absl::Status status = model_pass ? RunOnModel(invocation, context, &report)
+                                   : RunOnGraphs(invocation, context, &report, &edits);
+  if (!status.ok()) return status;
+  ImportRequiredOpsets(context);
+  report.set_name(std::string(pass.name()));
   report.set_iteration(iteration);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (invocation.pass->needs_shapes()) seconds += std::exchange(*inference_seconds, 0.0);
+  if (pass.needs_shapes()) seconds += std::exchange(inference_seconds_, 0.0);
   report.set_duration_seconds(seconds);
   report.set_rewrites(context.rewrites());
   for (const auto& skip : context.skipped()) {
@@ -273,54 +333,40 @@ absl::Status RunOnePass(const PassInvocation& invocation, const ModelHints& hint
   }
   for (const auto& [counter, count] : context.counters()) (*report.mutable_counters())[counter] = count;
   for (const auto& note : context.notes()) report.add_notes(note);
-  for (const auto& [op, delta] : op_delta) (*report.mutable_op_delta())[op] = delta;
-  const bool changed = edited || PassChangedGraph(report) || !context.required_opsets().empty();
-  // A domain the pass imported first is read only by nodes it added, which Extend types.
-  const bool types_kept =
-      invocation.pass->keeps_value_types() && !model_pass && !invocation.pass->edits_declared_types();
-  if (changed && types_kept && shapes->has_value() && !context.shapes_can_improve()) {
-    (*shapes)->Forget(vanished);
-    (*shapes)->Extend(*model, held->Get(), added, added_initializers);
-  } else if (changed) {
-    shapes->reset();
-  }
-  reports->push_back(std::move(report));
+  const bool changed = EffectOf(pass) == ShapeEffect::kInvalidatesAlways || edits.graph_edited ||
+                       PassChangedGraph(report) || !context.required_opsets().empty();
+  if (changed) UpdateShapes(pass, context, edits);
+  reports_->push_back(std::move(report));
   *rewrites += context.rewrites();
   return absl::OkStatus();
 }
 
-absl::Status RunSteps(const Pipeline& pipeline, onnx::ModelProto* model, HeldGraph* held,
-                      const PassManagerOptions& options, std::vector<v1::PassReport>* reports,
-                      std::optional<InitialShapes> initial_shapes) {
-  const int total = pipeline.PassCount();
+absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
+  const int total = pipeline_.PassCount();
   int done = 0;
   int64_t changes = 0;
-  std::optional<ShapeInfo> shapes;  // shared by the passes that need it until one changes the model
-  double inference_seconds = 0;     // of `shapes`, until the first pass that reads them
-  if (InfersShapesFirst(pipeline, options)) {
-    if (!initial_shapes) initial_shapes = InferInitialShapes(*model);
-    shapes = std::move(initial_shapes->shapes);
-    inference_seconds = initial_shapes->seconds;
+  if (InfersShapesFirst(pipeline_, options_)) {
+    if (!initial_shapes) initial_shapes = InferInitialShapes(*model_);
+    shapes_ = std::move(initial_shapes->shapes);
+    inference_seconds_ = initial_shapes->seconds;
   }
-  for (const auto& step : pipeline.steps) {
+  for (const auto& step : pipeline_.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
       int64_t sweep_rewrites = 0;
       int index_in_sweep = 0;
       for (const auto& invocation : step.passes) {
-        if (options.stop_after_changes >= 0 && changes >= options.stop_after_changes) return absl::OkStatus();
-        if (options.cancelled != nullptr && options.cancelled->load()) {
+        if (options_.stop_after_changes >= 0 && changes >= options_.stop_after_changes) return absl::OkStatus();
+        if (options_.cancelled != nullptr && options_.cancelled->load()) {
           return absl::CancelledError("cancelled between passes");
         }
-        if (options.excluded_passes.count(std::string(invocation.pass->name())) > 0) {
+        const std::string name(invocation.pass->name());
+        if (options_.excluded_passes.count(name) > 0) {
           ++index_in_sweep;
           continue;
         }
-        if (options.on_pass_start) options.on_pass_start(std::string(invocation.pass->name()), done + index_in_sweep, total);
-        absl::Status status =
-            RunOnePass(invocation, pipeline.hints, iteration, model, held, &shapes, &inference_seconds, reports,
-                       &sweep_rewrites);
-        if (!status.ok()) return status;
-        if (PassChangedGraph(reports->back())) ++changes;
+        if (options_.on_pass_start) options_.on_pass_start(name, done + index_in_sweep, total);
+        if (absl::Status status = RunPass(invocation, iteration, &sweep_rewrites); !status.ok()) return status;
+        if (PassChangedGraph(reports_->back())) ++changes;
         ++index_in_sweep;
       }
       if (sweep_rewrites == 0) break;  // fixed point reached (or a single run done)
@@ -348,7 +394,7 @@ bool InfersShapesFirst(const Pipeline& pipeline, const PassManagerOptions& optio
       const Pass& pass = *invocation.pass;
       if (options.excluded_passes.count(std::string(pass.name())) > 0) continue;
       if (pass.needs_shapes()) return true;
-      if (pass.is_model_pass() || !pass.keeps_value_types() || pass.edits_declared_types()) return false;
+      if (EffectOf(pass) != ShapeEffect::kKeepsValueTypes) return false;
     }
   }
   return false;
@@ -356,10 +402,10 @@ bool InfersShapesFirst(const Pipeline& pipeline, const PassManagerOptions& optio
 
 absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
                          std::vector<v1::PassReport>* reports, std::optional<InitialShapes> initial_shapes) {
-  HeldGraph held(model);
-  absl::Status status = RunSteps(pipeline, model, &held, options, reports, std::move(initial_shapes));
+  PipelineRunner runner(pipeline, model, options, reports);
+  absl::Status status = runner.Run(std::move(initial_shapes));
   // The model is whole again whatever happened; a failure to write it back outranks the run's status.
-  absl::Status released = held.Release();
+  absl::Status released = runner.Release();
   return released.ok() ? status : released;
 }
 

@@ -35,6 +35,7 @@ struct PipelineStep {
 struct Pipeline {
   std::vector<PipelineStep> steps;
   ModelHints hints;  // from the config's transformer options
+  ActivationRanges activation_ranges;  // calibrated, for int8_static (precision.h)
   std::string preset;  // what runs: a preset's name, "auto: transformer (bert)", or "passes"
   int PassCount() const;  // invocations in one sweep of every step
   std::string ToString() const;  // e.g. "fixed_point(a,b)<=8"

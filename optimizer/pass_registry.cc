@@ -1,17 +1,32 @@
 #include "optimizer/pass_registry.h"
 
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
 
-void PassRegistry::Register(std::unique_ptr<Pass> pass) {
+absl::Status PassRegistry::Register(std::unique_ptr<Pass> pass) {
   std::string name(pass->name());
-  passes_[name] = std::move(pass);
+  if (!passes_.emplace(name, std::move(pass)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("a pass named '", name, "' is registered already"));
+  }
+  return absl::OkStatus();
 }
 
-void PassRegistry::AddPreset(Preset preset) {
+absl::Status PassRegistry::AddPreset(Preset preset) {
+  for (const std::string& pass : preset.AllPasses()) {
+    if (FindPass(pass) == nullptr) {
+      return absl::NotFoundError(absl::StrCat("preset '", preset.name, "' names pass '", pass, "', which is not registered"));
+    }
+  }
   std::string name = preset.name;
-  presets_[name] = std::move(preset);
+  if (!presets_.emplace(name, std::move(preset)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("a preset named '", name, "' exists already"));
+  }
+  return absl::OkStatus();
 }
 
 const Pass* PassRegistry::FindPass(const std::string& name) const {
@@ -45,41 +60,49 @@ std::vector<std::string> Preset::AllPasses() const {
 const PassRegistry& DefaultPassRegistry() {
   static const PassRegistry* const registry = [] {
     auto* built = new PassRegistry();
-    built->Register(MakeEliminateIdentityPass());
-    built->Register(MakeEliminateDropoutPass());
-    built->Register(MakeEliminateNoopOpsPass());
-    built->Register(MakeFoldConstantsPass());
-    built->Register(MakeEliminateCommonSubexpressionsPass());
-    built->Register(MakeEliminateDuplicateInitializersPass());
-    built->Register(MakeEliminateDeadNodesPass());
-    built->Register(MakeEliminateUnusedInitializersPass());
-    built->Register(MakeGatherRangeToSlicePass());
-    built->Register(MakeFoldRelativePositionBucketsPass());
-    built->Register(MakeFuseConvBatchNormPass());
-    built->Register(MakeFuseConsecutiveTransposesPass());
-    built->Register(MakeFixDynamicDimsPass());
-    built->Register(MakeEliminateInitializerInputsPass());
-    built->Register(MakeFuseReshapeChainsPass());
-    built->Register(MakeFuseMatMulAddIntoGemmPass());
-    built->Register(MakeFuseConvAddMulPass());
-    built->Register(MakeConvertOpsetPass());
-    built->Register(MakeUpstreamSlicePass());
-    built->Register(MakeFuseTransposeIntoGemmPass());
-    built->Register(MakeFuseLayerNormPass());
-    built->Register(MakeFuseGeluPass());
-    built->Register(MakeFuseSkipLayerNormPass());
-    built->Register(MakeFuseAttentionPass());
-    built->Register(MakeUnflattenGemmPass());
-    built->Register(MakeFuseEmbedLayerNormPass());
-    built->Register(MakeCanonicalizeSwapLastAxesPass());
-    built->Register(MakeCanonicalizeShapeReadsPass());
-    built->Register(MakeConvertFloatPrecisionPass());
-    built->Register(MakeQuantizeDynamicInt8Pass());
-    built->Register(MakeQuantizeEmbeddingsInt8Pass());
-    built->Register(MakeQuantizeStaticInt8Pass());
-    built->Register(MakeMakeDimsDynamicPass());
-    built->Register(MakeQuantizeWeightsInt4Pass());
-    built->Register(MakeRemovePaddingPass());
+    // The registry is code: a duplicate name or a preset naming an unknown pass is a programming
+    // error that the registry's own test catches; nothing can run on such a build.
+    auto must = [](const absl::Status& status) {
+      if (status.ok()) return;
+      std::cerr << "onnxopt: the pass registry is broken: " << status << std::endl;
+      std::abort();
+    };
+    must(built->Register(MakeEliminateIdentityPass()));
+    must(built->Register(MakeEliminateDropoutPass()));
+    must(built->Register(MakeEliminateNoopOpsPass()));
+    must(built->Register(MakeFoldConstantsPass()));
+    must(built->Register(MakeEliminateCommonSubexpressionsPass()));
+    must(built->Register(MakeEliminateDuplicateInitializersPass()));
+    must(built->Register(MakeEliminateDeadNodesPass()));
+    must(built->Register(MakeEliminateUnusedInitializersPass()));
+    must(built->Register(MakeGatherRangeToSlicePass()));
+    must(built->Register(MakeFoldRelativePositionBucketsPass()));
+    must(built->Register(MakeFuseConvBatchNormPass()));
+    must(built->Register(MakeFuseConsecutiveTransposesPass()));
+    must(built->Register(MakeFixDynamicDimsPass()));
+    must(built->Register(MakeEliminateInitializerInputsPass()));
+    must(built->Register(MakeFuseReshapeChainsPass()));
+    must(built->Register(MakeFuseMatMulAddIntoGemmPass()));
+    must(built->Register(MakeFuseConvAddMulPass()));
+    must(built->Register(MakeConvertOpsetPass()));
+    must(built->Register(MakeUpstreamSlicePass()));
+    must(built->Register(MakeFuseTransposeIntoGemmPass()));
+    must(built->Register(MakeFuseLayerNormPass()));
+    must(built->Register(MakeFuseGeluPass()));
+    must(built->Register(MakeFuseSkipLayerNormPass()));
+    must(built->Register(MakeFuseRotaryEmbeddingPass()));
+    must(built->Register(MakeFuseAttentionPass()));
+    must(built->Register(MakeUnflattenGemmPass()));
+    must(built->Register(MakeFuseEmbedLayerNormPass()));
+    must(built->Register(MakeCanonicalizeSwapLastAxesPass()));
+    must(built->Register(MakeCanonicalizeShapeReadsPass()));
+    must(built->Register(MakeConvertFloatPrecisionPass()));
+    must(built->Register(MakeQuantizeDynamicInt8Pass()));
+    must(built->Register(MakeQuantizeEmbeddingsInt8Pass()));
+    must(built->Register(MakeQuantizeStaticInt8Pass()));
+    must(built->Register(MakeMakeDimsDynamicPass()));
+    must(built->Register(MakeQuantizeWeightsInt4Pass()));
+    must(built->Register(MakeRemovePaddingPass()));
     const std::vector<std::string> cleanups = {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
@@ -89,32 +112,33 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_reshape_chains", "gather_range_to_slice", "fold_relative_position_buckets",
                                          "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
-    std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm", "fuse_attention"};
+    std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm",
+                                            "fuse_rotary_embedding", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
-    built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}});
+    must(built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}}));
     // Resolved per model by BuildPipeline; listed here so it is named, described and validated.
-    built->AddPreset({kAutoPreset,
+    must(built->AddPreset({kAutoPreset,
                       "the default: the transformer preset for a transformer (any family onnxopt detects), "
                       "extended for anything else; never a pass that changes the model's inputs",
-                      {}});
-    built->AddPreset({"basic",
+                      {}}));
+    must(built->AddPreset({"basic",
                       "safe cleanups until nothing changes: Identity, inference Dropout and no-op nodes, constant "
                       "folding (ONNX Runtime as the evaluator), common subexpressions, duplicate and unused "
                       "initializers, dead nodes",
-                      {{cleanups, true}}});
-    built->AddPreset({"extended",
+                      {{cleanups, true}}}));
+    must(built->AddPreset({"extended",
                       "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transposes into Gemm, Transpose "
                       "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, relative position buckets into a table, slices "
                       "moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",
-                      {{extended, true}}});
+                      {{extended, true}}}));
     // The cleanups run to a fixed point first, so the fusions see constants as initializers; the
     // fusions come before extended's structural rewrites (upstream_slice would cut into the last
     // layer's attention).
-    built->AddPreset({"transformer",
+    must(built->AddPreset({"transformer",
                       "basic, then transformer fusions with extended: Attention, EmbedLayerNormalization, "
-                      "LayerNormalization (and RMSNorm), SkipLayerNormalization and the Gelu family",
-                      {{cleanups, true}, {transformer, true}}});
+                      "MultiHeadAttention and RotaryEmbedding, LayerNormalization (and RMSNorm), SkipLayerNormalization and the Gelu family",
+                      {{cleanups, true}, {transformer, true}}}));
     return built;
   }();
   return *registry;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "optimizer/pass.h"
 
 namespace onnxopt {
@@ -28,8 +29,10 @@ struct Preset {
 
 class PassRegistry {
  public:
-  void Register(std::unique_ptr<Pass> pass);
-  void AddPreset(Preset preset);
+  // Registers `pass` under its name: ALREADY_EXISTS if a pass has that name.
+  absl::Status Register(std::unique_ptr<Pass> pass);
+  // ALREADY_EXISTS if a preset has its name; NOT_FOUND if it names a pass not registered.
+  absl::Status AddPreset(Preset preset);
   const Pass* FindPass(const std::string& name) const;
   const Preset* FindPreset(const std::string& name) const;
   std::vector<const Pass*> passes() const;  // by name
@@ -43,9 +46,9 @@ class PassRegistry {
 // Every pass and preset onnxopt ships.
 const PassRegistry& DefaultPassRegistry();
 
-// The default: the best pipeline for what the model is (BuildPipeline resolves it).
+// The default preset, used when a config names none: the best pipeline for what the model is
+// (BuildPipeline resolves it).
 inline constexpr char kAutoPreset[] = "auto";
-inline constexpr char kDefaultPreset[] = "auto";
 // Passes `auto` leaves out because they change what a caller can feed the model.
 inline const std::set<std::string> kInterfaceChangingPasses = {"eliminate_initializer_inputs"};
 

@@ -54,17 +54,6 @@ google::protobuf::Value BoolValue(bool flag) {
 
 std::string JoinSet(const std::set<std::string>& items) { return absl::StrJoin(items, ","); }
 
-// quantize_static_int8's activation_ranges: "value<TAB>min<TAB>max" lines (names that would break
-// the format are left out, and their products stay float).
-std::string RangeLines(const std::map<std::string, ValueRange>& ranges) {
-  std::string text;
-  for (const auto& [name, range] : ranges) {
-    if (name.find_first_of("\t\n") != std::string::npos) continue;
-    absl::StrAppend(&text, name, "\t", absl::StrFormat("%.9g\t%.9g", range.low, range.high), "\n");
-  }
-  return text;
-}
-
 }  // namespace
 
 bool PrecisionRequested(const v1::PrecisionConfig& precision) {
@@ -129,7 +118,6 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
     params["op_types"] = StringValue(JoinSet(forms));
     if (mode == "int8_dynamic" || mode == "int8_static") {
       params["per_channel"] = BoolValue(!precision.has_per_channel() || precision.per_channel());
-      if (mode == "int8_static") params["activation_ranges"] = StringValue(RangeLines(extras.activation_ranges));
       std::set<std::string> tables = {"EmbedLayerNormalization", "Gather"};
       for (const auto& op : ops) tables.erase(op);
       if (!tables.empty()) {
@@ -148,7 +136,9 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
   // What the rewrite leaves behind: unread weights (replaced by their converted copies), dead Casts.
   config.add_passes()->set_name("eliminate_dead_nodes");
   config.add_passes()->set_name("eliminate_unused_initializers");
-  return BuildPipeline(config, registry);
+  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config, registry);
+  if (pipeline.ok()) pipeline->activation_ranges = extras.activation_ranges;
+  return pipeline;
 }
 
 absl::Status ApplyPrecision(const v1::PrecisionConfig& precision, const PrecisionExtras& extras,
@@ -245,7 +235,7 @@ onnx::ModelProto WithOriginalInterface(const onnx::ModelProto& candidate, const 
     node.set_name(absl::StrCat(to, "_interface_cast"));
     node.add_input(from);
     node.add_output(to);
-    *node.add_attribute() = IntAttribute("to", type);
+    *node.add_attribute() = MakeIntAttribute("to", type);
     return node;
   };
   for (auto* values : {graph->mutable_input(), graph->mutable_output()}) {
@@ -360,7 +350,7 @@ class MixedPrecisionSearch {
 
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
-    const ParityProbe& probe, const ActivationRanges& ranges, const PassManagerOptions& options,
+    const ParityProbe& probe, const ActivationMagnitudes& ranges, const PassManagerOptions& options,
     std::string* failure) {
   MixedPrecisionSearch search(fp32_model, precision, base, probe, options);
   auto give_up = [&](const std::string& why) {

@@ -72,7 +72,7 @@ void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelPr
                        v1::PrecisionReport* report);
 
 // The largest magnitude each float value of the model takes on the probe's inputs.
-using ActivationRanges =
+using ActivationMagnitudes =
     std::function<absl::StatusOr<std::map<std::string, double>>(const onnx::ModelProto& fp32_model)>;
 
 struct MixedPrecisionResult {
@@ -87,7 +87,7 @@ struct MixedPrecisionResult {
 // candidate is converted with `base` (calibrated ranges) plus the nodes it keeps.
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
-    const ParityProbe& probe, const ActivationRanges& ranges, const PassManagerOptions& options,
+    const ParityProbe& probe, const ActivationMagnitudes& ranges, const PassManagerOptions& options,
     std::string* failure = nullptr);
 
 // `candidate` as the original's callers see it: inputs and outputs that became float16/bfloat16

@@ -133,8 +133,8 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
     auto shape = ShapeOf(types, node.input(0));
     if (!shape) return;
     const int64_t rank = static_cast<int64_t>(shape->size());
-    int64_t start = opset >= 15 ? IntAttribute(node, "start", 0) : 0;
-    int64_t end = opset >= 15 ? IntAttribute(node, "end", rank) : rank;
+    int64_t start = opset >= 15 ? GetAttributeInt(node, "start", 0) : 0;
+    int64_t end = opset >= 15 ? GetAttributeInt(node, "end", rank) : rank;
     if (start < 0) start += rank;
     if (end < 0) end += rank;
     start = std::clamp<int64_t>(start, 0, rank);
@@ -142,14 +142,14 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
     values[out] = Shape(shape->begin() + start, shape->begin() + end);
   } else if (op == "Cast" && input(0)) {
     // Casts that keep integer values as they are (not to bool, which would make 5 a 1).
-    const int64_t to = IntAttribute(node, "to", 0);
+    const int64_t to = GetAttributeInt(node, "to", 0);
     if (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::FLOAT ||
         to == onnx::TensorProto::DOUBLE) {
       values[out] = *input(0);
     }
   } else if ((op == "Unsqueeze" || op == "Squeeze" || op == "Identity") && input(0)) {
     values[out] = *input(0);
-  } else if (op == "Gather" && input(0) && input(1) && IntAttribute(node, "axis", 0) == 0) {
+  } else if (op == "Gather" && input(0) && input(1) && GetAttributeInt(node, "axis", 0) == 0) {
     Shape picked;
     for (const Dim& index : *input(1)) {
       if (index.kind != Dim::Kind::kValue) {
@@ -372,7 +372,7 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
     auto target = values.find(node.input(1));
     auto input = ShapeOf(*types, node.input(0));
     if (target == values.end()) return improved;
-    const bool allow_zero = IntAttribute(node, "allowzero", 0) != 0;
+    const bool allow_zero = GetAttributeInt(node, "allowzero", 0) != 0;
     Shape result;
     int infer_at = -1;
     for (size_t i = 0; i < target->second.size(); ++i) {

@@ -120,7 +120,7 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
     const bool standard = DefaultDomain(node);
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++found.layers;
-      found.causal |= IntAttribute(node, "unidirectional", 0) != 0;
+      found.causal |= GetAttributeInt(node, "unidirectional", 0) != 0;
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
       ++found.layers;
@@ -165,7 +165,7 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
   if (optimized != nullptr) {
     for (const auto& node : optimized->graph().node()) {
       found.causal |=
-          node.domain() == kMicrosoft && node.op_type() == "Attention" && IntAttribute(node, "unidirectional", 0) != 0;
+          node.domain() == kMicrosoft && node.op_type() == "Attention" && GetAttributeInt(node, "unidirectional", 0) != 0;
     }
   }
   if (shape.layers == 0) return shape;
@@ -216,9 +216,9 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
   for (const auto& node : optimized.graph().node()) {
     if (kFusedOps.count(node.op_type()) == 0) continue;
     ++fused[node.op_type()];
-    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = IntAttribute(node, "num_heads", 0);
+    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = GetAttributeInt(node, "num_heads", 0);
     if (node.op_type() == "Attention") {
-      if (heads == 0) heads = IntAttribute(node, "num_heads", 0);
+      if (heads == 0) heads = GetAttributeInt(node, "num_heads", 0);
       auto weight = initializers.find(node.input_size() > 1 ? node.input(1) : "");
       if (hidden == 0 && weight != initializers.end() && weight->second->dims_size() == 2) {
         hidden = weight->second->dims(1) / 3;

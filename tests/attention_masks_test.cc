@@ -1,7 +1,7 @@
 // What a boolean attention mask means, read by probing it in ONNX Runtime: all true, a key-padding
 // mask of one [B, T] input, causal, causal with padding, or something else that the fusions must not
 // take for one of these.
-#include "optimizer/passes/canonical/attention_masks.h"
+#include "optimizer/passes/fusion/attention_masks.h"
 
 #include "gtest/gtest.h"
 #include "optimizer/passes/constants.h"

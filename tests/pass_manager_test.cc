@@ -110,7 +110,7 @@ TEST(BuildPipelineTest, RejectsBadConfigsWithReasons) {
 TEST(BuildPipelineTest, TypeChecksParameters) {
   int budget = 0;
   PassRegistry registry;
-  registry.Register(std::make_unique<CountingPass>(&budget));
+  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
   auto good = BuildPipeline(ConfigFromJson(R"({"passes": [{"name": "counting", "params": {"step": 3, "scale": "0.25"}}]})"),
                             registry);
   ASSERT_TRUE(good.ok()) << good.status();
@@ -135,8 +135,8 @@ onnx::ModelProto TinyModel() {
 TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) {
   int budget = 3;
   PassRegistry registry;
-  registry.Register(std::make_unique<CountingPass>(&budget));
-  registry.AddPreset({"loop", "", {{{"counting"}, true}}});
+  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
+  ASSERT_TRUE(registry.AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
   onnx::ModelProto model = TinyModel();
   auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
   ASSERT_TRUE(pipeline.ok());
@@ -173,15 +173,14 @@ TEST(RunPipelineTest, CancellationStopsBetweenPasses) {
 }
 
 // Reads the static shape of "y" from the shapes it is given.
-class ShapeProbePass final : public Pass {
+class ShapeProbePass final : public ShapedPass {
  public:
   explicit ShapeProbePass(std::vector<int64_t>* seen) : seen_(seen) {}
   absl::string_view name() const override { return "probe"; }
   absl::string_view description() const override { return "records y's shape"; }
-  bool needs_shapes() const override { return true; }
-  bool keeps_value_types() const override { return true; }
-  absl::Status RunOnGraph(Graph&, PassContext& context) const override {
-    *seen_ = context.shapes()->StaticShape("y").value_or(std::vector<int64_t>{});
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
+  absl::Status RunWithShapes(Graph&, PassContext&, const ShapeInfo& shapes) const override {
+    *seen_ = shapes.StaticShape("y").value_or(std::vector<int64_t>{});
     return absl::OkStatus();
   }
 
@@ -206,8 +205,8 @@ absl::StatusOr<Pipeline> PassList(const std::vector<std::string>& names, const P
 TEST(InfersShapesFirstTest, OnlyWhenNoPassBeforeTheFirstReaderCanChangeTypes) {
   std::vector<int64_t> seen;
   PassRegistry registry;
-  registry.Register(std::make_unique<ShapeProbePass>(&seen));
-  registry.Register(std::make_unique<OpaquePass>());
+  ASSERT_TRUE(registry.Register(std::make_unique<ShapeProbePass>(&seen)).ok());
+  ASSERT_TRUE(registry.Register(std::make_unique<OpaquePass>()).ok());
   for (const char* preset : {"basic", "transformer"}) {
     v1::OptimizationConfig config;
     config.set_preset(preset);
@@ -231,7 +230,7 @@ TEST(InfersShapesFirstTest, OnlyWhenNoPassBeforeTheFirstReaderCanChangeTypes) {
 TEST(RunPipelineTest, HandedInitialShapesAreReadAndTheirTimeReported) {
   std::vector<int64_t> seen;
   PassRegistry registry;
-  registry.Register(std::make_unique<ShapeProbePass>(&seen));
+  ASSERT_TRUE(registry.Register(std::make_unique<ShapeProbePass>(&seen)).ok());
   auto pipeline = PassList({"probe"}, registry);
   ASSERT_TRUE(pipeline.ok());
   onnx::ModelProto model = TinyModel();  // y: [2]

@@ -100,7 +100,7 @@ std::optional<IntTensor> Squeeze(const onnx::NodeProto& node, const std::vector<
 std::optional<IntTensor> Concat(const onnx::NodeProto& node, const std::vector<const IntTensor*>& in) {
   if (in.empty() || FindAttribute(node, "axis") == nullptr) return std::nullopt;
   const int64_t rank = static_cast<int64_t>(in[0]->dims.size());
-  auto axis = Axis(IntAttribute(node, "axis", 0), rank);
+  auto axis = Axis(GetAttributeInt(node, "axis", 0), rank);
   if (rank == 0 || !axis) return std::nullopt;
   IntTensor out{in[0]->data_type, in[0]->dims, {}};
   out.dims[static_cast<size_t>(*axis)] = 0;
@@ -126,7 +126,7 @@ std::optional<IntTensor> Gather(const onnx::NodeProto& node, const std::vector<c
   if (in.size() != 2 || in[1] == nullptr) return std::nullopt;
   const IntTensor& data = *in[0];
   const int64_t rank = static_cast<int64_t>(data.dims.size());
-  auto axis = Axis(IntAttribute(node, "axis", 0), rank);
+  auto axis = Axis(GetAttributeInt(node, "axis", 0), rank);
   if (!axis) return std::nullopt;
   const int64_t size = data.dims[static_cast<size_t>(*axis)];
   IntTensor out{data.data_type, Dims(data.dims.begin(), data.dims.begin() + *axis), {}};
@@ -226,7 +226,7 @@ std::optional<IntTensor> Slice(const onnx::NodeProto& node, const std::vector<co
 
 std::optional<IntTensor> Reshape(const onnx::NodeProto& node, const std::vector<const IntTensor*>& in) {
   if (in.size() != 2 || in[1] == nullptr || in[1]->dims.size() != 1) return std::nullopt;
-  const bool allow_zero = IntAttribute(node, "allowzero", 0) != 0;
+  const bool allow_zero = GetAttributeInt(node, "allowzero", 0) != 0;
   IntTensor out{in[0]->data_type, in[1]->values, in[0]->values};
   int infer_at = -1;
   int64_t known = 1;
@@ -327,7 +327,7 @@ std::optional<IntTensor> ConstantOfShape(const onnx::NodeProto& node, const IntT
 }
 
 std::optional<IntTensor> Cast(const onnx::NodeProto& node, const IntTensor& input) {
-  const int64_t to = IntAttribute(node, "to", 0);
+  const int64_t to = GetAttributeInt(node, "to", 0);
   if (to != onnx::TensorProto::INT64 && to != onnx::TensorProto::INT32) return std::nullopt;
   IntTensor out{static_cast<int32_t>(to), input.dims, {}};
   for (int64_t v : input.values) out.values.push_back(Narrow(out.data_type, static_cast<uint64_t>(v)));

@@ -31,6 +31,7 @@ std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseLayerNormPass();
 std::unique_ptr<Pass> MakeFuseGeluPass();
 std::unique_ptr<Pass> MakeFuseSkipLayerNormPass();
+std::unique_ptr<Pass> MakeFuseRotaryEmbeddingPass();
 std::unique_ptr<Pass> MakeFuseAttentionPass();
 std::unique_ptr<Pass> MakeUnflattenGemmPass();
 std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();

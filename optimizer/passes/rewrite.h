@@ -1,9 +1,11 @@
-// Small helpers shared by the fusion passes for building the nodes they emit.
+// Building what a rewrite emits: nodes (MakeNode, the one node builder), attributes, Casts, and chains
+// of new nodes one after another.
 #ifndef ONNXOPT_OPTIMIZER_PASSES_REWRITE_H_
 #define ONNXOPT_OPTIMIZER_PASSES_REWRITE_H_
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
@@ -11,55 +13,47 @@
 
 namespace onnxopt {
 
-inline onnx::AttributeProto IntAttribute(const std::string& name, int64_t value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::INT);
-  attribute.set_i(value);
-  return attribute;
-}
-
-inline onnx::AttributeProto IntsAttribute(const std::string& name, const std::vector<int64_t>& values) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::INTS);
-  for (int64_t value : values) attribute.add_ints(value);
-  return attribute;
-}
-
-inline onnx::AttributeProto FloatAttribute(const std::string& name, float value) {
-  onnx::AttributeProto attribute;
-  attribute.set_name(name);
-  attribute.set_type(onnx::AttributeProto::FLOAT);
-  attribute.set_f(value);
-  return attribute;
-}
+onnx::AttributeProto MakeIntAttribute(const std::string& name, int64_t value);
+onnx::AttributeProto MakeIntsAttribute(const std::string& name, const std::vector<int64_t>& values);
+onnx::AttributeProto MakeFloatAttribute(const std::string& name, float value);
 
 // A node of `op` (in `domain`, "" for ONNX's own) reading `inputs` and writing `outputs`.
-inline onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
-                                std::vector<std::string> outputs, const std::string& domain = "") {
-  onnx::NodeProto node;
-  node.set_op_type(op);
-  node.set_name(name);
-  if (!domain.empty()) node.set_domain(domain);
-  for (auto& input : inputs) node.add_input(std::move(input));
-  for (auto& output : outputs) node.add_output(std::move(output));
-  return node;
-}
+onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
+                         std::vector<std::string> outputs, const std::string& domain = "");
 
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).
-inline std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {
-  onnx::NodeProto cast;
-  cast.set_op_type("Cast");
-  const std::string name = graph.UniqueName(value + (to == onnx::TensorProto::INT32 ? "_int32" : "_cast"));
-  cast.set_name(name);
-  cast.add_input(value);
-  cast.add_output(name);
-  *cast.add_attribute() = IntAttribute("to", to);
-  graph.AddNode(std::move(cast), anchor, /*after=*/false);
-  return name;
-}
+std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor);
+
+// Casts to one type made once per pass run and shared by every node that reads them (the masks of all
+// the layers' fused attention).
+class CastCache {
+ public:
+  explicit CastCache(int32_t to) : to_(to) {}
+  // `value` cast to the type: the Cast made for it before, else a new one before `anchor`.
+  const std::string& Get(Graph& graph, const std::string& value, const Node* anchor);
+
+ private:
+  int32_t to_;
+  std::unordered_map<std::string, std::string> casts_;
+};
+
+// New nodes one after another, the first after `anchor`: a rewrite's replacement in reading order.
+class NodeChain {
+ public:
+  NodeChain(Graph& graph, const Node* anchor) : graph_(graph), last_(anchor) {}
+  // Adds a node of one output; the node and its output are named after `hint`. Returns the output.
+  std::string Add(const std::string& op, std::vector<std::string> inputs, const std::string& hint,
+                  std::vector<onnx::AttributeProto> attributes = {}, const std::string& domain = "");
+  // Adds a node built by the caller.
+  const Node* AddNode(onnx::NodeProto node);
+  // The last node added (the anchor while there is none).
+  const Node* last() const { return last_; }
+
+ private:
+  Graph& graph_;
+  const Node* last_;
+};
 
 }  // namespace onnxopt
 

@@ -21,14 +21,10 @@
 #include "absl/status/statusor.h"
 #include "onnx/onnx_pb.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/pass.h"
 #include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
-
-struct ValueRange {
-  float low = 0;
-  float high = 0;
-};
 
 // A histogram of values over [low, high] in equal bins.
 struct Histogram {

@@ -52,19 +52,9 @@ absl::flat_hash_set<absl::string_view> ComputedFrom(const Graph& graph, const st
 // The one dim a Slice of a shape reads: starts [s], ends [s + 1] (after negative indices count from
 // `rank`), on axis 0 with step 1.
 std::optional<int64_t> SlicedDim(const Graph& graph, const Node& slice, int rank) {
-  if (slice.input_size() < 3) return std::nullopt;
-  auto starts = ConstantInts(graph, slice.input(1));
-  auto ends = ConstantInts(graph, slice.input(2));
-  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
-  if (slice.input_size() > 3 && !slice.input(3).empty()) {
-    auto axes = ConstantInts(graph, slice.input(3));
-    if (!axes || axes->size() != 1 || ((*axes)[0] != 0 && (*axes)[0] != -1)) return std::nullopt;
-  }
-  if (slice.input_size() > 4 && !slice.input(4).empty()) {
-    auto steps = ConstantInts(graph, slice.input(4));
-    if (!steps || *steps != std::vector<int64_t>{1}) return std::nullopt;
-  }
-  int64_t start = (*starts)[0], end = (*ends)[0];
+  const std::optional<SliceSpec> spec = ParseSlice(graph, slice);
+  if (!spec || !spec->starts || !spec->ends || !spec->OneAxis(0, 1)) return std::nullopt;
+  int64_t start = (*spec->starts)[0], end = (*spec->ends)[0];
   if (start < 0) start += rank;
   if (end < 0) end += rank;
   end = std::min<int64_t>(end, rank);
@@ -72,18 +62,15 @@ std::optional<int64_t> SlicedDim(const Graph& graph, const Node& slice, int rank
   return start;
 }
 
-class CanonicalizeShapeReadsPass final : public Pass {
+class CanonicalizeShapeReadsPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "canonicalize_shape_reads"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Read a named dimension from the graph input that defines it rather than from an intermediate value";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     // Named dim -> (graph input, position), first input first.
     std::map<std::string, std::pair<std::string, int>> sources;
     for (const auto& input : graph.proto().input()) {
@@ -123,11 +110,11 @@ class CanonicalizeShapeReadsPass final : public Pass {
       if (gather) {
         auto indices = ConstantInts(graph, node->input(1));
         if (indices && indices->size() == 1) index = (*indices)[0];
-      } else if (std::optional<int> rank = shapes->Rank(read)) {
+      } else if (std::optional<int> rank = shapes.Rank(read)) {
         index = SlicedDim(graph, *node, *rank);
       }
       if (!index) continue;
-      const onnx::TensorShapeProto::Dimension* dim = shapes->Dim(read, static_cast<int>(*index));
+      const onnx::TensorShapeProto::Dimension* dim = shapes.Dim(read, static_cast<int>(*index));
       if (dim == nullptr || !dim->has_dim_param() || dim->dim_param().empty()) continue;
       auto source = sources.find(dim->dim_param());
       if (source == sources.end()) continue;

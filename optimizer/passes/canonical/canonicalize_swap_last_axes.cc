@@ -36,18 +36,9 @@ std::optional<ShapeSlice> MatchShapeSlice(const Graph& graph, const std::string&
   if (shape == nullptr || shape->GetAttributeInt("start", 0) != 0 || shape->FindAttribute("end") != nullptr) {
     return std::nullopt;
   }
-  auto starts = ConstantInts(graph, slice->input(1));
-  auto ends = ConstantInts(graph, slice->input(2));
-  if (!starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
-  if (slice->input_size() > 3 && !slice->input(3).empty()) {
-    auto axes = ConstantInts(graph, slice->input(3));
-    if (!axes || *axes != std::vector<int64_t>{0}) return std::nullopt;
-  }
-  if (slice->input_size() > 4 && !slice->input(4).empty()) {
-    auto steps = ConstantInts(graph, slice->input(4));
-    if (!steps || *steps != std::vector<int64_t>{1}) return std::nullopt;
-  }
-  ShapeSlice result{shape->input(0), (*starts)[0], (*ends)[0]};
+  const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+  if (!spec || !spec->starts || !spec->ends || !spec->OneAxis(0, 1)) return std::nullopt;
+  ShapeSlice result{shape->input(0), (*spec->starts)[0], (*spec->ends)[0]};
   if (result.end >= kToEnd / 2) result.end = kToEnd;
   if (result.start <= kFromStart / 2) result.start = kFromStart;
   return result;
@@ -75,26 +66,23 @@ bool MatchPieces(const Graph& graph, const std::string& value, bool lead_minus_o
 }
 
 // The rank of `x`: from inferred shapes, or from the Transpose that made it.
-std::optional<int64_t> RankOf(const Graph& graph, const ShapeInfo* shapes, const std::string& x) {
-  if (shapes != nullptr) {
-    if (auto rank = shapes->Rank(x)) return *rank;
-  }
+std::optional<int64_t> RankOf(const Graph& graph, const ShapeInfo& shapes, const std::string& x) {
+  if (auto rank = shapes.Rank(x)) return *rank;
   if (Node* transpose = ProducerWithOp(graph, x, "Transpose")) {
     if (const onnx::AttributeProto* perm = transpose->FindAttribute("perm")) return perm->ints_size();
   }
   return std::nullopt;
 }
 
-class CanonicalizeSwapLastAxesPass final : public Pass {
+class CanonicalizeSwapLastAxesPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "canonicalize_swap_last_axes"; }
   absl::string_view description() const override {
     return "Turn Reshape to 3-D -> Transpose -> Reshape back (dynamo's transpose(-2, -1)) into one Transpose of the "
            "last two axes";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     for (Node* back : graph.Nodes()) {
       if (back->removed() || back->op_type() != "Reshape" || !back->domain().empty()) continue;
       Node* transpose = ProducerWithOp(graph, back->input(0), "Transpose");
@@ -114,7 +102,7 @@ class CanonicalizeSwapLastAxesPass final : public Pass {
                        &shape_nodes)) {
         continue;
       }
-      const std::optional<int64_t> rank = RankOf(graph, context.shapes(), x);
+      const std::optional<int64_t> rank = RankOf(graph, shapes, x);
       if (!rank || *rank < 3) {
         context.Skip("canonicalize_swap_last_axes: the rank of the reshaped tensor is unknown");
         continue;
@@ -128,7 +116,7 @@ class CanonicalizeSwapLastAxesPass final : public Pass {
       for (int64_t axis = 0; axis < *rank - 2; ++axis) order.push_back(axis);
       order.push_back(*rank - 1);
       order.push_back(*rank - 2);
-      *swap.add_attribute() = IntsAttribute("perm", order);
+      *swap.add_attribute() = MakeIntsAttribute("perm", order);
       graph.RemoveNode(back);
       graph.RemoveNode(transpose);
       graph.RemoveNode(flat);

@@ -64,7 +64,7 @@ bool Same(const Node& node, const Node& seen) {
 class EliminateCommonSubexpressionsPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_common_subexpressions"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override { return "Merge nodes with the same op, inputs and attributes"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {

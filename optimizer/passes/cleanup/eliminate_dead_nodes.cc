@@ -19,7 +19,7 @@ bool KnownDomain(absl::string_view domain) {
 class EliminateDeadNodesPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_dead_nodes"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Remove nodes whose outputs nothing reads (not graph outputs, no consumers)";
   }

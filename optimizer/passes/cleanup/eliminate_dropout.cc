@@ -22,7 +22,7 @@ bool MayBeTraining(const Graph& graph, const Node& node) {
 class EliminateDropoutPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_dropout"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override { return "Remove Dropout nodes that are no-ops at inference"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {

@@ -70,7 +70,7 @@ bool SameBytes(const onnx::TensorProto& a, const onnx::TensorProto& b) {
 class EliminateDuplicateInitializersPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_duplicate_initializers"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override { return "Merge initializers with the same type, shape and contents"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {

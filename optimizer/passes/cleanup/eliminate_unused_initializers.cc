@@ -11,7 +11,7 @@ namespace {
 class EliminateUnusedInitializersPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_unused_initializers"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override { return "Remove initializers that no node or output reads"; }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {

@@ -42,9 +42,9 @@ bool FoldableOp(const Node& node) {
 int64_t TensorBytes(const onnx::TensorProto& tensor) { return TensorDataBytes(tensor); }
 
 // Shape/Size of a value whose shape shape inference knows completely.
-std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* shapes, int64_t opset) {
-  if (shapes == nullptr || node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
-  std::optional<std::vector<int64_t>> dims = shapes->StaticShape(node.input(0));
+std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo& shapes, int64_t opset) {
+  if (node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
+  std::optional<std::vector<int64_t>> dims = shapes.StaticShape(node.input(0));
   if (!dims) return std::nullopt;
   onnx::TensorProto tensor;
   tensor.set_name(node.output(0));
@@ -66,12 +66,12 @@ std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo* sh
 }
 
 // A small integer tensor the shapes pin down (symbolic shape tracking), as the tensor its node makes.
-std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInfo* shapes) {
-  if (shapes == nullptr || node.output_size() != 1) return std::nullopt;
-  const std::optional<std::vector<int64_t>> known = shapes->KnownValue(node.output(0));
+std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInfo& shapes) {
+  if (node.output_size() != 1) return std::nullopt;
+  const std::optional<std::vector<int64_t>> known = shapes.KnownValue(node.output(0));
   if (!known) return std::nullopt;  // most values: ask nothing more
-  const auto rank = shapes->Rank(node.output(0));
-  const auto element_type = shapes->ElementType(node.output(0));
+  const auto rank = shapes.Rank(node.output(0));
+  const auto element_type = shapes.ElementType(node.output(0));
   // Integer results only: the tracking reasons about integers; ONNX Runtime then folds the
   // casts and arithmetic that follow.
   if (!known || !rank || *rank > 1 || !element_type || (*rank == 0 && known->size() != 1) ||
@@ -95,11 +95,10 @@ std::optional<onnx::TensorProto> FoldKnownValue(const Node& node, const ShapeInf
 // sweep had not pinned down, or values that rules read as data and it had not worked out (computed
 // by ONNX Runtime, say). Rules read integers as shapes, and floats only as Range bounds and Resize
 // scales. Llama's rotary caches need that second inference to fuse; a decoder's float scales do not.
-bool LearnsMore(const Graph& graph, const ShapeInfo* shapes, const std::string& name, const onnx::TensorProto& tensor) {
-  if (shapes == nullptr) return false;
+bool LearnsMore(const Graph& graph, const ShapeInfo& shapes, const std::string& name, const onnx::TensorProto& tensor) {
   const std::vector<int64_t> dims(tensor.dims().begin(), tensor.dims().end());
-  if (shapes->ElementType(name) != tensor.data_type() || shapes->StaticShape(name) != dims) return true;
-  if (!ReadAsData(tensor) || shapes->KnownValue(name)) return false;
+  if (shapes.ElementType(name) != tensor.data_type() || shapes.StaticShape(name) != dims) return true;
+  if (!ReadAsData(tensor) || shapes.KnownValue(name)) return false;
   if (tensor.data_type() == onnx::TensorProto::INT64 || tensor.data_type() == onnx::TensorProto::INT32) return true;
   for (const Node* reader : graph.Readers(name)) {
     if (reader->domain().empty() &&
@@ -249,7 +248,7 @@ void DropUnread(Graph& graph, const std::vector<std::string>& made) {
   }
 }
 
-class FoldConstantsPass final : public Pass {
+class FoldConstantsPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fold_constants"; }
   absl::string_view description() const override {
@@ -260,11 +259,10 @@ class FoldConstantsPass final : public Pass {
     return {{"max_output_bytes", ParamType::kInt, "1048576",
              "a folded value bigger than this and than its constant inputs stays computed"}};
   }
-  bool needs_shapes() const override { return true; }
   // A folded value is an initializer of the same name and type; see LearnsMore for the rest.
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const int64_t opset = context.OpsetVersion("");
     const int64_t max_bytes = context.params().GetInt("max_output_bytes");
     Materializer materializer(graph);
@@ -296,8 +294,8 @@ class FoldConstantsPass final : public Pass {
         known_to_shapes.insert(node);
       } else if (!all_constant) {
         std::optional<onnx::TensorProto> folded = node->op_type() == "Shape" || node->op_type() == "Size"
-                                                      ? FoldShape(*node, context.shapes(), opset)
-                                                      : FoldKnownValue(*node, context.shapes());
+                                                      ? FoldShape(*node, shapes, opset)
+                                                      : FoldKnownValue(*node, shapes);
         if (!folded) continue;
         values[node->output(0)] = *std::move(folded);
         folded_directly.insert(node);
@@ -366,7 +364,7 @@ class FoldConstantsPass final : public Pass {
         const std::string& output = node->output(i);
         if (output.empty() || !consumed_outside(output)) continue;
         materialize.push_back(output);
-        if (known_to_shapes.count(node) == 0 && LearnsMore(graph, context.shapes(), output, values[output])) {
+        if (known_to_shapes.count(node) == 0 && LearnsMore(graph, shapes, output, values[output])) {
           context.ShapesCanImprove();
         }
       }

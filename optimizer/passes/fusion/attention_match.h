@@ -1,8 +1,17 @@
-// The pieces every self-attention block is made of, each recognized in the forms exporters write:
-// head-split projections, the scores with their scale and masks, the context merged back to [B,S,H],
-// the NaN guard, and the check that nothing outside the pattern reads what the fusion removes.
-// Shared by fuse_attention.cc (com.microsoft::Attention) and fuse_rotary_attention.cc
-// (MultiHeadAttention with RotaryEmbedding); the pass header in fuse_attention.cc lists the forms.
+// One self-attention block, matched once in every form the exporters write; the emitters
+// (attention_emit.h) write it as ONNX Runtime's Attention or MultiHeadAttention.
+//
+// Read upwards from its Softmax:
+//   scores   Q*K^T, scaled (Div/Mul after it, or on Q and/or K before it), with an additive mask term
+//            and/or a causal Where over a sliced lower-triangular buffer (attention_scores.cc);
+//   context  MatMul(probs, V) merged back to [B,S,H] (attention_context.cc), after the SDPA path's
+//            NaN guard Where(IsNaN(p), 0, p);
+//   heads    Q, K and V from head-split projections, Add(MatMul(x, W), b) [-> packed part] -> Reshape
+//            -> Transposes, K with its K^T transposes; Q and K possibly rotated (rotary.h), K and V
+//            possibly repeated to the query heads (grouped-query attention) (attention_heads.cc);
+//   mask     what the mask term means (attention_masks.h probes boolean masks in ONNX Runtime).
+// Layouts: batch-first heads [B,N,S,D] (BERT, GPT-2, LLaMA) and torch.nn.MultiheadAttention's
+// sequence-first [B*N,S,D] heads of an [S,B,H] input (torchvision's ViT).
 #ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MATCH_H_
 #define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MATCH_H_
 
@@ -11,20 +20,20 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "optimizer/graph.h"
 #include "optimizer/pass.h"
-#include "optimizer/passes/canonical/attention_masks.h"
+#include "optimizer/passes/fusion/attention_masks.h"
+#include "optimizer/passes/fusion/rotary.h"
+#include "optimizer/passes/match.h"
+#include "optimizer/passes/rewrite.h"
 #include "optimizer/shape_info.h"
 
 namespace onnxopt::attention {
 
 using Perm = std::vector<int64_t>;
 
-// Heads laid out [B,N,S,D] (BERT, GPT-2) or [B*N,S,D] from a sequence-first [S,B,H] projection
-// (torch.nn.MultiheadAttention).
 enum class Layout { kBatchFirst, kSequenceFirst };
 
 // One of Q, K, V: Add(MatMul(x, W), b) [-> part of a packed projection] -> Reshape -> Transposes.
@@ -39,107 +48,131 @@ struct Projection {
   std::string x, weight, bias;  // bias empty: the projection has none
 };
 
+// transformers' repeat_kv for grouped-query attention: KV heads [B,Nkv,S,D] each read by `rep` query
+// heads, as Reshape(Expand(Unsqueeze(kv, [2]), [B,Nkv,rep,S,D]), [B,Nkv*rep,S,D]).
+struct KvRepeat {
+  std::vector<Node*> nodes;  // Unsqueeze, Expand, Reshape
+  std::string kv_heads;      // [B,Nkv,S,D]
+  int64_t kv_heads_count = 0, rep = 0;
+};
+
 // What feeds the Softmax: Q*K^T, scaled, with an additive mask and/or a causal Where (either order).
 struct Scores {
   Node* qk = nullptr;
-  Node* post_scale = nullptr;              // Div/Mul after Q*K^T
-  std::vector<Node*> pre_scales;           // Div/Mul on Q and/or K before it
-  std::string q_heads, k_heads;            // Q*K^T's inputs before pre-scaling
+  Node* post_scale = nullptr;     // Div/Mul after Q*K^T
+  std::vector<Node*> pre_scales;  // Div/Mul on Q and/or K before it
+  std::string q_heads, k_heads;   // Q*K^T's inputs before pre-scaling
   float scale = 1.0f;
   Node* causal_where = nullptr;
   Node* mask_add = nullptr;
   std::string mask_term;
 };
 
-// What RotaryEmbedding reads besides the projection, built once per cos/sin table pair and shared
-// by every layer that rotates with it.
-struct RotaryInputs {
-  std::string cos_cache, sin_cache, position_ids;
-};
-
-// What one run of fuse_attention builds once and every attention block of the graph reuses.
-struct FusionState {
-  std::unordered_map<std::string, std::string> int32_masks;  // raw mask -> its int32 Cast
-  std::map<std::string, MaskMeaning> probed;                   // boolean mask -> what it means
-  std::map<std::string, RotaryInputs> rotary_inputs;           // cos/sin tables -> RotaryEmbedding's inputs
-};
-
 // Where the context goes after MatMul(probs, v), back to [B,S,H].
 struct ContextOutput {
-  Node* matmul = nullptr;               // MatMul(probs, v)
-  std::vector<Node*> nodes;             // the merge (and for sequence-first: output projection) chain
-  std::vector<Node*> reshapes;          // Reshapes among them (their shape inputs may be pattern arithmetic)
-  std::string output;                   // the [B,S,H] value the fused node replaces
-  bool flattened = false;               // batch-first: `output` is [B*S, H] (a Reshape follows the fused node)
-  int64_t flat_width = 0;               // flattened: that H
+  Node* matmul = nullptr;        // MatMul(probs, v)
+  std::vector<Node*> nodes;      // the merge (and for sequence-first: output projection) chain
+  std::vector<Node*> reshapes;   // Reshapes among them (their shape inputs may be pattern arithmetic)
+  std::string output;            // the [B,S,H] value the fused node replaces
+  bool flattened = false;        // batch-first: `output` is [B*S, H] (a Reshape follows the fused node)
+  int64_t flat_width = 0;        // flattened: that H
   // Sequence-first only: the output projection, applied after the fused node.
   std::string out_weight, out_bias;
-  bool out_weight_transposed = false;   // Gemm transB
+  bool out_weight_transposed = false;  // Gemm transB
 };
 
-Perm PermOf(const Node* node);
+// How the fused operator masks the scores.
+struct MaskPlan {
+  std::string raw_mask;        // a [B, T] key padding mask (0: masked): mask_index / key_padding_mask
+  float filter = -10000.0f;    // what masked scores become (mask_filter_value)
+  bool causal = false;         // unidirectional
+  std::string bias;            // a float [B|1, N|1, S, T] term added to the scores: attention_bias
+  std::string bias_condition;  // a boolean mask the emitter turns into Where(cond, 0, lowest) as the bias
+};
 
-// A Div or Mul by a scalar constant; its multiplier and the scaled input.
-std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, Node* node);
+// What one pass run builds once and every attention block of the graph reuses.
+struct FusionState {
+  CastCache int32_masks{onnx::TensorProto::INT32};  // raw mask -> its int32 Cast
+  MaskProbes probes;
+};
+
+// One attention block: everything an emitter needs, found once.
+struct AttentionMatch {
+  Layout layout = Layout::kBatchFirst;
+  Node* softmax = nullptr;
+  Scores scores;
+  std::vector<Node*> nan_guard;
+  ContextOutput out;  // out.matmul is MatMul(probs, V)
+  Node* k_swap = nullptr;  // batch-first K^T over rotated or repeated K: Transpose(0,1,3,2)
+  Projection q, k, v;
+  std::optional<Rotation> q_rotation, k_rotation;
+  std::optional<KvRepeat> k_repeat, v_repeat;
+  MaskPlan mask;
+  int64_t hidden = 0, num_heads = 0, head_size = 0;
+
+  // Q and K rotated, or K and V repeated: only MultiHeadAttention (projections outside) can take them.
+  bool NeedsProjectionsOutside() const { return q_rotation.has_value() || k_repeat.has_value(); }
+  int64_t kv_repeat() const { return k_repeat ? k_repeat->rep : 1; }
+};
+
+// The attention block whose scores feed `softmax`; a failure with a reason is worth a skip line.
+MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, const ShapeInfo& shapes,
+                                           const PassContext& context);
+
+// --- The parts (attention_heads.cc, attention_scores.cc, attention_context.cc) ---
 
 // Follows `head_value` back through Transposes with the given perms (last first), a Reshape, an
 // optional packed part and Add(MatMul(x, W), b).
-bool MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::string& head_value,
-                     const std::vector<Perm>& perms, Projection* projection);
+MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::string& head_value,
+                                        const std::vector<Perm>& perms);
 
-bool MatchHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout, const std::string& q_heads,
-                const std::string& k_heads, const std::string& v_heads, Projection* q, Projection* k, Projection* v);
-
-bool MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax, Scores* scores, std::string* reason);
-
-bool MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout, Node* context_matmul, ContextOutput* out);
-
-// The additive mask `(1 - Cast(Unsqueeze(mask[B,S], [1,2]))) * c`: the raw [B,S] mask and c.
-bool MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::string& term, std::string* raw_mask,
-                       float* filter, std::string* reason);
-
-// The heads (N, D) a head-split Reshape shows: from its inferred output shape, else its constant
-// target; the sequence-first [S, B*N, D] shows only D, and N = hidden / D.
-std::optional<std::pair<int64_t, int64_t>> ShownHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout,
-                                                      const Node& reshape, int64_t hidden);
+// Q, K and V of `match` (whose scores and context are matched) from their heads.
+MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match);
 
 // N and D of the attention: what Q's split shows, else the configured number of heads.
-bool HeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context, Layout layout,
-                const Projection& q, int64_t hidden, int64_t* num_heads, int64_t* head_size);
+MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                     AttentionMatch* match);
 
-// The meaning of the boolean mask `cond`, probed once per pass run (masks are shared by layers).
-const MaskMeaning& ProbeOnce(const Graph& graph, const PassContext& context, const std::string& cond,
-                             std::map<std::string, MaskMeaning>* probed);
-
-// The boolean mask `Where(cond, 0, fill)` (fill -inf or below -1e4), as masking_utils writes it for
-// SDPA and eager attention: what cond means is probed (attention_masks.h). All true: no mask at all.
-// A key-padding mask of a [B, T] input: that input is Attention's raw mask. Causal (alone or with
-// padding): unidirectional. -inf becomes the lowest float, which gives the same probabilities wherever
-// a row keeps any position.
-bool MatchBooleanMask(const Graph& graph, const PassContext& context, const std::string& term,
-                      std::map<std::string, MaskMeaning>* probed, std::string* raw_mask, float* filter,
-                      bool* causal, std::string* reason);
-
-// True if `term` can be ONNX Runtime's attention_bias for these scores: [B|1, N|1, S, T] with the
-// scores' S and T (only the first two axes broadcast there).
-bool FitsAttentionBias(const ShapeInfo& shapes, const std::string& term, const std::string& scores, int64_t heads);
+MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax);
 
 // The guard transformers puts after Softmax for rows that mask every position: Where(IsNaN(p), 0, p).
-// Attention's finite mask value never makes such rows NaN, so the guard goes with the pattern.
+// The fused operators' finite mask value never makes such rows NaN, so the guard goes with the pattern.
 std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax);
 
-// True if every value the pattern computes, but `output`, is read only by pattern members or by shape
-// arithmetic that feeds the `targets`' shape inputs (collected into shape_nodes, to go too).
-bool OnlyReadInside(const Graph& graph, const std::vector<Node*>& pattern, const std::set<Node*>& members,
-                    const std::set<Node*>& targets, const std::string& output, std::vector<Node*>* shape_nodes,
-                    std::string* reason);
+MatchResult<ContextOutput> MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout,
+                                        Node* context_matmul);
+
+// What the scores' mask term (and causal Where) mean, as the fused operators take it:
+// - the boolean `Where(cond, 0, fill)` (fill -inf or below -1e4) masking_utils writes for SDPA and
+//   eager attention: cond probed (attention_masks.h). All true: no mask. Key padding of a [B, T]
+//   input: that input is the raw mask. Causal (alone or with padding): unidirectional. Another
+//   meaning: the condition as a bias (Where(cond, 0, lowest)) when it is shaped like one. -inf
+//   becomes the lowest float, which gives the same probabilities wherever a row keeps any position;
+// - the additive `(1 - Cast(Unsqueeze(mask[B,S], [1,2]))) * c`: the raw mask and c;
+// - any other float term [B|1, N|1, S, T] with the scores' S and T (T5's position bias): the bias.
+MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                const AttentionMatch& match, FusionState* state);
+
+// --- The pattern a fused operator replaces ---
+
+// The nodes every fused form removes: scores, Softmax and its guard, the context and its merge.
+std::vector<Node*> CorePattern(const AttentionMatch& match);
+
+// Checks that every value of `pattern` but the block's output is read only inside it, or by shape
+// arithmetic feeding the shape inputs of `targets` (Reshapes and Slices of the pattern); that shape
+// arithmetic is returned, to go with the pattern.
+MatchResult<std::vector<Node*>> ClaimPattern(const Graph& graph, const std::vector<Node*>& pattern,
+                                             const std::set<Node*>& targets, const std::string& output);
+
+// Removes the pattern and its shape arithmetic; returns where the fused node goes (after the last
+// node of the context's merge).
+const Node* RemovePattern(Graph& graph, const AttentionMatch& match, const std::vector<Node*>& pattern,
+                          const std::vector<Node*>& shape_nodes);
 
 // After a fused node writing `attended` [B,S,H]: Reshape it to `output` [B*S, H] for the Gemm that read
 // the flattened context.
 void AddFlatten(Graph& graph, const std::string& attended, const std::string& output, int64_t hidden, const Node* after);
 
-// The Slices that cut the causal mask out of its buffer, nearest first.
-std::vector<Node*> CausalSlices(const Graph& graph, const std::string& cond);
 }  // namespace onnxopt::attention
 
 #endif  // ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MATCH_H_

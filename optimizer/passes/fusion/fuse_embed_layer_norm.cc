@@ -35,17 +35,30 @@ struct Lookup {
   std::optional<int64_t> constant_row;  // every id is this one: the lookup adds one row everywhere
 };
 
+// What the rewrite needs: the lookups by role, the sum's Adds and what else reads the lookups.
+struct EmbedMatch {
+  Node* norm = nullptr;
+  std::vector<Lookup> lookups;
+  std::vector<Node*> adds;
+  int word = -1, type = -1, position = -1, constant = -1;  // indexes into lookups; -1: none
+  int64_t hidden = 0;
+  bool counting = false;            // position ids are 0..S-1: left out
+  bool sum_read_elsewhere = false;  // the sum becomes output 2
+  std::vector<Node*> shape_readers;  // Shape nodes of a lookup, which read Y instead
+  std::vector<float> word_plus_row;  // with a constant lookup: the word table plus its row
+};
+
 // Leaves of an Add tree rooted at `value` (each Add read only inside the tree), with its Adds.
-bool CollectSum(const Graph& graph, const std::string& value, int depth, std::vector<std::string>* leaves,
+void CollectSum(const Graph& graph, const std::string& value, int depth, std::vector<std::string>* leaves,
                 std::vector<Node*>* adds) {
   Node* add = ProducerWithOp(graph, value, "Add");
   if (add == nullptr || depth > 3 || (depth > 0 && SoleConsumer(graph, value) == nullptr)) {
     leaves->push_back(value);
-    return true;
+    return;
   }
   adds->push_back(add);
-  return CollectSum(graph, add->input(0), depth + 1, leaves, adds) &&
-         CollectSum(graph, add->input(1), depth + 1, leaves, adds);
+  CollectSum(graph, add->input(0), depth + 1, leaves, adds);
+  CollectSum(graph, add->input(1), depth + 1, leaves, adds);
 }
 
 // The one value every element of `ids` holds, when they are gathered, expanded, sliced or reshaped
@@ -73,17 +86,14 @@ std::optional<int64_t> SameConstantEverywhere(const Graph& graph, const std::str
 // arange buffer (BERT's position_ids[:, :S]) or Unsqueeze(Range(0, S, 1)) (GPT-2). EmbedLayerNorm
 // then needs no position ids at all.
 bool PositionsCountUp(const Graph& graph, const ShapeInfo& shapes, const std::string& ids, const std::string& input_ids) {
-  if (Node* slice = ProducerWithOp(graph, ids, "Slice"); slice != nullptr && slice->input_size() >= 3) {
+  if (Node* slice = ProducerWithOp(graph, ids, "Slice"); slice != nullptr) {
     const onnx::TensorProto* buffer = ConstantTensor(graph, slice->input(0));
     auto values = buffer != nullptr ? TensorInts(*buffer) : std::nullopt;
-    auto starts = ConstantInts(graph, slice->input(1));
-    auto axes = slice->input_size() > 3 && !slice->input(3).empty() ? ConstantInts(graph, slice->input(3))
-                                                                     : std::optional<std::vector<int64_t>>();
-    auto steps = slice->input_size() > 4 && !slice->input(4).empty() ? ConstantInts(graph, slice->input(4))
-                                                                      : std::optional<std::vector<int64_t>>(std::vector<int64_t>{1});
-    if (!values || buffer->dims_size() != 2 || buffer->dims(0) != 1 || !starts || *starts != std::vector<int64_t>{0} ||
-        !axes || (*axes != std::vector<int64_t>{1} && *axes != std::vector<int64_t>{-1}) || !steps ||
-        *steps != std::vector<int64_t>{1} || !ElementIsDim(graph, shapes, slice->input(2), 0, input_ids, 1)) {
+    const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+    // Axes must be given: a slice over axis 0 by default does not cut the positions.
+    if (!values || buffer->dims_size() != 2 || buffer->dims(0) != 1 || !spec || slice->input_size() < 4 ||
+        spec->starts != std::vector<int64_t>{0} || !spec->OneAxis(1, 2) ||
+        !ElementIsDim(graph, shapes, slice->input(2), 0, input_ids, 1)) {
       return false;
     }
     for (size_t i = 0; i < values->size(); ++i) {
@@ -101,188 +111,191 @@ bool PositionsCountUp(const Graph& graph, const ShapeInfo& shapes, const std::st
          *delta == std::vector<int64_t>{1} && ElementIsDim(graph, shapes, range->input(1), 0, input_ids, 1);
 }
 
-class FuseEmbedLayerNormPass final : public Pass {
+// The Gathers at the leaves of the sum: on axis 0 of constant float tables of one width.
+MatchResult<std::vector<Lookup>> MatchLookups(const Graph& graph, const std::vector<std::string>& leaves) {
+  std::vector<Lookup> lookups;
+  for (const std::string& leaf : leaves) {
+    Node* gather = ProducerWithOp(graph, leaf, "Gather");
+    if (gather == nullptr || gather->GetAttributeInt("axis", 0) != 0) return Fail();
+    Lookup lookup;
+    lookup.gather = gather;
+    lookup.table = gather->input(0);
+    lookup.ids = lookup.source = gather->input(1);
+    if (Node* cast = ProducerWithOp(graph, lookup.ids, "Cast")) lookup.source = cast->input(0);
+    const onnx::TensorProto* table = ConstantTensor(graph, lookup.table);
+    if (table == nullptr || table->data_type() != onnx::TensorProto::FLOAT || table->dims_size() != 2) {
+      return Fail("an embedding table is not a constant float matrix");
+    }
+    lookup.rows = table->dims(0);
+    lookup.constant_row = SameConstantEverywhere(graph, lookup.ids);
+    lookups.push_back(lookup);
+  }
+  for (const Lookup& lookup : lookups) {
+    if (ConstantTensor(graph, lookup.table)->dims(1) != ConstantTensor(graph, lookups[0].table)->dims(1)) {
+      return Fail("the embedding tables differ in width");
+    }
+  }
+  return lookups;
+}
+
+// Words and token types are looked up with [B,S] graph inputs; the biggest table holds the words.
+// Positions are the lookup whose ids are computed in the graph; a lookup of one constant row (beside
+// two others) is folded into the word table.
+MatchResult<Matched> AssignRoles(const Graph& graph, EmbedMatch* match) {
+  for (int i = 0; i < static_cast<int>(match->lookups.size()); ++i) {
+    const Lookup& lookup = match->lookups[static_cast<size_t>(i)];
+    if (lookup.constant_row && match->constant < 0 && match->lookups.size() == 3) {
+      match->constant = i;
+    } else if (!graph.IsGraphInput(lookup.source) || graph.Initializer(lookup.source) != nullptr) {
+      if (match->position >= 0) return Fail("more than one lookup uses computed ids");
+      match->position = i;
+    } else if (match->word < 0 || lookup.rows > match->lookups[static_cast<size_t>(match->word)].rows) {
+      if (match->word >= 0) match->type = match->word;
+      match->word = i;
+    } else {
+      match->type = i;
+    }
+  }
+  if (match->word < 0 || match->position < 0) {
+    return Fail("no word lookup from an input and position lookup from computed ids");
+  }
+  if (match->constant < 0) return Matched{};
+  const Lookup& constant = match->lookups[static_cast<size_t>(match->constant)];
+  const int64_t row = *constant.constant_row < 0 ? *constant.constant_row + constant.rows : *constant.constant_row;
+  auto words = TensorFloats(*ConstantTensor(graph, match->lookups[static_cast<size_t>(match->word)].table));
+  auto rows = TensorFloats(*ConstantTensor(graph, constant.table));
+  if (match->type >= 0 || row < 0 || row >= constant.rows || !words || !rows) {
+    return Fail("a lookup of one constant row beside a token type input, or out of its table");
+  }
+  match->word_plus_row = *std::move(words);
+  const size_t hidden = static_cast<size_t>(match->hidden);
+  for (size_t i = 0; i < match->word_plus_row.size(); ++i) {
+    match->word_plus_row[i] += (*rows)[static_cast<size_t>(row) * hidden + i % hidden];
+  }
+  return Matched{};
+}
+
+// Only the tree reads the lookups, but for Shape nodes reading one shaped like the sum (GPT-2's
+// input_shape), which read the fused output instead; the sum itself may be read elsewhere (output 2).
+MatchResult<Matched> CheckReaders(const Graph& graph, const ShapeInfo& shapes, EmbedMatch* match) {
+  const std::string& sum = match->norm->input(0);
+  for (const Lookup& lookup : match->lookups) {
+    const std::string& looked_up = lookup.gather->output(0);
+    if (graph.IsGraphOutput(looked_up)) return Fail("an embedding lookup is a graph output");
+    int tree_readers = 0;
+    for (Node* reader : graph.Consumers(looked_up)) {
+      if (reader->op_type() == "Shape" && reader->domain().empty() && shapes.SameShape(looked_up, sum)) {
+        match->shape_readers.push_back(reader);
+      } else {
+        ++tree_readers;
+      }
+    }
+    if (tree_readers != 1) return Fail("an embedding lookup is read elsewhere");
+  }
+  match->sum_read_elsewhere = graph.Consumers(sum).size() > 1 || graph.IsGraphOutput(sum);
+  return Matched{};
+}
+
+// Anchored at the LayerNormalization.
+MatchResult<EmbedMatch> MatchEmbedding(const Graph& graph, Node* norm, const ShapeInfo& shapes) {
+  if (norm->op_type() != "LayerNormalization" || !norm->domain().empty() || norm->input_size() < 2 ||
+      norm->output_size() != 1) {
+    return Fail();
+  }
+  const int64_t axis = norm->GetAttributeInt("axis", -1);
+  if (axis != -1 && axis != 2) return Fail();
+  EmbedMatch match;
+  match.norm = norm;
+  std::vector<std::string> leaves;
+  CollectSum(graph, norm->input(0), 0, &leaves, &match.adds);
+  if (match.adds.empty() || leaves.size() < 2 || leaves.size() > 3) return Fail();
+  MatchResult<std::vector<Lookup>> lookups = MatchLookups(graph, leaves);
+  if (!lookups) return lookups.failure();
+  match.lookups = *std::move(lookups);
+  match.hidden = ConstantTensor(graph, match.lookups[0].table)->dims(1);
+  if (MatchResult<Matched> roles = AssignRoles(graph, &match); !roles) return roles.failure();
+  const std::string& ids = match.lookups[static_cast<size_t>(match.word)].source;
+  const Lookup& position = match.lookups[static_cast<size_t>(match.position)];
+  if (shapes.Rank(ids) != 2 ||
+      (match.type >= 0 && !shapes.SameShape(match.lookups[static_cast<size_t>(match.type)].source, ids))) {
+    return Fail("the word and token type ids are not known to share one [B,S] shape");
+  }
+  match.counting = PositionsCountUp(graph, shapes, position.ids, ids);
+  if (!match.counting && (shapes.Rank(position.ids) != 2 || !shapes.SameDim(position.ids, 1, ids, 1) ||
+                          !(shapes.DimValue(position.ids, 0) == 1 || shapes.SameDim(position.ids, 0, ids, 0)))) {
+    return Fail("the position ids are not 0..S-1 nor known to be [B,S] or [1,S]");
+  }
+  const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
+  const onnx::TensorProto* beta = norm->input_size() > 2 ? ConstantTensor(graph, norm->input(2)) : nullptr;
+  if (gamma == nullptr || gamma->dims_size() != 1 || gamma->dims(0) != match.hidden ||
+      (norm->input_size() > 2 && (beta == nullptr || beta->dims_size() != 1 || beta->dims(0) != match.hidden))) {
+    return Fail("gamma and beta are not constants of the embedding width");
+  }
+  if (MatchResult<Matched> readers = CheckReaders(graph, shapes, &match); !readers) return readers.failure();
+  return match;
+}
+
+void Rewrite(Graph& graph, const EmbedMatch& match, const ShapeInfo& shapes, PassContext& context) {
+  Node* norm = match.norm;
+  const Lookup& word = match.lookups[static_cast<size_t>(match.word)];
+  const Lookup* type = match.type >= 0 ? &match.lookups[static_cast<size_t>(match.type)] : nullptr;
+  const Lookup& position = match.lookups[static_cast<size_t>(match.position)];
+  auto to_int32 = [&](const std::string& value) {
+    if (shapes.ElementType(value) == onnx::TensorProto::INT32) return value;
+    return AddCast(graph, value, onnx::TensorProto::INT32, norm);
+  };
+  std::string beta = norm->input_size() > 2 ? norm->input(2) : "";
+  if (beta.empty()) {
+    beta = graph.UniqueName("embed_layer_norm_beta");
+    graph.AddInitializer(MakeFloatTensor(beta, {match.hidden}, std::vector<float>(static_cast<size_t>(match.hidden), 0.0f)));
+  }
+  const std::string name = graph.UniqueName("EmbedLayerNorm");
+  std::vector<std::string> inputs = {to_int32(word.source), type != nullptr ? to_int32(type->source) : ""};
+  if (match.constant >= 0) {
+    const std::string folded =
+        graph.UniqueName(word.table + "_plus_" + match.lookups[static_cast<size_t>(match.constant)].table);
+    graph.AddInitializer(MakeFloatTensor(folded, {word.rows, match.hidden}, match.word_plus_row));
+    inputs.push_back(folded);
+  } else {
+    inputs.push_back(word.table);
+  }
+  inputs.insert(inputs.end(), {position.table, type != nullptr ? type->table : "", norm->input(1), beta,
+                               ""});  // mask: Attention takes the raw mask itself
+  if (!match.counting) inputs.push_back(to_int32(position.ids));
+  // ONNX Runtime's type inference wants mask_index named even when nothing reads it.
+  std::vector<std::string> outputs = {norm->output(0), graph.UniqueName(norm->output(0) + "_mask_index")};
+  if (match.sum_read_elsewhere) outputs.push_back(norm->input(0));
+  onnx::NodeProto fused = MakeNode("EmbedLayerNormalization", name, std::move(inputs),
+                                   std::move(outputs), "com.microsoft");
+  *fused.add_attribute() = MakeFloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
+  for (Node* reader : match.shape_readers) graph.SetInput(reader, 0, norm->output(0));
+  graph.RemoveNode(norm);
+  for (Node* add : match.adds) graph.RemoveNode(add);
+  for (const Lookup& lookup : match.lookups) graph.RemoveNode(lookup.gather);
+  graph.AddNode(std::move(fused), norm, /*after=*/true);
+  context.RequireOpset("com.microsoft", 1);
+  context.CountRewrite();
+}
+
+class FuseEmbedLayerNormPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_embed_layer_norm"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Fuse word/position/token-type embedding lookups and their LayerNorm into EmbedLayerNormalization";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     for (Node* norm : graph.Nodes()) {
-      if (norm->removed() || norm->op_type() != "LayerNormalization" || !norm->domain().empty() ||
-          norm->input_size() < 2 || norm->output_size() != 1) {
-        continue;
-      }
-      std::string reason;
-      if (!TryFuse(graph, norm, *shapes, context, &reason) && !reason.empty()) {
-        context.Skip(absl::StrCat("fuse_embed_layer_norm: ", reason));
+      if (norm->removed()) continue;
+      MatchResult<EmbedMatch> match = MatchEmbedding(graph, norm, shapes);
+      if (match) {
+        Rewrite(graph, *match, shapes, context);
+      } else if (!match.reason().empty()) {
+        context.Skip(absl::StrCat("fuse_embed_layer_norm: ", match.reason()));
       }
     }
     return absl::OkStatus();
-  }
-
- private:
-  static bool TryFuse(Graph& graph, Node* norm, const ShapeInfo& shapes, PassContext& context, std::string* reason) {
-    const int64_t axis = norm->GetAttributeInt("axis", -1);
-    if (axis != -1 && axis != 2) return false;
-    const std::string& sum = norm->input(0);
-    std::vector<std::string> leaves;
-    std::vector<Node*> adds;
-    if (!CollectSum(graph, sum, 0, &leaves, &adds) || adds.empty() || leaves.size() < 2 || leaves.size() > 3) return false;
-    std::vector<Lookup> lookups;
-    for (const std::string& leaf : leaves) {
-      Node* gather = ProducerWithOp(graph, leaf, "Gather");
-      if (gather == nullptr || gather->GetAttributeInt("axis", 0) != 0) return false;
-      Lookup lookup;
-      lookup.gather = gather;
-      lookup.table = gather->input(0);
-      lookup.ids = lookup.source = gather->input(1);
-      if (Node* cast = ProducerWithOp(graph, lookup.ids, "Cast")) lookup.source = cast->input(0);
-      const onnx::TensorProto* table = ConstantTensor(graph, lookup.table);
-      if (table == nullptr || table->data_type() != onnx::TensorProto::FLOAT || table->dims_size() != 2) {
-        *reason = "an embedding table is not a constant float matrix";
-        return false;
-      }
-      lookup.rows = table->dims(0);
-      lookup.constant_row = SameConstantEverywhere(graph, lookup.ids);
-      lookups.push_back(lookup);
-    }
-    const int64_t hidden = ConstantTensor(graph, lookups[0].table)->dims(1);
-    for (const Lookup& lookup : lookups) {
-      if (ConstantTensor(graph, lookup.table)->dims(1) != hidden) {
-        *reason = "the embedding tables differ in width";
-        return false;
-      }
-    }
-    // Words and token types are looked up with [B,S] graph inputs; the biggest table holds the words.
-    // Positions are the lookup whose ids are computed in the graph.
-    Lookup* word = nullptr;
-    Lookup* type = nullptr;
-    Lookup* position = nullptr;
-    Lookup* constant = nullptr;  // one row added everywhere: folded into the word table
-    for (Lookup& lookup : lookups) {
-      if (lookup.constant_row && constant == nullptr && lookups.size() == 3) {
-        constant = &lookup;
-      } else if (!graph.IsGraphInput(lookup.source) || graph.Initializer(lookup.source) != nullptr) {
-        if (position != nullptr) {
-          *reason = "more than one lookup uses computed ids";
-          return false;
-        }
-        position = &lookup;
-      } else if (word == nullptr || lookup.rows > word->rows) {
-        if (word != nullptr) type = word;
-        word = &lookup;
-      } else {
-        type = &lookup;
-      }
-    }
-    if (word == nullptr || position == nullptr) {
-      *reason = "no word lookup from an input and position lookup from computed ids";
-      return false;
-    }
-    std::vector<float> word_plus_row;  // word table + the constant row, when there is one
-    if (constant != nullptr) {
-      const int64_t row = *constant->constant_row < 0 ? *constant->constant_row + constant->rows : *constant->constant_row;
-      auto words = TensorFloats(*ConstantTensor(graph, word->table));
-      auto rows = TensorFloats(*ConstantTensor(graph, constant->table));
-      if (type != nullptr || row < 0 || row >= constant->rows || !words || !rows) {
-        *reason = "a lookup of one constant row beside a token type input, or out of its table";
-        return false;
-      }
-      word_plus_row = *words;
-      for (size_t i = 0; i < word_plus_row.size(); ++i) {
-        word_plus_row[i] += (*rows)[static_cast<size_t>(row * hidden) + i % static_cast<size_t>(hidden)];
-      }
-    }
-    const std::string& ids = word->source;
-    if (shapes.Rank(ids) != 2 || (type != nullptr && !shapes.SameShape(type->source, ids))) {
-      *reason = "the word and token type ids are not known to share one [B,S] shape";
-      return false;
-    }
-    const bool counting = PositionsCountUp(graph, shapes, position->ids, ids);
-    if (!counting && (shapes.Rank(position->ids) != 2 || !shapes.SameDim(position->ids, 1, ids, 1) ||
-                      !(shapes.DimValue(position->ids, 0) == 1 || shapes.SameDim(position->ids, 0, ids, 0)))) {
-      *reason = "the position ids are not 0..S-1 nor known to be [B,S] or [1,S]";
-      return false;
-    }
-    const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
-    const onnx::TensorProto* beta = norm->input_size() > 2 ? ConstantTensor(graph, norm->input(2)) : nullptr;
-    if (gamma == nullptr || gamma->dims_size() != 1 || gamma->dims(0) != hidden ||
-        (norm->input_size() > 2 && (beta == nullptr || beta->dims_size() != 1 || beta->dims(0) != hidden))) {
-      *reason = "gamma and beta are not constants of the embedding width";
-      return false;
-    }
-    // Only the tree reads the lookups, but for Shape nodes reading one shaped like the sum (GPT-2's
-    // input_shape), which read the fused output instead; the sum itself may be read elsewhere (output 2).
-    std::vector<Node*> shape_readers;
-    for (const Lookup& lookup : lookups) {
-      const std::string& looked_up = lookup.gather->output(0);
-      if (graph.IsGraphOutput(looked_up)) {
-        *reason = "an embedding lookup is a graph output";
-        return false;
-      }
-      int tree_readers = 0;
-      for (Node* reader : graph.Consumers(looked_up)) {
-        if (reader->op_type() == "Shape" && reader->domain().empty() && shapes.SameShape(looked_up, sum)) {
-          shape_readers.push_back(reader);
-        } else {
-          ++tree_readers;
-        }
-      }
-      if (tree_readers != 1) {
-        *reason = "an embedding lookup is read elsewhere";
-        return false;
-      }
-    }
-    const bool sum_read_elsewhere = graph.Consumers(sum).size() > 1 || graph.IsGraphOutput(sum);
-
-    // Rewrite.
-    auto to_int32 = [&](const std::string& value) {
-      if (shapes.ElementType(value) == onnx::TensorProto::INT32) return value;
-      return AddCast(graph, value, onnx::TensorProto::INT32, norm);
-    };
-    std::string beta_name = norm->input_size() > 2 ? norm->input(2) : "";
-    if (beta_name.empty()) {
-      beta_name = graph.UniqueName("embed_layer_norm_beta");
-      graph.AddInitializer(MakeFloatTensor(beta_name, {hidden}, std::vector<float>(static_cast<size_t>(hidden), 0.0f)));
-    }
-    onnx::NodeProto fused;
-    fused.set_op_type("EmbedLayerNormalization");
-    fused.set_domain("com.microsoft");
-    fused.set_name(graph.UniqueName("EmbedLayerNorm"));
-    fused.add_input(to_int32(ids));
-    fused.add_input(type != nullptr ? to_int32(type->source) : "");
-    if (constant != nullptr) {
-      const std::string folded = graph.UniqueName(word->table + "_plus_" + constant->table);
-      graph.AddInitializer(MakeFloatTensor(folded, {word->rows, hidden}, word_plus_row));
-      fused.add_input(folded);
-    } else {
-      fused.add_input(word->table);
-    }
-    fused.add_input(position->table);
-    fused.add_input(type != nullptr ? type->table : "");
-    fused.add_input(norm->input(1));
-    fused.add_input(beta_name);
-    fused.add_input("");  // mask: Attention takes the raw mask itself
-    if (!counting) fused.add_input(to_int32(position->ids));
-    fused.add_output(norm->output(0));
-    // ONNX Runtime's type inference wants mask_index named even when nothing reads it.
-    fused.add_output(graph.UniqueName(norm->output(0) + "_mask_index"));
-    if (sum_read_elsewhere) fused.add_output(sum);
-    *fused.add_attribute() = FloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
-    for (Node* reader : shape_readers) graph.SetInput(reader, 0, norm->output(0));
-    graph.RemoveNode(norm);
-    for (Node* add : adds) graph.RemoveNode(add);
-    for (const Lookup& lookup : lookups) graph.RemoveNode(lookup.gather);
-    graph.AddNode(std::move(fused), norm, /*after=*/true);
-    context.RequireOpset("com.microsoft", 1);
-    context.CountRewrite();
-    return true;
   }
 };
 

@@ -21,16 +21,9 @@ namespace {
 
 constexpr char kMicrosoft[] = "com.microsoft";
 
-bool Near(float value, double expected) { return std::fabs(value - expected) <= 1e-4 * std::fabs(expected); }
-
-// For a binary `op` node with one constant operand near `expected`, the other operand.
-std::optional<std::string> WithConstant(const Graph& graph, const Node* node, const char* op, double expected) {
-  if (node == nullptr || node->op_type() != op || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
-  for (int side = 0; side < 2; ++side) {
-    auto value = ConstantScalarFloat(graph, node->input(side));
-    if (value && Near(*value, expected)) return node->input(1 - side);
-  }
-  return std::nullopt;
+// The other operand of a binary `op` whose one operand is a constant within 1e-4 (relative) of `expected`.
+std::optional<std::string> BesideConstant(const Graph& graph, const Node* node, const char* op, double expected) {
+  return OperandBesideScalar(graph, node, op, expected, 1e-4 * std::fabs(expected));
 }
 
 bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
@@ -38,55 +31,168 @@ bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
          ((node->input(0) == a && node->input(1) == b) || (node->input(0) == b && node->input(1) == a));
 }
 
-// The tail `x * 0.5 * one_plus` (any grouping of the three factors); returns the nodes and the output.
-bool MatchHalfProductTail(const Graph& graph, const std::string& x, const std::string& one_plus,
-                          std::vector<Node*>* nodes, std::string* output) {
+// What one Gelu form matched: its nodes, input and output, and the operator it becomes.
+struct GeluMatch {
+  std::vector<Node*> nodes;
+  std::string x, output;
+  const char* op = "";
+  float alpha = 0;  // QuickGelu
+};
+
+// The tail `x * 0.5 * one_plus` (any grouping of the three factors, x = match.x): its nodes and output.
+MatchResult<GeluMatch> MatchHalfProductTail(const Graph& graph, const std::string& one_plus, GeluMatch match) {
+  const std::string x = match.x;
   Node* consumer = SoleConsumer(graph, one_plus);
-  if (consumer == nullptr) return false;
+  if (consumer == nullptr || consumer->op_type() != "Mul" || consumer->input_size() != 2) return Fail();
+  auto finish = [&](Node* first, Node* last) -> MatchResult<GeluMatch> {
+    match.nodes.insert(match.nodes.end(), {first, last});
+    match.output = last->output(0);
+    return match;
+  };
   // (x * one_plus) * 0.5
   if (IsMulOf(consumer, x, one_plus)) {
     Node* half = SoleConsumer(graph, consumer->output(0));
-    if (!WithConstant(graph, half, "Mul", 0.5)) return false;
-    nodes->insert(nodes->end(), {consumer, half});
-    *output = half->output(0);
-    return true;
+    if (!BesideConstant(graph, half, "Mul", 0.5)) return Fail();
+    return finish(consumer, half);
   }
   // (x * 0.5) * one_plus, or (0.5 * one_plus) * x
-  if (consumer->op_type() != "Mul" || consumer->input_size() != 2) return false;
-  const std::string other = consumer->input(0) == one_plus ? consumer->input(1) : consumer->input(0);
+  const std::string& other = consumer->input(0) == one_plus ? consumer->input(1) : consumer->input(0);
   Node* other_node = graph.Producer(other);
-  if (auto base = WithConstant(graph, other_node, "Mul", 0.5); base && *base == x) {
-    nodes->insert(nodes->end(), {other_node, consumer});
-    *output = consumer->output(0);
-    return true;
-  }
-  if (ConstantScalarFloat(graph, other) && Near(*ConstantScalarFloat(graph, other), 0.5)) {
+  if (auto base = BesideConstant(graph, other_node, "Mul", 0.5); base && *base == x) return finish(other_node, consumer);
+  if (auto half = ConstantScalarFloat(graph, other); half && std::fabs(*half - 0.5) <= 1e-4 * 0.5) {
     Node* last = SoleConsumer(graph, consumer->output(0));
-    if (!IsMulOf(last, consumer->output(0), x)) return false;
-    nodes->insert(nodes->end(), {consumer, last});
-    *output = last->output(0);
-    return true;
+    if (!IsMulOf(last, consumer->output(0), x)) return Fail();
+    return finish(consumer, last);
   }
-  return false;
+  return Fail();
 }
 
-// The base x of `value` = x^3: Pow(x, 3), Mul(Mul(x, x), x) or Mul(x, Mul(x, x)).
+// The base x of `value` = x^3: Pow(x, 3), Mul(Mul(x, x), x) or Mul(x, Mul(x, x)); its nodes go to `nodes`.
 std::optional<std::string> CubeOf(const Graph& graph, const std::string& value, std::vector<Node*>* nodes) {
   Node* node = graph.Producer(value);
-  if (auto base = WithConstant(graph, node, "Pow", 3.0); base && node->input(0) == *base) {
+  if (auto base = BesideConstant(graph, node, "Pow", 3.0); base && node->input(0) == *base) {
     nodes->push_back(node);
     return base;
   }
-  if (node == nullptr || node->op_type() != "Mul" || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
-  for (int side = 0; side < 2; ++side) {
-    Node* square = graph.Producer(node->input(side));
-    const std::string& x = node->input(1 - side);
-    if (IsMulOf(square, x, x) && SoleConsumer(graph, square->output(0)) == node) {
-      nodes->insert(nodes->end(), {square, node});
-      return x;
+  auto same_inputs = [](const Graph&, const Node& square, int) { return square.input(0) == square.input(1); };
+  std::optional<PathMatch> cube =
+      MatchPath(graph, value, {{"Mul", kAnyInput}, {"Mul", 0, same_inputs}}, [&](const PathMatch& path) {
+        return path.Other(0) == path.end && SoleConsumer(graph, path.nodes[1]->output(0)) == path.nodes[0];
+      });
+  if (!cube) return std::nullopt;
+  nodes->insert(nodes->end(), {cube->nodes[1], cube->nodes[0]});
+  return cube->end;
+}
+
+// Erf form, anchored at the Erf.
+MatchResult<GeluMatch> MatchErfGelu(const Graph& graph, Node* erf) {
+  Node* scale = graph.Producer(erf->input(0));
+  auto divided = BesideConstant(graph, scale, "Div", std::sqrt(2.0));
+  auto multiplied = BesideConstant(graph, scale, "Mul", 1.0 / std::sqrt(2.0));
+  if (!divided && !multiplied) return Fail();
+  if (divided && scale->input(0) != *divided) return Fail();  // x / sqrt(2), not sqrt(2) / x
+  GeluMatch match;
+  match.x = divided ? *divided : *multiplied;
+  match.op = "Gelu";
+  Node* one_plus = SoleConsumer(graph, erf->output(0));
+  if (!BesideConstant(graph, one_plus, "Add", 1.0)) return Fail();
+  match.nodes = {scale, erf, one_plus};
+  return MatchHalfProductTail(graph, one_plus->output(0), std::move(match));
+}
+
+// Tanh form, anchored at the Tanh: sqrt(2/pi) * (x + 0.044715 * x^3), operands in any order.
+MatchResult<GeluMatch> MatchTanhGelu(const Graph& graph, Node* tanh) {
+  GeluMatch match;
+  std::vector<Node*> cube_nodes;
+  const double sqrt_two_over_pi = std::sqrt(2.0 / M_PI);
+  std::optional<PathMatch> inner = MatchPath(
+      graph, tanh->input(0),
+      {{"Mul", kAnyInput, OtherIsScalar(sqrt_two_over_pi, 1e-4 * sqrt_two_over_pi)},
+       {"Add", kAnyInput},
+       {"Mul", kAnyInput, OtherIsScalar(0.044715, 1e-4 * 0.044715)}},
+      [&](const PathMatch& path) {
+        cube_nodes.clear();
+        const std::optional<std::string> base = CubeOf(graph, path.end, &cube_nodes);
+        return base && *base == path.Other(1);
+      });
+  if (!inner) return Fail();
+  match.x = inner->Other(1);
+  match.op = "FastGelu";
+  match.nodes = cube_nodes;
+  match.nodes.insert(match.nodes.end(), {inner->nodes[2], inner->nodes[1], inner->nodes[0], tanh});
+  Node* one_plus = SoleConsumer(graph, tanh->output(0));
+  if (!BesideConstant(graph, one_plus, "Add", 1.0)) return Fail();
+  match.nodes.push_back(one_plus);
+  return MatchHalfProductTail(graph, one_plus->output(0), std::move(match));
+}
+
+// Sigmoid form, anchored at the Sigmoid: x * Sigmoid(alpha * x), or SiLU x * Sigmoid(x).
+MatchResult<GeluMatch> MatchQuickGelu(const Graph& graph, Node* sigmoid) {
+  GeluMatch match;
+  match.op = "QuickGelu";
+  Node* scale = ProducerWithOp(graph, sigmoid->input(0), "Mul");
+  if (scale != nullptr) {
+    const std::optional<int> constant =
+        FindOperand(*scale, [&](const std::string& operand) { return ConstantScalarFloat(graph, operand).has_value(); });
+    if (constant) {
+      match.alpha = *ConstantScalarFloat(graph, scale->input(*constant));
+      match.x = OtherInput(*scale, *constant);
     }
   }
-  return std::nullopt;
+  Node* product = SoleConsumer(graph, sigmoid->output(0));
+  if (!match.x.empty() && IsMulOf(product, match.x, sigmoid->output(0))) {
+    match.nodes = {scale, sigmoid, product};
+  } else if (IsMulOf(product, sigmoid->input(0), sigmoid->output(0))) {
+    match.x = sigmoid->input(0);
+    match.alpha = 1.0f;
+    match.nodes = {sigmoid, product};
+  } else {
+    return Fail();
+  }
+  match.output = product->output(0);
+  return match;
+}
+
+MatchResult<GeluMatch> MatchGelu(const Graph& graph, Node* node) {
+  if (node->op_type() == "Erf") return MatchErfGelu(graph, node);
+  if (node->op_type() == "Tanh") return MatchTanhGelu(graph, node);
+  if (node->op_type() == "Sigmoid") return MatchQuickGelu(graph, node);
+  return Fail();
+}
+
+// The constant 1-D float operand of `add` (a bias), if it has one.
+std::optional<int> BiasOperand(const Graph& graph, const Node& add) {
+  return FindOperand(add, [&](const std::string& operand) {
+    const onnx::TensorProto* constant = ConstantTensor(graph, operand);
+    return constant != nullptr && constant->dims_size() == 1 && constant->data_type() == onnx::TensorProto::FLOAT;
+  });
+}
+
+void FuseOne(Graph& graph, PassContext& context, const GeluMatch& match) {
+  // Absorb a constant bias: x = Add(h, bias[N]) read only by this pattern.
+  std::string input = match.x, bias;
+  Node* bias_add = ProducerWithOp(graph, match.x, "Add");
+  if (std::string(match.op) != "QuickGelu" && bias_add != nullptr && !graph.IsGraphOutput(match.x)) {
+    bool only_pattern = true;
+    for (Node* consumer : graph.Consumers(match.x)) {
+      only_pattern &= std::find(match.nodes.begin(), match.nodes.end(), consumer) != match.nodes.end();
+    }
+    if (std::optional<int> side = only_pattern ? BiasOperand(graph, *bias_add) : std::nullopt) {
+      bias = bias_add->input(*side);
+      input = OtherInput(*bias_add, *side);
+    }
+  }
+  const std::string op = std::string(match.op) == "Gelu" && !bias.empty() ? "BiasGelu" : match.op;
+  std::vector<std::string> inputs = {input};
+  if (!bias.empty()) inputs.push_back(bias);
+  onnx::NodeProto fused = MakeNode(op, graph.UniqueName(op), std::move(inputs), {match.output}, kMicrosoft);
+  if (op == "QuickGelu") *fused.add_attribute() = MakeFloatAttribute("alpha", match.alpha);
+  Node* anchor = match.nodes.back();
+  for (Node* n : match.nodes) graph.RemoveNode(n);
+  if (!bias.empty()) graph.RemoveNode(bias_add);
+  graph.AddNode(std::move(fused), anchor, /*after=*/true);
+  context.RequireOpset(kMicrosoft, 1);
+  context.CountRewrite();
 }
 
 // Gelu(Add(h, bias)) -> BiasGelu(h, bias); FastGelu(Add(h, bias)) -> FastGelu(h, bias), for Gelu nodes
@@ -105,33 +211,30 @@ void AbsorbBiasIntoFusedGelu(Graph& graph, PassContext& context) {
     }
     if (approximate != "none" && approximate != "tanh") continue;
     Node* add = ProducerWithOp(graph, gelu->input(0), "Add");
-    if (add == nullptr || add->input_size() != 2 || SoleConsumer(graph, add->output(0)) != gelu) continue;
-    for (int side = 0; side < 2; ++side) {
-      const onnx::TensorProto* constant = ConstantTensor(graph, add->input(side));
-      if (constant == nullptr || constant->dims_size() != 1 || constant->data_type() != onnx::TensorProto::FLOAT) continue;
-      onnx::NodeProto fused = gelu->proto();
-      if (onnx_gelu) {
-        fused.set_domain(kMicrosoft);
-        fused.clear_attribute();
-        if (approximate == "tanh") fused.set_op_type("FastGelu");
-        context.RequireOpset(kMicrosoft, 1);
-      }
-      if (fused.op_type() == "Gelu") fused.set_op_type("BiasGelu");
-      fused.set_input(0, add->input(1 - side));
-      fused.add_input(add->input(side));
-      graph.RemoveNode(add);
-      graph.RemoveNode(gelu);
-      graph.AddNode(std::move(fused), gelu, /*after=*/true);
-      context.CountRewrite();
-      break;
+    if (add == nullptr || SoleConsumer(graph, add->output(0)) != gelu) continue;
+    const std::optional<int> side = BiasOperand(graph, *add);
+    if (!side) continue;
+    onnx::NodeProto fused = gelu->proto();
+    if (onnx_gelu) {
+      fused.set_domain(kMicrosoft);
+      fused.clear_attribute();
+      if (approximate == "tanh") fused.set_op_type("FastGelu");
+      context.RequireOpset(kMicrosoft, 1);
     }
+    if (fused.op_type() == "Gelu") fused.set_op_type("BiasGelu");
+    fused.set_input(0, OtherInput(*add, *side));
+    fused.add_input(add->input(*side));
+    graph.RemoveNode(add);
+    graph.RemoveNode(gelu);
+    graph.AddNode(std::move(fused), gelu, /*after=*/true);
+    context.CountRewrite();
   }
 }
 
 class FuseGeluPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_gelu"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Fuse the Gelu family (erf, tanh and sigmoid forms, with a bias Add) into ONNX Runtime's Gelu, "
            "FastGelu, QuickGelu and BiasGelu";
@@ -140,116 +243,14 @@ class FuseGeluPass final : public Pass {
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     for (Node* node : graph.Nodes()) {
       if (node->removed() || !node->domain().empty()) continue;
-      std::vector<Node*> nodes;
-      std::string x, output, fused_op;
-      float alpha = 0;
-      if (node->op_type() == "Erf") {
-        Node* scale = graph.Producer(node->input(0));
-        auto divided = WithConstant(graph, scale, "Div", std::sqrt(2.0));
-        auto multiplied = WithConstant(graph, scale, "Mul", 1.0 / std::sqrt(2.0));
-        if (!divided && !multiplied) continue;
-        if (divided && scale->input(0) != *divided) continue;  // x / sqrt(2), not sqrt(2) / x
-        x = divided ? *divided : *multiplied;
-        Node* one_plus = SoleConsumer(graph, node->output(0));
-        if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
-        nodes = {scale, node, one_plus};
-        if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
-        fused_op = "Gelu";
-      } else if (node->op_type() == "Tanh") {
-        Node* scale = graph.Producer(node->input(0));
-        auto inner = WithConstant(graph, scale, "Mul", std::sqrt(2.0 / M_PI));
-        if (!inner) continue;
-        Node* sum = graph.Producer(*inner);
-        if (sum == nullptr || sum->op_type() != "Add" || sum->input_size() != 2) continue;
-        bool matched = false;
-        for (int side = 0; side < 2 && !matched; ++side) {
-          Node* cubic = graph.Producer(sum->input(1 - side));
-          auto cube = WithConstant(graph, cubic, "Mul", 0.044715);
-          if (!cube) continue;
-          std::vector<Node*> cube_nodes;
-          auto base = CubeOf(graph, *cube, &cube_nodes);
-          if (!base || *base != sum->input(side)) continue;
-          x = *base;
-          nodes = cube_nodes;
-          nodes.insert(nodes.end(), {cubic, sum, scale, node});
-          matched = true;
-        }
-        if (!matched) continue;
-        Node* one_plus = SoleConsumer(graph, node->output(0));
-        if (!WithConstant(graph, one_plus, "Add", 1.0)) continue;
-        nodes.push_back(one_plus);
-        if (!MatchHalfProductTail(graph, x, one_plus->output(0), &nodes, &output)) continue;
-        fused_op = "FastGelu";
-      } else if (node->op_type() == "Sigmoid") {
-        Node* scale = graph.Producer(node->input(0));
-        if (scale != nullptr && scale->op_type() == "Mul" && scale->domain().empty() && scale->input_size() == 2) {
-          for (int side = 0; side < 2; ++side) {
-            auto constant = ConstantScalarFloat(graph, scale->input(side));
-            if (constant) {
-              alpha = *constant;
-              x = scale->input(1 - side);
-            }
-          }
-        }
-        Node* product = SoleConsumer(graph, node->output(0));
-        if (!x.empty() && IsMulOf(product, x, node->output(0))) {
-          nodes = {scale, node, product};
-        } else if (IsMulOf(product, node->input(0), node->output(0))) {  // SiLU: x * sigmoid(x)
-          x = node->input(0);
-          alpha = 1.0f;
-          nodes = {node, product};
-        } else {
-          continue;
-        }
-        output = product->output(0);
-        fused_op = "QuickGelu";
-      } else {
+      MatchResult<GeluMatch> match = MatchGelu(graph, node);
+      if (!match) continue;
+      // Intermediate values stay inside.
+      if (!OnlyPatternReads(graph, match->nodes, match->output)) {
+        context.Skip(absl::StrCat("fuse_gelu: an intermediate value of the ", match->op, " pattern is read elsewhere"));
         continue;
       }
-      // Intermediate values stay inside; x itself is read only by the pattern's nodes.
-      bool leaks = false;
-      for (Node* n : nodes) {
-        if (n->output(0) == output) continue;
-        if (graph.IsGraphOutput(n->output(0))) leaks = true;
-        for (Node* consumer : graph.Consumers(n->output(0))) {
-          leaks |= std::find(nodes.begin(), nodes.end(), consumer) == nodes.end();
-        }
-      }
-      if (leaks) {
-        context.Skip(absl::StrCat("fuse_gelu: an intermediate value of the ", fused_op, " pattern is read elsewhere"));
-        continue;
-      }
-      // Absorb a constant bias: x = Add(h, bias[N]) read only by this pattern.
-      std::string input = x, bias;
-      Node* bias_add = graph.Producer(x);
-      if (fused_op != "QuickGelu" && bias_add != nullptr && bias_add->op_type() == "Add" && bias_add->domain().empty() &&
-          bias_add->input_size() == 2 && !graph.IsGraphOutput(x)) {
-        bool only_pattern = true;
-        for (Node* consumer : graph.Consumers(x)) {
-          only_pattern &= std::find(nodes.begin(), nodes.end(), consumer) != nodes.end();
-        }
-        for (int side = 0; side < 2 && only_pattern && bias.empty(); ++side) {
-          const onnx::TensorProto* constant = ConstantTensor(graph, bias_add->input(side));
-          if (constant != nullptr && constant->dims_size() == 1 && constant->data_type() == onnx::TensorProto::FLOAT) {
-            bias = bias_add->input(side);
-            input = bias_add->input(1 - side);
-          }
-        }
-      }
-      onnx::NodeProto fused;
-      fused.set_op_type(fused_op == "Gelu" && !bias.empty() ? "BiasGelu" : fused_op);
-      fused.set_domain(kMicrosoft);
-      fused.set_name(graph.UniqueName(fused.op_type()));
-      fused.add_input(input);
-      if (!bias.empty()) fused.add_input(bias);
-      fused.add_output(output);
-      if (fused_op == "QuickGelu") *fused.add_attribute() = FloatAttribute("alpha", alpha);
-      Node* anchor = nodes.back();
-      for (Node* n : nodes) graph.RemoveNode(n);
-      if (!bias.empty()) graph.RemoveNode(bias_add);
-      graph.AddNode(std::move(fused), anchor, /*after=*/true);
-      context.RequireOpset(kMicrosoft, 1);
-      context.CountRewrite();
+      FuseOne(graph, context, *match);
     }
     AbsorbBiasIntoFusedGelu(graph, context);
     return absl::OkStatus();

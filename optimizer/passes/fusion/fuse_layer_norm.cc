@@ -38,15 +38,14 @@ bool ReducesLastAxis(const Node& node, const Graph& graph, int64_t opset, int ra
   return axes && axes->size() == 1 && ((*axes)[0] == -1 || (rank > 0 && (*axes)[0] == rank - 1));
 }
 
-bool IsConstant(const Graph& graph, const std::string& value, float expected) {
-  auto c = ConstantScalarFloat(graph, value);
-  return c && std::fabs(*c - expected) <= 1e-6f * std::max(1.0f, std::fabs(expected));
+bool IsConstant(const Graph& graph, const std::string& value, double expected) {
+  return IsScalarNear(graph, value, expected, 1e-6 * std::max(1.0, std::fabs(expected)));
 }
 
 // The value squared: Pow(d, 2) or Mul(d, d).
 std::optional<std::string> Squared(const Graph& graph, const Node* node) {
   if (node == nullptr || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
-  if (node->op_type() == "Pow" && IsConstant(graph, node->input(1), 2.0f)) return node->input(0);
+  if (node->op_type() == "Pow" && IsConstant(graph, node->input(1), 2.0)) return node->input(0);
   if (node->op_type() == "Mul" && node->input(0) == node->input(1)) return node->input(0);
   return std::nullopt;
 }
@@ -73,8 +72,8 @@ std::optional<std::string> MatchDivision(const Graph& graph, const std::string& 
     pattern->insert(pattern->end(), {factor_node, mul});
     return mul->output(0);
   };
-  if (next->op_type() == "Pow" && IsConstant(graph, next->input(1), -0.5f)) return finish_mul(next);  // rsqrt
-  const bool root = next->op_type() == "Sqrt" || (next->op_type() == "Pow" && IsConstant(graph, next->input(1), 0.5f));
+  if (next->op_type() == "Pow" && IsConstant(graph, next->input(1), -0.5)) return finish_mul(next);  // rsqrt
+  const bool root = next->op_type() == "Sqrt" || (next->op_type() == "Pow" && IsConstant(graph, next->input(1), 0.5));
   if (!root) return std::nullopt;
   pattern->push_back(next);
   const std::string& sqrt = next->output(0);
@@ -84,140 +83,143 @@ std::optional<std::string> MatchDivision(const Graph& graph, const std::string& 
     pattern->push_back(after);
     return after->output(0);
   }
-  if (after->op_type() == "Reciprocal" || (after->op_type() == "Div" && after->input(1) == sqrt &&
-                                           IsConstant(graph, after->input(0), 1.0f))) {
+  if (after->op_type() == "Reciprocal" ||
+      (after->op_type() == "Div" && after->input(1) == sqrt && IsConstant(graph, after->input(0), 1.0))) {
     return finish_mul(after);
   }
   return std::nullopt;
 }
 
-class FuseLayerNormPass final : public Pass {
+// One decomposed normalization: its nodes, input, output and parameters.
+struct NormMatch {
+  std::vector<Node*> pattern;
+  std::string x, output, gamma, beta;  // gamma empty: ones to be made, of `width`
+  bool simplified = true;              // RMSNorm
+  float epsilon = 0;
+  int64_t width = 0;
+};
+
+// Anchored at the variance's ReduceMean.
+MatchResult<NormMatch> MatchNorm(const Graph& graph, Node* variance, int64_t opset, const ShapeInfo& shapes) {
+  if (variance->op_type() != "ReduceMean" || !variance->domain().empty()) return Fail();
+  Node* square = graph.Producer(variance->input(0));
+  const std::optional<std::string> d = Squared(graph, square);
+  if (!d) return Fail();
+  const int rank = shapes.Rank(*d).value_or(0);
+  if (!ReducesLastAxis(*variance, graph, opset, rank)) return Fail();
+  // LayerNorm when d = X - mean(X); RMSNorm when d is X itself.
+  NormMatch match;
+  match.pattern = {square, variance};
+  match.x = *d;
+  if (Node* sub = ProducerWithOp(graph, *d, "Sub")) {
+    Node* mean = graph.Producer(sub->input(1));
+    if (mean != nullptr && mean->input(0) == sub->input(0) && ReducesLastAxis(*mean, graph, opset, rank)) {
+      match.x = sub->input(0);
+      match.simplified = false;
+      match.pattern.insert(match.pattern.end(), {mean, sub});
+    }
+  }
+  Node* add_eps = SoleConsumer(graph, variance->output(0));
+  auto epsilon = add_eps != nullptr && add_eps->op_type() == "Add" && add_eps->domain().empty()
+                     ? ConstantScalarFloat(graph, Other(*add_eps, variance->output(0)))
+                     : std::nullopt;
+  if (!epsilon) return Fail("fuse_layer_norm: epsilon is not a scalar constant added to the variance");
+  match.epsilon = *epsilon;
+  match.pattern.push_back(add_eps);
+  std::optional<std::string> normalized = MatchDivision(graph, add_eps->output(0), *d, &match.pattern);
+  if (!normalized) return Fail("fuse_layer_norm: the variance is not turned into a division by its square root");
+  // Optional scale and (LayerNorm only) shift.
+  const std::optional<int64_t> width = shapes.DimValue(match.x, -1);
+  match.output = *normalized;
+  if (Node* scale = SoleConsumer(graph, match.output); scale != nullptr && scale->op_type() == "Mul" &&
+                                                        IsWidthConstant(graph, Other(*scale, match.output), width)) {
+    match.gamma = Other(*scale, match.output);
+    match.pattern.push_back(scale);
+    match.output = scale->output(0);
+  }
+  if (Node* shift = SoleConsumer(graph, match.output); !match.simplified && shift != nullptr &&
+                                                        shift->op_type() == "Add" &&
+                                                        IsWidthConstant(graph, Other(*shift, match.output), width)) {
+    match.beta = Other(*shift, match.output);
+    match.pattern.push_back(shift);
+    match.output = shift->output(0);
+  }
+  if (match.gamma.empty()) {
+    if (!width || *width <= 0) return Fail("fuse_layer_norm: no constant scale and the last dim is not static");
+    match.width = *width;
+  }
+  if (!OnlyPatternReads(graph, match.pattern, match.output)) {
+    return Fail("fuse_layer_norm: an intermediate value is read outside the pattern");
+  }
+  return match;
+}
+
+void Rewrite(Graph& graph, NormMatch match, PassContext& context) {
+  if (match.gamma.empty()) {
+    match.gamma = graph.UniqueName("layer_norm_ones");
+    graph.AddInitializer(
+        MakeFloatTensor(match.gamma, {match.width}, std::vector<float>(static_cast<size_t>(match.width), 1.0f)));
+  }
+  std::vector<std::string> inputs = {match.x, match.gamma};
+  if (!match.beta.empty()) inputs.push_back(match.beta);
+  const char* op = match.simplified ? "SimplifiedLayerNormalization" : "LayerNormalization";
+  onnx::NodeProto fused =
+      MakeNode(op, graph.UniqueName(match.simplified ? "RMSNorm" : "LayerNorm"), std::move(inputs), {match.output});
+  *fused.add_attribute() = MakeIntAttribute("axis", -1);
+  *fused.add_attribute() = MakeFloatAttribute("epsilon", match.epsilon);
+  Node* anchor = match.pattern.back();
+  for (Node* node : match.pattern) graph.RemoveNode(node);
+  graph.AddNode(std::move(fused), anchor, /*after=*/true);
+  context.CountRewrite();
+}
+
+// LayerNormalization(X, gamma) whose only reader adds a constant [H] takes it as its beta.
+void AbsorbBias(Graph& graph, PassContext& context) {
+  for (Node* norm : graph.Nodes()) {
+    if (norm->removed() || norm->op_type() != "LayerNormalization" || !norm->domain().empty() ||
+        norm->input_size() != 2 || norm->output_size() != 1) {
+      continue;
+    }
+    Node* shift = SoleConsumer(graph, norm->output(0));
+    if (shift == nullptr || shift->op_type() != "Add" || !shift->domain().empty()) continue;
+    const std::string beta = Other(*shift, norm->output(0));
+    const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
+    const onnx::TensorProto* bias = ConstantTensor(graph, beta);
+    if (gamma == nullptr || bias == nullptr || bias->data_type() != gamma->data_type() || bias->dims_size() != 1 ||
+        gamma->dims_size() != 1 || bias->dims(0) != gamma->dims(0)) {
+      continue;
+    }
+    onnx::NodeProto fused = norm->proto();
+    fused.add_input(beta);
+    fused.set_output(0, shift->output(0));
+    graph.RemoveNode(shift);
+    graph.RemoveNode(norm);
+    graph.AddNode(std::move(fused), norm, /*after=*/true);
+    context.CountRewrite();
+  }
+}
+
+class FuseLayerNormPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_layer_norm"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Fuse decomposed LayerNorm into LayerNormalization and RMSNorm into SimplifiedLayerNormalization";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const int64_t opset = context.OpsetVersion("");
     for (Node* variance : graph.Nodes()) {
       if (variance->removed()) continue;
-      TryFuse(graph, variance, opset, context);
+      MatchResult<NormMatch> match = MatchNorm(graph, variance, opset, shapes);
+      if (match) {
+        Rewrite(graph, *std::move(match), context);
+      } else if (!match.reason().empty()) {
+        context.Skip(match.reason());
+      }
     }
     AbsorbBias(graph, context);
     return absl::OkStatus();
-  }
-
- private:
-  static void TryFuse(Graph& graph, Node* variance, int64_t opset, PassContext& context) {
-    if (variance->op_type() != "ReduceMean" || !variance->domain().empty()) return;
-    Node* square = graph.Producer(variance->input(0));
-    const std::optional<std::string> d = Squared(graph, square);
-    if (!d) return;
-    const auto rank = context.shapes() ? context.shapes()->Rank(*d) : std::nullopt;
-    if (!ReducesLastAxis(*variance, graph, opset, rank.value_or(0))) return;
-    // LayerNorm when d = X - mean(X); RMSNorm when d is X itself.
-    std::vector<Node*> pattern = {square, variance};
-    std::string x = *d;
-    bool simplified = true;
-    if (Node* sub = ProducerWithOp(graph, *d, "Sub")) {
-      Node* mean = graph.Producer(sub->input(1));
-      if (mean != nullptr && mean->input(0) == sub->input(0) && ReducesLastAxis(*mean, graph, opset, rank.value_or(0))) {
-        x = sub->input(0);
-        simplified = false;
-        pattern.insert(pattern.end(), {mean, sub});
-      }
-    }
-    Node* add_eps = SoleConsumer(graph, variance->output(0));
-    auto epsilon = add_eps != nullptr && add_eps->op_type() == "Add" && add_eps->domain().empty()
-                       ? ConstantScalarFloat(graph, Other(*add_eps, variance->output(0)))
-                       : std::nullopt;
-    if (!epsilon) {
-      context.Skip("fuse_layer_norm: epsilon is not a scalar constant added to the variance");
-      return;
-    }
-    pattern.push_back(add_eps);
-    std::optional<std::string> normalized = MatchDivision(graph, add_eps->output(0), *d, &pattern);
-    if (!normalized) {
-      context.Skip("fuse_layer_norm: the variance is not turned into a division by its square root");
-      return;
-    }
-    // Optional scale and (LayerNorm only) shift.
-    const auto width = context.shapes() ? context.shapes()->DimValue(x, -1) : std::nullopt;
-    std::string output = *normalized, gamma, beta;
-    if (Node* scale = SoleConsumer(graph, output);
-        scale != nullptr && scale->op_type() == "Mul" && IsWidthConstant(graph, Other(*scale, output), width)) {
-      gamma = Other(*scale, output);
-      pattern.push_back(scale);
-      output = scale->output(0);
-    }
-    if (Node* shift = SoleConsumer(graph, output); !simplified && shift != nullptr && shift->op_type() == "Add" &&
-                                                   IsWidthConstant(graph, Other(*shift, output), width)) {
-      beta = Other(*shift, output);
-      pattern.push_back(shift);
-      output = shift->output(0);
-    }
-    if (gamma.empty()) {
-      if (!width || *width <= 0) {
-        context.Skip("fuse_layer_norm: no constant scale and the last dim is not static");
-        return;
-      }
-      gamma = graph.UniqueName("layer_norm_ones");
-      graph.AddInitializer(MakeFloatTensor(gamma, {*width}, std::vector<float>(static_cast<size_t>(*width), 1.0f)));
-    }
-    // Nothing outside the pattern may read an intermediate value.
-    for (Node* node : pattern) {
-      if (node->output(0) == output) continue;
-      bool leaks = graph.IsGraphOutput(node->output(0));
-      for (Node* consumer : graph.Consumers(node->output(0))) {
-        leaks |= std::find(pattern.begin(), pattern.end(), consumer) == pattern.end();
-      }
-      if (leaks) {
-        context.Skip("fuse_layer_norm: an intermediate value is read outside the pattern");
-        return;
-      }
-    }
-    onnx::NodeProto fused;
-    fused.set_op_type(simplified ? "SimplifiedLayerNormalization" : "LayerNormalization");
-    fused.set_name(graph.UniqueName(simplified ? "RMSNorm" : "LayerNorm"));
-    fused.add_input(x);
-    fused.add_input(gamma);
-    if (!beta.empty()) fused.add_input(beta);
-    fused.add_output(output);
-    *fused.add_attribute() = IntAttribute("axis", -1);
-    *fused.add_attribute() = FloatAttribute("epsilon", *epsilon);
-    Node* anchor = pattern.back();
-    for (Node* node : pattern) graph.RemoveNode(node);
-    graph.AddNode(std::move(fused), anchor, /*after=*/true);
-    context.CountRewrite();
-  }
-
-  // LayerNormalization(X, gamma) whose only reader adds a constant [H] takes it as its beta.
-  static void AbsorbBias(Graph& graph, PassContext& context) {
-    for (Node* norm : graph.Nodes()) {
-      if (norm->removed() || norm->op_type() != "LayerNormalization" || !norm->domain().empty() ||
-          norm->input_size() != 2 || norm->output_size() != 1) {
-        continue;
-      }
-      Node* shift = SoleConsumer(graph, norm->output(0));
-      if (shift == nullptr || shift->op_type() != "Add" || !shift->domain().empty()) continue;
-      const std::string beta = Other(*shift, norm->output(0));
-      const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
-      const onnx::TensorProto* bias = ConstantTensor(graph, beta);
-      if (gamma == nullptr || bias == nullptr || bias->data_type() != gamma->data_type() || bias->dims_size() != 1 ||
-          gamma->dims_size() != 1 || bias->dims(0) != gamma->dims(0)) {
-        continue;
-      }
-      onnx::NodeProto fused = norm->proto();
-      fused.add_input(beta);
-      fused.set_output(0, shift->output(0));
-      graph.RemoveNode(shift);
-      graph.RemoveNode(norm);
-      graph.AddNode(std::move(fused), norm, /*after=*/true);
-      context.CountRewrite();
-    }
   }
 };
 

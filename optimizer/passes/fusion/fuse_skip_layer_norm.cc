@@ -11,7 +11,7 @@
 // Needs the input known (shape inference) to be [B,S,H] and the skip [B,S,H], [1,S,H] or [S,H]
 // (ONNX Runtime broadcasts those), or both [B,H]; gamma and beta 1-D constants of H, normalization
 // over the last axis (run after fuse_layer_norm).
-#include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"
 
@@ -27,96 +27,116 @@ bool SkipShapeFits(const ShapeInfo& shapes, const std::string& input, const std:
   return shapes.SameDim(skip, -1, input, -1) && shapes.SameDim(skip, -2, input, -2);
 }
 
-class FuseSkipLayerNormPass final : public Pass {
+struct SkipNormMatch {
+  Node* norm = nullptr;
+  Node* add = nullptr;
+  Node* bias_add = nullptr;   // absorbed, when there is one
+  std::string input, skip, bias;
+  bool simplified = false;
+  bool sum_read_elsewhere = false;
+};
+
+// The constant [H] operand of an Add on one residual branch that is full [B,S,H] and read only here.
+std::optional<int> BiasOf(const Graph& graph, const ShapeInfo& shapes, const Node& candidate, const Node& add,
+                          int64_t width) {
+  if (graph.Consumers(candidate.output(0)).size() != 1 || graph.IsGraphOutput(candidate.output(0)) ||
+      !shapes.SameShape(candidate.output(0), add.output(0))) {
+    return std::nullopt;
+  }
+  return FindOperand(candidate, [&](const std::string& operand) {
+    const onnx::TensorProto* constant = ConstantTensor(graph, operand);
+    const int index = candidate.input(0) == operand ? 0 : 1;
+    return constant != nullptr && constant->dims_size() == 1 && constant->dims(0) == width &&
+           shapes.SameShape(OtherInput(candidate, index), add.output(0));
+  });
+}
+
+// Anchored at the normalization.
+MatchResult<SkipNormMatch> MatchSkipNorm(const Graph& graph, Node* norm, const ShapeInfo& shapes) {
+  SkipNormMatch match;
+  match.norm = norm;
+  match.simplified = norm->op_type() == "SimplifiedLayerNormalization";
+  if (!norm->domain().empty() || (norm->op_type() != "LayerNormalization" && !match.simplified)) return Fail();
+  // LayerNormalization needs its beta; neither may use its mean/inv-std outputs.
+  if (norm->input_size() != (match.simplified ? 2 : 3) || norm->output_size() != 1) return Fail();
+  match.add = ProducerWithOp(graph, norm->input(0), "Add");
+  if (match.add == nullptr || match.add->input_size() != 2) return Fail();
+  const int64_t axis = norm->GetAttributeInt("axis", -1);
+  if (axis != -1 && axis != 2) return Fail();
+  // The full [B,S,H] operand is the input; the other may broadcast.
+  const Node& add = *match.add;
+  const std::optional<int> full = FindOperand(add, [&](const std::string& operand) {
+    const auto rank = shapes.Rank(operand);
+    const std::string& other = add.input(0) == operand ? add.input(1) : add.input(0);
+    return rank && (*rank == 3 || (*rank == 2 && shapes.SameShape(add.input(0), add.input(1)))) &&
+           shapes.SameShape(operand, add.output(0)) && SkipShapeFits(shapes, operand, other);
+  });
+  if (!full) {
+    return Fail("fuse_skip_layer_norm: residual inputs are not known to be [B,S,H] and a skip ONNX Runtime broadcasts");
+  }
+  match.input = add.input(*full);
+  match.skip = OtherInput(add, *full);
+  if (match.input == match.skip) return Fail();  // Add(y, y): one value cannot be both
+  const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
+  const onnx::TensorProto* beta = match.simplified ? gamma : ConstantTensor(graph, norm->input(2));
+  const auto width = shapes.DimValue(match.input, -1);
+  if (gamma == nullptr || beta == nullptr || gamma->dims_size() != 1 || beta->dims_size() != 1 || !width ||
+      gamma->dims(0) != *width || beta->dims(0) != *width) {
+    return Fail();
+  }
+  // Other readers of the sum take output 3.
+  match.sum_read_elsewhere = graph.Consumers(add.output(0)).size() > 1 || graph.IsGraphOutput(add.output(0));
+  for (const std::string& operand : {match.input, match.skip}) {
+    Node* candidate = ProducerWithOp(graph, operand, "Add");
+    if (candidate == nullptr) continue;
+    const std::optional<int> bias = BiasOf(graph, shapes, *candidate, add, gamma->dims(0));
+    if (!bias) continue;
+    // The biased operand is the full one: it becomes the input, the other the skip.
+    match.skip = operand == match.input ? match.skip : match.input;
+    match.bias = candidate->input(*bias);
+    match.input = OtherInput(*candidate, *bias);
+    match.bias_add = candidate;
+    break;
+  }
+  return match;
+}
+
+void Rewrite(Graph& graph, const SkipNormMatch& match, PassContext& context) {
+  Node* norm = match.norm;
+  std::vector<std::string> inputs = {match.input, match.skip, norm->input(1)};
+  if (!match.simplified) inputs.push_back(norm->input(2));
+  if (!match.bias.empty()) inputs.push_back(match.bias);
+  std::vector<std::string> outputs = {norm->output(0)};
+  if (match.sum_read_elsewhere) outputs.insert(outputs.end(), {"", "", match.add->output(0)});  // mean, inv_std_var
+  const char* op = match.simplified ? "SkipSimplifiedLayerNormalization" : "SkipLayerNormalization";
+  onnx::NodeProto fused = MakeNode(op, graph.UniqueName(match.simplified ? "SkipRMSNorm" : "SkipLayerNorm"),
+                                   std::move(inputs), std::move(outputs), "com.microsoft");
+  *fused.add_attribute() = MakeFloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
+  graph.RemoveNode(norm);
+  graph.RemoveNode(match.add);
+  if (match.bias_add != nullptr) graph.RemoveNode(match.bias_add);
+  graph.AddNode(std::move(fused), norm, /*after=*/true);
+  context.RequireOpset("com.microsoft", 1);
+  context.CountRewrite();
+}
+
+class FuseSkipLayerNormPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_skip_layer_norm"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Fuse a residual Add (and a bias Add) with LayerNormalization or RMSNorm into (Simplified)SkipLayerNormalization";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     for (Node* norm : graph.Nodes()) {
-      if (norm->removed() || !norm->domain().empty()) continue;
-      const bool simplified = norm->op_type() == "SimplifiedLayerNormalization";
-      if (norm->op_type() != "LayerNormalization" && !simplified) continue;
-      // LayerNormalization needs its beta; neither may use its mean/inv-std outputs.
-      if (norm->input_size() != (simplified ? 2 : 3) || norm->output_size() != 1) continue;
-      Node* add = graph.Producer(norm->input(0));
-      if (add == nullptr || add->op_type() != "Add" || !add->domain().empty() || add->input_size() != 2) continue;
-      const int64_t axis = norm->GetAttributeInt("axis", -1);
-      if (axis != -1 && axis != 2) continue;
-      // The full [B,S,H] operand is the input; the other may broadcast.
-      std::string input, skip;
-      for (int side = 0; side < 2 && input.empty(); ++side) {
-        const auto rank = shapes->Rank(add->input(side));
-        if (rank && (*rank == 3 || (*rank == 2 && shapes->SameShape(add->input(0), add->input(1)))) &&
-            shapes->SameShape(add->input(side), add->output(0)) &&
-            SkipShapeFits(*shapes, add->input(side), add->input(1 - side))) {
-          input = add->input(side);
-          skip = add->input(1 - side);
-        }
+      if (norm->removed()) continue;
+      MatchResult<SkipNormMatch> match = MatchSkipNorm(graph, norm, shapes);
+      if (match) {
+        Rewrite(graph, *match, context);
+      } else if (!match.reason().empty()) {
+        context.Skip(match.reason());
       }
-      if (input.empty()) {
-        context.Skip("fuse_skip_layer_norm: residual inputs are not known to be [B,S,H] and a skip ONNX Runtime broadcasts");
-        continue;
-      }
-      if (input == skip) continue;  // Add(y, y): one value cannot be both
-      const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
-      const onnx::TensorProto* beta = simplified ? gamma : ConstantTensor(graph, norm->input(2));
-      const auto width = shapes->DimValue(input, -1);
-      if (gamma == nullptr || beta == nullptr || gamma->dims_size() != 1 || beta->dims_size() != 1 || !width ||
-          gamma->dims(0) != *width || beta->dims(0) != *width) {
-        continue;
-      }
-      // Other readers of the sum take output 3.
-      const bool sum_read_elsewhere = graph.Consumers(add->output(0)).size() > 1 || graph.IsGraphOutput(add->output(0));
-      std::string bias;
-      Node* bias_add = nullptr;
-      for (const std::string* operand : {&input, &skip}) {
-        Node* candidate = graph.Producer(*operand);
-        if (!bias.empty() || candidate == nullptr || candidate->op_type() != "Add" || !candidate->domain().empty() ||
-            candidate->input_size() != 2 || graph.Consumers(candidate->output(0)).size() != 1 ||
-            graph.IsGraphOutput(candidate->output(0)) || !shapes->SameShape(candidate->output(0), add->output(0))) {
-          continue;
-        }
-        for (int k = 0; k < 2; ++k) {
-          const onnx::TensorProto* constant = ConstantTensor(graph, candidate->input(k));
-          if (constant != nullptr && constant->dims_size() == 1 && constant->dims(0) == gamma->dims(0) &&
-              shapes->SameShape(candidate->input(1 - k), add->output(0))) {
-            bias = candidate->input(k);
-            bias_add = candidate;
-            // The biased operand is the full one: it becomes the input, the other the skip.
-            const std::string other = operand == &input ? skip : input;
-            input = candidate->input(1 - k);
-            skip = other;
-            break;
-          }
-        }
-      }
-      onnx::NodeProto fused;
-      fused.set_op_type(simplified ? "SkipSimplifiedLayerNormalization" : "SkipLayerNormalization");
-      fused.set_domain("com.microsoft");
-      fused.set_name(graph.UniqueName(simplified ? "SkipRMSNorm" : "SkipLayerNorm"));
-      for (const std::string& name : {input, skip, norm->input(1)}) fused.add_input(name);
-      if (!simplified) fused.add_input(norm->input(2));
-      if (!bias.empty()) fused.add_input(bias);
-      fused.add_output(norm->output(0));
-      if (sum_read_elsewhere) {
-        fused.add_output("");  // mean
-        fused.add_output("");  // inv_std_var
-        fused.add_output(add->output(0));
-      }
-      *fused.add_attribute() = FloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
-      graph.RemoveNode(norm);
-      graph.RemoveNode(add);
-      if (bias_add != nullptr) graph.RemoveNode(bias_add);
-      graph.AddNode(std::move(fused), norm, /*after=*/true);
-      context.RequireOpset("com.microsoft", 1);
-      context.CountRewrite();
     }
     return absl::OkStatus();
   }

@@ -123,23 +123,20 @@ std::optional<Layer> MatchLayer(const Graph& graph, const std::string& x, const 
   return std::nullopt;
 }
 
-class RemovePaddingPass final : public Pass {
+class RemovePaddingPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "remove_padding"; }
   absl::string_view description() const override {
     return "Run a fused encoder's token-wise blocks on the valid tokens only (packed by the attention mask); "
            "padded positions of its output become 0";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     for (Node* embed : graph.Nodes()) {
       if (embed->removed() || !IsContrib(embed, "EmbedLayerNormalization")) continue;
       const std::string& x0 = embed->output(0);
-      const std::optional<int64_t> hidden = shapes->DimValue(x0, -1);
-      if (shapes->ElementType(x0) != onnx::TensorProto::FLOAT || shapes->Rank(x0) != 3 || !hidden) {
+      const std::optional<int64_t> hidden = shapes.DimValue(x0, -1);
+      if (shapes.ElementType(x0) != onnx::TensorProto::FLOAT || shapes.Rank(x0) != 3 || !hidden) {
         context.Skip("remove_padding: the embedding output is not a float [B, S, H] of known H");
         continue;
       }
@@ -160,7 +157,7 @@ class RemovePaddingPass final : public Pass {
       // Attention reads the embedding's mask_index. That index holds lengths: the model itself reads
       // its mask as right padding, and for right padding the mask's non-zero positions are the same.
       std::string keep;
-      if (shapes->Rank(attention_mask) == 2) {
+      if (shapes.Rank(attention_mask) == 2) {
         keep = attention_mask;
       } else if (embed->input_size() >= 8 && !embed->input(7).empty() && embed->output_size() >= 2 &&
                  attention_mask == embed->output(1)) {

@@ -55,11 +55,12 @@ struct Settings {
 
 class Converter {
  public:
-  Converter(Graph& graph, const Settings& settings, PassContext& context, bool main_graph,
+  // `shapes`: the main graph's, when converting it; null for a subgraph.
+  Converter(Graph& graph, const Settings& settings, PassContext& context, const ShapeInfo* shapes,
             const std::unordered_map<std::string, int32_t>& outer_types)
-      : graph_(graph), settings_(settings), context_(context), main_graph_(main_graph) {
+      : graph_(graph), settings_(settings), context_(context), main_graph_(shapes != nullptr) {
     types_ = outer_types;
-    for (const auto& [name, type] : InferElementTypes(graph, main_graph ? context.shapes() : nullptr)) {
+    for (const auto& [name, type] : InferElementTypes(graph, shapes)) {
       types_[name] = type;
     }
   }
@@ -69,7 +70,7 @@ class Converter {
     for (Node* node : nodes) Decide(*node);
     for (Node* node : nodes) {
       for (const auto& subgraph : node->subgraphs()) {
-        Converter inner(*subgraph, settings_, context_, /*main_graph=*/false, types_);
+        Converter inner(*subgraph, settings_, context_, /*shapes=*/nullptr, types_);
         inner.Run();
       }
     }
@@ -258,7 +259,7 @@ class Converter {
     cast.set_name(graph_.UniqueName(absl::StrCat(to_name, "_cast")));
     cast.add_input(from);
     cast.add_output(to_name);
-    *cast.add_attribute() = IntAttribute("to", to);
+    *cast.add_attribute() = MakeIntAttribute("to", to);
     const bool after = anchor != nullptr && graph_.Producer(from) == anchor;
     graph_.AddNode(std::move(cast), anchor, after);
     context_.Count("casts_added");
@@ -333,7 +334,7 @@ class Converter {
   int64_t clamped_ = 0;
 };
 
-class ConvertFloatPrecisionPass final : public Pass {
+class ConvertFloatPrecisionPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "convert_float_precision"; }
   absl::string_view description() const override {
@@ -355,10 +356,9 @@ class ConvertFloatPrecisionPass final : public Pass {
     }
     return absl::OkStatus();
   }
-  bool needs_shapes() const override { return true; }
-  bool edits_declared_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     // The main graph's run converts the subgraphs with it (they need the outer values' types).
     if (&graph.proto() != &context.model().graph()) return absl::OkStatus();
     Settings settings;
@@ -367,7 +367,7 @@ class ConvertFloatPrecisionPass final : public Pass {
     settings.op_block_list = SplitNameList(kDefaultOpBlockList);
     for (const auto& op : SplitNameList(context.params().GetString("op_block_list"))) settings.op_block_list.insert(op);
     settings.node_block_list = SplitNameList(context.params().GetString("node_block_list"));
-    Converter converter(graph, settings, context, /*main_graph=*/true, {});
+    Converter converter(graph, settings, context, &shapes, {});
     converter.Run();
     return absl::OkStatus();
   }

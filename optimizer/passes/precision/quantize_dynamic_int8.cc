@@ -17,7 +17,7 @@
 namespace onnxopt {
 namespace {
 
-class QuantizeDynamicInt8Pass final : public Pass {
+class QuantizeDynamicInt8Pass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "quantize_dynamic_int8"; }
   absl::string_view description() const override {
@@ -30,12 +30,11 @@ class QuantizeDynamicInt8Pass final : public Pass {
     for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
     return specs;
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const bool per_channel = context.params().GetBool("per_channel");
-    QuantizeWeightProducts(graph, context, options,
+    QuantizeWeightProducts(graph, context, shapes, options,
                            [&](Graph& g, PassContext& ctx, const std::string& input, const FloatWeight& weight,
                                const std::string& output, const Node* anchor) {
                              return Emit(g, ctx, input, weight, output, anchor, per_channel);

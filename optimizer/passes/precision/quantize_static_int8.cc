@@ -8,7 +8,7 @@
 // The QDQ form is the portable one: ONNX Runtime's CPU provider fuses it into integer kernels (as fast
 // as DynamicQuantizeMatMul in the precision benchmark), and GPU runtimes such as TensorRT build int8
 // engines from it (not tested here: no GPU). The activation's range [lo, hi] comes from
-// calibration (the `activation_ranges` parameter, one "value<TAB>lo<TAB>hi" line each), widened to
+// calibration (the pipeline's activation ranges, PassContext::activation_ranges), widened to
 // hold 0 so that padding zeros stay exact: scale = (hi - lo) / 255, zx = round(-lo / scale).
 // Weights are symmetric int8 as in quantize_dynamic_int8 (per output column from opset 13, whose
 // DequantizeLinear has `axis`). A product whose activation was not calibrated stays float.
@@ -16,9 +16,7 @@
 #include <cmath>
 #include <map>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -28,56 +26,40 @@
 namespace onnxopt {
 namespace {
 
-struct Range {
-  float low = 0;
-  float high = 0;
-};
-
-std::map<std::string, Range> ParseRanges(const std::string& text) {
-  std::map<std::string, Range> ranges;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
-    Range range;
-    if (fields.size() != 3 || !absl::SimpleAtof(fields[1], &range.low) || !absl::SimpleAtof(fields[2], &range.high) ||
-        !std::isfinite(range.low) || !std::isfinite(range.high) || range.low > range.high) {
-      continue;
-    }
-    ranges[std::string(fields[0])] = range;
-  }
-  return ranges;
-}
-
-class QuantizeStaticInt8Pass final : public Pass {
+class QuantizeStaticInt8Pass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "quantize_static_int8"; }
   absl::string_view description() const override {
     return "Quantize MatMul, Gemm and Attention products to int8 in QDQ form: weights symmetric (per output column), "
-           "activations uint8 with the calibrated ranges given in activation_ranges";
+           "activations uint8 with the pipeline's calibrated ranges";
   }
   std::vector<ParamSpec> params() const override {
     std::vector<ParamSpec> specs = {
-        {"activation_ranges", ParamType::kString, "", "calibrated ranges, one 'value<TAB>min<TAB>max' line each"},
         {"per_channel", ParamType::kBool, "true", "one weight scale per output column (opset 13 and later)"}};
     for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
     return specs;
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     if (context.OpsetVersion("") < 10) {
       context.Skip("left in float: QuantizeLinear/DequantizeLinear need opset 10");
       return absl::OkStatus();
     }
     const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const bool per_channel = context.params().GetBool("per_channel") && context.OpsetVersion("") >= 13;
-    const std::map<std::string, Range> ranges = ParseRanges(context.params().GetString("activation_ranges"));
+    const ActivationRanges& ranges = context.activation_ranges();
     std::map<std::string, std::string> dequantized;  // activation -> its Q/DQ pair's output
-    QuantizeWeightProducts(graph, context, options,
+    QuantizeWeightProducts(graph, context, shapes, options,
                            [&](Graph& g, PassContext& ctx, const std::string& input, const FloatWeight& weight,
                                const std::string& output, const Node* anchor) {
                              auto range = ranges.find(input);
                              if (range == ranges.end()) {
                                ctx.Skip("left in float: activation not calibrated");
+                               return false;
+                             }
+                             if (!std::isfinite(range->second.low) || !std::isfinite(range->second.high) ||
+                                 range->second.low > range->second.high) {
+                               ctx.Skip("left in float: calibrated range not finite");
                                return false;
                              }
                              std::optional<Int8Weight> quantized = QuantizeSymmetricInt8(weight, per_channel);
@@ -95,7 +77,7 @@ class QuantizeStaticInt8Pass final : public Pass {
 
  private:
   // QuantizeLinear -> DequantizeLinear of `input`; returns the dequantized value.
-  static std::string EmitActivation(Graph& graph, const std::string& input, Range range, const Node* anchor) {
+  static std::string EmitActivation(Graph& graph, const std::string& input, ValueRange range, const Node* anchor) {
     const float low = std::min(range.low, 0.0f), high = std::max(range.high, 0.0f);
     float scale = (high - low) / 255.0f;
     if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
@@ -133,7 +115,7 @@ class QuantizeStaticInt8Pass final : public Pass {
     onnx::NodeProto dequantize = MakeNode("DequantizeLinear", graph.UniqueName(absl::StrCat(base, "_dequantize")),
                                          {weight_tensor->name(), scale_tensor->name(), zero_tensor->name()},
                                          {dequantized_weight});
-    if (per_channel) *dequantize.add_attribute() = IntAttribute("axis", 1);
+    if (per_channel) *dequantize.add_attribute() = MakeIntAttribute("axis", 1);
     graph.AddNode(std::move(dequantize), anchor, /*after=*/false);
     graph.AddNode(MakeNode("MatMul", base, {activation, dequantized_weight}, {output}), anchor, /*after=*/false);
     context.Count("weight_bytes_after",

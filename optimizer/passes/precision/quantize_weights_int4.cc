@@ -22,7 +22,7 @@
 namespace onnxopt {
 namespace {
 
-class QuantizeWeightsInt4Pass final : public Pass {
+class QuantizeWeightsInt4Pass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "quantize_weights_int4"; }
   absl::string_view description() const override {
@@ -47,14 +47,13 @@ class QuantizeWeightsInt4Pass final : public Pass {
     if (level < 0 || level > 4) return absl::InvalidArgumentError("accuracy_level: must be 0..4");
     return absl::OkStatus();
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const WeightProductOptions options = WeightProductOptionsFrom(context.params());
     const int64_t block = context.params().GetInt("block_size");
     const bool symmetric = context.params().GetBool("symmetric");
     const int64_t level = context.params().GetInt("accuracy_level");
-    QuantizeWeightProducts(graph, context, options,
+    QuantizeWeightProducts(graph, context, shapes, options,
                            [&](Graph& g, PassContext& ctx, const std::string& input, const FloatWeight& weight,
                                const std::string& output, const Node* anchor) {
                              return Emit(g, ctx, input, weight, output, anchor, block, symmetric, level);
@@ -131,11 +130,11 @@ class QuantizeWeightsInt4Pass final : public Pass {
       graph.AddInitializer(std::move(zero_tensor));
     }
     node.add_output(output);
-    *node.add_attribute() = IntAttribute("K", k);
-    *node.add_attribute() = IntAttribute("N", n);
-    *node.add_attribute() = IntAttribute("bits", 4);
-    *node.add_attribute() = IntAttribute("block_size", block);
-    if (level > 0) *node.add_attribute() = IntAttribute("accuracy_level", level);
+    *node.add_attribute() = MakeIntAttribute("K", k);
+    *node.add_attribute() = MakeIntAttribute("N", n);
+    *node.add_attribute() = MakeIntAttribute("bits", 4);
+    *node.add_attribute() = MakeIntAttribute("block_size", block);
+    if (level > 0) *node.add_attribute() = MakeIntAttribute("accuracy_level", level);
     context.Count("weight_bytes_after", bytes_after);
     graph.AddNode(std::move(node), anchor, /*after=*/false);
     context.RequireOpset("com.microsoft", 1);

@@ -63,7 +63,8 @@ bool RewriteMatMulOrGemm(Graph& graph, PassContext& context, Node* node, const W
 
 // Attention(x, W[D,3H], b, mask, "", attention_bias) ->
 //   MultiHeadAttention(Split(x · W), bias = b, key_padding_mask = mask, attention_bias)
-bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const WeightProductOptions& options,
+bool RewriteAttention(Graph& graph, PassContext& context, const ShapeInfo& shapes, Node* node,
+                      const WeightProductOptions& options,
                       const EmitWeightProduct& emit) {
   for (const char* unsupported : {"qkv_hidden_sizes", "do_rotary", "past_present_share_buffer"}) {
     if (node->FindAttribute(unsupported) != nullptr) {
@@ -79,7 +80,7 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
   }
   const std::string mask = input(3);
   if (!mask.empty()) {
-    std::optional<int> rank = context.shapes() != nullptr ? context.shapes()->Rank(mask) : std::nullopt;
+    std::optional<int> rank = shapes.Rank(mask);
     if (!rank || *rank > 2) {
       context.Skip("Attention left in float: its mask is not known to be 1-D or 2-D (MultiHeadAttention's forms)");
       return false;
@@ -98,13 +99,13 @@ bool RewriteAttention(Graph& graph, PassContext& context, Node* node, const Weig
   std::vector<std::string> parts;
   for (const char* part : {"_q", "_k", "_v"}) parts.push_back(graph.UniqueName(absl::StrCat(base, part)));
   onnx::NodeProto split = MakeNode("Split", graph.UniqueName(absl::StrCat(base, "_split")), {qkv}, parts);
-  *split.add_attribute() = IntAttribute("axis", -1);
+  *split.add_attribute() = MakeIntAttribute("axis", -1);
   if (context.OpsetVersion("") >= 13) {
     onnx::TensorProto sizes = MakeInt64Tensor(graph.UniqueName(absl::StrCat(base, "_split_sizes")), {hidden, hidden, hidden});
     split.add_input(sizes.name());
     graph.AddInitializer(std::move(sizes));
   } else {
-    *split.add_attribute() = IntsAttribute("split", {hidden, hidden, hidden});
+    *split.add_attribute() = MakeIntsAttribute("split", {hidden, hidden, hidden});
   }
   graph.AddNode(std::move(split), node, /*after=*/false);
   std::vector<std::string> mha_inputs = {parts[0], parts[1], parts[2], input(2), mask};
@@ -184,8 +185,8 @@ std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std
   return inputs;
 }
 
-void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
-                            const EmitWeightProduct& emit) {
+void QuantizeWeightProducts(Graph& graph, PassContext& context, const ShapeInfo& shapes,
+                            const WeightProductOptions& options, const EmitWeightProduct& emit) {
   for (Node* node : graph.Nodes()) {
     if (!IsProductForm(*node, options.op_types)) continue;
     const bool attention = node->op_type() == "Attention";
@@ -193,7 +194,7 @@ void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProd
       context.Skip("left in float: node block list");
       continue;
     }
-    const bool rewritten = attention ? RewriteAttention(graph, context, node, options, emit)
+    const bool rewritten = attention ? RewriteAttention(graph, context, shapes, node, options, emit)
                                      : RewriteMatMulOrGemm(graph, context, node, options, emit);
     if (rewritten) {
       context.CountRewrite();

@@ -44,8 +44,8 @@ WeightProductOptions WeightProductOptionsFrom(const PassParams& params);
 
 // Rewrites every product the options allow with `emit`; counts "quantized_weights" and
 // "weight_bytes_before" (float32 bytes of the weights replaced).
-void QuantizeWeightProducts(Graph& graph, PassContext& context, const WeightProductOptions& options,
-                            const EmitWeightProduct& emit);
+void QuantizeWeightProducts(Graph& graph, PassContext& context, const ShapeInfo& shapes,
+                            const WeightProductOptions& options, const EmitWeightProduct& emit);
 
 // W quantized symmetrically to int8 (zero point 0, range ±127): one scale per output column
 // (per_channel) or one for all, scale = max|W| / 127, q = round(W / scale). nullopt for NaN or Inf.

@@ -30,6 +30,7 @@ class ConvertOpsetPass final : public Pass {
     return absl::OkStatus();
   }
   bool is_model_pass() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
   absl::Status RunOnGraph(Graph&, PassContext&) const override { return absl::OkStatus(); }
 
   absl::Status RunOnModel(onnx::ModelProto* model, PassContext& context) const override {

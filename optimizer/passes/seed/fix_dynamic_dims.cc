@@ -31,7 +31,7 @@ absl::StatusOr<std::map<std::string, int64_t>> ParseDims(const std::string& text
 
 class FixDynamicDimsPass final : public Pass {
  public:
-  bool edits_declared_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
   absl::string_view name() const override { return "fix_dynamic_dims"; }
   absl::string_view description() const override {
     return "Set named dynamic dimensions to fixed values (e.g. dims=\"batch=1,sequence=128\")";

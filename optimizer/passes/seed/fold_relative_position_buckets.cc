@@ -26,7 +26,9 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 #include "optimizer/passes/subgraph_session.h"
 #include "optimizer/tensor_convert.h"
 
@@ -201,124 +203,118 @@ int64_t SettlingBound(const std::vector<int64_t>& values, int64_t range) {
   return std::max(high, low);
 }
 
-class FoldRelativePositionBucketsPass final : public Pass {
+// What folding one Gather takes: the function f of d feeding its index, and the table of rows.
+struct BucketFold {
+  Function f;
+  std::string d;
+  int32_t d_type = onnx::TensorProto::INT64;
+  int64_t bound = 0;
+  onnx::TensorProto table;  // the rows for d = -bound..bound, named for the graph
+};
+
+// The index of `gather` as f(d): d the farthest value that alone feeds f, probed in ONNX Runtime.
+MatchResult<BucketFold> MatchBuckets(Graph& graph, Node* gather, const ShapeInfo& shapes, const PassContext& context) {
+  const std::string idx = gather->input(1);
+  Function everything;
+  if (!CollectFunction(graph, idx, "", 8, &everything) || everything.nodes.size() < 3) return Fail();
+  std::vector<std::pair<int, std::string>> candidates;
+  for (const auto& [value, depth] : everything.depth) {
+    if (depth > 0 && ConstantTensor(graph, value) == nullptr) candidates.push_back({depth, value});
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  BucketFold fold;
+  for (const auto& [depth, value] : candidates) {
+    const auto type = shapes.ElementType(value);
+    const auto rank = shapes.Rank(value);
+    if (!type || (*type != onnx::TensorProto::INT64 && *type != onnx::TensorProto::INT32) || !rank || *rank < 1) {
+      continue;
+    }
+    Function candidate;
+    if (CollectFunction(graph, idx, value, *rank, &candidate) && candidate.leaves == std::set<std::string>{value}) {
+      fold.d = value;
+      fold.f = std::move(candidate);
+      break;
+    }
+  }
+  if (fold.d.empty() || fold.f.nodes.size() < 3) return Fail();
+  fold.d_type = *shapes.ElementType(fold.d);
+  auto probe = FunctionProbe::Create(graph, context, fold.f, fold.d, fold.d_type, *gather);
+  if (!probe.ok()) return Fail(absl::StrCat("the index function does not run on its own: ", probe.status().message()));
+  auto values = probe->Indices(-kProbeRange, kProbeRange);
+  if (!values.ok() || values->size() != static_cast<size_t>(2 * kProbeRange + 1)) {
+    return Fail("the index function does not map each position to one index");
+  }
+  fold.bound = SettlingBound(*values, kProbeRange);
+  if (fold.bound > kMaxBound) {
+    return Fail(absl::StrCat("the index function still changes at |d| = ", fold.bound, " (over ", kMaxBound, ")"));
+  }
+  auto table = probe->Rows(-fold.bound, fold.bound, graph.UniqueName(gather->input(0) + "_by_position"));
+  if (!table.ok()) return Fail(absl::StrCat("the table does not build: ", table.status().message()));
+  if (static_cast<int64_t>(table->ByteSizeLong()) > kMaxTableBytes) return Fail("the table would be larger than 16 MiB");
+  fold.table = *std::move(table);
+  return fold;
+}
+
+// Gather(W', Add(Clip(d, -B, B), B)); f's nodes that nothing reads any more go.
+void Fold(Graph& graph, Node* gather, BucketFold fold, PassContext& context) {
+  auto scalar = [&](const std::string& hint, int64_t v) {
+    return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), fold.d_type, v))->name();
+  };
+  auto add_node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& hint) {
+    const std::string name = graph.UniqueName(hint);
+    const std::string output = graph.UniqueName(hint);
+    graph.AddNode(MakeNode(op, name, std::move(inputs), {output}), gather, /*after=*/false);
+    return output;
+  };
+  const int64_t bound = fold.bound;
+  const std::string clipped = add_node("Clip", {fold.d, scalar("position_low", -bound), scalar("position_high", bound)},
+                                       "relative_position_clipped");
+  const std::string row = add_node("Add", {clipped, scalar("position_offset", bound)}, "relative_position_row");
+  const std::string table_name = fold.table.name();
+  graph.AddInitializer(std::move(fold.table));
+  graph.SetInput(gather, 0, table_name);
+  graph.SetInput(gather, 1, row);
+  for (bool removed = true; removed;) {
+    removed = false;
+    for (const Node* node : fold.f.nodes) {
+      Node* mutable_node = graph.Producer(node->output(0));
+      if (mutable_node == nullptr || mutable_node->removed()) continue;
+      bool read = false;
+      for (const std::string& output : mutable_node->proto().output()) {
+        read |= graph.HasConsumers(output) || graph.IsGraphOutput(output);
+      }
+      if (!read) {
+        graph.RemoveNode(mutable_node);
+        removed = true;
+      }
+    }
+  }
+  context.CountRewrite();
+}
+
+class FoldRelativePositionBucketsPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fold_relative_position_buckets"; }
   absl::string_view description() const override {
     return "Replace an element-wise function of a relative position feeding an embedding Gather (T5's position "
            "buckets) by a constant table over the positions where the function changes";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr || context.OpsetVersion("") < 12) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
+    if (context.OpsetVersion("") < 12) return absl::OkStatus();
     for (Node* gather : graph.Nodes()) {
       if (gather->removed() || gather->op_type() != "Gather" || !gather->domain().empty() ||
           gather->GetAttributeInt("axis", 0) != 0 || ConstantTensor(graph, gather->input(0)) == nullptr) {
         continue;
       }
-      std::string reason;
-      if (!TryFold(graph, gather, *shapes, context, &reason) && !reason.empty()) {
-        context.Skip(absl::StrCat("fold_relative_position_buckets: ", reason));
+      MatchResult<BucketFold> fold = MatchBuckets(graph, gather, shapes, context);
+      if (fold) {
+        Fold(graph, gather, *std::move(fold), context);
+      } else if (!fold.reason().empty()) {
+        context.Skip(absl::StrCat("fold_relative_position_buckets: ", fold.reason()));
       }
     }
     return absl::OkStatus();
-  }
-
- private:
-  static bool TryFold(Graph& graph, Node* gather, const ShapeInfo& shapes, PassContext& context, std::string* reason) {
-    const std::string idx = gather->input(1);
-    Function everything;
-    if (!CollectFunction(graph, idx, "", 8, &everything) || everything.nodes.size() < 3) return false;
-    // d: the farthest value that alone feeds f.
-    std::vector<std::pair<int, std::string>> candidates;
-    for (const auto& [value, depth] : everything.depth) {
-      if (depth > 0 && ConstantTensor(graph, value) == nullptr) candidates.push_back({depth, value});
-    }
-    std::sort(candidates.rbegin(), candidates.rend());
-    std::string d;
-    Function f;
-    for (const auto& [depth, value] : candidates) {
-      const auto type = shapes.ElementType(value);
-      const auto rank = shapes.Rank(value);
-      if (!type || (*type != onnx::TensorProto::INT64 && *type != onnx::TensorProto::INT32) || !rank || *rank < 1) {
-        continue;
-      }
-      Function candidate;
-      if (CollectFunction(graph, idx, value, *rank, &candidate) && candidate.leaves == std::set<std::string>{value}) {
-        d = value;
-        f = std::move(candidate);
-        break;
-      }
-    }
-    if (d.empty() || f.nodes.size() < 3) return false;
-    const int32_t d_type = *shapes.ElementType(d);
-
-    auto probe = FunctionProbe::Create(graph, context, f, d, d_type, *gather);
-    if (!probe.ok()) {
-      *reason = absl::StrCat("the index function does not run on its own: ", probe.status().message());
-      return false;
-    }
-    auto values = probe->Indices(-kProbeRange, kProbeRange);
-    if (!values.ok() || values->size() != static_cast<size_t>(2 * kProbeRange + 1)) {
-      *reason = "the index function does not map each position to one index";
-      return false;
-    }
-    const int64_t bound = SettlingBound(*values, kProbeRange);
-    if (bound > kMaxBound) {
-      *reason = absl::StrCat("the index function still changes at |d| = ", bound, " (over ", kMaxBound, ")");
-      return false;
-    }
-    const std::string table_name = graph.UniqueName(gather->input(0) + "_by_position");
-    auto table = probe->Rows(-bound, bound, table_name);
-    if (!table.ok()) {
-      *reason = absl::StrCat("the table does not build: ", table.status().message());
-      return false;
-    }
-    if (static_cast<int64_t>(table->ByteSizeLong()) > kMaxTableBytes) {
-      *reason = "the table would be larger than 16 MiB";
-      return false;
-    }
-
-    // Gather(W', Add(Clip(d, -B, B), B)).
-    auto scalar = [&](const std::string& hint, int64_t v) {
-      return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), d_type, v))->name();
-    };
-    auto add_node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& hint) {
-      onnx::NodeProto node;
-      node.set_op_type(op);
-      node.set_name(graph.UniqueName(hint));
-      for (auto& input : inputs) node.add_input(input);
-      const std::string output = graph.UniqueName(hint);
-      node.add_output(output);
-      graph.AddNode(std::move(node), gather, /*after=*/false);
-      return output;
-    };
-    const std::string clipped = add_node("Clip", {d, scalar("position_low", -bound), scalar("position_high", bound)},
-                                         "relative_position_clipped");
-    const std::string row = add_node("Add", {clipped, scalar("position_offset", bound)}, "relative_position_row");
-    graph.AddInitializer(*std::move(table));
-    graph.SetInput(gather, 0, table_name);
-    graph.SetInput(gather, 1, row);
-    // f's nodes that nothing reads any more go.
-    for (bool removed = true; removed;) {
-      removed = false;
-      for (const Node* node : f.nodes) {
-        Node* mutable_node = graph.Producer(node->output(0));
-        if (mutable_node == nullptr || mutable_node->removed()) continue;
-        bool read = false;
-        for (const std::string& output : mutable_node->proto().output()) {
-          read |= graph.HasConsumers(output) || graph.IsGraphOutput(output);
-        }
-        if (!read) {
-          graph.RemoveNode(mutable_node);
-          removed = true;
-        }
-      }
-    }
-    context.CountRewrite();
-    return true;
   }
 };
 

@@ -52,7 +52,7 @@ std::vector<int64_t> ComposeUnsqueeze(std::vector<int64_t> first, const std::vec
 class FuseReshapeChainsPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_reshape_chains"; }
-  bool keeps_value_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
     return "Collapse Reshape->Reshape, Unsqueeze->Unsqueeze, Squeeze->Squeeze and Unsqueeze->Squeeze chains";
   }

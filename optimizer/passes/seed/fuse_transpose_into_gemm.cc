@@ -31,15 +31,14 @@ void SetIntAttribute(onnx::NodeProto* node, const std::string& name, int64_t val
   attribute->set_i(value);
 }
 
-class FuseTransposeIntoGemmPass final : public Pass {
+class FuseTransposeIntoGemmPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_transpose_into_gemm"; }
   absl::string_view description() const override {
     return "Fold 2-D Transposes feeding Gemm or a 2-D MatMul into Gemm's transA/transB";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const int64_t opset = context.OpsetVersion("");
     for (Node* node : graph.Nodes()) {
       if (node->removed() || !node->domain().empty() || node->input_size() < 2) continue;
@@ -51,9 +50,8 @@ class FuseTransposeIntoGemmPass final : public Pass {
       const bool fold_right = IsTranspose2D(right);
       if (!fold_left && !fold_right) continue;
       if (!is_gemm) {
-        const ShapeInfo* shapes = context.shapes();
-        const auto a = shapes ? shapes->Rank(node->input(0)) : std::nullopt;
-        const auto b = shapes ? shapes->Rank(node->input(1)) : std::nullopt;
+        const auto a = shapes.Rank(node->input(0));
+        const auto b = shapes.Rank(node->input(1));
         if (opset < 11 || !a || !b || *a != 2 || *b != 2) {
           context.Skip("MatMul operands are not known to be 2-D");
           continue;

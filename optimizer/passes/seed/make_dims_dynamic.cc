@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<FreedDim>> ParseDims(const std::string& text) {
 
 class MakeDimsDynamicPass final : public Pass {
  public:
-  bool edits_declared_types() const override { return true; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
   absl::string_view name() const override { return "make_dims_dynamic"; }
   absl::string_view description() const override {
     return "Free static input dims an export baked in: constants equal to the length in Range, Reshape, Expand, "
@@ -147,7 +147,7 @@ class MakeDimsDynamicPass final : public Pass {
     flush();
     const std::string joined = graph.UniqueName(absl::StrCat(scalar, "_shape"));
     onnx::NodeProto concat = MakeNode("Concat", "", parts, {joined});
-    *concat.add_attribute() = IntAttribute("axis", 0);
+    *concat.add_attribute() = MakeIntAttribute("axis", 0);
     graph.AddNode(std::move(concat), anchor, /*after=*/false);
     return joined;
   }
@@ -157,7 +157,7 @@ class MakeDimsDynamicPass final : public Pass {
                                         bool axes_input) {
     if (!axes_input) {
       onnx::NodeProto node = MakeNode("Unsqueeze", "", {input}, {output});
-      *node.add_attribute() = IntsAttribute("axes", {0});
+      *node.add_attribute() = MakeIntsAttribute("axes", {0});
       return node;
     }
     const std::string axes = graph.UniqueName("axes0");

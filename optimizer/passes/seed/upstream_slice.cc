@@ -94,18 +94,15 @@ bool SameSlice(const Node& a, const Node& b) {
   return a.GetAttributeInt("axis", 0) == b.GetAttributeInt("axis", 0);
 }
 
-class UpstreamSlicePass final : public Pass {
+class UpstreamSlicePass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "upstream_slice"; }
   absl::string_view description() const override {
     return "Move Gather/Slice above element-wise ops, Softmax/LayerNorm/Reduce, MatMul and ONNX Runtime's token-wise "
            "operators so less is computed";
   }
-  bool needs_shapes() const override { return true; }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
-    const ShapeInfo* shapes = context.shapes();
-    if (shapes == nullptr) return absl::OkStatus();
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     std::deque<Node*> worklist;
     for (Node* node : graph.Nodes()) {
       if (node->op_type() == "Gather" || node->op_type() == "Slice") worklist.push_back(node);
@@ -115,7 +112,7 @@ class UpstreamSlicePass final : public Pass {
       Node* node = worklist.front();
       worklist.pop_front();
       if (node->removed()) continue;
-      std::vector<Node*> moved = TryMove(graph, node, *shapes, context);
+      std::vector<Node*> moved = TryMove(graph, node, shapes, context);
       worklist.insert(worklist.end(), moved.begin(), moved.end());
     }
     return absl::OkStatus();

@@ -18,9 +18,11 @@
 // mask does, not == 1; a padding id other than 0 shows). What it cannot see: left padding, under
 // which a causal + padding mask leaves whole rows masked, where the original's NaN guard gives 0 and
 // the fused operator the mean of V; the job's parity on the user's shapes is the backstop.
-#ifndef ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
-#define ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
+#ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MASKS_H_
+#define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MASKS_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "optimizer/graph.h"
@@ -39,6 +41,17 @@ struct MaskMeaning {
 // The meaning of the boolean value `mask` (rank 4, [B or 1, H or 1, S, T]) of the main graph.
 MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask);
 
+// Meanings probed once per pass run: the layers of a model share their mask.
+class MaskProbes {
+ public:
+  const MaskMeaning& Probe(const Graph& graph, const PassContext& context, const std::string& mask);
+  // How many masks were probed in ONNX Runtime.
+  int64_t count() const { return static_cast<int64_t>(probed_.size()); }
+
+ private:
+  std::map<std::string, MaskMeaning> probed_;
+};
+
 }  // namespace onnxopt
 
-#endif  // ONNXOPT_OPTIMIZER_PASSES_CANONICAL_ATTENTION_MASKS_H_
+#endif  // ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MASKS_H_

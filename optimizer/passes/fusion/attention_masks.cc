@@ -1,4 +1,4 @@
-#include "optimizer/passes/canonical/attention_masks.h"
+#include "optimizer/passes/fusion/attention_masks.h"
 
 #include <cstring>
 #include <iterator>
@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
 #include "optimizer/passes/subgraph_session.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/tensor_convert.h"
@@ -161,22 +162,13 @@ bool NonZero(const onnx::TensorProto& tensor, size_t index) {
   return false;
 }
 
-}  // namespace
-
-MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask) {
-  MaskMeaning meaning;
-  std::vector<const Node*> nodes;
-  std::set<std::string> input_names;
-  if (!CollectAncestors(graph, mask, &nodes, &input_names)) {
-    meaning.why = "the mask is computed by more than shape arithmetic";
-    return meaning;
-  }
+// The graph inputs the mask reads, as probe inputs; a failure says why the mask cannot be probed.
+MatchResult<std::vector<ProbeInput>> ProbeInputsOf(const Graph& graph, const std::set<std::string>& names) {
   std::vector<ProbeInput> inputs;
   for (const auto& info : graph.proto().input()) {
-    if (input_names.count(info.name()) == 0) continue;
+    if (names.count(info.name()) == 0) continue;
     if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) {
-      meaning.why = absl::StrCat("input ", info.name(), " has no tensor shape");
-      return meaning;
+      return Fail(absl::StrCat("input ", info.name(), " has no tensor shape"));
     }
     const int32_t type = info.type().tensor_type().elem_type();
     const bool small = type == onnx::TensorProto::BOOL || type == onnx::TensorProto::UINT8 ||
@@ -184,80 +176,66 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
                        type == onnx::TensorProto::INT64 || type == onnx::TensorProto::FLOAT;
     inputs.push_back({&info, small, small && info.type().tensor_type().shape().dim_size() == 2});
   }
+  return inputs;
+}
 
-  std::vector<onnx::ValueInfoProto> infos;
-  for (const ProbeInput& input : inputs) infos.push_back(*input.info);
-  auto session = SubgraphSession(graph, context, nodes, infos, {mask}, "attention_mask_probe");
-  if (!session.ok()) {
-    meaning.why = "the mask's subgraph does not run on its own";
-    return meaning;
+// The mask the subgraph computes from `tensors`.
+MatchResult<Ort::Value> RunProbe(Ort::Session& session, const std::vector<onnx::TensorProto>& tensors,
+                                 const std::string& mask) {
+  std::vector<Ort::Value> values;
+  std::vector<const char*> names;
+  for (const onnx::TensorProto& tensor : tensors) {
+    auto value = TensorProtoToOrtValue(tensor);
+    if (!value.ok()) return Fail("a probe input cannot be made");
+    values.push_back(*std::move(value));
+    names.push_back(tensor.name().c_str());
   }
-
-  std::mt19937 random(20261123);
-  // Which meanings every probe so far agrees with; a padding meaning per candidate input.
-  bool all_true = true, causal = true, bias_shaped = true;
-  std::set<std::string> padding, causal_padding;
-  for (const ProbeInput& input : inputs) {
-    if (input.candidate) padding.insert(input.info->name());
-  }
-  std::vector<ProbeCase> cases(std::begin(kProbeCases), std::end(kProbeCases));
-  const int64_t constant = LargestIntegerConstant(graph, nodes);
-  if (constant + 2 > kMaxProbeLength) {
-    meaning.why = absl::StrCat("the mask compares positions against ", constant, ", longer than can be probed");
-    return meaning;
-  }
-  if (constant + 2 > cases.back().length) cases.push_back({1, constant + 2});
-  causal_padding = padding;
+  const char* output_name = mask.c_str();
+  std::vector<Ort::Value> results;
   try {
-  for (const ProbeCase& probe_case : cases) {
-    auto tensors = MakeProbeInputs(inputs, probe_case, &random);
-    if (!tensors) {
-      meaning.why = "the inputs' dynamic dimensions are not named batch-first";
-      return meaning;
+    results = session.Run(Ort::RunOptions{nullptr}, names.data(), values.data(), values.size(), &output_name, 1);
+  } catch (const Ort::Exception& e) {
+    return Fail("the mask's subgraph fails on probe inputs");
+  }
+  const auto info = results[0].GetTensorTypeAndShapeInfo();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || info.GetShape().size() != 4) {
+    return Fail("the mask is not a 4-D boolean tensor");
+  }
+  return std::move(results[0]);
+}
+
+// The meanings every probe so far agrees with; a padding meaning per candidate input.
+class Agreement {
+ public:
+  explicit Agreement(const std::vector<ProbeInput>& inputs) {
+    for (const ProbeInput& input : inputs) {
+      if (input.candidate) padding_.insert(input.info->name());
     }
-    std::vector<Ort::Value> values;
-    std::vector<const char*> names;
-    for (const onnx::TensorProto& tensor : *tensors) {
-      auto value = TensorProtoToOrtValue(tensor);
-      if (!value.ok()) {
-        meaning.why = "a probe input cannot be made";
-        return meaning;
-      }
-      values.push_back(*std::move(value));
-      names.push_back(tensor.name().c_str());
-    }
-    const char* output_name = mask.c_str();
-    std::vector<Ort::Value> results;
-    try {
-      results = (*session)->Run(Ort::RunOptions{nullptr}, names.data(), values.data(), values.size(), &output_name, 1);
-    } catch (const Ort::Exception& e) {
-      meaning.why = "the mask's subgraph fails on probe inputs";
-      return meaning;
-    }
-    const auto info = results[0].GetTensorTypeAndShapeInfo();
+    causal_padding_ = padding_;
+  }
+
+  // Narrows the meanings down to those the mask computed from `tensors` shows.
+  void Observe(const ProbeCase& probe, const std::vector<onnx::TensorProto>& tensors, const Ort::Value& mask) {
+    const auto info = mask.GetTensorTypeAndShapeInfo();
     const std::vector<int64_t> shape = info.GetShape();
-    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || shape.size() != 4) {
-      meaning.why = "the mask is not a 4-D boolean tensor";
-      return meaning;
-    }
-    bias_shaped &= (shape[0] == probe_case.batch || shape[0] == 1) && shape[1] == 1 &&
-                   shape[2] == probe_case.length && shape[3] == probe_case.length;
-    const bool* data = results[0].GetTensorData<bool>();
+    bias_shaped_ &= (shape[0] == probe.batch || shape[0] == 1) && shape[1] == 1 && shape[2] == probe.length &&
+                    shape[3] == probe.length;
+    const bool* data = mask.GetTensorData<bool>();
     const size_t count = info.GetElementCount();
     const int64_t keys = shape[3], queries = shape[2];
-    causal &= queries == keys;  // queries and keys are the same tokens
+    causal_ &= queries == keys;  // queries and keys are the same tokens
     for (size_t i = 0; i < count; ++i) {
       const int64_t t = static_cast<int64_t>(i) % keys;
       const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
-      all_true &= data[i];
-      causal &= data[i] == (t <= q);
+      all_true_ &= data[i];
+      causal_ &= data[i] == (t <= q);
     }
     // mask[b, h, q, t] == (candidate[b, t] != 0), alone or with t <= q.
-    for (std::set<std::string>* kept : {&padding, &causal_padding}) {
-      const bool with_causal = kept == &causal_padding;
+    for (std::set<std::string>* kept : {&padding_, &causal_padding_}) {
+      const bool with_causal = kept == &causal_padding_;
       for (auto it = kept->begin(); it != kept->end();) {
         const onnx::TensorProto* candidate = nullptr;
-        for (const auto& tensor : *tensors) {
+        for (const auto& tensor : tensors) {
           if (tensor.name() == *it) candidate = &tensor;
         }
         bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || queries == keys);
@@ -271,27 +249,88 @@ MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, con
       }
     }
   }
-  } catch (const std::exception& e) {  // Ort::Exception and allocation failures alike
-    meaning.why = absl::StrCat("the mask's subgraph fails on probe inputs: ", e.what());
+
+  MaskMeaning Conclude() const {
+    MaskMeaning meaning;
+    meaning.bias_shaped = bias_shaped_;
+    // The probes include a length of 1, where causal and all-true coincide: all-true wins only when
+    // the mask is all true at every length.
+    if (all_true_) {
+      meaning.kind = MaskMeaning::Kind::kAllTrue;
+    } else if (causal_) {
+      meaning.kind = MaskMeaning::Kind::kCausal;
+    } else if (padding_.size() == 1) {
+      meaning.kind = MaskMeaning::Kind::kKeyPadding;
+      meaning.padding_input = *padding_.begin();
+    } else if (causal_padding_.size() == 1) {
+      meaning.kind = MaskMeaning::Kind::kCausalKeyPadding;
+      meaning.padding_input = *causal_padding_.begin();
+    } else {
+      meaning.why = "the mask is not all true, causal, a key-padding mask of one [B, T] input, or causal and padding";
+    }
     return meaning;
   }
-  meaning.bias_shaped = bias_shaped;
-  // The probes include a length of 1, where causal and all-true coincide: all-true wins only when the
-  // mask is all true at every length.
-  if (all_true) {
-    meaning.kind = MaskMeaning::Kind::kAllTrue;
-  } else if (causal) {
-    meaning.kind = MaskMeaning::Kind::kCausal;
-  } else if (padding.size() == 1) {
-    meaning.kind = MaskMeaning::Kind::kKeyPadding;
-    meaning.padding_input = *padding.begin();
-  } else if (causal_padding.size() == 1) {
-    meaning.kind = MaskMeaning::Kind::kCausalKeyPadding;
-    meaning.padding_input = *causal_padding.begin();
-  } else {
-    meaning.why = "the mask is not all true, causal, a key-padding mask of one [B, T] input, or causal and padding";
+
+ private:
+  bool all_true_ = true, causal_ = true, bias_shaped_ = true;
+  std::set<std::string> padding_, causal_padding_;
+};
+
+// The probe cases: kProbeCases, and one length past the largest integer constant the mask reads.
+MatchResult<std::vector<ProbeCase>> ProbeCases(const Graph& graph, const std::vector<const Node*>& nodes) {
+  std::vector<ProbeCase> cases(std::begin(kProbeCases), std::end(kProbeCases));
+  const int64_t constant = LargestIntegerConstant(graph, nodes);
+  if (constant + 2 > kMaxProbeLength) {
+    return Fail(absl::StrCat("the mask compares positions against ", constant, ", longer than can be probed"));
   }
-  return meaning;
+  if (constant + 2 > cases.back().length) cases.push_back({1, constant + 2});
+  return cases;
+}
+
+MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, const std::string& mask) {
+  std::vector<const Node*> nodes;
+  std::set<std::string> input_names;
+  if (!CollectAncestors(graph, mask, &nodes, &input_names)) {
+    return Fail("the mask is computed by more than shape arithmetic");
+  }
+  MatchResult<std::vector<ProbeInput>> inputs = ProbeInputsOf(graph, input_names);
+  if (!inputs) return inputs.failure();
+  std::vector<onnx::ValueInfoProto> infos;
+  for (const ProbeInput& input : *inputs) infos.push_back(*input.info);
+  auto session = SubgraphSession(graph, context, nodes, infos, {mask}, "attention_mask_probe");
+  if (!session.ok()) return Fail("the mask's subgraph does not run on its own");
+  MatchResult<std::vector<ProbeCase>> cases = ProbeCases(graph, nodes);
+  if (!cases) return cases.failure();
+  std::mt19937 random(20261123);
+  Agreement agreement(*inputs);
+  try {
+    for (const ProbeCase& probe_case : *cases) {
+      auto tensors = MakeProbeInputs(*inputs, probe_case, &random);
+      if (!tensors) return Fail("the inputs' dynamic dimensions are not named batch-first");
+      MatchResult<Ort::Value> result = RunProbe(**session, *tensors, mask);
+      if (!result) return result.failure();
+      agreement.Observe(probe_case, *tensors, *result);
+    }
+  } catch (const std::exception& e) {  // Ort::Exception and allocation failures alike
+    return Fail(absl::StrCat("the mask's subgraph fails on probe inputs: ", e.what()));
+  }
+  return agreement.Conclude();
+}
+
+}  // namespace
+
+MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask) {
+  MatchResult<MaskMeaning> meaning = Probe(graph, context, mask);
+  if (meaning) return *std::move(meaning);
+  MaskMeaning unknown;
+  unknown.why = meaning.reason();
+  return unknown;
+}
+
+const MaskMeaning& MaskProbes::Probe(const Graph& graph, const PassContext& context, const std::string& mask) {
+  auto known = probed_.find(mask);
+  if (known == probed_.end()) known = probed_.emplace(mask, ProbeMaskMeaning(graph, context, mask)).first;
+  return known->second;
 }
 
 }  // namespace onnxopt

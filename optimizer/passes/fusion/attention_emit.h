@@ -1,0 +1,49 @@
+// The operators a matched attention block (attention_match.h) becomes. Each emitter first plans (its
+// own checks, cheap ones before the mask is probed, and the pattern it replaces), then emits.
+//
+// Attention (emit_attention.cc): the projections go inside, packed [Wq|Wk|Wv]; for blocks whose Q, K
+// and V project one input with no rotation between projection and scores (BERT, GPT-2, ViT, T5).
+// MultiHeadAttention (emit_multi_head_attention.cc): the projections stay outside; for rotated Q and K
+// (rotary embeddings sit between the projections and the scores) and grouped-query K and V.
+#ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
+#define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
+
+#include <string>
+#include <vector>
+
+#include "optimizer/passes/fusion/attention_match.h"
+
+namespace onnxopt::attention {
+
+// What the emitters share: the pattern to replace and the shape arithmetic that goes with it.
+struct Replacement {
+  std::vector<Node*> pattern;
+  std::vector<Node*> shape_nodes;
+};
+
+// Attention: the checks of its packed projection and what it replaces.
+struct AttentionPlan : Replacement {
+  std::string input;              // [B,S,H_in]: x, or what the sequence-first x transposes
+  int64_t input_hidden = 0;
+  bool packed = false;            // one packed projection, its weight and bias taken as they are
+  std::vector<float> weights[3];  // separate projections: [H_in, H] each, packed into one at emission
+  std::vector<float> biases[3];
+  std::vector<float> out_weight;  // sequence-first: the output projection [H, H]
+};
+MatchResult<AttentionPlan> PlanAttention(const Graph& graph, const ShapeInfo& shapes, const AttentionMatch& match);
+void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPlan& plan, FusionState* state,
+                   PassContext& context);
+
+// MultiHeadAttention.
+MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
+                                                const AttentionMatch& match);
+void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
+                            PassContext& context);
+
+// The bias Where(cond, 0, lowest) for a mask whose meaning is a bias (MaskPlan::bias_condition), or
+// the plan's float bias, or "" for none; added after the chain's last node.
+std::string AttentionBias(Graph& graph, const MaskPlan& mask, NodeChain* chain);
+
+}  // namespace onnxopt::attention
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_

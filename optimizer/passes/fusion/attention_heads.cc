@@ -1,0 +1,251 @@
+// Q, K and V of an attention block: head-split projections, rotated or repeated (attention_match.h).
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/fusion/attention_match.h"
+
+namespace onnxopt::attention {
+namespace {
+
+// The part of a packed projection `value` is: output `index` of a Split, or a Slice, on the last axis.
+bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::string& value, Projection* projection) {
+  Node* producer = graph.Producer(value);
+  if (producer == nullptr || !producer->domain().empty()) return false;
+  const auto rank = shapes.Rank(producer->input(0));
+  if (!rank) return false;
+  auto last_axis = [&](int64_t axis) { return axis == -1 || axis == *rank - 1; };
+  if (producer->op_type() == "Split") {
+    std::optional<std::vector<int64_t>> sizes;
+    if (producer->input_size() > 1 && !producer->input(1).empty()) {
+      sizes = ConstantInts(graph, producer->input(1));
+    } else if (const onnx::AttributeProto* split = producer->FindAttribute("split")) {
+      sizes = std::vector<int64_t>(split->ints().begin(), split->ints().end());
+    } else if (const int64_t parts = producer->GetAttributeInt("num_outputs", 0); parts > 0) {
+      // Opset 18's equal split: the width from shapes, or from the projection weight [in, W].
+      std::optional<int64_t> width = shapes.DimValue(producer->input(0), -1);
+      if (Node* matmul = ProducerWithOp(graph, producer->input(0), "MatMul"); !width && matmul != nullptr) {
+        const onnx::TensorProto* weight = ConstantTensor(graph, matmul->input(1));
+        if (weight != nullptr && weight->dims_size() == 2) width = weight->dims(1);
+      }
+      if (width && *width % parts == 0) sizes = std::vector<int64_t>(static_cast<size_t>(parts), *width / parts);
+    }
+    if (!sizes || static_cast<int>(sizes->size()) != producer->output_size() ||
+        !last_axis(producer->GetAttributeInt("axis", 0))) {
+      return false;
+    }
+    int64_t offset = 0;
+    for (int i = 0; i < producer->output_size(); ++i) {
+      if (producer->output(i) == value) {
+        projection->part = producer;
+        projection->offset = offset;
+        projection->size = (*sizes)[static_cast<size_t>(i)];
+        return true;
+      }
+      offset += (*sizes)[static_cast<size_t>(i)];
+    }
+    return false;
+  }
+  if (producer->op_type() != "Slice" || producer->input_size() < 4) return false;  // the axis is given
+  const std::optional<SliceSpec> spec = ParseSlice(graph, *producer);
+  const auto width = shapes.DimValue(producer->input(0), -1);
+  if (!spec || !spec->starts || !spec->ends || !spec->OneAxis(-1, *rank) || !width || (*spec->starts)[0] < 0) {
+    return false;
+  }
+  const int64_t start = (*spec->starts)[0], end = std::min((*spec->ends)[0], *width);
+  if (end <= start) return false;
+  projection->part = producer;
+  projection->offset = start;
+  projection->size = end - start;
+  return true;
+}
+
+// True if element `index` of the shape `value` is 1 or dim `dim` of `shaped`: an Expand keeps that dim.
+bool KeepsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,
+              const std::string& shaped, int dim) {
+  auto ints = ConstantInts(graph, value);
+  if (!ints) ints = shapes.KnownValue(value);
+  if (ints && index < ints->size() && (*ints)[index] == 1) return true;
+  return ElementIsDim(graph, shapes, value, index, shaped, dim);
+}
+
+std::optional<int64_t> KnownElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
+                                    size_t index, size_t size) {
+  auto ints = ConstantInts(graph, value);
+  if (!ints) ints = shapes.KnownValue(value);
+  if (ints && ints->size() == size) return (*ints)[index];
+  const auto* symbolic = shapes.SymbolicValue(value);
+  if (symbolic != nullptr && symbolic->size() == size && (*symbolic)[index].has_dim_value()) {
+    return (*symbolic)[index].dim_value();
+  }
+  return std::nullopt;
+}
+
+std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  std::optional<PathMatch> path = MatchPath(graph, value, {{"Reshape"}, {"Expand"}, {"Unsqueeze"}});
+  if (!path) return std::nullopt;
+  Node* reshape = path->nodes[0];
+  Node* expand = path->nodes[1];
+  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *path->nodes[2]);
+  const std::string& kv = path->end;
+  if (!axes || *axes != std::vector<int64_t>{2} || shapes.Rank(kv) != 4) return std::nullopt;
+  const std::string& sizes = expand->input(1);
+  const std::string& target = reshape->input(1);
+  auto kv_count = KnownElement(graph, shapes, sizes, 1, 5);
+  auto rep = KnownElement(graph, shapes, sizes, 2, 5);
+  auto merged = KnownElement(graph, shapes, target, 1, 4);
+  if (!kv_count || !rep || !merged || *kv_count < 1 || *rep < 2 || *merged != *kv_count * *rep ||
+      shapes.DimValue(kv, 1) != *kv_count) {
+    return std::nullopt;
+  }
+  // The Expand keeps B, S and D; the Reshape merges only the KV and repeat axes.
+  if (!KeepsDim(graph, shapes, sizes, 0, kv, 0) || !KeepsDim(graph, shapes, sizes, 3, kv, 2) ||
+      !KeepsDim(graph, shapes, sizes, 4, kv, 3) || !ElementIsDim(graph, shapes, target, 0, kv, 0) ||
+      !ElementIsDim(graph, shapes, target, 2, kv, 2) || !ElementIsDim(graph, shapes, target, 3, kv, 3)) {
+    return std::nullopt;
+  }
+  return KvRepeat{{path->nodes[2], expand, reshape}, kv, *kv_count, *rep};
+}
+
+bool SameTables(const Rotation& a, const Rotation& b) {
+  return a.fused != nullptr ? b.fused != nullptr && a.position_ids == b.position_ids && a.cos_cache == b.cos_cache &&
+                                  a.sin_cache == b.sin_cache
+                            : b.fused == nullptr && a.cos == b.cos && a.sin == b.sin;
+}
+
+// Rotated Q and K (LLaMA): K^T = Transpose(0,1,3,2) of K rotated after its head split, possibly
+// repeated to the query heads; V possibly repeated alike.
+MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
+  const Perm plain{0, 2, 1, 3};
+  const MatchFailure unrecognized = Fail("Q and K carry rotary position embeddings in a form not recognized");
+  Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
+  std::string k_value = k_swap != nullptr && PermOf(k_swap) == Perm{0, 1, 3, 2} ? k_swap->input(0) : "";
+  std::string v_value = match->out.matmul->input(1);
+  if (!k_value.empty() && (match->k_repeat = MatchKvRepeat(graph, shapes, k_value))) k_value = match->k_repeat->kv_heads;
+  if ((match->v_repeat = MatchKvRepeat(graph, shapes, v_value))) v_value = match->v_repeat->kv_heads;
+  if (match->k_repeat.has_value() != match->v_repeat.has_value() ||
+      (match->k_repeat && (match->k_repeat->rep != match->v_repeat->rep ||
+                           match->k_repeat->kv_heads_count != match->v_repeat->kv_heads_count))) {
+    return Fail("rotary attention: K and V are not repeated to the query heads alike (grouped-query attention)");
+  }
+  if (!k_value.empty()) {
+    if (MatchResult<Rotation> k_rotation = MatchRotation(graph, k_value)) match->k_rotation = *std::move(k_rotation);
+  }
+  if (!match->k_rotation || !SameTables(*match->q_rotation, *match->k_rotation)) return unrecognized;
+  MatchResult<Projection> q = MatchProjection(graph, shapes, match->q_rotation->heads, {plain});
+  MatchResult<Projection> k = MatchProjection(graph, shapes, match->k_rotation->heads, {plain});
+  MatchResult<Projection> v = MatchProjection(graph, shapes, v_value, {plain});
+  if (!q || !k || !v) return unrecognized;
+  match->k_swap = k_swap;
+  match->q = *std::move(q);
+  match->k = *std::move(k);
+  match->v = *std::move(v);
+  return Matched{};
+}
+
+// The heads (N, D) a head-split Reshape shows: from its inferred output shape, else its constant
+// target; the sequence-first [S, B*N, D] shows only D, and N = hidden / D.
+std::optional<std::pair<int64_t, int64_t>> ShownHeads(const Graph& graph, const ShapeInfo& shapes, Layout layout,
+                                                      const Node& reshape, int64_t hidden) {
+  const std::string& heads = reshape.output(0);
+  const auto target = ConstantInts(graph, reshape.input(1));
+  if (layout == Layout::kBatchFirst) {
+    auto n = shapes.DimValue(heads, 2), d = shapes.DimValue(heads, 3);
+    if ((!n || !d) && target && target->size() == 4 && (*target)[2] > 0 && (*target)[3] > 0) {
+      n = (*target)[2];
+      d = (*target)[3];
+    }
+    if (n && d) return std::make_pair(*n, *d);
+    return std::nullopt;
+  }
+  auto d = shapes.DimValue(heads, 2);
+  if (!d && target && target->size() == 3 && (*target)[2] > 0) d = (*target)[2];
+  if (d && *d > 0 && hidden % *d == 0) return std::make_pair(hidden / *d, *d);
+  return std::nullopt;
+}
+
+}  // namespace
+
+MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& shapes, const std::string& head_value,
+                                        const std::vector<Perm>& perms) {
+  Projection projection;
+  std::string value = head_value;
+  for (auto it = perms.rbegin(); it != perms.rend(); ++it) {
+    Node* transpose = ProducerWithOp(graph, value, "Transpose");
+    if (transpose == nullptr || PermOf(transpose) != *it) return Fail();
+    projection.transposes.push_back(transpose);
+    value = transpose->input(0);
+  }
+  projection.reshape = ProducerWithOp(graph, value, "Reshape");
+  if (projection.reshape == nullptr) return Fail();
+  std::string projected = projection.reshape->input(0);
+  if (MatchPackedPart(graph, shapes, projected, &projection)) projected = projection.part->input(0);
+  // Add(MatMul(x, W), b) with b on either side, or a MatMul without bias (T5, LLaMA, or one whose
+  // zero bias the cleanups removed).
+  if (std::optional<PathMatch> biased = MatchPath(graph, projected, {{"Add", kAnyInput}, {"MatMul"}})) {
+    projection.add = biased->nodes[0];
+    projection.matmul = biased->nodes[1];
+    projection.bias = biased->Other(0);
+  } else if (ProducerWithOp(graph, projected, "Add") == nullptr) {
+    projection.matmul = ProducerWithOp(graph, projected, "MatMul");
+  }
+  if (projection.matmul == nullptr) return Fail();
+  projection.x = projection.matmul->input(0);
+  projection.weight = projection.matmul->input(1);
+  return projection;
+}
+
+MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
+  const bool batch_first = match->layout == Layout::kBatchFirst;
+  if (batch_first) {
+    MatchResult<Rotation> rotation = MatchRotation(graph, match->scores.q_heads);
+    if (rotation) {
+      match->q_rotation = *std::move(rotation);
+      return MatchRotatedHeads(graph, shapes, match);
+    }
+    if (!rotation.reason().empty()) return Fail(absl::StrCat("Q and K carry ", rotation.reason()));
+  }
+  const Perm plain = batch_first ? Perm{0, 2, 1, 3} : Perm{1, 0, 2};
+  const Perm key = batch_first ? Perm{0, 2, 3, 1} : Perm{1, 2, 0};
+  const Perm swap_last = batch_first ? Perm{0, 1, 3, 2} : Perm{0, 2, 1};
+  MatchResult<Projection> q = MatchProjection(graph, shapes, match->scores.q_heads, {plain});
+  MatchResult<Projection> v = MatchProjection(graph, shapes, match->out.matmul->input(1), {plain});
+  MatchResult<Projection> k = MatchProjection(graph, shapes, match->scores.k_heads, {key});
+  if (!k) k = MatchProjection(graph, shapes, match->scores.k_heads, {plain, swap_last});
+  if (!q || !k || !v) return Fail("Q, K and V are not head-split projections");
+  match->q = *std::move(q);
+  match->k = *std::move(k);
+  match->v = *std::move(v);
+  return Matched{};
+}
+
+MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                     AttentionMatch* match) {
+  const int64_t hidden = match->hidden;
+  if (auto shown = ShownHeads(graph, shapes, match->layout, *match->q.reshape, hidden)) {
+    std::tie(match->num_heads, match->head_size) = *shown;
+    if (match->num_heads * match->head_size != hidden) return Fail("the number of heads is unknown (set transformer.num_heads in the config)");
+  } else if (const int64_t configured = context.hints().num_heads; configured > 0 && hidden % configured == 0) {
+    match->num_heads = configured;
+    match->head_size = hidden / configured;
+  } else {
+    return Fail("the number of heads is unknown (set transformer.num_heads in the config)");
+  }
+  // Every projection split into those heads (K and V into the key/value heads when repeated).
+  if (match->NeedsProjectionsOutside()) {
+    if (match->q_rotation && match->q_rotation->fused == nullptr &&
+        (2 * match->q_rotation->half != match->head_size || 2 * match->k_rotation->half != match->head_size)) {
+      return Fail("rotary attention: the heads or the rotated half are not known to match");
+    }
+    return Matched{};
+  }
+  for (const Projection* p : {&match->q, &match->k, &match->v}) {
+    if (ShownHeads(graph, shapes, match->layout, *p->reshape, hidden) !=
+        std::make_pair(match->num_heads, match->head_size)) {
+      return Fail("Q, K and V are not split into the same heads");
+    }
+  }
+  return Matched{};
+}
+
+}  // namespace onnxopt::attention

@@ -1,0 +1,265 @@
+// The scores of an attention block and what masks them (attention_match.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
+#include "optimizer/passes/fusion/attention_match.h"
+
+namespace onnxopt::attention {
+namespace {
+
+// Element k of the [n, n] buffer is set exactly where its column is at most its row. Read in place:
+// one buffer shared by every layer is checked once per layer.
+bool IsLowerTriangular(const onnx::TensorProto& buffer, int64_t n) {
+  auto lower_triangular = [n](int64_t count, auto&& is_set) {
+    if (count != n * n) return false;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        if (is_set(i * n + j) != (j <= i)) return false;
+      }
+    }
+    return true;
+  };
+  if (buffer.data_type() == onnx::TensorProto::BOOL || buffer.data_type() == onnx::TensorProto::UINT8) {
+    std::string scratch;
+    if (const std::string* raw = RawBytes(buffer, &scratch)) {
+      return lower_triangular(static_cast<int64_t>(raw->size()),
+                              [&](int64_t k) { return (*raw)[static_cast<size_t>(k)] != 0; });
+    }
+    return lower_triangular(buffer.int32_data_size(),
+                            [&](int64_t k) { return buffer.int32_data(static_cast<int>(k)) != 0; });
+  }
+  const std::optional<std::vector<float>> floats = TensorFloats(buffer);
+  return floats && lower_triangular(static_cast<int64_t>(floats->size()),
+                                    [&](int64_t k) { return (*floats)[static_cast<size_t>(k)] != 0; });
+}
+
+// True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 to the scores'
+// [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]`.
+bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond, const std::string& scores) {
+  std::string value = cond;
+  std::set<int64_t> sliced_axes;
+  // Either shape inference shows the slice is [.., S, S], or every end is the scores' dim.
+  bool ends_match = true;
+  for (int depth = 0; depth < 3; ++depth) {
+    Node* slice = ProducerWithOp(graph, value, "Slice");
+    if (slice == nullptr) break;
+    if (slice->input_size() < 4) return false;  // the axes are given
+    const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+    if (!spec || !spec->starts) return false;
+    for (size_t i = 0; i < spec->axes.size(); ++i) {
+      const int64_t axis = spec->axes[i] < 0 ? spec->axes[i] + 4 : spec->axes[i];
+      if ((*spec->starts)[i] != 0 || spec->steps[i] != 1 || (axis != 2 && axis != 3)) return false;
+      sliced_axes.insert(axis);
+      ends_match &= ElementIsDim(graph, shapes, slice->input(2), i, scores, static_cast<int>(axis));
+    }
+    value = slice->input(0);
+  }
+  if (!ends_match && !(shapes.SameDim(cond, -1, scores, -1) && shapes.SameDim(cond, -2, scores, -2))) return false;
+  const onnx::TensorProto* buffer = ConstantTensor(graph, value);
+  return buffer != nullptr && buffer->dims_size() == 4 && buffer->dims(0) == 1 && buffer->dims(1) == 1 &&
+         buffer->dims(2) == buffer->dims(3) && sliced_axes == std::set<int64_t>{2, 3} &&
+         IsLowerTriangular(*buffer, buffer->dims(2));
+}
+
+// True if `value` is Q*K^T, possibly scaled or causally masked: the side of a mask Add that is not
+// the mask.
+bool LeadsToScores(const Graph& graph, const std::string& value, int depth = 0) {
+  Node* producer = graph.Producer(value);
+  if (producer == nullptr || !producer->domain().empty() || depth > 3) return false;
+  if (producer->op_type() == "MatMul") return true;
+  if (producer->op_type() == "Where") return LeadsToScores(graph, producer->input(1), depth + 1);
+  if (auto scaled = ScalarScale(graph, producer)) return LeadsToScores(graph, scaled->second, depth + 1);
+  return false;
+}
+
+// Whether `value` is a [B,S] tensor made [B,1,1,S] by Unsqueeze: one with axes (1, 2), or a chain
+// (torch.jit exports mask[:, None, None, :] as two); the [B,S] tensor. The chain is replayed on the
+// dims' labels, each Unsqueeze inserting at its axes in ascending order.
+std::optional<std::string> UnsqueezedFromBS(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  std::vector<const Node*> chain;  // the last Unsqueeze first
+  std::string source = value;
+  while (chain.size() < 2) {
+    const Node* unsqueeze = ProducerWithOp(graph, source, "Unsqueeze");
+    if (unsqueeze == nullptr) break;
+    chain.push_back(unsqueeze);
+    source = unsqueeze->input(0);
+    if (shapes.Rank(source).value_or(0) == 2) break;
+  }
+  if (chain.empty() || shapes.Rank(source).value_or(0) != 2) return std::nullopt;
+  std::vector<char> dims = {'B', 'S'};
+  for (auto unsqueeze = chain.rbegin(); unsqueeze != chain.rend(); ++unsqueeze) {
+    std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, **unsqueeze);
+    if (!axes || axes->empty()) return std::nullopt;
+    const int64_t rank = static_cast<int64_t>(dims.size() + axes->size());
+    for (int64_t& axis : *axes) axis += axis < 0 ? rank : 0;
+    std::sort(axes->begin(), axes->end());
+    if (axes->front() < 0 || axes->back() >= rank || std::adjacent_find(axes->begin(), axes->end()) != axes->end()) {
+      return std::nullopt;
+    }
+    for (int64_t axis : *axes) dims.insert(dims.begin() + axis, '1');
+  }
+  if (dims != std::vector<char>{'B', '1', '1', 'S'}) return std::nullopt;
+  return source;
+}
+
+// The additive mask `(1 - Cast(Unsqueeze(mask[B,S], [1,2]))) * c`: the raw [B,S] mask and c.
+MatchResult<MaskPlan> MatchAdditiveMask(const Graph& graph, const ShapeInfo& shapes, const std::string& term) {
+  std::optional<PathMatch> path = MatchPath(graph, term, {{"Mul", kAnyInput}, {"Sub", 1}}, [&](const PathMatch& p) {
+    return ConstantScalarFloat(graph, p.Other(0)).has_value();
+  });
+  MaskPlan plan;
+  if (path) plan.filter = *ConstantScalarFloat(graph, path->Other(0));
+  if (!path || !IsScalarNear(graph, path->nodes[1]->input(0), 1.0, 0.0) || plan.filter > -1.0f) {
+    return Fail("the mask is not in the (1 - mask) * c form");
+  }
+  std::string value = path->end;
+  if (Node* cast = ProducerWithOp(graph, value, "Cast")) value = cast->input(0);
+  std::optional<std::string> raw = UnsqueezedFromBS(graph, shapes, value);
+  if (!raw) return Fail("the mask is not a [B,S] mask unsqueezed to [B,1,1,S]");
+  plan.raw_mask = *raw;
+  return plan;
+}
+
+// True if `term` can be ONNX Runtime's attention_bias for these scores: [B|1, N|1, S, T] with the
+// scores' S and T (only the first two axes broadcast there).
+bool FitsAttentionBias(const ShapeInfo& shapes, const std::string& term, const std::string& scores, int64_t heads) {
+  if (shapes.Rank(term).value_or(0) != 4 || !shapes.SameDim(term, -1, scores, -1) ||
+      !shapes.SameDim(term, -2, scores, -2)) {
+    return false;
+  }
+  const auto batch = shapes.DimValue(term, 0), head = shapes.DimValue(term, 1);
+  return (!batch || *batch == 1 || shapes.SameDim(term, 0, scores, 0)) &&
+         ((head && (*head == 1 || *head == heads)) || shapes.SameDim(term, 1, scores, 1));
+}
+
+// The boolean `Where(cond, 0, fill)` with fill -inf or below -1e4: cond.
+std::optional<std::string> BooleanMaskCondition(const Graph& graph, const std::string& term) {
+  Node* where = ProducerWithOp(graph, term, "Where");
+  if (where == nullptr) return std::nullopt;
+  const std::optional<float> zero = ConstantScalarFloat(graph, where->input(1));
+  const std::optional<float> fill = ConstantScalarFloat(graph, where->input(2));
+  if (!zero || *zero != 0.0f || !fill || !(*fill <= -1e4f)) return std::nullopt;
+  return where->input(0);
+}
+
+// A boolean mask by its probed meaning.
+MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                      const AttentionMatch& match, const std::string& cond, FusionState* state) {
+  const MaskMeaning& meaning = state->probes.Probe(graph, context, cond);
+  const float fill = *ConstantScalarFloat(graph, graph.Producer(match.scores.mask_term)->input(2));
+  MaskPlan plan;
+  switch (meaning.kind) {
+    case MaskMeaning::Kind::kAllTrue:  // no mask input
+      return plan;
+    case MaskMeaning::Kind::kCausal:
+      plan.causal = true;
+      return plan;
+    case MaskMeaning::Kind::kCausalKeyPadding:
+      plan.causal = true;
+      [[fallthrough]];
+    case MaskMeaning::Kind::kKeyPadding:
+      plan.raw_mask = meaning.padding_input;
+      plan.filter = std::isinf(fill) ? std::numeric_limits<float>::lowest() : fill;
+      return plan;
+    case MaskMeaning::Kind::kUnknown:
+      break;
+  }
+  // Another meaning: the condition as a bias, when shaped like one (shapes unknown, as at opset 20:
+  // the probe saw [B|1, 1, L, L] at every length).
+  if (FitsAttentionBias(shapes, match.scores.mask_term, match.softmax->input(0), match.num_heads) ||
+      meaning.bias_shaped) {
+    plan.bias_condition = cond;
+    return plan;
+  }
+  return Fail(absl::StrCat("the boolean mask is not understood (", meaning.why,
+                           ") nor a [B|1, N|1, S, T] term with the scores' S and T"));
+}
+
+}  // namespace
+
+MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax) {
+  Scores scores;
+  std::string value = softmax->input(0);
+  for (int step = 0; step < 2; ++step) {
+    if (Node* where = ProducerWithOp(graph, value, "Where"); where != nullptr && scores.causal_where == nullptr) {
+      auto fill = ConstantScalarFloat(graph, where->input(2));
+      if (!IsCausalSlice(graph, shapes, where->input(0), where->input(1)) || !fill || *fill > -1e4f) {
+        return Fail("Where before Softmax is not a causal mask of the scores' [S, S]");
+      }
+      scores.causal_where = where;
+      value = where->input(1);
+      continue;
+    }
+    if (scores.mask_add != nullptr) break;
+    Node* add = ProducerWithOp(graph, value, "Add");
+    if (add == nullptr) break;
+    const std::optional<int> side =
+        FindOperand(*add, [&](const std::string& operand) { return LeadsToScores(graph, operand); });
+    if (!side) return Fail();
+    scores.mask_add = add;
+    scores.mask_term = OtherInput(*add, *side);
+    value = add->input(*side);
+  }
+  if (auto post = ScalarScale(graph, graph.Producer(value))) {
+    scores.post_scale = graph.Producer(value);
+    scores.scale = post->first;
+    value = post->second;
+  }
+  scores.qk = ProducerWithOp(graph, value, "MatMul");
+  if (scores.qk == nullptr) return Fail();
+  scores.q_heads = scores.qk->input(0);
+  scores.k_heads = scores.qk->input(1);
+  for (std::string* heads : {&scores.q_heads, &scores.k_heads}) {
+    Node* producer = graph.Producer(*heads);
+    if (auto pre = ScalarScale(graph, producer)) {
+      scores.pre_scales.push_back(producer);
+      scores.scale *= pre->first;
+      *heads = pre->second;
+    }
+  }
+  return scores;
+}
+
+std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax) {
+  const std::string& probs = softmax->output(0);
+  std::vector<Node*> readers = graph.Consumers(probs);
+  if (readers.size() != 2 || graph.IsGraphOutput(probs)) return {};
+  Node* is_nan = readers[0]->op_type() == "IsNaN" ? readers[0] : readers[1];
+  Node* where = is_nan == readers[0] ? readers[1] : readers[0];
+  auto zero = ConstantScalarFloat(graph, where->input_size() == 3 ? where->input(1) : "");
+  if (is_nan->op_type() != "IsNaN" || where->op_type() != "Where" || !is_nan->domain().empty() ||
+      !where->domain().empty() || where->input(0) != is_nan->output(0) || where->input(2) != probs || !zero ||
+      *zero != 0.0f || SoleConsumer(graph, is_nan->output(0)) != where) {
+    return {};
+  }
+  return {is_nan, where};
+}
+
+MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                const AttentionMatch& match, FusionState* state) {
+  const bool causal_buffer = match.scores.causal_where != nullptr;
+  MatchResult<MaskPlan> plan = MaskPlan();
+  if (match.scores.mask_add != nullptr) {
+    const std::string& term = match.scores.mask_term;
+    if (std::optional<std::string> cond = BooleanMaskCondition(graph, term)) {
+      plan = PlanBooleanMask(graph, shapes, context, match, *cond, state);
+    } else if (MatchResult<MaskPlan> additive = MatchAdditiveMask(graph, shapes, term)) {
+      plan = *std::move(additive);
+    } else if (shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
+               FitsAttentionBias(shapes, term, match.softmax->input(0), match.num_heads)) {
+      // Any other float term added to the scores (T5's relative position bias plus its mask).
+      MaskPlan bias;
+      bias.bias = term;
+      plan = bias;
+    } else {
+      return Fail(absl::StrCat(additive.reason(), ", nor a [B|1, N|1, S, T] float bias"));
+    }
+  }
+  if (plan && causal_buffer) plan->causal = true;
+  return plan;
+}
+
+}  // namespace onnxopt::attention

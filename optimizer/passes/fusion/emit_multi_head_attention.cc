@@ -1,0 +1,167 @@
+// com.microsoft::MultiHeadAttention from a matched block whose projections stay outside
+// (attention_emit.h): LLaMA-style attention, Q and K rotated after the head split, K and V possibly
+// repeated to the query heads (grouped-query attention).
+//   q4 = Reshape(x Wq, [B,S,N,D]); q = rope(Transpose(q4));  k likewise (Nkv heads);  v = x Wv
+// becomes
+//   MultiHeadAttention(rope'(x Wq), repeat(rope'(x Wk)), repeat(x Wv), key_padding_mask, attention_bias)
+// where rope' is the same rotation on the projections: RotaryEmbedding on [B,S,H] where
+// fuse_rotary_embedding made one (its caches and position ids carried over), else the element-wise
+// rotation on [B,S,N,D] (cos/sin unsqueezed on the head axis instead); repeat is repeat_kv on
+// [B,S,Nkv*D]. Checked: batch-first heads, separate projections with constant weights [in, out], the
+// key/value heads times the repeat equal to the query heads, no causal buffer (Where over a sliced
+// triangle: the masks here are masking_utils').
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/fusion/attention_emit.h"
+
+namespace onnxopt::attention {
+namespace {
+
+// The element-wise rotation on [B,S,N,D] of the projections' head split, flattened to [B,S,H].
+std::pair<std::string, std::string> RotateElementWise(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
+  const Rotation& rotation = *match.q_rotation;
+  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
+    const std::string name = graph.UniqueName(hint);
+    graph.AddInitializer(MakeInt64Tensor(name, values));
+    return name;
+  };
+  const std::string head_axis = ints("rotary_head_axis", {2});
+  const std::string cos = chain->Add("Unsqueeze", {rotation.cos, head_axis}, "rotary_cos_bsnd");
+  const std::string sin = chain->Add("Unsqueeze", {rotation.sin, head_axis}, "rotary_sin_bsnd");
+  const std::string last = ints("rotary_axis", {-1});
+  const std::string zero = ints("rotary_zero", {0});
+  const std::string half = ints("rotary_half", {rotation.half});
+  const std::string end = ints("rotary_end", {std::numeric_limits<int64_t>::max()});
+  const std::string flat = ints("heads_flat", {0, 0, -1});
+  auto rotate = [&](const Projection& p, const std::string& hint) {
+    const std::string x = p.reshape->output(0);
+    const std::string low = chain->Add("Slice", {x, zero, half, last}, hint + "_low");
+    const std::string high = chain->Add("Slice", {x, half, end, last}, hint + "_high");
+    const std::string negated = chain->Add("Neg", {high}, hint + "_neg");
+    const std::string rotated_half =
+        chain->Add("Concat", {negated, low}, hint + "_rotate_half", {MakeIntAttribute("axis", -1)});
+    const std::string with_cos = chain->Add("Mul", {x, cos}, hint + "_cos");
+    const std::string with_sin = chain->Add("Mul", {rotated_half, sin}, hint + "_sin");
+    const std::string rotated = chain->Add("Add", {with_cos, with_sin}, hint + "_rotated");
+    return chain->Add("Reshape", {rotated, flat}, hint + "_flat");
+  };
+  const std::string query = rotate(match.q, "rotary_q");
+  return {query, rotate(match.k, "rotary_k")};
+}
+
+// Q and K as MultiHeadAttention reads them: rotated on the [B,S,H] projections.
+std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
+  const Rotation& q = *match.q_rotation;
+  if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
+  auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
+    return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint,
+                      {MakeIntAttribute("num_heads", heads)}, "com.microsoft");
+  };
+  const std::string query = rotate(match.q.reshape->input(0), match.num_heads, "rotary_q");
+  return {query, rotate(match.k.reshape->input(0), match.num_heads / match.kv_repeat(), "rotary_k")};
+}
+
+// repeat_kv on [B,S,Nkv*D]: Reshape to [B,S,Nkv,1,D], Expand the 1 to rep, merge back to [B,S,N*D]
+// (query head n reads KV head n / rep, as repeat_kv orders them).
+std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const AttentionMatch& match, std::string key,
+                                                      std::string value, NodeChain* chain) {
+  const int64_t rep = match.kv_repeat();
+  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
+    const std::string name = graph.UniqueName(hint);
+    graph.AddInitializer(MakeInt64Tensor(name, values));
+    return name;
+  };
+  const std::string split = ints("kv_heads_split", {0, 0, match.num_heads / rep, 1, match.head_size});
+  const std::string repeats = ints("kv_heads_repeat", {1, 1, 1, rep, 1});
+  const std::string merge = ints("kv_heads_merge", {0, 0, -1});
+  auto repeat = [&](const std::string& x, const std::string& hint) {
+    const std::string grouped = chain->Add("Reshape", {x, split}, hint + "_grouped");
+    return chain->Add("Reshape", {chain->Add("Expand", {grouped, repeats}, hint + "_repeated"), merge}, hint);
+  };
+  key = repeat(key, "kv_repeat_k");
+  return {key, repeat(value, "kv_repeat_v")};
+}
+
+}  // namespace
+
+MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
+                                                const AttentionMatch& match) {
+  if (match.layout != Layout::kBatchFirst || !match.q_rotation) return Fail();
+  if (match.scores.causal_where != nullptr) return Fail("rotary attention: a causal buffer mask is not supported here");
+  const onnx::TensorProto* k_weight = ConstantTensor(graph, match.k.weight);
+  const onnx::TensorProto* v_weight = ConstantTensor(graph, match.v.weight);
+  if (k_weight == nullptr || v_weight == nullptr || k_weight->dims_size() != 2 || v_weight->dims_size() != 2 ||
+      match.q.part != nullptr) {
+    return Fail("rotary attention: projection weights are not constant [in, out] matrices");
+  }
+  const int64_t rep = match.kv_repeat();
+  if (k_weight->dims(1) * rep != match.hidden || v_weight->dims(1) * rep != match.hidden) {
+    return Fail(rep == 1 ? "rotary attention: fewer key/value heads than query heads without a repeat_kv to match"
+                         : "rotary attention: the key/value heads times the repeat are not the query heads");
+  }
+  if (match.q_rotation->fused != nullptr &&
+      (shapes.Rank(match.q.reshape->input(0)) != 3 || shapes.Rank(match.k.reshape->input(0)) != 3)) {
+    return Fail("rotary attention: the projections are not known to be [B,S,H]");
+  }
+  Replacement plan;
+  plan.pattern = CorePattern(match);
+  plan.pattern.push_back(match.k_swap);
+  for (const Rotation* rotation : {&*match.q_rotation, &*match.k_rotation}) {
+    plan.pattern.insert(plan.pattern.end(), rotation->nodes.begin(), rotation->nodes.end());
+  }
+  for (const Projection* p : {&match.q, &match.k, &match.v}) {
+    plan.pattern.insert(plan.pattern.end(), p->transposes.begin(), p->transposes.end());
+  }
+  std::set<Node*> targets(match.out.reshapes.begin(), match.out.reshapes.end());
+  for (const auto* repeat : {&match.k_repeat, &match.v_repeat}) {
+    if (!repeat->has_value()) continue;
+    plan.pattern.insert(plan.pattern.end(), (*repeat)->nodes.begin(), (*repeat)->nodes.end());
+    targets.insert((*repeat)->nodes.begin() + 1, (*repeat)->nodes.end());  // Expand and Reshape read sizes
+  }
+  MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, plan.pattern, targets, match.out.output);
+  if (!shape_nodes) return Fail(absl::StrCat("rotary attention: ", shape_nodes.reason()));
+  plan.shape_nodes = *std::move(shape_nodes);
+  return plan;
+}
+
+void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
+                            PassContext& context) {
+  NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
+  auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
+  std::string value = match.v.reshape->input(0);
+  if (match.kv_repeat() > 1) std::tie(key, value) = RepeatKeyAndValue(graph, match, key, value, &chain);
+  const MaskPlan& mask = match.mask;
+  const std::string attention_bias = AttentionBias(graph, mask, &chain);
+  std::vector<std::string> inputs = {query, key, value};
+  const std::string name = graph.UniqueName("MultiHeadAttention");
+  if (!mask.raw_mask.empty() || !attention_bias.empty()) inputs.push_back("");  // bias
+  if (!mask.raw_mask.empty()) {
+    inputs.push_back(state->int32_masks.Get(graph, mask.raw_mask, match.q.matmul));  // key_padding_mask
+  } else if (!attention_bias.empty()) {
+    inputs.push_back("");
+  }
+  if (!attention_bias.empty()) inputs.push_back(attention_bias);
+  const std::string attended =
+      match.out.flattened ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
+  onnx::NodeProto mha = MakeNode("MultiHeadAttention", name, std::move(inputs), {attended}, "com.microsoft");
+  *mha.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
+  *mha.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
+  if (mask.causal) *mha.add_attribute() = MakeIntAttribute("unidirectional", 1);
+  if (!mask.raw_mask.empty()) *mha.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
+  const Node* fused = chain.AddNode(std::move(mha));
+  if (match.out.flattened) AddFlatten(graph, attended, match.out.output, match.hidden, fused);
+  context.RequireOpset("com.microsoft", 1);
+  context.CountRewrite();
+}
+
+std::string AttentionBias(Graph& graph, const MaskPlan& mask, NodeChain* chain) {
+  if (mask.bias_condition.empty()) return mask.bias;
+  const std::string zero = graph.UniqueName("attention_bias_zero");
+  const std::string lowest = graph.UniqueName("attention_bias_masked");
+  graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+  graph.AddInitializer(MakeFloatTensor(lowest, {}, {std::numeric_limits<float>::lowest()}));
+  return chain->Add("Where", {mask.bias_condition, zero, lowest}, "attention_bias");
+}
+
+}  // namespace onnxopt::attention

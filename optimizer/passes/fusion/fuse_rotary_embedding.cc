@@ -1,0 +1,71 @@
+// fuse_rotary_embedding: rotary position embeddings, as exporters write them on attention heads,
+// become ONNX Runtime's com.microsoft::RotaryEmbedding.
+//
+// Before:  y = x * Unsqueeze(cos, 1) + Concat(-x[..., h:], x[..., :h]) * Unsqueeze(sin, 1)
+//          x [B,N,S,D] (D = 2h); cos/sin [B',S,D] (B' = 1 or B) tables computed as
+//          op(Concat(f, f)) [* scale] from the positions' frequencies f (Hugging Face's rotary classes)
+// After:   y = RotaryEmbedding(x, position_ids, cos_cache, sin_cache)   (4-D input, not interleaved)
+//          cos_cache = Reshape(Slice(cos, 0, h, axis -1), [-1, h]): the first halves as rows [B'*S, h];
+//          position_ids = 0 (an offset) where B' is known to be 1, else the row of (b, s): b*S + s
+// The caches and position ids are built once per table pair and shared by every layer. A rotation
+// whose tables are not such duplicated halves stays element-wise (the attention fusion still takes
+// it: emit_multi_head_attention.cc). This is the first layer of the attention fusion: fuse_attention
+// reads RotaryEmbedding(Transpose(Reshape(x Wq))) as rotated Q and K (rotary.h).
+#include <map>
+
+#include "optimizer/passes/fusion/rotary.h"
+#include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+namespace {
+
+class FuseRotaryEmbeddingPass final : public ShapedPass {
+ public:
+  absl::string_view name() const override { return "fuse_rotary_embedding"; }
+  ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
+  absl::string_view description() const override {
+    return "Fuse rotary position embeddings (x * cos + rotate_half(x) * sin on attention heads) into ONNX "
+           "Runtime's RotaryEmbedding";
+  }
+
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
+    if (context.OpsetVersion("") < 11) return absl::OkStatus();  // the caches' Slice and Range
+    std::map<std::string, RotaryInputs> caches;
+    for (Node* add : graph.Nodes()) {
+      if (add->removed() || add->op_type() != "Add" || !add->domain().empty()) continue;
+      MatchResult<Rotation> rotation = MatchRotation(graph, add->output(0));
+      if (!rotation || rotation->fused != nullptr) continue;
+      if (shapes.Rank(rotation->heads) != 4 || shapes.DimValue(rotation->heads, 3) != 2 * rotation->half) {
+        context.Skip("fuse_rotary_embedding: the rotated heads are not known to be [B,N,S,D] with D twice the half");
+        continue;
+      }
+      if (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
+          !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin")) {
+        context.Skip("fuse_rotary_embedding: the cos/sin tables are not duplicated halves (left element-wise)");
+        continue;
+      }
+      const std::string output = add->output(0);
+      if (!OnlyPatternReads(graph, rotation->nodes, output)) {
+        context.Skip("fuse_rotary_embedding: a value inside the rotation is read elsewhere");
+        continue;
+      }
+      for (Node* node : rotation->nodes) graph.RemoveNode(node);
+      const Node* at = add;
+      const RotaryInputs& inputs = RotaryInputsFor(graph, shapes, *rotation, &caches, &at);
+      graph.AddNode(MakeNode("RotaryEmbedding", graph.UniqueName("RotaryEmbedding"),
+                             {rotation->heads, inputs.position_ids, inputs.cos_cache, inputs.sin_cache}, {output},
+                             "com.microsoft"),
+                    at, /*after=*/true);
+      context.RequireOpset("com.microsoft", 1);
+      context.CountRewrite();
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeFuseRotaryEmbeddingPass() { return std::make_unique<FuseRotaryEmbeddingPass>(); }
+
+}  // namespace onnxopt

@@ -1,0 +1,179 @@
+#include "optimizer/passes/fusion/rotary.h"
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+namespace {
+
+// The input of Unsqueeze(value, axes=[axis]).
+std::optional<std::string> UnsqueezedOn(const Graph& graph, const std::string& value, int64_t axis) {
+  Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
+  if (unsqueeze == nullptr) return std::nullopt;
+  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *unsqueeze);
+  if (!axes || *axes != std::vector<int64_t>{axis}) return std::nullopt;
+  return unsqueeze->input(0);
+}
+
+// Slice(x, [start], [end], [last axis of 4], [1]): start and end.
+std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Graph& graph, const Node* slice) {
+  if (slice == nullptr || slice->input_size() < 4) return std::nullopt;  // the axis is given
+  const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+  if (!spec || !spec->starts || !spec->ends || !spec->OneAxis(-1, 4)) return std::nullopt;
+  return std::make_pair((*spec->starts)[0], (*spec->ends)[0]);
+}
+
+// rotate_half(x) = Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)) on the last axis: x and h.
+std::optional<std::pair<std::string, int64_t>> RotatedHalf(const Graph& graph, const std::string& value) {
+  Node* concat = ProducerWithOp(graph, value, "Concat");
+  if (concat == nullptr || concat->input_size() != 2) return std::nullopt;
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  Node* neg = ProducerWithOp(graph, concat->input(0), "Neg");
+  Node* low = ProducerWithOp(graph, concat->input(1), "Slice");
+  Node* high = neg != nullptr ? ProducerWithOp(graph, neg->input(0), "Slice") : nullptr;
+  const auto low_range = LastAxisSlice(graph, low);
+  const auto high_range = LastAxisSlice(graph, high);
+  if ((axis != -1 && axis != 3) || !low_range || !high_range || low->input(0) != high->input(0) ||
+      low_range->first != 0 || low_range->second <= 0 || high_range->first != low_range->second ||
+      high_range->second < 2 * low_range->second) {
+    return std::nullopt;
+  }
+  return std::make_pair(low->input(0), low_range->second);
+}
+
+std::optional<Rotation> MatchElementWise(const Graph& graph, const std::string& value) {
+  Rotation rotation;
+  // Add(x * cos, rotate_half(x) * sin): the sin term is the Mul that reads a rotated half.
+  std::optional<PathMatch> path = MatchPath(
+      graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}}, [&](const PathMatch& found) {
+        const auto rotated = RotatedHalf(graph, found.end);
+        if (!rotated) return false;
+        Node* with_cos = ProducerWithOp(graph, found.Other(0), "Mul");
+        if (with_cos == nullptr) return false;
+        const std::optional<int> heads = FindOperand(*with_cos, [&](const std::string& operand) {
+          return operand == rotated->first;
+        });
+        if (!heads) return false;
+        auto cos = UnsqueezedOn(graph, OtherInput(*with_cos, *heads), 1);
+        auto sin = UnsqueezedOn(graph, found.Other(1), 1);
+        if (!cos || !sin) return false;
+        Node* concat = graph.Producer(found.end);
+        Node* neg = graph.Producer(concat->input(0));
+        rotation.heads = rotated->first;
+        rotation.half = rotated->second;
+        rotation.cos = *cos;
+        rotation.sin = *sin;
+        rotation.nodes = {found.nodes[0], found.nodes[1], with_cos, concat, neg, graph.Producer(concat->input(1)),
+                          graph.Producer(neg->input(0))};
+        return true;
+      });
+  if (!path) return std::nullopt;
+  return rotation;
+}
+
+// An Add with a Mul operand that reads a Concat of a Neg: what a rotate-half rotation looks like
+// before its details are checked.
+bool LooksRotated(const Graph& graph, const std::string& value) {
+  return MatchPath(graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}, {"Concat"}, {"Neg"}}).has_value();
+}
+
+}  // namespace
+
+MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value) {
+  Node* fused = graph.Producer(value);
+  if (fused != nullptr && fused->op_type() == "RotaryEmbedding" && fused->domain() == "com.microsoft") {
+    if (fused->input_size() != 4 || fused->GetAttributeInt("interleaved", 0) != 0 ||
+        fused->GetAttributeInt("rotary_embedding_dim", 0) != 0 || fused->GetAttributeInt("num_heads", 0) != 0 ||
+        fused->GetAttributeInt("is_packed_batching", 0) != 0 || fused->FindAttribute("scale") != nullptr) {
+      return Fail("a RotaryEmbedding in a form not taken here (interleaved, partial or scaled)");
+    }
+    Rotation rotation;
+    rotation.nodes = {fused};
+    rotation.fused = fused;
+    rotation.heads = fused->input(0);
+    rotation.position_ids = fused->input(1);
+    rotation.cos_cache = fused->input(2);
+    rotation.sin_cache = fused->input(3);
+    return rotation;
+  }
+  if (std::optional<Rotation> rotation = MatchElementWise(graph, value)) return *std::move(rotation);
+  if (LooksRotated(graph, value)) return Fail("rotary position embeddings in a form not recognized");
+  return Fail();
+}
+
+bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op) {
+  std::string value = table;
+  for (int depth = 0; depth < 4; ++depth) {
+    Node* node = graph.Producer(value);
+    if (node == nullptr || !node->domain().empty()) return false;
+    if (node->op_type() == "Cast" && node->GetAttributeInt("to", 0) == onnx::TensorProto::FLOAT) {
+      value = node->input(0);
+    } else if (auto scaled = ScalarScale(graph, node)) {
+      value = scaled->second;
+    } else {
+      break;
+    }
+  }
+  Node* trig = ProducerWithOp(graph, value, op);
+  Node* concat = trig != nullptr ? ProducerWithOp(graph, trig->input(0), "Concat") : nullptr;
+  if (concat == nullptr || concat->input_size() != 2 || concat->input(0) != concat->input(1)) return false;
+  std::optional<int> rank = shapes.Rank(concat->input(0));
+  if (Node* transpose = ProducerWithOp(graph, concat->input(0), "Transpose"); !rank && transpose != nullptr) {
+    rank = static_cast<int>(PermOf(transpose).size());
+  }
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  return rank == 3 && (axis == -1 || axis == 2);
+}
+
+const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
+                                    std::map<std::string, RotaryInputs>* cache, const Node** at) {
+  RotaryInputs& shared = (*cache)[absl::StrCat(rotation.cos, "\n", rotation.sin)];
+  if (!shared.cos_cache.empty()) return shared;
+  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
+    const std::string name = graph.UniqueName(hint);
+    graph.AddInitializer(MakeInt64Tensor(name, values));
+    return name;
+  };
+  NodeChain chain(graph, *at);
+  const std::string zero = ints("rotary_zero", {0});
+  const std::string half = ints("rotary_half", {rotation.half});
+  const std::string last = ints("rotary_axis", {-1});
+  const std::string rows_shape = ints("rotary_cache_rows", {-1, rotation.half});
+  auto cache_of = [&](const std::string& table, const std::string& hint) {
+    const std::string first_half = chain.Add("Slice", {table, zero, half, last}, hint + "_half");
+    return chain.Add("Reshape", {first_half, rows_shape}, hint);
+  };
+  shared.cos_cache = cache_of(rotation.cos, "rotary_cos_cache");
+  shared.sin_cache = cache_of(rotation.sin, "rotary_sin_cache");
+  if (shapes.DimValue(rotation.cos, 0) == 1 && shapes.DimValue(rotation.sin, 0) == 1) {
+    // B' = 1 (positions shared by the batch, Hugging Face's arange): row s, RotaryEmbedding's
+    // position offset form.
+    shared.position_ids = zero;
+  } else {
+    auto scalar = [&](const std::string& hint, int64_t value) {
+      return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
+    };
+    const std::string one = ints("rotary_one", {1});
+    const std::string two = ints("rotary_two", {2});
+    const std::string three = ints("rotary_three", {3});
+    const std::string rows = chain.Add("Gather", {chain.Add("Shape", {shared.cos_cache}, "rotary_cache_shape"),
+                                                  scalar("rotary_rows_index", 0)},
+                                       "rotary_cache_rows_count", {MakeIntAttribute("axis", 0)});
+    const std::string row_ids =
+        chain.Add("Range", {scalar("rotary_range_start", 0), rows, scalar("rotary_range_step", 1)}, "rotary_row_ids");
+    // B and S of the heads [B,N,S,D].
+    const std::string heads_shape = chain.Add("Shape", {rotation.heads}, "rotary_heads_shape");
+    const std::string batch = chain.Add("Slice", {heads_shape, zero, one}, "rotary_batch");
+    const std::string length = chain.Add("Slice", {heads_shape, two, three}, "rotary_length");
+    const std::string batch_and_length =
+        chain.Add("Concat", {batch, length}, "rotary_batch_and_length", {MakeIntAttribute("axis", 0)});
+    const std::string by_length =
+        chain.Add("Concat", {last, length}, "rotary_rows_by_length", {MakeIntAttribute("axis", 0)});
+    const std::string table_positions = chain.Add("Reshape", {row_ids, by_length}, "rotary_table_positions");
+    shared.position_ids = chain.Add("Expand", {table_positions, batch_and_length}, "rotary_position_ids");
+  }
+  *at = chain.last();
+  return shared;
+}
+
+}  // namespace onnxopt

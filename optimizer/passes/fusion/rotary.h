@@ -1,0 +1,57 @@
+// Rotary position embeddings (LLaMA and most decoders since) on attention heads [B,N,S,D], in the
+// two forms the attention fusion meets them: as the exporters write them element-wise,
+//   rope(x) = x * cos + rotate_half(x) * sin,  rotate_half(x) = Concat(-x[..., h:], x[..., :h]),
+// with cos/sin [B',S,D] (B' = 1 or B) unsqueezed on the head axis, and as the com.microsoft
+// RotaryEmbedding that fuse_rotary_embedding makes of them.
+#ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ROTARY_H_
+#define ONNXOPT_OPTIMIZER_PASSES_FUSION_ROTARY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optimizer/graph.h"
+#include "optimizer/passes/match.h"
+#include "optimizer/shape_info.h"
+
+namespace onnxopt {
+
+struct Rotation {
+  std::vector<Node*> nodes;  // element-wise: Add, both Muls, Concat, Neg, both Slices; fused: the node
+  std::string heads;         // the rotated x [B,N,S,D]
+  // Element-wise: the cos/sin tables [B',S,D] before their Unsqueeze, and half of D.
+  std::string cos, sin;
+  int64_t half = 0;
+  // Fused: RotaryEmbedding(heads, position_ids, cos_cache, sin_cache) with interleaving off.
+  Node* fused = nullptr;
+  std::string position_ids, cos_cache, sin_cache;
+};
+
+// The rotation that produces `value`: a RotaryEmbedding node (4-D, not interleaved, whole head
+// rotated), or the element-wise form. Fails with a reason where `value` has a rotation's shape (an Add
+// of a Mul by Concat(Neg(..), ..)) in a form not recognized.
+MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value);
+
+// True if `table` is op(Concat(t, t)) on the last axis of a rank-3 t, then scalar Muls/Divs and
+// Casts to float: Hugging Face's cat(freqs, freqs).cos() * attention_scaling. Both halves of its last
+// axis then hold the same values, and the first half is the cache RotaryEmbedding reads.
+bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op);
+
+// What RotaryEmbedding reads besides the heads, built once per cos/sin table pair and shared by every
+// layer that rotates with it.
+struct RotaryInputs {
+  std::string position_ids, cos_cache, sin_cache;
+};
+
+// The caches (first halves of the cos/sin tables [B',S,D] as rows [B'*S, D/2]) and position ids
+// (position (b, s) reads row (b mod B')*S + s: the offset 0 where B' is known to be 1, else
+// Expand(Reshape(Range(0, B'*S), [-1, S]), [B, S]) with B and S those of `heads`, [B,N,S,D]) for
+// `rotation`'s tables, added after `at` (which moves past them) when `cache` has none yet.
+const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
+                                    std::map<std::string, RotaryInputs>* cache, const Node** at);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_PASSES_FUSION_ROTARY_H_

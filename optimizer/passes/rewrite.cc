@@ -1,0 +1,69 @@
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+
+onnx::AttributeProto MakeIntAttribute(const std::string& name, int64_t value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INT);
+  attribute.set_i(value);
+  return attribute;
+}
+
+onnx::AttributeProto MakeIntsAttribute(const std::string& name, const std::vector<int64_t>& values) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::INTS);
+  for (int64_t value : values) attribute.add_ints(value);
+  return attribute;
+}
+
+onnx::AttributeProto MakeFloatAttribute(const std::string& name, float value) {
+  onnx::AttributeProto attribute;
+  attribute.set_name(name);
+  attribute.set_type(onnx::AttributeProto::FLOAT);
+  attribute.set_f(value);
+  return attribute;
+}
+
+onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
+                         std::vector<std::string> outputs, const std::string& domain) {
+  onnx::NodeProto node;
+  node.set_op_type(op);
+  node.set_name(name);
+  if (!domain.empty()) node.set_domain(domain);
+  for (auto& input : inputs) node.add_input(std::move(input));
+  for (auto& output : outputs) node.add_output(std::move(output));
+  return node;
+}
+
+std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {
+  const std::string name = graph.UniqueName(value + (to == onnx::TensorProto::INT32 ? "_int32" : "_cast"));
+  onnx::NodeProto cast = MakeNode("Cast", name, {value}, {name});
+  *cast.add_attribute() = MakeIntAttribute("to", to);
+  graph.AddNode(std::move(cast), anchor, /*after=*/false);
+  return name;
+}
+
+const std::string& CastCache::Get(Graph& graph, const std::string& value, const Node* anchor) {
+  auto known = casts_.find(value);
+  if (known == casts_.end()) known = casts_.emplace(value, AddCast(graph, value, to_, anchor)).first;
+  return known->second;
+}
+
+std::string NodeChain::Add(const std::string& op, std::vector<std::string> inputs, const std::string& hint,
+                           std::vector<onnx::AttributeProto> attributes, const std::string& domain) {
+  const std::string name = graph_.UniqueName(hint);
+  const std::string output = graph_.UniqueName(hint);
+  onnx::NodeProto node = MakeNode(op, name, std::move(inputs), {output}, domain);
+  for (auto& attribute : attributes) *node.add_attribute() = std::move(attribute);
+  AddNode(std::move(node));
+  return output;
+}
+
+const Node* NodeChain::AddNode(onnx::NodeProto node) {
+  last_ = graph_.AddNode(std::move(node), last_, /*after=*/true);
+  return last_;
+}
+
+}  // namespace onnxopt
