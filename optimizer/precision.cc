@@ -230,11 +230,7 @@ onnx::ModelProto WithOriginalInterface(const onnx::ModelProto& candidate, const 
   std::map<std::string, std::string> renamed;  // interface name -> its inner (lower precision) name
   std::vector<onnx::NodeProto> input_casts, output_casts;
   auto cast = [](const std::string& from, const std::string& to, int32_t type) {
-    onnx::NodeProto node;
-    node.set_op_type("Cast");
-    node.set_name(absl::StrCat(to, "_interface_cast"));
-    node.add_input(from);
-    node.add_output(to);
+    onnx::NodeProto node = MakeNode("Cast", absl::StrCat(to, "_interface_cast"), {from}, {to});
     *node.add_attribute() = MakeIntAttribute("to", type);
     return node;
   };

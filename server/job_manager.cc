@@ -965,10 +965,16 @@ void JobManager::RunJob(const v1::Job& job) {
     });
     return;
   }
-  // The worker leaves a report (partial when it failed) unless it crashed before writing one.
+  // The worker leaves a report (partial when it failed) unless it crashed before writing one. A job
+  // that succeeded without a report that parses has nothing trustworthy to publish: it fails.
   v1::Report report;
   absl::StatusOr<std::string> report_bytes = ReadFile(output_dir / "report.pb");
-  if (report_bytes.ok()) report.ParseFromString(*report_bytes);
+  if (report_bytes.ok() && !report.ParseFromString(*report_bytes)) {
+    report.Clear();
+    if (outcome.ok()) outcome = absl::InternalError("WORKER_REPORT_CORRUPT: the worker's report does not parse");
+  } else if (!report_bytes.ok() && outcome.ok()) {
+    outcome = absl::InternalError("WORKER_REPORT_MISSING: the worker succeeded without writing its report");
+  }
   report.set_job(name);
   *report.mutable_time() = TimestampNow();
   absl::Status report_written = WriteReport(report, output_dir);

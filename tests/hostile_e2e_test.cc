@@ -460,5 +460,27 @@ TEST_F(E2eTest, LimitsAnswerResourceExhaustedAndPrioritiesAreBounded) {
   EXPECT_TRUE(absl::StrContains(high.err, "priority")) << high.err;
 }
 
+// 8. A worker whose report.pb does not parse (disk corruption, a truncated write) had its job succeed
+// with an empty report: no parity, no benchmark, a result nobody checked. It fails now, with the reason.
+TEST_F(E2eTest, AJobWhoseWorkerReportDoesNotParseFails) {
+  const fs::path real_worker = fs::path(ONNXOPT_SERVER_BIN).parent_path() / "onnxopt-worker";
+  const fs::path worker = WriteFile("corrupting-worker.sh", absl::StrCat(
+      "#!/bin/sh\n"
+      "\"", real_worker.string(), "\" \"$@\"\n"
+      "code=$?\n"
+      "for arg in \"$@\"; do case \"$arg\" in --output_dir=*) out=\"${arg#--output_dir=}\";; esac; done\n"
+      "if [ -n \"$out\" ] && [ -f \"$out/report.pb\" ]; then printf '\\377\\377\\377not a report' > \"$out/report.pb\"; fi\n"
+      "exit $code\n"));
+  fs::permissions(worker, fs::perms::owner_all);
+  StartServer({absl::StrCat("--worker_binary=", worker.string())});
+  const std::string job = Submit(FixturePath("cnn_tiny.onnx"), WriteFile("config.json", R"({"benchmark": {"skip": true}})"));
+  Result watch = Cli({"watch", job});
+  EXPECT_EQ(watch.code, 1) << "the job fails: " << watch.out << watch.err;
+  Result status = Cli({"status", job});
+  EXPECT_TRUE(absl::StrContains(status.out, "FAILED")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "WORKER_REPORT_CORRUPT")) << status.out;
+  EXPECT_EQ(StopServer(), 0);
+}
+
 }  // namespace
 }  // namespace onnxopt

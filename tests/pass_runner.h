@@ -36,6 +36,15 @@ inline PassRun RunPass(const std::string& pass, onnx::ModelProto model) {
   return run;
 }
 
+// How often the pass skipped with a reason that contains `reason_part`.
+inline int64_t SkipCount(const v1::PassReport& report, const std::string& reason_part) {
+  int64_t count = 0;
+  for (const auto& skip : report.skipped()) {
+    if (skip.reason().find(reason_part) != std::string::npos) count += skip.count();
+  }
+  return count;
+}
+
 }  // namespace onnxopt::testing
 
 #endif  // ONNXOPT_TESTS_PASS_RUNNER_H_

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -19,11 +20,7 @@ std::vector<std::string> ExposeValues(const std::vector<std::string>& values, on
   onnx::GraphProto* graph = model->mutable_graph();
   for (size_t i = 0; i < values.size(); ++i) {
     const std::string name = absl::StrCat("onnxopt_calibration_", i);
-    onnx::NodeProto* node = graph->add_node();
-    node->set_op_type("Identity");
-    node->set_name(name);
-    node->add_input(values[i]);
-    node->add_output(name);
+    *graph->add_node() = MakeNode("Identity", name, {values[i]}, {name});
     onnx::ValueInfoProto* output = graph->add_output();
     output->set_name(name);
     output->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);

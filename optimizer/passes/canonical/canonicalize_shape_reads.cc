@@ -126,11 +126,8 @@ class CanonicalizeShapeReadsPass final : public ShapedPass {
       if (descendants->second.count(read) == 0) continue;
       auto known = input_shapes.find(input);
       if (known == input_shapes.end()) {
-        onnx::NodeProto read_shape;
-        read_shape.set_op_type("Shape");
-        read_shape.set_name(graph.UniqueName(input + "_shape"));
-        read_shape.add_input(input);
-        read_shape.add_output(graph.UniqueName(input + "_shape"));
+        const std::string name = graph.UniqueName(input + "_shape");
+        onnx::NodeProto read_shape = MakeNode("Shape", name, {input}, {graph.UniqueName(input + "_shape")});
         known = input_shapes.emplace(input, read_shape.output(0)).first;
         graph.AddNode(std::move(read_shape), node, /*after=*/false);
       }

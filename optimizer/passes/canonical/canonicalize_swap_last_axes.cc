@@ -107,11 +107,9 @@ class CanonicalizeSwapLastAxesPass final : public ShapedPass {
         context.Skip("canonicalize_swap_last_axes: the rank of the reshaped tensor is unknown");
         continue;
       }
-      onnx::NodeProto swap;
-      swap.set_op_type("Transpose");
-      swap.set_name(graph.UniqueName(back->name().empty() ? "swap_last_axes" : back->name() + "_swap_last_axes"));
-      swap.add_input(x);
-      swap.add_output(back->output(0));
+      onnx::NodeProto swap = MakeNode(
+          "Transpose", graph.UniqueName(back->name().empty() ? "swap_last_axes" : back->name() + "_swap_last_axes"),
+          {x}, {back->output(0)});
       std::vector<int64_t> order;
       for (int64_t axis = 0; axis < *rank - 2; ++axis) order.push_back(axis);
       order.push_back(*rank - 1);

@@ -5,6 +5,9 @@
 // and V project one input with no rotation between projection and scores (BERT, GPT-2, ViT, T5).
 // MultiHeadAttention (emit_multi_head_attention.cc): the projections stay outside; for rotated Q and K
 // (rotary embeddings sit between the projections and the scores) and grouped-query K and V.
+// GroupQueryAttention (emit_group_query_attention.cc): the same block with K and V left at their own
+// heads, which the kernel shares among the query heads; exact only for a causal mask without padding
+// (its seqlens_k describes right-padded rows), chosen by fuse_attention's grouped_query parameter.
 #ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
 #define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
 
@@ -39,6 +42,14 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
                                                 const AttentionMatch& match);
 void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
                             PassContext& context);
+
+// GroupQueryAttention over MultiHeadAttention's pattern; `match` is grouped, its mask causal alone.
+bool GroupQueryAttentionFits(const AttentionMatch& match);
+void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, PassContext& context);
+
+// Q and K as MultiHeadAttention and GroupQueryAttention read them, rotated on the [B,S,H] projections
+// (K on its own key/value heads), added to `chain`.
+std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain);
 
 // The bias Where(cond, 0, lowest) for a mask whose meaning is a bias (MaskPlan::bias_condition), or
 // the plan's float bias, or "" for none; added after the chain's last node.

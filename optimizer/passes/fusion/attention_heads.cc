@@ -117,7 +117,6 @@ bool SameTables(const Rotation& a, const Rotation& b) {
 // repeated to the query heads; V possibly repeated alike.
 MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
   const Perm plain{0, 2, 1, 3};
-  const MatchFailure unrecognized = Fail("Q and K carry rotary position embeddings in a form not recognized");
   Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
   std::string k_value = k_swap != nullptr && PermOf(k_swap) == Perm{0, 1, 3, 2} ? k_swap->input(0) : "";
   std::string v_value = match->out.matmul->input(1);
@@ -128,14 +127,17 @@ MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shap
                            match->k_repeat->kv_heads_count != match->v_repeat->kv_heads_count))) {
     return Fail("rotary attention: K and V are not repeated to the query heads alike (grouped-query attention)");
   }
-  if (!k_value.empty()) {
-    if (MatchResult<Rotation> k_rotation = MatchRotation(graph, k_value)) match->k_rotation = *std::move(k_rotation);
+  if (k_value.empty()) return Fail("rotary attention: K^T is not a transpose of the rotated K's last two axes");
+  if (!match->k_repeat && MatchPath(graph, k_value, {{"Reshape"}, {"Expand"}})) {
+    return Fail("rotary attention: K is repeated to the query heads (repeat_kv) in a form not recognized");
   }
-  if (!match->k_rotation || !SameTables(*match->q_rotation, *match->k_rotation)) return unrecognized;
+  if (MatchResult<Rotation> k_rotation = MatchRotation(graph, k_value)) match->k_rotation = *std::move(k_rotation);
+  if (!match->k_rotation) return Fail("rotary attention: Q is rotated, K is not (in a form recognized)");
+  if (!SameTables(*match->q_rotation, *match->k_rotation)) return Fail("rotary attention: Q and K rotate by other tables");
   MatchResult<Projection> q = MatchProjection(graph, shapes, match->q_rotation->heads, {plain});
   MatchResult<Projection> k = MatchProjection(graph, shapes, match->k_rotation->heads, {plain});
   MatchResult<Projection> v = MatchProjection(graph, shapes, v_value, {plain});
-  if (!q || !k || !v) return unrecognized;
+  if (!q || !k || !v) return Fail("rotary attention: Q, K and V are not head-split projections");
   match->k_swap = k_swap;
   match->q = *std::move(q);
   match->k = *std::move(k);
@@ -179,6 +181,11 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
   projection.reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection.reshape == nullptr) return Fail();
   std::string projected = projection.reshape->input(0);
+  if (auto scaled = ScalarScale(graph, graph.Producer(projected))) {
+    projection.scaling = graph.Producer(projected);
+    projection.scale = scaled->first;
+    projected = scaled->second;
+  }
   if (MatchPackedPart(graph, shapes, projected, &projection)) projected = projection.part->input(0);
   // Add(MatMul(x, W), b) with b on either side, or a MatMul without bias (T5, LLaMA, or one whose
   // zero bias the cleanups removed).

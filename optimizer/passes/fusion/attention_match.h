@@ -36,13 +36,16 @@ using Perm = std::vector<int64_t>;
 
 enum class Layout { kBatchFirst, kSequenceFirst };
 
-// One of Q, K, V: Add(MatMul(x, W), b) [-> part of a packed projection] -> Reshape -> Transposes.
+// One of Q, K, V: Add(MatMul(x, W), b) [-> part of a packed projection] [-> * c] -> Reshape ->
+// Transposes. The scalar c is Whisper's `q_proj(x) * scaling` before the head split.
 struct Projection {
   Node* matmul = nullptr;
   Node* add = nullptr;
   Node* part = nullptr;  // packed Q/K/V: the Split or Slice taking this part
   int64_t offset = -1;   // packed: where this part starts in the packed projection's last axis
   int64_t size = -1;     // packed: its width
+  Node* scaling = nullptr;  // the Mul or Div by c, when there is one
+  float scale = 1.0f;       // c
   Node* reshape = nullptr;
   std::vector<Node*> transposes;
   std::string x, weight, bias;  // bias empty: the projection has none

@@ -1,7 +1,8 @@
 // com.microsoft::Attention from a matched block (attention_emit.h):
 //   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N, scale, unidirectional,
 //                 mask_filter_value, attention_bias)   (then MatMul(Wo^T) + bo for the sequence-first form)
-// Checked: one x for Q, K and V (for the sequence-first form, a batch-first tensor transposed);
+// Checked: one x for Q, K and V (for the sequence-first form, a batch-first tensor transposed); a
+// scalar scale on the Q or K projection before the head split (Whisper) goes into the scale, none on V;
 // constant float weights [H_in, H] (separate) or one packed [H_in, 3H] split into three equal parts in
 // order; the sequence-first output projection a float [H, H] with bias [H].
 #include <cmath>
@@ -72,7 +73,7 @@ MatchResult<Matched> ClaimAttentionPattern(const Graph& graph, const AttentionMa
   if (input_transpose != nullptr) pattern.push_back(input_transpose);
   std::set<Node*> members;
   for (const Projection* p : {&match.q, &match.k, &match.v}) {
-    for (Node* node : {p->matmul, p->add, p->part, p->reshape}) {
+    for (Node* node : {p->matmul, p->add, p->part, p->scaling, p->reshape}) {
       if (node != nullptr && members.insert(node).second) pattern.push_back(node);
     }
     pattern.insert(pattern.end(), p->transposes.begin(), p->transposes.end());
@@ -160,6 +161,8 @@ MatchResult<AttentionPlan> PlanAttention(const Graph& graph, const ShapeInfo& sh
     plan.input = input_transpose->input(0);
   }
   if (shapes.Rank(plan.input).value_or(0) != 3) return Fail("the attention input is not known to be 3-D");
+  // A scale on Q or K scales the scores (into Attention's scale); one on V would scale the context.
+  if (match.v.scaling != nullptr) return Fail("V is scaled before its head split");
   const onnx::TensorProto& q_weight = *ConstantTensor(graph, match.q.weight);  // MatchAttention checked it
   plan.input_hidden = q_weight.dims(0);
   plan.packed = match.q.part != nullptr;
@@ -197,8 +200,9 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
   *attention.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   if (mask.causal) *attention.add_attribute() = MakeIntAttribute("unidirectional", 1);
   if (!mask.raw_mask.empty()) *attention.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
-  if (std::fabs(match.scores.scale * std::sqrt(static_cast<float>(match.head_size)) - 1.0f) > 1e-6f) {
-    *attention.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
+  const float scale = match.scores.scale * match.q.scale * match.k.scale;
+  if (std::fabs(scale * std::sqrt(static_cast<float>(match.head_size)) - 1.0f) > 1e-6f) {
+    *attention.add_attribute() = MakeFloatAttribute("scale", scale);
   }
   const Node* fused = chain.AddNode(std::move(attention));
   if (match.out.flattened) AddFlatten(graph, attended, match.out.output, match.hidden, fused);

@@ -50,18 +50,6 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
   return {query, rotate(match.k, "rotary_k")};
 }
 
-// Q and K as MultiHeadAttention reads them: rotated on the [B,S,H] projections.
-std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
-  const Rotation& q = *match.q_rotation;
-  if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
-  auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
-    return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint,
-                      {MakeIntAttribute("num_heads", heads)}, "com.microsoft");
-  };
-  const std::string query = rotate(match.q.reshape->input(0), match.num_heads, "rotary_q");
-  return {query, rotate(match.k.reshape->input(0), match.num_heads / match.kv_repeat(), "rotary_k")};
-}
-
 // repeat_kv on [B,S,Nkv*D]: Reshape to [B,S,Nkv,1,D], Expand the 1 to rep, merge back to [B,S,N*D]
 // (query head n reads KV head n / rep, as repeat_kv orders them).
 std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const AttentionMatch& match, std::string key,
@@ -84,6 +72,17 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
+  const Rotation& q = *match.q_rotation;
+  if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
+  auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
+    return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint,
+                      {MakeIntAttribute("num_heads", heads)}, "com.microsoft");
+  };
+  const std::string query = rotate(match.q.reshape->input(0), match.num_heads, "rotary_q");
+  return {query, rotate(match.k.reshape->input(0), match.num_heads / match.kv_repeat(), "rotary_k")};
+}
 
 MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
                                                 const AttentionMatch& match) {

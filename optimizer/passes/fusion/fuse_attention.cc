@@ -17,6 +17,7 @@
 //   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N, scale, unidirectional,
 //                 mask_filter_value, attention_bias)   (followed by MatMul(Wo^T) + bo for the sequence-first form)
 //   y = MultiHeadAttention(rope'(x Wq), rope'(x Wk), x Wv, key_padding_mask, attention_bias)  (rotated Q, K)
+//   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, ...)   (grouped_query: group_query, causal alone)
 //
 // Layered: fuse_rotary_embedding turns the rotations into RotaryEmbedding first; this pass matches a
 // block once (attention_match.h: forms of projections, scale, masks, context) and hands it to the
@@ -56,7 +57,11 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     MatchResult<Replacement> plan = PlanMultiHeadAttention(graph, shapes, match);
     if (!plan) return plan.failure();
     if (MatchResult<Matched> masked = with_mask(); !masked) return Fail(absl::StrCat("rotary attention: ", masked.reason()));
-    EmitMultiHeadAttention(graph, match, *plan, state, context);
+    if (context.params().GetString("grouped_query") == "group_query" && GroupQueryAttentionFits(match)) {
+      EmitGroupQueryAttention(graph, match, *plan, context);
+    } else {
+      EmitMultiHeadAttention(graph, match, *plan, state, context);
+    }
     return Matched{};
   }
   MatchResult<AttentionPlan> plan = PlanAttention(graph, shapes, match);
@@ -74,6 +79,20 @@ class FuseAttentionPass final : public ShapedPass {
     return "Fuse self-attention (BERT/GPT-2 style, torch.nn.MultiheadAttention, LLaMA-style rotary and "
            "grouped-query; separate or packed Q/K/V, additive, causal and boolean masks) into ONNX Runtime's "
            "Attention or MultiHeadAttention";
+  }
+
+  std::vector<ParamSpec> params() const override {
+    return {{"grouped_query", ParamType::kString, "multi_head",
+             "grouped-query attention (K and V shared by groups of query heads) as multi_head: MultiHeadAttention "
+             "with K and V repeated to the query heads; or group_query: GroupQueryAttention where the mask is "
+             "causal without padding (MultiHeadAttention elsewhere)"}};
+  }
+  absl::Status ValidateParams(const PassParams& params) const override {
+    const std::string& grouped = params.GetString("grouped_query");
+    if (grouped != "multi_head" && grouped != "group_query") {
+      return absl::InvalidArgumentError(absl::StrCat("grouped_query: '", grouped, "' is not multi_head or group_query"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {

@@ -254,11 +254,7 @@ class Converter {
   }
 
   void AddCastNode(const std::string& from, const std::string& to_name, int32_t to, const Node* anchor) {
-    onnx::NodeProto cast;
-    cast.set_op_type("Cast");
-    cast.set_name(graph_.UniqueName(absl::StrCat(to_name, "_cast")));
-    cast.add_input(from);
-    cast.add_output(to_name);
+    onnx::NodeProto cast = MakeNode("Cast", graph_.UniqueName(absl::StrCat(to_name, "_cast")), {from}, {to_name});
     *cast.add_attribute() = MakeIntAttribute("to", to);
     const bool after = anchor != nullptr && graph_.Producer(from) == anchor;
     graph_.AddNode(std::move(cast), anchor, after);

@@ -109,17 +109,12 @@ class QuantizeWeightsInt4Pass final : public ShapedPass {
       }
     }
     const std::string base = graph.UniqueName(absl::StrCat(output, "_int4"));
-    onnx::NodeProto node;
-    node.set_op_type("MatMulNBits");
-    node.set_domain("com.microsoft");
-    node.set_name(base);
-    node.add_input(input);
     onnx::TensorProto packed_tensor =
         MakeRawTensor(absl::StrCat(base, "_weight"), onnx::TensorProto::UINT8, {n, blocks, blob}, std::move(packed));
     onnx::TensorProto scale_tensor = MakeFloatTensor(absl::StrCat(base, "_scales"), {n * blocks}, scales);
     int64_t bytes_after = packed_tensor.raw_data().size() + scale_tensor.raw_data().size();
-    node.add_input(packed_tensor.name());
-    node.add_input(scale_tensor.name());
+    onnx::NodeProto node =
+        MakeNode("MatMulNBits", base, {input, packed_tensor.name(), scale_tensor.name()}, {output}, "com.microsoft");
     graph.AddInitializer(std::move(packed_tensor));
     graph.AddInitializer(std::move(scale_tensor));
     if (!symmetric) {
@@ -129,7 +124,6 @@ class QuantizeWeightsInt4Pass final : public ShapedPass {
       node.add_input(zero_tensor.name());
       graph.AddInitializer(std::move(zero_tensor));
     }
-    node.add_output(output);
     *node.add_attribute() = MakeIntAttribute("K", k);
     *node.add_attribute() = MakeIntAttribute("N", n);
     *node.add_attribute() = MakeIntAttribute("bits", 4);

@@ -50,6 +50,10 @@ const Export kExports[] = {
     // the first halves of the cos/sin tables), then MultiHeadAttention.
     {"llama_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
     {"llama_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama", true},
+    // Whisper's encoder scales Q before its head split (q_proj(x) * scaling), K has no bias and there is
+    // no mask: the scale goes into Attention's. The report still calls the family vit.
+    {"whisper_encoder_torchscript", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "vit", false},
+    {"whisper_encoder_dynamo", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "vit", false},
 };
 
 // Fused attention blocks an export expects, of either operator.

@@ -20,6 +20,7 @@
 
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
 namespace {
@@ -132,21 +133,14 @@ class GatherRangeToSlicePass final : public Pass {
       std::string ends;
       if (dynamic_end) {  // Slice wants 1-D bounds: unsqueeze the scalar limit
         ends = graph.UniqueName(gather->output(0) + "_ends");
-        onnx::NodeProto unsqueeze;
-        unsqueeze.set_op_type("Unsqueeze");
-        unsqueeze.set_name(ends);
-        unsqueeze.add_input(range->input(1));
+        onnx::NodeProto unsqueeze = MakeNode("Unsqueeze", ends, {range->input(1)}, {ends});
         if (opset >= 13) {
           const std::string axes = graph.UniqueName("unsqueeze_axes");
           graph.AddInitializer(MakeInt64Tensor(axes, {0}));
           unsqueeze.add_input(axes);
         } else {
-          auto* attribute = unsqueeze.add_attribute();
-          attribute->set_name("axes");
-          attribute->set_type(onnx::AttributeProto::INTS);
-          attribute->add_ints(0);
+          *unsqueeze.add_attribute() = MakeIntsAttribute("axes", {0});
         }
-        unsqueeze.add_output(ends);
         graph.AddNode(std::move(unsqueeze), gather, /*after=*/false);
       } else {
         ends = graph.UniqueName(gather->output(0) + "_ends");
@@ -172,11 +166,9 @@ class GatherRangeToSlicePass final : public Pass {
     graph.AddInitializer(MakeInt64Tensor(starts, {start}));
     graph.AddInitializer(MakeInt64Tensor(axes, {axis}));
     graph.AddInitializer(MakeInt64Tensor(steps, {step}));
-    onnx::NodeProto slice;
-    slice.set_op_type("Slice");
-    slice.set_name(gather->name().empty() ? graph.UniqueName("slice") : gather->name() + "_as_slice");
-    for (const std::string& input : {gather->input(0), starts, ends, axes, steps}) slice.add_input(input);
-    slice.add_output(gather->output(0));
+    onnx::NodeProto slice =
+        MakeNode("Slice", gather->name().empty() ? graph.UniqueName("slice") : gather->name() + "_as_slice",
+                 {gather->input(0), starts, ends, axes, steps}, {gather->output(0)});
     graph.RemoveNode(gather);  // a removed node keeps its place, so it can still be the anchor
     graph.AddNode(std::move(slice), anchor, /*after=*/true);
   }

@@ -2,6 +2,7 @@
 #include "gtest/gtest.h"
 #include "optimizer/optimize.h"
 #include "optimizer/graph.h"
+#include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
 #include "tests/model_builder.h"
@@ -269,6 +270,21 @@ TEST(ShapeInfoTest, ModelLocalFunctionsAreInferredThroughTheirBodies) {
   const ShapeInfo shapes = ShapeInfo::Infer(model);
   EXPECT_EQ(shapes.StaticShape("y"), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(shapes.StaticShape("t"), (std::vector<int64_t>{2}));
+}
+
+TEST(ShapeInfoTest, RecoversSymbolicShapesBehindDynamicReshapes) {
+  auto model = LoadModel(testing::FixturePath("roberta_cls.onnx"));
+  ASSERT_TRUE(model.ok());
+  ShapeInfo info = ShapeInfo::Infer(*model);
+  // onnx 1.12 alone knows neither of these.
+  const onnx::TypeProto* heads = info.TypeOf("/encoder/layers.0/attention/Reshape_output_0");
+  ASSERT_NE(heads, nullptr);
+  ASSERT_EQ(heads->tensor_type().shape().dim_size(), 4);
+  EXPECT_EQ(heads->tensor_type().shape().dim(0).dim_param(), "batch");
+  EXPECT_EQ(heads->tensor_type().shape().dim(1).dim_param(), "sequence");
+  EXPECT_EQ(heads->tensor_type().shape().dim(2).dim_value(), 4);
+  EXPECT_EQ(heads->tensor_type().shape().dim(3).dim_value(), 16);
+  EXPECT_TRUE(info.SameShape("/encoder/Add_output_0", "/encoder/layers.1/output_norm/Add_1_output_0"));
 }
 
 }  // namespace

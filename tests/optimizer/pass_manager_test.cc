@@ -1,6 +1,7 @@
 #include "optimizer/pass_manager.h"
 
 #include <atomic>
+#include <set>
 
 #include "google/protobuf/util/json_util.h"
 #include "absl/strings/match.h"
@@ -130,6 +131,34 @@ onnx::ModelProto TinyModel() {
   *graph.add_input() = FloatValue("x", {2});
   *graph.add_output() = FloatValue("y", {2});
   return MakeModel(graph);
+}
+
+// A second pass of one name once replaced the first without a word; a preset could name a pass
+// nobody registered and fail only when a job used it.
+TEST(PassRegistryTest, RefusesADuplicateNameAndPresetsOfUnknownPasses) {
+  int budget = 0;
+  PassRegistry registry;
+  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
+  EXPECT_EQ(registry.Register(std::make_unique<CountingPass>(&budget)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(registry.AddPreset({"loop", "", {{{"counting", "missing"}, true}}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
+  EXPECT_EQ(registry.AddPreset({"loop", "", {}}).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(PassRegistryTest, TheDefaultRegistryNamesEachPassOnceAndDefaultsToAuto) {
+  const PassRegistry& registry = DefaultPassRegistry();
+  std::set<std::string> names;
+  for (const Pass* pass : registry.passes()) {
+    EXPECT_TRUE(names.insert(std::string(pass->name())).second) << pass->name();
+    EXPECT_FALSE(pass->description().empty()) << pass->name();
+  }
+  for (const Preset* preset : registry.presets()) {
+    for (const std::string& pass : preset->AllPasses()) EXPECT_EQ(names.count(pass), 1u) << preset->name << ": " << pass;
+  }
+  const onnx::ModelProto model = TinyModel();
+  auto pipeline = BuildPipeline(v1::OptimizationConfig(), registry, &model);
+  ASSERT_TRUE(pipeline.ok());
+  EXPECT_TRUE(absl::StartsWith(pipeline->preset, kAutoPreset)) << pipeline->preset;
 }
 
 TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) {

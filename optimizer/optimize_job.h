@@ -1,0 +1,119 @@
+// Optimize (optimize.h) as named stages over the state they hand on: load and check, run the passes,
+// apply precision, save, validate, benchmark. OptimizeJob::Run takes them in order and fails in one
+// place, with the report filled as far as the job got. Private to optimize.cc and
+// optimize_validation.cc.
+#ifndef ONNXOPT_OPTIMIZER_OPTIMIZE_JOB_H_
+#define ONNXOPT_OPTIMIZER_OPTIMIZE_JOB_H_
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "optimizer/optimize.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/precision.h"
+#include "optimizer/transformer_report.h"
+#include "optimizer/validation/input_generator.h"
+#include "optimizer/validation/parity.h"
+
+namespace onnxopt {
+
+// The pipeline's initial shapes (InferInitialShapes), inferred on a thread of their own while the
+// model is only read. Joined by Take() or when it goes.
+class BackgroundShapes {
+ public:
+  BackgroundShapes(const onnx::ModelProto& model, bool start);
+  BackgroundShapes(const BackgroundShapes&) = delete;
+  BackgroundShapes& operator=(const BackgroundShapes&) = delete;
+  ~BackgroundShapes();
+
+  bool started() const { return thread_.joinable(); }
+  std::optional<InitialShapes> Take();
+
+ private:
+  std::optional<InitialShapes> shapes_;
+  std::thread thread_;
+};
+
+// ONNX Runtime reads a model from memory unless it is too big for one protobuf message.
+absl::StatusOr<ModelSource> SourceFor(const std::filesystem::path& path);
+
+class OptimizeJob {
+ public:
+  explicit OptimizeJob(const OptimizeRequest& request);
+  absl::StatusOr<OptimizeResult> Run(v1::Report* partial_report);
+
+ private:
+  // The stages (optimize.cc, but Validate: optimize_validation.cc).
+  absl::Status LoadAndCheck();
+  absl::Status RunPasses();
+  absl::Status ApplyPrecision();
+  absl::Status Save();
+  absl::Status Validate();
+  absl::Status RunBenchmark();
+
+  bool Cancelled() const { return request_.cancelled != nullptr && request_.cancelled->load(); }
+  void Progress(Phase phase, const std::string& step = "") const;
+  // Cancellation and per-pass progress for the pass manager.
+  PassManagerOptions PassOptions() const;
+  // The pipeline's runs and then `lower` (the precision passes).
+  std::vector<v1::PassReport> AllRuns(const std::vector<v1::PassReport>& lower) const;
+  // Writes `model` as the result (replacing what was written before) and describes it in the report.
+  absl::Status SaveResult(const onnx::ModelProto& model, const std::vector<v1::PassReport>& runs);
+  // The result as ONNX Runtime reads it: from its file (`model` just saved) or in memory, behind
+  // Casts to the original's interface where precision changed it.
+  absl::StatusOr<ModelSource> SourceOf(const onnx::ModelProto& model, bool saved) const;
+  // Where validation and the benchmark run: the config's device, resolved once (a fallback warns once).
+  absl::StatusOr<SessionSettings> Device();
+  const ModelSource& OriginalSource();
+
+  // Validation's parts (optimize_validation.cc).
+  absl::StatusOr<bool> Judge(const ModelSource& source, const std::string& precision, v1::ParityReport* into);
+  // After lower precision failed parity: automatic mixed precision, else float32 (or failure).
+  absl::StatusOr<bool> RecoverPrecision(v1::ParityReport* parity);
+  // After the pipeline failed parity: the best model without the passes that broke it (or failure).
+  absl::Status RecoverByBisection(v1::ParityReport* parity);
+  // The dims the pipeline freed, checked at other lengths.
+  absl::Status CheckFreedDims(v1::ParityReport* parity);
+
+  const OptimizeRequest& request_;
+  const v1::OptimizationConfig& config_;
+  const std::chrono::steady_clock::time_point start_;
+  OptimizeResult result_;
+  v1::Report& report_ = result_.report;
+
+  // LoadAndCheck. The original is gone (moved into the pipeline) when nothing after the passes reads it.
+  std::optional<onnx::ModelProto> original_;
+  std::optional<Pipeline> pipeline_;
+  std::unique_ptr<BackgroundShapes> initial_shapes_;
+  std::vector<SuppliedSample> supplied_;
+  TransformerEvidence original_evidence_;
+  // RunPasses and ApplyPrecision.
+  onnx::ModelProto optimized_;
+  std::vector<v1::PassReport> pass_reports_, precision_runs_;
+  bool precision_requested_ = false;
+  onnx::ModelProto fp32_model_;  // the pipeline's output, when precision is requested
+  PrecisionExtras calibrated_;
+  bool interface_changed_ = false;  // keep_io_types off: the result's float interface is float16/bfloat16
+  // Save, Validate, RunBenchmark.
+  std::filesystem::path output_path_;
+  std::optional<ModelSource> original_source_;
+  std::optional<absl::StatusOr<SessionSettings>> device_;
+  // Validate.
+  SessionSettings parity_settings_;
+  std::unique_ptr<Ort::Session> original_session_;
+  std::optional<ParityReference> reference_;
+  bool returned_original_ = false;
+};
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_OPTIMIZE_JOB_H_

@@ -1,0 +1,268 @@
+// Optimize's validation stage (optimize_job.h): parity of the result against the original in ONNX
+// Runtime and, when it fails, recovery (automatic mixed precision or float32 for lower precision, a
+// bisection of the pipeline for the passes), then the dims the pipeline freed at other lengths.
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "optimizer/graph.h"
+#include "optimizer/optimize_job.h"
+#include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/validation/bisect.h"
+#include "optimizer/validation/calibration.h"
+#include "optimizer/validation/length_check.h"
+
+namespace onnxopt {
+namespace {
+
+std::string CulpritList(const v1::Bisection& bisection) {
+  std::vector<std::string> names;
+  for (const auto& culprit : bisection.culprits()) {
+    names.push_back(absl::StrCat(culprit.pass(), " (run ", culprit.position(), ", sweep ", culprit.iteration(), ")"));
+  }
+  return absl::StrJoin(names, ", then ");
+}
+
+// The graph input remove_padding packed the model by (behind Casts), when it changed the model; its
+// result is judged on that mask's valid positions.
+std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx::ModelProto& model) {
+  bool ran = false;
+  for (const auto& run : runs) ran |= run.name() == "remove_padding" && run.rewrites() > 0;
+  if (!ran) return "";
+  std::unordered_map<std::string, const onnx::NodeProto*> producers;
+  for (const auto& node : model.graph().node()) {
+    for (const auto& output : node.output()) producers[output] = &node;
+  }
+  for (const auto& node : model.graph().node()) {
+    if (node.op_type() != "NonZero" || node.input_size() < 1) continue;
+    // The pass reads the mask as Reshape(mask, [-1]) -> NonZero.
+    auto reshape = producers.find(node.input(0));
+    if (reshape == producers.end() || reshape->second->op_type() != "Reshape") continue;
+    std::string value = reshape->second->input(0);
+    for (auto it = producers.find(value); it != producers.end() && it->second->op_type() == "Cast";
+         it = producers.find(value)) {
+      value = it->second->input(0);
+    }
+    for (const auto& input : model.graph().input()) {
+      if (input.name() == value) return value;
+    }
+  }
+  return "";
+}
+
+// "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
+std::string WorstOutput(const v1::ParityReport& parity) {
+  for (const auto& output : parity.outputs()) {
+    if (output.passed()) continue;
+    if (!output.note().empty()) return absl::StrCat(output.name(), ": ", output.note());
+    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f",
+                           output.name(), output.nan_or_inf_introduced() ? "NaN/Inf introduced, " : "",
+                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity());
+  }
+  return "no output failed";
+}
+
+// The largest magnitude of every float32 value the main graph computes, on one input set.
+absl::StatusOr<std::map<std::string, double>> MaxAbsActivations(const onnx::ModelProto& model,
+                                                               const GeneratedInputs& inputs,
+                                                               const SessionSettings& device) {
+  std::vector<std::string> names;
+  onnx::ModelProto copy = model;
+  Graph graph(copy.mutable_graph());
+  const std::unordered_map<std::string, int32_t> types = InferElementTypes(graph, nullptr);
+  for (const Node* node : graph.Nodes()) {
+    for (const auto& output : node->proto().output()) {
+      auto type = types.find(output);
+      if (!output.empty() && type != types.end() && type->second == onnx::TensorProto::FLOAT) names.push_back(output);
+    }
+  }
+  absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateRanges(model, names, {&inputs}, "minmax", device);
+  if (!ranges.ok()) return ranges.status();
+  std::map<std::string, double> largest;
+  for (const auto& [name, range] : *ranges) largest[name] = std::max(std::fabs(range.low), std::fabs(range.high));
+  return largest;
+}
+
+}  // namespace
+
+// Judges a candidate in memory (the bisection's probes) or, for the result, from its file. A candidate
+// ONNX Runtime cannot load or run fails parity like one with wrong numbers, so that bisection can
+// find the pass that made it and recover.
+absl::StatusOr<bool> OptimizeJob::Judge(const ModelSource& source, const std::string& precision,
+                                        v1::ParityReport* into) {
+  auto broken = [&](absl::string_view what, const absl::Status& status) {
+    into->clear_outputs();
+    into->set_passed(false);
+    v1::OutputParity* output = into->add_outputs();
+    output->set_name("(model)");
+    output->set_note(absl::StrCat(what, status.message()));
+    return false;
+  };
+  auto session = CreateSession(source, parity_settings_);
+  if (!session.ok()) return broken("the optimized model does not load in ONNX Runtime: ", session.status());
+  absl::Status compared =
+      CompareWithReference(**session, precision, *reference_, config_.validation(), request_.cancelled, into);
+  if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
+  if (!compared.ok()) return compared;
+  return into->passed();
+}
+
+absl::Status OptimizeJob::Validate() {
+  if (config_.validation().skip()) return absl::OkStatus();
+  Progress(Phase::kValidating);
+  absl::StatusOr<SessionSettings> device = Device();
+  if (!device.ok()) return device.status();
+  parity_settings_ = *device;
+  parity_settings_.optimization_level = OrtLevel(config_.validation().ort_optimization_level(), ORT_DISABLE_ALL);
+  auto original_session = CreateSession(OriginalSource(), parity_settings_);
+  if (!original_session.ok()) return original_session.status();
+  original_session_ = *std::move(original_session);
+  v1::ParityReport* parity = report_.mutable_parity();
+  parity->set_ort_optimization_level(OrtLevelName(parity_settings_.optimization_level));
+  absl::StatusOr<ParityReference> reference = BuildParityReference(*original_session_, *original_, config_.validation(),
+                                                                   supplied_, request_.cancelled, parity);
+  if (!reference.ok()) return reference.status();
+  reference_ = *std::move(reference);
+  reference_->valid_positions_of = PaddingMaskInput(pass_reports_, optimized_);
+  parity->set_valid_positions_of(reference_->valid_positions_of);
+  absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(optimized_), parity);
+  if (!passed.ok()) return passed.status();
+  if (!*passed && precision_requested_) {
+    passed = RecoverPrecision(parity);
+    if (!passed.ok()) return passed.status();
+  }
+  if (!*passed) {
+    if (absl::Status recovered = RecoverByBisection(parity); !recovered.ok()) return recovered;
+  }
+  return CheckFreedDims(parity);
+}
+
+absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
+  const v1::PrecisionConfig& precision = config_.precision();
+  v1::PrecisionReport* described = report_.mutable_precision();
+  described->set_note(absl::StrCat("the ", precision.mode(), " model failed parity: ", WorstOutput(*parity)));
+  ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
+    *into = *parity;
+    absl::StatusOr<ModelSource> source = SourceOf(candidate, /*saved=*/false);
+    if (!source.ok()) return source.status();
+    return Judge(*source, ModelPrecision(candidate), into);
+  };
+  if (!precision.has_auto_mixed() || precision.auto_mixed()) {
+    Progress(Phase::kValidating, "automatic mixed precision");
+    ActivationMagnitudes magnitudes = [&](const onnx::ModelProto& model) {
+      return MaxAbsActivations(model, reference_->sets.front().inputs, parity_settings_);
+    };
+    std::string search_failure;
+    absl::StatusOr<std::optional<MixedPrecisionResult>> mixed =
+        SearchMixedPrecision(fp32_model_, precision, calibrated_, probe, magnitudes, PassOptions(), &search_failure);
+    if (!mixed.ok()) return mixed.status();
+    if (mixed->has_value()) {
+      MixedPrecisionResult& found = **mixed;
+      optimized_ = std::move(found.model);
+      precision_runs_ = std::move(found.runs);
+      *parity = found.parity;
+      report_.clear_passes();
+      for (const auto& pass_report : AllRuns(precision_runs_)) *report_.add_passes() = pass_report;
+      const std::string first_failure = described->note();
+      described->Clear();
+      described->set_note(first_failure);
+      DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, described);
+      described->clear_kept_nodes();
+      for (const auto& kept : found.kept) *described->add_kept_nodes() = kept;
+      described->set_auto_mixed_attempts(found.attempts);
+      report_.add_warnings(absl::StrCat(precision.mode(), " alone failed parity; automatic mixed precision kept ",
+                                        found.kept.size(), " node(s) in float32 (see precision.kept_nodes)"));
+      if (absl::Status resaved = SaveResult(optimized_, AllRuns(precision_runs_)); !resaved.ok()) return resaved;
+      return true;
+    }
+    described->set_note(
+        absl::StrCat(described->note(), "; automatic mixed precision found nothing: ", search_failure));
+  }
+  if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
+    return absl::AbortedError(absl::StrCat("PARITY_FAILED: precision mode '", precision.mode(), "' broke parity",
+                                           described->note().empty() ? "" : absl::StrCat(" (", described->note(), ")"),
+                                           "; see the report's parity and precision sections"));
+  }
+  // Recover: give the lower precision up, keep the float32 pipeline output if it passes.
+  described->set_note(absl::StrCat(described->note().empty() ? "" : absl::StrCat(described->note(), "; "),
+                                   precision.mode(), " broke parity, so the float32 model is returned"));
+  report_.add_warnings(
+      absl::StrCat("precision mode '", precision.mode(), "' broke parity; the returned model stays in float32"));
+  optimized_ = fp32_model_;
+  interface_changed_ = false;
+  precision_runs_.clear();
+  report_.clear_passes();
+  for (const auto& pass_report : pass_reports_) *report_.add_passes() = pass_report;
+  if (absl::Status resaved = SaveResult(optimized_, pass_reports_); !resaved.ok()) return resaved;
+  absl::StatusOr<ModelSource> fp32_source = SourceOf(optimized_, /*saved=*/true);
+  if (!fp32_source.ok()) return fp32_source.status();
+  return Judge(*fp32_source, ModelPrecision(optimized_), parity);
+}
+
+absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
+  ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
+    *into = *parity;
+    absl::StatusOr<ModelSource> source = SourceOf(candidate, /*saved=*/false);
+    if (!source.ok()) return source.status();
+    return Judge(*source, ModelPrecision(candidate), into);
+  };
+  absl::StatusOr<BisectionResult> bisected =
+      BisectAndRecover(*original_, *pipeline_, optimized_, pass_reports_, probe, request_.cancelled);
+  if (!bisected.ok()) return bisected.status();
+  const std::string culprits = CulpritList(bisected->bisection);
+  if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
+    *parity->mutable_bisection() = bisected->bisection;
+    return absl::AbortedError(absl::StrCat(
+        "PARITY_FAILED: the optimized model's outputs differ from the original's beyond the tolerance",
+        culprits.empty() ? "" : absl::StrCat("; the first pass to break parity: ", culprits),
+        "; see the report's parity section"));
+  }
+  // Recover: the best model that passes becomes the result.
+  *parity = bisected->parity;
+  *parity->mutable_bisection() = bisected->bisection;
+  returned_original_ = bisected->bisection.returned_original();
+  report_.add_warnings(absl::StrCat("the full pipeline broke parity", culprits.empty() ? "" : absl::StrCat(" (", culprits, ")"),
+                                    returned_original_ ? "; the original model is returned"
+                                                       : "; the returned model was optimized without the culprit passes"));
+  optimized_ = std::move(bisected->model);
+  report_.clear_passes();
+  for (const auto& pass_report : bisected->passes) *report_.add_passes() = pass_report;
+  return SaveResult(optimized_, bisected->passes);
+}
+
+// Dims the pipeline freed: the result at other lengths, which parity at the exported shapes does not
+// see (validation/length_check.h).
+absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
+  if (returned_original_ || FreedDims(*original_, optimized_).empty()) return absl::OkStatus();
+  Progress(Phase::kValidating, "other lengths");
+  absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
+  if (!source.ok()) return source.status();
+  auto optimized_session = CreateSession(*source, parity_settings_);
+  if (!optimized_session.ok()) return optimized_session.status();
+  absl::Status checked = CheckFreedLengths(*original_session_, *original_, **optimized_session, optimized_,
+                                           ModelPrecision(optimized_), config_.validation(), parity);
+  if (!checked.ok()) return checked;
+  for (const auto& check : parity->lengths()) {
+    if (!check.passed()) {
+      parity->set_passed(false);
+      return absl::AbortedError(absl::StrCat("PARITY_FAILED: with '", check.dim(), "' at ", check.length(),
+                                             " instead of the exported ", check.exported(), ": ", check.note()));
+    }
+    if (!check.note().empty()) {
+      report_.add_warnings(absl::StrCat("'", check.dim(), "' at ", check.length(), ": ", check.note()));
+    }
+    if (check.length() < check.exported() && check.compared_outputs_size() == 0) {
+      report_.add_warnings(absl::StrCat("'", check.dim(), "' at ", check.length(),
+                                        ": no output could be compared with the original (their first positions "
+                                        "depend on later ones); only the exported length was compared"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,183 @@
+// Small attention blocks built by hand, static shapes ([1, 4, 16], 2 heads of 8), for the fusion tests
+// that need a form no export has: a bad weight, a causal buffer beside a rotary embedding.
+#ifndef ONNXOPT_TESTS_ATTENTION_GRAPHS_H_
+#define ONNXOPT_TESTS_ATTENTION_GRAPHS_H_
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "onnx/onnx_pb.h"
+#include "optimizer/passes/constants.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt::testing {
+
+struct AttentionGraphOptions {
+  bool rotary = false;          // LLaMA-style rotate-half embeddings on Q and K (cos/sin of duplicated halves
+                                // of a position_ids [1, 4] input)
+  bool causal_buffer = false;   // Where over a sliced lower-triangular [1,1,8,8] buffer before Softmax
+  bool padding_mask = false;    // an attention_mask [1, 4] input as Where(mask, 0, -inf) added to the scores
+  bool scalar_k_weight = false; // K projected by a rank-0 weight, without bias (not a projection matrix)
+  bool grouped = false;         // one key/value head repeated to the two query heads (repeat_kv); with rotary
+  bool causal_mask = false;     // the boolean Where(t <= q, 0, -inf) masking_utils builds, from Range comparisons
+};
+
+inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
+
+// x [1,4,16] -> attention -> y [1,4,16].
+inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
+  const int64_t s = kAttentionLength, h = kAttentionHidden, n = kAttentionHeads, d = kAttentionHeadSize;
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {1, s, h});
+  *graph.add_initializer() = MakeInt64Tensor("heads_shape", {1, s, n, d});
+  *graph.add_initializer() = MakeInt64Tensor("merged_shape", {1, s, h});
+  *graph.add_initializer() = FloatTensor("scale", {}, {1.0f / std::sqrt(static_cast<float>(d))});
+  uint32_t seed = 1;
+  const int64_t kv_heads = options.grouped ? 1 : n;
+  *graph.add_initializer() = MakeInt64Tensor("kv_heads_shape", {1, s, kv_heads, d});
+  auto projection = [&](const std::string& p, bool bias) {
+    const int64_t width = p == "q" ? h : kv_heads * d;
+    *graph.add_initializer() = FloatTensor("W" + p, {h, width}, RandomFloats(static_cast<size_t>(h * width), seed++));
+    *graph.add_node() = MakeNode("MatMul", {"x", "W" + p}, {p + "_xw"});
+    std::string projected = p + "_xw";
+    if (bias) {
+      *graph.add_initializer() = FloatTensor("b" + p, {width}, RandomFloats(static_cast<size_t>(width), seed++));
+      *graph.add_node() = MakeNode("Add", {p + "_xw", "b" + p}, {p + "_proj"});
+      projected = p + "_proj";
+    }
+    *graph.add_node() = MakeNode("Reshape", {projected, p == "q" ? "heads_shape" : "kv_heads_shape"}, {p + "_4d"});
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {p + "_4d"}, {p + "_heads"}), "perm", {0, 2, 1, 3});
+    return p + "_heads";
+  };
+  std::string q = projection("q", !options.rotary);
+  std::string k;
+  if (options.scalar_k_weight) {
+    *graph.add_initializer() = FloatTensor("Wk", {}, {0.5f});
+    *graph.add_node() = MakeNode("MatMul", {"x", "Wk"}, {"k_xw"});
+    *graph.add_node() = MakeNode("Reshape", {"k_xw", "heads_shape"}, {"k_4d"});
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"k_4d"}, {"k_heads"}), "perm", {0, 2, 1, 3});
+    k = "k_heads";
+  } else {
+    k = projection("k", !options.rotary);
+  }
+  std::string v = projection("v", !options.rotary);
+  // transformers' repeat_kv: [B,1,S,D] -> Unsqueeze(2) -> Expand([B,1,2,S,D]) -> Reshape([B,2,S,D]).
+  auto repeat_kv = [&](const std::string& x) {
+    if (!options.grouped) return x;
+    *graph.add_initializer() = MakeInt64Tensor("repeat_axis", {2});
+    *graph.add_initializer() = MakeInt64Tensor("repeat_sizes", {1, 1, n, s, d});
+    *graph.add_initializer() = MakeInt64Tensor("repeat_merged", {1, n, s, d});
+    *graph.add_node() = MakeNode("Unsqueeze", {x, "repeat_axis"}, {x + "_5d"});
+    *graph.add_node() = MakeNode("Expand", {x + "_5d", "repeat_sizes"}, {x + "_expanded"});
+    *graph.add_node() = MakeNode("Reshape", {x + "_expanded", "repeat_merged"}, {x + "_repeated"});
+    return x + "_repeated";
+  };
+  v = repeat_kv(v);
+  if (options.rotary) {
+    // cos/sin [1,S,D] of Concat(f, f), f = positions x inverse frequencies, as Hugging Face's rotary
+    // classes compute them from the position_ids input.
+    std::vector<float> inverse_frequencies;
+    for (int64_t i = 0; i < d / 2; ++i) inverse_frequencies.push_back(std::pow(10000.0f, -2.0f * i / d));
+    *graph.add_input() = MakeValue("position_ids", onnx::TensorProto::INT64, {1, s});
+    *graph.add_initializer() = FloatTensor("inv_freq", {d / 2}, inverse_frequencies);
+    *graph.add_initializer() = MakeInt64Tensor("minus_one_axis", {-1});
+    *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"position_ids"}, {"positions"}), "to", onnx::TensorProto::FLOAT);
+    *graph.add_node() = MakeNode("Unsqueeze", {"positions", "minus_one_axis"}, {"positions_3d"});
+    *graph.add_node() = MakeNode("Mul", {"positions_3d", "inv_freq"}, {"freqs"});
+    *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"freqs", "freqs"}, {"emb"}), "axis", -1);
+    *graph.add_node() = MakeNode("Cos", {"emb"}, {"cos"});
+    *graph.add_node() = MakeNode("Sin", {"emb"}, {"sin"});
+    *graph.add_initializer() = MakeInt64Tensor("one_axis", {1});
+    *graph.add_node() = MakeNode("Unsqueeze", {"cos", "one_axis"}, {"cos_u"});
+    *graph.add_node() = MakeNode("Unsqueeze", {"sin", "one_axis"}, {"sin_u"});
+    *graph.add_initializer() = MakeInt64Tensor("half", {d / 2});
+    *graph.add_initializer() = MakeInt64Tensor("zero", {0});
+    *graph.add_initializer() = MakeInt64Tensor("end", {std::numeric_limits<int64_t>::max()});
+    *graph.add_initializer() = MakeInt64Tensor("last", {-1});
+    auto rope = [&](const std::string& x) {
+      *graph.add_node() = MakeNode("Slice", {x, "zero", "half", "last"}, {x + "_x1"});
+      *graph.add_node() = MakeNode("Slice", {x, "half", "end", "last"}, {x + "_x2"});
+      *graph.add_node() = MakeNode("Neg", {x + "_x2"}, {x + "_neg"});
+      *graph.add_node() = WithIntAttribute(MakeNode("Concat", {x + "_neg", x + "_x1"}, {x + "_rot"}), "axis", -1);
+      *graph.add_node() = MakeNode("Mul", {x, "cos_u"}, {x + "_cos"});
+      *graph.add_node() = MakeNode("Mul", {x + "_rot", "sin_u"}, {x + "_sin"});
+      *graph.add_node() = MakeNode("Add", {x + "_cos", x + "_sin"}, {x + "_roped"});
+      return x + "_roped";
+    };
+    q = rope(q);
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {repeat_kv(rope(k))}, {"k_t"}), "perm", {0, 1, 3, 2});
+  } else {
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {k}, {"k_t"}), "perm", {0, 1, 3, 2});
+  }
+  *graph.add_node() = MakeNode("MatMul", {q, "k_t"}, {"qk"});
+  *graph.add_node() = MakeNode("Mul", {"qk", "scale"}, {"scores"});
+  std::string scores = "scores";
+  *graph.add_initializer() = FloatTensor("zero_f", {}, {0.0f});
+  *graph.add_initializer() = FloatTensor("minus_inf", {}, {-std::numeric_limits<float>::infinity()});
+  // The boolean masks, combined into one Where(cond, 0, -inf) added to the scores as masking_utils does.
+  std::vector<std::string> conds;
+  if (options.padding_mask) {
+    *graph.add_input() = MakeValue("attention_mask", onnx::TensorProto::INT64, {1, s});
+    *graph.add_initializer() = MakeInt64Tensor("mask_axes", {1, 2});
+    *graph.add_node() = MakeNode("Unsqueeze", {"attention_mask", "mask_axes"}, {"mask_4d"});
+    *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"mask_4d"}, {"mask_bool"}), "to", onnx::TensorProto::BOOL);
+    conds.push_back("mask_bool");
+  }
+  if (options.causal_mask) {
+    // cond[q, t] = t <= q over Range(0, S), as masking_utils compares positions.
+    *graph.add_initializer() = MakeIntScalar("range_start", onnx::TensorProto::INT64, 0);
+    *graph.add_initializer() = MakeIntScalar("range_limit", onnx::TensorProto::INT64, s);
+    *graph.add_initializer() = MakeIntScalar("range_step", onnx::TensorProto::INT64, 1);
+    *graph.add_initializer() = MakeInt64Tensor("row_axis", {0});
+    *graph.add_initializer() = MakeInt64Tensor("column_axis", {1});
+    *graph.add_initializer() = MakeInt64Tensor("batch_head_axes", {0, 1});
+    *graph.add_node() = MakeNode("Range", {"range_start", "range_limit", "range_step"}, {"positions_range"});
+    *graph.add_node() = MakeNode("Unsqueeze", {"positions_range", "row_axis"}, {"key_positions"});      // [1, S]
+    *graph.add_node() = MakeNode("Unsqueeze", {"positions_range", "column_axis"}, {"query_positions"}); // [S, 1]
+    *graph.add_node() = MakeNode("LessOrEqual", {"key_positions", "query_positions"}, {"causal_2d"});
+    *graph.add_node() = MakeNode("Unsqueeze", {"causal_2d", "batch_head_axes"}, {"causal_cond"});
+    conds.push_back("causal_cond");
+  }
+  if (!conds.empty()) {
+    std::string cond = conds[0];
+    if (conds.size() == 2) {
+      *graph.add_node() = MakeNode("And", {conds[0], conds[1]}, {"mask_cond"});
+      cond = "mask_cond";
+    }
+    *graph.add_node() = MakeNode("Where", {cond, "zero_f", "minus_inf"}, {"mask_term"});
+    *graph.add_node() = MakeNode("Add", {scores, "mask_term"}, {"masked_scores"});
+    scores = "masked_scores";
+  }
+  if (options.causal_buffer) {
+    onnx::TensorProto buffer;
+    buffer.set_name("causal_buffer");
+    buffer.set_data_type(onnx::TensorProto::BOOL);
+    for (int64_t dim : {1, 1, 8, 8}) buffer.add_dims(dim);
+    std::string raw;
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 8; ++j) raw.push_back(j <= i ? 1 : 0);
+    }
+    buffer.set_raw_data(raw);
+    *graph.add_initializer() = buffer;
+    *graph.add_initializer() = MakeInt64Tensor("causal_starts", {0, 0});
+    *graph.add_initializer() = MakeInt64Tensor("causal_ends", {s, s});
+    *graph.add_initializer() = MakeInt64Tensor("causal_axes", {2, 3});
+    *graph.add_node() = MakeNode("Slice", {"causal_buffer", "causal_starts", "causal_ends", "causal_axes"}, {"causal"});
+    *graph.add_node() = MakeNode("Where", {"causal", scores, "minus_inf"}, {"causal_scores"});
+    scores = "causal_scores";
+  }
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {scores}, {"probs"}), "axis", -1);
+  *graph.add_node() = MakeNode("MatMul", {"probs", v}, {"context"});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"context"}, {"context_t"}), "perm", {0, 2, 1, 3});
+  *graph.add_node() = MakeNode("Reshape", {"context_t", "merged_shape"}, {"y"});
+  *graph.add_output() = FloatValue("y", {1, s, h});
+  // Declared as exporters declare them: a model whose inference stops early still shows its ranks.
+  for (const char* value : {"qk", "scores", "probs"}) *graph.add_value_info() = FloatValue(value, {1, n, s, s});
+  return MakeModel(graph, 17);
+}
+
+}  // namespace onnxopt::testing
+
+#endif  // ONNXOPT_TESTS_ATTENTION_GRAPHS_H_

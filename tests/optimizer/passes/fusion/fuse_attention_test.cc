@@ -1,0 +1,191 @@
+// fuse_attention: it fires where it may, skips (with its reason) where it may not, and the
+// rewritten model computes the same outputs in ONNX Runtime.
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <tuple>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/passes/constants.h"
+#include "optimizer/shape_info.h"
+#include "tests/attention_graphs.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::ExpectSameOutputs;
+using testing::FloatTensor;
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::OpCounts;
+using testing::PassRun;
+using testing::RandomFloats;
+using testing::RunConfig;
+using testing::WithIntAttribute;
+using testing::WithIntsAttribute;
+
+// Runs `model` on token ids with the given attention mask; returns the first output.
+std::vector<float> RunEncoder(const onnx::ModelProto& model, const std::vector<int64_t>& ids,
+                              const std::vector<int64_t>& mask) {
+  auto session = CreateSession({model.SerializeAsString(), {}}, {});
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return {};
+  Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  const int64_t shape[] = {1, static_cast<int64_t>(ids.size())};
+  std::vector<int64_t> ids_copy = ids, mask_copy = mask, types(ids.size(), 0);
+  Ort::Value inputs[] = {Ort::Value::CreateTensor<int64_t>(memory, ids_copy.data(), ids_copy.size(), shape, 2),
+                         Ort::Value::CreateTensor<int64_t>(memory, mask_copy.data(), mask_copy.size(), shape, 2),
+                         Ort::Value::CreateTensor<int64_t>(memory, types.data(), types.size(), shape, 2)};
+  const char* input_names[] = {"input_ids", "attention_mask", "token_type_ids"};
+  const char* output_names[] = {"last_hidden_state"};
+  auto outputs = (*session)->Run(Ort::RunOptions{nullptr}, input_names, inputs, 3, output_names, 1);
+  const float* data = outputs[0].GetTensorData<float>();
+  return std::vector<float>(data, data + outputs[0].GetTensorTypeAndShapeInfo().GetElementCount());
+}
+
+TEST(FuseAttentionTest, FusesEveryLayerAndKeepsMaskedOutputs) {
+  auto original = LoadModel(testing::FixturePath("bert_tiny.onnx"));
+  ASSERT_TRUE(original.ok());
+  PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops["Attention"], 2) << "one per layer";
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  EXPECT_LT(run.model.graph().node_size(), 30);
+  // Padding: the last 5 of 12 tokens are masked out, which generated inputs (all ones) never show.
+  std::vector<int64_t> ids = {5, 17, 99, 3, 64, 12, 7, 1, 0, 0, 0, 0};
+  std::vector<int64_t> mask = {1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0};
+  const std::vector<float> expected = RunEncoder(*original, ids, mask);
+  const std::vector<float> actual = RunEncoder(run.model, ids, mask);
+  ASSERT_EQ(expected.size(), actual.size());
+  double max_error = 0;
+  for (size_t i = 0; i < expected.size(); ++i) max_error = std::max<double>(max_error, std::fabs(expected[i] - actual[i]));
+  EXPECT_LT(max_error, 1e-4);
+}
+
+TEST(FuseAttentionTest, FusesGpt2CausalAttentionAndChecksTheBuffer) {
+  auto original = LoadModel(testing::FixturePath("gpt2_tiny.onnx"));
+  ASSERT_TRUE(original.ok());
+  PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  int causal = 0;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "Attention") continue;
+    for (const auto& attribute : node.attribute()) causal += attribute.name() == "unidirectional" && attribute.i() == 1;
+  }
+  EXPECT_EQ(causal, 2) << "one causal Attention per layer";
+  EXPECT_EQ(OpCounts(run.model).count("Softmax"), 0u);
+  ExpectSameOutputs(*original, run.model, 1e-5, 1e-4);
+
+  // One entry above the diagonal: no longer causal, so no fusion.
+  onnx::ModelProto tampered = *original;
+  for (auto& tensor : *tampered.mutable_graph()->mutable_initializer()) {
+    if (tensor.name() != "bias") continue;
+    ASSERT_TRUE(tensor.has_raw_data());
+    (*tensor.mutable_raw_data())[1] = 1;  // row 0, column 1
+  }
+  PassRun refused = RunConfig(R"({"preset": "transformer"})", tampered);
+  ASSERT_TRUE(refused.status.ok());
+  EXPECT_EQ(OpCounts(refused.model).count("Attention"), 0u);
+  ExpectSameOutputs(tampered, refused.model, 1e-5, 1e-4);
+}
+
+// The hand-built block (tests/attention_graphs.h) fuses into Attention and keeps its outputs.
+TEST(FuseAttentionTest, AHandBuiltBlockFusesExactly) {
+  const onnx::ModelProto original = testing::AttentionGraph({});
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_attention"}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Attention", 1}}));
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
+// A K "projection" by a rank-0 weight is no projection matrix: the block stays, with the reason. The
+// check once read the weight's last dim before its rank (dims(-1) of a rank-0 tensor).
+TEST(FuseAttentionTest, AScalarWeightIsRefusedWithItsReason) {
+  testing::AttentionGraphOptions options;
+  options.scalar_k_weight = true;
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_attention"}]})", testing::AttentionGraph(options));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 0);
+  EXPECT_EQ(testing::SkipCount(run.report, "projection weights are not float constants of one width"), 1)
+      << run.report.DebugString();
+}
+
+// Rotated Q and K with a causal buffer (Where over a sliced triangle) are refused before the mask
+// beside it is probed in ONNX Runtime: the probe costs a session and cannot change the answer.
+TEST(FuseAttentionTest, ACausalBufferBesideRotationsIsRefusedBeforeAnyProbe) {
+  testing::AttentionGraphOptions options;
+  options.rotary = true;
+  options.padding_mask = true;
+  options.causal_buffer = true;
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention"}]})",
+                          testing::AttentionGraph(options));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 0);
+  EXPECT_EQ(testing::SkipCount(run.report, "a causal buffer mask is not supported"), 1) << run.report.DebugString();
+  EXPECT_EQ(run.report.counters().count("mask_probes"), 0u) << "no mask was probed";
+
+  options.causal_buffer = false;  // the same block without the buffer probes its mask once and fuses
+  PassRun fused = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention"}]})",
+                            testing::AttentionGraph(options));
+  ASSERT_TRUE(fused.status.ok()) << fused.status;
+  EXPECT_EQ(fused.report.rewrites(), 1);
+  EXPECT_EQ(fused.report.counters().at("mask_probes"), 1);
+}
+
+// Grouped-query attention (one key/value head for two query heads, rotated, causal without padding):
+// MultiHeadAttention with K and V repeated by default, GroupQueryAttention with them at their own head
+// when the pass is asked for it; both exact. With a padding mask beside the causal one, GroupQueryAttention
+// (which takes rows as right-padded) is not used.
+TEST(FuseAttentionTest, GroupedQueryAttentionAsEitherOperator) {
+  testing::AttentionGraphOptions options;
+  options.rotary = true;
+  options.grouped = true;
+  options.causal_mask = true;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  for (const char* grouped : {"multi_head", "group_query"}) {
+    PassRun run = RunConfig(absl::StrCat(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                                             "params": {"grouped_query": ")", grouped, R"("}}, {"name": "eliminate_dead_nodes"}]})"),
+                            original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    std::map<std::string, int> ops = OpCounts(run.model);
+    const bool gqa = std::string(grouped) == "group_query";
+    EXPECT_EQ(ops["GroupQueryAttention"], gqa ? 1 : 0) << grouped;
+    EXPECT_EQ(ops["MultiHeadAttention"], gqa ? 0 : 1) << grouped;
+    for (const auto& node : run.model.graph().node()) {
+      if (node.op_type() != "GroupQueryAttention") continue;
+      const onnx::NodeProto* key = nullptr;
+      for (const auto& producer : run.model.graph().node()) {
+        if (producer.output_size() > 0 && producer.output(0) == node.input(1)) key = &producer;
+      }
+      ASSERT_NE(key, nullptr);
+      EXPECT_EQ(key->op_type(), "RotaryEmbedding") << "K goes in at its own head, not repeated";
+    }
+    EXPECT_EQ(ops.count("Softmax"), 0u) << grouped;
+    ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+  }
+  options.padding_mask = true;
+  PassRun padded = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                                 "params": {"grouped_query": "group_query"}}]})",
+                             testing::AttentionGraph(options));
+  ASSERT_TRUE(padded.status.ok()) << padded.status;
+  EXPECT_EQ(OpCounts(padded.model)["GroupQueryAttention"], 0);
+  EXPECT_EQ(OpCounts(padded.model)["MultiHeadAttention"], 1);
+  EXPECT_EQ(RunConfig(R"({"passes": [{"name": "fuse_attention", "params": {"grouped_query": "gqa"}}]})", original)
+                .status.code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace onnxopt

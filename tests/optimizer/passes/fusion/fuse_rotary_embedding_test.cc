@@ -1,0 +1,89 @@
+// fuse_rotary_embedding: the rotate-half rotation of Q and K becomes RotaryEmbedding, its caches and
+// position ids made once for all the layers that share the tables, and the model computes the same
+// outputs; fuse_attention then reads the rotated heads (MultiHeadAttention) and keeps them exact.
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "tests/attention_graphs.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::AttentionGraph;
+using testing::AttentionGraphOptions;
+using testing::ExpectSameOutputs;
+using testing::OpCounts;
+using testing::RunConfig;
+
+int CountInitializers(const onnx::ModelProto& model, const std::string& prefix) {
+  int count = 0;
+  for (const auto& tensor : model.graph().initializer()) count += absl::StartsWith(tensor.name(), prefix);
+  return count;
+}
+
+TEST(FuseRotaryEmbeddingTest, RotationsBecomeRotaryEmbeddingAndStayExact) {
+  AttentionGraphOptions options;
+  options.rotary = true;
+  const onnx::ModelProto original = AttentionGraph(options);
+  testing::PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "eliminate_dead_nodes"}]})",
+                                   original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  EXPECT_EQ(ops["RotaryEmbedding"], 2) << "Q and K";
+  EXPECT_EQ(ops.count("Neg"), 0u) << "both rotate_halfs went";
+  EXPECT_EQ(ops["Reshape"], 4 + 2) << "the head splits and the merge, and the two caches as rows";
+  EXPECT_EQ(CountInitializers(run.model, "rotary_zero"), 1) << "one offset for both rotations";
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
+// The rotary form of Hugging Face's decoders, exported: every layer's rotations share one pair of
+// caches, and the model keeps its outputs. Made once per table pair even where positions come per
+// row (the Range form): the rewrite once added its constants twice there.
+TEST(FuseRotaryEmbeddingTest, EveryLayerOfAnExportSharesOneCacheAndOneOffset) {
+  for (const char* name : {"hf/llama_torchscript.onnx", "hf/llama_dynamo.onnx"}) {
+    auto original = LoadModel(testing::FixturePath(name));
+    ASSERT_TRUE(original.ok()) << original.status();
+    testing::PassRun cleaned = RunConfig(R"({"preset": "basic"})", *original);
+    ASSERT_TRUE(cleaned.status.ok());
+    testing::PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}]})", cleaned.model);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.report.rewrites(), 4) << name << ": Q and K of two layers";
+    EXPECT_EQ(OpCounts(run.model)["RotaryEmbedding"], 4) << name;
+    for (const char* constant : {"rotary_zero", "rotary_axis", "rotary_half"}) {
+      EXPECT_EQ(CountInitializers(run.model, constant), 1) << name << ": " << constant;
+    }
+    v1::ParityReport parity;
+    testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {16}, &parity);
+  }
+}
+
+// The fused rotations are what the attention fusion reads next: MultiHeadAttention with the rotation
+// moved onto the [B,S,H] projections, the same outputs.
+TEST(FuseRotaryEmbeddingTest, TheAttentionFusionTakesTheFusedRotations) {
+  AttentionGraphOptions options;
+  options.rotary = true;
+  options.padding_mask = true;
+  const onnx::ModelProto original = AttentionGraph(options);
+  testing::PassRun run = RunConfig(R"({"preset": "transformer"})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  EXPECT_EQ(ops["MultiHeadAttention"], 1);
+  EXPECT_EQ(ops["RotaryEmbedding"], 2);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "RotaryEmbedding") continue;
+    bool num_heads = false;
+    for (const auto& attribute : node.attribute()) num_heads |= attribute.name() == "num_heads" && attribute.i() == 2;
+    EXPECT_TRUE(num_heads) << "rotating [B,S,H] needs the heads";
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
+}  // namespace
+}  // namespace onnxopt
