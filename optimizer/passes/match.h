@@ -21,8 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "optimizer/graph.h"
+#include "optimizer/pass.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
 
@@ -61,6 +63,23 @@ class [[nodiscard]] MatchResult {
 
 // A match that finds nothing beyond "it fits".
 struct Matched {};
+
+// The greedy driver of a matcher-based pass: `match` (Node* -> MatchResult<T>) on every live node in
+// order, `rewrite` (T) on what matched; a failure with a reason is reported as the pass's skip, after
+// `prefix`. Nodes a rewrite removes are not matched again; nodes it adds wait for the next sweep.
+template <typename MatchFn, typename RewriteFn>
+void RewriteEachMatch(Graph& graph, PassContext& context, absl::string_view prefix, MatchFn&& match,
+                      RewriteFn&& rewrite) {
+  for (Node* node : graph.Nodes()) {
+    if (node->removed()) continue;
+    auto matched = match(node);
+    if (matched) {
+      rewrite(*std::move(matched));
+    } else if (!matched.reason().empty()) {
+      context.Skip(absl::StrCat(prefix, matched.reason()));
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Paths

@@ -1,36 +1,21 @@
 // The presets as pipelines: basic reaches a fixed point across its passes, extended keeps the
 // conformance fixtures exact, and the seed passes fire on models PyTorch exported with their patterns.
-#include <map>
-#include <random>
-#include <set>
 
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
 #include "optimizer/pass_manager.h"
-#include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
-#include "tests/pass_runner.h"
 
 namespace onnxopt {
 namespace {
 
-using testing::BoolScalar;
 using testing::ExpectSameOutputs;
 using testing::FixturePath;
 using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
-using testing::MakeValue;
-using testing::OpCounts;
-using testing::PassRun;
-using testing::RandomFloats;
-using testing::RunConfig;
-using testing::RunPass;
-using testing::SkipCount;
-using testing::WithIntAttribute;
-using testing::WithIntsAttribute;
 
 // Removing Identity leaves its only consumer's input unused: the fixed point of the basic preset
 // chains the passes.

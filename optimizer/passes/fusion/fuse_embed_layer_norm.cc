@@ -286,15 +286,9 @@ class FuseEmbedLayerNormPass final : public ShapedPass {
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
-    for (Node* norm : graph.Nodes()) {
-      if (norm->removed()) continue;
-      MatchResult<EmbedMatch> match = MatchEmbedding(graph, norm, shapes);
-      if (match) {
-        Rewrite(graph, *match, shapes, context);
-      } else if (!match.reason().empty()) {
-        context.Skip(absl::StrCat("fuse_embed_layer_norm: ", match.reason()));
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "fuse_embed_layer_norm: ", [&](Node* norm) { return MatchEmbedding(graph, norm, shapes); },
+        [&](const EmbedMatch& match) { Rewrite(graph, match, shapes, context); });
     return absl::OkStatus();
   }
 };

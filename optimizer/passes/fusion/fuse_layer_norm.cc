@@ -209,15 +209,9 @@ class FuseLayerNormPass final : public ShapedPass {
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     const int64_t opset = context.OpsetVersion("");
-    for (Node* variance : graph.Nodes()) {
-      if (variance->removed()) continue;
-      MatchResult<NormMatch> match = MatchNorm(graph, variance, opset, shapes);
-      if (match) {
-        Rewrite(graph, *std::move(match), context);
-      } else if (!match.reason().empty()) {
-        context.Skip(match.reason());
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "", [&](Node* variance) { return MatchNorm(graph, variance, opset, shapes); },
+        [&](NormMatch match) { Rewrite(graph, std::move(match), context); });
     AbsorbBias(graph, context);
     return absl::OkStatus();
   }

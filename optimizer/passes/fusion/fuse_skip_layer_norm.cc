@@ -129,15 +129,9 @@ class FuseSkipLayerNormPass final : public ShapedPass {
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
-    for (Node* norm : graph.Nodes()) {
-      if (norm->removed()) continue;
-      MatchResult<SkipNormMatch> match = MatchSkipNorm(graph, norm, shapes);
-      if (match) {
-        Rewrite(graph, *match, context);
-      } else if (!match.reason().empty()) {
-        context.Skip(match.reason());
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "", [&](Node* norm) { return MatchSkipNorm(graph, norm, shapes); },
+        [&](const SkipNormMatch& match) { Rewrite(graph, match, context); });
     return absl::OkStatus();
   }
 };

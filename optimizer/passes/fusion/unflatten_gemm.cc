@@ -115,15 +115,9 @@ class UnflattenGemmPass final : public ShapedPass {
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
-    for (Node* gemm : graph.Nodes()) {
-      if (gemm->removed()) continue;
-      MatchResult<UnflattenMatch> match = MatchUnflatten(graph, gemm, shapes);
-      if (match) {
-        Rewrite(graph, *match, context);
-      } else if (!match.reason().empty()) {
-        context.Skip(match.reason());
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "", [&](Node* gemm) { return MatchUnflatten(graph, gemm, shapes); },
+        [&](const UnflattenMatch& match) { Rewrite(graph, match, context); });
     return absl::OkStatus();
   }
 };

@@ -205,6 +205,7 @@ int64_t SettlingBound(const std::vector<int64_t>& values, int64_t range) {
 
 // What folding one Gather takes: the function f of d feeding its index, and the table of rows.
 struct BucketFold {
+  Node* gather = nullptr;
   Function f;
   std::string d;
   int32_t d_type = onnx::TensorProto::INT64;
@@ -214,6 +215,10 @@ struct BucketFold {
 
 // The index of `gather` as f(d): d the farthest value that alone feeds f, probed in ONNX Runtime.
 MatchResult<BucketFold> MatchBuckets(Graph& graph, Node* gather, const ShapeInfo& shapes, const PassContext& context) {
+  if (gather->op_type() != "Gather" || !gather->domain().empty() || gather->GetAttributeInt("axis", 0) != 0 ||
+      ConstantTensor(graph, gather->input(0)) == nullptr) {
+    return Fail();
+  }
   const std::string idx = gather->input(1);
   Function everything;
   if (!CollectFunction(graph, idx, "", 8, &everything) || everything.nodes.size() < 3) return Fail();
@@ -223,6 +228,7 @@ MatchResult<BucketFold> MatchBuckets(Graph& graph, Node* gather, const ShapeInfo
   }
   std::sort(candidates.rbegin(), candidates.rend());
   BucketFold fold;
+  fold.gather = gather;
   for (const auto& [depth, value] : candidates) {
     const auto type = shapes.ElementType(value);
     const auto rank = shapes.Rank(value);
@@ -256,7 +262,8 @@ MatchResult<BucketFold> MatchBuckets(Graph& graph, Node* gather, const ShapeInfo
 }
 
 // Gather(W', Add(Clip(d, -B, B), B)); f's nodes that nothing reads any more go.
-void Fold(Graph& graph, Node* gather, BucketFold fold, PassContext& context) {
+void Fold(Graph& graph, BucketFold fold, PassContext& context) {
+  Node* gather = fold.gather;
   auto scalar = [&](const std::string& hint, int64_t v) {
     return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), fold.d_type, v))->name();
   };
@@ -302,18 +309,10 @@ class FoldRelativePositionBucketsPass final : public ShapedPass {
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     if (context.OpsetVersion("") < 12) return absl::OkStatus();
-    for (Node* gather : graph.Nodes()) {
-      if (gather->removed() || gather->op_type() != "Gather" || !gather->domain().empty() ||
-          gather->GetAttributeInt("axis", 0) != 0 || ConstantTensor(graph, gather->input(0)) == nullptr) {
-        continue;
-      }
-      MatchResult<BucketFold> fold = MatchBuckets(graph, gather, shapes, context);
-      if (fold) {
-        Fold(graph, gather, *std::move(fold), context);
-      } else if (!fold.reason().empty()) {
-        context.Skip(absl::StrCat("fold_relative_position_buckets: ", fold.reason()));
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "fold_relative_position_buckets: ",
+        [&](Node* gather) { return MatchBuckets(graph, gather, shapes, context); },
+        [&](BucketFold fold) { Fold(graph, std::move(fold), context); });
     return absl::OkStatus();
   }
 };

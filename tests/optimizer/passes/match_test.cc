@@ -3,8 +3,6 @@
 // reason, and the helpers that parse what passes read (Slices, scalar operands).
 #include "optimizer/passes/match.h"
 
-#include <cmath>
-
 #include "gtest/gtest.h"
 #include "optimizer/graph.h"
 #include "optimizer/passes/constants.h"

@@ -1,25 +1,15 @@
 // eliminate_dead_nodes: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
-#include <map>
-
 #include "gtest/gtest.h"
-#include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
 #include "tests/model_builder.h"
-#include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
 
 namespace onnxopt {
 namespace {
 
-using testing::BoolScalar;
-using testing::ExpectSameOutputs;
-using testing::FixturePath;
-using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
-using testing::OpCounts;
 using testing::PassRun;
 using testing::RunPass;
 using testing::SkipCount;

@@ -1,12 +1,6 @@
 // eliminate_noop_ops: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
-#include <map>
-#include <random>
-#include <set>
-
 #include "gtest/gtest.h"
-#include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
 #include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
@@ -16,15 +10,11 @@ namespace onnxopt {
 namespace {
 
 using testing::ExpectSameOutputs;
-using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
 using testing::MakeValue;
-using testing::OpCounts;
 using testing::PassRun;
-using testing::RandomFloats;
-using testing::RunConfig;
 using testing::RunPass;
 using testing::WithIntAttribute;
 using testing::WithIntsAttribute;

@@ -1,18 +1,11 @@
 // fuse_attention: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
 #include <cmath>
-#include <limits>
 #include <map>
-#include <random>
-#include <tuple>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
-#include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
 #include "tests/attention_graphs.h"
 #include "tests/model_builder.h"
@@ -23,16 +16,9 @@ namespace onnxopt {
 namespace {
 
 using testing::ExpectSameOutputs;
-using testing::FloatTensor;
-using testing::FloatValue;
-using testing::MakeModel;
-using testing::MakeNode;
 using testing::OpCounts;
 using testing::PassRun;
-using testing::RandomFloats;
 using testing::RunConfig;
-using testing::WithIntAttribute;
-using testing::WithIntsAttribute;
 
 // Runs `model` on token ids with the given attention mask; returns the first output.
 std::vector<float> RunEncoder(const onnx::ModelProto& model, const std::vector<int64_t>& ids,

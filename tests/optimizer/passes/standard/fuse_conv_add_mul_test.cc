@@ -1,18 +1,8 @@
 // fuse_conv_add_mul: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
-#include <cmath>
-#include <limits>
 #include <map>
-#include <random>
-#include <tuple>
 
-#include "absl/strings/match.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
-#include "optimizer/passes/constants.h"
-#include "optimizer/shape_info.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
@@ -29,8 +19,6 @@ using testing::OpCounts;
 using testing::PassRun;
 using testing::RandomFloats;
 using testing::RunConfig;
-using testing::WithIntAttribute;
-using testing::WithIntsAttribute;
 
 TEST(FuseConvAddMulTest, FoldsPerChannelScaleAndBias) {
   onnx::GraphProto graph;

@@ -1,13 +1,8 @@
 // fuse_conv_batchnorm: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
 #include <map>
-#include <random>
-#include <set>
 
 #include "gtest/gtest.h"
-#include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
-#include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
@@ -20,13 +15,10 @@ using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
-using testing::MakeValue;
 using testing::OpCounts;
 using testing::PassRun;
 using testing::RandomFloats;
-using testing::RunConfig;
 using testing::RunPass;
-using testing::WithIntAttribute;
 using testing::WithIntsAttribute;
 
 TEST(FuseConvBatchNormTest, FoldsInferenceBatchNorm) {

@@ -1,12 +1,6 @@
 // gather_range_to_slice: it fires where it may, skips (with its reason) where it may not, and the
 // rewritten model computes the same outputs in ONNX Runtime.
-#include <map>
-#include <random>
-#include <set>
-
 #include "gtest/gtest.h"
-#include "optimizer/model_io.h"
-#include "optimizer/pass_manager.h"
 #include "optimizer/passes/constants.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
@@ -16,18 +10,14 @@ namespace onnxopt {
 namespace {
 
 using testing::ExpectSameOutputs;
-using testing::FloatTensor;
 using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
-using testing::MakeValue;
 using testing::OpCounts;
 using testing::PassRun;
-using testing::RandomFloats;
 using testing::RunConfig;
 using testing::RunPass;
 using testing::WithIntAttribute;
-using testing::WithIntsAttribute;
 
 // data [4, 6, 5] -> Gather(axis 1, Range(start, limit, delta))
 onnx::ModelProto RangeGatherModel(int64_t start, int64_t delta, std::optional<int64_t> limit) {
