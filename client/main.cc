@@ -557,8 +557,10 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
     value(command, "--preset", "NAME",
           "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
         ->check(CLI::IsMember(presets));
-    value(command, "--precision", "MODE", "fp32 (default), fp16, bf16, int8_dynamic, int8_static or int4_weight_only")
-        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only"}));
+    value(command, "--precision", "MODE",
+          "fp32 (default), fp16, bf16, int8_dynamic, int8_static, int4_weight_only, or auto (the fastest float "
+          "precision that passes parity on the job's device)")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only", "auto"}));
     value(command, "--calibration", "METHOD", "int8_static's calibration: minmax (default), percentile or entropy")
         ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
     value(command, "--device", "cpu|cuda", "where parity and the benchmark run")

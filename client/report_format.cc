@@ -1,6 +1,7 @@
 #include "client/report_format.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -215,6 +216,15 @@ std::string FormatReport(const v1::Report& report) {
                                             output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    if (parity.device() != parity.reference()) {
+      absl::StrAppend(&out, "reference: ", parity.reference(), "; compared on: ", parity.device(),
+                      absl::StrFormat("; an output may stray %gx the original's own deviation there\n", parity.noise_factor()));
+      for (const auto& output : parity.outputs()) {
+        absl::StrAppend(&out, absl::StrFormat("  %-22s device deviation %.3e, bound %.3e, judged by %s\n", output.name(),
+                                              output.device_deviation(), output.noise_bound(),
+                                              output.judged_by().empty() ? "-" : output.judged_by()));
+      }
+    }
     for (const auto& check : parity.lengths()) {
       absl::StrAppend(&out, absl::StrFormat(
                                 "%s at %d (exported %d): %s%s%s%s\n", check.dim(), check.length(), check.exported(),
@@ -266,6 +276,14 @@ std::string FormatReport(const v1::Report& report) {
     for (const auto& kept : precision.kept_nodes()) {
       absl::StrAppend(&out, "  kept in float32: ", kept.node(), " (", kept.op_type(), "): ", kept.reason(), "\n");
     }
+    for (const auto& candidate : precision.candidates()) {
+      absl::StrAppend(&out, absl::StrFormat("  candidate %-5s %s", candidate.mode(), candidate.passed() ? "passed" : "failed"),
+                      candidate.p50_ms() > 0 ? absl::StrFormat(", p50 %.3f ms, %.3fx float32", candidate.p50_ms(),
+                                                               candidate.speedup())
+                                             : "",
+                      candidate.chosen() ? " [chosen]" : "",
+                      candidate.note().empty() ? "" : absl::StrCat(" (", candidate.note(), ")"), "\n");
+    }
   }
 
   absl::StrAppend(&out, "\nbenchmark: ");
@@ -299,6 +317,21 @@ std::string FormatReport(const v1::Report& report) {
     }
     if (benchmark.shapes_size() == 0) {
       absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
+    }
+    if (benchmark.device_resident()) {
+      absl::StrAppend(&out, "device-resident: inputs and outputs bound on the GPU; with host copies:\n");
+      table(benchmark.original_with_copies(), benchmark.optimized_with_copies());
+    }
+    if (benchmark.cuda_graph().tried()) {
+      const v1::CudaGraphTiming& graph = benchmark.cuda_graph();
+      absl::StrAppend(&out, graph.qualified() ? absl::StrFormat("CUDA graph: optimized p50 %.3f ms, %.3fx over its plain "
+                                                                "device-resident runs\n",
+                                                                graph.optimized().p50_ms(), graph.gain())
+                                              : absl::StrCat("CUDA graph: does not qualify: ", graph.reason(), "\n"));
+    }
+    if (benchmark.deploy_settings_size() > 0) {
+      std::map<std::string, std::string> sorted(benchmark.deploy_settings().begin(), benchmark.deploy_settings().end());
+      absl::StrAppend(&out, "deploy with: ", absl::StrJoin(sorted, ", ", absl::PairFormatter("=")), "\n");
     }
     if (benchmark.regression()) absl::StrAppend(&out, "REGRESSION: the optimized model is slower beyond the noise\n");
     if (benchmark.has_tuning()) {

@@ -82,6 +82,70 @@ void EmbedLayerNormalizationShape(onnx::InferenceContext& ctx) {
   }
 }
 
+// The [rows, columns] output 0 of a packed operator, with input 0's element type.
+void PackedOutput(onnx::InferenceContext& ctx, const onnx::TensorShapeProto::Dimension& rows,
+                  const onnx::TensorShapeProto::Dimension& columns) {
+  onnx::propagateElemTypeFromInputToOutput(ctx, 0, 0);
+  onnx::TensorShapeProto* shape = ctx.getOutputType(0)->mutable_tensor_type()->mutable_shape();
+  shape->clear_dim();
+  *shape->add_dim() = rows;
+  *shape->add_dim() = columns;
+}
+
+// RemovePadding(input [B,S,H], sequence_token_count [B]): output [T,H], token_offset [B,S],
+// cumulated_seq_len [B+1], max_seq_len [1], the last three int32.
+void RemovePaddingShape(onnx::InferenceContext& ctx) {
+  if (ctx.getInputType(0) == nullptr || ctx.getNumOutputs() < 1) return;
+  onnx::TensorShapeProto::Dimension tokens, hidden;
+  const bool shaped = onnx::hasInputShape(ctx, 0) && onnx::getInputShape(ctx, 0).dim_size() == 3;
+  if (shaped) hidden = onnx::getInputShape(ctx, 0).dim(2);
+  PackedOutput(ctx, tokens, hidden);
+  for (size_t out = 1; out < ctx.getNumOutputs(); ++out) {
+    onnx::TypeProto_Tensor* tensor = ctx.getOutputType(out)->mutable_tensor_type();
+    tensor->set_elem_type(onnx::TensorProto::INT32);
+    if (out == 1 && shaped) {
+      onnx::TensorShapeProto* shape = tensor->mutable_shape();
+      shape->clear_dim();
+      *shape->add_dim() = onnx::getInputShape(ctx, 0).dim(0);
+      *shape->add_dim() = onnx::getInputShape(ctx, 0).dim(1);
+    }
+  }
+}
+
+// RestorePadding(input [T,H], token_offset [B,S]): [B,S,H].
+void RestorePaddingShape(onnx::InferenceContext& ctx) {
+  if (ctx.getInputType(0) == nullptr || ctx.getNumOutputs() < 1) return;
+  onnx::propagateElemTypeFromInputToOutput(ctx, 0, 0);
+  if (!onnx::hasInputShape(ctx, 0) || !onnx::hasInputShape(ctx, 1)) return;
+  const onnx::TensorShapeProto& packed = onnx::getInputShape(ctx, 0);
+  const onnx::TensorShapeProto& offsets = onnx::getInputShape(ctx, 1);
+  if (packed.dim_size() != 2 || offsets.dim_size() != 2) return;
+  onnx::TensorShapeProto* shape = ctx.getOutputType(0)->mutable_tensor_type()->mutable_shape();
+  shape->clear_dim();
+  *shape->add_dim() = offsets.dim(0);
+  *shape->add_dim() = offsets.dim(1);
+  *shape->add_dim() = packed.dim(1);
+}
+
+// PackedAttention(input [T,H_in], weights [H_in, Q+K+V], ...): [T, V].
+void PackedAttentionShape(onnx::InferenceContext& ctx) {
+  if (ctx.getInputType(0) == nullptr || ctx.getNumOutputs() < 1) return;
+  std::vector<int64_t> sizes;
+  onnx::TensorShapeProto::Dimension tokens, v;
+  if (onnx::hasInputShape(ctx, 0) && onnx::getInputShape(ctx, 0).dim_size() == 2) {
+    tokens = onnx::getInputShape(ctx, 0).dim(0);
+  }
+  if (onnx::getRepeatedAttribute(ctx, "qkv_hidden_sizes", sizes) && sizes.size() == 3) {
+    v.set_dim_value(sizes[2]);
+  } else if (onnx::hasInputShape(ctx, 1)) {
+    const onnx::TensorShapeProto& weights = onnx::getInputShape(ctx, 1);
+    if (weights.dim_size() == 2 && weights.dim(1).has_dim_value() && weights.dim(1).dim_value() % 3 == 0) {
+      v.set_dim_value(weights.dim(1).dim_value() / 3);
+    }
+  }
+  PackedOutput(ctx, tokens, v);
+}
+
 void Register(const std::string& name, std::function<void(onnx::InferenceContext&)> inference) {
   onnx::OpSchema schema;
   schema.SetName(name)
@@ -116,6 +180,9 @@ void EnsureContribSchemas() {
     Register("Attention", AttentionShape);
     Register("MultiHeadAttention", MultiHeadAttentionShape);
     Register("EmbedLayerNormalization", EmbedLayerNormalizationShape);
+    Register("RemovePadding", RemovePaddingShape);
+    Register("RestorePadding", RestorePaddingShape);
+    Register("PackedAttention", PackedAttentionShape);
   });
 }
 

@@ -54,6 +54,9 @@ absl::Status CheckSettings(const v1::OptimizationConfig& config) {
   absl::Status status = CheckValidationSettings(config.validation());
   if (status.ok()) status = CheckBenchmarkSettings(config.benchmark());
   if (status.ok()) status = CheckPrecisionConfig(config.precision());
+  if (status.ok() && config.precision().mode() == kAutoPrecision && config.validation().skip()) {
+    status = absl::InvalidArgumentError("precision.mode 'auto' validates every candidate: validation.skip cannot be set");
+  }
   return status.ok() ? status : ConfigInvalid(status);
 }
 
@@ -64,6 +67,20 @@ std::string TunedSettingsJson(const v1::SessionTuning& tuning, const std::string
       "{\n  \"intra_op_threads\": %d,\n  \"execution_mode\": \"%s\",\n  \"graph_optimization_level\": \"%s\",\n"
       "  \"p50_ms\": %.4f,\n  \"gain_over_defaults\": %.4f,\n  \"execution_provider\": \"%s\"\n}\n",
       best.intra_op_threads(), best.execution_mode(), best.optimization_level(), best.p50_ms(), tuning.gain(), provider);
+}
+
+// The session settings to deploy the result with, as the benchmark ran it.
+void DescribeDeployment(const SessionSettings& settings, v1::BenchmarkReport* benchmark) {
+  auto& deploy = *benchmark->mutable_deploy_settings();
+  deploy["execution_provider"] = benchmark->execution_provider();
+  deploy["graph_optimization_level"] = benchmark->ort_optimization_level();
+  if (settings.intra_op_threads > 0) deploy["intra_op_num_threads"] = absl::StrCat(settings.intra_op_threads);
+  if (settings.device != v1::DEVICE_CUDA) return;
+  deploy["cuda.use_tf32"] = settings.cuda_tf32 ? "1" : "0";
+  deploy["io_binding"] = "inputs and outputs on the device";
+  // Worth deploying where the replay is faster beyond the noise of two medians.
+  const v1::CudaGraphTiming& graph = benchmark->cuda_graph();
+  deploy["cuda.enable_cuda_graph"] = graph.qualified() && graph.gain() > 1.02 ? "1" : "0";
 }
 
 }  // namespace
@@ -262,6 +279,11 @@ absl::Status OptimizeJob::RunPasses() {
     optimized_ = *std::move(original_);
     original_.reset();
   }
+  // CUDA asked for but falling back to the CPU (allow_cpu_fallback): device-specific forms
+  // (remove_padding's) are the CPU's.
+  if (pipeline_->hints.device == v1::DEVICE_CUDA) {
+    if (absl::StatusOr<SessionSettings> device = Device(); device.ok()) pipeline_->hints.device = device->device;
+  }
   absl::Status passes = RunPipeline(*pipeline_, &optimized_, PassOptions(), &pass_reports_, std::move(shapes));
   for (const auto& pass_report : pass_reports_) *report_.add_passes() = pass_report;
   return passes;
@@ -273,6 +295,7 @@ absl::Status OptimizeJob::ApplyPrecision() {
   if (!precision_requested_) return absl::OkStatus();
   const v1::PrecisionConfig& precision = config_.precision();
   fp32_model_ = optimized_;
+  if (precision.mode() == kAutoPrecision) return absl::OkStatus();  // chosen in validation: ChoosePrecision
   if (precision.mode() == "int8_static") {
     Progress(Phase::kOptimizing, "calibration");
     SessionSettings cpu;
@@ -353,6 +376,34 @@ const ModelSource& OptimizeJob::OriginalSource() {
   return *original_source_;
 }
 
+// CUDA, after the device-resident benchmark: both models with host copies (a caller with host tensors
+// pays them), and the result replayed as a CUDA graph, each on a quarter of the budget.
+absl::Status OptimizeJob::TimeOnDevice(Ort::Session& original, Ort::Session& optimized,
+                                       const ModelSource& optimized_source, const SessionSettings& settings,
+                                       const std::vector<GeneratedInputs>& inputs, v1::BenchmarkReport* benchmark) {
+  const double budget = (config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
+                                                                       : kDefaultTimeBudgetSeconds) / 4;
+  Progress(Phase::kBenchmarking, "with host copies");
+  v1::BenchmarkConfig copies_config = config_.benchmark();
+  copies_config.set_time_budget_seconds(budget);
+  v1::BenchmarkReport with_copies;
+  TimingMode host_bound;
+  host_bound.bound = true;
+  host_bound.device = settings.device;
+  host_bound.residence = Residence::kHost;
+  absl::Status timed =
+      Benchmark(original, optimized, inputs, copies_config, request_.cancelled, &with_copies, host_bound);
+  if (!timed.ok()) return timed;
+  *benchmark->mutable_original_with_copies() = with_copies.original();
+  *benchmark->mutable_optimized_with_copies() = with_copies.optimized();
+  Progress(Phase::kBenchmarking, "CUDA graph");
+  absl::StatusOr<v1::CudaGraphTiming> graph =
+      TimeCudaGraph(optimized_source, optimized, settings, inputs.front(), budget, request_.cancelled);
+  if (!graph.ok()) return graph.status();
+  *benchmark->mutable_cuda_graph() = *graph;
+  return absl::OkStatus();
+}
+
 // Times the original against the result (the file just written), measures both sessions' peak
 // memory and, when asked, searches the fastest session settings for the result; a regression may
 // return the original.
@@ -375,9 +426,19 @@ absl::Status OptimizeJob::RunBenchmark() {
   absl::StatusOr<std::vector<GeneratedInputs>> inputs =
       BenchmarkInputs(**original_session, *original_, config_.validation(), supplied_);
   if (!inputs.ok()) return inputs.status();
-  absl::Status timed =
-      Benchmark(**original_session, **optimized_session, *inputs, config_.benchmark(), request_.cancelled, benchmark);
+  // On CUDA the figures are device-resident; the host copies and CUDA graphs are timed after.
+  TimingMode mode;
+  mode.bound = settings.device == v1::DEVICE_CUDA;
+  mode.device = settings.device;
+  absl::Status timed = Benchmark(**original_session, **optimized_session, *inputs, config_.benchmark(),
+                                 request_.cancelled, benchmark, mode);
   if (!timed.ok()) return timed;
+  if (mode.bound) {
+    absl::Status device_timed =
+        TimeOnDevice(**original_session, **optimized_session, *optimized_source, settings, *inputs, benchmark);
+    if (!device_timed.ok()) return device_timed;
+  }
+  DescribeDeployment(settings, benchmark);
   // Peak memory, each model in a fresh session of its own.
   const std::pair<const ModelSource*, v1::LatencyStats*> measured[] = {
       {&OriginalSource(), benchmark->mutable_original()}, {&*optimized_source, benchmark->mutable_optimized()}};

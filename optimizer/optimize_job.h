@@ -59,6 +59,10 @@ class OptimizeJob {
   absl::Status Save();
   absl::Status Validate();
   absl::Status RunBenchmark();
+  // CUDA's figures beyond the device-resident ones: with host copies, and as a CUDA graph.
+  absl::Status TimeOnDevice(Ort::Session& original, Ort::Session& optimized, const ModelSource& optimized_source,
+                            const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
+                            v1::BenchmarkReport* benchmark);
 
   bool Cancelled() const { return request_.cancelled != nullptr && request_.cancelled->load(); }
   void Progress(Phase phase, const std::string& step = "") const;
@@ -77,10 +81,21 @@ class OptimizeJob {
 
   // Validation's parts (optimize_validation.cc).
   absl::StatusOr<bool> Judge(const ModelSource& source, const std::string& precision, v1::ParityReport* into);
+  // The original's deviation on the job's device from the CPU fp32 reference, where they differ.
+  absl::Status MeasureDeviceNoise();
   // After lower precision failed parity: automatic mixed precision, else float32 (or failure).
   absl::StatusOr<bool> RecoverPrecision(v1::ParityReport* parity);
   // After the pipeline failed parity: the best model without the passes that broke it (or failure).
   absl::Status RecoverByBisection(v1::ParityReport* parity);
+  // precision.mode "auto" (optimize_auto_precision.cc): the candidates, the fastest that passes kept.
+  struct PrecisionTrial {
+    std::string mode;
+    onnx::ModelProto model;
+    std::vector<v1::PassReport> runs;
+    v1::PrecisionCandidate* described = nullptr;
+  };
+  absl::Status ChoosePrecision();
+  absl::Status JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates);
   // The dims the pipeline freed, checked at other lengths.
   absl::Status CheckFreedDims(v1::ParityReport* parity);
 
@@ -108,7 +123,8 @@ class OptimizeJob {
   std::optional<ModelSource> original_source_;
   std::optional<absl::StatusOr<SessionSettings>> device_;
   // Validate.
-  SessionSettings parity_settings_;
+  SessionSettings reference_settings_;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
+  SessionSettings parity_settings_;     // the job's device: candidates (and the original's noise) run here
   std::unique_ptr<Ort::Session> original_session_;
   std::optional<ParityReference> reference_;
   bool returned_original_ = false;

@@ -11,6 +11,7 @@
 #include "optimizer/graph.h"
 #include "optimizer/optimize_job.h"
 #include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/precision.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/calibration.h"
 #include "optimizer/validation/length_check.h"
@@ -26,8 +27,10 @@ std::string CulpritList(const v1::Bisection& bisection) {
   return absl::StrJoin(names, ", then ");
 }
 
-// The graph input remove_padding packed the model by (behind Casts), when it changed the model; its
-// result is judged on that mask's valid positions.
+// The graph input remove_padding packed the model by, when it changed the model; its result is
+// judged on that mask's valid positions. The gather form reads it as NonZero(Reshape(mask, [-1])), the
+// packed form as RemovePadding's token counts: ReduceSum(Cast(mask)) or the embedding's mask index
+// (EmbedLayerNormalization's output 1, from its mask input 7).
 std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx::ModelProto& model) {
   bool ran = false;
   for (const auto& run : runs) ran |= run.name() == "remove_padding" && run.rewrites() > 0;
@@ -36,33 +39,32 @@ std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx
   for (const auto& node : model.graph().node()) {
     for (const auto& output : node.output()) producers[output] = &node;
   }
-  for (const auto& node : model.graph().node()) {
-    if (node.op_type() != "NonZero" || node.input_size() < 1) continue;
-    // The pass reads the mask as Reshape(mask, [-1]) -> NonZero.
-    auto reshape = producers.find(node.input(0));
-    if (reshape == producers.end() || reshape->second->op_type() != "Reshape") continue;
-    std::string value = reshape->second->input(0);
-    for (auto it = producers.find(value); it != producers.end() && it->second->op_type() == "Cast";
-         it = producers.find(value)) {
-      value = it->second->input(0);
+  auto graph_input_behind = [&](std::string value) -> std::string {
+    for (auto it = producers.find(value); it != producers.end(); it = producers.find(value)) {
+      const onnx::NodeProto& node = *it->second;
+      const bool passes_mask = node.op_type() == "Cast" || node.op_type() == "Reshape" || node.op_type() == "ReduceSum";
+      if (passes_mask && node.input_size() >= 1) {
+        value = node.input(0);
+      } else if (node.op_type() == "EmbedLayerNormalization" && node.output_size() > 1 && node.output(1) == value &&
+                 node.input_size() > 7) {
+        value = node.input(7);
+      } else {
+        return "";
+      }
     }
     for (const auto& input : model.graph().input()) {
       if (input.name() == value) return value;
     }
+    return "";
+  };
+  for (const auto& node : model.graph().node()) {
+    const bool gathered = node.op_type() == "NonZero" && node.input_size() >= 1;
+    const bool packed = node.op_type() == "RemovePadding" && node.input_size() >= 2;
+    if (!gathered && !packed) continue;
+    const std::string mask = graph_input_behind(node.input(packed ? 1 : 0));
+    if (!mask.empty()) return mask;
   }
   return "";
-}
-
-// "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
-std::string WorstOutput(const v1::ParityReport& parity) {
-  for (const auto& output : parity.outputs()) {
-    if (output.passed()) continue;
-    if (!output.note().empty()) return absl::StrCat(output.name(), ": ", output.note());
-    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f",
-                           output.name(), output.nan_or_inf_introduced() ? "NaN/Inf introduced, " : "",
-                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity());
-  }
-  return "no output failed";
 }
 
 // The largest magnitude of every float32 value the main graph computes, on one input set.
@@ -115,24 +117,39 @@ absl::Status OptimizeJob::Validate() {
   Progress(Phase::kValidating);
   absl::StatusOr<SessionSettings> device = Device();
   if (!device.ok()) return device.status();
+  // The reference is CPU fp32 arithmetic: the original on the CPU, ONNX Runtime's rewrites off. The
+  // compared models run on the job's device (TF32 off on CUDA unless the job deploys with it).
+  reference_settings_ = *device;
+  reference_settings_.device = v1::DEVICE_CPU;
+  reference_settings_.optimization_level = ORT_DISABLE_ALL;
   parity_settings_ = *device;
   parity_settings_.optimization_level = OrtLevel(config_.validation().ort_optimization_level(), ORT_DISABLE_ALL);
-  auto original_session = CreateSession(OriginalSource(), parity_settings_);
+  parity_settings_.cuda_tf32 = config_.validation().allow_tf32();
+  auto original_session = CreateSession(OriginalSource(), reference_settings_);
   if (!original_session.ok()) return original_session.status();
   original_session_ = *std::move(original_session);
   v1::ParityReport* parity = report_.mutable_parity();
   parity->set_ort_optimization_level(OrtLevelName(parity_settings_.optimization_level));
+  parity->set_reference(DescribeSettings(reference_settings_));
+  parity->set_device(DescribeSettings(parity_settings_));
+  parity->set_tf32(parity_settings_.device == v1::DEVICE_CUDA && parity_settings_.cuda_tf32);
   absl::StatusOr<ParityReference> reference = BuildParityReference(*original_session_, *original_, config_.validation(),
                                                                    supplied_, request_.cancelled, parity);
   if (!reference.ok()) return reference.status();
   reference_ = *std::move(reference);
+  if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;
+  parity->set_noise_factor(reference_->noise_factor);
   reference_->valid_positions_of = PaddingMaskInput(pass_reports_, optimized_);
   parity->set_valid_positions_of(reference_->valid_positions_of);
+  const bool auto_precision = config_.precision().mode() == kAutoPrecision;
+  if (auto_precision) {
+    if (absl::Status chosen = ChoosePrecision(); !chosen.ok()) return chosen;
+  }
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
   absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(optimized_), parity);
   if (!passed.ok()) return passed.status();
-  if (!*passed && precision_requested_) {
+  if (!*passed && precision_requested_ && !auto_precision) {
     passed = RecoverPrecision(parity);
     if (!passed.ok()) return passed.status();
   }
@@ -140,6 +157,18 @@ absl::Status OptimizeJob::Validate() {
     if (absl::Status recovered = RecoverByBisection(parity); !recovered.ok()) return recovered;
   }
   return CheckFreedDims(parity);
+}
+
+// Where the compared models run otherwise than the reference, the original's own deviation there
+// bounds how far a correct rewrite may stray (ValidationConfig.noise_factor).
+absl::Status OptimizeJob::MeasureDeviceNoise() {
+  reference_->noise_factor =
+      config_.validation().noise_factor() > 0 ? config_.validation().noise_factor() : kDefaultNoiseFactor;
+  if (SameArithmetic(parity_settings_, reference_settings_)) return absl::OkStatus();
+  Progress(Phase::kValidating, "device noise");
+  auto device_original = CreateSession(OriginalSource(), parity_settings_);
+  if (!device_original.ok()) return device_original.status();
+  return MeasureDeviceDeviation(**device_original, config_.validation(), request_.cancelled, &*reference_);
 }
 
 absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
@@ -242,9 +271,17 @@ absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
   Progress(Phase::kValidating, "other lengths");
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
+  // Both on the job's device, which the result may need (packed attention runs on CUDA only).
   auto optimized_session = CreateSession(*source, parity_settings_);
   if (!optimized_session.ok()) return optimized_session.status();
-  absl::Status checked = CheckFreedLengths(*original_session_, *original_, **optimized_session, optimized_,
+  std::unique_ptr<Ort::Session> device_original;
+  if (!SameArithmetic(parity_settings_, reference_settings_)) {
+    auto created = CreateSession(OriginalSource(), parity_settings_);
+    if (!created.ok()) return created.status();
+    device_original = *std::move(created);
+  }
+  Ort::Session& original = device_original ? *device_original : *original_session_;
+  absl::Status checked = CheckFreedLengths(original, *original_, **optimized_session, optimized_,
                                            ModelPrecision(optimized_), config_.validation(), parity);
   if (!checked.ok()) return checked;
   for (const auto& check : parity->lengths()) {

@@ -115,13 +115,16 @@ std::string ExplainCudaLoadFailure(const std::string& ort_message) {
   return ort_message;
 }
 
-// Adds the CUDA execution provider (default options) to `options`; throws Ort::Exception where it
-// cannot load.
-void AppendCuda(Ort::SessionOptions& options) {
+// Adds the CUDA execution provider to `options`, with TF32 and CUDA graphs as `settings` ask; throws
+// Ort::Exception where it cannot load.
+void AppendCuda(Ort::SessionOptions& options, const SessionSettings& settings) {
   OrtCUDAProviderOptionsV2* cuda_options = nullptr;
   Ort::ThrowOnError(Ort::GetApi().CreateCUDAProviderOptions(&cuda_options));
   std::unique_ptr<OrtCUDAProviderOptionsV2, decltype(Ort::GetApi().ReleaseCUDAProviderOptions)> owned(
       cuda_options, Ort::GetApi().ReleaseCUDAProviderOptions);
+  const char* keys[] = {"use_tf32", "enable_cuda_graph"};
+  const char* values[] = {settings.cuda_tf32 ? "1" : "0", settings.cuda_graph ? "1" : "0"};
+  Ort::ThrowOnError(Ort::GetApi().UpdateCUDAProviderOptions(cuda_options, keys, values, 2));
   options.AppendExecutionProvider_CUDA_V2(*cuda_options);
 }
 
@@ -131,7 +134,7 @@ ProviderStatus ProbeCuda() {
   ProviderStatus status{"CUDAExecutionProvider", false, ""};
   try {
     Ort::SessionOptions options;
-    AppendCuda(options);
+    AppendCuda(options, SessionSettings());
     status.usable = true;
   } catch (const std::exception& e) {
     status.reason = ExplainCudaLoadFailure(e.what());
@@ -178,6 +181,24 @@ absl::StatusOr<std::string> ProviderFor(v1::Device device) {
   return absl::InternalError("no CUDA provider status");  // ProviderStatuses always lists CUDA
 }
 
+std::string DescribeSettings(const SessionSettings& settings) {
+  std::string level = "ONNX Runtime optimizations ";
+  switch (settings.optimization_level) {
+    case ORT_DISABLE_ALL: level += "off"; break;
+    case ORT_ENABLE_BASIC: level += "basic"; break;
+    case ORT_ENABLE_EXTENDED: level += "extended"; break;
+    default: level += "all"; break;
+  }
+  if (settings.device != v1::DEVICE_CUDA) return absl::StrCat("CPU fp32, ", level);
+  return absl::StrCat("CUDA GPU, TF32 ", settings.cuda_tf32 ? "on" : "off", settings.cuda_graph ? ", CUDA graph" : "",
+                      ", ", level);
+}
+
+bool SameArithmetic(const SessionSettings& a, const SessionSettings& b) {
+  return a.device == b.device && a.optimization_level == b.optimization_level &&
+         (a.device != v1::DEVICE_CUDA || a.cuda_tf32 == b.cuda_tf32);
+}
+
 absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings) {
   absl::StatusOr<std::string> provider = ProviderFor(settings.device);
   if (!provider.ok()) return provider.status();
@@ -190,7 +211,7 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
       options.AddConfigEntry("session.intra_op.allow_spinning", "0");
       options.AddConfigEntry("session.inter_op.allow_spinning", "0");
     }
-    if (*provider == "CUDAExecutionProvider") AppendCuda(options);
+    if (*provider == "CUDAExecutionProvider") AppendCuda(options, settings);
     if (!model.path.empty()) {
       return std::make_unique<Ort::Session>(OrtEnvironment(), model.path.c_str(), options);
     }

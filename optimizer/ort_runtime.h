@@ -28,7 +28,18 @@ struct SessionSettings {
   // Intra-op threads spin after a run waiting for the next one. Two sessions timed in turns would
   // then compete with each other's spinning threads, so side-by-side timing turns it off.
   bool allow_spinning = true;
+  // CUDA only: fp32 MatMuls and convolutions in TF32 (ONNX Runtime's default; parity turns it off),
+  // and the whole run replayed as one CUDA graph (every node on CUDA, inputs and outputs bound at
+  // fixed device addresses: BoundRun).
+  bool cuda_tf32 = true;
+  bool cuda_graph = false;
 };
+
+// "CPU fp32" or "CUDA GPU, TF32 off", then the optimization level: what a report says ran.
+std::string DescribeSettings(const SessionSettings& settings);
+// Whether sessions under `a` and `b` compute the same numbers: the same device and ONNX Runtime
+// rewrites (and TF32 on CUDA). Thread counts and spinning do not change results.
+bool SameArithmetic(const SessionSettings& a, const SessionSettings& b);
 
 std::string OrtVersion();
 // The execution providers this ONNX Runtime build has (whether or not they can run here).

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
 #include "optimizer/graph.h"
 #include "optimizer/shape_info.h"
 
@@ -49,11 +50,13 @@ class PassParams {
 };
 
 // What the job's config says about the model's architecture (OptimizationConfig.transformer);
-// empty or 0 where it says nothing and passes work it out from the graph.
+// empty or 0 where it says nothing and passes work it out from the graph. And where the job runs
+// the result: passes that emit device-specific operators choose by it (remove_padding).
 struct ModelHints {
   std::string family;
   int64_t num_heads = 0;
   int64_t hidden_size = 0;
+  v1::Device device = v1::DEVICE_CPU;
 };
 
 // The range of values a float activation took in calibration.

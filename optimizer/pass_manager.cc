@@ -109,6 +109,7 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
   pipeline.hints.family = transformer.family();
   pipeline.hints.num_heads = transformer.num_heads();
   pipeline.hints.hidden_size = transformer.hidden_size();
+  pipeline.hints.device = config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
   if (config.passes_size() > 0) {
     if (!config.preset().empty()) {
       return absl::InvalidArgumentError("give either a preset or an explicit pass list, not both");

@@ -62,10 +62,10 @@ bool PrecisionRequested(const v1::PrecisionConfig& precision) {
 
 absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
   const std::string& mode = precision.mode();
-  if (!mode.empty() && mode != "fp32" && PassFor(mode) == nullptr) {
+  if (!mode.empty() && mode != "fp32" && mode != kAutoPrecision && PassFor(mode) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("precision.mode '", mode,
                                                    "' is unknown (known: fp32, fp16, bf16, int8_dynamic, "
-                                                   "int8_static, int4_weight_only)"));
+                                                   "int8_static, int4_weight_only, auto)"));
   }
   if (precision.calibration().samples() < 0 || precision.calibration().samples() > kMaxCalibrationSamples) {
     return absl::InvalidArgumentError(

@@ -34,6 +34,10 @@
 
 namespace onnxopt {
 
+// precision.mode "auto": float32, float16 and (on CUDA) bfloat16 validated and timed, the fastest
+// that passes returned (OptimizeJob::ChoosePrecision).
+inline constexpr char kAutoPrecision[] = "auto";
+
 // Whether the config asks for anything but float32.
 bool PrecisionRequested(const v1::PrecisionConfig& precision);
 

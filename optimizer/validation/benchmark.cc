@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -53,16 +54,82 @@ absl::StatusOr<double> TimedRun(Ort::Session& session, const GeneratedInputs& in
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Pair `index` of runs timed in turns: both sessions once, the first one going first on even pairs
-// so that neither gets a warmer cache. `latencies` gets each session's time.
-absl::Status TimedPair(Ort::Session* const sessions[2], const GeneratedInputs& inputs,
-                       const std::vector<std::string>& output_names, int index, double latencies[2]) {
+// Pair `index` of runs timed in turns: both runners once, the first one going first on even pairs
+// so that neither gets a warmer cache. `latencies` gets each one's time.
+absl::Status TimedPair(const TimedRunner runners[2], int index, double latencies[2]) {
   for (int k = 0; k < 2; ++k) {
     const int which = index % 2 == 0 ? k : 1 - k;
-    absl::StatusOr<double> latency = TimedRun(*sessions[which], inputs, output_names);
+    absl::StatusOr<double> latency = runners[which]();
     if (!latency.ok()) return latency.status();
     latencies[which] = *latency;
   }
+  return absl::OkStatus();
+}
+
+// How long and how steadily one shape set is timed (BenchmarkConfig with its defaults).
+struct TimingPlan {
+  int warmup = kDefaultWarmupRuns;
+  bool fixed = false;  // a fixed run count: no early stop
+  int target = kMaxTimedRuns;
+  double stability = kDefaultStability;
+  int window = kDefaultWindowRuns;
+};
+
+TimingPlan PlanOf(const v1::BenchmarkConfig& config) {
+  TimingPlan plan;
+  if (config.warmup_runs() > 0) plan.warmup = config.warmup_runs();
+  plan.fixed = config.iterations() > 0;
+  if (plan.fixed) plan.target = config.iterations();
+  if (config.stability() > 0) plan.stability = config.stability();
+  if (config.window_runs() > 0) plan.window = config.window_runs();
+  return plan;
+}
+
+// Times both runners on one shape set, in windows of pairs until the windows' medians agree or
+// `share` seconds pass; fills `shape` but its input shapes.
+absl::Status TimeShapeSet(const TimedRunner runners[2], const TimingPlan& plan, double share,
+                          const std::atomic<bool>* cancelled, v1::ShapeBenchmark* shape) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share));
+  for (int i = 0; i < plan.warmup; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<double> latency = runners[k]();
+      if (!latency.ok()) return latency.status();
+    }
+  }
+  std::vector<double> latencies[2], ratios, medians[2];
+  int runs = 0;
+  bool stable = false;
+  // Three agreeing windows can happen by chance in a quiet second: settling also needs a few more
+  // windows and a third of this shape's budget (at most 5 s) of timing.
+  const auto settle_after =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(5.0, share / 3)));
+  while (runs < plan.target) {
+    std::vector<double> window_latencies[2];
+    for (int i = 0; i < plan.window && runs < plan.target; ++i, ++runs) {
+      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+      double pair[2];
+      if (absl::Status timed = TimedPair(runners, runs, pair); !timed.ok()) return timed;
+      for (int which = 0; which < 2; ++which) {
+        latencies[which].push_back(pair[which]);
+        window_latencies[which].push_back(pair[which]);
+      }
+      if (pair[1] > 0) ratios.push_back(pair[0] / pair[1]);
+    }
+    for (int k = 0; k < 2; ++k) medians[k].push_back(Median(window_latencies[k]));
+    stable = std::max(Drift(medians[0]), Drift(medians[1])) <= plan.stability;
+    if (!plan.fixed && stable && medians[0].size() >= kMinStableWindows && Clock::now() >= settle_after) break;
+    if (Clock::now() > deadline && runs >= std::min(plan.target, 10)) break;
+  }
+  *shape->mutable_original() = Summarize(latencies[0]);
+  *shape->mutable_optimized() = Summarize(latencies[1]);
+  if (shape->optimized().p50_ms() > 0) shape->set_speedup(shape->original().p50_ms() / shape->optimized().p50_ms());
+  std::sort(ratios.begin(), ratios.end());
+  shape->set_speedup_p10(Percentile(ratios, 10));
+  shape->set_speedup_p90(Percentile(ratios, 90));
+  shape->set_stable(stable);
+  shape->set_windows(static_cast<int32_t>(medians[0].size()));
+  const double drift = std::max(Drift(medians[0]), Drift(medians[1]));
+  shape->set_median_drift(std::isfinite(drift) ? drift : -1);
   return absl::OkStatus();
 }
 
@@ -133,15 +200,53 @@ v1::LatencyStats Summarize(const std::vector<double>& latencies_ms) {
   return stats;
 }
 
+TimedRunner PlainRunner(Ort::Session& session, const GeneratedInputs& inputs,
+                        const std::vector<std::string>& output_names) {
+  return [&session, &inputs, &output_names] { return TimedRun(session, inputs, output_names); };
+}
+
+TimedRunner BoundRunner(BoundRun& run) {
+  return [&run]() -> absl::StatusOr<double> {
+    const auto start = Clock::now();
+    if (absl::Status ran = run.Run(); !ran.ok()) {
+      return absl::InternalError(absl::StrCat("ONNX Runtime failed during the benchmark: ", ran.message()));
+    }
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
+}
+
+absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInputs& inputs,
+                                      const std::vector<std::string>& output_names, const TimingMode& mode,
+                                      std::unique_ptr<BoundRun>* bound) {
+  if (!mode.bound) return PlainRunner(session, inputs, output_names);
+  absl::StatusOr<std::unique_ptr<BoundRun>> run =
+      BoundRun::Create(session, inputs, output_names, mode.device, mode.residence);
+  if (!run.ok()) return run.status();
+  *bound = *std::move(run);
+  return BoundRunner(**bound);
+}
+
+absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
+                                                               int min_pairs, double budget_seconds,
+                                                               const std::atomic<bool>* cancelled) {
+  std::array<std::vector<double>, 2> latencies;
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget_seconds));
+  for (int i = 0; i < warmup_pairs + min_pairs || (Clock::now() < deadline && i < kMaxTimedRuns); ++i) {
+    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+    double pair[2];
+    if (absl::Status timed = TimedPair(runners, i, pair); !timed.ok()) return timed;
+    if (i < warmup_pairs) continue;
+    for (int which = 0; which < 2; ++which) latencies[which].push_back(pair[which]);
+  }
+  return latencies;
+}
+
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
                        const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
-                       v1::BenchmarkReport* report) {
-  const int warmup = config.warmup_runs() > 0 ? config.warmup_runs() : kDefaultWarmupRuns;
-  const bool fixed = config.iterations() > 0;
-  const int target = fixed ? config.iterations() : kMaxTimedRuns;
+                       v1::BenchmarkReport* report, const TimingMode& mode) {
+  const TimingPlan plan = PlanOf(config);
   const double budget = config.time_budget_seconds() > 0 ? config.time_budget_seconds() : kDefaultTimeBudgetSeconds;
-  const double stability = config.stability() > 0 ? config.stability() : kDefaultStability;
-  const int window = config.window_runs() > 0 ? config.window_runs() : kDefaultWindowRuns;
   const std::vector<std::string> outputs = OutputNames(original);
   Ort::Session* const sessions[2] = {&original, &optimized};
   const auto start = Clock::now();
@@ -150,51 +255,17 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
     // Each shape set gets an equal share of what is left of the budget.
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double share = std::max(0.0, budget - elapsed) / static_cast<double>(inputs.size() - set);
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share));
-    for (int i = 0; i < warmup; ++i) {
-      for (Ort::Session* session : sessions) {
-        absl::StatusOr<double> latency = TimedRun(*session, inputs[set], outputs);
-        if (!latency.ok()) return latency.status();
-      }
-    }
-    std::vector<double> latencies[2], ratios, medians[2];
-    int runs = 0;
-    bool stable = false;
-    // Three agreeing windows can happen by chance in a quiet second: settling also needs a few more
-    // windows and a third of this shape's budget (at most 5 s) of timing.
-    const auto settle_after = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(std::min(5.0, share / 3)));
-    while (runs < target) {
-      std::vector<double> window_latencies[2];
-      for (int i = 0; i < window && runs < target; ++i, ++runs) {
-        if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
-        double pair[2];
-        absl::Status timed = TimedPair(sessions, inputs[set], outputs, runs, pair);
-        if (!timed.ok()) return timed;
-        for (int which = 0; which < 2; ++which) {
-          latencies[which].push_back(pair[which]);
-          window_latencies[which].push_back(pair[which]);
-        }
-        if (pair[1] > 0) ratios.push_back(pair[0] / pair[1]);
-      }
-      for (int k = 0; k < 2; ++k) medians[k].push_back(Median(window_latencies[k]));
-      stable = std::max(Drift(medians[0]), Drift(medians[1])) <= stability;
-      if (!fixed && stable && medians[0].size() >= kMinStableWindows && Clock::now() >= settle_after) break;
-      if (Clock::now() > deadline && runs >= std::min(target, 10)) break;
+    std::unique_ptr<BoundRun> bound[2];
+    TimedRunner runners[2];
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], inputs[set], outputs, mode, &bound[k]);
+      if (!runner.ok()) return runner.status();
+      runners[k] = *std::move(runner);
     }
     v1::ShapeBenchmark* shape = report->add_shapes();
     shape->mutable_input_shapes()->insert(inputs[set].shapes.begin(), inputs[set].shapes.end());
-    *shape->mutable_original() = Summarize(latencies[0]);
-    *shape->mutable_optimized() = Summarize(latencies[1]);
-    if (shape->optimized().p50_ms() > 0) shape->set_speedup(shape->original().p50_ms() / shape->optimized().p50_ms());
-    std::sort(ratios.begin(), ratios.end());
-    shape->set_speedup_p10(Percentile(ratios, 10));
-    shape->set_speedup_p90(Percentile(ratios, 90));
-    shape->set_stable(stable);
-    shape->set_windows(static_cast<int32_t>(medians[0].size()));
-    const double drift = std::max(Drift(medians[0]), Drift(medians[1]));
-    shape->set_median_drift(std::isfinite(drift) ? drift : -1);
-    all_stable &= stable;
+    if (absl::Status timed = TimeShapeSet(runners, plan, share, cancelled, shape); !timed.ok()) return timed;
+    all_stable &= shape->stable();
     // Slower beyond the noise: the median says slower and so do nine in ten side-by-side pairs.
     regression |= shape->speedup() < 1.0 && shape->speedup_p90() < 1.0;
   }
@@ -208,9 +279,10 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
   }
   report->set_stable(all_stable);
   report->set_regression(regression);
-  report->set_warmup_runs(warmup);
+  report->set_warmup_runs(plan.warmup);
   report->set_intra_op_threads(config.intra_op_threads());
   report->set_onnxruntime_version(OrtVersion());
+  report->set_device_resident(mode.bound && mode.residence == Residence::kDevice && mode.device == v1::DEVICE_CUDA);
   return absl::OkStatus();
 }
 
@@ -321,15 +393,11 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   auto default_session = CreateSession(model, defaults);
   if (!best_session.ok() || !default_session.ok()) return tuning;
   const std::vector<std::string> outputs = OutputNames(**best_session);
-  std::vector<double> latencies[2];
-  Ort::Session* const sessions[2] = {default_session->get(), best_session->get()};
-  for (int i = 0; i < 60; ++i) {
-    double pair[2];
-    if (!TimedPair(sessions, inputs, outputs, i, pair).ok()) return tuning;
-    if (i < 4) continue;  // warm-up
-    for (int which = 0; which < 2; ++which) latencies[which].push_back(pair[which]);
-  }
-  const double gain = Median(latencies[0]) / Median(latencies[1]);
+  const TimedRunner runners[2] = {PlainRunner(**default_session, inputs, outputs),
+                                  PlainRunner(**best_session, inputs, outputs)};
+  absl::StatusOr<std::array<std::vector<double>, 2>> latencies = TimeInTurns(runners, 4, 56, 0, cancelled);
+  if (!latencies.ok()) return tuning;
+  const double gain = Median((*latencies)[0]) / Median((*latencies)[1]);
   if (gain < 1.0) {
     // Not better in the end: the defaults stay.
     for (const auto& trial : tuning.trials()) {

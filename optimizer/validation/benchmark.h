@@ -5,7 +5,11 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_
 
+#include <array>
 #include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +18,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/validation/bound_run.h"
 #include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
@@ -33,11 +38,45 @@ absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config);
 // most kMaxLatencySamples of them, evenly picked).
 v1::LatencyStats Summarize(const std::vector<double>& latencies_ms);
 
+// One timed run, in milliseconds: a session run plainly on host tensors, or a bound run.
+using TimedRunner = std::function<absl::StatusOr<double>()>;
+TimedRunner PlainRunner(Ort::Session& session, const GeneratedInputs& inputs,
+                        const std::vector<std::string>& output_names);
+TimedRunner BoundRunner(BoundRun& run);
+
+// Both runners in turns (each going first every other pair): `warmup_pairs` untimed, then at least
+// `min_pairs` and more until `budget_seconds` pass. Each one's latencies.
+absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
+                                                               int min_pairs, double budget_seconds,
+                                                               const std::atomic<bool>* cancelled);
+
+// How the benchmark runs each session: plainly (Session::Run on host tensors, the CPU's way), or
+// bound (bound_run.h) with inputs and outputs in `residence` for `device`: on CUDA, device-resident
+// figures exclude host copies, host-bound ones include them.
+struct TimingMode {
+  bool bound = false;
+  v1::Device device = v1::DEVICE_CPU;
+  Residence residence = Residence::kDevice;
+};
+
+// A runner of `session` on `inputs` as `mode` says; a bound one keeps its binding in `bound`.
+absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInputs& inputs,
+                                      const std::vector<std::string>& output_names, const TimingMode& mode,
+                                      std::unique_ptr<BoundRun>* bound);
+
 // Times both sessions on `inputs` (one entry per shape set); fills shapes, the first shape set's
 // figures at the top level, stability and the regression flag. CANCELLED on cancel.
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
                        const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
-                       v1::BenchmarkReport* report);
+                       v1::BenchmarkReport* report, const TimingMode& mode = {});
+
+// The optimized model replayed as a CUDA graph (ONNX Runtime's enable_cuda_graph) timed in turns
+// with its plain device-resident runs on `inputs`, after checking that the replay gives the plain
+// runs' outputs. `settings` are the benchmark's; not tried off CUDA, not qualified (with ONNX
+// Runtime's reason) where a node cannot run on CUDA or the capture fails. CANCELLED on cancel.
+absl::StatusOr<v1::CudaGraphTiming> TimeCudaGraph(const ModelSource& optimized, Ort::Session& plain,
+                                                  const SessionSettings& settings, const GeneratedInputs& inputs,
+                                                  double budget_seconds, const std::atomic<bool>* cancelled);
 
 // The same on generated inputs for every shape set of `config.validation()`.
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,

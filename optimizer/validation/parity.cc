@@ -91,9 +91,10 @@ double Top1Agreement(const std::vector<double>& want, const std::vector<double>&
 }
 
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
-                   v1::OutputParity* result, double min_cosine) {
+                   v1::OutputParity* result, double min_cosine, double noise_bound) {
   result->set_atol(atol);
   result->set_rtol(rtol);
+  result->set_noise_bound(noise_bound);
   if (!expected.IsTensor() || !actual.IsTensor()) {
     result->set_passed(expected.IsTensor() == actual.IsTensor());
     result->set_note("non-tensor output: not compared element-wise");
@@ -120,12 +121,15 @@ void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double 
     return;
   }
   double max_abs = 0, max_rel = 0;
-  int64_t mismatches = 0;
+  int64_t mismatches = 0, outside_tolerance = 0;
   bool introduced = false;
   for (size_t i = 0; i < want.size(); ++i) {
     const bool finite_expected = std::isfinite(want[i]);
     if (finite_expected && !std::isfinite(got[i])) introduced = true;
-    if (!AllClose(got[i], want[i], atol, rtol)) ++mismatches;
+    if (!AllClose(got[i], want[i], atol, rtol)) {
+      ++outside_tolerance;
+      if (!(std::fabs(got[i] - want[i]) <= noise_bound)) ++mismatches;
+    }
     if (finite_expected && std::isfinite(got[i])) {
       const double abs_error = std::fabs(got[i] - want[i]);
       max_abs = std::max(max_abs, abs_error);
@@ -151,10 +155,12 @@ void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double 
       is_float && (shape.size() == 2 || (shape.size() > 2 && logits_name)) && classes >= 2 && classes <= 100000;
   result->set_top1_agreement(classifier ? Top1Agreement(want, got, classes) : -1.0);
   bool passed = mismatches == 0 && !introduced;
+  if (passed) result->set_judged_by(outside_tolerance == 0 ? "tolerance" : "device noise");
   if (!passed && min_cosine > 0 && is_float && !introduced) {
     passed = result->cosine_similarity() >= min_cosine &&
              (!classifier || result->top1_agreement() >= kMinTop1Agreement);
     if (passed) {
+      result->set_judged_by("agreement");
       result->set_note(absl::StrFormat("outside atol/rtol, passed by agreement (cosine %.5f >= %.3f%s)",
                                        result->cosine_similarity(), min_cosine,
                                        classifier ? absl::StrFormat(", top-1 %.4f", result->top1_agreement()) : ""));
@@ -215,6 +221,17 @@ Tolerance ToleranceFor(const v1::ValidationConfig& config, const std::string& na
   return tolerance;
 }
 
+std::string WorstOutput(const v1::ParityReport& parity) {
+  for (const auto& output : parity.outputs()) {
+    if (output.passed()) continue;
+    if (!output.note().empty()) return absl::StrCat(output.name(), ": ", output.note());
+    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f",
+                           output.name(), output.nan_or_inf_introduced() ? "NaN/Inf introduced, " : "",
+                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity());
+  }
+  return "no output failed";
+}
+
 absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
   v1::Tolerance global;
   if (config.has_atol()) global.set_atol(config.atol());
@@ -258,6 +275,9 @@ absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
   if (config.has_min_cosine_similarity() &&
       !(config.min_cosine_similarity() >= 0 && config.min_cosine_similarity() <= 1)) {
     return absl::InvalidArgumentError("validation.min_cosine_similarity must be in [0, 1]");
+  }
+  if (!(config.noise_factor() == 0 || (config.noise_factor() >= 1 && config.noise_factor() <= 1000))) {
+    return absl::InvalidArgumentError("validation.noise_factor must be between 1 and 1000 (0 for the default 2)");
   }
   if (!(config.mask_padding() >= 0 && config.mask_padding() < 1)) {
     return absl::InvalidArgumentError("validation.mask_padding must be in [0, 1)");
@@ -360,6 +380,26 @@ void KeepValidPositions(const ParityReference::InputSet& set, const std::string&
 
 }  // namespace
 
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const v1::ValidationConfig& config,
+                                    const std::atomic<bool>* cancelled, ParityReference* reference) {
+  reference->noise_factor = config.noise_factor() > 0 ? config.noise_factor() : kDefaultNoiseFactor;
+  reference->device_deviation.assign(reference->output_names.size(), 0.0);
+  for (const auto& set : reference->sets) {
+    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+    auto actual = RunOnInputs(device_original, set.inputs, reference->output_names);
+    if (!actual.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on the "
+                                                     "job's device: ", actual.status().message()));
+    }
+    for (size_t i = 0; i < reference->output_names.size(); ++i) {
+      v1::OutputParity measured;
+      CompareOutput(set.expected[i], (*actual)[i], 0, 0, &measured);
+      reference->device_deviation[i] = std::max(reference->device_deviation[i], measured.max_abs_error());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
                                   const std::atomic<bool>* cancelled, v1::ParityReport* report) {
@@ -383,7 +423,10 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
       output->set_shape_set(set.shape_set);
       output->set_tolerance_source(tolerance.source);
       if (!reference.valid_positions_of.empty()) KeepValidPositions(set, reference.valid_positions_of, i, &(*actual)[i]);
-      CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine);
+      const double deviation = i < reference.device_deviation.size() ? reference.device_deviation[i] : 0.0;
+      output->set_device_deviation(deviation);
+      CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine,
+                    reference.noise_factor * deviation);
       passed &= output->passed();
     }
   }

@@ -22,15 +22,23 @@ namespace onnxopt {
 
 inline constexpr double kDefaultAtol = 1e-4;
 inline constexpr double kDefaultRtol = 1e-3;
+// The optimized model may deviate from the reference by this many times the original's own
+// deviation on the job's device (ValidationConfig.noise_factor).
+inline constexpr double kDefaultNoiseFactor = 2.0;
 
 // The element-wise allclose rule, |actual - expected| <= atol + rtol * |expected|, with NaN equal to
 // NaN and infinities equal when their signs are.
 bool AllClose(double actual, double expected, double atol, double rtol);
 
-// Compares one output; fills everything in `result` but name, sample and tolerance source. With
-// min_cosine > 0, an output outside atol/rtol passes by agreement (see Tolerance::min_cosine).
+// Compares one output; fills everything in `result` but name, sample and tolerance source. An element
+// passes within atol + rtol * |expected|, or within `noise_bound` (the device's measured deviation,
+// scaled), which then judged it. With min_cosine > 0, an output outside both passes by agreement (see
+// Tolerance::min_cosine).
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
-                   v1::OutputParity* result, double min_cosine = 0);
+                   v1::OutputParity* result, double min_cosine = 0, double noise_bound = 0);
+
+// "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
+std::string WorstOutput(const v1::ParityReport& parity);
 
 // "fp32", "fp16", "bf16" or "int8": the lowest precision the model computes in (quantization
 // operators, then half-precision tensors or casts).
@@ -66,6 +74,10 @@ struct ParityReference {
   // A mask input: outputs whose first two dims are its [batch, sequence] are compared where it is
   // non-zero only (remove_padding leaves 0 at padded positions).
   std::string valid_positions_of;
+  // Per output: how far the original itself strays from `expected` on the job's device (max abs over
+  // the input sets); empty where the device's sessions are the reference's.
+  std::vector<double> device_deviation;
+  double noise_factor = kDefaultNoiseFactor;
 };
 
 // Runs the original on every input set (the first one twice: a model that disagrees with itself
@@ -75,6 +87,12 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
                                                      const v1::ValidationConfig& config,
                                                      const std::vector<SuppliedSample>& supplied,
                                                      const std::atomic<bool>* cancelled, v1::ParityReport* report);
+
+// Runs the original on the job's device (`device_original`, where it is not the reference's session)
+// on every input set and records its deviation from the reference per output; the report's outputs
+// then show it and the bound it gives. INVALID_ARGUMENT when ONNX Runtime cannot run it there.
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const v1::ValidationConfig& config,
+                                    const std::atomic<bool>* cancelled, ParityReference* reference);
 
 // Runs `candidate` on the reference's inputs and compares every output (report.outputs and
 // report.passed are replaced). INTERNAL when ONNX Runtime cannot run the candidate.

@@ -1,18 +1,28 @@
-// remove_padding: the token-wise blocks of a fused encoder run on the valid tokens only, as ONNX
-// Runtime's training-side PaddingElimination does, for inference on the CPU, whose Attention kernel
-// takes padded batches only. The residual stream is packed to [tokens, hidden] by the mask's non-zero
-// positions after the embedding; each Attention gets it scattered back to [batch, sequence, hidden]
-// and its output is gathered again, so the output projection, the feed-forward block and both norms
-// compute the valid tokens alone.
+// remove_padding: the token-wise blocks of a fused encoder run on the valid tokens only, in one of two
+// forms. The gather form, for the CPU, whose Attention kernel takes padded batches only, does as ONNX
+// Runtime's training-side PaddingElimination: the residual stream is packed to [tokens, hidden] by
+// the mask's non-zero positions after the embedding; each Attention gets it scattered back to
+// [batch, sequence, hidden] and its output is gathered again, so the output projection, the
+// feed-forward block and both norms compute the valid tokens alone. The packed form, for CUDA, does
+// as ONNX Runtime's convert_to_packing_mode: RemovePadding after the embedding, PackedAttention on the
+// packed tokens (no scatter, no padded attention), RestorePadding after the last layer.
 //
 // Before:  x0 = EmbedLayerNormalization(ids, ..., mask) -> [B, S, H]; per layer
 //            a = Attention(x, W, b, mask_index); h = SkipLN(MatMul(a, Wo), x); x' = SkipLN(FFN(h), h)
-// After:   idx = NonZero(Reshape(mask, [-1])); p0 = Gather(Reshape(x0, [-1, H]), idx) -> [N, H]; per layer
-//            a = Attention(Reshape(ScatterND(0, idx, p), [B, S, H]), ...); h = SkipLN(MatMul(Gather(a), Wo), p); ...
-//          and the last layer's output scattered back to [B, S, H] under its old name.
+// After (gather): idx = NonZero(Reshape(mask, [-1])); p0 = Gather(Reshape(x0, [-1, H]), idx) -> [N, H];
+//            per layer a = Attention(Reshape(ScatterND(0, idx, p), [B, S, H]), ...);
+//            h = SkipLN(MatMul(Gather(a), Wo), p); ... and the last layer's output scattered back to
+//            [B, S, H] under its old name.
+// After (packed): p0, offsets, cumulative, _ = RemovePadding(x0, mask_index); per layer
+//            a = PackedAttention(p, W, b, offsets, cumulative); h = SkipLN(MatMul(a, Wo), p); ...
+//            and RestorePadding(last, offsets) under the last layer's output name.
 // Values at padded positions become 0 instead of what the padded computation gave there, which no
 // valid position reads (Attention masks padded keys); parity is judged on the valid positions when
-// this pass ran. Measured (onnxopt-padding-benchmark, batch 8 x 128, 2 CPU threads): BERT-base size
+// this pass ran. The packed form takes the first mask_index[b] tokens of row b, so it needs the
+// Attention to read the embedding's mask index (lengths: the model itself reads its mask as right
+// padding); else, and for causal or rotary Attention, the gather form runs. PackedAttention has CUDA
+// kernels only: form "auto" packs where the job runs on CUDA.
+// Measured, gather form (onnxopt-padding-benchmark, batch 8 x 128, 2 CPU threads): BERT-base size
 // 1.55x with half the tokens padding, 1.16x with none; 2 layers of hidden 128 1.33x and 1.10x; but the
 // 2-layer hidden-64 Hugging Face BERT fixture 0.92x at about a quarter padding, so it is not in a
 // preset: a job asks for it, and its benchmark (with onRegression) tells.
@@ -25,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"
@@ -131,7 +142,25 @@ class RemovePaddingPass final : public ShapedPass {
            "padded positions of its output become 0";
   }
 
+  std::vector<ParamSpec> params() const override {
+    return {{"form", ParamType::kString, "auto",
+             "gather (NonZero, Gather and ScatterND around each Attention: any device), packed (RemovePadding, "
+             "PackedAttention, RestorePadding: CUDA only) or auto (packed where the job runs on CUDA)"},
+            {"right_padding", ParamType::kBool, "false",
+             "the model's callers pad on the right, as tokenizers do for BERT-like encoders: the packed form may then "
+             "count a raw [B, S] mask's ones as each row's tokens (without it, only the embedding's mask index)"}};
+  }
+  absl::Status ValidateParams(const PassParams& params) const override {
+    const std::string& form = params.GetString("form");
+    if (form != "auto" && form != "gather" && form != "packed") {
+      return absl::InvalidArgumentError(absl::StrCat("form: '", form, "' is not auto, gather or packed"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
+    const std::string& form = context.params().GetString("form");
+    const bool packed = form == "packed" || (form == "auto" && context.hints().device == v1::DEVICE_CUDA);
     for (Node* embed : graph.Nodes()) {
       if (embed->removed() || !IsContrib(embed, "EmbedLayerNormalization")) continue;
       const std::string& x0 = embed->output(0);
@@ -166,6 +195,20 @@ class RemovePaddingPass final : public ShapedPass {
         context.Skip("remove_padding: the attention mask is neither a [B, S] mask nor the embedding's mask index");
         continue;
       }
+      if (packed) {
+        const bool right_padding = context.params().GetBool("right_padding");
+        const std::string refused = PackedRefusal(*embed, attention_mask, shapes, right_padding, layers);
+        if (refused.empty()) {
+          const std::string counts = attention_mask == embed->output(1)
+                                         ? attention_mask
+                                         : TokenCounts(graph, attention_mask, *embed, context.OpsetVersion(""));
+          RewritePacked(graph, *embed, counts, layers);
+          context.Count("packed_layers", static_cast<int64_t>(layers.size()));
+          context.CountRewrite(static_cast<int64_t>(layers.size()));
+          continue;
+        }
+        context.Note(absl::StrCat(embed->name(), "\tpacked form refused: ", refused, "; the gather form runs"));
+      }
       Rewrite(graph, *embed, keep, layers, *hidden);
       context.CountRewrite(static_cast<int64_t>(layers.size()));
     }
@@ -173,6 +216,81 @@ class RemovePaddingPass final : public ShapedPass {
   }
 
  private:
+  // Why the packed form cannot run these layers ("" when it can).
+  static std::string PackedRefusal(const Node& embed, const std::string& attention_mask, const ShapeInfo& shapes,
+                                   bool right_padding, const std::vector<Layer>& layers) {
+    const bool mask_index = embed.output_size() >= 2 && attention_mask == embed.output(1);
+    if (!mask_index && !(right_padding && shapes.Rank(attention_mask) == 2)) {
+      return "Attention reads a raw mask and packing takes each row's first tokens (set right_padding where callers "
+             "pad on the right)";
+    }
+    for (const Layer& layer : layers) {
+      const Node& attention = *layer.attention;
+      if (attention.input(2).empty()) return absl::StrCat(attention.name(), " has no bias");
+      if (attention.GetAttributeInt("unidirectional", 0) != 0) return absl::StrCat(attention.name(), " is causal");
+      if (attention.GetAttributeInt("do_rotary", 0) != 0) return absl::StrCat(attention.name(), " is rotary");
+    }
+    return "";
+  }
+
+  // Each row's token count [B] int32 from a right-padded [B, S] mask: ReduceSum(Cast(mask), 1).
+  static std::string TokenCounts(Graph& graph, const std::string& mask, const Node& embed, int64_t opset) {
+    const std::string as_int = graph.UniqueName("padding_mask_int32");
+    onnx::NodeProto cast = MakeNode("Cast", graph.UniqueName("padding_mask_cast"), {mask}, {as_int});
+    *cast.add_attribute() = MakeIntAttribute("to", onnx::TensorProto::INT32);
+    const std::string counts = graph.UniqueName("padding_token_counts");
+    onnx::NodeProto sum = MakeNode("ReduceSum", graph.UniqueName("padding_count_tokens"), {as_int}, {counts});
+    if (opset >= 13) {
+      const std::string axis = graph.UniqueName("padding_sequence_axis");
+      graph.AddInitializer(MakeInt64Tensor(axis, {1}));
+      sum.add_input(axis);
+    } else {
+      *sum.add_attribute() = MakeIntsAttribute("axes", {1});
+    }
+    *sum.add_attribute() = MakeIntAttribute("keepdims", 0);
+    graph.AddNode(std::move(sum), &embed, true);
+    graph.AddNode(std::move(cast), &embed, true);
+    return counts;
+  }
+
+  static void RewritePacked(Graph& graph, const Node& embed, const std::string& token_counts,
+                            const std::vector<Layer>& layers) {
+    const std::string packed_embedding = graph.UniqueName("padding_packed_embedding");
+    const std::string offsets = graph.UniqueName("padding_token_offset");
+    const std::string cumulative = graph.UniqueName("padding_cumulative_lengths");
+    const std::string longest = graph.UniqueName("padding_max_length");
+    // After the counts' producer: the embedding, or the ReduceSum after it.
+    const Node* counted = graph.Producer(token_counts);
+    graph.AddNode(MakeNode("RemovePadding", graph.UniqueName("padding_remove"), {embed.output(0), token_counts},
+                           {packed_embedding, offsets, cumulative, longest}, kMicrosoft),
+                  counted != nullptr ? counted : &embed, true);
+    std::string packed = packed_embedding;
+    for (const Layer& layer : layers) {
+      Node* attention = layer.attention;
+      std::vector<std::string> inputs = {packed, attention->input(1), attention->input(2), offsets, cumulative};
+      if (attention->input_size() > 5 && !attention->input(5).empty()) inputs.push_back(attention->input(5));
+      onnx::NodeProto fused = MakeNode("PackedAttention", graph.UniqueName(attention->name() + "_packed"),
+                                       std::move(inputs), {attention->output(0)}, kMicrosoft);
+      for (const auto& attribute : attention->proto().attribute()) {
+        if (attribute.name() == "num_heads" || attribute.name() == "qkv_hidden_sizes" || attribute.name() == "scale") {
+          *fused.add_attribute() = attribute;
+        }
+      }
+      graph.RemoveNode(attention);
+      graph.AddNode(std::move(fused), layer.projection, false);
+      graph.SetInput(layer.first_norm, 1, packed);
+      packed = layer.second_norm->output(0);
+    }
+    // The last layer's output, read by the rest of the model as [B, S, H], keeps its name.
+    Node* last = layers.back().second_norm;
+    const std::string output = last->output(0);
+    const std::string packed_output = graph.UniqueName(output + "_packed");
+    graph.SetOutput(last, 0, packed_output);
+    graph.AddNode(MakeNode("RestorePadding", graph.UniqueName(output + "_restore"), {packed_output, offsets}, {output},
+                           kMicrosoft),
+                  last, true);
+  }
+
   static void Rewrite(Graph& graph, const Node& embed, const std::string& mask, const std::vector<Layer>& layers,
                       int64_t hidden) {
     auto constant = [&](const std::string& hint, const std::vector<int64_t>& values) {
