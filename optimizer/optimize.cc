@@ -69,6 +69,21 @@ std::string TunedSettingsJson(const v1::SessionTuning& tuning, const std::string
       best.intra_op_threads(), best.execution_mode(), best.optimization_level(), best.p50_ms(), tuning.gain(), provider);
 }
 
+// Peak memory, each model in a fresh session of its own (the first shape set's figures too).
+void MeasurePeaks(const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
+                  const GeneratedInputs& inputs, v1::BenchmarkReport* benchmark) {
+  const std::pair<const ModelSource*, v1::LatencyStats*> measured[] = {{&original, benchmark->mutable_original()},
+                                                                       {&optimized, benchmark->mutable_optimized()}};
+  for (const auto& [source, stats] : measured) {
+    absl::StatusOr<int64_t> peak = MeasurePeakMemory(*source, settings, inputs);
+    if (peak.ok()) stats->set_peak_memory_bytes(*peak);
+  }
+  if (benchmark->shapes_size() > 0) {
+    benchmark->mutable_shapes(0)->mutable_original()->set_peak_memory_bytes(benchmark->original().peak_memory_bytes());
+    benchmark->mutable_shapes(0)->mutable_optimized()->set_peak_memory_bytes(benchmark->optimized().peak_memory_bytes());
+  }
+}
+
 // The session settings to deploy the result with, as the benchmark ran it.
 void DescribeDeployment(const SessionSettings& settings, v1::BenchmarkReport* benchmark) {
   auto& deploy = *benchmark->mutable_deploy_settings();
@@ -439,17 +454,7 @@ absl::Status OptimizeJob::RunBenchmark() {
     if (!device_timed.ok()) return device_timed;
   }
   DescribeDeployment(settings, benchmark);
-  // Peak memory, each model in a fresh session of its own.
-  const std::pair<const ModelSource*, v1::LatencyStats*> measured[] = {
-      {&OriginalSource(), benchmark->mutable_original()}, {&*optimized_source, benchmark->mutable_optimized()}};
-  for (const auto& [source, stats] : measured) {
-    absl::StatusOr<int64_t> peak = MeasurePeakMemory(*source, settings, inputs->front());
-    if (peak.ok()) stats->set_peak_memory_bytes(*peak);
-  }
-  if (benchmark->shapes_size() > 0) {
-    benchmark->mutable_shapes(0)->mutable_original()->set_peak_memory_bytes(benchmark->original().peak_memory_bytes());
-    benchmark->mutable_shapes(0)->mutable_optimized()->set_peak_memory_bytes(benchmark->optimized().peak_memory_bytes());
-  }
+  MeasurePeaks(OriginalSource(), *optimized_source, settings, inputs->front(), benchmark);
   if (config_.benchmark().tune_session()) {
     const double budget = config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
                                                                         : kDefaultTimeBudgetSeconds;

@@ -74,21 +74,17 @@ absl::Status OptimizeJob::ChoosePrecision() {
   return absl::OkStatus();
 }
 
-// Each candidate judged against the parity reference, then the ones that pass timed in turns with
-// the float32 candidate (its speedup 1).
-absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates) {
+// Each candidate judged against the parity reference; the ones that pass get a session on the
+// job's device, as the benchmark runs it (null for the others).
+absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> OptimizeJob::JudgeCandidates(
+    std::vector<PrecisionTrial>* candidates, const SessionSettings& settings) {
   const bool keep_io = !config_.precision().has_keep_io_types() || config_.precision().keep_io_types();
-  v1::BenchmarkReport scratch;
-  const SessionSettings settings = BenchmarkSettings(config_, parity_settings_, &scratch);
-  TimingMode mode;
-  mode.bound = settings.device == v1::DEVICE_CUDA;
-  mode.device = settings.device;
-  const GeneratedInputs& inputs = reference_->sets.front().inputs;
   std::vector<std::unique_ptr<Ort::Session>> sessions(candidates->size());
   for (size_t i = 0; i < candidates->size(); ++i) {
     PrecisionTrial& candidate = (*candidates)[i];
     interface_changed_ = !keep_io && candidate.mode != "fp32";
     absl::StatusOr<ModelSource> source = SourceOf(candidate.model, /*saved=*/false);
+    interface_changed_ = false;
     if (!source.ok()) return source.status();
     v1::ParityReport parity = report_.parity();
     absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(candidate.model), &parity);
@@ -106,36 +102,51 @@ absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* ca
     }
     sessions[i] = *std::move(session);
   }
-  interface_changed_ = false;
-  if (sessions.front() == nullptr) return absl::OkStatus();  // float32 failed: nothing to time against
-  const std::vector<std::string> outputs = OutputNames(*sessions.front());
+  return sessions;
+}
+
+// The candidates that passed, each timed in turns with the float32 one (its speedup 1), on a third
+// of the benchmark budget shared among them.
+absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates) {
+  v1::BenchmarkReport scratch;
+  const SessionSettings settings = BenchmarkSettings(config_, parity_settings_, &scratch);
+  absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> sessions = JudgeCandidates(candidates, settings);
+  if (!sessions.ok()) return sessions.status();
+  if (sessions->front() == nullptr) return absl::OkStatus();  // float32 failed: nothing to time against
+  TimingMode mode;
+  mode.bound = settings.device == v1::DEVICE_CUDA;
+  mode.device = settings.device;
+  const GeneratedInputs& inputs = reference_->sets.front().inputs;
+  const std::vector<std::string> outputs = OutputNames(*sessions->front());
   const double budget =
       (config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
                                                      : kDefaultTimeBudgetSeconds) / 3 / static_cast<double>(candidates->size());
-  candidates->front().described->set_speedup(1.0);
+  v1::PrecisionCandidate* fp32 = candidates->front().described;
+  fp32->set_speedup(1.0);
   for (size_t i = 1; i < candidates->size(); ++i) {
-    if (sessions[i] == nullptr) continue;
+    if ((*sessions)[i] == nullptr) continue;
     std::unique_ptr<BoundRun> bound[2];
     TimedRunner runners[2];
-    Ort::Session* const pair[2] = {sessions.front().get(), sessions[i].get()};
+    Ort::Session* const pair[2] = {sessions->front().get(), (*sessions)[i].get()};
     for (int k = 0; k < 2; ++k) {
       absl::StatusOr<TimedRunner> runner = RunnerFor(*pair[k], inputs, outputs, mode, &bound[k]);
       if (!runner.ok()) return runner.status();
       runners[k] = *std::move(runner);
     }
+    v1::PrecisionCandidate* described = (*candidates)[i].described;
     absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
         TimeInTurns(runners, kWarmupPairs, kMinPairs, budget, request_.cancelled);
     if (!latencies.ok()) {
       if (latencies.status().code() == absl::StatusCode::kCancelled) return latencies.status();
-      (*candidates)[i].described->set_passed(false);
-      (*candidates)[i].described->set_note(std::string(latencies.status().message()));
+      described->set_passed(false);
+      described->set_note(std::string(latencies.status().message()));
       continue;
     }
     const double fp32_p50 = Summarize((*latencies)[0]).p50_ms();
     const double p50 = Summarize((*latencies)[1]).p50_ms();
-    if (candidates->front().described->p50_ms() == 0) candidates->front().described->set_p50_ms(fp32_p50);
-    (*candidates)[i].described->set_p50_ms(p50);
-    if (p50 > 0) (*candidates)[i].described->set_speedup(fp32_p50 / p50);
+    if (fp32->p50_ms() == 0) fp32->set_p50_ms(fp32_p50);
+    described->set_p50_ms(p50);
+    if (p50 > 0) described->set_speedup(fp32_p50 / p50);
   }
   return absl::OkStatus();
 }

@@ -95,6 +95,8 @@ class OptimizeJob {
     v1::PrecisionCandidate* described = nullptr;
   };
   absl::Status ChoosePrecision();
+  absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> JudgeCandidates(std::vector<PrecisionTrial>* candidates,
+                                                                              const SessionSettings& settings);
   absl::Status JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates);
   // The dims the pipeline freed, checked at other lengths.
   absl::Status CheckFreedDims(v1::ParityReport* parity);

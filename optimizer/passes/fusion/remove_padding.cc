@@ -33,6 +33,7 @@
 // input; no extra outputs of the norms read; float32.
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -216,6 +217,16 @@ class RemovePaddingPass final : public ShapedPass {
   }
 
  private:
+  // The last layer's output, read by the rest of the model as [B, S, H], keeps its name for the
+  // value restored to that shape: the layer writes a new (packed) name. Both names.
+  static std::pair<std::string, std::string> RenameLastOutput(Graph& graph, const std::vector<Layer>& layers) {
+    Node* last = layers.back().second_norm;
+    const std::string output = last->output(0);
+    const std::string packed_output = graph.UniqueName(output + "_packed");
+    graph.SetOutput(last, 0, packed_output);
+    return {packed_output, output};
+  }
+
   // Why the packed form cannot run these layers ("" when it can).
   static std::string PackedRefusal(const Node& embed, const std::string& attention_mask, const ShapeInfo& shapes,
                                    bool right_padding, const std::vector<Layer>& layers) {
@@ -281,14 +292,10 @@ class RemovePaddingPass final : public ShapedPass {
       graph.SetInput(layer.first_norm, 1, packed);
       packed = layer.second_norm->output(0);
     }
-    // The last layer's output, read by the rest of the model as [B, S, H], keeps its name.
-    Node* last = layers.back().second_norm;
-    const std::string output = last->output(0);
-    const std::string packed_output = graph.UniqueName(output + "_packed");
-    graph.SetOutput(last, 0, packed_output);
+    const auto [packed_output, output] = RenameLastOutput(graph, layers);
     graph.AddNode(MakeNode("RestorePadding", graph.UniqueName(output + "_restore"), {packed_output, offsets}, {output},
                            kMicrosoft),
-                  last, true);
+                  layers.back().second_norm, true);
   }
 
   static void Rewrite(Graph& graph, const Node& embed, const std::string& mask, const std::vector<Layer>& layers,
@@ -332,11 +339,8 @@ class RemovePaddingPass final : public ShapedPass {
       graph.SetInput(layer.first_norm, 1, packed);
       packed = layer.second_norm->output(0);
     }
-    // The last layer's output, read by the rest of the model as [B, S, H], keeps its name.
-    Node* last = layers.back().second_norm;
-    const std::string output = last->output(0);
-    const std::string packed_output = graph.UniqueName(output + "_packed");
-    graph.SetOutput(last, 0, packed_output);
+    const auto [packed_output, output] = RenameLastOutput(graph, layers);
+    const Node* last = layers.back().second_norm;
     const std::string flat_output = graph.UniqueName(output + "_flat");
     graph.AddNode(MakeNode("ScatterND", flat_output, {zeros, index_2d, packed_output}, {flat_output}), last, true);
     graph.AddNode(MakeNode("Reshape", graph.UniqueName(output + "_unpacked"), {flat_output, padded_shape}, {output}), last,
