@@ -7,12 +7,13 @@
 //   onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=128] [--threads=N]
 //       runs one job (onnxopt's own Optimize, the path a server job takes) N times and prints each
 //       reported median and their spread: how far the report can be trusted run to run.
-//   onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=2] [--only=llama,t5]
-//       the Hugging Face exports in tests/fixtures/hf at batch 1 and 8, sequence 128 (ViT: its 197
-//       tokens): Attention fused, and onnxopt's output against the original and against the two peers
-//       beside it, ONNX Runtime's transformers optimizer (.ortopt.onnx) and onnxscript's
+//   onnxopt-transformer-benchmark --hf [--hf-dir=FOLDER] [--budget=SECONDS] [--threads=2] [--only=llama,t5]
+//       the Hugging Face exports in tests/fixtures/hf (or FOLDER, e.g. ../shared/fixtures/hf) at batch 1
+//       and 8, sequence 128 (ViT and DeiT: their 197 tokens; CLIP's text model: 64 of its 77
+//       positions): Attention fused, and onnxopt's output against the original and against the two
+//       peers beside it, ONNX Runtime's transformers optimizer (.ortopt.onnx) and onnxscript's
 //       optimize_for_ort (.osopt.onnx), each pair interleaved in one process; --only keeps the models
-//       whose names contain one of the given words.
+//       whose names contain one of the given words. A model that fails gets a row saying why.
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -24,6 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "optimizer/validation/benchmark.h"
@@ -107,8 +109,7 @@ absl::StatusOr<v1::BenchmarkReport> SideBySide(const onnx::ModelProto& other, co
   return report;
 }
 
-int HfExports(double budget, int threads, const std::vector<std::string>& only) {
-  const fs::path folder = fs::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
+int HfExports(const fs::path& folder, double budget, int threads, const std::vector<std::string>& only) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(folder)) {
     const std::string file = entry.path().filename().string();
@@ -121,20 +122,25 @@ int HfExports(double budget, int threads, const std::vector<std::string>& only) 
     }
   }
   std::sort(names.begin(), names.end());
-  std::cout << absl::StrFormat("%-24s %-8s %9s | %10s %9s | %-18s | %-18s\n", "model", "batch", "Attention", "opt ms",
+  std::cout << absl::StrFormat("%-28s %-8s %9s | %10s %9s | %-18s | %-18s\n", "model", "batch", "Attention", "opt ms",
                                "vs orig", "vs ORT optimizer", "vs onnxscript");
+  int failures = 0;
+  auto failed = [&](const std::string& name, const absl::Status& status) {
+    std::cout << absl::StrFormat("%-28s error: %s\n", name, status.message().substr(0, 160));
+    ++failures;
+  };
   for (const std::string& name : names) {
     auto original = LoadModel(folder / (name + ".onnx"));
     if (!original.ok()) {
-      std::cerr << name << ": " << original.status() << "\n";
-      return 1;
+      failed(name, original.status());
+      continue;
     }
     v1::OptimizationConfig config;
     config.set_preset("transformer");
     absl::StatusOr<onnx::ModelProto> transformed = TransformerPreset(*original);
     if (!transformed.ok()) {
-      std::cerr << name << ": " << transformed.status() << "\n";
-      return 1;
+      failed(name, transformed.status());
+      continue;
     }
     const onnx::ModelProto& optimized = *transformed;
     int attention = 0;
@@ -144,17 +150,18 @@ int HfExports(double budget, int threads, const std::vector<std::string>& only) 
     const int expected = 2;  // every export has two layers
     std::vector<std::pair<std::string, absl::StatusOr<onnx::ModelProto>>> peers;
     for (const char* peer : {".ortopt", ".osopt"}) peers.emplace_back(peer, LoadModel(folder / (name + peer + ".onnx")));
-    const bool vision = absl::StartsWith(name, "vit");
+    const bool vision = absl::StartsWith(name, "vit") || absl::StartsWith(name, "deit");
+    const int64_t sequence = absl::StartsWith(name, "clip") ? 64 : 128;  // CLIP's text model has 77 positions
     for (int64_t batch : {1, 8}) {
       config.mutable_validation()->clear_dim_values();
       (*config.mutable_validation()->mutable_dim_values())["batch"] = batch;
-      if (!vision) (*config.mutable_validation()->mutable_dim_values())["sequence"] = 128;
+      if (!vision) (*config.mutable_validation()->mutable_dim_values())["sequence"] = sequence;
       config.mutable_benchmark()->set_time_budget_seconds(budget);
       config.mutable_benchmark()->set_warmup_runs(10);
       auto against_original = SideBySide(*original, optimized, *original, config, threads);
       if (!against_original.ok()) {
-        std::cerr << name << ": " << against_original.status() << "\n";
-        return 1;
+        failed(name, against_original.status());
+        break;
       }
       std::string columns[2];
       for (size_t i = 0; i < peers.size(); ++i) {
@@ -166,8 +173,8 @@ int HfExports(double budget, int threads, const std::vector<std::string>& only) 
         columns[i] = report.ok() ? absl::StrFormat("%.3fx (%.3f ms)", report->speedup(), report->original().p50_ms())
                                  : "fails to run";
       }
-      std::cout << absl::StrFormat("%-24s %-8s %6d/%-2d | %10.4f %8.3fx | %-18s | %-18s\n", name,
-                                   absl::StrFormat("%d x %s", batch, vision ? "197" : "128"), attention, expected,
+      std::cout << absl::StrFormat("%-28s %-8s %6d/%-2d | %10.4f %8.3fx | %-18s | %-18s\n", name,
+                                   absl::StrFormat("%d x %s", batch, vision ? "197" : absl::StrCat(sequence)), attention, expected,
                                    against_original->optimized().p50_ms(), against_original->speedup(), columns[0],
                                    columns[1]);
     }
@@ -177,7 +184,7 @@ int HfExports(double budget, int threads, const std::vector<std::string>& only) 
             << budget << " s; ONNX Runtime " << OrtVersion() << " with all its optimizations on for every model, "
             << (threads > 0 ? absl::StrFormat("%d intra-op threads", threads) : std::string("default threads"))
             << ", thread spinning off, " << CpuDescription() << ".\n";
-  return 0;
+  return failures == 0 ? 0 : 1;
 }
 
 int Main(int argc, char** argv) {
@@ -188,12 +195,16 @@ int Main(int argc, char** argv) {
   std::string fixture = "bert_opset14";
   int64_t sequence = 128;
   bool hf = false;
+  fs::path hf_dir = fs::path(ONNXOPT_SOURCE_DIR) / "tests" / "fixtures" / "hf";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     bool ok = false;
     if (arg == "--hf") {
       hf = ok = true;
+    } else if (absl::StartsWith(arg, "--hf-dir=")) {
+      hf_dir = arg.substr(9);
+      ok = fs::is_directory(hf_dir);
     } else if (absl::StartsWith(arg, "--opsets=")) {
       opsets.clear();
       ok = true;
@@ -221,12 +232,13 @@ int Main(int argc, char** argv) {
       std::cerr << "usage: onnxopt-transformer-benchmark [--opsets=11,14,17] [--budget=SECONDS]\n"
                    "       onnxopt-transformer-benchmark --repeat=N [--fixture=bert_opset14] [--sequence=1..128]"
                    " [--threads=N]\n"
-                   "       onnxopt-transformer-benchmark --hf [--budget=SECONDS] [--threads=N] [--only=WORD,...]\n";
+                   "       onnxopt-transformer-benchmark --hf [--hf-dir=FOLDER] [--budget=SECONDS] [--threads=N]"
+                   " [--only=WORD,...]\n";
       return 2;
     }
   }
   if (repeat > 0) return Repeat(repeat, fixture, sequence, budget, threads);
-  if (hf) return HfExports(budget, threads, only);
+  if (hf) return HfExports(hf_dir, budget, threads, only);
 
   struct Case {
     std::string family;
