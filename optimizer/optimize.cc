@@ -328,8 +328,7 @@ absl::Status OptimizeJob::ApplyPrecision() {
   DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, report_.mutable_precision());
   // keep_io_types off: the result reads and writes float16; parity and the benchmark use it behind
   // Casts to the original's interface (the report says so).
-  interface_changed_ = precision.has_keep_io_types() && !precision.keep_io_types() &&
-                       (precision.mode() == "fp16" || precision.mode() == "bf16");
+  interface_changed_ = ChangesFloatInterface(precision, precision.mode());
   if (interface_changed_) {
     report_.add_warnings("precision.keep_io_types is off: the model's float inputs and outputs are now " +
                          precision.mode() + "; parity and the benchmark ran it behind Casts from and to float32");
@@ -396,15 +395,12 @@ const ModelSource& OptimizeJob::OriginalSource() {
 absl::Status OptimizeJob::TimeOnDevice(Ort::Session& original, Ort::Session& optimized,
                                        const ModelSource& optimized_source, const SessionSettings& settings,
                                        const std::vector<GeneratedInputs>& inputs, v1::BenchmarkReport* benchmark) {
-  const double budget = (config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
-                                                                       : kDefaultTimeBudgetSeconds) / 4;
+  const double budget = TimeBudget(config_.benchmark()) / 4;
   Progress(Phase::kBenchmarking, "with host copies");
   v1::BenchmarkConfig copies_config = config_.benchmark();
   copies_config.set_time_budget_seconds(budget);
   v1::BenchmarkReport with_copies;
-  TimingMode host_bound;
-  host_bound.bound = true;
-  host_bound.device = settings.device;
+  TimingMode host_bound = TimingOn(settings.device);
   host_bound.residence = Residence::kHost;
   absl::Status timed =
       Benchmark(original, optimized, inputs, copies_config, request_.cancelled, &with_copies, host_bound);
@@ -442,9 +438,7 @@ absl::Status OptimizeJob::RunBenchmark() {
       BenchmarkInputs(**original_session, *original_, config_.validation(), supplied_);
   if (!inputs.ok()) return inputs.status();
   // On CUDA the figures are device-resident; the host copies and CUDA graphs are timed after.
-  TimingMode mode;
-  mode.bound = settings.device == v1::DEVICE_CUDA;
-  mode.device = settings.device;
+  const TimingMode mode = TimingOn(settings.device);
   absl::Status timed = Benchmark(**original_session, **optimized_session, *inputs, config_.benchmark(),
                                  request_.cancelled, benchmark, mode);
   if (!timed.ok()) return timed;
@@ -456,10 +450,8 @@ absl::Status OptimizeJob::RunBenchmark() {
   DescribeDeployment(settings, benchmark);
   MeasurePeaks(OriginalSource(), *optimized_source, settings, inputs->front(), benchmark);
   if (config_.benchmark().tune_session()) {
-    const double budget = config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
-                                                                        : kDefaultTimeBudgetSeconds;
     absl::StatusOr<v1::SessionTuning> tuning =
-        TuneSession(*optimized_source, *device, inputs->front(), budget, request_.cancelled);
+        TuneSession(*optimized_source, *device, inputs->front(), TimeBudget(config_.benchmark()), request_.cancelled);
     if (!tuning.ok()) return tuning.status();
     *benchmark->mutable_tuning() = *tuning;
     const fs::path path = output_path_.parent_path() / "ort_session.json";

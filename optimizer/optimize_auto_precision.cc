@@ -53,8 +53,7 @@ absl::Status OptimizeJob::ChoosePrecision() {
     }
   }
   chosen->described->set_chosen(true);
-  const bool keep_io = !config_.precision().has_keep_io_types() || config_.precision().keep_io_types();
-  interface_changed_ = !keep_io && chosen->mode != "fp32";
+  interface_changed_ = ChangesFloatInterface(config_.precision(), chosen->mode);
   if (chosen->mode != "fp32") {
     optimized_ = std::move(chosen->model);
     precision_runs_ = std::move(chosen->runs);
@@ -78,11 +77,10 @@ absl::Status OptimizeJob::ChoosePrecision() {
 // job's device, as the benchmark runs it (null for the others).
 absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> OptimizeJob::JudgeCandidates(
     std::vector<PrecisionTrial>* candidates, const SessionSettings& settings) {
-  const bool keep_io = !config_.precision().has_keep_io_types() || config_.precision().keep_io_types();
   std::vector<std::unique_ptr<Ort::Session>> sessions(candidates->size());
   for (size_t i = 0; i < candidates->size(); ++i) {
     PrecisionTrial& candidate = (*candidates)[i];
-    interface_changed_ = !keep_io && candidate.mode != "fp32";
+    interface_changed_ = ChangesFloatInterface(config_.precision(), candidate.mode);
     absl::StatusOr<ModelSource> source = SourceOf(candidate.model, /*saved=*/false);
     interface_changed_ = false;
     if (!source.ok()) return source.status();
@@ -113,14 +111,10 @@ absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* ca
   absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> sessions = JudgeCandidates(candidates, settings);
   if (!sessions.ok()) return sessions.status();
   if (sessions->front() == nullptr) return absl::OkStatus();  // float32 failed: nothing to time against
-  TimingMode mode;
-  mode.bound = settings.device == v1::DEVICE_CUDA;
-  mode.device = settings.device;
+  const TimingMode mode = TimingOn(settings.device);
   const GeneratedInputs& inputs = reference_->sets.front().inputs;
   const std::vector<std::string> outputs = OutputNames(*sessions->front());
-  const double budget =
-      (config_.benchmark().time_budget_seconds() > 0 ? config_.benchmark().time_budget_seconds()
-                                                     : kDefaultTimeBudgetSeconds) / 3 / static_cast<double>(candidates->size());
+  const double budget = TimeBudget(config_.benchmark()) / 3 / static_cast<double>(candidates->size());
   v1::PrecisionCandidate* fp32 = candidates->front().described;
   fp32->set_speedup(1.0);
   for (size_t i = 1; i < candidates->size(); ++i) {

@@ -127,7 +127,8 @@ class OptimizeJob {
   // Validate.
   SessionSettings reference_settings_;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
   SessionSettings parity_settings_;     // the job's device: candidates (and the original's noise) run here
-  std::unique_ptr<Ort::Session> original_session_;
+  std::unique_ptr<Ort::Session> original_session_;         // on reference_settings_
+  std::unique_ptr<Ort::Session> device_original_session_;  // on parity_settings_, where they differ
   std::optional<ParityReference> reference_;
   bool returned_original_ = false;
 };

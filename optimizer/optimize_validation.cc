@@ -138,7 +138,7 @@ absl::Status OptimizeJob::Validate() {
   if (!reference.ok()) return reference.status();
   reference_ = *std::move(reference);
   if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;
-  parity->set_noise_factor(reference_->noise_factor);
+  parity->set_noise_factor(NoiseFactor(config_.validation()));
   reference_->valid_positions_of = PaddingMaskInput(pass_reports_, optimized_);
   parity->set_valid_positions_of(reference_->valid_positions_of);
   const bool auto_precision = config_.precision().mode() == kAutoPrecision;
@@ -160,15 +160,15 @@ absl::Status OptimizeJob::Validate() {
 }
 
 // Where the compared models run otherwise than the reference, the original's own deviation there
-// bounds how far a correct rewrite may stray (ValidationConfig.noise_factor).
+// bounds how far a correct rewrite may stray (ValidationConfig.noise_factor). Its session on the
+// device stays for the freed-dims check.
 absl::Status OptimizeJob::MeasureDeviceNoise() {
-  reference_->noise_factor =
-      config_.validation().noise_factor() > 0 ? config_.validation().noise_factor() : kDefaultNoiseFactor;
   if (SameArithmetic(parity_settings_, reference_settings_)) return absl::OkStatus();
   Progress(Phase::kValidating, "device noise");
   auto device_original = CreateSession(OriginalSource(), parity_settings_);
   if (!device_original.ok()) return device_original.status();
-  return MeasureDeviceDeviation(**device_original, config_.validation(), request_.cancelled, &*reference_);
+  device_original_session_ = *std::move(device_original);
+  return MeasureDeviceDeviation(*device_original_session_, request_.cancelled, &*reference_);
 }
 
 absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
@@ -274,13 +274,7 @@ absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
   // Both on the job's device, which the result may need (packed attention runs on CUDA only).
   auto optimized_session = CreateSession(*source, parity_settings_);
   if (!optimized_session.ok()) return optimized_session.status();
-  std::unique_ptr<Ort::Session> device_original;
-  if (!SameArithmetic(parity_settings_, reference_settings_)) {
-    auto created = CreateSession(OriginalSource(), parity_settings_);
-    if (!created.ok()) return created.status();
-    device_original = *std::move(created);
-  }
-  Ort::Session& original = device_original ? *device_original : *original_session_;
+  Ort::Session& original = device_original_session_ ? *device_original_session_ : *original_session_;
   absl::Status checked = CheckFreedLengths(original, *original_, **optimized_session, optimized_,
                                            ModelPrecision(optimized_), config_.validation(), parity);
   if (!checked.ok()) return checked;

@@ -181,14 +181,27 @@ absl::StatusOr<std::string> ProviderFor(v1::Device device) {
   return absl::InternalError("no CUDA provider status");  // ProviderStatuses always lists CUDA
 }
 
-std::string DescribeSettings(const SessionSettings& settings) {
-  std::string level = "ONNX Runtime optimizations ";
-  switch (settings.optimization_level) {
-    case ORT_DISABLE_ALL: level += "off"; break;
-    case ORT_ENABLE_BASIC: level += "basic"; break;
-    case ORT_ENABLE_EXTENDED: level += "extended"; break;
-    default: level += "all"; break;
+GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback) {
+  switch (level) {
+    case v1::ORT_LEVEL_DISABLED: return ORT_DISABLE_ALL;
+    case v1::ORT_LEVEL_BASIC: return ORT_ENABLE_BASIC;
+    case v1::ORT_LEVEL_EXTENDED: return ORT_ENABLE_EXTENDED;
+    case v1::ORT_LEVEL_ALL: return ORT_ENABLE_ALL;
+    default: return fallback;
   }
+}
+
+std::string OrtLevelName(GraphOptimizationLevel level) {
+  switch (level) {
+    case ORT_DISABLE_ALL: return "disabled";
+    case ORT_ENABLE_BASIC: return "basic";
+    case ORT_ENABLE_EXTENDED: return "extended";
+    default: return "all";
+  }
+}
+
+std::string DescribeSettings(const SessionSettings& settings) {
+  const std::string level = absl::StrCat("ONNX Runtime optimizations ", OrtLevelName(settings.optimization_level));
   if (settings.device != v1::DEVICE_CUDA) return absl::StrCat("CPU fp32, ", level);
   return absl::StrCat("CUDA GPU, TF32 ", settings.cuda_tf32 ? "on" : "off", settings.cuda_graph ? ", CUDA graph" : "",
                       ", ", level);

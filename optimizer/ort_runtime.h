@@ -35,6 +35,10 @@ struct SessionSettings {
   bool cuda_graph = false;
 };
 
+// ONNX Runtime's level for `level`, `fallback` when unspecified; and its name for reports.
+GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback);
+std::string OrtLevelName(GraphOptimizationLevel level);
+
 // "CPU fp32" or "CUDA GPU, TF32 off", then the optimization level: what a report says ran.
 std::string DescribeSettings(const SessionSettings& settings);
 // Whether sessions under `a` and `b` compute the same numbers: the same device and ONNX Runtime

@@ -16,6 +16,11 @@
 namespace onnxopt {
 namespace {
 
+// precision.keep_io_types, default true.
+bool KeepsIoTypes(const v1::PrecisionConfig& precision) {
+  return !precision.has_keep_io_types() || precision.keep_io_types();
+}
+
 constexpr size_t kMaxKeptNodesReported = 200;
 // Operator types a mode may keep for want of a kernel before the search gives up on loading.
 constexpr int kMaxMissingKernelRetries = 40;
@@ -55,6 +60,10 @@ google::protobuf::Value BoolValue(bool flag) {
 std::string JoinSet(const std::set<std::string>& items) { return absl::StrJoin(items, ","); }
 
 }  // namespace
+
+bool ChangesFloatInterface(const v1::PrecisionConfig& precision, const std::string& mode) {
+  return !KeepsIoTypes(precision) && (mode == "fp16" || mode == "bf16");
+}
 
 bool PrecisionRequested(const v1::PrecisionConfig& precision) {
   return !precision.mode().empty() && precision.mode() != "fp32";
@@ -110,7 +119,7 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
   params["node_block_list"] = StringValue(JoinSet(nodes));
   if (IsFloatMode(mode)) {
     params["to"] = StringValue(mode);
-    params["keep_io_types"] = BoolValue(!precision.has_keep_io_types() || precision.keep_io_types());
+    params["keep_io_types"] = BoolValue(KeepsIoTypes(precision));
     params["op_block_list"] = StringValue(JoinSet(ops));
   } else {
     std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};

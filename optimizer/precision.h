@@ -38,6 +38,10 @@ namespace onnxopt {
 // that passes returned (OptimizeJob::ChoosePrecision).
 inline constexpr char kAutoPrecision[] = "auto";
 
+// Whether `mode` under `precision` makes the model's float inputs and outputs float16/bfloat16
+// (keep_io_types off, mode fp16 or bf16).
+bool ChangesFloatInterface(const v1::PrecisionConfig& precision, const std::string& mode);
+
 // Whether the config asks for anything but float32.
 bool PrecisionRequested(const v1::PrecisionConfig& precision);
 

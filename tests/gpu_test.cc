@@ -92,7 +92,7 @@ TEST_F(GpuJobTest, ParityFitsTheDeviceAndTheFusionsStay) {
   EXPECT_TRUE(parity.passed()) << parity.DebugString();
   EXPECT_FALSE(parity.tf32());
   EXPECT_NE(parity.device().find("CUDA GPU, TF32 off"), std::string::npos) << parity.device();
-  EXPECT_EQ(parity.reference(), "CPU fp32, ONNX Runtime optimizations off");
+  EXPECT_EQ(parity.reference(), "CPU fp32, ONNX Runtime optimizations disabled");
   EXPECT_FALSE(report.returned_original());
   EXPECT_EQ(parity.bisection().culprits_size(), 0);
   EXPECT_GT(report.transformer().fused_kinds().at("Attention"), 0) << report.transformer().DebugString();

@@ -44,19 +44,9 @@ std::optional<PathMatch> MatchPath(const Graph& graph, const std::string& value,
   return path;
 }
 
-NodeCheck HasPerm(std::vector<int64_t> perm) {
-  return [perm = std::move(perm)](const Graph&, const Node& node, int) { return PermOf(&node) == perm; };
-}
-
 NodeCheck OtherIsScalar(double expected, double tolerance) {
   return [expected, tolerance](const Graph& graph, const Node& node, int followed) {
     return node.input_size() == 2 && IsScalarNear(graph, OtherInput(node, followed), expected, tolerance);
-  };
-}
-
-NodeCheck HasIntAttribute(const char* name, int64_t value, int64_t fallback) {
-  return [name, value, fallback](const Graph&, const Node& node, int) {
-    return node.GetAttributeInt(name, fallback) == value;
   };
 }
 

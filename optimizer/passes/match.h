@@ -116,13 +116,9 @@ std::optional<PathMatch> MatchPath(const Graph& graph, const std::string& value,
                                    const PathCheck& accept = nullptr);
 
 // Step checks.
-// A Transpose with exactly this permutation.
-NodeCheck HasPerm(std::vector<int64_t> perm);
 // A binary node whose operand the step does not follow is a one-element float constant within
 // `tolerance` of `expected`.
 NodeCheck OtherIsScalar(double expected, double tolerance);
-// An INT attribute equal to `value` (`fallback` when absent).
-NodeCheck HasIntAttribute(const char* name, int64_t value, int64_t fallback);
 
 // ---------------------------------------------------------------------------------------------------
 // Single-node helpers

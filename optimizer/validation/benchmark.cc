@@ -54,6 +54,12 @@ absl::StatusOr<double> TimedRun(Ort::Session& session, const GeneratedInputs& in
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+// Runs `session` plainly on host tensors.
+TimedRunner PlainRunner(Ort::Session& session, const GeneratedInputs& inputs,
+                        const std::vector<std::string>& output_names) {
+  return [&session, &inputs, &output_names] { return TimedRun(session, inputs, output_names); };
+}
+
 // Pair `index` of runs timed in turns: both runners once, the first one going first on even pairs
 // so that neither gets a warmer cache. `latencies` gets each one's time.
 absl::Status TimedPair(const TimedRunner runners[2], int index, double latencies[2]) {
@@ -151,6 +157,10 @@ std::optional<int64_t> StatusKilobytes(const std::string& key) {
 
 }  // namespace
 
+double TimeBudget(const v1::BenchmarkConfig& config) {
+  return config.time_budget_seconds() > 0 ? config.time_budget_seconds() : kDefaultTimeBudgetSeconds;
+}
+
 absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config) {
   if (config.warmup_runs() < 0 || config.warmup_runs() > 10000 || config.iterations() < 0 ||
       config.iterations() > kMaxTimedRuns) {
@@ -200,11 +210,6 @@ v1::LatencyStats Summarize(const std::vector<double>& latencies_ms) {
   return stats;
 }
 
-TimedRunner PlainRunner(Ort::Session& session, const GeneratedInputs& inputs,
-                        const std::vector<std::string>& output_names) {
-  return [&session, &inputs, &output_names] { return TimedRun(session, inputs, output_names); };
-}
-
 TimedRunner BoundRunner(BoundRun& run) {
   return [&run]() -> absl::StatusOr<double> {
     const auto start = Clock::now();
@@ -213,6 +218,13 @@ TimedRunner BoundRunner(BoundRun& run) {
     }
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
+}
+
+TimingMode TimingOn(v1::Device device) {
+  TimingMode mode;
+  mode.bound = device == v1::DEVICE_CUDA;
+  mode.device = device;
+  return mode;
 }
 
 absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInputs& inputs,
@@ -246,7 +258,7 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
                        const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report, const TimingMode& mode) {
   const TimingPlan plan = PlanOf(config);
-  const double budget = config.time_budget_seconds() > 0 ? config.time_budget_seconds() : kDefaultTimeBudgetSeconds;
+  const double budget = TimeBudget(config);
   const std::vector<std::string> outputs = OutputNames(original);
   Ort::Session* const sessions[2] = {&original, &optimized};
   const auto start = Clock::now();

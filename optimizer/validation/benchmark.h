@@ -31,6 +31,9 @@ inline constexpr int kMaxTimedRuns = 100000;
 inline constexpr int kMaxLatencySamples = 2000;
 inline constexpr size_t kMinStableWindows = 5;
 
+// BenchmarkConfig.time_budget_seconds, or its default.
+double TimeBudget(const v1::BenchmarkConfig& config);
+
 // Checks that a config's benchmark settings make sense (INVALID_ARGUMENT otherwise).
 absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config);
 
@@ -40,8 +43,6 @@ v1::LatencyStats Summarize(const std::vector<double>& latencies_ms);
 
 // One timed run, in milliseconds: a session run plainly on host tensors, or a bound run.
 using TimedRunner = std::function<absl::StatusOr<double>()>;
-TimedRunner PlainRunner(Ort::Session& session, const GeneratedInputs& inputs,
-                        const std::vector<std::string>& output_names);
 TimedRunner BoundRunner(BoundRun& run);
 
 // Both runners in turns (each going first every other pair): `warmup_pairs` untimed, then at least
@@ -58,6 +59,9 @@ struct TimingMode {
   v1::Device device = v1::DEVICE_CPU;
   Residence residence = Residence::kDevice;
 };
+
+// How `device` is timed: device-resident bound runs on CUDA, plain runs on the CPU.
+TimingMode TimingOn(v1::Device device);
 
 // A runner of `session` on `inputs` as `mode` says; a bound one keeps its binding in `bound`.
 absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInputs& inputs,

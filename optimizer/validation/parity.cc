@@ -380,9 +380,12 @@ void KeepValidPositions(const ParityReference::InputSet& set, const std::string&
 
 }  // namespace
 
-absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const v1::ValidationConfig& config,
-                                    const std::atomic<bool>* cancelled, ParityReference* reference) {
-  reference->noise_factor = config.noise_factor() > 0 ? config.noise_factor() : kDefaultNoiseFactor;
+double NoiseFactor(const v1::ValidationConfig& config) {
+  return config.noise_factor() > 0 ? config.noise_factor() : kDefaultNoiseFactor;
+}
+
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::atomic<bool>* cancelled,
+                                    ParityReference* reference) {
   reference->device_deviation.assign(reference->output_names.size(), 0.0);
   for (const auto& set : reference->sets) {
     if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
@@ -426,7 +429,7 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
       const double deviation = i < reference.device_deviation.size() ? reference.device_deviation[i] : 0.0;
       output->set_device_deviation(deviation);
       CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine,
-                    reference.noise_factor * deviation);
+                    NoiseFactor(config) * deviation);
       passed &= output->passed();
     }
   }
@@ -442,25 +445,6 @@ absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const 
       BuildParityReference(original, original_model, config, supplied, cancelled, report);
   if (!reference.ok()) return reference.status();
   return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report);
-}
-
-GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback) {
-  switch (level) {
-    case v1::ORT_LEVEL_DISABLED: return ORT_DISABLE_ALL;
-    case v1::ORT_LEVEL_BASIC: return ORT_ENABLE_BASIC;
-    case v1::ORT_LEVEL_EXTENDED: return ORT_ENABLE_EXTENDED;
-    case v1::ORT_LEVEL_ALL: return ORT_ENABLE_ALL;
-    default: return fallback;
-  }
-}
-
-std::string OrtLevelName(GraphOptimizationLevel level) {
-  switch (level) {
-    case ORT_DISABLE_ALL: return "disabled";
-    case ORT_ENABLE_BASIC: return "basic";
-    case ORT_ENABLE_EXTENDED: return "extended";
-    default: return "all";
-  }
 }
 
 }  // namespace onnxopt

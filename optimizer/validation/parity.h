@@ -77,7 +77,6 @@ struct ParityReference {
   // Per output: how far the original itself strays from `expected` on the job's device (max abs over
   // the input sets); empty where the device's sessions are the reference's.
   std::vector<double> device_deviation;
-  double noise_factor = kDefaultNoiseFactor;
 };
 
 // Runs the original on every input set (the first one twice: a model that disagrees with itself
@@ -88,11 +87,14 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
                                                      const std::vector<SuppliedSample>& supplied,
                                                      const std::atomic<bool>* cancelled, v1::ParityReport* report);
 
+// ValidationConfig.noise_factor, or its default.
+double NoiseFactor(const v1::ValidationConfig& config);
+
 // Runs the original on the job's device (`device_original`, where it is not the reference's session)
 // on every input set and records its deviation from the reference per output; the report's outputs
 // then show it and the bound it gives. INVALID_ARGUMENT when ONNX Runtime cannot run it there.
-absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const v1::ValidationConfig& config,
-                                    const std::atomic<bool>* cancelled, ParityReference* reference);
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::atomic<bool>* cancelled,
+                                    ParityReference* reference);
 
 // Runs `candidate` on the reference's inputs and compares every output (report.outputs and
 // report.passed are replaced). INTERNAL when ONNX Runtime cannot run the candidate.
@@ -106,9 +108,6 @@ absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const 
                          v1::ParityReport* report, const std::string& candidate_precision = "fp32",
                          const std::vector<SuppliedSample>& supplied = {});
 
-// ONNX Runtime's level for `level`, `fallback` when unspecified; and its name for reports.
-GraphOptimizationLevel OrtLevel(v1::OrtOptimizationLevel level, GraphOptimizationLevel fallback);
-std::string OrtLevelName(GraphOptimizationLevel level);
 
 }  // namespace onnxopt
 

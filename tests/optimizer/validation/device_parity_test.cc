@@ -62,11 +62,11 @@ TEST(DeviceParityTest, TheMeasuredDeviationWidensTheBoundByTheFactorAndNoMore) {
   auto reference = BuildParityReference(**reference_session, original, config, {}, nullptr, &report);
   ASSERT_TRUE(reference.ok()) << reference.status();
   // A device whose original strays 0.05 (set here: the CPU's own deviation is 0).
-  ASSERT_TRUE(MeasureDeviceDeviation(**reference_session, config, nullptr, &*reference).ok());
+  ASSERT_TRUE(MeasureDeviceDeviation(**reference_session, nullptr, &*reference).ok());
   ASSERT_EQ(reference->device_deviation.size(), 1u);
   EXPECT_EQ(reference->device_deviation[0], 0) << "the same session deviates by nothing";
   reference->device_deviation[0] = 0.05;
-  EXPECT_EQ(reference->noise_factor, kDefaultNoiseFactor);
+  EXPECT_EQ(NoiseFactor(config), kDefaultNoiseFactor);
 
   // x is a standard normal over 16 terms: a weight offset of 1e-3 moves y by about 4e-3 (< 0.1),
   // one of 0.1 by about 0.4 (> 0.1).
@@ -114,7 +114,7 @@ TEST(DeviceParityTest, AJobOnADeviceThatRoundsOtherwiseMeasuresTheOriginalThere)
   });
   const v1::ParityReport& parity = report.parity();
   EXPECT_TRUE(parity.passed()) << parity.DebugString();
-  EXPECT_EQ(parity.reference(), "CPU fp32, ONNX Runtime optimizations off");
+  EXPECT_EQ(parity.reference(), "CPU fp32, ONNX Runtime optimizations disabled");
   EXPECT_EQ(parity.device(), "CPU fp32, ONNX Runtime optimizations all");
   EXPECT_EQ(parity.noise_factor(), 3);
   EXPECT_FALSE(parity.tf32());
