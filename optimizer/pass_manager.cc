@@ -101,10 +101,11 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
     return absl::InvalidArgumentError("transformer.num_heads and transformer.hidden_size must be >= 0, and "
                                       "hidden_size a multiple of num_heads");
   }
-  static const std::set<std::string> kFamilies = {"", "bert", "roberta", "gpt2", "llama", "t5", "vit"};
-  if (kFamilies.count(transformer.family()) == 0) {
+  if (!transformer.family().empty() && FamilyKind(transformer.family()).empty()) {
+    std::vector<std::string> known;
+    for (const auto& family : KnownFamilies()) known.push_back(family.first);
     return absl::InvalidArgumentError(absl::StrCat("transformer.family '", transformer.family(),
-                                                   "' is unknown (known: bert, roberta, gpt2, llama, t5, vit)"));
+                                                   "' is unknown (known: ", absl::StrJoin(known, ", "), ")"));
   }
   pipeline.hints.family = transformer.family();
   pipeline.hints.num_heads = transformer.num_heads();

@@ -182,8 +182,11 @@ void MergeShapeData(const onnx::TensorShapeProto& tracked, onnx::TensorShapeProt
 
 class Sweep {
  public:
-  Sweep(const onnx::ModelProto& model, const onnx::GraphProto& graph, const std::vector<const onnx::NodeProto*>& nodes)
-      : model_(model), graph_(graph), nodes_(nodes), symbolic_(DefaultOpset(model)) {
+  // `with_schemas` false: only the rules of symbolic_shapes.h run (a model of an opset onnx 1.12 does
+  // not know, whose schemas may have changed since).
+  Sweep(const onnx::ModelProto& model, const onnx::GraphProto& graph, const std::vector<const onnx::NodeProto*>& nodes,
+        bool with_schemas = true)
+      : model_(model), graph_(graph), nodes_(nodes), with_schemas_(with_schemas), symbolic_(DefaultOpset(model)) {
     for (const auto& import : model.opset_import()) {
       opsets_[import.domain() == "ai.onnx" ? "" : import.domain()] = static_cast<int>(import.version());
     }
@@ -223,7 +226,7 @@ class Sweep {
   InferredTypes SweepNodes() {
     EnsureContribSchemas();
     for (const onnx::NodeProto* node : nodes_) {
-      InferNode(*node);
+      if (with_schemas_) InferNode(*node);
       try {
         symbolic_.Apply(*node, &result_.types);
         PublishTrackedValue(*node);
@@ -348,6 +351,7 @@ class Sweep {
   const onnx::ModelProto& model_;
   const onnx::GraphProto& graph_;
   const std::vector<const onnx::NodeProto*>& nodes_;
+  const bool with_schemas_;
   std::unordered_map<std::string, int> opsets_;
   absl::flat_hash_map<std::string, const onnx::OpSchema*> default_domain_schemas_;
   si::ModelLocalFunctionsMap functions_;
@@ -426,6 +430,21 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph)
   std::deque<onnx::NodeProto> with_bodies;
   const std::vector<const onnx::NodeProto*> nodes = SweptProtos(graph.Nodes(), &with_bodies);
   return Sweep(model, graph.proto(), nodes).Run();
+}
+
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model) {
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(static_cast<size_t>(model.graph().node_size()));
+  for (const auto& node : model.graph().node()) nodes.push_back(&node);
+  return Sweep(model, model.graph(), nodes, /*with_schemas=*/false).Run();
+}
+
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph) {
+  const std::vector<Node*> held = graph.Nodes();
+  std::vector<const onnx::NodeProto*> nodes;
+  nodes.reserve(held.size());
+  for (const Node* node : held) nodes.push_back(&node->proto());
+  return Sweep(model, graph.proto(), nodes, /*with_schemas=*/false).Run();
 }
 
 }  // namespace onnxopt

@@ -40,6 +40,11 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model);
 // The same for `model`'s main graph while a Graph holds its nodes (between passes, checkpointed, so
 // Nodes() is in topological order); opsets and functions come from `model`.
 InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph);
+// For a model whose opset onnx 1.12 does not know: the declared types, with the values of shape
+// arithmetic tracked and the dims the rules of symbolic_shapes.h fill in where none is declared
+// (the dynamo exporter declares every value's type; its Reshape targets are Concats of Shape slices).
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model);
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph);
 // `inferred` (a sweep of `graph` before a pass that kept the types of the values it left) completed
 // with the initializers the pass added or replaced (typed by their tensors) and the nodes it added,
 // in topological order: their outputs get types from their inputs'. Shape arithmetic they read is

@@ -20,12 +20,12 @@ ShapeInfo::ShapeInfo(InferredTypes inferred, bool ran)
     : types_(std::move(inferred.types)), known_values_(std::move(inferred.known)), inferred_(ran) {}
 
 ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
-  if (!Inferable(model)) return ShapeInfo(InferredTypes{DeclaredTypes(model.graph()), {}}, false);
+  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model), false);
   return ShapeInfo(InferGraphTypes(model), true);
 }
 
 ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model, const Graph& graph) {
-  if (!Inferable(model)) return ShapeInfo(InferredTypes{DeclaredTypes(graph.proto()), {}}, false);
+  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model, graph), false);
   return ShapeInfo(InferGraphTypes(model, graph), true);
 }
 

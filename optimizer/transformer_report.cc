@@ -1,6 +1,9 @@
 #include "optimizer/transformer_report.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -8,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "optimizer/graph.h"
 #include "optimizer/model_io.h"
+#include "optimizer/passes/constants.h"
 
 namespace onnxopt {
 namespace {
@@ -19,6 +23,7 @@ bool DefaultDomain(const onnx::NodeProto& node) { return node.domain().empty() |
 // Keyed by views into the model, which outlives the maps: no copy of 100k names.
 using ProducerMap = absl::flat_hash_map<absl::string_view, const onnx::NodeProto*>;
 using InitializerMap = absl::flat_hash_map<absl::string_view, const onnx::TensorProto*>;
+using ConsumerMap = absl::flat_hash_map<absl::string_view, std::vector<const onnx::NodeProto*>>;
 
 // Producers of the main graph's values.
 ProducerMap Producers(const onnx::GraphProto& graph) {
@@ -28,6 +33,16 @@ ProducerMap Producers(const onnx::GraphProto& graph) {
     for (const auto& output : node.output()) producers[output] = &node;
   }
   return producers;
+}
+
+ConsumerMap Consumers(const onnx::GraphProto& graph) {
+  ConsumerMap consumers;
+  for (const auto& node : graph.node()) {
+    for (const auto& input : node.input()) {
+      if (!input.empty()) consumers[input].push_back(&node);
+    }
+  }
+  return consumers;
 }
 
 InitializerMap Initializers(const onnx::GraphProto& graph) {
@@ -101,6 +116,128 @@ bool FromRange(const ProducerMap& producers, const std::string& value, int depth
   return false;
 }
 
+// The tensor `value` holds when it is constant: an initializer or a Constant node's value.
+const onnx::TensorProto* ConstantOf(const ProducerMap& producers, const InitializerMap& initializers,
+                                    absl::string_view value) {
+  if (auto it = initializers.find(value); it != initializers.end()) return it->second;
+  auto it = producers.find(value);
+  if (it == producers.end() || it->second->op_type() != "Constant") return nullptr;
+  for (const auto& attribute : it->second->attribute()) {
+    if (attribute.name() == "value" && attribute.has_t()) return &attribute.t();
+  }
+  return nullptr;
+}
+
+std::optional<float> ScalarOf(const ProducerMap& producers, const InitializerMap& initializers,
+                              absl::string_view value) {
+  const onnx::TensorProto* tensor = ConstantOf(producers, initializers, value);
+  if (tensor == nullptr) return std::nullopt;
+  if (std::optional<std::vector<float>> floats = TensorFloats(*tensor)) {
+    if (floats->size() == 1) return (*floats)[0];
+  } else if (std::optional<std::vector<int64_t>> ints = TensorInts(*tensor); ints && ints->size() == 1) {
+    return static_cast<float>((*ints)[0]);
+  }
+  return std::nullopt;
+}
+
+// The producer of `value` past Casts, or nullptr.
+const onnx::NodeProto* ProducerPastCasts(const ProducerMap& producers, absl::string_view value) {
+  for (int depth = 0; depth < 4; ++depth) {
+    auto it = producers.find(value);
+    if (it == producers.end()) return nullptr;
+    if (it->second->op_type() != "Cast") return it->second;
+    value = it->second->input(0);
+  }
+  return nullptr;
+}
+
+// What tells the families of a kind apart, from one node (see DetectTransformer).
+void ReadFamilyEvidence(const onnx::NodeProto& node, const ProducerMap& producers, const InitializerMap& initializers,
+                        const ConsumerMap& consumers,
+                        const std::set<std::string>& integer_inputs, TransformerEvidence* found) {
+  const absl::string_view op = node.op_type();
+  auto producer_op = [&](absl::string_view value) -> absl::string_view {
+    auto it = producers.find(value);
+    return it == producers.end() ? absl::string_view() : absl::string_view(it->second->op_type());
+  };
+  auto constant = [&](absl::string_view value) { return ConstantOf(producers, initializers, value); };
+  auto readers = [&](absl::string_view value) -> const std::vector<const onnx::NodeProto*>& {
+    static const std::vector<const onnx::NodeProto*> kNone;
+    auto it = consumers.find(value);
+    return it == consumers.end() ? kNone : it->second;
+  };
+  if (op == "Conv" && node.input_size() >= 2) {
+    const onnx::TensorProto* weight = constant(node.input(1));
+    found->audio_convolution |= weight != nullptr && weight->dims_size() == 3;
+  } else if (op == "Concat" && node.input_size() == 3 && GetAttributeInt(node, "axis", 0) == 1) {
+    // DeiT: cat(class token, distillation token, patches).
+    found->distillation_token |= producer_op(node.input(0)) == "Expand" && producer_op(node.input(1)) == "Expand";
+  } else if (op == "Gather" && node.input_size() == 2) {
+    const onnx::TensorProto* table = constant(node.input(0));
+    if (table != nullptr && table->dims_size() == 2) {
+      if (integer_inputs.count(node.input(1)) > 0) found->vocabulary = std::max(found->vocabulary, table->dims(0));
+      // A token-type table has a handful of rows (BERT 2, RoBERTa 1); position and word tables hundreds.
+      found->token_types |= table->dims(0) >= 1 && table->dims(0) <= 16 && table->dims(1) > 16;
+    }
+  } else if (op == "EmbedLayerNormalization") {
+    found->token_types |= node.input_size() > 4 && !node.input(4).empty();
+  } else if (op == "Sigmoid" && node.input_size() == 1) {
+    // x * sigmoid(1.702 x): the Gelu approximation CLIP uses.
+    auto it = producers.find(node.input(0));
+    if (it != producers.end() && it->second->op_type() == "Mul") {
+      for (const auto& input : it->second->input()) {
+        auto scale = ScalarOf(producers, initializers, input);
+        found->sigmoid_gelu |= scale && std::abs(*scale - 1.702f) < 1e-3f;
+      }
+    }
+  } else if (op == "Mul" && node.input_size() == 2) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string& other = node.input(1 - i);
+      const onnx::TensorProto* factor = constant(node.input(i));
+      if (factor == nullptr) continue;
+      const absl::string_view from = producer_op(other);
+      // Gemma: the token embeddings times sqrt(hidden).
+      if (from == "Gather" && ScalarOf(producers, initializers, node.input(i))) {
+        const onnx::NodeProto& gather = *producers.at(other);
+        found->embedding_scale |= gather.input_size() == 2 && integer_inputs.count(gather.input(1)) > 0;
+      }
+      // DINOv2's layer scale: a projection's output times a per-channel vector.
+      found->layer_scale |= factor->dims_size() == 1 && factor->dims(0) > 1 && (from == "Add" || from == "MatMul") &&
+                            (from == "MatMul" || producer_op(producers.at(other)->input(0)) == "MatMul" ||
+                             producer_op(producers.at(other)->input(1)) == "MatMul");
+    }
+  } else if (op == "ReduceMean" && node.input_size() >= 1) {
+    // RMSNorm of the heads (Qwen3's q_norm / k_norm): mean(x^2) of a head-split Reshape.
+    const onnx::NodeProto* square = ProducerPastCasts(producers, node.input(0));
+    if (square != nullptr && (square->op_type() == "Pow" || square->op_type() == "Mul")) {
+      const onnx::NodeProto* base = ProducerPastCasts(producers, square->input(0));
+      found->head_norm |= base != nullptr && base->op_type() == "Reshape";
+    }
+  } else if (op == "Split" || (op == "Slice" && readers(node.input(0)).size() >= 2)) {
+    // A projection split into parts: Phi-3's qkv_proj and gate_up_proj.
+    found->packed_projection |= producer_op(node.input(0)) == "MatMul";
+  } else if (op == "Add" && node.input_size() == 2) {
+    // Add(MatMul(x, W), b) read by a head split: Qwen2's Q/K/V biases.
+    for (int i = 0; i < 2; ++i) {
+      const onnx::TensorProto* bias = constant(node.input(i));
+      if (bias == nullptr || bias->dims_size() != 1 || producer_op(node.input(1 - i)) != "MatMul") continue;
+      const auto& read_by = readers(node.output(0));
+      found->projection_bias |= read_by.size() == 1 && read_by[0]->op_type() == "Reshape";
+    }
+  } else if ((op == "Greater" || op == "Less" || op == "GreaterOrEqual" || op == "LessOrEqual") &&
+             node.input_size() == 2) {
+    // kv > q - W: a sliding window of W positions in the mask (Mistral, ModernBERT's local layers).
+    for (const auto& input : node.input()) {
+      auto it = producers.find(input);
+      if (it == producers.end() || (it->second->op_type() != "Sub" && it->second->op_type() != "Add")) continue;
+      for (const auto& operand : it->second->input()) {
+        auto window = ScalarOf(producers, initializers, operand);
+        found->position_window |= window && *window != 0.0f;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
@@ -108,6 +245,7 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
   const onnx::GraphProto& graph = original.graph();
   const ProducerMap producers = Producers(graph);
   const InitializerMap initializers = Initializers(graph);
+  const ConsumerMap consumers = Consumers(graph);
   std::set<std::string> integer_inputs;
   for (const auto& input : graph.input()) {
     const int32_t type = input.type().tensor_type().elem_type();
@@ -148,6 +286,9 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
     } else if (node.domain() == kMicrosoft && (op == "SimplifiedLayerNormalization" || op == "SkipSimplifiedLayerNormalization")) {
       found.rms_norm = true;
     }
+    if (standard || node.domain() == kMicrosoft) {
+      ReadFamilyEvidence(node, producers, initializers, consumers, integer_inputs, &found);
+    }
     found.sine |= standard && op == "Sin";
     found.cosine |= standard && op == "Cos";
     found.log_buckets |= standard && op == "Log";
@@ -169,23 +310,54 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
     }
   }
   if (shape.layers == 0) return shape;
+  // XLM-RoBERTa is RoBERTa's architecture; only its multilingual vocabulary (250,002 tokens) tells it.
+  constexpr int64_t kMultilingualVocabulary = 250000;
   if (found.convolution && !found.token_lookup) {
-    shape.family = "vit";
+    shape.family = found.audio_convolution    ? "whisper"
+                   : found.distillation_token ? "deit"
+                   : found.layer_scale        ? "dinov2"
+                                              : "vit";
   } else if (found.rms_norm && found.sine && found.cosine) {
-    shape.family = "llama";  // RMSNorm and rotary position embeddings: LLaMA, Qwen, Mistral
+    // RMSNorm and rotary position embeddings: a LLaMA-like decoder.
+    shape.family = found.embedding_scale     ? "gemma"
+                   : found.head_norm         ? "qwen3"
+                   : found.packed_projection ? "phi3"
+                   : found.projection_bias   ? "qwen2"
+                   : found.position_window   ? "mistral"
+                                             : "llama";
   } else if (found.rms_norm && found.log_buckets) {
-    shape.family = "t5";     // RMSNorm and log-bucketed relative positions
+    shape.family = "t5";  // RMSNorm and log-bucketed relative positions
+  } else if (found.sine && found.cosine && !found.causal) {
+    shape.family = "modernbert";  // rotary positions in an encoder
   } else if (found.causal) {
-    shape.family = "gpt2";
+    shape.family = found.sigmoid_gelu ? "clip" : "gpt2";
   } else if (found.cumulative_positions && found.token_lookup) {
-    shape.family = "roberta";  // position ids counted from the non-padding tokens
+    // Position ids counted from the non-padding tokens.
+    shape.family = found.vocabulary >= kMultilingualVocabulary ? "xlm-roberta" : "roberta";
   } else {
-    shape.family = "bert";
+    shape.family = found.token_types ? "bert" : "distilbert";
   }
   return shape;
 }
 
 }  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& KnownFamilies() {
+  static const auto* families = new std::vector<std::pair<std::string, std::string>>{
+      {"bert", "bert"},       {"distilbert", "bert"}, {"modernbert", "bert"},  {"roberta", "roberta"},
+      {"xlm-roberta", "roberta"}, {"gpt2", "gpt2"},   {"clip", "gpt2"},        {"llama", "llama"},
+      {"mistral", "llama"},   {"qwen2", "llama"},     {"qwen3", "llama"},      {"phi3", "llama"},
+      {"gemma", "llama"},     {"t5", "t5"},           {"vit", "vit"},          {"deit", "vit"},
+      {"dinov2", "vit"},      {"whisper", "vit"}};
+  return *families;
+}
+
+std::string FamilyKind(const std::string& family) {
+  for (const auto& [name, kind] : KnownFamilies()) {
+    if (name == family) return kind;
+  }
+  return "";
+}
 
 TransformerShape DetectTransformer(const onnx::ModelProto& original) {
   return Classify(ReadTransformerEvidence(original), nullptr);
@@ -253,8 +425,10 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
       {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers, "fuse_gelu"},
   };
   const std::string& family = report.family();
-  if (family == "t5") expected.erase(expected.begin() + 2);  // ReLU feed-forward: nothing to fuse there
-  if (family == "bert" || family == "roberta" || family == "gpt2") {
+  const std::string kind = FamilyKind(family);
+  if (kind == "t5") expected.erase(expected.begin() + 2);  // ReLU feed-forward: nothing to fuse there
+  // ModernBERT's embeddings are the token table and a norm: no position table for EmbedLayerNormalization.
+  if ((kind == "bert" || kind == "roberta" || kind == "gpt2") && family != "modernbert") {
     // Its int8 form (quantize_embeddings_int8) counts as fused.
     expected.push_back({"EmbedLayerNormalization", {"EmbedLayerNormalization", "QEmbedLayerNormalization"}, 1,
                         "fuse_embed_layer_norm"});

@@ -1,7 +1,8 @@
 // What kind of transformer a model is, and whether the transformer fusions covered it: the family
-// (BERT or RoBERTa encoder, GPT-2-like decoder, LLaMA-like decoder, T5 encoder, ViT), layer count, heads and width are read from
-// the original graph (or taken from the config), and the optimized model's fused operators are
-// counted against what a fully fused model of that family has, naming the pattern that stopped
+// (bert, distilbert, roberta, xlm-roberta, modernbert, gpt2, clip, llama, mistral, qwen2, qwen3, phi3,
+// gemma, t5, vit, deit, dinov2, whisper), layer count, heads and width are read from the original
+// graph (or taken from the config), and the optimized model's fused operators are counted against
+// what a fully fused model of that family's kind (FamilyKind) has, naming the pattern that stopped
 // where one is short.
 #ifndef ONNXOPT_OPTIMIZER_TRANSFORMER_REPORT_H_
 #define ONNXOPT_OPTIMIZER_TRANSFORMER_REPORT_H_
@@ -14,18 +15,34 @@
 
 namespace onnxopt {
 
+// The families detection names, and the kind each is of: the architecture whose fused operator
+// counts it shares ("bert", "roberta", "gpt2", "llama", "t5", "vit").
+const std::vector<std::pair<std::string, std::string>>& KnownFamilies();
+// The kind of `family` (a kind is its own), or "" for a name not known.
+std::string FamilyKind(const std::string& family);
+
 struct TransformerShape {
-  std::string family;  // "bert", "roberta", "gpt2", "llama", "t5", "vit", or "" when the graph has no attention
+  std::string family;  // a KnownFamilies() name, or "" when the graph has no attention
   int layers = 0;      // attention Softmaxes
   int num_heads = 0;
   int hidden_size = 0;
 };
 
-// Reads the family from the original graph: attention Softmaxes (layers); a convolution before the
-// first attention with no token lookups (ViT); RMSNorm with rotary Sin/Cos (LLaMA) or with log-bucketed
-// relative positions (T5); a causal mask, as a lower-triangular buffer, Trilu, two position ranges
-// compared (GPT-2; the report also counts an Attention the fusion proved unidirectional); positions
-// counted by CumSum (RoBERTa); else an encoder (BERT).
+// Reads the family from the original graph's structure (never from names, which exporters change):
+// attention Softmaxes (layers);
+// - a convolution before the first attention with no token lookups: vision or audio (vit); a 1-D
+//   convolution (whisper's encoder), class and distillation tokens concatenated with the patches
+//   (deit), a per-channel layer scale after the projections (dinov2);
+// - RMSNorm with rotary Sin/Cos: a decoder (llama); the embedding scaled by a constant (gemma), RMSNorm
+//   on the heads of Q and K (qwen3), a packed projection split into parts (phi3), biased head-split
+//   projections (qwen2), a position window in the mask (mistral);
+// - RMSNorm with log-bucketed relative positions (t5);
+// - rotary Sin/Cos in an encoder without RMSNorm (modernbert);
+// - a causal mask, as a lower-triangular buffer, Trilu, two position ranges compared (gpt2; the
+//   report also counts an Attention the fusion proved unidirectional); with the sigmoid Gelu x *
+//   sigmoid(1.702 x) (clip's text model);
+// - positions counted by CumSum (roberta; xlm-roberta with a vocabulary of 250k tokens or more);
+// - else an encoder: bert with a token-type table, distilbert without one.
 TransformerShape DetectTransformer(const onnx::ModelProto& original);
 
 // What detection reads from the original graph, taken before the pipeline so that the original need
@@ -34,6 +51,11 @@ struct TransformerEvidence {
   int layers = 0;
   bool causal = false, token_lookup = false, convolution = false, rms_norm = false, sine = false, cosine = false,
        log_buckets = false, cumulative_positions = false;
+  // What tells the families of a kind apart.
+  bool audio_convolution = false, distillation_token = false, layer_scale = false, embedding_scale = false,
+       head_norm = false, packed_projection = false, projection_bias = false, position_window = false,
+       sigmoid_gelu = false, token_types = false;
+  int64_t vocabulary = 0;  // rows of the largest table an integer input looks up
 };
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);
 

@@ -40,6 +40,36 @@ TEST(ShapeInfoTest, SurvivesShapeOfAnUntypedContribOutput) {
   EXPECT_EQ(shapes.Rank("g"), 3);
 }
 
+// At an opset onnx 1.12 does not know (the dynamo exporter's 20), no schema runs, but the shape
+// arithmetic of Reshape and Expand targets is still tracked from the declared types: repeat_kv's
+// sizes Concat(Shape(x)[0:1], [1], [2], Shape(x)[2:3], [32]) are [batch, 1, 2, sequence, 32].
+TEST(ShapeInfoTest, TracksShapeArithmeticAtAnOpsetOnnxDoesNotKnow) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {-1, 1, -1, 32});
+  auto* dims = graph.mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  dims->mutable_dim(0)->set_dim_param("batch");
+  dims->mutable_dim(2)->set_dim_param("sequence");
+  *graph.add_initializer() = MakeInt64Tensor("one", {1});
+  *graph.add_initializer() = MakeInt64Tensor("two", {2});
+  *graph.add_initializer() = MakeInt64Tensor("width", {32});
+  *graph.add_node() = WithIntAttribute(WithIntAttribute(MakeNode("Shape", {"x"}, {"b"}), "start", 0), "end", 1);
+  *graph.add_node() = WithIntAttribute(WithIntAttribute(MakeNode("Shape", {"x"}, {"s"}), "start", 2), "end", 3);
+  *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"b", "one", "two", "s", "width"}, {"sizes"}), "axis", 0);
+  *graph.add_node() = MakeNode("Expand", {"x", "sizes"}, {"y"});
+  *graph.add_output() = FloatValue("y", {});
+  graph.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  const onnx::ModelProto model = MakeModel(graph, 20);
+  const ShapeInfo shapes = ShapeInfo::Infer(model);
+  EXPECT_FALSE(shapes.inferred()) << "no onnx schema ran";
+  const auto* sizes = shapes.SymbolicValue("sizes");
+  ASSERT_NE(sizes, nullptr);
+  ASSERT_EQ(sizes->size(), 5u);
+  EXPECT_EQ((*sizes)[0].dim_param(), "batch");
+  EXPECT_EQ((*sizes)[2].dim_value(), 2);
+  EXPECT_EQ((*sizes)[3].dim_param(), "sequence");
+  EXPECT_EQ(shapes.Rank("y"), 5) << "the Expand's output from the tracked sizes";
+}
+
 // A fused model 60 layers deep: onnx's inference goes through the contrib operators in one run,
 // where restarting it at each fused node gave up after about a dozen layers.
 TEST(ShapeInfoTest, ShapesReachTheEndOfADeepFusedModel) {

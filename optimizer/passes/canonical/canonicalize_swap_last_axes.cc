@@ -7,7 +7,8 @@
 //                      Concat(s[:-2], s[-1:], s[-2:-1]))
 // After:   y = Transpose(x, perm=[0, .., r-3, r-1, r-2])
 // Checked: every shape piece is a Slice of Shape(x) itself (any Shape node reading x) with exactly
-// those bounds, the first Reshape's lead is the constant -1, x's rank is known, and the intermediate
+// those bounds, or (after constant folding or shape tracking) both shapes are, element by element,
+// those dims of x (the same numbers or named dims), the first Reshape's lead is the constant -1, x's rank is known, and the intermediate
 // values have no other reader. Equal on every input the original accepts (an empty x makes the -1
 // Reshape fail there).
 #include <limits>
@@ -44,9 +45,29 @@ std::optional<ShapeSlice> MatchShapeSlice(const Graph& graph, const std::string&
   return result;
 }
 
-// The pieces of a Concat (axis 0) of shape slices; nullopt unless every input but a leading -1 is one.
+// True if the shape tensor `value` is, element by element, `dims`: dims of x (their numbers where x's
+// shape is known, or the same named dims), where kMinusOne stands for the literal -1. This is what is
+// left of the Shape(x) slices once constant folding or shape tracking made them values.
+constexpr int kMinusOne = -1;
+bool ShapeValueIs(const Graph& graph, const ShapeInfo& shapes, const std::string& value, const std::string& x,
+                  const std::vector<int>& dims) {
+  std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value);
+  const auto* symbolic = shapes.SymbolicValue(value);
+  const size_t size = ints ? ints->size() : symbolic != nullptr ? symbolic->size() : 0;
+  if (size != dims.size() || size == 0) return false;
+  for (size_t i = 0; i < size; ++i) {
+    if (dims[i] != kMinusOne) {
+      if (!ElementIsDim(graph, shapes, value, i, x, dims[i])) return false;
+    } else if (ints ? (*ints)[i] != -1 : !(*symbolic)[i].has_dim_value() || (*symbolic)[i].dim_value() != -1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The pieces of a Concat (axis 0) of shape slices; false unless every input but a leading -1 is one.
 bool MatchPieces(const Graph& graph, const std::string& value, bool lead_minus_one, const std::string& x,
-                 const std::vector<std::pair<int64_t, int64_t>>& bounds, std::vector<Node*>* nodes) {
+                 const std::vector<std::pair<int64_t, int64_t>>& bounds) {
   Node* concat = ProducerWithOp(graph, value, "Concat");
   const size_t offset = lead_minus_one ? 1 : 0;
   if (concat == nullptr || concat->GetAttributeInt("axis", 0) != 0 ||
@@ -61,8 +82,20 @@ bool MatchPieces(const Graph& graph, const std::string& value, bool lead_minus_o
     auto piece = MatchShapeSlice(graph, concat->input(static_cast<int>(i + offset)));
     if (!piece || piece->of != x || piece->start != bounds[i].first || piece->end != bounds[i].second) return false;
   }
-  nodes->push_back(concat);
   return true;
+}
+
+// The same two shapes as values: [-1, x[r-2], x[r-1]] and [x[0], .., x[r-3], x[r-1], x[r-2]].
+bool SwapsAsValues(const Graph& graph, const ShapeInfo& shapes, const std::string& flat_shape,
+                   const std::string& back_shape, const std::string& x, int64_t rank) {
+  if (rank < 3) return false;
+  const int last = static_cast<int>(rank) - 1;
+  std::vector<int> back;
+  for (int axis = 0; axis < last - 1; ++axis) back.push_back(axis);
+  back.push_back(last);
+  back.push_back(last - 1);
+  return ShapeValueIs(graph, shapes, flat_shape, x, {kMinusOne, last - 1, last}) &&
+         ShapeValueIs(graph, shapes, back_shape, x, back);
 }
 
 // The rank of `x`: from inferred shapes, or from the Transpose that made it.
@@ -96,13 +129,11 @@ class CanonicalizeSwapLastAxesPass final : public ShapedPass {
         continue;
       }
       const std::string& x = flat->input(0);
-      std::vector<Node*> shape_nodes;
-      if (!MatchPieces(graph, flat->input(1), /*lead_minus_one=*/true, x, {{-2, -1}, {-1, kToEnd}}, &shape_nodes) ||
-          !MatchPieces(graph, back->input(1), /*lead_minus_one=*/false, x, {{kFromStart, -2}, {-1, kToEnd}, {-2, -1}},
-                       &shape_nodes)) {
-        continue;
-      }
       const std::optional<int64_t> rank = RankOf(graph, shapes, x);
+      const bool sliced =
+          MatchPieces(graph, flat->input(1), /*lead_minus_one=*/true, x, {{-2, -1}, {-1, kToEnd}}) &&
+          MatchPieces(graph, back->input(1), /*lead_minus_one=*/false, x, {{kFromStart, -2}, {-1, kToEnd}, {-2, -1}});
+      if (!sliced && !(rank && SwapsAsValues(graph, shapes, flat->input(1), back->input(1), x, *rank))) continue;
       if (!rank || *rank < 3) {
         context.Skip("canonicalize_swap_last_axes: the rank of the reshaped tensor is unknown");
         continue;

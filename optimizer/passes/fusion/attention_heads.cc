@@ -60,6 +60,21 @@ bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::str
   return true;
 }
 
+// peft's unmerged LoRA branch [Mul(] MatMul(MatMul(x, A), B) [, s)] (the scale on either side, or
+// none) with constant A [in, r] and B [r, out]: x.
+std::optional<std::string> MatchLoraBranch(const Graph& graph, const std::string& value) {
+  std::string product = value;
+  if (auto scaled = ScalarScale(graph, graph.Producer(value))) product = scaled->second;
+  std::optional<PathMatch> path = MatchPath(graph, product, {{"MatMul"}, {"MatMul"}});
+  if (!path) return std::nullopt;
+  const onnx::TensorProto* b = ConstantTensor(graph, path->nodes[0]->input(1));
+  const onnx::TensorProto* a = ConstantTensor(graph, path->nodes[1]->input(1));
+  if (a == nullptr || b == nullptr || a->dims_size() != 2 || b->dims_size() != 2 || a->dims(1) != b->dims(0)) {
+    return std::nullopt;
+  }
+  return path->end;
+}
+
 // True if element `index` of the shape `value` is 1 or dim `dim` of `shaped`: an Expand keeps that dim.
 bool KeepsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,
               const std::string& shaped, int dim) {
@@ -187,6 +202,16 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
     projected = scaled->second;
   }
   if (MatchPackedPart(graph, shapes, projected, &projection)) projected = projection.part->input(0);
+  // A LoRA branch added to the base projection (checked below to read the base's x).
+  std::optional<std::string> lora_x;
+  if (Node* add = ProducerWithOp(graph, projected, "Add")) {
+    for (int i = 0; i < 2 && !lora_x; ++i) {
+      if ((lora_x = MatchLoraBranch(graph, add->input(i)))) {
+        projection.lora_add = add;
+        projected = add->input(1 - i);
+      }
+    }
+  }
   // Add(MatMul(x, W), b) with b on either side, or a MatMul without bias (T5, LLaMA, or one whose
   // zero bias the cleanups removed).
   if (std::optional<PathMatch> biased = MatchPath(graph, projected, {{"Add", kAnyInput}, {"MatMul"}})) {
@@ -196,7 +221,7 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
   } else if (ProducerWithOp(graph, projected, "Add") == nullptr) {
     projection.matmul = ProducerWithOp(graph, projected, "MatMul");
   }
-  if (projection.matmul == nullptr) return Fail();
+  if (projection.matmul == nullptr || (lora_x && *lora_x != projection.matmul->input(0))) return Fail();
   projection.x = projection.matmul->input(0);
   projection.weight = projection.matmul->input(1);
   return projection;

@@ -36,8 +36,9 @@ using Perm = std::vector<int64_t>;
 
 enum class Layout { kBatchFirst, kSequenceFirst };
 
-// One of Q, K, V: Add(MatMul(x, W), b) [-> part of a packed projection] [-> * c] -> Reshape ->
-// Transposes. The scalar c is Whisper's `q_proj(x) * scaling` before the head split.
+// One of Q, K, V: Add(MatMul(x, W), b) [+ LoRA branch] [-> part of a packed projection] [-> * c] ->
+// Reshape -> Transposes. The scalar c is Whisper's `q_proj(x) * scaling` before the head split; the
+// LoRA branch is peft's unmerged adapter, [Mul(] MatMul(MatMul(x, A), B) [, s)], added to the base.
 struct Projection {
   Node* matmul = nullptr;
   Node* add = nullptr;
@@ -46,6 +47,7 @@ struct Projection {
   int64_t size = -1;     // packed: its width
   Node* scaling = nullptr;  // the Mul or Div by c, when there is one
   float scale = 1.0f;       // c
+  Node* lora_add = nullptr;  // the Add of a LoRA branch onto the base projection, when there is one
   Node* reshape = nullptr;
   std::vector<Node*> transposes;
   std::string x, weight, bias;  // bias empty: the projection has none
@@ -113,8 +115,12 @@ struct AttentionMatch {
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
 
-  // Q and K rotated, or K and V repeated: only MultiHeadAttention (projections outside) can take them.
-  bool NeedsProjectionsOutside() const { return q_rotation.has_value() || k_repeat.has_value(); }
+  // Q and K rotated, K and V repeated, or a projection with a LoRA branch (which must stay as it is):
+  // only MultiHeadAttention (projections outside) can take them.
+  bool NeedsProjectionsOutside() const {
+    return q_rotation.has_value() || k_repeat.has_value() || q.lora_add != nullptr || k.lora_add != nullptr ||
+           v.lora_add != nullptr;
+  }
   int64_t kv_repeat() const { return k_repeat ? k_repeat->rep : 1; }
 };
 

@@ -1,16 +1,22 @@
 // com.microsoft::MultiHeadAttention from a matched block whose projections stay outside
 // (attention_emit.h): LLaMA-style attention, Q and K rotated after the head split, K and V possibly
-// repeated to the query heads (grouped-query attention).
+// repeated to the query heads (grouped-query attention); and any batch-first block with a LoRA
+// branch on a projection (BERT with peft adapters), which must stay as the model has it, so the
+// projections cannot go into Attention's packed weights.
 //   q4 = Reshape(x Wq, [B,S,N,D]); q = rope(Transpose(q4));  k likewise (Nkv heads);  v = x Wv
 // becomes
 //   MultiHeadAttention(rope'(x Wq), repeat(rope'(x Wk)), repeat(x Wv), key_padding_mask, attention_bias)
 // where rope' is the same rotation on the projections: RotaryEmbedding on [B,S,H] where
 // fuse_rotary_embedding made one (its caches and position ids carried over), else the element-wise
 // rotation on [B,S,N,D] (cos/sin unsqueezed on the head axis instead); repeat is repeat_kv on
-// [B,S,Nkv*D]. Checked: batch-first heads, separate projections with constant weights [in, out], the
-// key/value heads times the repeat equal to the query heads, no causal buffer (Where over a sliced
-// triangle: the masks here are masking_utils').
+// [B,S,Nkv*D]. Q, K and V are the projections' outputs as the head split read them: a packed
+// projection's parts (Phi-3's qkv_proj) stay as the Slices or Split that take them, since the rotation
+// sits between the projection and the operator; without rotation, Q and K are the projections as
+// they are (bias and LoRA branch included). Checked: batch-first heads, projections with constant
+// weights [in, out] (or parts of one), the key/value heads times the repeat equal to the query heads,
+// no causal buffer (Where over a sliced triangle: the masks here are masking_utils').
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/fusion/attention_emit.h"
@@ -74,6 +80,7 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 }  // namespace
 
 std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
+  if (!match.q_rotation) return {match.q.reshape->input(0), match.k.reshape->input(0)};
   const Rotation& q = *match.q_rotation;
   if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
   auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
@@ -86,28 +93,30 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
 
 MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
                                                 const AttentionMatch& match) {
-  if (match.layout != Layout::kBatchFirst || !match.q_rotation) return Fail();
+  if (match.layout != Layout::kBatchFirst) return Fail("projections outside the operator: the heads are sequence-first");
   if (match.scores.causal_where != nullptr) return Fail("rotary attention: a causal buffer mask is not supported here");
-  const onnx::TensorProto* k_weight = ConstantTensor(graph, match.k.weight);
-  const onnx::TensorProto* v_weight = ConstantTensor(graph, match.v.weight);
-  if (k_weight == nullptr || v_weight == nullptr || k_weight->dims_size() != 2 || v_weight->dims_size() != 2 ||
-      match.q.part != nullptr) {
-    return Fail("rotary attention: projection weights are not constant [in, out] matrices");
-  }
+  // Each projection's width: its part of a packed projection (Phi-3's qkv_proj), else its weight's.
+  auto width = [&](const Projection& p) -> std::optional<int64_t> {
+    const onnx::TensorProto* weight = ConstantTensor(graph, p.weight);
+    if (weight == nullptr || weight->dims_size() != 2) return std::nullopt;
+    return p.part != nullptr ? p.size : weight->dims(1);
+  };
+  const std::optional<int64_t> k_width = width(match.k), v_width = width(match.v);
+  if (!k_width || !v_width) return Fail("rotary attention: projection weights are not constant [in, out] matrices");
   const int64_t rep = match.kv_repeat();
-  if (k_weight->dims(1) * rep != match.hidden || v_weight->dims(1) * rep != match.hidden) {
+  if (*k_width * rep != match.hidden || *v_width * rep != match.hidden) {
     return Fail(rep == 1 ? "rotary attention: fewer key/value heads than query heads without a repeat_kv to match"
                          : "rotary attention: the key/value heads times the repeat are not the query heads");
   }
-  if (match.q_rotation->fused != nullptr &&
+  if (match.q_rotation && match.q_rotation->fused != nullptr &&
       (shapes.Rank(match.q.reshape->input(0)) != 3 || shapes.Rank(match.k.reshape->input(0)) != 3)) {
     return Fail("rotary attention: the projections are not known to be [B,S,H]");
   }
   Replacement plan;
   plan.pattern = CorePattern(match);
-  plan.pattern.push_back(match.k_swap);
-  for (const Rotation* rotation : {&*match.q_rotation, &*match.k_rotation}) {
-    plan.pattern.insert(plan.pattern.end(), rotation->nodes.begin(), rotation->nodes.end());
+  if (match.k_swap != nullptr) plan.pattern.push_back(match.k_swap);
+  for (const auto* rotation : {&match.q_rotation, &match.k_rotation}) {
+    if (rotation->has_value()) plan.pattern.insert(plan.pattern.end(), (*rotation)->nodes.begin(), (*rotation)->nodes.end());
   }
   for (const Projection* p : {&match.q, &match.k, &match.v}) {
     plan.pattern.insert(plan.pattern.end(), p->transposes.begin(), p->transposes.end());

@@ -16,7 +16,8 @@
 // After:
 //   y = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), num_heads=N, scale, unidirectional,
 //                 mask_filter_value, attention_bias)   (followed by MatMul(Wo^T) + bo for the sequence-first form)
-//   y = MultiHeadAttention(rope'(x Wq), rope'(x Wk), x Wv, key_padding_mask, attention_bias)  (rotated Q, K)
+//   y = MultiHeadAttention(rope'(x Wq), rope'(x Wk), x Wv, key_padding_mask, attention_bias)  (rotated Q, K;
+//       or projections with a LoRA branch, x Wq + s (x A) B, kept as they are)
 //   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, ...)   (grouped_query: group_query, causal alone)
 //
 // Layered: fuse_rotary_embedding turns the rotations into RotaryEmbedding first; this pass matches a
@@ -56,7 +57,9 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
   if (match.NeedsProjectionsOutside()) {
     MatchResult<Replacement> plan = PlanMultiHeadAttention(graph, shapes, match);
     if (!plan) return plan.failure();
-    if (MatchResult<Matched> masked = with_mask(); !masked) return Fail(absl::StrCat("rotary attention: ", masked.reason()));
+    if (MatchResult<Matched> masked = with_mask(); !masked) {
+      return Fail(match.q_rotation ? absl::StrCat("rotary attention: ", masked.reason()) : masked.reason());
+    }
     if (context.params().GetString("grouped_query") == "group_query" && GroupQueryAttentionFits(match)) {
       EmitGroupQueryAttention(graph, match, *plan, context);
     } else {

@@ -67,5 +67,28 @@ TEST(CanonicalizeSwapLastAxesTest, ThreeNodesBecomeOneTranspose) {
   EXPECT_EQ(other.report.rewrites(), 0);
 }
 
+// The same once constant folding made the shapes values (x's dims known): [-1, 4, 5] and [2, 3, 5, 4].
+// Shapes that are not x's swapped dims stay.
+TEST(CanonicalizeSwapLastAxesTest, ShapesFoldedToConstantsStillSwap) {
+  auto model = [](std::vector<int64_t> back_shape) {
+    onnx::GraphProto graph;
+    *graph.add_input() = FloatValue("x", {2, 3, 4, 5});
+    *graph.add_initializer() = MakeInt64Tensor("flat_shape", {-1, 4, 5});
+    *graph.add_initializer() = MakeInt64Tensor("back_shape", back_shape);
+    *graph.add_node() = MakeNode("Reshape", {"x", "flat_shape"}, {"flat"});
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"flat"}, {"swapped"}), "perm", {0, 2, 1});
+    *graph.add_node() = MakeNode("Reshape", {"swapped", "back_shape"}, {"y"});
+    *graph.add_output() = FloatValue("y", {});
+    return MakeModel(graph, 17);
+  };
+  const onnx::ModelProto original = model({2, 3, 5, 4});
+  PassRun run = testing::RunPass("canonicalize_swap_last_axes", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(OpCounts(run.model).count("Reshape"), 0u);
+  ExpectSameOutputs(original, run.model, 0, 0);
+  EXPECT_EQ(testing::RunPass("canonicalize_swap_last_axes", model({3, 2, 5, 4})).report.rewrites(), 0);
+}
+
 }  // namespace
 }  // namespace onnxopt
