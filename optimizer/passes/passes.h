@@ -36,6 +36,7 @@ std::unique_ptr<Pass> MakeFuseAttentionPass();
 std::unique_ptr<Pass> MakeUnflattenGemmPass();
 std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
 std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
+std::unique_ptr<Pass> MakeCanonicalizePackedHeadSplitPass();
 std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
 // Precision (run after a pipeline when the config's precision section asks; listed for explicit use).
 std::unique_ptr<Pass> MakeConvertFloatPrecisionPass();

@@ -123,6 +123,7 @@ std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shape
 }
 
 bool SameTables(const Rotation& a, const Rotation& b) {
+  if (a.rotary_dim != b.rotary_dim) return false;
   return a.fused != nullptr ? b.fused != nullptr && a.position_ids == b.position_ids && a.cos_cache == b.cos_cache &&
                                   a.sin_cache == b.sin_cache
                             : b.fused == nullptr && a.cos == b.cos && a.sin == b.sin;
@@ -265,8 +266,12 @@ MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes
   }
   // Every projection split into those heads (K and V into the key/value heads when repeated).
   if (match->NeedsProjectionsOutside()) {
-    if (match->q_rotation && match->q_rotation->fused == nullptr &&
-        (2 * match->q_rotation->half != match->head_size || 2 * match->k_rotation->half != match->head_size)) {
+    const Rotation* q = match->q_rotation ? &*match->q_rotation : nullptr;
+    if (q != nullptr && !q->Whole(match->head_size) && (q->fused == nullptr || q->rotary_dim > match->head_size)) {
+      return Fail("rotary attention: a partial rotation only as RotaryEmbedding, within the head");
+    }
+    if (q != nullptr && q->fused == nullptr &&
+        (2 * q->half != match->head_size || 2 * match->k_rotation->half != match->head_size)) {
       return Fail("rotary attention: the heads or the rotated half are not known to match");
     }
     return Matched{};

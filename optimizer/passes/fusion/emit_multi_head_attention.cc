@@ -7,7 +7,8 @@
 // becomes
 //   MultiHeadAttention(rope'(x Wq), repeat(rope'(x Wk)), repeat(x Wv), key_padding_mask, attention_bias)
 // where rope' is the same rotation on the projections: RotaryEmbedding on [B,S,H] where
-// fuse_rotary_embedding made one (its caches and position ids carried over), else the element-wise
+// fuse_rotary_embedding made one (its caches and position ids carried over; a partial rotation of the
+// first r of each head, Phi's, as its rotary_embedding_dim), else the element-wise
 // rotation on [B,S,N,D] (cos/sin unsqueezed on the head axis instead); repeat is repeat_kv on
 // [B,S,Nkv*D]. Q, K and V are the projections' outputs as the head split read them: a packed
 // projection's parts (Phi-3's qkv_proj) stay as the Slices or Split that take them, since the rotation
@@ -84,8 +85,11 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
   const Rotation& q = *match.q_rotation;
   if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
   auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
-    return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint,
-                      {MakeIntAttribute("num_heads", heads)}, "com.microsoft");
+    std::vector<onnx::AttributeProto> attributes = {MakeIntAttribute("num_heads", heads)};
+    // Partial rotation: the kernel rotates the first rotary_embedding_dim of each head, copies the rest.
+    if (!q.Whole(match.head_size)) attributes.push_back(MakeIntAttribute("rotary_embedding_dim", q.rotary_dim));
+    return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint, std::move(attributes),
+                      "com.microsoft");
   };
   const std::string query = rotate(match.q.reshape->input(0), match.num_heads, "rotary_q");
   return {query, rotate(match.k.reshape->input(0), match.num_heads / match.kv_repeat(), "rotary_k")};
@@ -108,8 +112,12 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
     return Fail(rep == 1 ? "rotary attention: fewer key/value heads than query heads without a repeat_kv to match"
                          : "rotary attention: the key/value heads times the repeat are not the query heads");
   }
-  if (match.q_rotation && match.q_rotation->fused != nullptr &&
-      (shapes.Rank(match.q.reshape->input(0)) != 3 || shapes.Rank(match.k.reshape->input(0)) != 3)) {
+  // A part of a packed projection has the packed projection's rank (where the part is not typed).
+  auto rank = [&](const Projection& p) {
+    std::optional<int> known = shapes.Rank(p.reshape->input(0));
+    return known || p.part == nullptr ? known : shapes.Rank(p.part->input(0));
+  };
+  if (match.q_rotation && match.q_rotation->fused != nullptr && (rank(match.q) != 3 || rank(match.k) != 3)) {
     return Fail("rotary attention: the projections are not known to be [B,S,H]");
   }
   Replacement plan;

@@ -2,14 +2,14 @@
 // SimplifiedLayerNormalization) becomes ONNX Runtime's SkipLayerNormalization (or
 // SkipSimplifiedLayerNormalization), absorbing a constant bias Add on one branch when there is one.
 //
-// Before:  s = Add(input, skip); Y = LayerNormalization(s, gamma, beta, axis=-1, epsilon)
-// After:   Y = com.microsoft::SkipLayerNormalization(input, skip, gamma, beta, [bias], epsilon)
+// Before:  s = Add(input, skip); Y = LayerNormalization(s, gamma, [beta], axis=-1, epsilon)
+// After:   Y = com.microsoft::SkipLayerNormalization(input, skip, gamma, [beta], [bias], epsilon)
 //          (SkipSimplifiedLayerNormalization(input, skip, gamma, [bias], epsilon) for RMSNorm)
 // Bias:    input = Add(h, bias[N]) read only here  ->  SkipLayerNormalization(h, skip, gamma, beta, bias)
 // Sum:     when s is read elsewhere too (pre-norm models: GPT-2, ViT keep the residual stream),
 //          those readers take SkipLayerNormalization's 4th output, input + skip + bias.
 // Needs the input known (shape inference) to be [B,S,H] and the skip [B,S,H], [1,S,H] or [S,H]
-// (ONNX Runtime broadcasts those), or both [B,H]; gamma and beta 1-D constants of H, normalization
+// (ONNX Runtime broadcasts those), or both [B,H]; gamma and beta (if any) 1-D constants of H, normalization
 // over the last axis (run after fuse_layer_norm).
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
@@ -57,8 +57,10 @@ MatchResult<SkipNormMatch> MatchSkipNorm(const Graph& graph, Node* norm, const S
   match.norm = norm;
   match.simplified = norm->op_type() == "SimplifiedLayerNormalization";
   if (!norm->domain().empty() || (norm->op_type() != "LayerNormalization" && !match.simplified)) return Fail();
-  // LayerNormalization needs its beta; neither may use its mean/inv-std outputs.
-  if (norm->input_size() != (match.simplified ? 2 : 3) || norm->output_size() != 1) return Fail();
+  // LayerNormalization with or without its beta (ModernBERT's norms have none, and SkipLayerNormalization's
+  // beta is optional too); neither may use its mean/inv-std outputs.
+  if (norm->input_size() != 2 && (match.simplified || norm->input_size() != 3)) return Fail();
+  if (norm->output_size() != 1) return Fail();
   match.add = ProducerWithOp(graph, norm->input(0), "Add");
   if (match.add == nullptr || match.add->input_size() != 2) return Fail();
   const int64_t axis = norm->GetAttributeInt("axis", -1);
@@ -78,7 +80,8 @@ MatchResult<SkipNormMatch> MatchSkipNorm(const Graph& graph, Node* norm, const S
   match.skip = OtherInput(add, *full);
   if (match.input == match.skip) return Fail();  // Add(y, y): one value cannot be both
   const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
-  const onnx::TensorProto* beta = match.simplified ? gamma : ConstantTensor(graph, norm->input(2));
+  const bool has_beta = !match.simplified && norm->input_size() > 2 && !norm->input(2).empty();
+  const onnx::TensorProto* beta = has_beta ? ConstantTensor(graph, norm->input(2)) : gamma;  // gamma: no beta to check
   const auto width = shapes.DimValue(match.input, -1);
   if (gamma == nullptr || beta == nullptr || gamma->dims_size() != 1 || beta->dims_size() != 1 || !width ||
       gamma->dims(0) != *width || beta->dims(0) != *width) {
@@ -104,7 +107,8 @@ MatchResult<SkipNormMatch> MatchSkipNorm(const Graph& graph, Node* norm, const S
 void Rewrite(Graph& graph, const SkipNormMatch& match, PassContext& context) {
   Node* norm = match.norm;
   std::vector<std::string> inputs = {match.input, match.skip, norm->input(1)};
-  if (!match.simplified) inputs.push_back(norm->input(2));
+  const std::string beta = norm->input_size() > 2 ? norm->input(2) : "";
+  if (!match.simplified && (!beta.empty() || !match.bias.empty())) inputs.push_back(beta);
   if (!match.bias.empty()) inputs.push_back(match.bias);
   std::vector<std::string> outputs = {norm->output(0)};
   if (match.sum_read_elsewhere) outputs.insert(outputs.end(), {"", "", match.add->output(0)});  // mean, inv_std_var

@@ -79,7 +79,43 @@ bool LooksRotated(const Graph& graph, const std::string& value) {
 
 }  // namespace
 
+namespace {
+
+MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const std::string& value);
+
+// Concat(rotate(Slice(x, 0, r)), Slice(x, r, end)) on the last axis.
+std::optional<Rotation> MatchPartialRotation(const Graph& graph, const std::string& value) {
+  Node* concat = ProducerWithOp(graph, value, "Concat");
+  if (concat == nullptr || concat->input_size() != 2) return std::nullopt;
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  Node* rest = ProducerWithOp(graph, concat->input(1), "Slice");
+  const auto rest_range = LastAxisSlice(graph, rest);
+  if ((axis != -1 && axis != 3) || !rest_range) return std::nullopt;
+  MatchResult<Rotation> rotation = MatchWholeRotation(graph, concat->input(0));
+  if (!rotation) return std::nullopt;
+  Node* first = ProducerWithOp(graph, rotation->heads, "Slice");
+  const auto first_range = LastAxisSlice(graph, first);
+  constexpr int64_t kToEnd = int64_t{1} << 40;
+  if (!first_range || first->input(0) != rest->input(0) || first_range->first != 0 || first_range->second <= 0 ||
+      rest_range->first != first_range->second || rest_range->second < kToEnd) {
+    return std::nullopt;
+  }
+  rotation->rotary_dim = first_range->second;
+  rotation->heads = first->input(0);
+  rotation->nodes.insert(rotation->nodes.end(), {concat, first, rest});
+  return *std::move(rotation);
+}
+
+}  // namespace
+
 MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value) {
+  if (std::optional<Rotation> partial = MatchPartialRotation(graph, value)) return *std::move(partial);
+  return MatchWholeRotation(graph, value);
+}
+
+namespace {
+
+MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const std::string& value) {
   Node* fused = graph.Producer(value);
   if (fused != nullptr && fused->op_type() == "RotaryEmbedding" && fused->domain() == "com.microsoft") {
     if (fused->input_size() != 4 || fused->GetAttributeInt("interleaved", 0) != 0 ||
@@ -100,6 +136,8 @@ MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value
   if (LooksRotated(graph, value)) return Fail("rotary position embeddings in a form not recognized");
   return Fail();
 }
+
+}  // namespace
 
 bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op) {
   std::string value = table;

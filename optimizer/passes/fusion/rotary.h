@@ -21,6 +21,12 @@ namespace onnxopt {
 struct Rotation {
   std::vector<Node*> nodes;  // element-wise: Add, both Muls, Concat, Neg, both Slices; fused: the node
   std::string heads;         // the rotated x [B,N,S,D]
+  // Partial rotation (Phi-2/3, GPT-NeoX's rotary_pct): only the first `rotary_dim` of each head is
+  // rotated, Concat(rotate(x[..., :r]), x[..., r:]); 0: the whole head. `nodes` then also holds the
+  // Concat and both Slices.
+  int64_t rotary_dim = 0;
+  // Whether every dim of a head of `head_size` is rotated.
+  bool Whole(int64_t head_size) const { return rotary_dim == 0 || rotary_dim == head_size; }
   // Element-wise: the cos/sin tables [B',S,D] before their Unsqueeze, and half of D.
   std::string cos, sin;
   int64_t half = 0;
@@ -30,8 +36,9 @@ struct Rotation {
 };
 
 // The rotation that produces `value`: a RotaryEmbedding node (4-D, not interleaved, whole head
-// rotated), or the element-wise form. Fails with a reason where `value` has a rotation's shape (an Add
-// of a Mul by Concat(Neg(..), ..)) in a form not recognized.
+// rotated), or the element-wise form; either on the first r of each head, concatenated with the rest
+// (partial). Fails with a reason where `value` has a rotation's shape (an Add of a Mul by
+// Concat(Neg(..), ..)) in a form not recognized.
 MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value);
 
 // True if `table` is op(Concat(t, t)) on the last axis of a rank-3 t, then scalar Muls/Divs and
