@@ -22,9 +22,20 @@ struct AttentionGraphOptions {
   bool scalar_k_weight = false; // K projected by a rank-0 weight, without bias (not a projection matrix)
   bool grouped = false;         // one key/value head repeated to the two query heads (repeat_kv); with rotary
   bool causal_mask = false;     // the boolean Where(t <= q, 0, -inf) masking_utils builds, from Range comparisons
+  int64_t rotary_dim = 0;       // with rotary: only the first rotary_dim of each head rotated (Phi), 0: all
+  bool lora = false;            // peft's unmerged LoRA branch (rank 2, scale 2) added to the Q and V projections
+  bool head_norm = false;       // RMSNorm of each head of Q and K between the head split and the transpose (Qwen3)
+  bool projection_norm = false; // RMSNorm of the whole Q and K projections before the head split (OLMo 2)
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
+
+inline bool HasInitializer(const onnx::GraphProto& graph, const std::string& name) {
+  for (const auto& tensor : graph.initializer()) {
+    if (tensor.name() == name) return true;
+  }
+  return false;
+}
 
 // x [1,4,16] -> attention -> y [1,4,16].
 inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
@@ -47,8 +58,37 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
       *graph.add_node() = MakeNode("Add", {p + "_xw", "b" + p}, {p + "_proj"});
       projected = p + "_proj";
     }
+    if (options.lora && (p == "q" || p == "v")) {
+      constexpr int64_t kRank = 2;
+      *graph.add_initializer() = FloatTensor("A" + p, {h, kRank}, RandomFloats(static_cast<size_t>(h * kRank), seed++));
+      *graph.add_initializer() = FloatTensor("B" + p, {kRank, width}, RandomFloats(static_cast<size_t>(kRank * width), seed++));
+      if (p == "q") *graph.add_initializer() = FloatTensor("lora_scale", {}, {2.0f});
+      *graph.add_node() = MakeNode("MatMul", {"x", "A" + p}, {p + "_lora_a"});
+      *graph.add_node() = MakeNode("MatMul", {p + "_lora_a", "B" + p}, {p + "_lora_b"});
+      *graph.add_node() = MakeNode("Mul", {p + "_lora_b", "lora_scale"}, {p + "_lora"});
+      *graph.add_node() = MakeNode("Add", {projected, p + "_lora"}, {p + "_adapted"});
+      projected = p + "_adapted";
+    }
+    // RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * gamma.
+    auto rms_norm = [&](const std::string& x, int64_t width) {
+      if (!HasInitializer(graph, "two_f")) {
+        *graph.add_initializer() = FloatTensor("two_f", {}, {2.0f});
+        *graph.add_initializer() = FloatTensor("norm_eps", {}, {1e-6f});
+      }
+      *graph.add_initializer() = FloatTensor("gamma_" + x, {width}, RandomFloats(static_cast<size_t>(width), seed++));
+      *graph.add_node() = MakeNode("Pow", {x, "two_f"}, {x + "_sq"});
+      *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {x + "_sq"}, {x + "_ms"}), "axes", {-1});
+      *graph.add_node() = MakeNode("Add", {x + "_ms", "norm_eps"}, {x + "_ms_eps"});
+      *graph.add_node() = MakeNode("Sqrt", {x + "_ms_eps"}, {x + "_rms"});
+      *graph.add_node() = MakeNode("Div", {x, x + "_rms"}, {x + "_normed"});
+      *graph.add_node() = MakeNode("Mul", {x + "_normed", "gamma_" + x}, {x + "_rms_normed"});
+      return x + "_rms_normed";
+    };
+    if (options.projection_norm && p != "v") projected = rms_norm(projected, width);
     *graph.add_node() = MakeNode("Reshape", {projected, p == "q" ? "heads_shape" : "kv_heads_shape"}, {p + "_4d"});
-    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {p + "_4d"}, {p + "_heads"}), "perm", {0, 2, 1, 3});
+    std::string split = p + "_4d";
+    if (options.head_norm && p != "v") split = rms_norm(split, d);
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {split}, {p + "_heads"}), "perm", {0, 2, 1, 3});
     return p + "_heads";
   };
   std::string q = projection("q", !options.rotary);
@@ -66,9 +106,11 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
   // transformers' repeat_kv: [B,1,S,D] -> Unsqueeze(2) -> Expand([B,1,2,S,D]) -> Reshape([B,2,S,D]).
   auto repeat_kv = [&](const std::string& x) {
     if (!options.grouped) return x;
-    *graph.add_initializer() = MakeInt64Tensor("repeat_axis", {2});
-    *graph.add_initializer() = MakeInt64Tensor("repeat_sizes", {1, 1, n, s, d});
-    *graph.add_initializer() = MakeInt64Tensor("repeat_merged", {1, n, s, d});
+    if (graph.node_size() > 0 && !HasInitializer(graph, "repeat_axis")) {
+      *graph.add_initializer() = MakeInt64Tensor("repeat_axis", {2});
+      *graph.add_initializer() = MakeInt64Tensor("repeat_sizes", {1, 1, n, s, d});
+      *graph.add_initializer() = MakeInt64Tensor("repeat_merged", {1, n, s, d});
+    }
     *graph.add_node() = MakeNode("Unsqueeze", {x, "repeat_axis"}, {x + "_5d"});
     *graph.add_node() = MakeNode("Expand", {x + "_5d", "repeat_sizes"}, {x + "_expanded"});
     *graph.add_node() = MakeNode("Reshape", {x + "_expanded", "repeat_merged"}, {x + "_repeated"});
@@ -78,10 +120,11 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
   if (options.rotary) {
     // cos/sin [1,S,D] of Concat(f, f), f = positions x inverse frequencies, as Hugging Face's rotary
     // classes compute them from the position_ids input.
+    const int64_t r = options.rotary_dim > 0 ? options.rotary_dim : d;  // the rotated dims of each head
     std::vector<float> inverse_frequencies;
-    for (int64_t i = 0; i < d / 2; ++i) inverse_frequencies.push_back(std::pow(10000.0f, -2.0f * i / d));
+    for (int64_t i = 0; i < r / 2; ++i) inverse_frequencies.push_back(std::pow(10000.0f, -2.0f * i / r));
     *graph.add_input() = MakeValue("position_ids", onnx::TensorProto::INT64, {1, s});
-    *graph.add_initializer() = FloatTensor("inv_freq", {d / 2}, inverse_frequencies);
+    *graph.add_initializer() = FloatTensor("inv_freq", {r / 2}, inverse_frequencies);
     *graph.add_initializer() = MakeInt64Tensor("minus_one_axis", {-1});
     *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"position_ids"}, {"positions"}), "to", onnx::TensorProto::FLOAT);
     *graph.add_node() = MakeNode("Unsqueeze", {"positions", "minus_one_axis"}, {"positions_3d"});
@@ -92,11 +135,12 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     *graph.add_initializer() = MakeInt64Tensor("one_axis", {1});
     *graph.add_node() = MakeNode("Unsqueeze", {"cos", "one_axis"}, {"cos_u"});
     *graph.add_node() = MakeNode("Unsqueeze", {"sin", "one_axis"}, {"sin_u"});
-    *graph.add_initializer() = MakeInt64Tensor("half", {d / 2});
+    *graph.add_initializer() = MakeInt64Tensor("half", {r / 2});
+    *graph.add_initializer() = MakeInt64Tensor("rotated", {r});
     *graph.add_initializer() = MakeInt64Tensor("zero", {0});
     *graph.add_initializer() = MakeInt64Tensor("end", {std::numeric_limits<int64_t>::max()});
     *graph.add_initializer() = MakeInt64Tensor("last", {-1});
-    auto rope = [&](const std::string& x) {
+    auto rope_all = [&](const std::string& x) {
       *graph.add_node() = MakeNode("Slice", {x, "zero", "half", "last"}, {x + "_x1"});
       *graph.add_node() = MakeNode("Slice", {x, "half", "end", "last"}, {x + "_x2"});
       *graph.add_node() = MakeNode("Neg", {x + "_x2"}, {x + "_neg"});
@@ -105,6 +149,15 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
       *graph.add_node() = MakeNode("Mul", {x + "_rot", "sin_u"}, {x + "_sin"});
       *graph.add_node() = MakeNode("Add", {x + "_cos", x + "_sin"}, {x + "_roped"});
       return x + "_roped";
+    };
+    // Phi's partial rotation: Concat(rope(x[..., :r]), x[..., r:]).
+    auto rope = [&](const std::string& x) {
+      if (r == d) return rope_all(x);
+      *graph.add_node() = MakeNode("Slice", {x, "zero", "rotated", "last"}, {x + "_rot_part"});
+      *graph.add_node() = MakeNode("Slice", {x, "rotated", "end", "last"}, {x + "_pass_part"});
+      const std::string roped = rope_all(x + "_rot_part");
+      *graph.add_node() = WithIntAttribute(MakeNode("Concat", {roped, x + "_pass_part"}, {x + "_partly_roped"}), "axis", -1);
+      return x + "_partly_roped";
     };
     q = rope(q);
     *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {repeat_kv(rope(k))}, {"k_t"}), "perm", {0, 1, 3, 2});

@@ -3,7 +3,7 @@
 // K^T, a boolean mask built by masking_utils, the IsNaN guard), eager attention (finfo.min mask),
 // ViT's all-true mask, GPT-2's causal + padding mask and T5's position bias fuse into Attention, LLaMA's
 // rotary attention into MultiHeadAttention; the second set's families (DistilBERT, XLM-RoBERTa, CLIP
-// text, DeiT, LoRA-adapted BERT and LLaMA, grouped-query Qwen2, Mistral and Phi-3) likewise; the report
+// text, DeiT, ModernBERT, LoRA-adapted BERT and LLaMA, grouped-query Qwen2, Mistral and Phi-3) likewise; the report
 // names each family; and ONNX Runtime gives the same outputs on padded batches.
 #include <map>
 #include <string>
@@ -85,6 +85,12 @@ const Export kExports[] = {
     {"mistral_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     // Phi-3's packed qkv_proj: the parts stay as Slices of the one projection.
     {"phi3_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    // TorchScript writes Phi-3's rotation as partial (Concat(rotate(q[..., :r]), q[..., r:]), r the whole head here).
+    {"phi3_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    // ModernBERT: rotary in an encoder, packed Wqkv split into heads first (canonicalize_packed_head_split),
+    // norms without beta; its local layers' banded mask (64 positions) goes in as attention_bias.
+    {"modernbert_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipLayerNormalization", 4}}, "modernbert", true},
+    {"modernbert_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipLayerNormalization", 4}}, "modernbert", true},
 };
 
 // Fused attention blocks an export expects, of either operator.

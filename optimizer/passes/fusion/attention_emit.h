@@ -47,6 +47,10 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
 bool GroupQueryAttentionFits(const AttentionMatch& match);
 void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, PassContext& context);
 
+// A projection [B,S,H] as the fused operators read it: the value the head split reshapes, or the head
+// norm's output merged back (a Reshape added to `chain`).
+std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain);
+
 // Q and K as MultiHeadAttention and GroupQueryAttention read them, rotated on the [B,S,H] projections
 // (K on its own key/value heads), added to `chain`.
 std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain);

@@ -60,6 +60,25 @@ bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::str
   return true;
 }
 
+// The norm that produces `value`: over each head's D of [B,S,N,D] (Qwen3's q_norm / k_norm) or over
+// the whole projection [B,S,H] (OLMo 2's): a (Simplified)LayerNormalization on the last axis with
+// constant 1-D scale (and bias) and one output.
+Node* HeadNorm(const Graph& graph, const std::string& heads) {
+  Node* norm = graph.Producer(heads);
+  if (norm == nullptr || !norm->domain().empty() ||
+      (norm->op_type() != "SimplifiedLayerNormalization" && norm->op_type() != "LayerNormalization") ||
+      norm->output_size() != 1 || norm->input_size() < 2) {
+    return nullptr;
+  }
+  const int64_t axis = norm->GetAttributeInt("axis", -1);
+  const onnx::TensorProto* scale = ConstantTensor(graph, norm->input(1));
+  if ((axis != -1 && axis != 3) || scale == nullptr || scale->dims_size() != 1) return nullptr;
+  if (norm->input_size() > 2 && !norm->input(2).empty() && ConstantTensor(graph, norm->input(2)) == nullptr) {
+    return nullptr;
+  }
+  return norm;
+}
+
 // peft's unmerged LoRA branch [Mul(] MatMul(MatMul(x, A), B) [, s)] (the scale on either side, or
 // none) with constant A [in, r] and B [r, out]: x.
 std::optional<std::string> MatchLoraBranch(const Graph& graph, const std::string& value) {
@@ -194,9 +213,13 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
     projection.transposes.push_back(transpose);
     value = transpose->input(0);
   }
+  projection.head_norm = HeadNorm(graph, value);
+  if (projection.head_norm != nullptr) value = projection.head_norm->input(0);
   projection.reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection.reshape == nullptr) return Fail();
   std::string projected = projection.reshape->input(0);
+  projection.projection_norm = HeadNorm(graph, projected);
+  if (projection.projection_norm != nullptr) projected = projection.projection_norm->input(0);
   if (auto scaled = ScalarScale(graph, graph.Producer(projected))) {
     projection.scaling = graph.Producer(projected);
     projection.scale = scaled->first;

@@ -36,8 +36,8 @@ using Perm = std::vector<int64_t>;
 
 enum class Layout { kBatchFirst, kSequenceFirst };
 
-// One of Q, K, V: Add(MatMul(x, W), b) [+ LoRA branch] [-> part of a packed projection] [-> * c] ->
-// Reshape -> Transposes. The scalar c is Whisper's `q_proj(x) * scaling` before the head split; the
+// One of Q, K, V: Add(MatMul(x, W), b) [+ LoRA branch] [-> part of a packed projection] [-> * c]
+// [-> norm] -> Reshape [-> norm of each head] -> Transposes. The scalar c is Whisper's `q_proj(x) * scaling` before the head split; the
 // LoRA branch is peft's unmerged adapter, [Mul(] MatMul(MatMul(x, A), B) [, s)], added to the base.
 struct Projection {
   Node* matmul = nullptr;
@@ -48,6 +48,13 @@ struct Projection {
   Node* scaling = nullptr;  // the Mul or Div by c, when there is one
   float scale = 1.0f;       // c
   Node* lora_add = nullptr;  // the Add of a LoRA branch onto the base projection, when there is one
+  // Qwen3 / Gemma 3: (Simplified)LayerNormalization over each head's D between the head split and the
+  // transpose; it stays, on the heads the Reshape makes.
+  Node* head_norm = nullptr;
+  // OLMo 2: the same norm over the whole projection (before the head split); it stays too.
+  Node* projection_norm = nullptr;
+  // The heads [B,S,N,D] as the transpose reads them: the head split's, or the head norm's.
+  const std::string& SplitHeads() const { return head_norm != nullptr ? head_norm->output(0) : reshape->output(0); }
   Node* reshape = nullptr;
   std::vector<Node*> transposes;
   std::string x, weight, bias;  // bias empty: the projection has none
@@ -93,6 +100,10 @@ struct MaskPlan {
   bool causal = false;         // unidirectional
   std::string bias;            // a float [B|1, N|1, S, T] term added to the scores: attention_bias
   std::string bias_condition;  // a boolean mask the emitter turns into Where(cond, 0, lowest) as the bias
+  // bias_condition [B|1, 1, S, T] filled with -inf behind the SDPA path's NaN guard: a row it masks
+  // entirely (a local window over padding only) is 0 in the original, the mean of V in the fused
+  // operator's finite bias; the emitters zero those rows (FinishAttentionOutput).
+  bool zero_masked_rows = false;
 };
 
 // What one pass run builds once and every attention block of the graph reuses.
@@ -115,11 +126,14 @@ struct AttentionMatch {
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
 
-  // Q and K rotated, K and V repeated, or a projection with a LoRA branch (which must stay as it is):
-  // only MultiHeadAttention (projections outside) can take them.
+  // Q and K rotated, K and V repeated, or a projection with a LoRA branch or a head norm (which must
+  // stay as they are): only MultiHeadAttention (projections outside) can take them.
   bool NeedsProjectionsOutside() const {
-    return q_rotation.has_value() || k_repeat.has_value() || q.lora_add != nullptr || k.lora_add != nullptr ||
-           v.lora_add != nullptr;
+    bool kept_parts = false;
+    for (const Projection* p : {&q, &k, &v}) {
+      kept_parts |= p->lora_add != nullptr || p->head_norm != nullptr || p->projection_norm != nullptr;
+    }
+    return q_rotation.has_value() || k_repeat.has_value() || kept_parts;
   }
   int64_t kv_repeat() const { return k_repeat ? k_repeat->rep : 1; }
 };
@@ -177,6 +191,14 @@ MatchResult<std::vector<Node*>> ClaimPattern(const Graph& graph, const std::vect
 // node of the context's merge).
 const Node* RemovePattern(Graph& graph, const AttentionMatch& match, const std::vector<Node*>& pattern,
                           const std::vector<Node*>& shape_nodes);
+
+// After a batch-first fused node writing `attended` [B,S,H] (not the block's output itself where either
+// applies): the rows the mask masks entirely set to 0 where the plan asks (MaskPlan::zero_masked_rows),
+// and the result flattened to [B*S, H] where the context was; written to the block's output.
+void FinishAttentionOutput(Graph& graph, const PassContext& context, const AttentionMatch& match,
+                           const std::string& attended, const Node* fused);
+// True if the fused node cannot write the block's output itself (FinishAttentionOutput adds nodes).
+inline bool NeedsFinishing(const AttentionMatch& match) { return match.out.flattened || match.mask.zero_masked_rows; }
 
 // After a fused node writing `attended` [B,S,H]: Reshape it to `output` [B*S, H] for the Gemm that read
 // the flattened context.

@@ -172,6 +172,15 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
   if (FitsAttentionBias(shapes, match.scores.mask_term, match.softmax->input(0), match.num_heads) ||
       meaning.bias_shaped) {
     plan.bias_condition = cond;
+    // -inf behind a NaN guard gives 0 on a row masked entirely; only a [B|1, 1, S, T] condition tells
+    // the row for every head at once.
+    if (std::isinf(fill) && !match.nan_guard.empty()) {
+      if (!meaning.bias_shaped && shapes.DimValue(cond, 1) != 1) {
+        return Fail("a -inf mask per head, whose entirely masked rows the fused operator would not zero");
+      }
+      if (match.layout != Layout::kBatchFirst) return Fail("a -inf mask as a bias on sequence-first heads");
+      plan.zero_masked_rows = true;
+    }
     return plan;
   }
   return Fail(absl::StrCat("the boolean mask is not understood (", meaning.why,

@@ -188,7 +188,7 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
   if (!mask.raw_mask.empty()) inputs.push_back(state->int32_masks.Get(graph, mask.raw_mask, match.q.matmul));
   const bool batch_first = match.layout == Layout::kBatchFirst;
   const std::string attended =
-      batch_first && !match.out.flattened ? match.out.output : graph.UniqueName(match.out.output + "_attention");
+      batch_first && !NeedsFinishing(match) ? match.out.output : graph.UniqueName(match.out.output + "_attention");
   const Node* anchor = RemovePattern(graph, match, plan.pattern, plan.shape_nodes);
   NodeChain chain(graph, anchor);
   const std::string attention_bias = AttentionBias(graph, mask, &chain);
@@ -205,7 +205,7 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
     *attention.add_attribute() = MakeFloatAttribute("scale", scale);
   }
   const Node* fused = chain.AddNode(std::move(attention));
-  if (match.out.flattened) AddFlatten(graph, attended, match.out.output, match.hidden, fused);
+  if (batch_first) FinishAttentionOutput(graph, context, match, attended, fused);
   if (!batch_first) EmitOutputProjection(graph, match, plan, attended, fused);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();

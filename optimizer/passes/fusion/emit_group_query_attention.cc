@@ -23,7 +23,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
                              PassContext& context) {
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
-  const std::string value = match.v.reshape->input(0);
+  const std::string value = ProjectedValue(graph, match.v, &chain);
   // B and S of the query [B,S,H]: seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
   auto scalar = [&](const std::string& hint, int64_t v) {
     return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, v))->name();

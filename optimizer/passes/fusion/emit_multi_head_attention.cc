@@ -13,7 +13,8 @@
 // [B,S,Nkv*D]. Q, K and V are the projections' outputs as the head split read them: a packed
 // projection's parts (Phi-3's qkv_proj) stay as the Slices or Split that take them, since the rotation
 // sits between the projection and the operator; without rotation, Q and K are the projections as
-// they are (bias and LoRA branch included). Checked: batch-first heads, projections with constant
+// they are (bias and LoRA branch included); a norm of each head (Qwen3's q_norm, k_norm) stays on the
+// heads, merged back to [B,S,H] by a Reshape before the rotation. Checked: batch-first heads, projections with constant
 // weights [in, out] (or parts of one), the key/value heads times the repeat equal to the query heads,
 // no causal buffer (Where over a sliced triangle: the masks here are masking_utils').
 #include <limits>
@@ -42,7 +43,7 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
   const std::string end = ints("rotary_end", {std::numeric_limits<int64_t>::max()});
   const std::string flat = ints("heads_flat", {0, 0, -1});
   auto rotate = [&](const Projection& p, const std::string& hint) {
-    const std::string x = p.reshape->output(0);
+    const std::string x = p.SplitHeads();
     const std::string low = chain->Add("Slice", {x, zero, half, last}, hint + "_low");
     const std::string high = chain->Add("Slice", {x, half, end, last}, hint + "_high");
     const std::string negated = chain->Add("Neg", {high}, hint + "_neg");
@@ -80,8 +81,15 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 
 }  // namespace
 
+std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain) {
+  if (p.head_norm == nullptr) return p.reshape->input(0);
+  const std::string merged = graph.UniqueName("heads_merged_shape");
+  graph.AddInitializer(MakeInt64Tensor(merged, {0, 0, -1}));
+  return chain->Add("Reshape", {p.head_norm->output(0), merged}, "normed_heads_merged");
+}
+
 std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
-  if (!match.q_rotation) return {match.q.reshape->input(0), match.k.reshape->input(0)};
+  if (!match.q_rotation) return {ProjectedValue(graph, match.q, chain), ProjectedValue(graph, match.k, chain)};
   const Rotation& q = *match.q_rotation;
   if (q.fused == nullptr) return RotateElementWise(graph, match, chain);
   auto rotate = [&](const std::string& x, int64_t heads, const std::string& hint) {
@@ -91,8 +99,8 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
     return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint, std::move(attributes),
                       "com.microsoft");
   };
-  const std::string query = rotate(match.q.reshape->input(0), match.num_heads, "rotary_q");
-  return {query, rotate(match.k.reshape->input(0), match.num_heads / match.kv_repeat(), "rotary_k")};
+  const std::string query = rotate(ProjectedValue(graph, match.q, chain), match.num_heads, "rotary_q");
+  return {query, rotate(ProjectedValue(graph, match.k, chain), match.num_heads / match.kv_repeat(), "rotary_k")};
 }
 
 MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
@@ -145,7 +153,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
                             PassContext& context) {
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
-  std::string value = match.v.reshape->input(0);
+  std::string value = ProjectedValue(graph, match.v, &chain);
   if (match.kv_repeat() > 1) std::tie(key, value) = RepeatKeyAndValue(graph, match, key, value, &chain);
   const MaskPlan& mask = match.mask;
   const std::string attention_bias = AttentionBias(graph, mask, &chain);
@@ -159,14 +167,14 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   }
   if (!attention_bias.empty()) inputs.push_back(attention_bias);
   const std::string attended =
-      match.out.flattened ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
+      NeedsFinishing(match) ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
   onnx::NodeProto mha = MakeNode("MultiHeadAttention", name, std::move(inputs), {attended}, "com.microsoft");
   *mha.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   *mha.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
   if (mask.causal) *mha.add_attribute() = MakeIntAttribute("unidirectional", 1);
   if (!mask.raw_mask.empty()) *mha.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
   const Node* fused = chain.AddNode(std::move(mha));
-  if (match.out.flattened) AddFlatten(graph, attended, match.out.output, match.hidden, fused);
+  FinishAttentionOutput(graph, context, match, attended, fused);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
 }
