@@ -382,13 +382,15 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
   int64_t heads = hints.num_heads, hidden = hints.hidden_size;
   const InitializerMap initializers = Initializers(optimized.graph());
   static const std::set<std::string> kFusedOps = {
-      "Attention", "MultiHeadAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+      "Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
       "EmbedLayerNormalization", "QEmbedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu",
       "LayerNormalization", "SimplifiedLayerNormalization"};
   for (const auto& node : optimized.graph().node()) {
     if (kFusedOps.count(node.op_type()) == 0) continue;
     ++fused[node.op_type()];
-    if (node.op_type() == "MultiHeadAttention" && heads == 0) heads = GetAttributeInt(node, "num_heads", 0);
+    if ((node.op_type() == "MultiHeadAttention" || node.op_type() == "GroupQueryAttention") && heads == 0) {
+      heads = GetAttributeInt(node, "num_heads", 0);
+    }
     if (node.op_type() == "Attention") {
       if (heads == 0) heads = GetAttributeInt(node, "num_heads", 0);
       auto weight = initializers.find(node.input_size() > 1 ? node.input(1) : "");
@@ -419,7 +421,7 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
   };
   const int64_t layers = shape.layers;
   std::vector<Expectation> expected = {
-      {"Attention", {"Attention", "MultiHeadAttention"}, layers, "fuse_attention"},
+      {"Attention", {"Attention", "MultiHeadAttention", "GroupQueryAttention"}, layers, "fuse_attention"},
       {"SkipLayerNormalization", {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}, 2 * layers,
        "fuse_skip_layer_norm"},
       {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers, "fuse_gelu"},

@@ -26,6 +26,8 @@ struct AttentionGraphOptions {
   bool lora = false;            // peft's unmerged LoRA branch (rank 2, scale 2) added to the Q and V projections
   bool head_norm = false;       // RMSNorm of each head of Q and K between the head split and the transpose (Qwen3)
   bool projection_norm = false; // RMSNorm of the whole Q and K projections before the head split (OLMo 2)
+  bool stored_tables = false;   // with rotary: cos/sin stored as [16, D] constants read at position_ids
+                                // (transformers before 4.38: cos_cached[:S][position_ids])
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -126,12 +128,34 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     *graph.add_input() = MakeValue("position_ids", onnx::TensorProto::INT64, {1, s});
     *graph.add_initializer() = FloatTensor("inv_freq", {r / 2}, inverse_frequencies);
     *graph.add_initializer() = MakeInt64Tensor("minus_one_axis", {-1});
-    *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"position_ids"}, {"positions"}), "to", onnx::TensorProto::FLOAT);
-    *graph.add_node() = MakeNode("Unsqueeze", {"positions", "minus_one_axis"}, {"positions_3d"});
-    *graph.add_node() = MakeNode("Mul", {"positions_3d", "inv_freq"}, {"freqs"});
-    *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"freqs", "freqs"}, {"emb"}), "axis", -1);
-    *graph.add_node() = MakeNode("Cos", {"emb"}, {"cos"});
-    *graph.add_node() = MakeNode("Sin", {"emb"}, {"sin"});
+    if (options.stored_tables) {
+      constexpr int64_t kPositions = 16;
+      std::vector<float> cos_table, sin_table;
+      for (int64_t p = 0; p < kPositions; ++p) {
+        for (int copy = 0; copy < 2; ++copy) {
+          for (float f : inverse_frequencies) {
+            cos_table.push_back(std::cos(static_cast<float>(p) * f));
+            sin_table.push_back(std::sin(static_cast<float>(p) * f));
+          }
+        }
+      }
+      *graph.add_initializer() = FloatTensor("cos_cached", {kPositions, r}, cos_table);
+      *graph.add_initializer() = FloatTensor("sin_cached", {kPositions, r}, sin_table);
+      *graph.add_initializer() = MakeInt64Tensor("rows_start", {0});
+      *graph.add_initializer() = MakeInt64Tensor("rows_end", {s});
+      *graph.add_initializer() = MakeInt64Tensor("rows_axis", {0});
+      *graph.add_node() = MakeNode("Slice", {"cos_cached", "rows_start", "rows_end", "rows_axis"}, {"cos_rows"});
+      *graph.add_node() = MakeNode("Slice", {"sin_cached", "rows_start", "rows_end", "rows_axis"}, {"sin_rows"});
+      *graph.add_node() = MakeNode("Gather", {"cos_rows", "position_ids"}, {"cos"});
+      *graph.add_node() = MakeNode("Gather", {"sin_rows", "position_ids"}, {"sin"});
+    } else {
+      *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"position_ids"}, {"positions"}), "to", onnx::TensorProto::FLOAT);
+      *graph.add_node() = MakeNode("Unsqueeze", {"positions", "minus_one_axis"}, {"positions_3d"});
+      *graph.add_node() = MakeNode("Mul", {"positions_3d", "inv_freq"}, {"freqs"});
+      *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"freqs", "freqs"}, {"emb"}), "axis", -1);
+      *graph.add_node() = MakeNode("Cos", {"emb"}, {"cos"});
+      *graph.add_node() = MakeNode("Sin", {"emb"}, {"sin"});
+    }
     *graph.add_initializer() = MakeInt64Tensor("one_axis", {1});
     *graph.add_node() = MakeNode("Unsqueeze", {"cos", "one_axis"}, {"cos_u"});
     *graph.add_node() = MakeNode("Unsqueeze", {"sin", "one_axis"}, {"sin_u"});

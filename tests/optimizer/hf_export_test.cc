@@ -75,18 +75,19 @@ const Export kExports[] = {
     // DeiT: class and distillation tokens.
     {"deit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
     {"deit_dynamo", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
-    // Grouped-query decoders: K and V repeated to the query heads (repeat_kv; the dynamo exporter's sizes
-    // are Concats of Shape slices, read by shape tracking at opset 20).
-    {"qwen2_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
-    {"qwen2_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
-    // Mistral's sliding window (4096) is past what the mask probe can prove causal: the mask goes in
-    // as MultiHeadAttention's attention_bias, exact at every length.
+    // Grouped-query decoders: GroupQueryAttention with K and V at their own heads, the key padding as its
+    // attention_bias (repeat_kv's sizes in the dynamo export are Concats of Shape slices, read by shape
+    // tracking at opset 20).
+    {"qwen2_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
+    {"qwen2_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
+    // Mistral's sliding window (4096) is past what the mask probe can check: the mask goes in as
+    // MultiHeadAttention's attention_bias (K and V repeated), exact at every length.
     {"mistral_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     {"mistral_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     // Phi-3's packed qkv_proj: the parts stay as Slices of the one projection.
-    {"phi3_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    {"phi3_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // TorchScript writes Phi-3's rotation as partial (Concat(rotate(q[..., :r]), q[..., r:]), r the whole head here).
-    {"phi3_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    {"phi3_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // ModernBERT: rotary in an encoder, packed Wqkv split into heads first (canonicalize_packed_head_split),
     // norms without beta; its local layers' banded mask (64 positions) goes in as attention_bias.
     {"modernbert_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipLayerNormalization", 4}}, "modernbert", true},
@@ -96,7 +97,7 @@ const Export kExports[] = {
 // Fused attention blocks an export expects, of either operator.
 int ExpectedAttention(const Export& e) {
   int count = 0;
-  for (const char* op : {"Attention", "MultiHeadAttention"}) {
+  for (const char* op : {"Attention", "MultiHeadAttention", "GroupQueryAttention"}) {
     auto it = e.fused.find(op);
     if (it != e.fused.end()) count += it->second;
   }
@@ -119,6 +120,10 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   for (const char* gone : {"IsNaN", "Erf"}) EXPECT_EQ(ops.count(gone), 0u) << gone;
   EXPECT_EQ(ops.count("Softmax") == 0 ? 0 : ops["Softmax"], 2 - ExpectedAttention(e)) << "every fused block's Softmax goes";
   for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "GroupQueryAttention") {  // causal by itself, the padding as attention_bias
+      EXPECT_TRUE(e.causal) << node.name();
+      EXPECT_EQ(node.input_size() > 10 && !node.input(10).empty(), e.has_mask) << "attention_bias of " << node.name();
+    }
     if (node.op_type() == "MultiHeadAttention") {  // the mask as MHA's own masking, or as a bias
       const bool key_padding = node.input_size() > 4 && !node.input(4).empty();
       const bool biased = node.input_size() > 5 && !node.input(5).empty();

@@ -6,8 +6,8 @@
 // MultiHeadAttention (emit_multi_head_attention.cc): the projections stay outside; for rotated Q and K
 // (rotary embeddings sit between the projections and the scores) and grouped-query K and V.
 // GroupQueryAttention (emit_group_query_attention.cc): the same block with K and V left at their own
-// heads, which the kernel shares among the query heads; exact only for a causal mask without padding
-// (its seqlens_k describes right-padded rows), chosen by fuse_attention's grouped_query parameter.
+// heads, which the kernel shares among the query heads; for masks within the causal one (padding and
+// windows as attention_bias), chosen by fuse_attention's grouped_query parameter.
 #ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
 #define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_
 
@@ -43,9 +43,11 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
 void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
                             PassContext& context);
 
-// GroupQueryAttention over MultiHeadAttention's pattern; `match` is grouped, its mask causal alone.
+// GroupQueryAttention over MultiHeadAttention's pattern; `match` is grouped, its mask never lets a
+// query see a later key.
 bool GroupQueryAttentionFits(const AttentionMatch& match);
-void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, PassContext& context);
+void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
+                             PassContext& context);
 
 // A projection [B,S,H] as the fused operators read it: the value the head split reshapes, or the head
 // norm's output merged back (a Reshape added to `chain`).

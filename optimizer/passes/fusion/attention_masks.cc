@@ -224,11 +224,13 @@ class Agreement {
     const size_t count = info.GetElementCount();
     const int64_t keys = shape[3], queries = shape[2];
     causal_ &= queries == keys;  // queries and keys are the same tokens
+    within_causal_ &= queries == keys;
     for (size_t i = 0; i < count; ++i) {
       const int64_t t = static_cast<int64_t>(i) % keys;
       const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
       all_true_ &= data[i];
       causal_ &= data[i] == (t <= q);
+      within_causal_ &= !data[i] || t <= q;
     }
     // mask[b, h, q, t] == (candidate[b, t] != 0), alone or with t <= q.
     for (std::set<std::string>* kept : {&padding_, &causal_padding_}) {
@@ -253,6 +255,7 @@ class Agreement {
   MaskMeaning Conclude() const {
     MaskMeaning meaning;
     meaning.bias_shaped = bias_shaped_;
+    meaning.within_causal = within_causal_;
     // The probes include a length of 1, where causal and all-true coincide: all-true wins only when
     // the mask is all true at every length.
     if (all_true_) {
@@ -272,7 +275,7 @@ class Agreement {
   }
 
  private:
-  bool all_true_ = true, causal_ = true, bias_shaped_ = true;
+  bool all_true_ = true, causal_ = true, bias_shaped_ = true, within_causal_ = true;
   std::set<std::string> padding_, causal_padding_;
 };
 

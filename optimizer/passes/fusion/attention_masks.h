@@ -36,6 +36,9 @@ struct MaskMeaning {
   std::string why;            // kUnknown: what the probe found
   // The mask was [B or 1, 1, L, L] on every probe of length L: fit as an attention bias as it is.
   bool bias_shaped = false;
+  // No probe let a query see a later key (t > q): whatever else it masks (a sliding window, padding),
+  // a causal kernel given this mask as a bias computes the same.
+  bool within_causal = false;
 };
 
 // The meaning of the boolean value `mask` (rank 4, [B or 1, H or 1, S, T]) of the main graph.

@@ -104,11 +104,15 @@ struct MaskPlan {
   // entirely (a local window over padding only) is 0 in the original, the mean of V in the fused
   // operator's finite bias; the emitters zero those rows (FinishAttentionOutput).
   bool zero_masked_rows = false;
+  // The mask never lets a query see a later key (the probe's MaskMeaning::within_causal, or causal):
+  // a causal kernel (GroupQueryAttention) takes the rest as a bias.
+  bool within_causal = false;
 };
 
 // What one pass run builds once and every attention block of the graph reuses.
 struct FusionState {
   CastCache int32_masks{onnx::TensorProto::INT32};  // raw mask -> its int32 Cast
+  std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
   MaskProbes probes;
 };
 

@@ -155,10 +155,10 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
     case MaskMeaning::Kind::kAllTrue:  // no mask input
       return plan;
     case MaskMeaning::Kind::kCausal:
-      plan.causal = true;
+      plan.causal = plan.within_causal = true;
       return plan;
     case MaskMeaning::Kind::kCausalKeyPadding:
-      plan.causal = true;
+      plan.causal = plan.within_causal = true;
       [[fallthrough]];
     case MaskMeaning::Kind::kKeyPadding:
       plan.raw_mask = meaning.padding_input;
@@ -172,6 +172,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
   if (FitsAttentionBias(shapes, match.scores.mask_term, match.softmax->input(0), match.num_heads) ||
       meaning.bias_shaped) {
     plan.bias_condition = cond;
+    plan.within_causal = meaning.within_causal;
     // -inf behind a NaN guard gives 0 on a row masked entirely; only a [B|1, 1, S, T] condition tells
     // the row for every head at once.
     if (std::isinf(fill) && !match.nan_guard.empty()) {

@@ -1,29 +1,66 @@
 // com.microsoft::GroupQueryAttention from a matched grouped-query block (attention_emit.h):
-//   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, , , seqlens_k, total_sequence_length,
-//                           num_heads=N, kv_num_heads=Nkv, scale)
+//   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, , , seqlens_k, total_sequence_length, , , ,
+//                           attention_bias, num_heads=N, kv_num_heads=Nkv, scale)
 // K and V stay at their Nkv heads (no repeat_kv: the kernel reads each key/value head for its group of
 // N / Nkv query heads); rope' as for MultiHeadAttention. The kernel is causal and takes each row as
-// seqlens_k[b] + 1 valid tokens from the start (right padding), so it is exact only where the
-// original's mask is causal alone, no padding input: seqlens_k = S - 1 for every row,
-// total_sequence_length = S. A causal mask with key padding keeps MultiHeadAttention, as does a head
-// size the CPU kernel does not take (a multiple of 8).
-// Which of the two runs faster is measured per model family (fuse_attention's grouped_query).
+// seqlens_k[b] + 1 valid tokens from the start; here every row is taken whole (seqlens_k = S - 1,
+// total_sequence_length = S) and whatever else the original's mask masks goes in as attention_bias:
+// the key padding of a causal + padding mask as Where(mask[b, t] != 0, 0, filter) [B, 1, S, T] (made
+// once per mask input and shared by the layers), another mask as Where(cond, 0, lowest). Exact where
+// the mask never lets a query see a later key (MaskPlan::within_causal: the probe checks it), so the
+// kernel's own causal masking removes nothing the original kept; left padding included. A float bias
+// (T5's) and head sizes the CPU kernel does not take (multiples of 8 only) keep MultiHeadAttention.
 #include "optimizer/passes/fusion/attention_emit.h"
 
+#include <limits>
+
 namespace onnxopt::attention {
+namespace {
+
+// The key padding of the [B, T] mask `raw_mask` as a bias [B, 1, S, T] for queries [B, S, H].
+std::string PaddingBias(Graph& graph, const std::string& raw_mask, float filter, const std::string& query,
+                        NodeChain* chain) {
+  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
+    const std::string name = graph.UniqueName(hint);
+    graph.AddInitializer(MakeInt64Tensor(name, values));
+    return name;
+  };
+  const std::string zero = graph.UniqueName("padding_bias_zero");
+  const std::string masked = graph.UniqueName("padding_bias_masked");
+  graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+  graph.AddInitializer(MakeFloatTensor(masked, {}, {filter}));
+  const std::string keys = chain->Add("Unsqueeze", {raw_mask, ints("padding_bias_axes", {1, 2})}, "padding_keys");
+  const std::string kept = chain->Add("Cast", {keys}, "padding_kept", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
+  const std::string row = chain->Add("Where", {kept, zero, masked}, "padding_bias_row");  // [B, 1, 1, T]
+  const std::string length = chain->Add("Slice", {chain->Add("Shape", {query}, "padding_query_shape"),
+                                                  ints("padding_length_start", {1}), ints("padding_length_end", {2})},
+                                        "padding_query_length");
+  const std::string one = ints("padding_one", {1});
+  const std::string rows = chain->Add("Concat", {one, one, length, one}, "padding_bias_rows",
+                                      {MakeIntAttribute("axis", 0)});
+  return chain->Add("Expand", {row, rows}, "padding_bias");
+}
+
+}  // namespace
 
 bool GroupQueryAttentionFits(const AttentionMatch& match) {
   const MaskPlan& mask = match.mask;
   // ONNX Runtime's CPU kernel takes head sizes of multiples of 8 only.
-  return match.k_repeat.has_value() && match.head_size % 8 == 0 && mask.causal && mask.raw_mask.empty() &&
-         mask.bias.empty() && mask.bias_condition.empty();
+  return match.k_repeat.has_value() && match.head_size % 8 == 0 && mask.within_causal && mask.bias.empty();
 }
 
-void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan,
+void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
                              PassContext& context) {
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
   const std::string value = ProjectedValue(graph, match.v, &chain);
+  const MaskPlan& mask = match.mask;
+  std::string attention_bias = AttentionBias(graph, mask, &chain);
+  if (!mask.raw_mask.empty()) {
+    std::string& shared = state->padding_biases[mask.raw_mask];
+    if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, query, &chain);
+    attention_bias = shared;
+  }
   // B and S of the query [B,S,H]: seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
   auto scalar = [&](const std::string& hint, int64_t v) {
     return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, v))->name();
@@ -43,17 +80,18 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
       "Cast", {chain.Add("Expand", {last, rows}, "gqa_seqlens_int64")}, "gqa_seqlens_k",
       {MakeIntAttribute("to", onnx::TensorProto::INT32)});
   const std::string attended =
-      match.out.flattened ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
+      NeedsFinishing(match) ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
+  std::vector<std::string> inputs = {query, key, value, "", "", seqlens, total};
+  if (!attention_bias.empty()) inputs.insert(inputs.end(), {"", "", "", attention_bias});  // cos, sin, position_ids
   onnx::NodeProto gqa =
-      MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"),
-               {query, key, value, "", "", seqlens, total},
+      MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"), std::move(inputs),
                {attended, graph.UniqueName("gqa_present_key"), graph.UniqueName("gqa_present_value")},
                "com.microsoft");
   *gqa.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   *gqa.add_attribute() = MakeIntAttribute("kv_num_heads", match.num_heads / match.kv_repeat());
   *gqa.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
   const Node* fused = chain.AddNode(std::move(gqa));
-  if (match.out.flattened) AddFlatten(graph, attended, match.out.output, match.hidden, fused);
+  FinishAttentionOutput(graph, context, match, attended, fused);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
 }

@@ -7,6 +7,8 @@
 // After:   y = RotaryEmbedding(x, position_ids, cos_cache, sin_cache)   (4-D input, not interleaved)
 //          cos_cache = Reshape(Slice(cos, 0, h, axis -1), [-1, h]): the first halves as rows [B'*S, h];
 //          position_ids = 0 (an offset) where B' is known to be 1, else the row of (b, s): b*S + s
+//          Tables stored in the model (cos_cached[:S][position_ids], transformers before 4.38): the
+//          first halves of the stored table as the caches, position_ids the Gather's ids.
 // The caches and position ids are built once per table pair and shared by every layer. A rotation
 // whose tables are not such duplicated halves stays element-wise (the attention fusion still takes
 // it: emit_multi_head_attention.cc). This is the first layer of the attention fusion: fuse_attention
@@ -40,8 +42,16 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
         context.Skip("fuse_rotary_embedding: the rotated heads are not known to be [B,N,S,D] with D twice the half");
         continue;
       }
-      if (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
-          !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin")) {
+      const std::optional<StoredTable> stored_cos = MatchStoredTable(graph, rotation->cos);
+      const std::optional<StoredTable> stored_sin = MatchStoredTable(graph, rotation->sin);
+      const bool stored = stored_cos && stored_sin && stored_cos->ids == stored_sin->ids &&
+                          stored_cos->table->dims(1) == 2 * rotation->half &&
+                          shapes.ElementType(stored_cos->ids) == onnx::TensorProto::INT64 &&
+                          // RotaryEmbedding takes position ids [B, S] of the heads' own B and S.
+                          shapes.Rank(stored_cos->ids) == 2 && shapes.SameDim(stored_cos->ids, 0, rotation->heads, 0) &&
+                          shapes.SameDim(stored_cos->ids, 1, rotation->heads, 2);
+      if (!stored && (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
+                      !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin"))) {
         context.Skip("fuse_rotary_embedding: the cos/sin tables are not duplicated halves (left element-wise)");
         continue;
       }

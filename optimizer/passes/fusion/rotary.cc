@@ -1,6 +1,7 @@
 #include "optimizer/passes/fusion/rotary.h"
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/passes/constants.h"
 #include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
@@ -163,10 +164,61 @@ bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const st
   return rank == 3 && (axis == -1 || axis == 2);
 }
 
+std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::string& value) {
+  Node* gather = ProducerWithOp(graph, value, "Gather");
+  if (gather == nullptr || gather->GetAttributeInt("axis", 0) != 0) return std::nullopt;
+  std::string table = gather->input(0);
+  // cos_cached[:S]: a Slice of the rows from 0 reads the same rows at every id the original accepts.
+  if (Node* slice = ProducerWithOp(graph, table, "Slice")) {
+    const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+    if (!spec || !spec->starts || !spec->OneAxis(0, 2) || (*spec->starts)[0] != 0) return std::nullopt;
+    table = slice->input(0);
+  }
+  const onnx::TensorProto* tensor = ConstantTensor(graph, table);
+  if (tensor == nullptr || tensor->dims_size() != 2 || tensor->dims(1) % 2 != 0) return std::nullopt;
+  const std::optional<std::vector<float>> values = TensorFloats(*tensor);
+  const int64_t rows = tensor->dims(0), width = tensor->dims(1), half = width / 2;
+  if (!values || static_cast<int64_t>(values->size()) != rows * width) return std::nullopt;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = values->data() + r * width;
+    for (int64_t i = 0; i < half; ++i) {
+      if (row[i] != row[i + half]) return std::nullopt;
+    }
+  }
+  return StoredTable{tensor, gather->input(1)};
+}
+
+namespace {
+
+// RotaryEmbedding's inputs for stored tables: their first halves as constants, the Gather's ids.
+RotaryInputs StoredInputs(Graph& graph, const StoredTable& cos, const StoredTable& sin) {
+  auto first_halves = [&](const StoredTable& stored, const std::string& hint) {
+    const std::vector<float> values = *TensorFloats(*stored.table);
+    const int64_t rows = stored.table->dims(0), width = stored.table->dims(1);
+    std::vector<float> halves;
+    halves.reserve(static_cast<size_t>(rows * width / 2));
+    for (int64_t r = 0; r < rows; ++r) {
+      halves.insert(halves.end(), values.begin() + r * width, values.begin() + r * width + width / 2);
+    }
+    const std::string name = graph.UniqueName(hint);
+    graph.AddInitializer(MakeFloatTensor(name, {rows, width / 2}, halves));
+    return name;
+  };
+  return {cos.ids, first_halves(cos, "rotary_cos_cache"), first_halves(sin, "rotary_sin_cache")};
+}
+
+}  // namespace
+
 const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
                                     std::map<std::string, RotaryInputs>* cache, const Node** at) {
   RotaryInputs& shared = (*cache)[absl::StrCat(rotation.cos, "\n", rotation.sin)];
   if (!shared.cos_cache.empty()) return shared;
+  const std::optional<StoredTable> stored_cos = MatchStoredTable(graph, rotation.cos);
+  const std::optional<StoredTable> stored_sin = MatchStoredTable(graph, rotation.sin);
+  if (stored_cos && stored_sin && stored_cos->ids == stored_sin->ids) {
+    shared = StoredInputs(graph, *stored_cos, *stored_sin);
+    return shared;
+  }
   auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
     const std::string name = graph.UniqueName(hint);
     graph.AddInitializer(MakeInt64Tensor(name, values));

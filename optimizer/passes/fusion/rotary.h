@@ -46,13 +46,23 @@ MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value
 // axis then hold the same values, and the first half is the cache RotaryEmbedding reads.
 bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op);
 
+// A table stored in the model instead (transformers before 4.38: cos_cached[:S][position_ids]):
+// Gather(T, ids) on axis 0, T a float constant [P, D] (or its Slice from row 0) whose rows repeat their
+// first half. Its first halves are RotaryEmbedding's cache as they are, and ids its position ids.
+struct StoredTable {
+  const onnx::TensorProto* table = nullptr;  // T
+  std::string ids;
+};
+std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::string& value);
+
 // What RotaryEmbedding reads besides the heads, built once per cos/sin table pair and shared by every
 // layer that rotates with it.
 struct RotaryInputs {
   std::string position_ids, cos_cache, sin_cache;
 };
 
-// The caches (first halves of the cos/sin tables [B',S,D] as rows [B'*S, D/2]) and position ids
+// The caches (first halves of the cos/sin tables [B',S,D] as rows [B'*S, D/2]; of stored tables, their
+// first halves as constants [P, D/2] read at the Gather's ids) and position ids
 // (position (b, s) reads row (b mod B')*S + s: the offset 0 where B' is known to be 1, else
 // Expand(Reshape(Range(0, B'*S), [-1, S]), [B, S]) with B and S those of `heads`, [B,N,S,D]) for
 // `rotation`'s tables, added after `at` (which moves past them) when `cache` has none yet.

@@ -97,7 +97,7 @@ TEST(FuseAttentionProjectionFormsTest, PerHeadNormBeforeTheRotationFuses) {
     PassRun run = RunConfig(R"({"preset": "transformer"})", original);
     ASSERT_TRUE(run.status.ok()) << run.status;
     std::map<std::string, int> ops = OpCounts(run.model);
-    EXPECT_EQ(ops["MultiHeadAttention"], 1) << "grouped " << grouped;
+    EXPECT_EQ(ops[grouped ? "GroupQueryAttention" : "MultiHeadAttention"], 1) << "grouped " << grouped;
     EXPECT_EQ(ops["SimplifiedLayerNormalization"], 2) << "the head norms of Q and K";
     EXPECT_EQ(ops.count("Softmax"), 0u);
     ExpectSameOutputs(original, run.model, 1e-5, 1e-5);

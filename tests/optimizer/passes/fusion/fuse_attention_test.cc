@@ -130,10 +130,9 @@ TEST(FuseAttentionTest, ACausalBufferBesideRotationsIsRefusedBeforeAnyProbe) {
   EXPECT_EQ(fused.report.counters().at("mask_probes"), 1);
 }
 
-// Grouped-query attention (one key/value head for two query heads, rotated, causal without padding):
-// MultiHeadAttention with K and V repeated by default, GroupQueryAttention with them at their own head
-// when the pass is asked for it; both exact. With a padding mask beside the causal one, GroupQueryAttention
-// (which takes rows as right-padded) is not used.
+// Grouped-query attention (one key/value head for two query heads, rotated, causal): MultiHeadAttention
+// with K and V repeated, or GroupQueryAttention with them at their own head when the pass is asked for
+// it; both exact, with key padding beside the causal mask too (as GroupQueryAttention's attention_bias).
 TEST(FuseAttentionTest, GroupedQueryAttentionAsEitherOperator) {
   testing::AttentionGraphOptions options;
   options.rotary = true;
@@ -161,13 +160,26 @@ TEST(FuseAttentionTest, GroupedQueryAttentionAsEitherOperator) {
     EXPECT_EQ(ops.count("Softmax"), 0u) << grouped;
     ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
   }
+  // Causal with key padding: the padding goes in as attention_bias, the same outputs.
   options.padding_mask = true;
+  const onnx::ModelProto padded_original = testing::AttentionGraph(options);
   PassRun padded = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
                                  "params": {"grouped_query": "group_query"}}]})",
-                             testing::AttentionGraph(options));
+                             padded_original);
   ASSERT_TRUE(padded.status.ok()) << padded.status;
-  EXPECT_EQ(OpCounts(padded.model)["GroupQueryAttention"], 0);
-  EXPECT_EQ(OpCounts(padded.model)["MultiHeadAttention"], 1);
+  EXPECT_EQ(OpCounts(padded.model)["GroupQueryAttention"], 1);
+  for (const auto& node : padded.model.graph().node()) {
+    if (node.op_type() == "GroupQueryAttention") EXPECT_TRUE(node.input_size() > 10 && !node.input(10).empty());
+  }
+  ExpectSameOutputs(padded_original, padded.model, 1e-5, 1e-5);
+  // Padding without the causal mask lets a query see later keys: the causal kernel does not fit.
+  options.causal_mask = false;
+  PassRun bidirectional = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                                        "params": {"grouped_query": "group_query"}}]})",
+                                    testing::AttentionGraph(options));
+  ASSERT_TRUE(bidirectional.status.ok()) << bidirectional.status;
+  EXPECT_EQ(OpCounts(bidirectional.model)["GroupQueryAttention"], 0);
+  EXPECT_EQ(OpCounts(bidirectional.model)["MultiHeadAttention"], 1);
   EXPECT_EQ(RunConfig(R"({"passes": [{"name": "fuse_attention", "params": {"grouped_query": "gqa"}}]})", original)
                 .status.code(),
             absl::StatusCode::kInvalidArgument);

@@ -42,6 +42,31 @@ TEST(FuseRotaryEmbeddingTest, RotationsBecomeRotaryEmbeddingAndStayExact) {
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
+// Tables stored in the model (cos_cached[:S][position_ids]): the caches are their first halves,
+// the position ids the Gather's, and the model keeps its outputs; the attention fusion takes them.
+TEST(FuseRotaryEmbeddingTest, StoredTablesBecomeTheCaches) {
+  AttentionGraphOptions options;
+  options.rotary = true;
+  options.stored_tables = true;
+  const onnx::ModelProto original = AttentionGraph(options);
+  testing::PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "eliminate_dead_nodes"}]})",
+                                   original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  EXPECT_EQ(ops["RotaryEmbedding"], 2);
+  EXPECT_EQ(ops.count("Gather"), 0u) << "the tables are read by the fused rotation itself";
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "RotaryEmbedding") EXPECT_EQ(node.input(1), "position_ids");
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+  options.padding_mask = true;
+  const onnx::ModelProto masked = AttentionGraph(options);
+  testing::PassRun fused = RunConfig(R"({"preset": "transformer"})", masked);
+  ASSERT_TRUE(fused.status.ok()) << fused.status;
+  EXPECT_EQ(OpCounts(fused.model)["MultiHeadAttention"], 1);
+  ExpectSameOutputs(masked, fused.model, 1e-5, 1e-5);
+}
+
 // The rotary form of Hugging Face's decoders, exported: every layer's rotations share one pair of
 // caches, and the model keeps its outputs. Made once per table pair even where positions come per
 // row (the Range form): the rewrite once added its constants twice there.
