@@ -167,7 +167,9 @@ void EnsureContribSchemas() {
     auto& domains = onnx::OpSchemaRegistry::DomainToVersionRange::Instance();
     if (domains.Map().count(kMicrosoft) == 0) domains.AddDomainToVersion(kMicrosoft, 1, 1);
     auto same_as_input = [](onnx::InferenceContext& ctx) { SameAsInput(ctx, 0, 0); };
-    for (const char* name : {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "RotaryEmbedding"}) {
+    // GroupQueryAttention's output is the query's shape as the fusion writes it (Q, K and V not packed).
+    for (const char* name : {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "RotaryEmbedding",
+                             "GroupQueryAttention"}) {
       Register(name, same_as_input);
     }
     // Output 3, when asked for, is input + skip (+ bias): the input's shape too.

@@ -282,11 +282,13 @@ int32_t ElementType(const TypeMap& types, const std::string& name) {
 }
 
 // Operators onnx 1.12 has no schema for here (ONNX Runtime's fused ones, LayerNormalization below
-// opset 17) whose first output has the shape of their first input.
+// opset 17) whose first output has the shape of their first input (GroupQueryAttention's as the fusion
+// writes it: Q, K and V not packed).
 bool KeepsInputShape(const onnx::NodeProto& node) {
   static const auto* microsoft = new std::set<std::string>{
       "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "SkipLayerNormalization", "LayerNormalization",
-      "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasAdd"};
+      "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasAdd", "RotaryEmbedding",
+      "GroupQueryAttention"};
   if (node.domain() == "com.microsoft") return microsoft->count(node.op_type()) > 0;
   return (node.domain().empty() || node.domain() == "ai.onnx") &&
          (node.op_type() == "LayerNormalization" || node.op_type() == "SimplifiedLayerNormalization");

@@ -145,7 +145,8 @@ int HfExports(const fs::path& folder, double budget, int threads, const std::vec
     const onnx::ModelProto& optimized = *transformed;
     int attention = 0;
     for (const auto& node : optimized.graph().node()) {
-      attention += node.op_type() == "Attention" || node.op_type() == "MultiHeadAttention";
+      attention += node.op_type() == "Attention" || node.op_type() == "MultiHeadAttention" ||
+                   node.op_type() == "GroupQueryAttention";
     }
     const int expected = 2;  // every export has two layers
     std::vector<std::pair<std::string, absl::StatusOr<onnx::ModelProto>>> peers;
