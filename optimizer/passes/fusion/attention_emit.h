@@ -57,9 +57,10 @@ std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain);
 // (K on its own key/value heads), added to `chain`.
 std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const AttentionMatch& match, NodeChain* chain);
 
-// The bias Where(cond, 0, lowest) for a mask whose meaning is a bias (MaskPlan::bias_condition), or
-// the plan's float bias, or "" for none; added after the chain's last node.
-std::string AttentionBias(Graph& graph, const MaskPlan& mask, NodeChain* chain);
+// The bias Where(cond, 0, lowest) for a mask whose meaning is a bias (MaskPlan::bias_condition; made
+// once per condition and shared by the layers that read it), or the plan's float bias, or "" for none;
+// added after the chain's last node.
+std::string AttentionBias(Graph& graph, const MaskPlan& mask, FusionState* state, NodeChain* chain);
 
 }  // namespace onnxopt::attention
 

@@ -113,6 +113,7 @@ struct MaskPlan {
 struct FusionState {
   CastCache int32_masks{onnx::TensorProto::INT32};  // raw mask -> its int32 Cast
   std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
+  std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
   MaskProbes probes;
 };
 

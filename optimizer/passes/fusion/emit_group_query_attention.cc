@@ -55,7 +55,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
   const std::string value = ProjectedValue(graph, match.v, &chain);
   const MaskPlan& mask = match.mask;
-  std::string attention_bias = AttentionBias(graph, mask, &chain);
+  std::string attention_bias = AttentionBias(graph, mask, state, &chain);
   if (!mask.raw_mask.empty()) {
     std::string& shared = state->padding_biases[mask.raw_mask];
     if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, query, &chain);

@@ -156,7 +156,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   std::string value = ProjectedValue(graph, match.v, &chain);
   if (match.kv_repeat() > 1) std::tie(key, value) = RepeatKeyAndValue(graph, match, key, value, &chain);
   const MaskPlan& mask = match.mask;
-  const std::string attention_bias = AttentionBias(graph, mask, &chain);
+  const std::string attention_bias = AttentionBias(graph, mask, state, &chain);
   std::vector<std::string> inputs = {query, key, value};
   const std::string name = graph.UniqueName("MultiHeadAttention");
   if (!mask.raw_mask.empty() || !attention_bias.empty()) inputs.push_back("");  // bias
@@ -179,13 +179,16 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   context.CountRewrite();
 }
 
-std::string AttentionBias(Graph& graph, const MaskPlan& mask, NodeChain* chain) {
+std::string AttentionBias(Graph& graph, const MaskPlan& mask, FusionState* state, NodeChain* chain) {
   if (mask.bias_condition.empty()) return mask.bias;
+  std::string& shared = state->condition_biases[mask.bias_condition];
+  if (!shared.empty()) return shared;
   const std::string zero = graph.UniqueName("attention_bias_zero");
   const std::string lowest = graph.UniqueName("attention_bias_masked");
   graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
   graph.AddInitializer(MakeFloatTensor(lowest, {}, {std::numeric_limits<float>::lowest()}));
-  return chain->Add("Where", {mask.bias_condition, zero, lowest}, "attention_bias");
+  shared = chain->Add("Where", {mask.bias_condition, zero, lowest}, "attention_bias");
+  return shared;
 }
 
 }  // namespace onnxopt::attention

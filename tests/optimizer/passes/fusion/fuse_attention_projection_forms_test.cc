@@ -21,6 +21,13 @@ using testing::OpCounts;
 using testing::PassRun;
 using testing::RunConfig;
 
+// The transformer preset on a hand-built block.
+PassRun Transform(const onnx::ModelProto& model) {
+  PassRun run = RunConfig(R"({"preset": "transformer"})", model);
+  EXPECT_TRUE(run.status.ok()) << run.status;
+  return run;
+}
+
 int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name) {
   for (const auto& attribute : node.attribute()) {
     if (attribute.name() == name) return attribute.i();
@@ -35,8 +42,7 @@ TEST(FuseAttentionProjectionFormsTest, PartialRotationBecomesRotaryEmbeddingDim)
   options.rotary_dim = 4;
   options.padding_mask = true;
   const onnx::ModelProto original = AttentionGraph(options);
-  PassRun run = RunConfig(R"({"preset": "transformer"})", original);
-  ASSERT_TRUE(run.status.ok()) << run.status;
+  PassRun run = Transform(original);
   std::map<std::string, int> ops = OpCounts(run.model);
   EXPECT_EQ(ops["MultiHeadAttention"], 1);
   EXPECT_EQ(ops.count("Softmax"), 0u);
@@ -52,8 +58,7 @@ TEST(FuseAttentionProjectionFormsTest, PartialRotationBecomesRotaryEmbeddingDim)
   // The whole head (r = D) written the same way needs no attribute.
   options.rotary_dim = testing::kAttentionHeadSize;
   const onnx::ModelProto whole = AttentionGraph(options);
-  PassRun whole_run = RunConfig(R"({"preset": "transformer"})", whole);
-  ASSERT_TRUE(whole_run.status.ok()) << whole_run.status;
+  PassRun whole_run = Transform(whole);
   EXPECT_EQ(OpCounts(whole_run.model)["MultiHeadAttention"], 1);
   for (const auto& node : whole_run.model.graph().node()) {
     if (node.op_type() == "RotaryEmbedding") EXPECT_EQ(IntAttribute(node, "rotary_embedding_dim"), 0);
@@ -68,8 +73,7 @@ TEST(FuseAttentionProjectionFormsTest, LoraBranchesStayOutsideMultiHeadAttention
   options.lora = true;
   options.padding_mask = true;
   const onnx::ModelProto original = AttentionGraph(options);
-  PassRun run = RunConfig(R"({"preset": "transformer"})", original);
-  ASSERT_TRUE(run.status.ok()) << run.status;
+  PassRun run = Transform(original);
   std::map<std::string, int> ops = OpCounts(run.model);
   EXPECT_EQ(ops["MultiHeadAttention"], 1);
   EXPECT_EQ(ops.count("Attention"), 0u);
@@ -78,8 +82,7 @@ TEST(FuseAttentionProjectionFormsTest, LoraBranchesStayOutsideMultiHeadAttention
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
   // Without the branch the same block still goes into Attention with its packed weights.
   options.lora = false;
-  PassRun plain = RunConfig(R"({"preset": "transformer"})", AttentionGraph(options));
-  ASSERT_TRUE(plain.status.ok()) << plain.status;
+  PassRun plain = Transform(AttentionGraph(options));
   EXPECT_EQ(OpCounts(plain.model)["Attention"], 1);
 }
 
@@ -94,8 +97,7 @@ TEST(FuseAttentionProjectionFormsTest, PerHeadNormBeforeTheRotationFuses) {
     options.padding_mask = true;
     options.causal_mask = true;
     const onnx::ModelProto original = AttentionGraph(options);
-    PassRun run = RunConfig(R"({"preset": "transformer"})", original);
-    ASSERT_TRUE(run.status.ok()) << run.status;
+    PassRun run = Transform(original);
     std::map<std::string, int> ops = OpCounts(run.model);
     EXPECT_EQ(ops[grouped ? "GroupQueryAttention" : "MultiHeadAttention"], 1) << "grouped " << grouped;
     EXPECT_EQ(ops["SimplifiedLayerNormalization"], 2) << "the head norms of Q and K";
@@ -111,8 +113,7 @@ TEST(FuseAttentionProjectionFormsTest, ProjectionNormBeforeTheHeadSplitFuses) {
   options.projection_norm = true;
   options.padding_mask = true;
   const onnx::ModelProto original = AttentionGraph(options);
-  PassRun run = RunConfig(R"({"preset": "transformer"})", original);
-  ASSERT_TRUE(run.status.ok()) << run.status;
+  PassRun run = Transform(original);
   std::map<std::string, int> ops = OpCounts(run.model);
   EXPECT_EQ(ops["MultiHeadAttention"], 1);
   EXPECT_EQ(ops["SimplifiedLayerNormalization"], 2) << "the norms of Q and K";
