@@ -63,8 +63,8 @@ bool MatchPackedPart(const Graph& graph, const ShapeInfo& shapes, const std::str
 // The norm that produces `value`: over each head's D of [B,S,N,D] (Qwen3's q_norm / k_norm) or over
 // the whole projection [B,S,H] (OLMo 2's): a (Simplified)LayerNormalization on the last axis with
 // constant 1-D scale (and bias) and one output.
-Node* HeadNorm(const Graph& graph, const std::string& heads) {
-  Node* norm = graph.Producer(heads);
+Node* LastAxisNorm(const Graph& graph, const std::string& value) {
+  Node* norm = graph.Producer(value);
   if (norm == nullptr || !norm->domain().empty() ||
       (norm->op_type() != "SimplifiedLayerNormalization" && norm->op_type() != "LayerNormalization") ||
       norm->output_size() != 1 || norm->input_size() < 2) {
@@ -213,12 +213,12 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
     projection.transposes.push_back(transpose);
     value = transpose->input(0);
   }
-  projection.head_norm = HeadNorm(graph, value);
+  projection.head_norm = LastAxisNorm(graph, value);
   if (projection.head_norm != nullptr) value = projection.head_norm->input(0);
   projection.reshape = ProducerWithOp(graph, value, "Reshape");
   if (projection.reshape == nullptr) return Fail();
   std::string projected = projection.reshape->input(0);
-  projection.projection_norm = HeadNorm(graph, projected);
+  projection.projection_norm = LastAxisNorm(graph, projected);
   if (projection.projection_norm != nullptr) projected = projection.projection_norm->input(0);
   if (auto scaled = ScalarScale(graph, graph.Producer(projected))) {
     projection.scaling = graph.Producer(projected);
