@@ -1,5 +1,7 @@
 #include "optimizer/passes/rewrite.h"
 
+#include "optimizer/passes/constants.h"
+
 namespace onnxopt {
 
 onnx::AttributeProto MakeIntAttribute(const std::string& name, int64_t value) {
@@ -35,6 +37,12 @@ onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::ve
   for (auto& input : inputs) node.add_input(std::move(input));
   for (auto& output : outputs) node.add_output(std::move(output));
   return node;
+}
+
+std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std::vector<int64_t>& values) {
+  const std::string name = graph.UniqueName(hint);
+  graph.AddInitializer(MakeInt64Tensor(name, values));
+  return name;
 }
 
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {

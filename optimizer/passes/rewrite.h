@@ -21,6 +21,9 @@ onnx::AttributeProto MakeFloatAttribute(const std::string& name, float value);
 onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::vector<std::string> inputs,
                          std::vector<std::string> outputs, const std::string& domain = "");
 
+// Adds a 1-D int64 initializer named after `hint` (made unique) holding `values`; returns its name.
+std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std::vector<int64_t>& values);
+
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor);

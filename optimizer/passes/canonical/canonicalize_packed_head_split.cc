@@ -11,8 +11,8 @@
 // Checked: x has rank 3 and a known last axis divisible by P; the target's first two elements are B and S
 // of x (0, or the same number or named dim), its third is P, n and d are constants (at most one -1, no 0);
 // the Split takes equal ones of that axis (or the Slices take each index of it once) and every part is
-// squeezed on it alone; the 5-D value and the parts have no other reader. The same on every input: a row-major Reshape of the last
-// axis into [P, n, d] puts part p at offsets [p*n*d, (p+1)*n*d).
+// squeezed on it alone; the 5-D value and the parts have no other reader. The same on every input: a
+// row-major Reshape of the last axis into [P, n, d] puts part p at offsets [p*n*d, (p+1)*n*d).
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
@@ -133,19 +133,16 @@ class CanonicalizePackedHeadSplitPass final : public ShapedPass {
     if (!width || *width % *parts != 0) return Fail("the packed projection's width is not known");
     if (graph.IsGraphOutput(reshape->output(0))) return Fail();
 
-    const std::string sizes = graph.UniqueName(x + "_part_sizes");
-    graph.AddInitializer(MakeInt64Tensor(sizes, std::vector<int64_t>(static_cast<size_t>(*parts), *width / *parts)));
-    const std::string head_shape = graph.UniqueName(x + "_part_heads");
-    graph.AddInitializer(MakeInt64Tensor(head_shape, {0, 0, *heads, *head_size}));
+    const std::vector<int64_t> part_sizes(static_cast<size_t>(*parts), *width / *parts);
+    const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, *heads, *head_size});
     std::vector<std::string> pieces;
     for (int64_t p = 0; p < *parts; ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
     onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("packed_part_split"), {x}, pieces);
     *split_last.add_attribute() = MakeIntAttribute("axis", -1);
     if (context.OpsetVersion("") >= 13) {
-      split_last.add_input(sizes);
+      split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", part_sizes));
     } else {
-      *split_last.add_attribute() = MakeIntsAttribute("split", std::vector<int64_t>(static_cast<size_t>(*parts),
-                                                                                     *width / *parts));
+      *split_last.add_attribute() = MakeIntsAttribute("split", part_sizes);
     }
     // After the 5-D Reshape, which is before every part's reader.
     const Node* at = graph.AddNode(std::move(split_last), reshape, /*after=*/true);

@@ -8,8 +8,8 @@
 // After:   y = Transpose(x, perm=[0, .., r-3, r-1, r-2])
 // Checked: every shape piece is a Slice of Shape(x) itself (any Shape node reading x) with exactly
 // those bounds, or (after constant folding or shape tracking) both shapes are, element by element,
-// those dims of x (the same numbers or named dims), the first Reshape's lead is the constant -1, x's rank is known, and the intermediate
-// values have no other reader. Equal on every input the original accepts (an empty x makes the -1
+// those dims of x (the same numbers or named dims); the first Reshape's lead is the constant -1, x's
+// rank is known, and the intermediate values have no other reader. Equal on every input the original accepts (an empty x makes the -1
 // Reshape fail there).
 #include <limits>
 

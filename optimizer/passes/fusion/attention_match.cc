@@ -111,8 +111,7 @@ const Node* RemovePattern(Graph& graph, const AttentionMatch& match, const std::
 
 void AddFlatten(Graph& graph, const std::string& attended, const std::string& output, int64_t hidden,
                 const Node* after) {
-  const std::string flat_shape = graph.UniqueName(output + "_flat_shape");
-  graph.AddInitializer(MakeInt64Tensor(flat_shape, {-1, hidden}));
+  const std::string flat_shape = AddInt64Initializer(graph, output + "_flat_shape", {-1, hidden});
   graph.AddNode(MakeNode("Reshape", graph.UniqueName("attention_flatten"), {attended, flat_shape}, {output}), after,
                 /*after=*/true);
 }
@@ -124,20 +123,17 @@ void FinishAttentionOutput(Graph& graph, const PassContext& context, const Atten
   if (match.mask.zero_masked_rows) {
     // rows = max over the keys of Cast(cond) [B|1, 1, S, 1] -> [B|1, S, 1]; the output times it.
     NodeChain chain(graph, fused);
-    auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
-      const std::string name = graph.UniqueName(hint);
-      graph.AddInitializer(MakeInt64Tensor(name, values));
-      return name;
-    };
     const int64_t opset = context.OpsetVersion("");
     const std::string as_float = chain.Add("Cast", {match.mask.bias_condition}, "mask_rows_float",
                                            {MakeIntAttribute("to", onnx::TensorProto::FLOAT)});
-    const std::string any = opset >= 18 ? chain.Add("ReduceMax", {as_float, ints("mask_rows_keys", {-1})}, "mask_rows_any",
-                                                    {MakeIntAttribute("keepdims", 1)})
-                                        : chain.Add("ReduceMax", {as_float}, "mask_rows_any",
-                                                    {MakeIntsAttribute("axes", {-1}), MakeIntAttribute("keepdims", 1)});
-    const std::string rows = opset >= 13 ? chain.Add("Squeeze", {any, ints("mask_rows_head_axis", {1})}, "mask_rows")
-                                         : chain.Add("Squeeze", {any}, "mask_rows", {MakeIntsAttribute("axes", {1})});
+    const std::string any =
+        opset >= 18 ? chain.Add("ReduceMax", {as_float, AddInt64Initializer(graph, "mask_rows_keys", {-1})},
+                                "mask_rows_any", {MakeIntAttribute("keepdims", 1)})
+                    : chain.Add("ReduceMax", {as_float}, "mask_rows_any",
+                                {MakeIntsAttribute("axes", {-1}), MakeIntAttribute("keepdims", 1)});
+    const std::string rows =
+        opset >= 13 ? chain.Add("Squeeze", {any, AddInt64Initializer(graph, "mask_rows_head_axis", {1})}, "mask_rows")
+                    : chain.Add("Squeeze", {any}, "mask_rows", {MakeIntsAttribute("axes", {1})});
     value = match.out.flattened ? graph.UniqueName(match.out.output + "_guarded") : match.out.output;
     at = chain.AddNode(MakeNode("Mul", graph.UniqueName("zero_masked_rows"), {attended, rows}, {value}));
   }

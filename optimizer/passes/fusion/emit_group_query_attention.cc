@@ -20,22 +20,21 @@ namespace {
 // The key padding of the [B, T] mask `raw_mask` as a bias [B, 1, S, T] for queries [B, S, H].
 std::string PaddingBias(Graph& graph, const std::string& raw_mask, float filter, const std::string& query,
                         NodeChain* chain) {
-  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
-    const std::string name = graph.UniqueName(hint);
-    graph.AddInitializer(MakeInt64Tensor(name, values));
-    return name;
-  };
   const std::string zero = graph.UniqueName("padding_bias_zero");
   const std::string masked = graph.UniqueName("padding_bias_masked");
   graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
   graph.AddInitializer(MakeFloatTensor(masked, {}, {filter}));
-  const std::string keys = chain->Add("Unsqueeze", {raw_mask, ints("padding_bias_axes", {1, 2})}, "padding_keys");
-  const std::string kept = chain->Add("Cast", {keys}, "padding_kept", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
+  const std::string keys =
+      chain->Add("Unsqueeze", {raw_mask, AddInt64Initializer(graph, "padding_bias_axes", {1, 2})}, "padding_keys");
+  const std::string kept =
+      chain->Add("Cast", {keys}, "padding_kept", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
   const std::string row = chain->Add("Where", {kept, zero, masked}, "padding_bias_row");  // [B, 1, 1, T]
-  const std::string length = chain->Add("Slice", {chain->Add("Shape", {query}, "padding_query_shape"),
-                                                  ints("padding_length_start", {1}), ints("padding_length_end", {2})},
+  const std::string length = chain->Add("Slice",
+                                        {chain->Add("Shape", {query}, "padding_query_shape"),
+                                         AddInt64Initializer(graph, "padding_length_start", {1}),
+                                         AddInt64Initializer(graph, "padding_length_end", {2})},
                                         "padding_query_length");
-  const std::string one = ints("padding_one", {1});
+  const std::string one = AddInt64Initializer(graph, "padding_one", {1});
   const std::string rows = chain->Add("Concat", {one, one, length, one}, "padding_bias_rows",
                                       {MakeIntAttribute("axis", 0)});
   return chain->Add("Expand", {row, rows}, "padding_bias");
@@ -73,9 +72,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   const std::string total = chain.Add("Cast", {length}, "gqa_total_sequence_length",
                                       {MakeIntAttribute("to", onnx::TensorProto::INT32)});
   const std::string last = chain.Add("Sub", {length, scalar("gqa_one", 1)}, "gqa_last_position");
-  const std::string rows = chain.Add("Unsqueeze", {batch, graph.AddInitializer(MakeInt64Tensor(
-                                                              graph.UniqueName("gqa_axes"), {0}))->name()},
-                                     "gqa_rows");
+  const std::string rows = chain.Add("Unsqueeze", {batch, AddInt64Initializer(graph, "gqa_axes", {0})}, "gqa_rows");
   const std::string seqlens = chain.Add(
       "Cast", {chain.Add("Expand", {last, rows}, "gqa_seqlens_int64")}, "gqa_seqlens_k",
       {MakeIntAttribute("to", onnx::TensorProto::INT32)});

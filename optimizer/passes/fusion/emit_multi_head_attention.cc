@@ -29,19 +29,14 @@ namespace {
 // The element-wise rotation on [B,S,N,D] of the projections' head split, flattened to [B,S,H].
 std::pair<std::string, std::string> RotateElementWise(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
   const Rotation& rotation = *match.q_rotation;
-  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
-    const std::string name = graph.UniqueName(hint);
-    graph.AddInitializer(MakeInt64Tensor(name, values));
-    return name;
-  };
-  const std::string head_axis = ints("rotary_head_axis", {2});
+  const std::string head_axis = AddInt64Initializer(graph, "rotary_head_axis", {2});
   const std::string cos = chain->Add("Unsqueeze", {rotation.cos, head_axis}, "rotary_cos_bsnd");
   const std::string sin = chain->Add("Unsqueeze", {rotation.sin, head_axis}, "rotary_sin_bsnd");
-  const std::string last = ints("rotary_axis", {-1});
-  const std::string zero = ints("rotary_zero", {0});
-  const std::string half = ints("rotary_half", {rotation.half});
-  const std::string end = ints("rotary_end", {std::numeric_limits<int64_t>::max()});
-  const std::string flat = ints("heads_flat", {0, 0, -1});
+  const std::string last = AddInt64Initializer(graph, "rotary_axis", {-1});
+  const std::string zero = AddInt64Initializer(graph, "rotary_zero", {0});
+  const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
+  const std::string end = AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()});
+  const std::string flat = AddInt64Initializer(graph, "heads_flat", {0, 0, -1});
   auto rotate = [&](const Projection& p, const std::string& hint) {
     const std::string x = p.SplitHeads();
     const std::string low = chain->Add("Slice", {x, zero, half, last}, hint + "_low");
@@ -63,14 +58,10 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
 std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const AttentionMatch& match, std::string key,
                                                       std::string value, NodeChain* chain) {
   const int64_t rep = match.kv_repeat();
-  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
-    const std::string name = graph.UniqueName(hint);
-    graph.AddInitializer(MakeInt64Tensor(name, values));
-    return name;
-  };
-  const std::string split = ints("kv_heads_split", {0, 0, match.num_heads / rep, 1, match.head_size});
-  const std::string repeats = ints("kv_heads_repeat", {1, 1, 1, rep, 1});
-  const std::string merge = ints("kv_heads_merge", {0, 0, -1});
+  const std::string split =
+      AddInt64Initializer(graph, "kv_heads_split", {0, 0, match.num_heads / rep, 1, match.head_size});
+  const std::string repeats = AddInt64Initializer(graph, "kv_heads_repeat", {1, 1, 1, rep, 1});
+  const std::string merge = AddInt64Initializer(graph, "kv_heads_merge", {0, 0, -1});
   auto repeat = [&](const std::string& x, const std::string& hint) {
     const std::string grouped = chain->Add("Reshape", {x, split}, hint + "_grouped");
     return chain->Add("Reshape", {chain->Add("Expand", {grouped, repeats}, hint + "_repeated"), merge}, hint);
@@ -83,8 +74,7 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 
 std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain) {
   if (p.head_norm == nullptr) return p.reshape->input(0);
-  const std::string merged = graph.UniqueName("heads_merged_shape");
-  graph.AddInitializer(MakeInt64Tensor(merged, {0, 0, -1}));
+  const std::string merged = AddInt64Initializer(graph, "heads_merged_shape", {0, 0, -1});
   return chain->Add("Reshape", {p.head_norm->output(0), merged}, "normed_heads_merged");
 }
 
@@ -105,7 +95,9 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
 
 MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeInfo& shapes,
                                                 const AttentionMatch& match) {
-  if (match.layout != Layout::kBatchFirst) return Fail("projections outside the operator: the heads are sequence-first");
+  if (match.layout != Layout::kBatchFirst) {
+    return Fail("projections outside the operator: the heads are sequence-first");
+  }
   if (match.scores.causal_where != nullptr) return Fail("rotary attention: a causal buffer mask is not supported here");
   // Each projection's width: its part of a packed projection (Phi-3's qkv_proj), else its weight's.
   auto width = [&](const Projection& p) -> std::optional<int64_t> {
@@ -132,7 +124,8 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
   plan.pattern = CorePattern(match);
   if (match.k_swap != nullptr) plan.pattern.push_back(match.k_swap);
   for (const auto* rotation : {&match.q_rotation, &match.k_rotation}) {
-    if (rotation->has_value()) plan.pattern.insert(plan.pattern.end(), (*rotation)->nodes.begin(), (*rotation)->nodes.end());
+    if (!rotation->has_value()) continue;
+    plan.pattern.insert(plan.pattern.end(), (*rotation)->nodes.begin(), (*rotation)->nodes.end());
   }
   for (const Projection* p : {&match.q, &match.k, &match.v}) {
     plan.pattern.insert(plan.pattern.end(), p->transposes.begin(), p->transposes.end());

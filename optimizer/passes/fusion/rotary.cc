@@ -219,16 +219,11 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
     shared = StoredInputs(graph, *stored_cos, *stored_sin);
     return shared;
   }
-  auto ints = [&](const std::string& hint, std::vector<int64_t> values) {
-    const std::string name = graph.UniqueName(hint);
-    graph.AddInitializer(MakeInt64Tensor(name, values));
-    return name;
-  };
   NodeChain chain(graph, *at);
-  const std::string zero = ints("rotary_zero", {0});
-  const std::string half = ints("rotary_half", {rotation.half});
-  const std::string last = ints("rotary_axis", {-1});
-  const std::string rows_shape = ints("rotary_cache_rows", {-1, rotation.half});
+  const std::string zero = AddInt64Initializer(graph, "rotary_zero", {0});
+  const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
+  const std::string last = AddInt64Initializer(graph, "rotary_axis", {-1});
+  const std::string rows_shape = AddInt64Initializer(graph, "rotary_cache_rows", {-1, rotation.half});
   auto cache_of = [&](const std::string& table, const std::string& hint) {
     const std::string first_half = chain.Add("Slice", {table, zero, half, last}, hint + "_half");
     return chain.Add("Reshape", {first_half, rows_shape}, hint);
@@ -243,9 +238,9 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
     auto scalar = [&](const std::string& hint, int64_t value) {
       return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
     };
-    const std::string one = ints("rotary_one", {1});
-    const std::string two = ints("rotary_two", {2});
-    const std::string three = ints("rotary_three", {3});
+    const std::string one = AddInt64Initializer(graph, "rotary_one", {1});
+    const std::string two = AddInt64Initializer(graph, "rotary_two", {2});
+    const std::string three = AddInt64Initializer(graph, "rotary_three", {3});
     const std::string rows = chain.Add("Gather", {chain.Add("Shape", {shared.cos_cache}, "rotary_cache_shape"),
                                                   scalar("rotary_rows_index", 0)},
                                        "rotary_cache_rows_count", {MakeIntAttribute("axis", 0)});
