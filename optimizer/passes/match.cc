@@ -140,6 +140,22 @@ std::optional<SliceSpec> ParseSlice(const Graph& graph, const Node& slice) {
   return spec;
 }
 
+std::optional<size_t> ShapeValueSize(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  if (std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value)) return ints->size();
+  const auto* symbolic = shapes.SymbolicValue(value);
+  return symbolic != nullptr ? std::optional<size_t>(symbolic->size()) : std::nullopt;
+}
+
+std::optional<int64_t> ShapeValueElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
+                                         size_t index) {
+  if (std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value)) {
+    return index < ints->size() ? std::optional<int64_t>((*ints)[index]) : std::nullopt;
+  }
+  const auto* symbolic = shapes.SymbolicValue(value);
+  if (symbolic == nullptr || index >= symbolic->size() || !(*symbolic)[index].has_dim_value()) return std::nullopt;
+  return (*symbolic)[index].dim_value();
+}
+
 bool ElementIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,
                   const std::string& shaped, int dim) {
   const onnx::TensorShapeProto::Dimension* want = shapes.Dim(shaped, dim);

@@ -163,6 +163,12 @@ struct SliceSpec {
 };
 std::optional<SliceSpec> ParseSlice(const Graph& graph, const Node& slice);
 
+// The length of the small integer tensor `value` (a constant, or shape arithmetic the shapes track),
+// and its element `index` where that is a number; nullopt where neither tells.
+std::optional<size_t> ShapeValueSize(const Graph& graph, const ShapeInfo& shapes, const std::string& value);
+std::optional<int64_t> ShapeValueElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
+                                         size_t index);
+
 // True if element `index` of the small integer tensor `value` (a constant, or shape arithmetic the
 // shapes pin down) is the same number or named dim as dim `dim` of `shaped` (negative: from the end).
 bool ElementIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,

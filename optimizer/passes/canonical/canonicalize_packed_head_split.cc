@@ -21,22 +21,6 @@
 namespace onnxopt {
 namespace {
 
-// The element `index` of a shape value: a constant, or what shape tracking knows of it.
-std::optional<int64_t> ShapeElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
-                                    size_t index) {
-  std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value);
-  if (ints) return index < ints->size() ? std::optional<int64_t>((*ints)[index]) : std::nullopt;
-  const auto* symbolic = shapes.SymbolicValue(value);
-  if (symbolic == nullptr || index >= symbolic->size() || !(*symbolic)[index].has_dim_value()) return std::nullopt;
-  return (*symbolic)[index].dim_value();
-}
-
-size_t ShapeSize(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
-  if (std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value)) return ints->size();
-  const auto* symbolic = shapes.SymbolicValue(value);
-  return symbolic != nullptr ? symbolic->size() : 0;
-}
-
 // True if the Split `split` of a rank-5 value cuts axis 2 into `parts` ones.
 bool SplitsIntoOnes(const Graph& graph, const Node& split, int64_t parts) {
   int64_t axis = split.GetAttributeInt("axis", 0);
@@ -102,8 +86,8 @@ class CanonicalizePackedHeadSplitPass final : public ShapedPass {
   static MatchResult<Matched> Rewrite(Graph& graph, PassContext& context, const ShapeInfo& shapes, Node* reshape) {
     const std::string& x = reshape->input(0);
     const std::string& target = reshape->input(1);
-    if (ShapeSize(graph, shapes, target) != 5 || shapes.Rank(x) != 3) return Fail();
-    const std::optional<int64_t> parts = ShapeElement(graph, shapes, target, 2);
+    if (ShapeValueSize(graph, shapes, target) != 5u || shapes.Rank(x) != 3) return Fail();
+    const std::optional<int64_t> parts = ShapeValueElement(graph, shapes, target, 2);
     if (!parts || *parts < 2) return Fail();
     std::vector<Node*> cutters;
     std::optional<std::vector<std::string>> part_values = Parts(graph, reshape->output(0), *parts, &cutters);
@@ -120,11 +104,11 @@ class CanonicalizePackedHeadSplitPass final : public ShapedPass {
     }
     const bool zero_copies = reshape->GetAttributeInt("allowzero", 0) == 0;
     auto keeps_dim = [&](size_t index) {
-      return (zero_copies && ShapeElement(graph, shapes, target, index) == 0) ||
+      return (zero_copies && ShapeValueElement(graph, shapes, target, index) == 0) ||
              ElementIsDim(graph, shapes, target, index, x, static_cast<int>(index));
     };
-    const std::optional<int64_t> heads = ShapeElement(graph, shapes, target, 3);
-    const std::optional<int64_t> head_size = ShapeElement(graph, shapes, target, 4);
+    const std::optional<int64_t> heads = ShapeValueElement(graph, shapes, target, 3);
+    const std::optional<int64_t> head_size = ShapeValueElement(graph, shapes, target, 4);
     if (!keeps_dim(0) || !keeps_dim(1) || !heads || !head_size || *heads == 0 || *head_size == 0 ||
         (*heads == -1 && *head_size == -1) || *heads < -1 || *head_size < -1) {
       return Fail("the packed head split's target is not [B, S, P, N, D] with N and D known");

@@ -51,16 +51,11 @@ std::optional<ShapeSlice> MatchShapeSlice(const Graph& graph, const std::string&
 constexpr int kMinusOne = -1;
 bool ShapeValueIs(const Graph& graph, const ShapeInfo& shapes, const std::string& value, const std::string& x,
                   const std::vector<int>& dims) {
-  std::optional<std::vector<int64_t>> ints = ConstantInts(graph, value);
-  const auto* symbolic = shapes.SymbolicValue(value);
-  const size_t size = ints ? ints->size() : symbolic != nullptr ? symbolic->size() : 0;
-  if (size != dims.size() || size == 0) return false;
-  for (size_t i = 0; i < size; ++i) {
-    if (dims[i] != kMinusOne) {
-      if (!ElementIsDim(graph, shapes, value, i, x, dims[i])) return false;
-    } else if (ints ? (*ints)[i] != -1 : !(*symbolic)[i].has_dim_value() || (*symbolic)[i].dim_value() != -1) {
-      return false;
-    }
+  if (dims.empty() || ShapeValueSize(graph, shapes, value) != dims.size()) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const bool same = dims[i] == kMinusOne ? ShapeValueElement(graph, shapes, value, i) == -1
+                                           : ElementIsDim(graph, shapes, value, i, x, dims[i]);
+    if (!same) return false;
   }
   return true;
 }

@@ -103,18 +103,6 @@ bool KeepsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& va
   return ElementIsDim(graph, shapes, value, index, shaped, dim);
 }
 
-std::optional<int64_t> KnownElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
-                                    size_t index, size_t size) {
-  auto ints = ConstantInts(graph, value);
-  if (!ints) ints = shapes.KnownValue(value);
-  if (ints && ints->size() == size) return (*ints)[index];
-  const auto* symbolic = shapes.SymbolicValue(value);
-  if (symbolic != nullptr && symbolic->size() == size && (*symbolic)[index].has_dim_value()) {
-    return (*symbolic)[index].dim_value();
-  }
-  return std::nullopt;
-}
-
 std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   std::optional<PathMatch> path = MatchPath(graph, value, {{"Reshape"}, {"Expand"}, {"Unsqueeze"}});
   if (!path) return std::nullopt;
@@ -125,9 +113,10 @@ std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shape
   if (!axes || *axes != std::vector<int64_t>{2} || shapes.Rank(kv) != 4) return std::nullopt;
   const std::string& sizes = expand->input(1);
   const std::string& target = reshape->input(1);
-  auto kv_count = KnownElement(graph, shapes, sizes, 1, 5);
-  auto rep = KnownElement(graph, shapes, sizes, 2, 5);
-  auto merged = KnownElement(graph, shapes, target, 1, 4);
+  if (ShapeValueSize(graph, shapes, sizes) != 5u || ShapeValueSize(graph, shapes, target) != 4u) return std::nullopt;
+  auto kv_count = ShapeValueElement(graph, shapes, sizes, 1);
+  auto rep = ShapeValueElement(graph, shapes, sizes, 2);
+  auto merged = ShapeValueElement(graph, shapes, target, 1);
   if (!kv_count || !rep || !merged || *kv_count < 1 || *rep < 2 || *merged != *kv_count * *rep ||
       shapes.DimValue(kv, 1) != *kv_count) {
     return std::nullopt;
