@@ -63,6 +63,80 @@ std::optional<std::vector<std::string>> Parts(const Graph& graph, const std::str
   return taken;
 }
 
+// A packed head split, checked: what its rewrite replaces and writes.
+struct PackedHeadSplit {
+  Node* reshape = nullptr;
+  std::vector<Node*> cutters, squeezes;  // the Split or Slices; one Squeeze per part, in order
+  int64_t heads = 0, head_size = 0;      // the target's n and d (one may be -1)
+  int64_t part_width = 0;                // N*D
+};
+
+MatchResult<PackedHeadSplit> MatchPackedHeadSplit(const Graph& graph, const ShapeInfo& shapes, Node* reshape) {
+  if (reshape->op_type() != "Reshape" || !reshape->domain().empty()) return Fail();
+  const std::string& x = reshape->input(0);
+  const std::string& target = reshape->input(1);
+  if (ShapeValueSize(graph, shapes, target) != 5u || shapes.Rank(x) != 3) return Fail();
+  const std::optional<int64_t> parts = ShapeValueElement(graph, shapes, target, 2);
+  if (!parts || *parts < 2) return Fail();
+  PackedHeadSplit match;
+  match.reshape = reshape;
+  std::optional<std::vector<std::string>> part_values = Parts(graph, reshape->output(0), *parts, &match.cutters);
+  if (!part_values) return Fail();
+  // Every part squeezed on the split axis alone.
+  for (const std::string& part : *part_values) {
+    Node* squeeze = part.empty() ? nullptr : SoleConsumer(graph, part);
+    std::optional<std::vector<int64_t>> axes = squeeze != nullptr && squeeze->op_type() == "Squeeze"
+                                                   ? ConstantAxes(graph, *squeeze)
+                                                   : std::nullopt;
+    if (!axes || axes->size() != 1 || ((*axes)[0] != 2 && (*axes)[0] != -3)) return Fail();
+    match.squeezes.push_back(squeeze);
+  }
+  const bool zero_copies = reshape->GetAttributeInt("allowzero", 0) == 0;
+  auto keeps_dim = [&](size_t index) {
+    return (zero_copies && ShapeValueElement(graph, shapes, target, index) == 0) ||
+           ElementIsDim(graph, shapes, target, index, x, static_cast<int>(index));
+  };
+  const std::optional<int64_t> heads = ShapeValueElement(graph, shapes, target, 3);
+  const std::optional<int64_t> head_size = ShapeValueElement(graph, shapes, target, 4);
+  if (!keeps_dim(0) || !keeps_dim(1) || !heads || !head_size || *heads == 0 || *head_size == 0 ||
+      (*heads == -1 && *head_size == -1) || *heads < -1 || *head_size < -1) {
+    return Fail("the packed head split's target is not [B, S, P, N, D] with N and D known");
+  }
+  const std::optional<int64_t> width = shapes.DimValue(x, -1);
+  if (!width || *width % *parts != 0) return Fail("the packed projection's width is not known");
+  if (graph.IsGraphOutput(reshape->output(0))) return Fail();
+  match.heads = *heads;
+  match.head_size = *head_size;
+  match.part_width = *width / *parts;
+  return match;
+}
+
+void RewritePackedHeadSplit(Graph& graph, PassContext& context, const PackedHeadSplit& match) {
+  const std::string& x = match.reshape->input(0);
+  const std::vector<int64_t> part_sizes(match.squeezes.size(), match.part_width);
+  const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, match.heads, match.head_size});
+  std::vector<std::string> pieces;
+  for (size_t p = 0; p < match.squeezes.size(); ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
+  onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("packed_part_split"), {x}, pieces);
+  *split_last.add_attribute() = MakeIntAttribute("axis", -1);
+  if (context.OpsetVersion("") >= 13) {
+    split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", part_sizes));
+  } else {
+    *split_last.add_attribute() = MakeIntsAttribute("split", part_sizes);
+  }
+  // After the 5-D Reshape, which is before every part's reader.
+  const Node* at = graph.AddNode(std::move(split_last), match.reshape, /*after=*/true);
+  for (size_t p = 0; p < match.squeezes.size(); ++p) {
+    onnx::NodeProto heads_of_part = MakeNode("Reshape", graph.UniqueName("packed_part_heads"),
+                                             {pieces[p], head_shape}, {match.squeezes[p]->output(0)});
+    at = graph.AddNode(std::move(heads_of_part), at, /*after=*/true);
+  }
+  for (Node* squeeze : match.squeezes) graph.RemoveNode(squeeze);
+  for (Node* cutter : match.cutters) graph.RemoveNode(cutter);
+  graph.RemoveNode(match.reshape);
+  context.CountRewrite();
+}
+
 class CanonicalizePackedHeadSplitPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "canonicalize_packed_head_split"; }
@@ -72,74 +146,11 @@ class CanonicalizePackedHeadSplitPass final : public ShapedPass {
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
-    for (Node* reshape : graph.Nodes()) {
-      if (reshape->removed() || reshape->op_type() != "Reshape" || !reshape->domain().empty()) continue;
-      MatchResult<Matched> rewritten = Rewrite(graph, context, shapes, reshape);
-      if (!rewritten && !rewritten.reason().empty()) {
-        context.Skip(absl::StrCat("canonicalize_packed_head_split: ", rewritten.reason()));
-      }
-    }
+    RewriteEachMatch(
+        graph, context, "canonicalize_packed_head_split: ",
+        [&](Node* node) { return MatchPackedHeadSplit(graph, shapes, node); },
+        [&](const PackedHeadSplit& match) { RewritePackedHeadSplit(graph, context, match); });
     return absl::OkStatus();
-  }
-
- private:
-  static MatchResult<Matched> Rewrite(Graph& graph, PassContext& context, const ShapeInfo& shapes, Node* reshape) {
-    const std::string& x = reshape->input(0);
-    const std::string& target = reshape->input(1);
-    if (ShapeValueSize(graph, shapes, target) != 5u || shapes.Rank(x) != 3) return Fail();
-    const std::optional<int64_t> parts = ShapeValueElement(graph, shapes, target, 2);
-    if (!parts || *parts < 2) return Fail();
-    std::vector<Node*> cutters;
-    std::optional<std::vector<std::string>> part_values = Parts(graph, reshape->output(0), *parts, &cutters);
-    if (!part_values) return Fail();
-    // Every part squeezed on the split axis alone.
-    std::vector<Node*> squeezes;
-    for (const std::string& part : *part_values) {
-      Node* squeeze = part.empty() ? nullptr : SoleConsumer(graph, part);
-      std::optional<std::vector<int64_t>> axes = squeeze != nullptr && squeeze->op_type() == "Squeeze"
-                                                     ? ConstantAxes(graph, *squeeze)
-                                                     : std::nullopt;
-      if (!axes || axes->size() != 1 || ((*axes)[0] != 2 && (*axes)[0] != -3)) return Fail();
-      squeezes.push_back(squeeze);
-    }
-    const bool zero_copies = reshape->GetAttributeInt("allowzero", 0) == 0;
-    auto keeps_dim = [&](size_t index) {
-      return (zero_copies && ShapeValueElement(graph, shapes, target, index) == 0) ||
-             ElementIsDim(graph, shapes, target, index, x, static_cast<int>(index));
-    };
-    const std::optional<int64_t> heads = ShapeValueElement(graph, shapes, target, 3);
-    const std::optional<int64_t> head_size = ShapeValueElement(graph, shapes, target, 4);
-    if (!keeps_dim(0) || !keeps_dim(1) || !heads || !head_size || *heads == 0 || *head_size == 0 ||
-        (*heads == -1 && *head_size == -1) || *heads < -1 || *head_size < -1) {
-      return Fail("the packed head split's target is not [B, S, P, N, D] with N and D known");
-    }
-    const std::optional<int64_t> width = shapes.DimValue(x, -1);
-    if (!width || *width % *parts != 0) return Fail("the packed projection's width is not known");
-    if (graph.IsGraphOutput(reshape->output(0))) return Fail();
-
-    const std::vector<int64_t> part_sizes(static_cast<size_t>(*parts), *width / *parts);
-    const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, *heads, *head_size});
-    std::vector<std::string> pieces;
-    for (int64_t p = 0; p < *parts; ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
-    onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("packed_part_split"), {x}, pieces);
-    *split_last.add_attribute() = MakeIntAttribute("axis", -1);
-    if (context.OpsetVersion("") >= 13) {
-      split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", part_sizes));
-    } else {
-      *split_last.add_attribute() = MakeIntsAttribute("split", part_sizes);
-    }
-    // After the 5-D Reshape, which is before every part's reader.
-    const Node* at = graph.AddNode(std::move(split_last), reshape, /*after=*/true);
-    for (size_t p = 0; p < squeezes.size(); ++p) {
-      onnx::NodeProto heads_of_part = MakeNode("Reshape", graph.UniqueName("packed_part_heads"),
-                                               {pieces[p], head_shape}, {squeezes[p]->output(0)});
-      at = graph.AddNode(std::move(heads_of_part), at, /*after=*/true);
-    }
-    for (Node* squeeze : squeezes) graph.RemoveNode(squeeze);
-    for (Node* cutter : cutters) graph.RemoveNode(cutter);
-    graph.RemoveNode(reshape);
-    context.CountRewrite();
-    return Matched{};
   }
 };
 
