@@ -22,6 +22,20 @@
 namespace onnxopt {
 namespace {
 
+// The rotation's tables where both are stored ones that RotaryEmbedding can read at their ids.
+std::optional<StoredTables> ReadableStoredTables(const Rotation& rotation, const ShapeInfo& shapes,
+                                                 const std::optional<StoredTable>& cos,
+                                                 const std::optional<StoredTable>& sin) {
+  if (!cos || !sin || cos->ids != sin->ids || cos->table->dims(1) != 2 * rotation.half ||
+      shapes.ElementType(cos->ids) != onnx::TensorProto::INT64 ||
+      // RotaryEmbedding takes position ids [B, S] of the heads' own B and S.
+      shapes.Rank(cos->ids) != 2 || !shapes.SameDim(cos->ids, 0, rotation.heads, 0) ||
+      !shapes.SameDim(cos->ids, 1, rotation.heads, 2)) {
+    return std::nullopt;
+  }
+  return StoredTables{*cos, *sin};
+}
+
 class FuseRotaryEmbeddingPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_rotary_embedding"; }
@@ -34,6 +48,13 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     if (context.OpsetVersion("") < 11) return absl::OkStatus();  // the caches' Slice and Range
     std::map<std::string, RotaryInputs> caches;
+    // Stored tables are read (every element compared) once per table, not once per layer.
+    std::map<std::string, std::optional<StoredTable>> stored_tables;
+    auto stored_table = [&](const std::string& value) -> const std::optional<StoredTable>& {
+      auto it = stored_tables.find(value);
+      if (it == stored_tables.end()) it = stored_tables.emplace(value, MatchStoredTable(graph, value)).first;
+      return it->second;
+    };
     for (Node* add : graph.Nodes()) {
       if (add->removed() || add->op_type() != "Add" || !add->domain().empty()) continue;
       MatchResult<Rotation> rotation = MatchRotation(graph, add->output(0));
@@ -42,14 +63,8 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
         context.Skip("fuse_rotary_embedding: the rotated heads are not known to be [B,N,S,D] with D twice the half");
         continue;
       }
-      const std::optional<StoredTable> stored_cos = MatchStoredTable(graph, rotation->cos);
-      const std::optional<StoredTable> stored_sin = MatchStoredTable(graph, rotation->sin);
-      const bool stored = stored_cos && stored_sin && stored_cos->ids == stored_sin->ids &&
-                          stored_cos->table->dims(1) == 2 * rotation->half &&
-                          shapes.ElementType(stored_cos->ids) == onnx::TensorProto::INT64 &&
-                          // RotaryEmbedding takes position ids [B, S] of the heads' own B and S.
-                          shapes.Rank(stored_cos->ids) == 2 && shapes.SameDim(stored_cos->ids, 0, rotation->heads, 0) &&
-                          shapes.SameDim(stored_cos->ids, 1, rotation->heads, 2);
+      const std::optional<StoredTables> stored =
+          ReadableStoredTables(*rotation, shapes, stored_table(rotation->cos), stored_table(rotation->sin));
       if (!stored && (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
                       !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin"))) {
         context.Skip("fuse_rotary_embedding: the cos/sin tables are not duplicated halves (left element-wise)");
@@ -62,7 +77,7 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
       }
       for (Node* node : rotation->nodes) graph.RemoveNode(node);
       const Node* at = add;
-      const RotaryInputs& inputs = RotaryInputsFor(graph, shapes, *rotation, &caches, &at);
+      const RotaryInputs& inputs = RotaryInputsFor(graph, shapes, *rotation, stored, &caches, &at);
       graph.AddNode(MakeNode("RotaryEmbedding", graph.UniqueName("RotaryEmbedding"),
                              {rotation->heads, inputs.position_ids, inputs.cos_cache, inputs.sin_cache}, {output},
                              "com.microsoft"),

@@ -191,7 +191,7 @@ std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::strin
 namespace {
 
 // RotaryEmbedding's inputs for stored tables: their first halves as constants, the Gather's ids.
-RotaryInputs StoredInputs(Graph& graph, const StoredTable& cos, const StoredTable& sin) {
+RotaryInputs StoredInputs(Graph& graph, const StoredTables& stored) {
   auto first_halves = [&](const StoredTable& stored, const std::string& hint) {
     const std::vector<float> values = *TensorFloats(*stored.table);
     const int64_t rows = stored.table->dims(0), width = stored.table->dims(1);
@@ -204,19 +204,18 @@ RotaryInputs StoredInputs(Graph& graph, const StoredTable& cos, const StoredTabl
     graph.AddInitializer(MakeFloatTensor(name, {rows, width / 2}, halves));
     return name;
   };
-  return {cos.ids, first_halves(cos, "rotary_cos_cache"), first_halves(sin, "rotary_sin_cache")};
+  return {stored.cos.ids, first_halves(stored.cos, "rotary_cos_cache"), first_halves(stored.sin, "rotary_sin_cache")};
 }
 
 }  // namespace
 
 const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
+                                    const std::optional<StoredTables>& stored,
                                     std::map<std::string, RotaryInputs>* cache, const Node** at) {
   RotaryInputs& shared = (*cache)[absl::StrCat(rotation.cos, "\n", rotation.sin)];
   if (!shared.cos_cache.empty()) return shared;
-  const std::optional<StoredTable> stored_cos = MatchStoredTable(graph, rotation.cos);
-  const std::optional<StoredTable> stored_sin = MatchStoredTable(graph, rotation.sin);
-  if (stored_cos && stored_sin && stored_cos->ids == stored_sin->ids) {
-    shared = StoredInputs(graph, *stored_cos, *stored_sin);
+  if (stored) {
+    shared = StoredInputs(graph, *stored);
     return shared;
   }
   NodeChain chain(graph, *at);

@@ -54,6 +54,9 @@ struct StoredTable {
   std::string ids;
 };
 std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::string& value);
+struct StoredTables {
+  StoredTable cos, sin;
+};
 
 // What RotaryEmbedding reads besides the heads, built once per cos/sin table pair and shared by every
 // layer that rotates with it.
@@ -66,7 +69,9 @@ struct RotaryInputs {
 // (position (b, s) reads row (b mod B')*S + s: the offset 0 where B' is known to be 1, else
 // Expand(Reshape(Range(0, B'*S), [-1, S]), [B, S]) with B and S those of `heads`, [B,N,S,D]) for
 // `rotation`'s tables, added after `at` (which moves past them) when `cache` has none yet.
+// `stored`: the rotation's tables where they are stored ones (the caller checked them).
 const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
+                                    const std::optional<StoredTables>& stored,
                                     std::map<std::string, RotaryInputs>* cache, const Node** at);
 
 }  // namespace onnxopt
