@@ -392,10 +392,20 @@ TypeMap DeclaredTypes(const onnx::GraphProto& graph) {
   return types;
 }
 
-InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
+namespace {
+
+// The main graph's nodes of `model`, in their order.
+std::vector<const onnx::NodeProto*> MainGraphNodes(const onnx::ModelProto& model) {
   std::vector<const onnx::NodeProto*> nodes;
   nodes.reserve(static_cast<size_t>(model.graph().node_size()));
   for (const auto& node : model.graph().node()) nodes.push_back(&node);
+  return nodes;
+}
+
+}  // namespace
+
+InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
+  const std::vector<const onnx::NodeProto*> nodes = MainGraphNodes(model);
   return Sweep(model, model.graph(), nodes).Run();
 }
 
@@ -433,17 +443,13 @@ InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph)
 }
 
 InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model) {
-  std::vector<const onnx::NodeProto*> nodes;
-  nodes.reserve(static_cast<size_t>(model.graph().node_size()));
-  for (const auto& node : model.graph().node()) nodes.push_back(&node);
+  const std::vector<const onnx::NodeProto*> nodes = MainGraphNodes(model);
   return Sweep(model, model.graph(), nodes, /*with_schemas=*/false).Run();
 }
 
 InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph) {
-  const std::vector<Node*> held = graph.Nodes();
-  std::vector<const onnx::NodeProto*> nodes;
-  nodes.reserve(held.size());
-  for (const Node* node : held) nodes.push_back(&node->proto());
+  std::deque<onnx::NodeProto> with_bodies;
+  const std::vector<const onnx::NodeProto*> nodes = SweptProtos(graph.Nodes(), &with_bodies);
   return Sweep(model, graph.proto(), nodes, /*with_schemas=*/false).Run();
 }
 
