@@ -27,6 +27,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/generation.h"
 
 namespace fs = std::filesystem;
 using onnxopt::client::Client;
@@ -273,17 +274,23 @@ int Submit(Client& client, const Args& args) {
 }
 
 // Both models timed side by side on `device`, as a job's benchmark times them.
+// Times both models side by side with the benchmark's session settings, and for a model with a key/value
+// cache its generation phases and greedy generation (generation.h).
 absl::Status CompareLatency(const onnx::ModelProto& original, const onnx::ModelProto& optimized,
                             const onnxopt::v1::OptimizationConfig& config, const onnxopt::SessionSettings& device,
-                            const std::vector<onnxopt::SuppliedSample>& supplied, onnxopt::v1::BenchmarkReport* report) {
-  const onnxopt::SessionSettings settings = onnxopt::BenchmarkSettings(config, device, report);
+                            const std::vector<onnxopt::SuppliedSample>& supplied, onnxopt::v1::Report* report) {
+  const onnxopt::SessionSettings settings = onnxopt::BenchmarkSettings(config, device, report->mutable_benchmark());
   auto a = onnxopt::CreateSession({original.SerializeAsString(), {}}, settings);
   if (!a.ok()) return a.status();
   auto b = onnxopt::CreateSession({optimized.SerializeAsString(), {}}, settings);
   if (!b.ok()) return b.status();
   auto inputs = onnxopt::BenchmarkInputs(**a, original, config.validation(), supplied);
   if (!inputs.ok()) return inputs.status();
-  return onnxopt::Benchmark(**a, **b, *inputs, config.benchmark(), nullptr, report);
+  const onnxopt::TimingMode mode;  // plain runs on host tensors, as compare has always timed
+  absl::Status timed = onnxopt::Benchmark(**a, **b, *inputs, config.benchmark(), nullptr, report->mutable_benchmark(), mode);
+  if (!timed.ok()) return timed;
+  return onnxopt::ReportGeneration(**a, **b, original, onnxopt::ModelPrecision(optimized) == "fp32", config.benchmark(),
+                                   mode, nullptr, report);
 }
 
 int Local(const Args& args) {
@@ -360,11 +367,12 @@ int Local(const Args& args) {
   if (config->benchmark().skip()) {
     report.mutable_benchmark()->set_skipped(true);
   } else {
-    absl::Status timed = CompareLatency(*original, *optimized, *config, *device, supplied, report.mutable_benchmark());
+    absl::Status timed = CompareLatency(*original, *optimized, *config, *device, supplied, &report);
     if (!timed.ok()) return Report(timed);
   }
   std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
-  return report.parity().passed() ? kOk : kJobFailed;
+  const bool generation_passed = !report.has_generation() || report.generation().passed();
+  return report.parity().passed() && generation_passed ? kOk : kJobFailed;
 }
 
 int Run(const Args& args) {

@@ -77,6 +77,33 @@ void AppendBisection(const v1::Bisection& bisection, std::string* out) {
 
 }  // namespace
 
+// Prefill and decode timed per batch, and the greedy generation's verdict.
+void AppendGeneration(const v1::GenerationReport& generation, std::string* out) {
+  absl::StrAppend(out, "\ngeneration (key/value cache: ", generation.past_inputs_size(), " past inputs):\n");
+  if (generation.phases_size() > 0) {
+    absl::StrAppend(out, absl::StrFormat("%-8s %5s %5s %5s %12s %12s %8s %12s %12s\n", "phase", "batch", "new", "past",
+                                         "orig ms/tok", "opt ms/tok", "speedup", "orig tok/s", "opt tok/s"));
+  }
+  for (const auto& phase : generation.phases()) {
+    absl::StrAppend(out, absl::StrFormat("%-8s %5d %5d %5d ", phase.phase(), phase.batch(), phase.new_tokens(), phase.past()));
+    if (!phase.error().empty()) {
+      absl::StrAppend(out, "could not run: ", phase.error(), "\n");
+      continue;
+    }
+    absl::StrAppend(out, absl::StrFormat("%12.3f %12.3f %7.3fx %12.1f %12.1f\n", phase.original_ms_per_token(),
+                                         phase.optimized_ms_per_token(), phase.speedup(),
+                                         phase.original_tokens_per_second(), phase.optimized_tokens_per_second()));
+  }
+  if (generation.steps_size() > 0) {
+    absl::StrAppend(out, absl::StrFormat("greedy generation (batch %d, prompt %d, one row padded on the left): %d steps, "
+                                         "%d identical from the start, top-1 agreement %.1f%%, min logits cosine %.6f: %s\n",
+                                         generation.greedy_batch(), generation.prompt_tokens(), generation.steps_size(),
+                                         generation.identical_steps(), 100 * generation.top1_agreement(),
+                                         generation.min_logits_cosine(), generation.passed() ? "PASSED" : "FAILED"));
+  }
+  if (!generation.note().empty()) absl::StrAppend(out, "note: ", generation.note(), "\n");
+}
+
 std::string PaddedMasks(const v1::ParityReport& parity) {
   if (parity.padded_masks().empty()) return "";
   return absl::StrFormat(", %s padded up to %.0f%% per row", absl::StrJoin(parity.padded_masks(), ", "),
@@ -344,6 +371,7 @@ std::string FormatReport(const v1::Report& report) {
                                             benchmark.tuning().gain()));
     }
   }
+  if (report.has_generation()) AppendGeneration(report.generation(), &out);
   AppendTransformer(report.transformer(), &out);
   if (report.returned_original()) absl::StrAppend(&out, "\nreturned: the ORIGINAL model (see warnings)\n");
   for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);

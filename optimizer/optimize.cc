@@ -20,6 +20,7 @@
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/precision.h"
 #include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/generation.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/calibration.h"
 #include "optimizer/validation/length_check.h"
@@ -447,6 +448,11 @@ absl::Status OptimizeJob::RunBenchmark() {
         TimeOnDevice(**original_session, **optimized_session, *optimized_source, settings, *inputs, benchmark);
     if (!device_timed.ok()) return device_timed;
   }
+  Progress(Phase::kBenchmarking, "generation");
+  absl::Status generation = ReportGeneration(**original_session, **optimized_session, *original_,
+                                             ModelPrecision(optimized_) == "fp32", config_.benchmark(), mode,
+                                             request_.cancelled, &report_);
+  if (!generation.ok()) return generation;
   DescribeDeployment(settings, benchmark);
   MeasurePeaks(OriginalSource(), *optimized_source, settings, inputs->front(), benchmark);
   if (config_.benchmark().tune_session()) {

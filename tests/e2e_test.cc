@@ -189,6 +189,33 @@ TEST_F(E2eTest, VisionAndExternalDataModels) {
   EXPECT_FALSE(fs::exists(dir_ / "model.onnx.data"));
 }
 
+// A decoder exported with a key/value cache: the job fuses its cached attention, times prefill and decode
+// steps, runs a greedy generation with both models and reports it; compare does the same locally.
+TEST_F(E2eTest, CacheDecoderJobReportsGeneration) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"preset": "transformer", "benchmark": {"iterations": 5,
+      "generation": {"batchSizes": [1, 2], "prefillTokens": 16, "decodePast": [32], "greedyTokens": 8, "runs": 3}}})");
+  const fs::path out = dir_ / "decoder.onnx";
+  const std::string model = FixturePath("cache/cache_decoder_gqa3.onnx").string();
+  Result submit = Cli({"submit", model, "--config", config.string(), "-o", out.string()});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  const std::string job = submit.out.substr(0, submit.out.find('\n'));
+  Result report = Cli({"report", job, "--json"});
+  ASSERT_EQ(report.code, 0) << report.err;
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(report.out, &parsed).ok()) << report.out;
+  const auto& generation = parsed.fields().at("generation").struct_value();
+  EXPECT_EQ(generation.fields().at("phases").list_value().values_size(), 4) << "prefill and decode at batch 1 and 2";
+  EXPECT_TRUE(generation.fields().at("passed").bool_value()) << report.out;
+  EXPECT_EQ(generation.fields().at("identical_steps").number_value(), 8);
+
+  Result compare = Cli({"compare", model, out.string(), "--config", config.string()});
+  EXPECT_EQ(compare.code, 0) << compare.out << compare.err;
+  EXPECT_TRUE(absl::StrContains(compare.out, "generation (key/value cache: 4 past inputs)")) << compare.out;
+  EXPECT_TRUE(absl::StrContains(compare.out, "decode       2     1    32")) << compare.out;
+  EXPECT_TRUE(absl::StrContains(compare.out, "8 identical from the start")) << compare.out;
+}
+
 TEST_F(E2eTest, CancelStopsARunningJob) {
   StartServer();
   const std::string job = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
 #include "optimizer/tensor_convert.h"
 
@@ -53,9 +54,11 @@ Ort::Value MakeTensor(const std::vector<int64_t>& shape, Fill fill) {
 }
 
 // Zeros at the end of each row of a mask [.., S]: row r of R loses mask_padding * S * (R - r) / R
-// positions, so the rows differ, and at least one position stays.
+// positions, so the rows differ, and at least one position stays. `left_on_even_rows` (models with a
+// key/value cache, whose generation batches are padded on the left): rows 0, 2, ... lose their first
+// positions instead, so one batch holds both sides.
 template <typename T>
-bool PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double padding) {
+bool PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double padding, bool left_on_even_rows) {
   if (padding <= 0 || shape.empty() || shape.back() <= 1) return false;
   const int64_t length = shape.back();
   const size_t count = value.GetTensorTypeAndShapeInfo().GetElementCount();
@@ -65,7 +68,8 @@ bool PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double paddin
     int64_t pad = static_cast<int64_t>(padding * static_cast<double>(length) * static_cast<double>(rows - r) /
                                        static_cast<double>(rows));
     pad = std::min(pad, length - 1);
-    for (int64_t i = length - pad; i < length; ++i) data[r * length + i] = T(0);
+    const int64_t start = left_on_even_rows && r % 2 == 0 ? 0 : length - pad;
+    for (int64_t i = start; i < start + pad; ++i) data[r * length + i] = T(0);
   }
   return true;
 }
@@ -180,6 +184,13 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
     }
   }
   std::mt19937_64 random(config.seed() * 1000003 + static_cast<uint64_t>(sample));
+  // A key/value cache: the total length is the past plus the new tokens unless the config says.
+  const std::optional<CacheInterface> cache = FindCacheInterface(model.graph());
+  DimValues resolved = dims;
+  if (cache && !cache->total_dim.empty() && dims.count(cache->total_dim) == 0) {
+    resolved[cache->total_dim] = DynamicDimValue(cache->past_dim, 1, dims) + DynamicDimValue(cache->new_dim, 1, dims);
+  }
+  const bool left_padding = cache.has_value();
   InitializerIndex initializers;
   for (const auto& tensor : model.graph().initializer()) initializers[tensor.name()] = &tensor;
   try {
@@ -205,7 +216,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       std::vector<const char*> symbolic(shape.size(), nullptr);
       tensor_info.GetSymbolicDimensions(symbolic.data(), symbolic.size());
       for (size_t d = 0; d < shape.size(); ++d) {
-        if (shape[d] < 0) shape[d] = DynamicDimValue(symbolic[d] ? symbolic[d] : "", static_cast<int>(d), dims);
+        if (shape[d] < 0) shape[d] = DynamicDimValue(symbolic[d] ? symbolic[d] : "", static_cast<int>(d), resolved);
       }
       const std::string lower = absl::AsciiStrToLower(name);
       const bool is_mask = absl::StrContains(lower, "mask");
@@ -231,7 +242,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
           value = is_mask ? MakeTensor<float>(shape, [] { return 1.0f; })
                           : MakeTensor<float>(shape, [&] { return normal(random); });
-          if (is_mask) padded = PadMask<float>(value, shape, MaskPadding(config));
+          if (is_mask) padded = PadMask<float>(value, shape, MaskPadding(config), left_padding);
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE:
           value = MakeTensor<double>(shape, [&] { return static_cast<double>(normal(random)); });
@@ -241,11 +252,11 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
           value = MakeTensor<int64_t>(shape, integer);
-          if (is_mask) padded = PadMask<int64_t>(value, shape, MaskPadding(config));
+          if (is_mask) padded = PadMask<int64_t>(value, shape, MaskPadding(config), left_padding);
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
           value = MakeTensor<int32_t>(shape, [&] { return static_cast<int32_t>(integer()); });
-          if (is_mask) padded = PadMask<int32_t>(value, shape, MaskPadding(config));
+          if (is_mask) padded = PadMask<int32_t>(value, shape, MaskPadding(config), left_padding);
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8:
           value = MakeTensor<uint8_t>(shape, [&] { return static_cast<uint8_t>(integer()); });
@@ -255,7 +266,7 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
           value = MakeTensor<bool>(shape, [] { return true; });
-          if (is_mask) padded = PadMask<bool>(value, shape, MaskPadding(config));
+          if (is_mask) padded = PadMask<bool>(value, shape, MaskPadding(config), left_padding);
           break;
         default:
           return absl::InvalidArgumentError(absl::StrCat("INPUT_UNSUPPORTED: input '", name, "' has element type ",

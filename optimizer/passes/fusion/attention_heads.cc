@@ -130,6 +130,40 @@ std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shape
   return KvRepeat{{path->nodes[2], expand, reshape}, kv, *kv_count, *rep};
 }
 
+// The past a cache Concat(past, new) on the sequence axis of [B,Nkv,*,D] starts from: a graph input,
+// read directly or through an Identity or a one-input Concat (the TorchScript export of DynamicCache).
+std::optional<std::string> CachedPast(const Graph& graph, const ShapeInfo& shapes, const Node& concat) {
+  const int64_t axis = concat.GetAttributeInt("axis", 0);
+  if (concat.input_size() != 2 || (axis != 2 && axis != -2)) return std::nullopt;
+  std::string past = concat.input(0);
+  for (int depth = 0; depth < 3 && !graph.IsGraphInput(past); ++depth) {
+    Node* alias = graph.Producer(past);
+    if (alias == nullptr || !alias->domain().empty() || alias->input_size() != 1 ||
+        (alias->op_type() != "Identity" && alias->op_type() != "Concat")) {
+      return std::nullopt;
+    }
+    past = alias->input(0);
+  }
+  if (!graph.IsGraphInput(past) || shapes.Rank(past) != 4) return std::nullopt;
+  return past;
+}
+
+// K and V read from a key/value cache: both Concat(past, new), or neither. On a match `k_value` and
+// `v_value` become the new K and V.
+MatchResult<Matched> MatchKvCache(const Graph& graph, const ShapeInfo& shapes, std::string* k_value,
+                                  std::string* v_value, AttentionMatch* match) {
+  Node* k_concat = ProducerWithOp(graph, *k_value, "Concat");
+  Node* v_concat = ProducerWithOp(graph, *v_value, "Concat");
+  std::optional<std::string> past_key = k_concat ? CachedPast(graph, shapes, *k_concat) : std::nullopt;
+  std::optional<std::string> past_value = v_concat ? CachedPast(graph, shapes, *v_concat) : std::nullopt;
+  if (!past_key && !past_value) return Matched{};
+  if (!past_key || !past_value) return Fail("rotary attention: only one of K and V is read from a key/value cache");
+  match->cache = KvCache{k_concat, v_concat, *past_key, *past_value};
+  *k_value = k_concat->input(1);
+  *v_value = v_concat->input(1);
+  return Matched{};
+}
+
 bool SameTables(const Rotation& a, const Rotation& b) {
   if (a.rotary_dim != b.rotary_dim) return false;
   return a.fused != nullptr ? b.fused != nullptr && a.position_ids == b.position_ids && a.cos_cache == b.cos_cache &&
@@ -154,6 +188,9 @@ MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shap
   if (k_value.empty()) return Fail("rotary attention: K^T is not a transpose of the rotated K's last two axes");
   if (!match->k_repeat && MatchPath(graph, k_value, {{"Reshape"}, {"Expand"}})) {
     return Fail("rotary attention: K is repeated to the query heads (repeat_kv) in a form not recognized");
+  }
+  if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
+    return cache.failure();
   }
   if (MatchResult<Rotation> k_rotation = MatchRotation(graph, k_value)) match->k_rotation = *std::move(k_rotation);
   if (!match->k_rotation) return Fail("rotary attention: Q is rotated, K is not (in a form recognized)");

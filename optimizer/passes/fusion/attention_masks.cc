@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/cache_interface.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/subgraph_session.h"
@@ -23,9 +24,12 @@ constexpr size_t kMaxMaskNodes = 400;
 
 struct ProbeCase {
   int64_t batch;
-  int64_t length;
+  int64_t length;  // the new tokens
+  int64_t past = 0;
 };
 constexpr ProbeCase kProbeCases[] = {{1, 1}, {2, 7}, {3, 40}};
+// With a key/value cache also a decode step and a chunk after a past.
+constexpr ProbeCase kCacheProbeCases[] = {{2, 1, 9}, {3, 5, 11}};
 // A mask that compares positions against a constant (a sliding window) is also probed one step past
 // its largest integer constant, up to this length; a larger constant makes the mask unknown.
 constexpr int64_t kMaxProbeLength = 4096;
@@ -115,8 +119,9 @@ struct ProbeInput {
 };
 
 // The probe inputs for one case, or nullopt when a dimension cannot be bound (an unnamed dynamic dim,
-// or one name used both as batch and as length).
+// or one name used both as batch and as length). A cache's dims take their roles (past, new, total).
 std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<ProbeInput>& inputs, ProbeCase probe,
+                                                               const std::optional<CacheInterface>& cache,
                                                                std::mt19937* random) {
   std::map<std::string, int> roles;  // dim name -> 0 batch, 1 length
   std::vector<onnx::TensorProto> tensors;
@@ -135,7 +140,9 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
         const int role = i == 0 ? 0 : 1;
         auto [it, inserted] = roles.emplace(dim.dim_param(), role);
         if (!inserted && it->second != role) return std::nullopt;
-        size = role == 0 ? probe.batch : probe.length;
+        std::optional<int64_t> cache_role;
+        if (cache && role == 1) cache_role = cache->RoleValue(dim.dim_param(), probe.past, probe.length);
+        size = cache_role ? *cache_role : role == 0 ? probe.batch : probe.length;
       }
       tensor.add_dims(size);
       count *= size;
@@ -219,18 +226,21 @@ class Agreement {
     const auto info = mask.GetTensorTypeAndShapeInfo();
     const std::vector<int64_t> shape = info.GetShape();
     bias_shaped_ &= (shape[0] == probe.batch || shape[0] == 1) && shape[1] == 1 && shape[2] == probe.length &&
-                    shape[3] == probe.length;
+                    shape[3] == probe.past + probe.length;
     const bool* data = mask.GetTensorData<bool>();
     const size_t count = info.GetElementCount();
     const int64_t keys = shape[3], queries = shape[2];
-    causal_ &= queries == keys;  // queries and keys are the same tokens
-    within_causal_ &= queries == keys;
+    // The queries are the last `queries` of the keys' tokens (after a past, if any): query q is at
+    // position q + past.
+    const int64_t past = keys - queries;
+    causal_ &= past >= 0;
+    within_causal_ &= past >= 0;
     for (size_t i = 0; i < count; ++i) {
       const int64_t t = static_cast<int64_t>(i) % keys;
       const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
       all_true_ &= data[i];
-      causal_ &= data[i] == (t <= q);
-      within_causal_ &= !data[i] || t <= q;
+      causal_ &= data[i] == (t <= q + past);
+      within_causal_ &= !data[i] || t <= q + past;
     }
     // mask[b, h, q, t] == (candidate[b, t] != 0), alone or with t <= q.
     for (std::set<std::string>* kept : {&padding_, &causal_padding_}) {
@@ -240,12 +250,12 @@ class Agreement {
         for (const auto& tensor : tensors) {
           if (tensor.name() == *it) candidate = &tensor;
         }
-        bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || queries == keys);
+        bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || past >= 0);
         for (size_t i = 0; i < count && same; ++i) {
           const int64_t t = static_cast<int64_t>(i) % keys;
           const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
           const int64_t b = static_cast<int64_t>(i) / (shape[1] * queries * keys);
-          same = data[i] == (NonZero(*candidate, static_cast<size_t>(b * keys + t)) && (!with_causal || t <= q));
+          same = data[i] == (NonZero(*candidate, static_cast<size_t>(b * keys + t)) && (!with_causal || t <= q + past));
         }
         it = same ? std::next(it) : kept->erase(it);
       }
@@ -279,14 +289,17 @@ class Agreement {
   std::set<std::string> padding_, causal_padding_;
 };
 
-// The probe cases: kProbeCases, and one length past the largest integer constant the mask reads.
-MatchResult<std::vector<ProbeCase>> ProbeCases(const Graph& graph, const std::vector<const Node*>& nodes) {
+// The probe cases: kProbeCases (and kCacheProbeCases with a cache), and one length past the largest
+// integer constant the mask reads.
+MatchResult<std::vector<ProbeCase>> ProbeCases(const Graph& graph, const std::vector<const Node*>& nodes,
+                                               bool cache) {
   std::vector<ProbeCase> cases(std::begin(kProbeCases), std::end(kProbeCases));
+  if (cache) cases.insert(cases.end(), std::begin(kCacheProbeCases), std::end(kCacheProbeCases));
   const int64_t constant = LargestIntegerConstant(graph, nodes);
   if (constant + 2 > kMaxProbeLength) {
     return Fail(absl::StrCat("the mask compares positions against ", constant, ", longer than can be probed"));
   }
-  if (constant + 2 > cases.back().length) cases.push_back({1, constant + 2});
+  if (constant + 2 > std::end(kProbeCases)[-1].length) cases.push_back({1, constant + 2});
   return cases;
 }
 
@@ -302,13 +315,14 @@ MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, c
   for (const ProbeInput& input : *inputs) infos.push_back(*input.info);
   auto session = SubgraphSession(graph, context, nodes, infos, {mask}, "attention_mask_probe");
   if (!session.ok()) return Fail("the mask's subgraph does not run on its own");
-  MatchResult<std::vector<ProbeCase>> cases = ProbeCases(graph, nodes);
+  const std::optional<CacheInterface> cache = FindCacheInterface(graph.proto());
+  MatchResult<std::vector<ProbeCase>> cases = ProbeCases(graph, nodes, cache.has_value());
   if (!cases) return cases.failure();
   std::mt19937 random(20261123);
   Agreement agreement(*inputs);
   try {
     for (const ProbeCase& probe_case : *cases) {
-      auto tensors = MakeProbeInputs(*inputs, probe_case, &random);
+      auto tensors = MakeProbeInputs(*inputs, probe_case, cache, &random);
       if (!tensors) return Fail("the inputs' dynamic dimensions are not named batch-first");
       MatchResult<Ort::Value> result = RunProbe(**session, *tensors, mask);
       if (!result) return result.failure();

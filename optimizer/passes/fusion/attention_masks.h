@@ -9,10 +9,11 @@
 //   kAllTrue      every position attends everywhere (an encoder without padding, ViT);
 //   kKeyPadding   mask[b, h, q, t] == (attention_mask[b, t] != 0) for one rank-2 graph input, the raw
 //                 mask ONNX Runtime's Attention takes as mask_index;
-//   kCausal       mask[b, h, q, t] == (t <= q), queries and keys the same tokens (a decoder without
-//                 padding): Attention's unidirectional;
+//   kCausal       mask[b, h, q, t] == (t <= q + P), the queries the last S = T - P of the keys' tokens
+//                 (P = 0 without a cache; a decoder without padding): Attention's unidirectional;
 //   kCausalKeyPadding  both at once (a decoder with a padded batch).
-// The probe covers batch sizes 1-3 and lengths 1-40, and one length past the largest integer constant
+// The probe covers batch sizes 1-3 and lengths 1-40 (with a key/value cache (cache_interface.h) also
+// a decode step and a chunk after a past, its dims bound by role), and one length past the largest integer constant
 // the mask's nodes read (so a sliding window of W is probed at W + 2; past 4096 the mask is unknown),
 // with every input filled with small random numbers 0-3 (a mask must read != 0, as Attention's raw
 // mask does, not == 1; a padding id other than 0 shows). What it cannot see: left padding, under

@@ -78,13 +78,16 @@ std::vector<Node*> CorePattern(const AttentionMatch& match) {
 }
 
 MatchResult<std::vector<Node*>> ClaimPattern(const Graph& graph, const std::vector<Node*>& pattern,
-                                             const std::set<Node*>& targets, const std::string& output) {
+                                             const std::set<Node*>& targets, const std::string& output,
+                                             const std::set<std::string>& reproduced) {
   const std::set<Node*> members(pattern.begin(), pattern.end());
   std::vector<Node*> shape_nodes;
   for (Node* node : pattern) {
     for (const std::string& value : node->proto().output()) {
       if (value.empty() || value == output) continue;
-      if (graph.IsGraphOutput(value)) return Fail("an intermediate value is a graph output");
+      if (graph.IsGraphOutput(value) && reproduced.count(value) == 0) {
+        return Fail("an intermediate value is a graph output");
+      }
       for (Node* reader : graph.Consumers(value)) {
         if (members.count(reader) > 0) continue;
         if (!FeedsOnlyShapeInputs(graph, reader, targets, &shape_nodes)) {
@@ -117,23 +120,27 @@ void AddFlatten(Graph& graph, const std::string& attended, const std::string& ou
 }
 
 void FinishAttentionOutput(Graph& graph, const PassContext& context, const AttentionMatch& match,
-                           const std::string& attended, const Node* fused) {
+                           const std::string& attended, const Node* fused, FusionState* state) {
   std::string value = attended;
   const Node* at = fused;
   if (match.mask.zero_masked_rows) {
-    // rows = max over the keys of Cast(cond) [B|1, 1, S, 1] -> [B|1, S, 1]; the output times it.
+    // rows = max over the keys of Cast(cond) [B|1, 1, S, 1] -> [B|1, S, 1] (once per condition, shared
+    // by the layers); the output times it.
     NodeChain chain(graph, fused);
-    const int64_t opset = context.OpsetVersion("");
-    const std::string as_float = chain.Add("Cast", {match.mask.bias_condition}, "mask_rows_float",
-                                           {MakeIntAttribute("to", onnx::TensorProto::FLOAT)});
-    const std::string any =
-        opset >= 18 ? chain.Add("ReduceMax", {as_float, AddInt64Initializer(graph, "mask_rows_keys", {-1})},
-                                "mask_rows_any", {MakeIntAttribute("keepdims", 1)})
-                    : chain.Add("ReduceMax", {as_float}, "mask_rows_any",
-                                {MakeIntsAttribute("axes", {-1}), MakeIntAttribute("keepdims", 1)});
-    const std::string rows =
-        opset >= 13 ? chain.Add("Squeeze", {any, AddInt64Initializer(graph, "mask_rows_head_axis", {1})}, "mask_rows")
-                    : chain.Add("Squeeze", {any}, "mask_rows", {MakeIntsAttribute("axes", {1})});
+    std::string& rows = state->kept_rows[match.mask.row_condition];
+    if (rows.empty()) {
+      const int64_t opset = context.OpsetVersion("");
+      const std::string as_float = chain.Add("Cast", {match.mask.row_condition}, "mask_rows_float",
+                                             {MakeIntAttribute("to", onnx::TensorProto::FLOAT)});
+      const std::string any =
+          opset >= 18 ? chain.Add("ReduceMax", {as_float, AddInt64Initializer(graph, "mask_rows_keys", {-1})},
+                                  "mask_rows_any", {MakeIntAttribute("keepdims", 1)})
+                      : chain.Add("ReduceMax", {as_float}, "mask_rows_any",
+                                  {MakeIntsAttribute("axes", {-1}), MakeIntAttribute("keepdims", 1)});
+      rows = opset >= 13
+                 ? chain.Add("Squeeze", {any, AddInt64Initializer(graph, "mask_rows_head_axis", {1})}, "mask_rows")
+                 : chain.Add("Squeeze", {any}, "mask_rows", {MakeIntsAttribute("axes", {1})});
+    }
     value = match.out.flattened ? graph.UniqueName(match.out.output + "_guarded") : match.out.output;
     at = chain.AddNode(MakeNode("Mul", graph.UniqueName("zero_masked_rows"), {attended, rows}, {value}));
   }

@@ -68,6 +68,14 @@ struct KvRepeat {
   int64_t kv_heads_count = 0, rep = 0;
 };
 
+// A key/value cache (a decoder exported for generation): K and V are Concat(past, new) on the sequence
+// axis of [B,Nkv,*,D], past a graph input, the concatenations the present outputs (cache_interface.h).
+struct KvCache {
+  Node* key_concat = nullptr;
+  Node* value_concat = nullptr;
+  std::string past_key, past_value;  // the graph inputs
+};
+
 // What feeds the Softmax: Q*K^T, scaled, with an additive mask and/or a causal Where (either order).
 struct Scores {
   Node* qk = nullptr;
@@ -107,6 +115,9 @@ struct MaskPlan {
   // The mask never lets a query see a later key (the probe's MaskMeaning::within_causal, or causal):
   // a causal kernel (GroupQueryAttention) takes the rest as a bias.
   bool within_causal = false;
+  // zero_masked_rows: the boolean condition [B|1, 1, S, T] that tells the rows (bias_condition, or the
+  // causal + padding mask whose left padding masks a row entirely).
+  std::string row_condition;
 };
 
 // What one pass run builds once and every attention block of the graph reuses.
@@ -114,6 +125,7 @@ struct FusionState {
   CastCache int32_masks{onnx::TensorProto::INT32};  // raw mask -> its int32 Cast
   std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
+  std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   MaskProbes probes;
 };
 
@@ -128,6 +140,7 @@ struct AttentionMatch {
   Projection q, k, v;
   std::optional<Rotation> q_rotation, k_rotation;
   std::optional<KvRepeat> k_repeat, v_repeat;
+  std::optional<KvCache> cache;
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
 
@@ -138,7 +151,7 @@ struct AttentionMatch {
     for (const Projection* p : {&q, &k, &v}) {
       kept_parts |= p->lora_add != nullptr || p->head_norm != nullptr || p->projection_norm != nullptr;
     }
-    return q_rotation.has_value() || k_repeat.has_value() || kept_parts;
+    return q_rotation.has_value() || k_repeat.has_value() || cache.has_value() || kept_parts;
   }
   int64_t kv_repeat() const { return k_repeat ? k_repeat->rep : 1; }
 };
@@ -188,9 +201,11 @@ std::vector<Node*> CorePattern(const AttentionMatch& match);
 
 // Checks that every value of `pattern` but the block's output is read only inside it, or by shape
 // arithmetic feeding the shape inputs of `targets` (Reshapes and Slices of the pattern); that shape
-// arithmetic is returned, to go with the pattern.
+// arithmetic is returned, to go with the pattern. Values in `reproduced` (a cache's presents, which the
+// fused node writes again) may be graph outputs.
 MatchResult<std::vector<Node*>> ClaimPattern(const Graph& graph, const std::vector<Node*>& pattern,
-                                             const std::set<Node*>& targets, const std::string& output);
+                                             const std::set<Node*>& targets, const std::string& output,
+                                             const std::set<std::string>& reproduced = {});
 
 // Removes the pattern and its shape arithmetic; returns where the fused node goes (after the last
 // node of the context's merge).
@@ -201,7 +216,7 @@ const Node* RemovePattern(Graph& graph, const AttentionMatch& match, const std::
 // applies): the rows the mask masks entirely set to 0 where the plan asks (MaskPlan::zero_masked_rows),
 // and the result flattened to [B*S, H] where the context was; written to the block's output.
 void FinishAttentionOutput(Graph& graph, const PassContext& context, const AttentionMatch& match,
-                           const std::string& attended, const Node* fused);
+                           const std::string& attended, const Node* fused, FusionState* state);
 // True if the fused node cannot write the block's output itself (FinishAttentionOutput adds nodes).
 inline bool NeedsFinishing(const AttentionMatch& match) { return match.out.flattened || match.mask.zero_masked_rows; }
 

@@ -159,6 +159,13 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
       return plan;
     case MaskMeaning::Kind::kCausalKeyPadding:
       plan.causal = plan.within_causal = true;
+      // Left padding masks the first rows entirely (every key they may see is padding): 0 behind the
+      // NaN guard, the mean of V in the fused operator; zeroed where the condition tells the rows.
+      if (std::isinf(fill) && !match.nan_guard.empty() && match.layout == Layout::kBatchFirst &&
+          (meaning.bias_shaped || shapes.DimValue(cond, 1) == 1)) {
+        plan.zero_masked_rows = true;
+        plan.row_condition = cond;
+      }
       [[fallthrough]];
     case MaskMeaning::Kind::kKeyPadding:
       plan.raw_mask = meaning.padding_input;
@@ -181,6 +188,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
       }
       if (match.layout != Layout::kBatchFirst) return Fail("a -inf mask as a bias on sequence-first heads");
       plan.zero_masked_rows = true;
+      plan.row_condition = cond;
     }
     return plan;
   }

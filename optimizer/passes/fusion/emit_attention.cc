@@ -205,7 +205,7 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
     *attention.add_attribute() = MakeFloatAttribute("scale", scale);
   }
   const Node* fused = chain.AddNode(std::move(attention));
-  if (batch_first) FinishAttentionOutput(graph, context, match, attended, fused);
+  if (batch_first) FinishAttentionOutput(graph, context, match, attended, fused, state);
   if (!batch_first) EmitOutputProjection(graph, match, plan, attended, fused);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();

@@ -10,6 +10,9 @@
 // the mask never lets a query see a later key (MaskPlan::within_causal: the probe checks it), so the
 // kernel's own causal masking removes nothing the original kept; left padding included. A float bias
 // (T5's) and head sizes the CPU kernel does not take (multiples of 8 only) keep MultiHeadAttention.
+// With a key/value cache (AttentionMatch::cache) the past goes in as past_key/past_value, the total
+// length is P + S (seqlens_k = P + S - 1 for every row: the kernel writes the new keys at P, as the
+// original's Concat does), and the node writes the model's present outputs itself.
 #include "optimizer/passes/fusion/attention_emit.h"
 
 #include <limits>
@@ -45,7 +48,8 @@ std::string PaddingBias(Graph& graph, const std::string& raw_mask, float filter,
 bool GroupQueryAttentionFits(const AttentionMatch& match) {
   const MaskPlan& mask = match.mask;
   // ONNX Runtime's CPU kernel takes head sizes of multiples of 8 only.
-  return match.k_repeat.has_value() && match.head_size % 8 == 0 && mask.within_causal && mask.bias.empty();
+  return (match.k_repeat.has_value() || match.cache.has_value()) && match.head_size % 8 == 0 && mask.within_causal &&
+         mask.bias.empty();
 }
 
 void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
@@ -69,9 +73,17 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
                                       {MakeIntAttribute("axis", 0)});
   const std::string length = chain.Add("Gather", {shape, scalar("gqa_length_index", 1)}, "gqa_length",
                                        {MakeIntAttribute("axis", 0)});
-  const std::string total = chain.Add("Cast", {length}, "gqa_total_sequence_length",
+  // With a cache the keys are the past's and the new ones: T = P + S.
+  std::string keys = length;
+  if (match.cache) {
+    const std::string past_shape = chain.Add("Shape", {match.cache->past_key}, "gqa_past_shape");
+    const std::string past = chain.Add("Gather", {past_shape, scalar("gqa_past_index", 2)}, "gqa_past_length",
+                                       {MakeIntAttribute("axis", 0)});
+    keys = chain.Add("Add", {past, length}, "gqa_total_length");
+  }
+  const std::string total = chain.Add("Cast", {keys}, "gqa_total_sequence_length",
                                       {MakeIntAttribute("to", onnx::TensorProto::INT32)});
-  const std::string last = chain.Add("Sub", {length, scalar("gqa_one", 1)}, "gqa_last_position");
+  const std::string last = chain.Add("Sub", {keys, scalar("gqa_one", 1)}, "gqa_last_position");
   const std::string rows = chain.Add("Unsqueeze", {batch, AddInt64Initializer(graph, "gqa_axes", {0})}, "gqa_rows");
   const std::string seqlens = chain.Add(
       "Cast", {chain.Add("Expand", {last, rows}, "gqa_seqlens_int64")}, "gqa_seqlens_k",
@@ -79,16 +91,22 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   const std::string attended =
       NeedsFinishing(match) ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
   std::vector<std::string> inputs = {query, key, value, "", "", seqlens, total};
+  std::vector<std::string> outputs = {attended, graph.UniqueName("gqa_present_key"),
+                                      graph.UniqueName("gqa_present_value")};
+  if (match.cache) {
+    inputs[3] = match.cache->past_key;
+    inputs[4] = match.cache->past_value;
+    outputs[1] = match.cache->key_concat->output(0);  // the presents, written again
+    outputs[2] = match.cache->value_concat->output(0);
+  }
   if (!attention_bias.empty()) inputs.insert(inputs.end(), {"", "", "", attention_bias});  // cos, sin, position_ids
-  onnx::NodeProto gqa =
-      MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"), std::move(inputs),
-               {attended, graph.UniqueName("gqa_present_key"), graph.UniqueName("gqa_present_value")},
-               "com.microsoft");
+  onnx::NodeProto gqa = MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"), std::move(inputs),
+                                 std::move(outputs), "com.microsoft");
   *gqa.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   *gqa.add_attribute() = MakeIntAttribute("kv_num_heads", match.num_heads / match.kv_repeat());
   *gqa.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
   const Node* fused = chain.AddNode(std::move(gqa));
-  FinishAttentionOutput(graph, context, match, attended, fused);
+  FinishAttentionOutput(graph, context, match, attended, fused, state);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
 }

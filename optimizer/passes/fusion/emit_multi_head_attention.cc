@@ -136,7 +136,16 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
     plan.pattern.insert(plan.pattern.end(), (*repeat)->nodes.begin(), (*repeat)->nodes.end());
     targets.insert((*repeat)->nodes.begin() + 1, (*repeat)->nodes.end());  // Expand and Reshape read sizes
   }
-  MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, plan.pattern, targets, match.out.output);
+  // A cache's Concats go too: GroupQueryAttention writes the presents again.
+  std::set<std::string> reproduced;
+  if (match.cache) {
+    for (Node* concat : {match.cache->key_concat, match.cache->value_concat}) {
+      plan.pattern.push_back(concat);
+      reproduced.insert(concat->output(0));
+    }
+  }
+  MatchResult<std::vector<Node*>> shape_nodes =
+      ClaimPattern(graph, plan.pattern, targets, match.out.output, reproduced);
   if (!shape_nodes) return Fail(absl::StrCat("rotary attention: ", shape_nodes.reason()));
   plan.shape_nodes = *std::move(shape_nodes);
   return plan;
@@ -167,7 +176,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   if (mask.causal) *mha.add_attribute() = MakeIntAttribute("unidirectional", 1);
   if (!mask.raw_mask.empty()) *mha.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
   const Node* fused = chain.AddNode(std::move(mha));
-  FinishAttentionOutput(graph, context, match, attended, fused);
+  FinishAttentionOutput(graph, context, match, attended, fused, state);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
 }

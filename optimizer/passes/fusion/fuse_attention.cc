@@ -22,6 +22,26 @@
 //   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, ..., attention_bias)   (grouped K/V, a mask within
 //       the causal one; see below)
 //
+// A key/value cache (a decoder exported for generation, cache_interface.h): K and V are Concat(past, new)
+// on the sequence axis and those Concats are the present outputs:
+//   k = Concat(past_k, rope(Transpose(Reshape(x Wk)))) -> present.k; v = Concat(past_v, ...) -> present.v
+//   y = context(Softmax(q k'^T + Where(cond, 0, -inf)) with k', v' = repeat_kv(present.k, present.v)
+// becomes
+//   y, present.k, present.v = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, past_k, past_v,
+//                                                 seqlens_k = T - 1 per row, T = P + S, attention_bias)
+// with the inputs and outputs of the model unchanged (an unchanged generation loop runs it). Exact for
+// any padding: every row is taken as T long (the kernel writes the new keys at P for every row, as the
+// Concat does, and sees keys up to P + i for query i, as the causal mask does), and the padding goes in
+// as attention_bias; rows left padding masks entirely are zeroed as the NaN guard does. Per phase, by
+// measurement (tests/bench/generation_benchmark.py, a 122M-parameter Qwen2-style decoder, 2 threads):
+// GroupQueryAttention for prefill (1.07x the original at 128 tokens: both are GEMM-bound) and decode
+// (1.13x at batch 1 / past 512, the float32 weights' stream bounding both; 2.5x at batch 4 / past 2048,
+// where repeat_kv's copies of the cache dominate the original). MultiHeadAttention cannot take a
+// grouped cache (its past and present have the query's heads), so it is not an alternative there.
+// Limits: ONNX Runtime's kernel refuses a chunk after a past (S > 1 and P > 0) at batch > 1, which the
+// original runs (prefill without a past and one-token decode steps, what generation loops do, are not
+// affected); its CUDA kernel takes no attention_bias, so with padding the cache is fused on CPU jobs only.
+//
 // Grouped-query attention on the CPU: GroupQueryAttention by default (grouped_query: auto), measured
 // against MultiHeadAttention with K and V repeated (tests/bench/grouped_query_choice.py: LLaMA blocks
 // of hidden 512 / 8 heads / 2 KV heads and 896 / 14 / 2, causal, sequence 128, 2 threads: GQA 1.4-2.1%
@@ -70,7 +90,19 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     }
     const std::string& grouped = context.params().GetString("grouped_query");
     const bool group_query = grouped == "group_query" || (grouped == "auto" && context.hints().device != v1::DEVICE_CUDA);
-    if (group_query && GroupQueryAttentionFits(match)) {
+    if (match.cache) {
+      // Only GroupQueryAttention keeps the cache's key/value heads as they are (MultiHeadAttention's
+      // past and present have the query's heads).
+      if (grouped == "multi_head") return Fail("a key/value cache: only GroupQueryAttention takes it (grouped_query is multi_head)");
+      if (!GroupQueryAttentionFits(match)) {
+        return Fail("a key/value cache: GroupQueryAttention does not fit (head size not a multiple of 8, a "
+                    "float bias, or a mask that lets a query see a later key)");
+      }
+      if (context.hints().device == v1::DEVICE_CUDA && (!match.mask.raw_mask.empty() || !match.mask.bias_condition.empty())) {
+        return Fail("a key/value cache with padding: GroupQueryAttention's CUDA kernel takes no attention_bias");
+      }
+      EmitGroupQueryAttention(graph, match, *plan, state, context);
+    } else if (group_query && GroupQueryAttentionFits(match)) {
       EmitGroupQueryAttention(graph, match, *plan, state, context);
     } else {
       EmitMultiHeadAttention(graph, match, *plan, state, context);

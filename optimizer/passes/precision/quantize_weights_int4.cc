@@ -33,8 +33,9 @@ class QuantizeWeightsInt4Pass final : public ShapedPass {
     std::vector<ParamSpec> specs = {
         {"block_size", ParamType::kInt, "32", "weights per scale along K: 16, 32, 64, 128 or 256"},
         {"symmetric", ParamType::kBool, "true", "no zero points (else one per block)"},
-        {"accuracy_level", ParamType::kInt, "0",
-         "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations"}};
+        {"accuracy_level", ParamType::kInt, "4",
+         "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations (default: the fastest on "
+         "the CPU, where a decoder's decode step runs about twice as fast as with fp32 compute)"}};
     for (ParamSpec& spec : WeightProductParams()) specs.push_back(std::move(spec));
     return specs;
   }

@@ -1,0 +1,366 @@
+#include "optimizer/validation/generation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace onnxopt {
+namespace {
+
+// The greedy comparison's batch: one row padded on the left (a quarter of the prompt), one not.
+constexpr int64_t kGreedyBatch = 2;
+constexpr int kGenerationWarmupPairs = 2;
+
+// Writes `values` into an integer, float or boolean tensor of as many elements.
+absl::Status FillNumbers(Ort::Value& tensor, const std::vector<int64_t>& values, const std::string& name) {
+  auto info = tensor.GetTensorTypeAndShapeInfo();
+  if (info.GetElementCount() != values.size()) {
+    return absl::InternalError(absl::StrCat("generation: ", name, " holds ", info.GetElementCount(), " elements, not ",
+                                            values.size()));
+  }
+  switch (info.GetElementType()) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
+      std::copy(values.begin(), values.end(), tensor.GetTensorMutableData<int64_t>());
+      return absl::OkStatus();
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+      std::transform(values.begin(), values.end(), tensor.GetTensorMutableData<int32_t>(),
+                     [](int64_t v) { return static_cast<int32_t>(v); });
+      return absl::OkStatus();
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+      std::transform(values.begin(), values.end(), tensor.GetTensorMutableData<float>(),
+                     [](int64_t v) { return static_cast<float>(v); });
+      return absl::OkStatus();
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
+      std::transform(values.begin(), values.end(), tensor.GetTensorMutableData<bool>(),
+                     [](int64_t v) { return v != 0; });
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("GENERATION_UNSUPPORTED: input '", name, "' has an element type the generation check cannot fill"));
+  }
+}
+
+// A tensor of `shape` with `values`, of the element type input `index` of `session` takes.
+absl::StatusOr<Ort::Value> NumberTensor(Ort::Session& session, size_t index, const std::vector<int64_t>& shape,
+                                        const std::vector<int64_t>& values, const std::string& name) {
+  const auto type = session.GetInputTypeInfo(index).GetTensorTypeAndShapeInfo().GetElementType();
+  Ort::AllocatorWithDefaultOptions allocator;
+  Ort::Value tensor = Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), type);
+  if (absl::Status filled = FillNumbers(tensor, values, name); !filled.ok()) return filled;
+  return tensor;
+}
+
+// Position ids as generation computes them from the mask: the count of kept positions before, 1 on
+// padding (transformers' cumsum(mask) - 1, masked_fill(mask == 0, 1)); the last `new_tokens` of each row.
+std::vector<int64_t> PositionsFromMask(const std::vector<std::vector<int64_t>>& mask, int64_t new_tokens) {
+  std::vector<int64_t> positions;
+  for (const auto& row : mask) {
+    int64_t kept = 0;
+    const int64_t total = static_cast<int64_t>(row.size());
+    for (int64_t t = 0; t < total; ++t) {
+      kept += row[static_cast<size_t>(t)] != 0;
+      if (t >= total - new_tokens) positions.push_back(row[static_cast<size_t>(t)] != 0 ? kept - 1 : 1);
+    }
+  }
+  return positions;
+}
+
+// The last position's logits of each row: [B, V] from [B, S, V] or [B, V].
+absl::StatusOr<std::vector<std::vector<float>>> LastLogits(const Ort::Value& logits) {
+  auto info = logits.GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> shape = info.GetShape();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || (shape.size() != 3 && shape.size() != 2)) {
+    return absl::InvalidArgumentError("GENERATION_UNSUPPORTED: the logits are not float [B, S, V] or [B, V]");
+  }
+  const int64_t rows = shape[0], vocab = shape.back(), length = shape.size() == 3 ? shape[1] : 1;
+  const float* data = logits.GetTensorData<float>();
+  std::vector<std::vector<float>> last(static_cast<size_t>(rows));
+  for (int64_t b = 0; b < rows; ++b) {
+    const float* row = data + (b * length + length - 1) * vocab;
+    last[static_cast<size_t>(b)].assign(row, row + vocab);
+  }
+  return last;
+}
+
+int64_t ArgMax(const std::vector<float>& values) {
+  return static_cast<int64_t>(std::max_element(values.begin(), values.end()) - values.begin());
+}
+
+double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    dot += static_cast<double>(a[i]) * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += static_cast<double>(b[i]) * b[i];
+  }
+  return aa > 0 && bb > 0 ? dot / std::sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
+}
+
+// One model's side of the greedy generation: its feed for the next step.
+struct Generator {
+  Ort::Session* session;
+  GeneratedInputs feed;
+  std::vector<std::string> outputs;
+};
+
+// The next step's feed: `tokens` as the one new token per row, the mask and positions grown by it, and
+// the presents of `results` as the past.
+absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vector<Ort::Value>& results,
+                     const std::vector<int64_t>& tokens, const std::vector<std::vector<int64_t>>& mask) {
+  const int64_t batch = static_cast<int64_t>(tokens.size());
+  std::map<std::string, size_t> output_index;
+  for (size_t i = 0; i < generator.outputs.size(); ++i) output_index[generator.outputs[i]] = i;
+  for (size_t i = 0; i < generator.feed.names.size(); ++i) {
+    const std::string& name = generator.feed.names[i];
+    absl::StatusOr<Ort::Value> value = Ort::Value(nullptr);
+    if (name == cache.ids_input) {
+      value = NumberTensor(*generator.session, i, {batch, 1}, tokens, name);
+    } else if (name == cache.mask_input) {
+      std::vector<int64_t> flat;
+      for (const auto& row : mask) flat.insert(flat.end(), row.begin(), row.end());
+      value = NumberTensor(*generator.session, i, {batch, static_cast<int64_t>(mask[0].size())}, flat, name);
+    } else if (name == cache.position_input) {
+      value = NumberTensor(*generator.session, i, {batch, 1}, PositionsFromMask(mask, 1), name);
+    } else {
+      const auto entry = std::find_if(cache.entries.begin(), cache.entries.end(),
+                                      [&](const CacheInterface::Entry& e) { return e.past == name; });
+      if (entry == cache.entries.end() || output_index.count(entry->present) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GENERATION_UNSUPPORTED: input '", name, "' is neither tokens, mask, positions nor a past the check feeds"));
+      }
+      value = std::move(results[output_index[entry->present]]);
+    }
+    if (!value.ok()) return value.status();
+    generator.feed.values[i] = *std::move(value);
+  }
+  return absl::OkStatus();
+}
+
+// Times one phase of both sessions on the same inputs.
+v1::GenerationPhase TimePhase(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& model,
+                              const CacheInterface& cache, const v1::GenerationConfig& config, const char* phase,
+                              int64_t batch, int64_t past, int64_t new_tokens, const TimingMode& mode,
+                              const std::atomic<bool>* cancelled, absl::Status* cancel) {
+  v1::GenerationPhase result;
+  result.set_phase(phase);
+  result.set_batch(static_cast<int32_t>(batch));
+  result.set_new_tokens(static_cast<int32_t>(new_tokens));
+  result.set_past(static_cast<int32_t>(past));
+  absl::StatusOr<GeneratedInputs> inputs = StepInputs(original, model, cache, batch, past, new_tokens, 0);
+  if (!inputs.ok()) {
+    result.set_error(std::string(inputs.status().message()));
+    return result;
+  }
+  Ort::Session* sessions[2] = {&original, &optimized};
+  const std::vector<std::string> outputs[2] = {OutputNames(original), OutputNames(optimized)};  // the runners read them
+  std::unique_ptr<BoundRun> bound[2];
+  TimedRunner runners[2];
+  for (int k = 0; k < 2; ++k) {
+    absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], *inputs, outputs[k], mode, &bound[k]);
+    if (!runner.ok()) {
+      result.set_error(std::string(runner.status().message()));
+      return result;
+    }
+    runners[k] = *std::move(runner);
+  }
+  absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
+      TimeInTurns(runners, kGenerationWarmupPairs, config.runs(), 0, cancelled);
+  if (!latencies.ok()) {
+    if (absl::IsCancelled(latencies.status())) *cancel = latencies.status();
+    result.set_error(std::string(latencies.status().message()));
+    return result;
+  }
+  *result.mutable_original() = Summarize((*latencies)[0]);
+  *result.mutable_optimized() = Summarize((*latencies)[1]);
+  const double original_ms = result.original().p50_ms(), optimized_ms = result.optimized().p50_ms();
+  result.set_speedup(optimized_ms > 0 ? original_ms / optimized_ms : 0);
+  result.set_original_ms_per_token(original_ms / static_cast<double>(new_tokens));
+  result.set_optimized_ms_per_token(optimized_ms / static_cast<double>(new_tokens));
+  const double tokens = static_cast<double>(batch * new_tokens);
+  if (original_ms > 0) result.set_original_tokens_per_second(tokens * 1000.0 / original_ms);
+  if (optimized_ms > 0) result.set_optimized_tokens_per_second(tokens * 1000.0 / optimized_ms);
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::GenerationConfig> ResolveGenerationConfig(const v1::GenerationConfig& config) {
+  v1::GenerationConfig resolved = config;
+  if (resolved.batch_sizes().empty()) resolved.add_batch_sizes(1), resolved.add_batch_sizes(4);
+  if (resolved.decode_past().empty()) {
+    for (int past : {128, 512, 2048}) resolved.add_decode_past(past);
+  }
+  if (resolved.prefill_tokens() == 0) resolved.set_prefill_tokens(kDefaultPrefillTokens);
+  if (resolved.greedy_tokens() == 0) resolved.set_greedy_tokens(kDefaultGreedyTokens);
+  if (resolved.prompt_tokens() == 0) resolved.set_prompt_tokens(kDefaultPromptTokens);
+  if (resolved.runs() == 0) resolved.set_runs(kDefaultGenerationRuns);
+  auto in_range = [](int64_t v, int64_t low, int64_t high) { return v >= low && v <= high; };
+  for (int batch : resolved.batch_sizes()) {
+    if (!in_range(batch, 1, 256)) return absl::InvalidArgumentError("generation.batch_sizes must be in [1, 256]");
+  }
+  for (int past : resolved.decode_past()) {
+    if (!in_range(past, 0, 1 << 20)) return absl::InvalidArgumentError("generation.decode_past must be in [0, 1048576]");
+  }
+  if (!in_range(resolved.prefill_tokens(), 1, 1 << 16) || !in_range(resolved.greedy_tokens(), 1, 4096) ||
+      !in_range(resolved.prompt_tokens(), 1, 1 << 16) || !in_range(resolved.runs(), 1, 10000)) {
+    return absl::InvalidArgumentError(
+        "generation: prefill_tokens (1-65536), greedy_tokens (1-4096), prompt_tokens (1-65536) and runs (1-10000) "
+        "must be positive and within their bounds");
+  }
+  return resolved;
+}
+
+absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::ModelProto& model,
+                                           const CacheInterface& cache, int64_t batch, int64_t past,
+                                           int64_t new_tokens, int sample) {
+  v1::ValidationConfig config;
+  config.set_mask_padding(0);
+  DimValues dims;
+  if (!cache.batch_dim.empty()) dims[cache.batch_dim] = batch;
+  dims[cache.past_dim] = past;
+  dims[cache.new_dim] = new_tokens;
+  if (!cache.total_dim.empty()) dims[cache.total_dim] = past + new_tokens;
+  return GenerateInputs(session, model, config, dims, sample);
+}
+
+absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
+                                     const onnx::ModelProto& original_model, const CacheInterface& cache,
+                                     const v1::GenerationConfig& config, bool exact_tokens,
+                                     v1::GenerationReport* report) {
+  const int64_t prompt = config.prompt_tokens();
+  report->set_greedy_batch(static_cast<int32_t>(kGreedyBatch));
+  report->set_prompt_tokens(static_cast<int32_t>(prompt));
+  // The prompt: row 0 whole, row 1 padded on the left by a quarter (at least one position kept).
+  std::vector<std::vector<int64_t>> mask(kGreedyBatch, std::vector<int64_t>(static_cast<size_t>(prompt), 1));
+  const int64_t padded = std::min(prompt - 1, prompt / 4);
+  std::fill(mask[1].begin(), mask[1].begin() + padded, 0);
+  Generator generators[2] = {{&original, {}, OutputNames(original)}, {&optimized, {}, OutputNames(optimized)}};
+  for (Generator& generator : generators) {
+    absl::StatusOr<GeneratedInputs> feed = StepInputs(original, original_model, cache, kGreedyBatch, 0, prompt, 0);
+    if (!feed.ok()) return feed.status();
+    generator.feed = *std::move(feed);
+    for (size_t i = 0; i < generator.feed.names.size(); ++i) {
+      const std::string& name = generator.feed.names[i];
+      std::vector<int64_t> values;
+      if (name == cache.mask_input) {
+        for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
+      } else if (name == cache.position_input) {
+        values = PositionsFromMask(mask, prompt);
+      } else {
+        continue;
+      }
+      if (absl::Status filled = FillNumbers(generator.feed.values[i], values, name); !filled.ok()) return filled;
+    }
+  }
+  int identical = 0, agreeing = 0;
+  bool diverged = false;
+  double min_cosine = 1.0;
+  for (int step = 0; step < config.greedy_tokens(); ++step) {
+    std::vector<Ort::Value> results[2];
+    std::vector<std::vector<float>> logits[2];
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<std::vector<Ort::Value>> ran =
+          RunOnInputs(*generators[k].session, generators[k].feed, generators[k].outputs);
+      if (!ran.ok()) {
+        return absl::InternalError(absl::StrCat("generation: the ", k == 0 ? "original" : "optimized",
+                                                " model fails at step ", step, ": ", ran.status().message()));
+      }
+      results[k] = *std::move(ran);
+      const auto at = std::find(generators[k].outputs.begin(), generators[k].outputs.end(), cache.logits_output);
+      absl::StatusOr<std::vector<std::vector<float>>> last =
+          LastLogits(results[k][static_cast<size_t>(at - generators[k].outputs.begin())]);
+      if (!last.ok()) return last.status();
+      logits[k] = *std::move(last);
+    }
+    v1::GenerationStep* record = report->add_steps();
+    double cosine = 1.0;
+    bool agree = true;
+    std::vector<int64_t> tokens;
+    for (size_t b = 0; b < logits[0].size() && b < logits[1].size(); ++b) {
+      const int64_t picked = ArgMax(logits[0][b]), optimized_pick = ArgMax(logits[1][b]);
+      record->add_original_tokens(picked);
+      record->add_optimized_tokens(optimized_pick);
+      agree &= picked == optimized_pick;
+      cosine = std::min(cosine, Cosine(logits[0][b], logits[1][b]));
+      tokens.push_back(picked);  // both continue with the original's token
+    }
+    record->set_logits_cosine(cosine);
+    record->set_top1_agree(agree);
+    min_cosine = std::min(min_cosine, cosine);
+    agreeing += agree;
+    diverged |= !agree;
+    identical += diverged ? 0 : 1;
+    if (step + 1 == config.greedy_tokens()) break;
+    for (auto& row : mask) row.push_back(1);
+    for (int k = 0; k < 2; ++k) {
+      if (absl::Status advanced = Advance(generators[k], cache, results[k], tokens, mask); !advanced.ok()) {
+        return advanced;
+      }
+    }
+  }
+  report->set_identical_steps(identical);
+  report->set_min_logits_cosine(min_cosine);
+  report->set_top1_agreement(static_cast<double>(agreeing) / std::max(1, report->steps_size()));
+  const bool passed = exact_tokens ? identical == report->steps_size() : min_cosine >= kMinLowerPrecisionCosine;
+  report->set_passed(passed);
+  if (!passed) {
+    report->set_note(exact_tokens ? absl::StrFormat("the optimized model picks another token at step %d", identical)
+                                  : absl::StrFormat("logits cosine %.4f below %.2f", min_cosine,
+                                                    kMinLowerPrecisionCosine));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original, Ort::Session& optimized,
+                                                         const onnx::ModelProto& original_model,
+                                                         const CacheInterface& cache,
+                                                         const v1::GenerationConfig& config, bool exact_tokens,
+                                                         const TimingMode& mode, const std::atomic<bool>* cancelled) {
+  v1::GenerationReport report;
+  for (const auto& entry : cache.entries) {
+    report.add_past_inputs(entry.past);
+    report.add_present_outputs(entry.present);
+  }
+  absl::Status cancel;
+  for (int batch : config.batch_sizes()) {
+    *report.add_phases() = TimePhase(original, optimized, original_model, cache, config, "prefill", batch, 0,
+                                     config.prefill_tokens(), mode, cancelled, &cancel);
+    for (int past : config.decode_past()) {
+      if (!cancel.ok()) return cancel;
+      *report.add_phases() =
+          TimePhase(original, optimized, original_model, cache, config, "decode", batch, past, 1, mode, cancelled, &cancel);
+    }
+    if (!cancel.ok()) return cancel;
+  }
+  if (absl::Status greedy =
+          CompareGreedyGeneration(original, optimized, original_model, cache, config, exact_tokens, &report);
+      !greedy.ok()) {
+    report.set_passed(false);
+    report.set_note(std::string(greedy.message()));
+  }
+  return report;
+}
+
+absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                              const std::atomic<bool>* cancelled, v1::Report* report) {
+  const std::optional<CacheInterface> cache = FindCacheInterface(original_model.graph());
+  if (!cache || config.generation().skip()) return absl::OkStatus();
+  absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config.generation());
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<v1::GenerationReport> generation =
+      BenchmarkGeneration(original, optimized, original_model, *cache, *resolved, exact_tokens, mode, cancelled);
+  if (!generation.ok()) return generation.status();
+  *report->mutable_generation() = *std::move(generation);
+  if (!report->generation().passed()) {
+    report->add_warnings(absl::StrCat("greedy generation: ", report->generation().note()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,60 @@
+// Generation with a key/value cache (cache_interface.h), as a deployed decoder runs: a prefill of the
+// prompt (no past), then one token per step with the presents fed back as the past. Both models are
+// timed per phase side by side (the one-shot benchmark times neither phase as it runs), and a greedy
+// generation is run by both and compared token by token.
+#ifndef ONNXOPT_OPTIMIZER_VALIDATION_GENERATION_H_
+#define ONNXOPT_OPTIMIZER_VALIDATION_GENERATION_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "onnx/onnx_pb.h"
+#include "onnxopt/v1/config.pb.h"
+#include "onnxopt/v1/report.pb.h"
+#include "optimizer/cache_interface.h"
+#include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/input_generator.h"
+#include "onnxruntime_cxx_api.h"
+
+namespace onnxopt {
+
+inline constexpr int kDefaultPrefillTokens = 128;
+inline constexpr int kDefaultGreedyTokens = 64;
+inline constexpr int kDefaultPromptTokens = 16;
+inline constexpr int kDefaultGenerationRuns = 20;
+inline constexpr double kMinLowerPrecisionCosine = 0.99;
+
+// The config's generation settings with defaults filled in; INVALID_ARGUMENT for values out of range.
+absl::StatusOr<v1::GenerationConfig> ResolveGenerationConfig(const v1::GenerationConfig& config);
+
+// Inputs of one step: `batch` rows of `new_tokens` tokens after a past of `past`, every other input
+// generated as validation does (no mask padding).
+absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::ModelProto& model,
+                                           const CacheInterface& cache, int64_t batch, int64_t past,
+                                           int64_t new_tokens, int sample);
+
+// Times prefill and decode phases of both sessions (interleaved), then runs the greedy comparison.
+// `exact_tokens`: the optimized model computes in fp32 and must pick every token the original picks;
+// else its logits must keep a cosine >= kMinLowerPrecisionCosine. CANCELLED on cancel.
+absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original, Ort::Session& optimized,
+                                                         const onnx::ModelProto& original_model,
+                                                         const CacheInterface& cache,
+                                                         const v1::GenerationConfig& config, bool exact_tokens,
+                                                         const TimingMode& mode, const std::atomic<bool>* cancelled);
+
+// The greedy comparison alone (part of BenchmarkGeneration), filling `report`'s greedy fields.
+absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
+                                     const onnx::ModelProto& original_model, const CacheInterface& cache,
+                                     const v1::GenerationConfig& config, bool exact_tokens,
+                                     v1::GenerationReport* report);
+
+// Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
+// into report->generation, with a warning where the greedy check fails. Nothing for other models.
+absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                              const std::atomic<bool>* cancelled, v1::Report* report);
+
+}  // namespace onnxopt
+
+#endif  // ONNXOPT_OPTIMIZER_VALIDATION_GENERATION_H_

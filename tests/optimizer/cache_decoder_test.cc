@@ -1,0 +1,230 @@
+// Decoders exported for generation with a key/value cache (past inputs, present outputs): Qwen2 through
+// torch 2.11's TorchScript exporter (tests/fixtures/hf/qwen2_kv_torchscript.onnx) and the project's own
+// Qwen2-style decoders of other head ratios (tests/bench/make_cache_decoder.py, torch 1.13). The
+// transformer preset fuses each layer's rotary attention over Concat(past, new) into RotaryEmbedding +
+// GroupQueryAttention with the past and present, the inputs and outputs keep their names, and ONNX
+// Runtime gives the same outputs on batches padded on the left and on the right, at prefill and decode
+// shapes, and the same tokens in a greedy generation that feeds the presents back.
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "optimizer/cache_interface.h"
+#include "optimizer/model_io.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/transformer_report.h"
+#include "optimizer/validation/generation.h"
+#include "optimizer/validation/parity.h"
+#include "tests/model_builder.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+struct CacheFixture {
+  const char* path;
+  int layers;
+  int kv_heads;
+  const char* family;
+};
+
+const CacheFixture kFixtures[] = {
+    {"hf/qwen2_kv_torchscript", 2, 1, "qwen2"},  // 2 heads sharing 1 key/value head, head size 32
+    {"cache/cache_decoder_gqa3", 2, 2, "qwen2"},  // 6 heads over 2 key/value heads, head size 16
+    {"cache/cache_decoder_mha", 3, 4, "qwen2"},   // as many key/value heads as heads: no repeat_kv
+};
+
+void PrintTo(const CacheFixture& f, std::ostream* os) { *os << f.path; }
+
+std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;  // the graphs as written
+  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+  EXPECT_TRUE(session.ok()) << session.status();
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+class CacheDecoderTest : public ::testing::TestWithParam<CacheFixture> {
+ protected:
+  void SetUp() override {
+    auto original = LoadModel(testing::FixturePath(absl::StrCat(GetParam().path, ".onnx")));
+    ASSERT_TRUE(original.ok()) << original.status();
+    original_ = *std::move(original);
+    testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", original_);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    optimized_ = std::move(run.model);
+  }
+  onnx::ModelProto original_, optimized_;
+};
+
+TEST_P(CacheDecoderTest, InterfaceIsReadFromTheDeclaredTypes) {
+  const std::optional<CacheInterface> cache = FindCacheInterface(original_.graph());
+  ASSERT_TRUE(cache.has_value());
+  EXPECT_EQ(cache->entries.size(), static_cast<size_t>(2 * GetParam().layers));
+  EXPECT_EQ(cache->entries[0].past, "past_key_values.0.key");
+  EXPECT_EQ(cache->entries[0].present, "present.0.key");
+  EXPECT_EQ(cache->entries[0].axis, 2);
+  EXPECT_EQ(cache->past_dim, "past_sequence");
+  EXPECT_EQ(cache->new_dim, "sequence");
+  EXPECT_EQ(cache->total_dim, "total_sequence");
+  EXPECT_EQ(cache->ids_input, "input_ids");
+  EXPECT_EQ(cache->mask_input, "attention_mask");
+  EXPECT_EQ(cache->logits_output, "logits");
+  EXPECT_EQ(cache->RoleValue("total_sequence", 7, 3), 10);
+  // The optimized model keeps its interface.
+  const std::optional<CacheInterface> kept = FindCacheInterface(optimized_.graph());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->entries.size(), cache->entries.size());
+}
+
+TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndPresent) {
+  const CacheFixture& f = GetParam();
+  std::map<std::string, int> ops;
+  for (const auto& node : optimized_.graph().node()) ++ops[node.op_type()];
+  EXPECT_EQ(ops["GroupQueryAttention"], f.layers);
+  EXPECT_EQ(ops["RotaryEmbedding"], 2 * f.layers);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  EXPECT_EQ(ops.count("IsNaN"), 0u);
+  int layer = 0;
+  for (const auto& node : optimized_.graph().node()) {
+    if (node.op_type() != "GroupQueryAttention") continue;
+    ASSERT_GE(node.input_size(), 11);
+    EXPECT_EQ(node.input(3), absl::StrCat("past_key_values.", layer, ".key"));
+    EXPECT_EQ(node.input(4), absl::StrCat("past_key_values.", layer, ".value"));
+    EXPECT_FALSE(node.input(10).empty()) << "the padding goes in as attention_bias";
+    ASSERT_EQ(node.output_size(), 3);
+    EXPECT_EQ(node.output(1), absl::StrCat("present.", layer, ".key"));
+    EXPECT_EQ(node.output(2), absl::StrCat("present.", layer, ".value"));
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.name() == "kv_num_heads") EXPECT_EQ(attribute.i(), f.kv_heads);
+    }
+    ++layer;
+  }
+  v1::TransformerReport report = JudgeTransformerFusion(original_, optimized_, {}, ModelHints());
+  EXPECT_EQ(report.family(), f.family);
+  EXPECT_TRUE(report.fully_fused()) << report.DebugString();
+}
+
+// Prefill (no past), decode (one token after a past) and a chunk after a past, on rows padded on the
+// left (0, 2) and on the right (1) by up to 40% of the total length: left padding longer than the past
+// masks the first rows entirely, which the original's NaN guard turns to zeros.
+TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecode) {
+  auto a = Session(original_);
+  auto b = Session(optimized_);
+  ASSERT_TRUE(a && b);
+  v1::ValidationConfig config;
+  config.set_atol(1e-4);
+  config.set_rtol(0);
+  config.set_samples(2);
+  config.set_mask_padding(0.4);
+  struct Shape {
+    int64_t batch, past, sequence;
+  };
+  // ONNX Runtime's GroupQueryAttention takes a chunk after a past (sequence > 1) at batch 1 only.
+  for (const Shape& shape : {Shape{3, 0, 16}, Shape{3, 0, 128}, Shape{3, 16, 1}, Shape{3, 130, 1}, Shape{1, 9, 7}}) {
+    auto* dims = config.add_shapes()->mutable_dim_values();
+    (*dims)["batch"] = shape.batch;
+    (*dims)["past_sequence"] = shape.past;
+    (*dims)["sequence"] = shape.sequence;
+  }
+  v1::ParityReport report;
+  absl::Status status = CheckParity(*a, *b, original_, config, nullptr, &report);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(report.passed()) << report.DebugString();
+  EXPECT_EQ(report.outputs_size(), 2 * 5 * (1 + 2 * GetParam().layers)) << "logits and every present, each shape";
+}
+
+TEST_P(CacheDecoderTest, GreedyGenerationPicksTheSameTokens) {
+  auto a = Session(original_);
+  auto b = Session(optimized_);
+  ASSERT_TRUE(a && b);
+  const std::optional<CacheInterface> cache = FindCacheInterface(original_.graph());
+  ASSERT_TRUE(cache.has_value());
+  v1::GenerationConfig settings;
+  settings.set_greedy_tokens(24);
+  settings.set_prompt_tokens(12);
+  absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
+  ASSERT_TRUE(config.ok()) << config.status();
+  v1::GenerationReport report;
+  absl::Status status = CompareGreedyGeneration(*a, *b, original_, *cache, *config, /*exact_tokens=*/true, &report);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(report.passed()) << report.DebugString();
+  EXPECT_EQ(report.steps_size(), 24);
+  EXPECT_EQ(report.identical_steps(), 24);
+  EXPECT_GT(report.min_logits_cosine(), 0.99999);
+  // The two rows (one padded on the left) generate different text: the padding is seen.
+  bool rows_differ = false;
+  for (const auto& step : report.steps()) rows_differ |= step.original_tokens(0) != step.original_tokens(1);
+  EXPECT_TRUE(rows_differ);
+}
+
+INSTANTIATE_TEST_SUITE_P(Decoders, CacheDecoderTest, ::testing::ValuesIn(kFixtures),
+                         [](const ::testing::TestParamInfo<CacheFixture>& info) {
+                           std::string name = info.param.path;
+                           return name.substr(name.find('/') + 1);
+                         });
+
+// The generation benchmark times each phase of both models and says how fast each generates.
+TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
+  auto original = LoadModel(testing::FixturePath("cache/cache_decoder_gqa3.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto a = Session(*original);
+  auto b = Session(run.model);
+  ASSERT_TRUE(a && b);
+  v1::GenerationConfig settings;
+  settings.add_batch_sizes(1);
+  settings.add_batch_sizes(2);
+  settings.set_prefill_tokens(8);
+  settings.add_decode_past(4);
+  settings.add_decode_past(40);
+  settings.set_greedy_tokens(4);
+  settings.set_runs(3);
+  absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<v1::GenerationReport> report = BenchmarkGeneration(
+      *a, *b, *original, *FindCacheInterface(original->graph()), *config, true, TimingOn(v1::DEVICE_CPU), nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->phases_size(), 6);  // per batch: prefill and two decode steps
+  EXPECT_EQ(report->phases(0).phase(), "prefill");
+  EXPECT_EQ(report->phases(0).new_tokens(), 8);
+  EXPECT_EQ(report->phases(2).phase(), "decode");
+  EXPECT_EQ(report->phases(2).past(), 40);
+  EXPECT_EQ(report->phases(3).batch(), 2);
+  for (const auto& phase : report->phases()) {
+    EXPECT_TRUE(phase.error().empty()) << phase.error();
+    EXPECT_EQ(phase.original().runs(), 3);
+    EXPECT_GT(phase.optimized_tokens_per_second(), 0);
+    EXPECT_NEAR(phase.optimized_ms_per_token() * phase.new_tokens(), phase.optimized().p50_ms(), 1e-9);
+  }
+  EXPECT_TRUE(report->passed());
+  EXPECT_EQ(report->past_inputs_size(), 4);
+}
+
+TEST(GenerationBenchmarkTest, RefusesSettingsOutOfRange) {
+  v1::GenerationConfig settings;
+  settings.add_batch_sizes(0);
+  EXPECT_EQ(ResolveGenerationConfig(settings).status().code(), absl::StatusCode::kInvalidArgument);
+  settings.clear_batch_sizes();
+  settings.set_greedy_tokens(-1);
+  EXPECT_EQ(ResolveGenerationConfig(settings).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::GenerationConfig> defaults = ResolveGenerationConfig({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->prefill_tokens(), 128);
+  EXPECT_EQ(defaults->decode_past_size(), 3);
+  EXPECT_EQ(defaults->greedy_tokens(), 64);
+}
+
+// A model without a cache has no interface: the encoders and one-shot decoders stay as they were.
+TEST(CacheInterfaceTest, OneShotModelsHaveNone) {
+  for (const char* path : {"hf/qwen2_torchscript.onnx", "hf/gpt2_torchscript.onnx", "hf/bert_torchscript.onnx"}) {
+    auto model = LoadModel(testing::FixturePath(path));
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_FALSE(FindCacheInterface(model->graph()).has_value()) << path;
+  }
+}
+
+}  // namespace
+}  // namespace onnxopt
