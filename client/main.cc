@@ -97,11 +97,11 @@ std::optional<onnxopt::v1::Device> ParseDevice(const std::string& name) {
   return std::nullopt;
 }
 
-// --dim: NAME=N with N >= 1.
+// --dim: NAME=N with N >= 0 (0: an empty dim, such as a decoder's past before its first step).
 std::optional<std::pair<std::string, int64_t>> ParseDim(const std::string& dim) {
   const size_t equals = dim.find('=');
   int64_t value = 0;
-  if (equals == std::string::npos || equals == 0 || !absl::SimpleAtoi(dim.substr(equals + 1), &value) || value < 1) {
+  if (equals == std::string::npos || equals == 0 || !absl::SimpleAtoi(dim.substr(equals + 1), &value) || value < 0) {
     return std::nullopt;
   }
   return std::make_pair(dim.substr(0, equals), value);
@@ -129,7 +129,7 @@ absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
   }
   for (const std::string& dim : args.dims) {
     const auto parsed = ParseDim(dim);
-    if (!parsed) return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 1"));
+    if (!parsed) return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 0"));
     (*config.mutable_validation()->mutable_dim_values())[parsed->first] = parsed->second;
   }
   return config;

@@ -308,6 +308,35 @@ std::string RenderReportHtml(const v1::Report& report) {
     }
   }
 
+  if (report.has_generation()) {
+    const v1::GenerationReport& generation = report.generation();
+    absl::StrAppend(&html, "<h2>Generation</h2>\n<p>Key/value cache: ", generation.past_inputs_size(),
+                    " past inputs. Each phase timed for both models side by side.</p>\n<table><tr><th class=\"text\">phase"
+                    "</th><th>batch</th><th>new tokens</th><th>past</th><th>original ms/token</th><th>optimized ms/token"
+                    "</th><th>speedup</th><th>original tokens/s</th><th>optimized tokens/s</th></tr>");
+    for (const auto& phase : generation.phases()) {
+      absl::StrAppend(&html, "<tr><td class=\"text\">", HtmlEscape(phase.phase()), "</td><td>", phase.batch(), "</td><td>",
+                      phase.new_tokens(), "</td><td>", phase.past(), "</td>");
+      if (!phase.error().empty()) {
+        absl::StrAppend(&html, "<td class=\"text\" colspan=\"5\">could not run: ", HtmlEscape(phase.error()), "</td></tr>");
+        continue;
+      }
+      absl::StrAppend(&html, "<td>", Number(phase.original_ms_per_token()), "</td><td>", Number(phase.optimized_ms_per_token()),
+                      "</td><td>", Number(phase.speedup()), "x</td><td>", Number(phase.original_tokens_per_second(), 1),
+                      "</td><td>", Number(phase.optimized_tokens_per_second(), 1), "</td></tr>");
+    }
+    absl::StrAppend(&html, "</table>\n");
+    if (generation.steps_size() > 0) {
+      absl::StrAppend(&html, absl::StrFormat("<p>Greedy generation (batch %d, prompt %d, one row padded on the left): %d "
+                                             "steps, %d identical from the start, top-1 agreement %.1f%%, minimum logits "
+                                             "cosine %.6f: %s.</p>\n",
+                                             generation.greedy_batch(), generation.prompt_tokens(), generation.steps_size(),
+                                             generation.identical_steps(), 100 * generation.top1_agreement(),
+                                             generation.min_logits_cosine(), generation.passed() ? "passed" : "FAILED"));
+    }
+    if (!generation.note().empty()) absl::StrAppend(&html, "<p class=\"warning\">", HtmlEscape(generation.note()), "</p>\n");
+  }
+
   absl::StrAppend(&html, "<h2>Parity</h2>\n");
   if (parity.skipped()) {
     absl::StrAppend(&html, "<p>Skipped.</p>\n");

@@ -173,7 +173,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
   }
   const int wanted = precision.calibration().samples() > 0 ? precision.calibration().samples() : kDefaultCalibrationSamples;
   const int count = supplied.empty() ? wanted : std::min<int>(wanted, static_cast<int>(supplied.size()));
-  const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty());
+  const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty(), original);
   auto make_samples = [&](Ort::Session& session) -> absl::StatusOr<std::vector<GeneratedInputs>> {
     std::vector<GeneratedInputs> samples;
     for (int i = 0; i < count; ++i) {

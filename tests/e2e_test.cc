@@ -208,6 +208,9 @@ TEST_F(E2eTest, CacheDecoderJobReportsGeneration) {
   EXPECT_EQ(generation.fields().at("phases").list_value().values_size(), 4) << "prefill and decode at batch 1 and 2";
   EXPECT_TRUE(generation.fields().at("passed").bool_value()) << report.out;
   EXPECT_EQ(generation.fields().at("identical_steps").number_value(), 8);
+  const fs::path html = dir_ / "decoder.html";
+  ASSERT_EQ(Cli({"report", job, "--html", html.string()}).code, 0);
+  EXPECT_TRUE(absl::StrContains(Slurp(html), "<h2>Generation</h2>"));
 
   Result compare = Cli({"compare", model, out.string(), "--config", config.string()});
   EXPECT_EQ(compare.code, 0) << compare.out << compare.err;

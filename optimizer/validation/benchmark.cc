@@ -310,7 +310,7 @@ absl::StatusOr<std::vector<GeneratedInputs>> BenchmarkInputs(Ort::Session& origi
                                                              const v1::ValidationConfig& config,
                                                              const std::vector<SuppliedSample>& supplied) {
   std::vector<GeneratedInputs> inputs;
-  for (const DimValues& dims : InputShapeSets(config, !supplied.empty())) {
+  for (const DimValues& dims : InputShapeSets(config, !supplied.empty(), original_model)) {
     absl::StatusOr<GeneratedInputs> generated =
         GenerateInputs(original, original_model, config, dims, 0, supplied.empty() ? nullptr : &supplied.front());
     if (!generated.ok()) return generated.status();

@@ -45,10 +45,10 @@ absl::Status FillNumbers(Ort::Value& tensor, const std::vector<int64_t>& values,
   }
 }
 
-// A tensor of `shape` with `values`, of the element type input `index` of `session` takes.
-absl::StatusOr<Ort::Value> NumberTensor(Ort::Session& session, size_t index, const std::vector<int64_t>& shape,
+// A tensor of `shape` with `values`, of the element type of `like` (the input's previous value).
+absl::StatusOr<Ort::Value> NumberTensor(const Ort::Value& like, const std::vector<int64_t>& shape,
                                         const std::vector<int64_t>& values, const std::string& name) {
-  const auto type = session.GetInputTypeInfo(index).GetTensorTypeAndShapeInfo().GetElementType();
+  const auto type = like.GetTensorTypeAndShapeInfo().GetElementType();
   Ort::AllocatorWithDefaultOptions allocator;
   Ort::Value tensor = Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), type);
   if (absl::Status filled = FillNumbers(tensor, values, name); !filled.ok()) return filled;
@@ -119,13 +119,13 @@ absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vec
     const std::string& name = generator.feed.names[i];
     absl::StatusOr<Ort::Value> value = Ort::Value(nullptr);
     if (name == cache.ids_input) {
-      value = NumberTensor(*generator.session, i, {batch, 1}, tokens, name);
+      value = NumberTensor(generator.feed.values[i], {batch, 1}, tokens, name);
     } else if (name == cache.mask_input) {
       std::vector<int64_t> flat;
       for (const auto& row : mask) flat.insert(flat.end(), row.begin(), row.end());
-      value = NumberTensor(*generator.session, i, {batch, static_cast<int64_t>(mask[0].size())}, flat, name);
+      value = NumberTensor(generator.feed.values[i], {batch, static_cast<int64_t>(mask[0].size())}, flat, name);
     } else if (name == cache.position_input) {
-      value = NumberTensor(*generator.session, i, {batch, 1}, PositionsFromMask(mask, 1), name);
+      value = NumberTensor(generator.feed.values[i], {batch, 1}, PositionsFromMask(mask, 1), name);
     } else {
       const auto entry = std::find_if(cache.entries.begin(), cache.entries.end(),
                                       [&](const CacheInterface::Entry& e) { return e.past == name; });

@@ -111,10 +111,17 @@ std::vector<DimValues> ShapeSets(const v1::ValidationConfig& config) {
   return sets;
 }
 
-std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied) {
+std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied,
+                                      const onnx::ModelProto& model) {
   std::vector<DimValues> sets = ShapeSets(config);
   if (supplied) sets.resize(1);
-  return sets;
+  if (supplied || config.shapes_size() > 0) return sets;
+  const std::optional<CacheInterface> cache = FindCacheInterface(model.graph());
+  if (!cache) return sets;
+  DimValues prefill = sets.front(), decode = sets.front();
+  if (prefill.count(cache->past_dim) == 0) prefill[cache->past_dim] = 0;
+  if (decode.count(cache->new_dim) == 0) decode[cache->new_dim] = 1;
+  return prefill == decode ? std::vector<DimValues>{prefill} : std::vector<DimValues>{prefill, decode};
 }
 
 std::vector<std::string> OutputNames(Ort::Session& session) {

@@ -61,8 +61,11 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
 int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValues& dims);
 
 // The shape sets inputs are made for: the config's, or with supplied inputs one (their own shapes;
-// what a set leaves out is generated from dim_values).
-std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied);
+// what a set leaves out is generated from dim_values). A decoder with a key/value cache
+// (cache_interface.h) whose config names no shape sets runs as generation does: a prefill (past 0) and
+// a one-token decode step, each with the config's other dims.
+std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied,
+                                      const onnx::ModelProto& model);
 
 // The names of a session's outputs.
 std::vector<std::string> OutputNames(Ort::Session& session);

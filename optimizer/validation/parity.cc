@@ -258,8 +258,9 @@ absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
   if (config.shapes_size() > 16) return absl::InvalidArgumentError("validation.shapes: at most 16 shape sets");
   auto check_dims = [](const google::protobuf::Map<std::string, int64_t>& dims) -> absl::Status {
     for (const auto& dim : dims) {
-      if (dim.second < 1 || dim.second > (int64_t{1} << 20)) {
-        return absl::InvalidArgumentError(absl::StrCat("dim_values['", dim.first, "'] must be between 1 and 2^20"));
+      // 0 is an empty dim: a decoder's past before the first step.
+      if (dim.second < 0 || dim.second > (int64_t{1} << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat("dim_values['", dim.first, "'] must be between 0 and 2^20"));
       }
     }
     return absl::OkStatus();
@@ -298,7 +299,7 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
   report->set_seed(config.seed());
   report->set_supplied_inputs(!supplied.empty());
   // Supplied inputs are one shape set of their own; generated ones follow the config's shape sets.
-  const std::vector<DimValues> shape_sets = InputShapeSets(config, !supplied.empty());
+  const std::vector<DimValues> shape_sets = InputShapeSets(config, !supplied.empty(), original_model);
   const int samples = !supplied.empty() ? static_cast<int>(supplied.size()) : (config.samples() > 0 ? config.samples() : 1);
   report->set_samples(samples);
   for (size_t shape_set = 0; shape_set < shape_sets.size(); ++shape_set) {

@@ -14,33 +14,14 @@ The defaults make a 122M-parameter model (the generation benchmark's); small siz
 fixtures (tests/fixtures/hf/cache_decoder_*.onnx: see tests/fixtures/hf/README.md). Needs Debian's
 python3-torch and python3-onnx (run with /usr/bin/python3)."""
 import argparse
+import os
+import sys
 
 import torch
 from torch import nn
 
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def repeat_kv(x, n_rep):
-    batch, kv_heads, length, head_dim = x.shape
-    if n_rep == 1:
-        return x
-    x = x[:, :, None, :, :].expand(batch, kv_heads, n_rep, length, head_dim)
-    return x.reshape(batch, kv_heads * n_rep, length, head_dim)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.rand(hidden) + 0.5)
-        self.eps = eps
-
-    def forward(self, x):
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from transformer_families import RMSNorm, repeat_kv, rotate_half  # noqa: E402
 
 
 class Attention(nn.Module):
@@ -78,8 +59,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.self_attn = Attention(args)
-        self.input_layernorm = RMSNorm(args.hidden)
-        self.post_attention_layernorm = RMSNorm(args.hidden)
+        self.input_layernorm = RMSNorm(hidden=args.hidden)
+        self.post_attention_layernorm = RMSNorm(hidden=args.hidden)
         self.gate_proj = nn.Linear(args.hidden, args.intermediate, bias=False)
         self.up_proj = nn.Linear(args.hidden, args.intermediate, bias=False)
         self.down_proj = nn.Linear(args.intermediate, args.hidden, bias=False)
@@ -99,7 +80,7 @@ class CacheDecoder(nn.Module):
         head_dim = args.hidden // args.heads
         self.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)))
         self.layers = nn.ModuleList([DecoderLayer(args) for _ in range(args.layers)])
-        self.norm = RMSNorm(args.hidden)
+        self.norm = RMSNorm(hidden=args.hidden)
         self.lm_head = nn.Linear(args.hidden, args.vocab, bias=False)
 
     def forward(self, input_ids, attention_mask, *past):

@@ -45,16 +45,19 @@ std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
   return session.ok() ? *std::move(session) : nullptr;
 }
 
+// The fixture `path` (under tests/fixtures, without ".onnx") and what the transformer preset makes of it.
+void LoadAndOptimize(const std::string& path, onnx::ModelProto* original, onnx::ModelProto* optimized) {
+  auto loaded = LoadModel(testing::FixturePath(absl::StrCat(path, ".onnx")));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  *original = *std::move(loaded);
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << path << ": " << run.status;
+  *optimized = std::move(run.model);
+}
+
 class CacheDecoderTest : public ::testing::TestWithParam<CacheFixture> {
  protected:
-  void SetUp() override {
-    auto original = LoadModel(testing::FixturePath(absl::StrCat(GetParam().path, ".onnx")));
-    ASSERT_TRUE(original.ok()) << original.status();
-    original_ = *std::move(original);
-    testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", original_);
-    ASSERT_TRUE(run.status.ok()) << run.status;
-    optimized_ = std::move(run.model);
-  }
+  void SetUp() override { LoadAndOptimize(GetParam().path, &original_, &optimized_); }
   onnx::ModelProto original_, optimized_;
 };
 
@@ -167,12 +170,10 @@ INSTANTIATE_TEST_SUITE_P(Decoders, CacheDecoderTest, ::testing::ValuesIn(kFixtur
 
 // The generation benchmark times each phase of both models and says how fast each generates.
 TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
-  auto original = LoadModel(testing::FixturePath("cache/cache_decoder_gqa3.onnx"));
-  ASSERT_TRUE(original.ok()) << original.status();
-  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  auto a = Session(*original);
-  auto b = Session(run.model);
+  onnx::ModelProto original, optimized;
+  ASSERT_NO_FATAL_FAILURE(LoadAndOptimize("cache/cache_decoder_gqa3", &original, &optimized));
+  auto a = Session(original);
+  auto b = Session(optimized);
   ASSERT_TRUE(a && b);
   v1::GenerationConfig settings;
   settings.add_batch_sizes(1);
@@ -185,7 +186,7 @@ TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
   absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<v1::GenerationReport> report = BenchmarkGeneration(
-      *a, *b, *original, *FindCacheInterface(original->graph()), *config, true, TimingOn(v1::DEVICE_CPU), nullptr);
+      *a, *b, original, *FindCacheInterface(original.graph()), *config, true, TimingOn(v1::DEVICE_CPU), nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->phases_size(), 6);  // per batch: prefill and two decode steps
   EXPECT_EQ(report->phases(0).phase(), "prefill");
@@ -215,6 +216,75 @@ TEST(GenerationBenchmarkTest, RefusesSettingsOutOfRange) {
   EXPECT_EQ(defaults->prefill_tokens(), 128);
   EXPECT_EQ(defaults->decode_past_size(), 3);
   EXPECT_EQ(defaults->greedy_tokens(), 64);
+}
+
+// One-shot decoders (no cache) on a prompt padded on the left, as generation batches are: the first
+// positions of row 0 see nothing but padding (the NaN guard's zeros in the original), the fused model
+// zeroes them too, and row 1 (unpadded) is unaffected.
+TEST(LeftPaddingTest, OneShotDecodersMatchOnLeftPaddedPrompts) {
+  for (const char* name : {"hf/qwen2_torchscript", "hf/llama_torchscript", "hf/gpt2_torchscript",
+                           "hf/mistral_torchscript", "hf/phi3_torchscript"}) {
+    onnx::ModelProto original, optimized;
+    ASSERT_NO_FATAL_FAILURE(LoadAndOptimize(name, &original, &optimized));
+    auto a = Session(original);
+    auto b = Session(optimized);
+    ASSERT_TRUE(a && b);
+    constexpr int64_t kLength = 16, kPadded = 6;
+    SuppliedSample sample;
+    std::vector<int64_t> ids, mask;
+    for (int64_t row = 0; row < 2; ++row) {
+      for (int64_t t = 0; t < kLength; ++t) {
+        ids.push_back((7 * t + 3 * row + 1) % 50);
+        mask.push_back(row == 0 && t < kPadded ? 0 : 1);
+      }
+    }
+    auto tensor = [](const std::string& input, const std::vector<int64_t>& values) {
+      onnx::TensorProto proto;
+      proto.set_name(input);
+      proto.set_data_type(onnx::TensorProto::INT64);
+      proto.add_dims(2);
+      proto.add_dims(kLength);
+      for (int64_t v : values) proto.add_int64_data(v);
+      return proto;
+    };
+    for (const auto& input : original.graph().input()) {
+      if (input.name() == "input_ids") sample[input.name()] = tensor(input.name(), ids);
+      if (input.name() == "attention_mask") sample[input.name()] = tensor(input.name(), mask);
+    }
+    ASSERT_EQ(sample.size(), 2u) << name;
+    v1::ValidationConfig config;
+    config.set_atol(1e-4);
+    config.set_rtol(0);
+    v1::ParityReport report;
+    absl::Status status = CheckParity(*a, *b, original, config, nullptr, &report, "fp32", {sample});
+    ASSERT_TRUE(status.ok()) << name << ": " << status;
+    EXPECT_TRUE(report.passed()) << name << ": " << report.DebugString();
+  }
+}
+
+// Validation and the benchmark run a cache model as generation does unless the config names shapes:
+// a prefill without a past and a one-token decode step.
+TEST(CacheInterfaceTest, ValidationShapesArePrefillAndDecodeByDefault) {
+  auto model = LoadModel(testing::FixturePath("hf/qwen2_kv_torchscript.onnx"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  v1::ValidationConfig config;
+  (*config.mutable_dim_values())["batch"] = 2;
+  std::vector<DimValues> sets = InputShapeSets(config, false, *model);
+  ASSERT_EQ(sets.size(), 2u);
+  EXPECT_EQ(sets[0], (DimValues{{"batch", 2}, {"past_sequence", 0}}));
+  EXPECT_EQ(sets[1], (DimValues{{"batch", 2}, {"sequence", 1}}));
+  (*config.add_shapes()->mutable_dim_values())["sequence"] = 5;  // the config's own shapes win
+  sets = InputShapeSets(config, false, *model);
+  ASSERT_EQ(sets.size(), 1u);
+  EXPECT_EQ(sets[0], (DimValues{{"batch", 2}, {"sequence", 5}}));
+  // A past of 0 can be asked for by name (an empty dim); a negative one cannot.
+  (*config.mutable_shapes(0)->mutable_dim_values())["past_sequence"] = 0;
+  EXPECT_TRUE(CheckValidationSettings(config).ok());
+  (*config.mutable_shapes(0)->mutable_dim_values())["past_sequence"] = -1;
+  EXPECT_EQ(CheckValidationSettings(config).code(), absl::StatusCode::kInvalidArgument);
+  auto encoder = LoadModel(testing::FixturePath("hf/bert_torchscript.onnx"));
+  ASSERT_TRUE(encoder.ok());
+  EXPECT_EQ(InputShapeSets(v1::ValidationConfig(), false, *encoder).size(), 1u);
 }
 
 // A model without a cache has no interface: the encoders and one-shot decoders stay as they were.

@@ -16,9 +16,9 @@
 // a decode step and a chunk after a past, its dims bound by role), and one length past the largest integer constant
 // the mask's nodes read (so a sliding window of W is probed at W + 2; past 4096 the mask is unknown),
 // with every input filled with small random numbers 0-3 (a mask must read != 0, as Attention's raw
-// mask does, not == 1; a padding id other than 0 shows). What it cannot see: left padding, under
-// which a causal + padding mask leaves whole rows masked, where the original's NaN guard gives 0 and
-// the fused operator the mean of V; the job's parity on the user's shapes is the backstop.
+// mask does, not == 1; a padding id other than 0 shows). Left padding leaves whole rows of a causal +
+// padding mask masked, where the original's NaN guard gives 0 and the fused operator the mean of V:
+// the fusion zeroes those rows from the mask itself (MaskPlan::zero_masked_rows).
 #ifndef ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MASKS_H_
 #define ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_MASKS_H_
 
