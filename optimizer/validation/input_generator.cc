@@ -118,10 +118,12 @@ std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool s
   if (supplied || config.shapes_size() > 0) return sets;
   const std::optional<CacheInterface> cache = FindCacheInterface(model.graph());
   if (!cache) return sets;
+  // The phases fix their own dim (dim_values give the rest): a one-token step after a past is what ONNX
+  // Runtime's GroupQueryAttention takes at any batch size, a chunk after a past only at batch 1.
   DimValues prefill = sets.front(), decode = sets.front();
-  if (prefill.count(cache->past_dim) == 0) prefill[cache->past_dim] = 0;
-  if (decode.count(cache->new_dim) == 0) decode[cache->new_dim] = 1;
-  return prefill == decode ? std::vector<DimValues>{prefill} : std::vector<DimValues>{prefill, decode};
+  prefill[cache->past_dim] = 0;
+  decode[cache->new_dim] = 1;
+  return {prefill, decode};
 }
 
 std::vector<std::string> OutputNames(Ort::Session& session) {

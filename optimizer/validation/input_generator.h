@@ -63,7 +63,7 @@ int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValu
 // The shape sets inputs are made for: the config's, or with supplied inputs one (their own shapes;
 // what a set leaves out is generated from dim_values). A decoder with a key/value cache
 // (cache_interface.h) whose config names no shape sets runs as generation does: a prefill (past 0) and
-// a one-token decode step, each with the config's other dims.
+// a one-token decode step, each with the config's other dim values (its past or new tokens included).
 std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied,
                                       const onnx::ModelProto& model);
 

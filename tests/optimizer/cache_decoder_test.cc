@@ -269,10 +269,13 @@ TEST(CacheInterfaceTest, ValidationShapesArePrefillAndDecodeByDefault) {
   ASSERT_TRUE(model.ok()) << model.status();
   v1::ValidationConfig config;
   (*config.mutable_dim_values())["batch"] = 2;
+  (*config.mutable_dim_values())["sequence"] = 24;
   std::vector<DimValues> sets = InputShapeSets(config, false, *model);
   ASSERT_EQ(sets.size(), 2u);
-  EXPECT_EQ(sets[0], (DimValues{{"batch", 2}, {"past_sequence", 0}}));
-  EXPECT_EQ(sets[1], (DimValues{{"batch", 2}, {"sequence", 1}}));
+  EXPECT_EQ(sets[0], (DimValues{{"batch", 2}, {"past_sequence", 0}, {"sequence", 24}}));
+  EXPECT_EQ(sets[1], (DimValues{{"batch", 2}, {"sequence", 1}})) << "a decode step is one token";
+  config.clear_dim_values();
+  (*config.mutable_dim_values())["batch"] = 2;
   (*config.add_shapes()->mutable_dim_values())["sequence"] = 5;  // the config's own shapes win
   sets = InputShapeSets(config, false, *model);
   ASSERT_EQ(sets.size(), 1u);
