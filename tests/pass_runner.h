@@ -16,6 +16,7 @@ struct PassRun {
   onnx::ModelProto model;
   v1::PassReport report;  // the last pass run
   absl::Status status;
+  std::vector<v1::PassReport> reports;  // every pass run
 };
 
 // Runs the pipeline a JSON config describes; a config that does not build is returned as status.
@@ -26,7 +27,8 @@ inline PassRun RunConfig(const std::string& config_json, onnx::ModelProto model)
   if (!pipeline.ok()) return {std::move(model), {}, pipeline.status()};
   std::vector<v1::PassReport> reports;
   absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
-  return {std::move(model), reports.empty() ? v1::PassReport() : reports.back(), status};
+  v1::PassReport last = reports.empty() ? v1::PassReport() : reports.back();
+  return {std::move(model), std::move(last), status, std::move(reports)};
 }
 
 // Runs one pass once; it must succeed.

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "optimizer/cache_interface.h"
@@ -104,6 +105,12 @@ TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndP
     }
     ++layer;
   }
+  bool noted = false;  // the pass report says which shapes the fused cache takes
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", original_);
+  for (const auto& pass : run.reports) {
+    for (const auto& note : pass.notes()) noted |= absl::StrContains(note, "only at batch 1");
+  }
+  EXPECT_TRUE(noted);
   v1::TransformerReport report = JudgeTransformerFusion(original_, optimized_, {}, ModelHints());
   EXPECT_EQ(report.family(), f.family);
   EXPECT_TRUE(report.fully_fused()) << report.DebugString();

@@ -126,6 +126,7 @@ struct FusionState {
   std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
+  bool cache_noted = false;  // the report says once what a fused cache does not take
   MaskProbes probes;
 };
 

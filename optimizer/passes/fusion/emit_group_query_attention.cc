@@ -17,6 +17,8 @@
 
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace onnxopt::attention {
 namespace {
 
@@ -106,6 +108,12 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   *gqa.add_attribute() = MakeIntAttribute("kv_num_heads", match.num_heads / match.kv_repeat());
   *gqa.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
   const Node* fused = chain.AddNode(std::move(gqa));
+  if (match.cache && !state->cache_noted) {
+    state->cache_noted = true;
+    context.Note(absl::StrCat(fused->name(), " and the other layers' with the key/value cache run a prefill (no past) "
+                              "and one-token steps at any batch size; more than one new token after a past only at "
+                              "batch 1 (ONNX Runtime's GroupQueryAttention refuses it at batch > 1)"));
+  }
   FinishAttentionOutput(graph, context, match, attended, fused, state);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
