@@ -24,7 +24,7 @@ inline PassRun RunConfig(const std::string& config_json, onnx::ModelProto model)
   v1::OptimizationConfig config;
   EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(config_json, &config).ok()) << config_json;
   auto pipeline = BuildPipeline(config, DefaultPassRegistry());
-  if (!pipeline.ok()) return {std::move(model), {}, pipeline.status()};
+  if (!pipeline.ok()) return {std::move(model), {}, pipeline.status(), {}};
   std::vector<v1::PassReport> reports;
   absl::Status status = RunPipeline(*pipeline, &model, {}, &reports);
   v1::PassReport last = reports.empty() ? v1::PassReport() : reports.back();

@@ -240,11 +240,12 @@ absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInpu
 
 absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
                                                                int min_pairs, double budget_seconds,
-                                                               const std::atomic<bool>* cancelled) {
+                                                               const std::atomic<bool>* cancelled, int max_pairs) {
   std::array<std::vector<double>, 2> latencies;
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget_seconds));
-  for (int i = 0; i < warmup_pairs + min_pairs || (Clock::now() < deadline && i < kMaxTimedRuns); ++i) {
+  const int most = warmup_pairs + std::min(max_pairs, kMaxTimedRuns);
+  for (int i = 0; i < warmup_pairs + min_pairs || (Clock::now() < deadline && i < most); ++i) {
     if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
     double pair[2];
     if (absl::Status timed = TimedPair(runners, i, pair); !timed.ok()) return timed;

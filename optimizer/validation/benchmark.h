@@ -46,10 +46,11 @@ using TimedRunner = std::function<absl::StatusOr<double>()>;
 TimedRunner BoundRunner(BoundRun& run);
 
 // Both runners in turns (each going first every other pair): `warmup_pairs` untimed, then at least
-// `min_pairs` and more until `budget_seconds` pass. Each one's latencies.
+// `min_pairs` and more until `budget_seconds` pass, at most `max_pairs`. Each one's latencies.
 absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
                                                                int min_pairs, double budget_seconds,
-                                                               const std::atomic<bool>* cancelled);
+                                                               const std::atomic<bool>* cancelled,
+                                                               int max_pairs = kMaxTimedRuns);
 
 // How the benchmark runs each session: plainly (Session::Run on host tensors, the CPU's way), or
 // bound (bound_run.h) with inputs and outputs in `residence` for `device`: on CUDA, device-resident

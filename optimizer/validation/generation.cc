@@ -1,6 +1,7 @@
 #include "optimizer/validation/generation.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@ namespace {
 // The greedy comparison's batch: one row padded on the left (a quarter of the prompt), one not.
 constexpr int64_t kGreedyBatch = 2;
 constexpr int kGenerationWarmupPairs = 2;
+constexpr int kMinGenerationRuns = 3;
 
 // Writes `values` into an integer, float or boolean tensor of as many elements.
 absl::Status FillNumbers(Ort::Value& tensor, const std::vector<int64_t>& values, const std::string& name) {
@@ -141,27 +143,44 @@ absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vec
   return absl::OkStatus();
 }
 
-// Times one phase of both sessions on the same inputs.
-v1::GenerationPhase TimePhase(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& model,
-                              const CacheInterface& cache, const v1::GenerationConfig& config, const char* phase,
-                              int64_t batch, int64_t past, int64_t new_tokens, const TimingMode& mode,
-                              const std::atomic<bool>* cancelled, absl::Status* cancel) {
+// What the phases are timed with.
+struct PhaseTiming {
+  Ort::Session& original;
+  Ort::Session& optimized;
+  const onnx::ModelProto& model;
+  const CacheInterface& cache;
+  int max_runs;
+  TimingMode mode;
+  const std::atomic<bool>* cancelled;
+};
+
+// One phase: `batch` rows of `new_tokens` after a past of `past`.
+struct Phase {
+  const char* name;
+  int64_t batch, past, new_tokens;
+};
+
+// Times `phase` for both sessions on the same inputs, interleaved, for `budget_seconds` (at least
+// kMinGenerationRuns pairs, at most timing.max_runs). CANCELLED on cancel; what keeps the phase from
+// running (memory, a kernel's refusal) is the phase's error.
+absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const Phase& phase, double budget_seconds) {
   v1::GenerationPhase result;
-  result.set_phase(phase);
-  result.set_batch(static_cast<int32_t>(batch));
-  result.set_new_tokens(static_cast<int32_t>(new_tokens));
-  result.set_past(static_cast<int32_t>(past));
-  absl::StatusOr<GeneratedInputs> inputs = StepInputs(original, model, cache, batch, past, new_tokens, 0);
+  result.set_phase(phase.name);
+  result.set_batch(static_cast<int32_t>(phase.batch));
+  result.set_new_tokens(static_cast<int32_t>(phase.new_tokens));
+  result.set_past(static_cast<int32_t>(phase.past));
+  absl::StatusOr<GeneratedInputs> inputs =
+      StepInputs(timing.original, timing.model, timing.cache, phase.batch, phase.past, phase.new_tokens, 0);
   if (!inputs.ok()) {
     result.set_error(std::string(inputs.status().message()));
     return result;
   }
-  Ort::Session* sessions[2] = {&original, &optimized};
-  const std::vector<std::string> outputs[2] = {OutputNames(original), OutputNames(optimized)};  // the runners read them
+  Ort::Session* sessions[2] = {&timing.original, &timing.optimized};
+  const std::vector<std::string> outputs[2] = {OutputNames(timing.original), OutputNames(timing.optimized)};
   std::unique_ptr<BoundRun> bound[2];
   TimedRunner runners[2];
   for (int k = 0; k < 2; ++k) {
-    absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], *inputs, outputs[k], mode, &bound[k]);
+    absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], *inputs, outputs[k], timing.mode, &bound[k]);
     if (!runner.ok()) {
       result.set_error(std::string(runner.status().message()));
       return result;
@@ -169,9 +188,10 @@ v1::GenerationPhase TimePhase(Ort::Session& original, Ort::Session& optimized, c
     runners[k] = *std::move(runner);
   }
   absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
-      TimeInTurns(runners, kGenerationWarmupPairs, config.runs(), 0, cancelled);
+      TimeInTurns(runners, kGenerationWarmupPairs, std::min(kMinGenerationRuns, timing.max_runs), budget_seconds,
+                  timing.cancelled, timing.max_runs);
+  if (absl::IsCancelled(latencies.status())) return latencies.status();
   if (!latencies.ok()) {
-    if (absl::IsCancelled(latencies.status())) *cancel = latencies.status();
     result.set_error(std::string(latencies.status().message()));
     return result;
   }
@@ -179,9 +199,9 @@ v1::GenerationPhase TimePhase(Ort::Session& original, Ort::Session& optimized, c
   *result.mutable_optimized() = Summarize((*latencies)[1]);
   const double original_ms = result.original().p50_ms(), optimized_ms = result.optimized().p50_ms();
   result.set_speedup(optimized_ms > 0 ? original_ms / optimized_ms : 0);
-  result.set_original_ms_per_token(original_ms / static_cast<double>(new_tokens));
-  result.set_optimized_ms_per_token(optimized_ms / static_cast<double>(new_tokens));
-  const double tokens = static_cast<double>(batch * new_tokens);
+  result.set_original_ms_per_token(original_ms / static_cast<double>(phase.new_tokens));
+  result.set_optimized_ms_per_token(optimized_ms / static_cast<double>(phase.new_tokens));
+  const double tokens = static_cast<double>(phase.batch * phase.new_tokens);
   if (original_ms > 0) result.set_original_tokens_per_second(tokens * 1000.0 / original_ms);
   if (optimized_ms > 0) result.set_optimized_tokens_per_second(tokens * 1000.0 / optimized_ms);
   return result;
@@ -191,7 +211,9 @@ v1::GenerationPhase TimePhase(Ort::Session& original, Ort::Session& optimized, c
 
 absl::StatusOr<v1::GenerationConfig> ResolveGenerationConfig(const v1::GenerationConfig& config) {
   v1::GenerationConfig resolved = config;
-  if (resolved.batch_sizes().empty()) resolved.add_batch_sizes(1), resolved.add_batch_sizes(4);
+  if (resolved.batch_sizes().empty()) {
+    for (int batch : {1, 4}) resolved.add_batch_sizes(batch);
+  }
   if (resolved.decode_past().empty()) {
     for (int past : {128, 512, 2048}) resolved.add_decode_past(past);
   }
@@ -320,22 +342,27 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
                                                          const onnx::ModelProto& original_model,
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
-                                                         const TimingMode& mode, const std::atomic<bool>* cancelled) {
+                                                         double budget_seconds, const TimingMode& mode,
+                                                         const std::atomic<bool>* cancelled) {
   v1::GenerationReport report;
   for (const auto& entry : cache.entries) {
     report.add_past_inputs(entry.past);
     report.add_present_outputs(entry.present);
   }
-  absl::Status cancel;
+  std::vector<Phase> phases;
   for (int batch : config.batch_sizes()) {
-    *report.add_phases() = TimePhase(original, optimized, original_model, cache, config, "prefill", batch, 0,
-                                     config.prefill_tokens(), mode, cancelled, &cancel);
-    for (int past : config.decode_past()) {
-      if (!cancel.ok()) return cancel;
-      *report.add_phases() =
-          TimePhase(original, optimized, original_model, cache, config, "decode", batch, past, 1, mode, cancelled, &cancel);
-    }
-    if (!cancel.ok()) return cancel;
+    phases.push_back({"prefill", batch, 0, config.prefill_tokens()});
+    for (int past : config.decode_past()) phases.push_back({"decode", batch, past, 1});
+  }
+  const PhaseTiming timing{original, optimized, original_model, cache, config.runs(), mode, cancelled};
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < phases.size(); ++i) {
+    // Each phase gets an equal share of what is left of the budget.
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double share = std::max(0.0, budget_seconds - elapsed) / static_cast<double>(phases.size() - i);
+    absl::StatusOr<v1::GenerationPhase> timed = TimePhase(timing, phases[i], share);
+    if (!timed.ok()) return timed.status();
+    *report.add_phases() = *std::move(timed);
   }
   if (absl::Status greedy =
           CompareGreedyGeneration(original, optimized, original_model, cache, config, exact_tokens, &report);
@@ -353,8 +380,8 @@ absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, c
   if (!cache || config.generation().skip()) return absl::OkStatus();
   absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config.generation());
   if (!resolved.ok()) return resolved.status();
-  absl::StatusOr<v1::GenerationReport> generation =
-      BenchmarkGeneration(original, optimized, original_model, *cache, *resolved, exact_tokens, mode, cancelled);
+  absl::StatusOr<v1::GenerationReport> generation = BenchmarkGeneration(
+      original, optimized, original_model, *cache, *resolved, exact_tokens, TimeBudget(config), mode, cancelled);
   if (!generation.ok()) return generation.status();
   *report->mutable_generation() = *std::move(generation);
   if (!report->generation().passed()) {

@@ -34,14 +34,16 @@ absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::Mo
                                            const CacheInterface& cache, int64_t batch, int64_t past,
                                            int64_t new_tokens, int sample);
 
-// Times prefill and decode phases of both sessions (interleaved), then runs the greedy comparison.
-// `exact_tokens`: the optimized model computes in fp32 and must pick every token the original picks;
-// else its logits must keep a cosine >= kMinLowerPrecisionCosine. CANCELLED on cancel.
+// Times prefill and decode phases of both sessions (interleaved; each phase an equal share of what is
+// left of `budget_seconds`, at least 3 and at most config.runs() pairs), then runs the greedy
+// comparison. `exact_tokens`: the optimized model computes in fp32 and must pick every token the
+// original picks; else its logits must keep a cosine >= kMinLowerPrecisionCosine. CANCELLED on cancel.
 absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original, Ort::Session& optimized,
                                                          const onnx::ModelProto& original_model,
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
-                                                         const TimingMode& mode, const std::atomic<bool>* cancelled);
+                                                         double budget_seconds, const TimingMode& mode,
+                                                         const std::atomic<bool>* cancelled);
 
 // The greedy comparison alone (part of BenchmarkGeneration), filling `report`'s greedy fields.
 absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
@@ -50,7 +52,8 @@ absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optim
                                      v1::GenerationReport* report);
 
 // Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
-// into report->generation, with a warning where the greedy check fails. Nothing for other models.
+// into report->generation (the phases on the benchmark's time budget, config.time_budget_seconds),
+// with a warning where the greedy check fails. Nothing for other models.
 absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                               bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
                               const std::atomic<bool>* cancelled, v1::Report* report);

@@ -101,7 +101,9 @@ TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndP
     EXPECT_EQ(node.output(1), absl::StrCat("present.", layer, ".key"));
     EXPECT_EQ(node.output(2), absl::StrCat("present.", layer, ".value"));
     for (const auto& attribute : node.attribute()) {
-      if (attribute.name() == "kv_num_heads") EXPECT_EQ(attribute.i(), f.kv_heads);
+      if (attribute.name() == "kv_num_heads") {
+        EXPECT_EQ(attribute.i(), f.kv_heads);
+      }
     }
     ++layer;
   }
@@ -193,7 +195,7 @@ TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
   absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<v1::GenerationReport> report = BenchmarkGeneration(
-      *a, *b, original, *FindCacheInterface(original.graph()), *config, true, TimingOn(v1::DEVICE_CPU), nullptr);
+      *a, *b, original, *FindCacheInterface(original.graph()), *config, true, 0, TimingOn(v1::DEVICE_CPU), nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->phases_size(), 6);  // per batch: prefill and two decode steps
   EXPECT_EQ(report->phases(0).phase(), "prefill");
