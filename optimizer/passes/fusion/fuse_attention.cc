@@ -34,9 +34,9 @@
 // Concat does, and sees keys up to P + i for query i, as the causal mask does), and the padding goes in
 // as attention_bias; rows left padding masks entirely are zeroed as the NaN guard does. Per phase, by
 // measurement (tests/bench/generation_benchmark.py, a 122M-parameter Qwen2-style decoder, 2 threads):
-// GroupQueryAttention for prefill (1.07x the original at 128 tokens: both are GEMM-bound) and decode
-// (1.13x at batch 1 / past 512, the float32 weights' stream bounding both; 2.5x at batch 4 / past 2048,
-// where repeat_kv's copies of the cache dominate the original). MultiHeadAttention cannot take a
+// GroupQueryAttention for prefill (1.08x the original at 128 tokens: both are GEMM-bound) and decode
+// (1.15x at batch 1 / past 512, the float32 weights' stream bounding both; 2.79x at batch 4 / past
+// 2048, where repeat_kv's copies of the cache dominate the original). MultiHeadAttention cannot take a
 // grouped cache (its past and present have the query's heads), so it is not an alternative there.
 // Limits: ONNX Runtime's kernel refuses a chunk after a past (S > 1 and P > 0) at batch > 1, which the
 // original runs (prefill without a past and one-token decode steps, what generation loops do, are not
@@ -93,12 +93,15 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     if (match.cache) {
       // Only GroupQueryAttention keeps the cache's key/value heads as they are (MultiHeadAttention's
       // past and present have the query's heads).
-      if (grouped == "multi_head") return Fail("a key/value cache: only GroupQueryAttention takes it (grouped_query is multi_head)");
+      if (grouped == "multi_head") {
+        return Fail("a key/value cache: only GroupQueryAttention takes it (grouped_query is multi_head)");
+      }
       if (!GroupQueryAttentionFits(match)) {
         return Fail("a key/value cache: GroupQueryAttention does not fit (head size not a multiple of 8, a "
                     "float bias, or a mask that lets a query see a later key)");
       }
-      if (context.hints().device == v1::DEVICE_CUDA && (!match.mask.raw_mask.empty() || !match.mask.bias_condition.empty())) {
+      const bool padded = !match.mask.raw_mask.empty() || !match.mask.bias_condition.empty();
+      if (context.hints().device == v1::DEVICE_CUDA && padded) {
         return Fail("a key/value cache with padding: GroupQueryAttention's CUDA kernel takes no attention_bias");
       }
       EmitGroupQueryAttention(graph, match, *plan, state, context);
