@@ -45,6 +45,10 @@ std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std
   return name;
 }
 
+std::string AddInt64Scalar(Graph& graph, const std::string& hint, int64_t value) {
+  return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
+}
+
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {
   const std::string name = graph.UniqueName(value + (to == onnx::TensorProto::INT32 ? "_int32" : "_cast"));
   onnx::NodeProto cast = MakeNode("Cast", name, {value}, {name});

@@ -23,6 +23,8 @@ onnx::NodeProto MakeNode(const std::string& op, const std::string& name, std::ve
 
 // Adds a 1-D int64 initializer named after `hint` (made unique) holding `values`; returns its name.
 std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std::vector<int64_t>& values);
+// The same for a scalar (Gather's index of one element, a step's constant); returns its unique name.
+std::string AddInt64Scalar(Graph& graph, const std::string& hint, int64_t value);
 
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).

@@ -244,8 +244,7 @@ absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::Mo
   DimValues dims;
   if (!cache.batch_dim.empty()) dims[cache.batch_dim] = batch;
   dims[cache.past_dim] = past;
-  dims[cache.new_dim] = new_tokens;
-  if (!cache.total_dim.empty()) dims[cache.total_dim] = past + new_tokens;
+  dims[cache.new_dim] = new_tokens;  // GenerateInputs derives the total from these
   return GenerateInputs(session, model, config, dims, sample);
 }
 

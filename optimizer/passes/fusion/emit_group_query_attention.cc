@@ -67,25 +67,22 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     attention_bias = shared;
   }
   // B and S of the query [B,S,H]: seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
-  auto scalar = [&](const std::string& hint, int64_t v) {
-    return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, v))->name();
-  };
   const std::string shape = chain.Add("Shape", {query}, "gqa_query_shape");
-  const std::string batch = chain.Add("Gather", {shape, scalar("gqa_batch_index", 0)}, "gqa_batch",
+  const std::string batch = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_batch_index", 0)}, "gqa_batch",
                                       {MakeIntAttribute("axis", 0)});
-  const std::string length = chain.Add("Gather", {shape, scalar("gqa_length_index", 1)}, "gqa_length",
+  const std::string length = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_length_index", 1)}, "gqa_length",
                                        {MakeIntAttribute("axis", 0)});
   // With a cache the keys are the past's and the new ones: T = P + S.
   std::string keys = length;
   if (match.cache) {
     const std::string past_shape = chain.Add("Shape", {match.cache->past_key}, "gqa_past_shape");
-    const std::string past = chain.Add("Gather", {past_shape, scalar("gqa_past_index", 2)}, "gqa_past_length",
-                                       {MakeIntAttribute("axis", 0)});
+    const std::string past = chain.Add("Gather", {past_shape, AddInt64Scalar(graph, "gqa_past_index", 2)},
+                                       "gqa_past_length", {MakeIntAttribute("axis", 0)});
     keys = chain.Add("Add", {past, length}, "gqa_total_length");
   }
   const std::string total = chain.Add("Cast", {keys}, "gqa_total_sequence_length",
                                       {MakeIntAttribute("to", onnx::TensorProto::INT32)});
-  const std::string last = chain.Add("Sub", {keys, scalar("gqa_one", 1)}, "gqa_last_position");
+  const std::string last = chain.Add("Sub", {keys, AddInt64Scalar(graph, "gqa_one", 1)}, "gqa_last_position");
   const std::string rows = chain.Add("Unsqueeze", {batch, AddInt64Initializer(graph, "gqa_axes", {0})}, "gqa_rows");
   const std::string seqlens = chain.Add(
       "Cast", {chain.Add("Expand", {last, rows}, "gqa_seqlens_int64")}, "gqa_seqlens_k",

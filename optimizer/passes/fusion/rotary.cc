@@ -234,17 +234,16 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
     // position offset form.
     shared.position_ids = zero;
   } else {
-    auto scalar = [&](const std::string& hint, int64_t value) {
-      return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
-    };
     const std::string one = AddInt64Initializer(graph, "rotary_one", {1});
     const std::string two = AddInt64Initializer(graph, "rotary_two", {2});
     const std::string three = AddInt64Initializer(graph, "rotary_three", {3});
     const std::string rows = chain.Add("Gather", {chain.Add("Shape", {shared.cos_cache}, "rotary_cache_shape"),
-                                                  scalar("rotary_rows_index", 0)},
+                                                  AddInt64Scalar(graph, "rotary_rows_index", 0)},
                                        "rotary_cache_rows_count", {MakeIntAttribute("axis", 0)});
     const std::string row_ids =
-        chain.Add("Range", {scalar("rotary_range_start", 0), rows, scalar("rotary_range_step", 1)}, "rotary_row_ids");
+        chain.Add("Range", {AddInt64Scalar(graph, "rotary_range_start", 0), rows,
+                            AddInt64Scalar(graph, "rotary_range_step", 1)},
+                  "rotary_row_ids");
     // B and S of the heads [B,N,S,D].
     const std::string heads_shape = chain.Add("Shape", {rotation.heads}, "rotary_heads_shape");
     const std::string batch = chain.Add("Slice", {heads_shape, zero, one}, "rotary_batch");
