@@ -1017,12 +1017,14 @@ void JobManager::RunJob(const v1::Job& job) {
   if (absl::Status published = PublishOutput(name, output_dir); !published.ok() && outcome.ok()) outcome = published;
   fs::rename(attempt_dir / "worker.log", JobDir(name) / "worker.log", ignored);  // kept for whoever debugs the job
   cleanup();
+  // What earlier attempts (replicas that died or lost the lease) left behind goes before the job ends,
+  // so whoever sees it finished sees its folder final. Only lower attempt numbers: this attempt holds
+  // the job, so no later one exists.
+  for (int earlier = 1; earlier < job.attempts(); ++earlier) {
+    fs::remove_all(JobDir(name) / absl::StrCat("attempt-", earlier), ignored);
+  }
   if (Finish(name, token, outcome, outcome.ok() ? &result : nullptr, seconds)) {
     for (const auto& pass : report.passes()) metrics_->PassRan(pass.name(), pass.duration_seconds());
-    // What earlier attempts of replicas that died left behind.
-    for (const auto& entry : fs::directory_iterator(JobDir(name), ignored)) {
-      if (absl::StartsWith(entry.path().filename().string(), "attempt-")) fs::remove_all(entry.path(), ignored);
-    }
   }
 }
 
