@@ -21,7 +21,9 @@
 #include "client/client.h"
 #include "client/report_format.h"
 #include "client/report_html.h"
+#include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
+#include "optimizer/peft_adapter.h"
 #include "optimizer/optimize.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/ort_runtime.h"
@@ -162,8 +164,8 @@ class ProgressLine {
 };
 
 // Renames a result (model.onnx, its model.onnx.data, other files) from where it was made to `out`,
-// the data file to OUT.data (the model rewritten to say so) so that results in one folder do not
-// clash, other files beside `out`.
+// the data file to OUT.data (the model rewritten to say so) and an extracted adapter to
+// OUT-without-extension.onnx_adapter so that results in one folder do not clash, other files beside `out`.
 absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out) {
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const std::string data_name = out.filename().string() + ".data";
@@ -178,8 +180,12 @@ absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out)
         if (!relocated.ok()) return relocated;
       }
       fs::rename(file, out, error);
+    } else if (file.filename() == "model.onnx.data") {
+      fs::rename(file, dir / data_name, error);
+    } else if (file.filename() == onnxopt::kAdapterFileName) {  // OUT.onnx_adapter, as ONNX Runtime GenAI names them
+      fs::rename(file, dir / (out.stem().string() + ".onnx_adapter"), error);
     } else {
-      fs::rename(file, file.filename() == "model.onnx.data" ? dir / data_name : dir / file.filename(), error);
+      fs::rename(file, dir / file.filename(), error);
     }
     if (error) return absl::InternalError(absl::StrCat("cannot move ", file.string(), ": ", error.message()));
   }
@@ -360,11 +366,24 @@ int Local(const Args& args) {
     if (!loaded.ok()) return Report(loaded.status());
     supplied = *std::move(loaded);
   }
+  std::optional<Ort::LoraAdapter> adapter;
+  Ort::RunOptions adapter_options;
+  if (args.Has("--adapter")) {
+    auto bytes = onnxopt::ReadFile(args.Get("--adapter"));
+    if (!bytes.ok()) return Report(bytes.status());
+    auto parsed = onnxopt::ParseAdapter(*bytes);
+    if (!parsed.ok()) return Report(parsed.status());
+    if (absl::Status fits = onnxopt::CheckAdapterFitsModel(*parsed, *optimized); !fits.ok()) return Report(fits);
+    auto loaded = onnxopt::LoadLoraAdapter(*bytes);
+    if (!loaded.ok()) return Report(loaded.status());
+    adapter = *std::move(loaded);
+    adapter_options.AddActiveLoraAdapter(*adapter);
+  }
   absl::Status status = onnxopt::CheckParity(**original_session, **optimized_session, *original, config->validation(),
                                              nullptr, report.mutable_parity(), onnxopt::ModelPrecision(*optimized),
-                                             supplied);
+                                             supplied, adapter ? &adapter_options : nullptr);
   if (!status.ok()) return Report(status);
-  if (config->benchmark().skip()) {
+  if (config->benchmark().skip() || adapter) {  // the timing binds inputs, which adapters do not reach
     report.mutable_benchmark()->set_skipped(true);
   } else {
     absl::Status timed = CompareLatency(*original, *optimized, *config, *device, supplied, &report);
@@ -375,9 +394,28 @@ int Local(const Args& args) {
   return report.parity().passed() && generation_passed ? kOk : kJobFailed;
 }
 
+// `adapters convert CHECKPOINT --model M -o OUT`: the checkpoint as the model's adapter, which ONNX
+// Runtime must load before it is written.
+int ConvertAdapter(const Args& args) {
+  auto model = onnxopt::LoadModelByReference(args.Get("--model"));
+  if (!model.ok()) return Report(model.status());
+  std::vector<std::string> notes;
+  auto parameters = onnxopt::ConvertPeftCheckpoint(args.positional[2], *model, &notes);
+  if (!parameters.ok()) return Report(parameters.status());
+  auto bytes = onnxopt::SerializeAdapter(*parameters);
+  if (!bytes.ok()) return Report(bytes.status());
+  if (auto loaded = onnxopt::LoadLoraAdapter(*bytes); !loaded.ok()) return Report(loaded.status());
+  if (absl::Status written = onnxopt::WriteFileAtomically(args.Get("-o"), *bytes); !written.ok()) return Report(written);
+  for (const std::string& note : notes) std::cerr << "onnxopt: note: " << note << "\n";
+  std::cout << "adapter: " << args.Get("-o") << " (" << parameters->size() / 2 << " modules, " << bytes->size()
+            << " bytes)" << std::endl;
+  return kOk;
+}
+
 int Run(const Args& args) {
   const std::string& command = args.positional[0];
   if (command == "optimize" || command == "compare") return Local(args);
+  if (command == "adapters") return ConvertAdapter(args);
   const char* env_server = std::getenv("ONNXOPT_SERVER");
   auto from_env = [](const char* name) {
     const char* value = std::getenv(name);
@@ -645,7 +683,18 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   compare->add_option("OPTIMIZED", positional[1], "the model to check")->required();
   config_options(compare);
   inputs(compare);
+  value(compare, "--adapter", "FILE.onnx_adapter",
+        "run OPTIMIZED with this LoRA adapter active (ONNX Runtime's adapter API); parity only, no timing");
   json(compare);
+  CLI::App* adapters = app.add_subcommand("adapters", "LoRA adapters for models optimized with extract_adapters");
+  adapters->add_option("ACTION", positional[0], "convert: a peft checkpoint into an .onnx_adapter")
+      ->required()
+      ->check(CLI::IsMember({"convert"}));
+  adapters->add_option("CHECKPOINT", positional[1], "the peft folder (adapter_config.json, adapter_model.safetensors)")
+      ->required();
+  value(adapters, "--model", "MODEL.onnx", "the optimized model the adapter is for (names and shapes are checked)")
+      ->required();
+  value(adapters, "-o", "OUT.onnx_adapter", "where to write the adapter")->required();
 
   // A word where the command goes that names none: say so (CLI11 would only ask for a command).
   for (int i = 1; i < argc; ++i) {

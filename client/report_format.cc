@@ -77,6 +77,21 @@ void AppendBisection(const v1::Bisection& bisection, std::string* out) {
 
 }  // namespace
 
+// The LoRA adapter taken out of the model, and how the model ran with it.
+void AppendAdapter(const v1::AdapterReport& adapter, std::string* out) {
+  double largest = 0;
+  for (const auto& output : adapter.parity().outputs()) largest = std::max(largest, output.max_abs_error());
+  const std::string verdict =
+      adapter.parity().skipped() ? "not checked (validation skipped)"
+      : adapter.parity().passed()
+          ? absl::StrFormat("matches the original (max abs err %.3e)", largest)
+          : "DOES NOT match the original";
+  absl::StrAppend(out, "\nadapter  ", adapter.file(), ": ", adapter.modules_size(), " modules, ", adapter.bytes(),
+                  " bytes; active through ONNX Runtime's adapter API the model ", verdict,
+                  absl::StrFormat("; with none active it runs the base model (outputs %.3e away)\n",
+                                  adapter.base_max_abs_diff()));
+}
+
 // Prefill and decode timed per batch, and the greedy generation's verdict.
 void AppendGeneration(const v1::GenerationReport& generation, std::string* out) {
   absl::StrAppend(out, "\ngeneration (key/value cache: ", generation.past_inputs_size(), " past inputs):\n");
@@ -372,6 +387,7 @@ std::string FormatReport(const v1::Report& report) {
     }
   }
   if (report.has_generation()) AppendGeneration(report.generation(), &out);
+  if (report.has_adapter()) AppendAdapter(report.adapter(), &out);
   AppendTransformer(report.transformer(), &out);
   if (report.returned_original()) absl::StrAppend(&out, "\nreturned: the ORIGINAL model (see warnings)\n");
   for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace onnxopt {
 namespace {
@@ -454,6 +455,13 @@ void Graph::RemoveGraphInput(const std::string& name) {
   changed_ = true;
 }
 
+void Graph::AddGraphInput(onnx::ValueInfoProto input) {
+  graph_inputs_.insert(input.name());
+  RememberName(input.name());
+  *proto_->add_input() = std::move(input);
+  changed_ = true;
+}
+
 const onnx::TensorProto* Graph::AddInitializer(onnx::TensorProto tensor) {
   onnx::TensorProto* added = proto_->add_initializer();
   *added = std::move(tensor);
@@ -778,6 +786,20 @@ int64_t CountNodes(const onnx::GraphProto& graph) {
     }
   }
   return count;
+}
+
+std::string NodeMetadataValue(const onnx::NodeProto& node, absl::string_view key) {
+  constexpr int kNodeMetadataProps = 9;
+  const google::protobuf::UnknownFieldSet& unknown = node.GetReflection()->GetUnknownFields(node);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const google::protobuf::UnknownField& field = unknown.field(i);
+    if (field.number() != kNodeMetadataProps || field.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+      continue;
+    }
+    onnx::StringStringEntryProto entry;
+    if (entry.ParseFromString(field.length_delimited()) && entry.key() == key) return entry.value();
+  }
+  return "";
 }
 
 }  // namespace onnxopt

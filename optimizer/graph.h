@@ -146,6 +146,10 @@ class Graph {
   // Fails if `from` is a graph input, an initializer, or comes from an outer scope.
   absl::Status RenameValue(const std::string& from, const std::string& to);
   void RemoveInitializer(const std::string& name);
+  // Appends a graph input (a new value, or an initializer's name: the initializer is then its default).
+  void AddGraphInput(onnx::ValueInfoProto input);
+  // Whether this is the main graph, not a subgraph of it.
+  bool is_main() const { return root_ == this; }
   // Drops `name` from the graph's inputs (the value itself stays defined if it is an initializer).
   void RemoveGraphInput(const std::string& name);
   // Replaces the data (and type) of initializer `tensor.name()`, which must exist, in place.
@@ -240,6 +244,10 @@ int64_t GetAttributeInt(const onnx::NodeProto& node, absl::string_view name, int
 
 // A node's operator as reports count it: "Relu", or "com.microsoft::FastGelu" outside the default domain.
 std::string OpKey(const onnx::NodeProto& node);
+
+// The value of `key` in the node's metadata_props (NodeProto field 9, ONNX IR 10: the dynamo exporter's
+// `pkg.torch.onnx.name_scopes`), which onnx 1.12 keeps as unknown bytes; "" when absent.
+std::string NodeMetadataValue(const onnx::NodeProto& node, absl::string_view key);
 
 // Counts nodes of a ModelProto's main graph and all subgraphs without building a Graph.
 int64_t CountNodes(const onnx::GraphProto& graph);

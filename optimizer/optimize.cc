@@ -213,7 +213,8 @@ absl::StatusOr<OptimizeResult> OptimizeJob::Run(v1::Report* partial_report) {
   static constexpr Stage kStages[] = {
       {Phase::kLoading, &OptimizeJob::LoadAndCheck},     {Phase::kOptimizing, &OptimizeJob::RunPasses},
       {Phase::kOptimizing, &OptimizeJob::ApplyPrecision}, {Phase::kSaving, &OptimizeJob::Save},
-      {Phase::kValidating, &OptimizeJob::Validate},      {Phase::kBenchmarking, &OptimizeJob::RunBenchmark}};
+      {Phase::kValidating, &OptimizeJob::Validate},      {Phase::kBenchmarking, &OptimizeJob::RunBenchmark},
+      {Phase::kSaving, &OptimizeJob::Deliver}};
   absl::Status status = absl::OkStatus();
   for (const Stage& stage : kStages) {
     status = (this->*stage.run)();
@@ -343,12 +344,22 @@ absl::Status OptimizeJob::SaveResult(const onnx::ModelProto& model, const std::v
   absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, output_path_, save);
   if (!files.ok()) return files.status();
   std::error_code error;
-  for (const auto& stale : result_.files) {
+  auto is_model_file = [&](const fs::path& file) {
+    return std::find(model_files_.begin(), model_files_.end(), file) != model_files_.end();
+  };
+  for (const auto& stale : model_files_) {
     if (std::find(files->begin(), files->end(), stale) == files->end()) fs::remove(stale, error);
   }
+  // The model's files first, then what was written beside it (ort_session.json, the adapter).
+  std::vector<fs::path> beside;
+  for (const auto& file : result_.files) {
+    if (!is_model_file(file)) beside.push_back(file);
+  }
+  model_files_ = *files;
   result_.files = *files;
+  result_.files.insert(result_.files.end(), beside.begin(), beside.end());
   int64_t saved_bytes = 0;
-  for (const auto& file : result_.files) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
+  for (const auto& file : model_files_) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
   *report_.mutable_optimized() = Summarize(model, saved_bytes);
   report_.clear_runtimes();
   for (auto& runtime : Runtimes(report_.optimized())) report_.add_runtimes(std::move(runtime));

@@ -59,6 +59,8 @@ class OptimizeJob {
   absl::Status Save();
   absl::Status Validate();
   absl::Status RunBenchmark();
+  // The returned model's last form (optimize_deliver.cc): passes_after, adapters moved into their file.
+  absl::Status Deliver();
   // CUDA's figures beyond the device-resident ones: with host copies, and as a CUDA graph.
   absl::Status TimeOnDevice(Ort::Session& original, Ort::Session& optimized, const ModelSource& optimized_source,
                             const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
@@ -98,6 +100,9 @@ class OptimizeJob {
   absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> JudgeCandidates(std::vector<PrecisionTrial>* candidates,
                                                                               const SessionSettings& settings);
   absl::Status JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates);
+  // The returned model with `adapter` active (ONNX Runtime's adapter API) against the reference, and
+  // with none; ABORTED (PARITY_FAILED) when the adapted model does not match.
+  absl::Status CheckAdapter(const onnx::ModelProto& model, const std::string& adapter, v1::AdapterReport* report);
   // The dims the pipeline freed, checked at other lengths.
   absl::Status CheckFreedDims(v1::ParityReport* parity);
 
@@ -122,6 +127,7 @@ class OptimizeJob {
   bool interface_changed_ = false;  // keep_io_types off: the result's float interface is float16/bfloat16
   // Save, Validate, RunBenchmark.
   std::filesystem::path output_path_;
+  std::vector<std::filesystem::path> model_files_;  // what SaveResult wrote last: model.onnx (and its data)
   std::optional<ModelSource> original_source_;
   std::optional<absl::StatusOr<SessionSettings>> device_;
   // Validate.

@@ -234,4 +234,12 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
   }
 }
 
+absl::StatusOr<Ort::LoraAdapter> LoadLoraAdapter(const std::string& bytes) {
+  try {
+    return Ort::LoraAdapter::CreateLoraAdapterFromArray(bytes.data(), bytes.size(), nullptr);
+  } catch (const Ort::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: ONNX Runtime refuses the adapter: ", e.what()));
+  }
+}
+
 }  // namespace onnxopt

@@ -69,6 +69,11 @@ absl::StatusOr<std::string> ProviderFor(v1::Device device);
 
 absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& model, const SessionSettings& settings);
 
+// An `.onnx_adapter` file's bytes as ONNX Runtime's LoRA adapter (its parameters on the CPU), to
+// activate per run (Ort::RunOptions::AddActiveLoraAdapter); INVALID_ARGUMENT with ONNX Runtime's
+// reason when it refuses the file.
+absl::StatusOr<Ort::LoraAdapter> LoadLoraAdapter(const std::string& bytes);
+
 }  // namespace onnxopt
 
 #endif  // ONNXOPT_OPTIMIZER_ORT_RUNTIME_H_

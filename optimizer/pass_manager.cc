@@ -88,6 +88,17 @@ std::string Pipeline::ToString() const {
   return absl::StrJoin(parts, ",");
 }
 
+absl::StatusOr<std::vector<PipelineStep>> PassListSteps(const google::protobuf::RepeatedPtrField<v1::PassSpec>& specs,
+                                                        const PassRegistry& registry) {
+  std::vector<PipelineStep> steps;
+  for (const auto& spec : specs) {
+    auto invocation = MakeInvocation(registry, spec.name(), spec.params());
+    if (!invocation.ok()) return invocation.status();
+    steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
+  }
+  return steps;
+}
+
 absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, const PassRegistry& registry,
                                        const onnx::ModelProto* model) {
   if (config.max_iterations() < 0 || config.max_iterations() > 100) {
@@ -111,15 +122,20 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
   pipeline.hints.num_heads = transformer.num_heads();
   pipeline.hints.hidden_size = transformer.hidden_size();
   pipeline.hints.device = config.benchmark().device() == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU;
+  absl::StatusOr<std::vector<PipelineStep>> before = PassListSteps(config.passes_before(), registry);
+  if (!before.ok()) return before.status();
+  pipeline.steps = *std::move(before);
+  // Run by the job after validation (optimize_deliver.cc); checked here with the rest of the config.
+  if (absl::StatusOr<std::vector<PipelineStep>> after = PassListSteps(config.passes_after(), registry); !after.ok()) {
+    return after.status();
+  }
   if (config.passes_size() > 0) {
     if (!config.preset().empty()) {
       return absl::InvalidArgumentError("give either a preset or an explicit pass list, not both");
     }
-    for (const auto& spec : config.passes()) {
-      auto invocation = MakeInvocation(registry, spec.name(), spec.params());
-      if (!invocation.ok()) return invocation.status();
-      pipeline.steps.push_back(PipelineStep{{*std::move(invocation)}, 1});
-    }
+    absl::StatusOr<std::vector<PipelineStep>> listed = PassListSteps(config.passes(), registry);
+    if (!listed.ok()) return listed.status();
+    pipeline.steps.insert(pipeline.steps.end(), listed->begin(), listed->end());
     pipeline.preset = "passes";
     return pipeline;
   }

@@ -43,7 +43,11 @@ struct Pipeline {
 
 inline constexpr int kDefaultMaxIterations = 8;
 
-// INVALID_ARGUMENT for unknown passes/presets, unknown parameters and ill-typed values. The `auto`
+// One step a pass, each run once: an explicit pass list (`passes`, `passes_before`, `passes_after`).
+absl::StatusOr<std::vector<PipelineStep>> PassListSteps(const google::protobuf::RepeatedPtrField<v1::PassSpec>& specs,
+                                                        const PassRegistry& registry);
+
+// `passes_before` come first (`passes_after` are checked, not included). INVALID_ARGUMENT for unknown passes/presets, unknown parameters and ill-typed values. The `auto`
 // preset (the default) looks at `model`: a transformer (any family DetectTransformer names) gets the
 // `transformer` preset's passes, anything else `extended`'s, both without the passes that change the
 // model's interface. Without a model (checking a config) it builds the transformer variant.

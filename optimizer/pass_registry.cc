@@ -102,6 +102,7 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeQuantizeEmbeddingsInt8Pass()));
     must(built->Register(MakeQuantizeStaticInt8Pass()));
     must(built->Register(MakeMakeDimsDynamicPass()));
+    must(built->Register(MakeExtractAdaptersPass()));
     must(built->Register(MakeQuantizeWeightsInt4Pass()));
     must(built->Register(MakeRemovePaddingPass()));
     const std::vector<std::string> cleanups = {

@@ -980,7 +980,7 @@ void JobManager::RunJob(const v1::Job& job) {
   absl::Status report_written = WriteReport(report, output_dir);
   v1::JobResult result;
   if (outcome.ok()) outcome = report_written;
-  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json"}) {
+  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json", "model.onnx_adapter"}) {
     if (!outcome.ok()) break;
     const fs::path file = output_dir / artifact;
     if (!fs::exists(file, ignored)) continue;

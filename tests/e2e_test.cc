@@ -219,6 +219,50 @@ TEST_F(E2eTest, CacheDecoderJobReportsGeneration) {
   EXPECT_TRUE(absl::StrContains(compare.out, "8 identical from the start")) << compare.out;
 }
 
+// LoRA: the job extracts the adapters (model.onnx_adapter beside the model, checked through ONNX
+// Runtime's adapter API), a peft checkpoint of another adapter converts for the result, and swapped in
+// at run time it gives what the model rebuilt with it gives.
+TEST_F(E2eTest, LoraAdaptersLeaveTheModelAndSwapAtRunTime) {
+  StartServer();
+  const fs::path config = WriteFile("lora.json", R"({"preset": "transformer", "passesBefore": [{"name":
+      "extract_adapters"}], "benchmark": {"iterations": 5}})");
+  const fs::path out = dir_ / "bert.onnx";
+  Result submit = Cli({"submit", FixturePath("lora/bert_r4.onnx").string(), "--config", config.string(), "-o",
+                       out.string()});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  ASSERT_TRUE(fs::exists(dir_ / "bert.onnx_adapter"));
+  const std::string job = submit.out.substr(0, submit.out.find('\n'));
+  Result report = Cli({"report", job, "--json"});
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(report.out, &parsed).ok()) << report.out;
+  const auto& adapter = parsed.fields().at("adapter").struct_value().fields();
+  EXPECT_EQ(adapter.at("modules").list_value().values_size(), 10);
+  EXPECT_TRUE(adapter.at("parity").struct_value().fields().at("passed").bool_value()) << report.out;
+  EXPECT_GT(adapter.at("base_max_abs_diff").number_value(), 1e-3) << "the adapter acts";
+  EXPECT_TRUE(absl::StrContains(Cli({"report", job}).out, "adapter  model.onnx_adapter: 10 modules"));
+
+  const fs::path second = dir_ / "second.onnx_adapter";
+  Result convert = Cli({"adapters", "convert", FixturePath("lora/bert_r4_second").string(), "--model", out.string(),
+                        "-o", second.string()});
+  ASSERT_EQ(convert.code, 0) << convert.err;
+  Result swapped = Cli({"compare", FixturePath("lora/bert_r4_second.onnx").string(), out.string(), "--adapter",
+                        second.string()});
+  EXPECT_EQ(swapped.code, 0) << swapped.out << swapped.err;
+  Result crossed = Cli({"compare", FixturePath("lora/bert_r4.onnx").string(), out.string(), "--adapter",
+                        second.string()});
+  EXPECT_EQ(crossed.code, 1) << "the second adapter is not the first";
+
+  Result foreign = Cli({"adapters", "convert", FixturePath("lora/llama_r6_first").string(), "--model", out.string(),
+                        "-o", (dir_ / "foreign.onnx_adapter").string()});
+  EXPECT_EQ(foreign.code, 5);
+  EXPECT_TRUE(absl::StrContains(foreign.err, "ADAPTER_MISMATCH")) << foreign.err;
+  EXPECT_FALSE(fs::exists(dir_ / "foreign.onnx_adapter"));
+  const fs::path cut = WriteFile("cut.onnx_adapter", Slurp(second).substr(0, 100));
+  Result truncated = Cli({"compare", FixturePath("lora/bert_r4.onnx").string(), out.string(), "--adapter", cut.string()});
+  EXPECT_EQ(truncated.code, 5);
+  EXPECT_TRUE(absl::StrContains(truncated.err, "ADAPTER_INVALID")) << truncated.err;
+}
+
 TEST_F(E2eTest, CancelStopsARunningJob) {
   StartServer();
   const std::string job = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());

@@ -134,12 +134,14 @@ std::vector<std::string> OutputNames(Ort::Session& session) {
 }
 
 absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,
-                                                    const std::vector<std::string>& output_names) {
+                                                    const std::vector<std::string>& output_names,
+                                                    const Ort::RunOptions* run_options) {
   std::vector<const char*> input_pointers, output_pointers;
   for (const auto& name : inputs.names) input_pointers.push_back(name.c_str());
   for (const auto& name : output_names) output_pointers.push_back(name.c_str());
   try {
-    return session.Run(Ort::RunOptions{nullptr}, input_pointers.data(), inputs.values.data(), inputs.values.size(),
+    const Ort::RunOptions none{nullptr};
+    return session.Run(run_options != nullptr ? *run_options : none, input_pointers.data(), inputs.values.data(), inputs.values.size(),
                        output_pointers.data(), output_pointers.size());
   } catch (const Ort::Exception& e) {
     return absl::InternalError(e.what());

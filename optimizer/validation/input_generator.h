@@ -71,8 +71,10 @@ std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool s
 std::vector<std::string> OutputNames(Ort::Session& session);
 
 // Runs `session` on `inputs`, fetching `output_names`; ONNX Runtime's exceptions become INTERNAL.
+// `run_options`: e.g. an active LoRA adapter (default: none).
 absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,
-                                                    const std::vector<std::string>& output_names);
+                                                    const std::vector<std::string>& output_names,
+                                                    const Ort::RunOptions* run_options = nullptr);
 
 }  // namespace onnxopt
 

@@ -406,7 +406,8 @@ absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::at
 
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
-                                  const std::atomic<bool>* cancelled, v1::ParityReport* report) {
+                                  const std::atomic<bool>* cancelled, v1::ParityReport* report,
+                                  const Ort::RunOptions* run_options) {
   if (OutputNames(candidate) != reference.output_names) {
     return absl::InternalError("the optimized model's outputs differ from the original's");
   }
@@ -415,7 +416,7 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
   bool passed = true;
   for (const auto& set : reference.sets) {
     if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
-    auto actual = RunOnInputs(candidate, set.inputs, reference.output_names);
+    auto actual = RunOnInputs(candidate, set.inputs, reference.output_names, run_options);
     if (!actual.ok()) {
       return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the optimized model: ", actual.status().message()));
     }
@@ -441,11 +442,13 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                          const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
                          v1::ParityReport* report, const std::string& candidate_precision,
-                         const std::vector<SuppliedSample>& supplied) {
+                         const std::vector<SuppliedSample>& supplied,
+                         const Ort::RunOptions* optimized_run_options) {
   absl::StatusOr<ParityReference> reference =
       BuildParityReference(original, original_model, config, supplied, cancelled, report);
   if (!reference.ok()) return reference.status();
-  return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report);
+  return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report,
+                              optimized_run_options);
 }
 
 }  // namespace onnxopt

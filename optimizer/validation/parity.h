@@ -97,16 +97,19 @@ absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::at
                                     ParityReference* reference);
 
 // Runs `candidate` on the reference's inputs and compares every output (report.outputs and
-// report.passed are replaced). INTERNAL when ONNX Runtime cannot run the candidate.
+// report.passed are replaced). INTERNAL when ONNX Runtime cannot run the candidate. `run_options`:
+// the candidate's (an active LoRA adapter), default none.
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
-                                  const std::atomic<bool>* cancelled, v1::ParityReport* report);
+                                  const std::atomic<bool>* cancelled, v1::ParityReport* report,
+                                  const Ort::RunOptions* run_options = nullptr);
 
 // Both steps for two sessions: what `onnxopt compare` and the tests use.
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                          const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
                          v1::ParityReport* report, const std::string& candidate_precision = "fp32",
-                         const std::vector<SuppliedSample>& supplied = {});
+                         const std::vector<SuppliedSample>& supplied = {},
+                         const Ort::RunOptions* optimized_run_options = nullptr);
 
 
 }  // namespace onnxopt

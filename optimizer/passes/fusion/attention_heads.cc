@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/fusion/attention_match.h"
+#include "optimizer/passes/lora_branch.h"
 
 namespace onnxopt::attention {
 namespace {
@@ -77,21 +78,6 @@ Node* LastAxisNorm(const Graph& graph, const std::string& value) {
     return nullptr;
   }
   return norm;
-}
-
-// peft's unmerged LoRA branch [Mul(] MatMul(MatMul(x, A), B) [, s)] (the scale on either side, or
-// none) with constant A [in, r] and B [r, out]: x.
-std::optional<std::string> MatchLoraBranch(const Graph& graph, const std::string& value) {
-  std::string product = value;
-  if (auto scaled = ScalarScale(graph, graph.Producer(value))) product = scaled->second;
-  std::optional<PathMatch> path = MatchPath(graph, product, {{"MatMul"}, {"MatMul"}});
-  if (!path) return std::nullopt;
-  const onnx::TensorProto* b = ConstantTensor(graph, path->nodes[0]->input(1));
-  const onnx::TensorProto* a = ConstantTensor(graph, path->nodes[1]->input(1));
-  if (a == nullptr || b == nullptr || a->dims_size() != 2 || b->dims_size() != 2 || a->dims(1) != b->dims(0)) {
-    return std::nullopt;
-  }
-  return path->end;
 }
 
 // True if element `index` of the shape `value` is 1 or dim `dim` of `shaped`: an Expand keeps that dim.
@@ -256,7 +242,8 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
   std::optional<std::string> lora_x;
   if (Node* add = ProducerWithOp(graph, projected, "Add")) {
     for (int i = 0; i < 2 && !lora_x; ++i) {
-      if ((lora_x = MatchLoraBranch(graph, add->input(i)))) {
+      if (std::optional<LoraBranch> branch = MatchLoraBranch(graph, add->input(i))) {
+        lora_x = branch->x;
         projection.lora_add = add;
         projected = add->input(1 - i);
       }

@@ -1,0 +1,108 @@
+// The job's last stage: the returned model takes the form it is delivered in.
+//
+// - passes_after (packaging: pre/post-processing put into the model) run on it. They change its
+//   interface, so they come after validation and the benchmark, which compare and time the model the
+//   pipeline made against the original on the original's inputs; their own correctness is their
+//   tests' (against reference pipelines).
+// - Adapters extract_adapters took out of the graph leave it: the values of the adapter inputs'
+//   defaults go to model.onnx_adapter, empty defaults stay (no adapter: the base model). Validation and
+//   the benchmark ran with the values as defaults, which is what ONNX Runtime's adapter API does too
+//   (an active adapter's parameters are feeds); here the delivered pair is checked once more through
+//   that API, since a file that names or shapes a parameter wrongly would fail only there.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "optimizer/lora_adapter.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize_job.h"
+#include "optimizer/precision.h"
+#include "optimizer/validation/parity.h"
+
+namespace onnxopt {
+
+namespace fs = std::filesystem;
+
+absl::Status OptimizeJob::Deliver() {
+  onnx::ModelProto* returned = returned_original_ ? &*original_ : &optimized_;
+  std::vector<v1::PassReport> runs;
+  if (config_.passes_after_size() > 0) {
+    Progress(Phase::kSaving, "passes_after");
+    Pipeline after;
+    absl::StatusOr<std::vector<PipelineStep>> steps = PassListSteps(config_.passes_after(), DefaultPassRegistry());
+    if (!steps.ok()) return steps.status();  // BuildPipeline checked them: not expected
+    after.steps = *std::move(steps);
+    after.hints = pipeline_->hints;
+    absl::Status ran = RunPipeline(after, returned, PassOptions(), &runs);
+    for (const auto& run : runs) *report_.add_passes() = run;
+    if (!ran.ok()) return ran;
+  }
+  std::vector<onnx::TensorProto> adapter = TakeAdapterDefaults(returned);
+  if (runs.empty() && adapter.empty()) return absl::OkStatus();
+  if (!adapter.empty()) {
+    Progress(Phase::kSaving, "adapter");
+    absl::StatusOr<std::string> bytes = SerializeAdapter(adapter);
+    if (!bytes.ok()) return bytes.status();
+    v1::AdapterReport* described = report_.mutable_adapter();
+    described->set_file(kAdapterFileName);
+    described->set_parameters(static_cast<int64_t>(adapter.size()));
+    described->set_bytes(static_cast<int64_t>(bytes->size()));
+    for (const onnx::TensorProto& parameter : adapter) {
+      char which = 0;
+      std::string module;
+      if (ParseAdapterParameterName(parameter.name(), &which, &module) && which == 'A') described->add_modules(module);
+    }
+    if (absl::Status checked = CheckAdapter(*returned, *bytes, described); !checked.ok()) return checked;
+    const fs::path path = output_path_.parent_path() / kAdapterFileName;
+    if (absl::Status written = WriteFileAtomically(path, *bytes); !written.ok()) return written;
+    result_.files.push_back(path);
+  }
+  std::vector<v1::PassReport> all_runs = returned_original_ ? std::vector<v1::PassReport>() : AllRuns(precision_runs_);
+  all_runs.insert(all_runs.end(), runs.begin(), runs.end());
+  return SaveResult(*returned, all_runs);
+}
+
+absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std::string& adapter,
+                                       v1::AdapterReport* report) {
+  v1::ParityReport* parity = report->mutable_parity();
+  if (!reference_) {
+    parity->set_skipped(true);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ModelSource> source = SourceOf(model, /*saved=*/false);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(*source, parity_settings_);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<Ort::LoraAdapter> lora = LoadLoraAdapter(adapter);
+  if (!lora.ok()) return lora.status();
+  Ort::RunOptions with_adapter;
+  with_adapter.AddActiveLoraAdapter(*lora);
+  absl::Status compared = CompareWithReference(**session, ModelPrecision(model), *reference_, config_.validation(),
+                                               request_.cancelled, parity, &with_adapter);
+  if (!compared.ok()) return compared;
+  if (!parity->passed()) {
+    return absl::AbortedError(
+        "PARITY_FAILED: the returned model with its extracted adapter active does not match the original");
+  }
+  // No adapter: the base model, defined by the empty defaults. How far it lies from the adapted run.
+  const ParityReference::InputSet& first = reference_->sets.front();
+  absl::StatusOr<std::vector<Ort::Value>> adapted =
+      RunOnInputs(**session, first.inputs, reference_->output_names, &with_adapter);
+  absl::StatusOr<std::vector<Ort::Value>> base = RunOnInputs(**session, first.inputs, reference_->output_names);
+  if (!adapted.ok() || !base.ok()) {
+    return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the model without an adapter: ",
+                                            (adapted.ok() ? base.status() : adapted.status()).message()));
+  }
+  double largest = 0;
+  for (size_t i = 0; i < adapted->size(); ++i) {
+    if (!(*adapted)[i].IsTensor()) continue;
+    auto info = (*adapted)[i].GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) continue;
+    const float* a = (*adapted)[i].GetTensorData<float>();
+    const float* b = (*base)[i].GetTensorData<float>();
+    for (size_t k = 0; k < info.GetElementCount(); ++k) largest = std::max(largest, std::fabs(double{a[k]} - b[k]));
+  }
+  report->set_base_max_abs_diff(largest);
+  return absl::OkStatus();
+}
+
+}  // namespace onnxopt

@@ -1,0 +1,204 @@
+// extract_adapters on LoRA models of both exporters and several shapes: the Hugging Face peft exports
+// (BERT and LLaMA, r=8 on query/value) and the project's own (tests/fixtures/make_lora_fixtures.py:
+// BERT hidden 96 / 3 heads with r=4 on five projections, LLaMA 3 heads over 1 key/value head with r=6
+// on q/k/v/o). Each branch becomes two adapter inputs, the attention stays fused, and in ONNX Runtime
+// the model with its extracted adapter active (the adapter API) matches the original; a second adapter
+// converted from its peft checkpoint matches the model rebuilt with it; no adapter runs the base model.
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "optimizer/lora_adapter.h"
+#include "optimizer/model_io.h"
+#include "optimizer/ort_runtime.h"
+#include "optimizer/pass_manager.h"
+#include "optimizer/peft_adapter.h"
+#include "optimizer/validation/parity.h"
+#include "tests/model_builder.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+struct LoraFixture {
+  const char* path;      // under tests/fixtures, without ".onnx"
+  int modules;           // adapted projections
+  const char* a_module;  // one of them, as the inputs name it
+};
+
+const LoraFixture kFixtures[] = {
+    {"hf/bert_lora_torchscript", 4, "encoder.layer.1.attention.self.value"},
+    {"hf/bert_lora_dynamo", 4, "encoder.layer.0.attention.self.query"},
+    {"hf/llama_lora_torchscript", 4, "layers.1.self_attn.q_proj"},
+    {"hf/llama_lora_dynamo", 4, "layers.0.self_attn.v_proj"},
+    {"lora/bert_r4", 10, "layer.1.intermediate"},
+    {"lora/llama_r6", 8, "layers.0.self_attn.o_proj"},
+};
+constexpr int kLayers = 2;  // every fixture's
+
+void PrintTo(const LoraFixture& f, std::ostream* os) { *os << f.path; }
+
+constexpr char kExtractThenTransformer[] = R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters"}]})";
+
+std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+  EXPECT_TRUE(session.ok()) << session.status();
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+// ONNX Runtime's fused operators in `model`, by type.
+std::map<std::string, int> FusedOps(const onnx::ModelProto& model) {
+  std::map<std::string, int> ops;
+  for (const auto& node : model.graph().node()) {
+    if (node.domain() == "com.microsoft") ++ops[node.op_type()];
+  }
+  return ops;
+}
+
+// The model and its adapter as a job delivers them: the defaults moved into the adapter's bytes.
+struct Delivered {
+  onnx::ModelProto model;
+  std::string adapter;
+  std::vector<onnx::TensorProto> parameters;
+};
+
+Delivered Deliver(onnx::ModelProto model) {
+  Delivered delivered;
+  delivered.parameters = TakeAdapterDefaults(&model);
+  delivered.model = std::move(model);
+  auto bytes = SerializeAdapter(delivered.parameters);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (bytes.ok()) delivered.adapter = *std::move(bytes);
+  return delivered;
+}
+
+// Parity of `candidate` (with `adapter` bytes active, or none) against `reference` on padded inputs.
+v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelProto& candidate, const std::string& adapter) {
+  v1::ParityReport report;
+  auto original = Session(reference);
+  auto optimized = Session(candidate);
+  if (original == nullptr || optimized == nullptr) return report;
+  std::optional<Ort::LoraAdapter> lora;
+  Ort::RunOptions options;
+  if (!adapter.empty()) {
+    auto loaded = LoadLoraAdapter(adapter);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    if (!loaded.ok()) return report;
+    lora = *std::move(loaded);
+    options.AddActiveLoraAdapter(*lora);
+  }
+  v1::ValidationConfig config;
+  (*config.mutable_dim_values())["batch"] = 2;
+  (*config.mutable_dim_values())["sequence"] = 11;
+  absl::Status checked = CheckParity(*original, *optimized, reference, config, nullptr, &report, "fp32", {},
+                                     adapter.empty() ? nullptr : &options);
+  EXPECT_TRUE(checked.ok()) << checked;
+  return report;
+}
+
+class ExtractAdaptersTest : public ::testing::TestWithParam<LoraFixture> {
+ protected:
+  void SetUp() override {
+    auto loaded = LoadModel(testing::FixturePath(absl::StrCat(GetParam().path, ".onnx")));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    original_ = *std::move(loaded);
+    testing::PassRun run = testing::RunConfig(kExtractThenTransformer, original_);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    extracted_ = std::move(run.model);
+    reports_ = std::move(run.reports);
+  }
+  onnx::ModelProto original_, extracted_;
+  std::vector<v1::PassReport> reports_;
+};
+
+TEST_P(ExtractAdaptersTest, EveryBranchBecomesInputsAndTheAttentionStaysFused) {
+  const LoraFixture& fixture = GetParam();
+  ASSERT_EQ(reports_.front().name(), "extract_adapters");
+  EXPECT_EQ(reports_.front().rewrites(), fixture.modules) << reports_.front().ShortDebugString();
+  const auto inputs = AdapterInputs(extracted_);
+  EXPECT_EQ(inputs.size(), 2u * fixture.modules);
+  bool named = false;
+  for (const auto* input : inputs) named |= input->name() == AdapterParameterName(fixture.a_module, 'A');
+  EXPECT_TRUE(named) << "no input for " << fixture.a_module << "; first: " << inputs.front()->name();
+  const auto& a_shape = inputs.front()->type().tensor_type().shape();
+  EXPECT_EQ(a_shape.dim(1).dim_param(), kAdapterRankDim);
+  // Fused as the model with its adapter built in is: the attention of every layer, and the rest.
+  testing::PassRun built_in = testing::RunConfig(R"({"preset": "transformer"})", original_);
+  const std::map<std::string, int> fused = FusedOps(extracted_);
+  EXPECT_EQ(fused, FusedOps(built_in.model));
+  const auto attention = fused.find(fused.count("MultiHeadAttention") ? "MultiHeadAttention" : "GroupQueryAttention");
+  ASSERT_NE(attention, fused.end());
+  EXPECT_EQ(attention->second, kLayers);
+}
+
+TEST_P(ExtractAdaptersTest, WithItsAdapterActiveTheModelMatchesTheOriginal) {
+  Delivered delivered = Deliver(extracted_);
+  ASSERT_EQ(delivered.parameters.size(), 2u * GetParam().modules);
+  ASSERT_TRUE(CheckAdapterFitsModel(delivered.parameters, delivered.model).ok());
+  v1::ParityReport adapted = Compare(original_, delivered.model, delivered.adapter);
+  EXPECT_TRUE(adapted.passed()) << adapted.ShortDebugString();
+  // No adapter: the base model, which the original is not.
+  v1::ParityReport base = Compare(original_, delivered.model, "");
+  EXPECT_FALSE(base.passed()) << "the adapter changes nothing?";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ExtractAdaptersTest, ::testing::ValuesIn(kFixtures));
+
+// A second adapter (other A and B, other alpha; rslora for the LLaMA one), converted from its peft
+// checkpoint, swapped in at run time: the same outputs as the model rebuilt with it. The first
+// adapter's checkpoint converts to what extraction took out of the graph.
+class SwappedAdapterTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SwappedAdapterTest, AConvertedCheckpointMatchesTheModelRebuiltWithIt) {
+  const std::string name = GetParam();
+  auto original = LoadModel(testing::FixturePath(absl::StrCat("lora/", name, ".onnx")));
+  auto rebuilt = LoadModel(testing::FixturePath(absl::StrCat("lora/", name, "_second.onnx")));
+  ASSERT_TRUE(original.ok() && rebuilt.ok());
+  testing::PassRun run = testing::RunConfig(kExtractThenTransformer, *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  Delivered delivered = Deliver(std::move(run.model));
+  for (const char* adapter : {"_first", "_second"}) {
+    std::vector<std::string> notes;
+    auto parameters =
+        ConvertPeftCheckpoint(testing::FixturePath(absl::StrCat("lora/", name, adapter)), delivered.model, &notes);
+    ASSERT_TRUE(parameters.ok()) << parameters.status();
+    EXPECT_TRUE(notes.empty()) << notes.front();
+    auto bytes = SerializeAdapter(*parameters);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    const onnx::ModelProto& reference = std::string(adapter) == "_first" ? *original : *rebuilt;
+    v1::ParityReport report = Compare(reference, delivered.model, *bytes);
+    EXPECT_TRUE(report.passed()) << adapter << ": " << report.ShortDebugString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SwappedAdapterTest, ::testing::Values("bert_r4", "llama_r6"));
+
+TEST(ExtractAdaptersParams, ModulesPicksWhichBranchesLeave) {
+  auto original = LoadModel(testing::FixturePath("lora/bert_r4.onnx"));
+  ASSERT_TRUE(original.ok());
+  testing::PassRun run = testing::RunConfig(
+      R"({"passes": [{"name": "extract_adapters", "params": {"modules": "query, intermediate"}}]})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 4);
+  EXPECT_EQ(testing::SkipCount(run.report, "`modules` parameter leaves out"), 6);
+  for (const auto* input : AdapterInputs(run.model)) {
+    EXPECT_TRUE(absl::StrContains(input->name(), "query") || absl::StrContains(input->name(), "intermediate"))
+        << input->name();
+  }
+}
+
+TEST(ExtractAdaptersParams, TheInputsOutliveEliminateInitializerInputs) {
+  auto original = LoadModel(testing::FixturePath("lora/bert_r4.onnx"));
+  ASSERT_TRUE(original.ok());
+  testing::PassRun run = testing::RunConfig(
+      R"({"preset": "extended", "passesBefore": [{"name": "extract_adapters"}]})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(AdapterInputs(run.model).size(), 20u) << "extended's eliminate_initializer_inputs must keep them";
+}
+
+}  // namespace
+}  // namespace onnxopt
