@@ -3,37 +3,33 @@
 // other lengths. Parameter `dims`: "input:axis=name,..." (e.g. "input_ids:1=sequence").
 //
 // Before:  input_ids: int64[1, 32]
-//          Range(0, 32, 1); Reshape(x, [1, 32, 4, 16]); Expand(m, [1, 32]); ConstantOfShape([32]);
-//          Slice(buffer, starts=[0], ends=[32]); position ids baked as the constant [[0, 1, ..., 31]]
+//          Range(0, 32, 1); Reshape(x, [1, 32, 3, 32]) (the second 32 a head size); Expand(m, [1, 32]);
+//          position ids baked as [[0, 1, ..., 31]]; a causal mask baked as a [1, 1, 32, 32] constant
 // After:   input_ids: int64[1, sequence];  L = Gather(Shape(input_ids), 1)
-//          Range(0, L, 1); Reshape(x, Concat([1], L, [4, 16])); Expand(m, Concat([1], L)); ...;
-//          position ids = Unsqueeze(Range(0, L, 1), 0)
+//          Range(0, L, 1); Reshape(x, Concat([1], L, [3, 32])); Expand(m, Concat([1], L));
+//          position ids = Unsqueeze(Range(0, L, 1), 0); the mask = Where(col > row, b, a) over Range(0, L)
 //
-// Only integer constants in those shape-carrying slots are rewritten, and only elements equal to the
-// freed length. The pass refuses (an error naming the node) where a rewrite could be wrong: a shape
-// constant holding the length more than once next to other dims of that size (the model's own width
-// equal to the length), or a constant whose shape carries the length (a baked mask) that it cannot
-// derive. What it rewrites is then checked by parity at the original length; other lengths are the
-// caller's to check (positions both runs share).
+// What is the length is decided by provenance (length_provenance.h): a constant is rewritten where the
+// graph makes it the input's dim, never because its value is equal; the head size above stays. Baked
+// tables whose shape carries the length are rebuilt from L where onnxopt knows how (an arange, a
+// triangular mask); any other is refused, naming the constant. What it rewrites is then checked by parity
+// at the original length and by the job's length check at others.
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
+#include "optimizer/passes/interface/length_provenance.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"
+#include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
 namespace {
-
-struct FreedDim {
-  std::string input;
-  int64_t axis = 0;
-  std::string name;
-  int64_t length = 0;  // the static value it had
-};
 
 absl::StatusOr<std::vector<FreedDim>> ParseDims(const std::string& text) {
   std::vector<FreedDim> dims;
@@ -57,50 +53,58 @@ class MakeDimsDynamicPass final : public Pass {
   ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
   absl::string_view name() const override { return "make_dims_dynamic"; }
   absl::string_view description() const override {
-    return "Free static input dims an export baked in: constants equal to the length in Range, Reshape, Expand, "
-           "ConstantOfShape and Slice, and baked position ids, become shape arithmetic on the input";
+    return "Free static input dims an export baked in: the constants the graph makes the input's dim (Reshape, Expand, "
+           "Range, Slice... targets; baked position ids and causal masks) become shape arithmetic on the input";
   }
   std::vector<ParamSpec> params() const override {
     return {{"dims", ParamType::kString, "", "input:axis=name,... (e.g. input_ids:1=sequence)"}};
   }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    if (!graph.is_main()) return absl::OkStatus();
     absl::StatusOr<std::vector<FreedDim>> dims = ParseDims(context.params().GetString("dims"));
     if (!dims.ok()) return dims.status();
-    std::map<int64_t, std::string> length_values;  // static length -> the scalar computing it
     for (FreedDim& dim : *dims) {
-      onnx::ValueInfoProto* input = nullptr;
-      for (auto& candidate : *graph.mutable_proto()->mutable_input()) {
-        if (candidate.name() == dim.input) input = &candidate;
-      }
-      if (input == nullptr) return absl::InvalidArgumentError(absl::StrCat("make_dims_dynamic: no input '", dim.input, "'"));
-      auto* shape = input->mutable_type()->mutable_tensor_type()->mutable_shape();
+      onnx::TensorShapeProto* shape = InputShape(graph, dim.input);
+      if (shape == nullptr) return absl::InvalidArgumentError(absl::StrCat("make_dims_dynamic: no input '", dim.input, "'"));
       if (dim.axis >= shape->dim_size() || !shape->dim(static_cast<int>(dim.axis)).has_dim_value()) {
         return absl::InvalidArgumentError(absl::StrCat("make_dims_dynamic: ", dim.input, " has no static dim ", dim.axis));
       }
       dim.length = shape->dim(static_cast<int>(dim.axis)).dim_value();
-      shape->mutable_dim(static_cast<int>(dim.axis))->set_dim_param(dim.name);
-      if (length_values.count(dim.length) == 0) length_values[dim.length] = LengthOf(graph, dim);
+    }
+    // Traced before anything changes; the rewrites then follow what it found.
+    const LengthProvenance provenance = TraceLengths(graph, *dims);
+    if (absl::Status rebuildable = CheckTables(graph, provenance, *dims); !rebuildable.ok()) return rebuildable;
+    std::vector<std::string> lengths;
+    for (const FreedDim& dim : *dims) {
+      InputShape(graph, dim.input)->mutable_dim(static_cast<int>(dim.axis))->set_dim_param(dim.name);
+      lengths.push_back(LengthOf(graph, dim));
       context.CountRewrite();
     }
-    for (const auto& [length, scalar] : length_values) {
-      absl::Status rewritten = RewriteConstants(graph, context, length, scalar);
-      if (!rewritten.ok()) return rewritten;
+    const bool axes_input = context.OpsetVersion("") >= 13;
+    for (const auto& [read, elements] : provenance.elements) {
+      RewriteElements(graph, read, elements, lengths, axes_input);
+      context.CountRewrite();
     }
-    // Declared shapes that still say the old length: graph outputs take the dim's name, value_info
-    // entries go (shape inference makes them again).
-    std::map<int64_t, std::string> names;
-    for (const FreedDim& dim : *dims) names.emplace(dim.length, dim.name);
+    for (const auto& [read, table] : provenance.tables) {
+      RebuildTable(graph, read, table, lengths, axes_input);
+      context.CountRewrite();
+    }
     for (auto& output : *graph.mutable_proto()->mutable_output()) {
-      for (auto& dim : *output.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
-        auto it = dim.has_dim_value() ? names.find(dim.dim_value()) : names.end();
-        if (it != names.end()) dim.set_dim_param(it->second);
+      auto traced = provenance.outputs.find(output.name());
+      if (traced == provenance.outputs.end()) continue;
+      auto* shape = output.mutable_type()->mutable_tensor_type()->mutable_shape();
+      for (const auto& [axis, k] : traced->second) {
+        if (axis < shape->dim_size()) shape->mutable_dim(axis)->set_dim_param((*dims)[static_cast<size_t>(k)].name);
       }
     }
+    // value_info that still says a freed length goes (shape inference makes it again).
     auto* value_info = graph.mutable_proto()->mutable_value_info();
     for (int i = value_info->size() - 1; i >= 0; --i) {
       for (const auto& dim : value_info->Get(i).type().tensor_type().shape().dim()) {
-        if (dim.has_dim_value() && names.count(dim.dim_value()) > 0) {
+        if (dim.has_dim_value() && std::any_of(dims->begin(), dims->end(), [&](const FreedDim& freed) {
+              return freed.length == dim.dim_value();
+            })) {
           value_info->DeleteSubrange(i, 1);
           break;
         }
@@ -110,6 +114,13 @@ class MakeDimsDynamicPass final : public Pass {
   }
 
  private:
+  static onnx::TensorShapeProto* InputShape(Graph& graph, const std::string& name) {
+    for (auto& input : *graph.mutable_proto()->mutable_input()) {
+      if (input.name() == name) return input.mutable_type()->mutable_tensor_type()->mutable_shape();
+    }
+    return nullptr;
+  }
+
   // Gather(Shape(input), axis): the freed length as an int64 scalar, placed first in the graph.
   static std::string LengthOf(Graph& graph, const FreedDim& dim) {
     const Node* first = graph.Nodes().empty() ? nullptr : graph.Nodes().front();
@@ -122,166 +133,174 @@ class MakeDimsDynamicPass final : public Pass {
     return length;
   }
 
-  // 1-D int64 value [c0, .., L, .., cn]: the constant with each element equal to `length` taken from L.
-  static std::string ShapeWithLength(Graph& graph, const Node* anchor, const std::vector<int64_t>& values, int64_t length,
-                                     const std::string& scalar, bool axes_input) {
-    const std::string length_1d = graph.UniqueName(absl::StrCat(scalar, "_1d"));
-    graph.AddNode(UnsqueezeFirst(graph, scalar, length_1d, axes_input), anchor, /*after=*/false);
-    std::vector<std::string> parts;
-    std::vector<int64_t> run;
-    auto flush = [&] {
-      if (run.empty()) return;
-      const std::string name = graph.UniqueName("dims");
-      graph.AddInitializer(MakeInt64Tensor(name, run));
-      parts.push_back(name);
-      run.clear();
-    };
-    for (int64_t value : values) {
-      if (value == length) {
-        flush();
-        parts.push_back(length_1d);
-      } else {
-        run.push_back(value);
-      }
-    }
-    flush();
-    const std::string joined = graph.UniqueName(absl::StrCat(scalar, "_shape"));
-    onnx::NodeProto concat = MakeNode("Concat", "", parts, {joined});
-    *concat.add_attribute() = MakeIntAttribute("axis", 0);
-    graph.AddNode(std::move(concat), anchor, /*after=*/false);
-    return joined;
-  }
-
-  // Unsqueeze(input, axes=[0]): axes an input from opset 13, an attribute before.
-  static onnx::NodeProto UnsqueezeFirst(Graph& graph, const std::string& input, const std::string& output,
-                                        bool axes_input) {
+  // Unsqueeze(input, axes): axes an input from opset 13, an attribute before.
+  static onnx::NodeProto Unsqueeze(Graph& graph, const std::string& input, const std::string& output,
+                                   const std::vector<int64_t>& axes, bool axes_input) {
     if (!axes_input) {
       onnx::NodeProto node = MakeNode("Unsqueeze", "", {input}, {output});
-      *node.add_attribute() = MakeIntsAttribute("axes", {0});
+      *node.add_attribute() = MakeIntsAttribute("axes", axes);
       return node;
     }
-    const std::string axes = graph.UniqueName("axes0");
-    graph.AddInitializer(MakeInt64Tensor(axes, {0}));
-    return MakeNode("Unsqueeze", "", {input, axes}, {output});
+    const std::string name = graph.UniqueName("axes");
+    graph.AddInitializer(MakeInt64Tensor(name, axes));
+    return MakeNode("Unsqueeze", "", {input, name}, {output});
   }
 
-  static bool IsArange(const onnx::TensorProto& tensor, int64_t length) {
-    std::optional<std::vector<int64_t>> values = TensorInts(tensor);
-    if (!values || static_cast<int64_t>(values->size()) != length) return false;
-    for (int64_t i = 0; i < length; ++i) {
-      if ((*values)[static_cast<size_t>(i)] != i) return false;
+  // The constant read at `read` with its elements `elements` (index -> freed dim) taken from the lengths:
+  // a scalar becomes the length itself; a vector a Concat of its constant runs and the lengths.
+  static void RewriteElements(Graph& graph, const ConstantRead& read, const std::map<int, int>& elements,
+                              const std::vector<std::string>& lengths, bool axes_input) {
+    Node* reader = read.reader;
+    const onnx::TensorProto* tensor = ConstantTensor(graph, reader->input(read.slot));
+    const std::vector<int64_t> values = *TensorInts(*tensor);
+    const int32_t type = tensor->data_type();
+    std::string replacement;
+    if (tensor->dims_size() == 0) {
+      replacement = lengths[static_cast<size_t>(elements.begin()->second)];
+    } else {
+      std::vector<std::string> parts;
+      std::vector<int64_t> run;
+      auto flush = [&] {
+        if (run.empty()) return;
+        const std::string name = graph.UniqueName("dims");
+        graph.AddInitializer(MakeInt64Tensor(name, run));
+        parts.push_back(name);
+        run.clear();
+      };
+      for (size_t i = 0; i < values.size(); ++i) {
+        auto freed = elements.find(static_cast<int>(i));
+        if (freed == elements.end()) {
+          run.push_back(values[i]);
+          continue;
+        }
+        flush();
+        const std::string length_1d = graph.UniqueName(absl::StrCat(lengths[static_cast<size_t>(freed->second)], "_1d"));
+        graph.AddNode(Unsqueeze(graph, lengths[static_cast<size_t>(freed->second)], length_1d, {0}, axes_input), reader,
+                      /*after=*/false);
+        parts.push_back(length_1d);
+      }
+      flush();
+      replacement = graph.UniqueName("shape");
+      onnx::NodeProto concat = MakeNode("Concat", "", parts, {replacement});
+      *concat.add_attribute() = MakeIntAttribute("axis", 0);
+      graph.AddNode(std::move(concat), reader, /*after=*/false);
     }
-    for (int64_t dim : tensor.dims()) {
-      if (dim != 1 && dim != length) return false;
-    }
-    return true;
+    if (type != onnx::TensorProto::INT64) replacement = AddCast(graph, replacement, type, reader);
+    graph.SetInput(reader, read.slot, replacement);
   }
 
-  static absl::Status RewriteConstants(Graph& graph, PassContext& context, int64_t length, const std::string& scalar) {
-    const bool axes_input = context.OpsetVersion("") >= 13;
-    // A length that is also one of the model's widths (a weight's dim) makes every shape constant
-    // ambiguous: [1, 64, 64] could be (length, width) either way round.
-    for (const auto& tensor : graph.proto().initializer()) {
-      if (tensor.data_type() != onnx::TensorProto::FLOAT && tensor.data_type() != onnx::TensorProto::FLOAT16) continue;
-      for (int64_t dim : tensor.dims()) {
-        if (dim == length) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "make_dims_dynamic: the static length ", length, " is also a dimension of weight '", tensor.name(),
-              "', so a shape constant holding ", length, " cannot be told apart; export at a length no model "
-              "dimension has"));
-        }
+  // What a baked table is, when onnxopt can rebuild it: an arange along its one freed dim (position
+  // ids), or a triangular [.., L, L] of two values (a causal mask: `above` where col > row + offset).
+  struct Table {
+    enum Kind { kArange, kTriangular } kind;
+    int axis = 0;        // kArange: the dim the values run along
+    int64_t offset = 0;  // kTriangular: col <= row + offset holds `below`
+    std::string below, above;  // kTriangular: the two elements' bytes
+  };
+
+  static std::optional<Table> RecognizeTable(const onnx::TensorProto& tensor, const std::map<int, int>& freed) {
+    const int rank = tensor.dims_size();
+    for (int d = 0; d < rank; ++d) {
+      if (freed.count(d) == 0 && tensor.dims(d) != 1) return std::nullopt;  // other dims broadcast only
+    }
+    if (freed.size() == 1) {
+      std::optional<std::vector<int64_t>> values = TensorInts(tensor);
+      if (!values) return std::nullopt;
+      for (size_t i = 0; i < values->size(); ++i) {
+        if ((*values)[i] != static_cast<int64_t>(i)) return std::nullopt;
+      }
+      return Table{Table::kArange, freed.begin()->first};
+    }
+    if (freed.size() != 2 || freed.begin()->first != rank - 2 || freed.rbegin()->first != rank - 1) return std::nullopt;
+    const int64_t n = tensor.dims(rank - 1);
+    const size_t element = ElementSize(tensor.data_type());
+    std::string scratch;
+    const std::string* raw = RawBytes(tensor, &scratch);
+    if (raw == nullptr || element == 0 || raw->size() != static_cast<size_t>(n * n) * element) return std::nullopt;
+    auto at = [&](int64_t row, int64_t col) { return raw->substr(static_cast<size_t>((row * n + col)) * element, element); };
+    Table table{Table::kTriangular};
+    table.below = at(0, 0);
+    int64_t run = 0;
+    while (run < n && at(0, run) == table.below) ++run;
+    if (run == n) return std::nullopt;  // one value throughout: no triangle
+    table.offset = run - 1;
+    table.above = at(0, run);
+    for (int64_t row = 0; row < n; ++row) {
+      for (int64_t col = 0; col < n; ++col) {
+        if (at(row, col) != (col <= row + table.offset ? table.below : table.above)) return std::nullopt;
       }
     }
-    for (Node* node : graph.Nodes()) {
-      if (!node->domain().empty()) continue;
-      const absl::string_view op = node->op_type();
-      // (slot, kind): kind 0 = a shape vector, 1 = a scalar limit; either may be built from pieces.
-      std::vector<std::pair<int, int>> slots;
-      if (op == "Reshape" || op == "Expand" || op == "Tile") slots = {{1, 0}};
-      if (op == "ConstantOfShape") slots = {{0, 0}};
-      if (op == "Range") slots = {{1, 1}};
-      if (op == "Slice") slots = {{2, 0}};
-      for (auto [slot, kind] : slots) {
-        if (slot >= node->input_size() || node->input(slot).empty()) continue;
-        std::vector<std::pair<Node*, int>> leaves;
-        if (op == "Tile" && (LengthLeaves(graph, node, slot, length, 0, &leaves), !leaves.empty())) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "make_dims_dynamic: ", node->name(), " tiles by the length; cannot tell a repeat count from a size"));
-        }
-        (void)kind;
-        RewriteLeaves(graph, context, node, slot, length, scalar, axes_input);
-      }
-    }
-    // Baked position ids ([0..L-1] as a constant read by a Gather) become Range(0, L) shaped alike.
-    for (Node* node : graph.Nodes()) {
-      if (node->op_type() != "Gather" || !node->domain().empty() || node->input_size() < 2) continue;
-      const onnx::TensorProto* indices = ConstantTensor(graph, node->input(1));
-      if (indices == nullptr || !IsArange(*indices, length) || length < 2) continue;
-      const std::string zero = graph.UniqueName("zero"), one = graph.UniqueName("one");
-      graph.AddInitializer(MakeIntScalar(zero, onnx::TensorProto::INT64, 0));
-      graph.AddInitializer(MakeIntScalar(one, onnx::TensorProto::INT64, 1));
-      const std::string positions = graph.UniqueName("positions");
-      graph.AddNode(MakeNode("Range", "", {zero, scalar, one}, {positions}), node, /*after=*/false);
-      std::string shaped = positions;
-      if (indices->dims_size() == 2) {
-        shaped = graph.UniqueName("positions_2d");
-        graph.AddNode(UnsqueezeFirst(graph, positions, shaped, axes_input), node, /*after=*/false);
-      }
-      graph.SetInput(node, 1, shaped);
-      context.CountRewrite();
-    }
-    // Anything else whose shape carries the length cannot be derived here.
-    for (const auto& tensor : graph.proto().initializer()) {
-      if (!graph.HasConsumers(tensor.name()) || tensor.dims_size() < 2) continue;
-      int carried = 0;
-      for (int64_t dim : tensor.dims()) carried += dim == length;
-      if (carried >= 2) {
+    return table;
+  }
+
+  static absl::Status CheckTables(const Graph& graph, const LengthProvenance& provenance,
+                                  const std::vector<FreedDim>& dims) {
+    for (const auto& [read, freed] : provenance.tables) {
+      const std::string& name = read.reader->input(read.slot);
+      const onnx::TensorProto* tensor = ConstantTensor(graph, name);
+      if (!RecognizeTable(*tensor, freed) ||
+          std::any_of(freed.begin(), freed.end(), [&](const auto& entry) { return entry.second != freed.begin()->second; })) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "make_dims_dynamic: constant '", tensor.name(), "' is ", length, "x", length,
-            " (a baked mask?): it cannot be derived from the input; re-export with dynamic axes"));
+            "make_dims_dynamic: constant '", name, "' [", absl::StrJoin(tensor->dims(), ", "), "] (read by ",
+            read.reader->op_type(), " '", read.reader->name(), "') is ", dims[static_cast<size_t>(freed.begin()->second)].length,
+            " long where the graph makes it '", dims[static_cast<size_t>(freed.begin()->second)].name,
+            "', and it is not a table onnxopt rebuilds from the length (an arange, a triangular mask): it cannot be "
+            "derived from the input; re-export with dynamic axes"));
       }
     }
     return absl::OkStatus();
   }
 
-  // Shapes built by the exporter from pieces: Concat of Unsqueezed scalar constants (torch without
-  // constant folding), through Cast/Identity/Squeeze. Walks from `consumer`'s input `slot` back to the
-  // constant leaves holding `length`, as (reader, input index) pairs.
-  static void LengthLeaves(const Graph& graph, Node* consumer, int slot, int64_t length, int depth,
-                           std::vector<std::pair<Node*, int>>* leaves) {
-    const std::string& value = consumer->input(slot);
-    if (const onnx::TensorProto* tensor = ConstantTensor(graph, value)) {
-      std::optional<std::vector<int64_t>> values = TensorInts(*tensor);
-      if (values && std::count(values->begin(), values->end(), length) > 0) leaves->push_back({consumer, slot});
-      return;
-    }
-    Node* producer = graph.Producer(value);
-    if (producer == nullptr || depth > 8 || !producer->domain().empty()) return;
-    const absl::string_view op = producer->op_type();
-    if (op == "Concat") {
-      for (int i = 0; i < producer->input_size(); ++i) LengthLeaves(graph, producer, i, length, depth + 1, leaves);
-    } else if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {
-      LengthLeaves(graph, producer, 0, length, depth + 1, leaves);
-    }
-  }
-
-  // Replaces, at each leaf's own use, the elements equal to `length` (scalars and 1-D constants).
-  static void RewriteLeaves(Graph& graph, PassContext& context, Node* consumer, int slot, int64_t length,
-                            const std::string& scalar, bool axes_input) {
-    std::vector<std::pair<Node*, int>> leaves;
-    LengthLeaves(graph, consumer, slot, length, 0, &leaves);
-    for (auto [reader, index] : leaves) {
-      const onnx::TensorProto* tensor = ConstantTensor(graph, reader->input(index));
-      if (tensor->dims_size() > 1) continue;
-      std::string replacement = tensor->dims_size() == 0
-                                    ? scalar
-                                    : ShapeWithLength(graph, reader, *TensorInts(*tensor), length, scalar, axes_input);
-      if (tensor->data_type() != onnx::TensorProto::INT64) {
-        replacement = AddCast(graph, replacement, tensor->data_type(), reader);
+  static void RebuildTable(Graph& graph, const ConstantRead& read, const std::map<int, int>& freed,
+                           const std::vector<std::string>& lengths, bool axes_input) {
+    Node* reader = read.reader;
+    const onnx::TensorProto& tensor = *ConstantTensor(graph, reader->input(read.slot));
+    const Table table = *RecognizeTable(tensor, freed);
+    const std::string& length = lengths[static_cast<size_t>(freed.begin()->second)];
+    const int rank = tensor.dims_size();
+    const std::string zero = AddInt64Scalar(graph, "zero", 0), one = AddInt64Scalar(graph, "one", 1);
+    const std::string steps = graph.UniqueName("positions");
+    graph.AddNode(MakeNode("Range", "", {zero, length, one}, {steps}), reader, /*after=*/false);
+    std::string built = steps;
+    std::vector<int64_t> leading;  // the broadcast dims before the table's own
+    if (table.kind == Table::kArange) {
+      for (int d = 0; d < rank; ++d) {
+        if (d != table.axis) leading.push_back(d);
       }
-      graph.SetInput(reader, index, replacement);
-      context.CountRewrite();
+      if (tensor.data_type() != onnx::TensorProto::INT64) built = AddCast(graph, built, tensor.data_type(), reader);
+    } else {
+      // rows [L, 1] (+ offset) against cols [L]: above = col > row + offset.
+      std::string rows = graph.UniqueName("rows");
+      graph.AddNode(Unsqueeze(graph, steps, rows, {1}, axes_input), reader, /*after=*/false);
+      if (table.offset != 0) {
+        const std::string shifted = graph.UniqueName("rows_shifted");
+        graph.AddNode(MakeNode("Add", "", {rows, AddInt64Scalar(graph, "offset", table.offset)}, {shifted}), reader,
+                      /*after=*/false);
+        rows = shifted;
+      }
+      const std::string above = graph.UniqueName("above_diagonal");
+      graph.AddNode(MakeNode("Greater", "", {steps, rows}, {above}), reader, /*after=*/false);
+      built = graph.UniqueName("triangle");
+      if (tensor.data_type() == onnx::TensorProto::BOOL) {  // ONNX Runtime's Where takes no bool values
+        if (table.above == std::string(1, '\1')) {
+          built = above;
+        } else {
+          graph.AddNode(MakeNode("Not", "", {above}, {built}), reader, /*after=*/false);
+        }
+      } else {
+        const std::string above_value = graph.UniqueName("above"), below_value = graph.UniqueName("below");
+        graph.AddInitializer(MakeRawTensor(above_value, tensor.data_type(), {}, table.above));
+        graph.AddInitializer(MakeRawTensor(below_value, tensor.data_type(), {}, table.below));
+        graph.AddNode(MakeNode("Where", "", {above, above_value, below_value}, {built}), reader, /*after=*/false);
+      }
+      for (int d = 0; d < rank - 2; ++d) leading.push_back(d);
     }
+    if (!leading.empty()) {
+      const std::string shaped = graph.UniqueName(absl::StrCat(built, "_shaped"));
+      graph.AddNode(Unsqueeze(graph, built, shaped, leading, axes_input), reader, /*after=*/false);
+      built = shaped;
+    }
+    graph.SetInput(reader, read.slot, built);
   }
 };
 
