@@ -394,14 +394,21 @@ int Local(const Args& args) {
   return report.parity().passed() && generation_passed ? kOk : kJobFailed;
 }
 
-// `adapters convert CHECKPOINT --model M -o OUT`: the checkpoint as the model's adapter, which ONNX
-// Runtime must load before it is written.
+// `adapters convert CHECKPOINT... --model M -o OUT`: the checkpoints as one adapter of the model (their
+// sum), which ONNX Runtime must load before it is written.
 int ConvertAdapter(const Args& args) {
   auto model = onnxopt::LoadModelByReference(args.Get("--model"));
   if (!model.ok()) return Report(model.status());
   std::vector<std::string> notes;
-  auto parameters = onnxopt::ConvertPeftCheckpoint(args.positional[2], *model, &notes);
+  std::vector<std::vector<onnx::TensorProto>> adapters;
+  for (size_t i = 2; i < args.positional.size(); ++i) {
+    auto converted = onnxopt::ConvertPeftCheckpoint(args.positional[i], *model, &notes);
+    if (!converted.ok()) return Report(converted.status());
+    adapters.push_back(*std::move(converted));
+  }
+  auto parameters = onnxopt::ConcatenateAdapters(adapters);
   if (!parameters.ok()) return Report(parameters.status());
+  if (absl::Status fits = onnxopt::CheckAdapterFitsModel(*parameters, *model); !fits.ok()) return Report(fits);
   auto bytes = onnxopt::SerializeAdapter(*parameters);
   if (!bytes.ok()) return Report(bytes.status());
   if (auto loaded = onnxopt::LoadLoraAdapter(*bytes); !loaded.ok()) return Report(loaded.status());
@@ -570,6 +577,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   std::vector<std::pair<std::string, CLI::Option*>> given;
   int page_size = 0;
   std::vector<std::string> positional(2);
+  std::vector<std::string> checkpoints;  // adapters convert
   given.push_back({"--server", app.add_option("--server", values["--server"], "onnxopt-server address")
                                    ->type_name("ADDR")});
   given.push_back({"--tls-ca", app.add_option("--tls-ca", values["--tls-ca"],
@@ -690,7 +698,9 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   adapters->add_option("ACTION", positional[0], "convert: a peft checkpoint into an .onnx_adapter")
       ->required()
       ->check(CLI::IsMember({"convert"}));
-  adapters->add_option("CHECKPOINT", positional[1], "the peft folder (adapter_config.json, adapter_model.safetensors)")
+  adapters->add_option("CHECKPOINTS", checkpoints,
+                       "peft folders (adapter_config.json, adapter_model.safetensors); several: one adapter that adds "
+                       "them (their ranks concatenated)")
       ->required();
   value(adapters, "--model", "MODEL.onnx", "the optimized model the adapter is for (names and shapes are checked)")
       ->required();
@@ -722,6 +732,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   for (const std::string& value : positional) {
     if (!value.empty()) args->positional.push_back(value);
   }
+  args->positional.insert(args->positional.end(), checkpoints.begin(), checkpoints.end());
   for (const auto& [name, option] : given) {
     if (option->count() == 0) continue;
     args->options[name] = name == "--page-size" ? std::to_string(page_size) : values[name];

@@ -331,6 +331,49 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
   return parameters;
 }
 
+absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
+    const std::vector<std::vector<onnx::TensorProto>>& adapters) {
+  std::vector<onnx::TensorProto> merged;
+  std::map<std::string, size_t> index;
+  for (const auto& adapter : adapters) {
+    for (const onnx::TensorProto& tensor : adapter) {
+      auto [it, added] = index.emplace(tensor.name(), merged.size());
+      if (added) {
+        merged.push_back(tensor);
+        continue;
+      }
+      onnx::TensorProto& into = merged[it->second];
+      char which = 0;
+      ParseAdapterParameterName(tensor.name(), &which);
+      const int kept_axis = which == 'A' ? 0 : 1;  // A [in, r]: in agrees; B [r, out]: out agrees
+      if (into.data_type() != tensor.data_type() || tensor.dims_size() != 2 || into.dims_size() != 2 ||
+          into.dims(kept_axis) != tensor.dims(kept_axis)) {
+        return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' is [",
+                                                       absl::StrJoin(tensor.dims(), ", "), "] in one adapter and [",
+                                                       absl::StrJoin(into.dims(), ", "), "] in another"));
+      }
+      absl::StatusOr<std::string> left = ParameterBytes(into), right = ParameterBytes(tensor);
+      if (!left.ok()) return left.status();
+      if (!right.ok()) return right.status();
+      std::string joined;
+      if (which == 'B') {
+        joined = *left + *right;  // rows stacked
+      } else {
+        const size_t element = ElementSize(tensor.data_type());
+        const size_t left_row = into.dims(1) * element, right_row = tensor.dims(1) * element;
+        for (int64_t row = 0; row < tensor.dims(0); ++row) {
+          joined.append(*left, row * left_row, left_row);
+          joined.append(*right, row * right_row, right_row);
+        }
+      }
+      into.set_dims(1 - kept_axis, into.dims(1 - kept_axis) + tensor.dims(1 - kept_axis));
+      into.clear_float_data();
+      into.set_raw_data(std::move(joined));
+    }
+  }
+  return merged;
+}
+
 absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& parameters, const onnx::ModelProto& model) {
   std::map<std::string, const onnx::ValueInfoProto*> inputs;
   for (const onnx::ValueInfoProto* input : AdapterInputs(model)) inputs[input->name()] = input;

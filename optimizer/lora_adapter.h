@@ -52,6 +52,11 @@ absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto
 // INVALID_ARGUMENT naming what is wrong for a truncated or inconsistent file.
 absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view bytes);
 
+// Adapters active together as one: per module, the A matrices side by side ([in, r_0 + r_1 ...]) and
+// the B matrices stacked, which adds the adapters' contributions (LoRA's rank concatenation). Modules of
+// one adapter only keep theirs. INVALID_ARGUMENT when a module's matrices disagree in width or type.
+absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(const std::vector<std::vector<onnx::TensorProto>>& adapters);
+
 // Whether `parameters` fit the model's adapter inputs: every parameter an adapter input of the same
 // element type, rank and fixed dims, and every module given both matrices with one rank.
 absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& parameters, const onnx::ModelProto& model);

@@ -9,6 +9,10 @@
 //          the inputs' initializers (A, and B * s) stay as their defaults until the job saves the
 //          model: then they move into model.onnx_adapter and the model requires an adapter.
 //
+// Several adapters active at once on one projection (a chain of such branches) become one input pair
+// of their summed rank (`concatenate`, the default: x [A_0 A_1] [B_0; B_1] is their sum, one MatMul pair
+// instead of one per adapter), or a pair each (module, module_1, ...).
+//
 // The scale goes into B, so an adapter of any alpha runs on the same graph; the rank is a symbolic
 // dim, so adapters of any rank do too. The module is the one the exporter recorded (TorchScript's
 // scope in the node name, the dynamo exporter's `pkg.torch.onnx.name_scopes`), canonical as
@@ -28,15 +32,37 @@
 namespace onnxopt {
 namespace {
 
-// A LoRA branch this pass extracts: constant float matrices of a rank below both widths, added onto
-// a projection of the branch's input.
+// LoRA branches this pass extracts: constant float matrices of a rank below both widths, added onto a
+// projection of the branches' input, one after another when several adapters are active at once.
 struct Extraction {
-  Node* add = nullptr;  // base + branch
-  LoraBranch branch;
+  // Outermost first: Add(..Add(Add(base, branch_n-1)..), branch_0); the last Add reads the base.
+  std::vector<Node*> adds;
+  std::vector<LoraBranch> branches;
+  std::string base;
 };
 
 bool IsFloatMatrix(const onnx::TensorProto* tensor) {
   return tensor != nullptr && tensor->dims_size() == 2 && tensor->data_type() == onnx::TensorProto::FLOAT;
+}
+
+// The operand of `add` that is an extractable LoRA branch: its side and the branch.
+std::optional<std::pair<int, LoraBranch>> BranchOperand(const Graph& graph, const Node* add) {
+  if (add == nullptr || add->op_type() != "Add" || !add->domain().empty() || add->input_size() != 2) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    std::optional<LoraBranch> branch = MatchLoraBranch(graph, add->input(side));
+    if (!branch || !IsFloatMatrix(branch->a) || !IsFloatMatrix(branch->b)) continue;
+    // The branch's nodes are its own: nothing else reads what they compute.
+    if (graph.Consumers(branch->down->output(0)).size() != 1 || graph.Consumers(branch->up->output(0)).size() != 1 ||
+        graph.IsGraphOutput(branch->up->output(0)) ||
+        (branch->scale != nullptr && graph.Consumers(branch->scale->output(0)).size() != 1)) {
+      continue;
+    }
+    // Low rank: the branch is narrower than both ends (what tells it from a two-layer projection).
+    const int64_t rank = branch->a->dims(1);
+    if (rank >= branch->a->dims(0) || rank >= branch->b->dims(1)) continue;
+    return std::make_pair(side, *branch);
+  }
+  return std::nullopt;
 }
 
 // Whether `base` is a projection of `x`: MatMul(x, W) or Gemm(x, W), with its bias added or not.
@@ -52,25 +78,25 @@ bool ProjectsInput(const Graph& graph, const std::string& base, const std::strin
 }
 
 MatchResult<Extraction> MatchExtraction(const Graph& graph, Node* add) {
-  if (add->op_type() != "Add" || !add->domain().empty() || add->input_size() != 2) return Fail();
-  for (int side = 0; side < 2; ++side) {
-    std::optional<LoraBranch> branch = MatchLoraBranch(graph, add->input(side));
-    if (!branch || !IsFloatMatrix(branch->a) || !IsFloatMatrix(branch->b)) continue;
-    // The branch's nodes are its own: nothing else reads what they compute.
-    if (graph.Consumers(branch->down->output(0)).size() != 1 || graph.Consumers(branch->up->output(0)).size() != 1 ||
-        graph.IsGraphOutput(branch->up->output(0)) ||
-        (branch->scale != nullptr && graph.Consumers(branch->scale->output(0)).size() != 1)) {
-      continue;
-    }
-    // Low rank: the branch is narrower than both ends (what tells it from a two-layer projection).
-    const int64_t rank = branch->a->dims(1);
-    if (rank >= branch->a->dims(0) || rank >= branch->b->dims(1)) continue;
-    if (!ProjectsInput(graph, add->input(1 - side), branch->x)) {
-      return Fail("a low-rank branch added onto something that is not a projection of the same input");
-    }
-    return Extraction{add, *branch};
+  std::optional<std::pair<int, LoraBranch>> first = BranchOperand(graph, add);
+  if (!first) return Fail();
+  // Matched from the outermost Add of a chain, which takes the whole chain.
+  if (Node* reader = SoleConsumer(graph, add->output(0)); BranchOperand(graph, reader)) return Fail();
+  Extraction extraction;
+  Node* current = add;
+  std::optional<std::pair<int, LoraBranch>> operand = first;
+  while (operand) {
+    if (!extraction.branches.empty() && operand->second.x != extraction.branches.front().x) break;
+    extraction.adds.push_back(current);
+    extraction.branches.push_back(operand->second);
+    extraction.base = current->input(1 - operand->first);
+    current = graph.Producer(extraction.base);
+    operand = graph.Consumers(extraction.base).size() == 1 ? BranchOperand(graph, current) : std::nullopt;
   }
-  return Fail();
+  if (!ProjectsInput(graph, extraction.base, extraction.branches.front().x)) {
+    return Fail("a low-rank branch added onto something that is not a projection of the same input");
+  }
+  return extraction;
 }
 
 // The module the exporter recorded for `node`: the dynamo exporter's innermost name scope (its last
@@ -117,7 +143,10 @@ class ExtractAdaptersPass final : public Pass {
   }
   std::vector<ParamSpec> params() const override {
     return {{"modules", ParamType::kString, "",
-             "comma-separated module names (or parts of them, e.g. q_proj,v_proj) to extract; empty: all"}};
+             "comma-separated module names (or parts of them, e.g. q_proj,v_proj) to extract; empty: all"},
+            {"concatenate", ParamType::kBool, "true",
+             "several adapters active on one projection: one input pair of their summed rank (one MatMul pair), "
+             "or a pair each (module, module_1, ...)"}};
   }
   ShapeEffect shape_effect() const override { return ShapeEffect::kInvalidatesAlways; }
 
@@ -131,10 +160,11 @@ class ExtractAdaptersPass final : public Pass {
     for (absl::string_view module : absl::StrSplit(context.params().GetString("modules"), ',', absl::SkipWhitespace())) {
       wanted.emplace_back(absl::StripAsciiWhitespace(module));
     }
+    const bool concatenate = context.params().GetBool("concatenate");
     int unnamed = 0;
     RewriteEachMatch(graph, context, "LoRA branch: ", [&](Node* node) { return MatchExtraction(graph, node); },
                      [&](const Extraction& extraction) {
-                       std::string module = CanonicalModulePath(RecordedModule(*extraction.add));
+                       std::string module = CanonicalModulePath(RecordedModule(*extraction.adds.back()));
                        if (module.empty()) module = absl::StrCat("lora.", unnamed++);
                        if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(), [&](const std::string& w) {
                              return absl::StrContains(module, w);
@@ -142,41 +172,85 @@ class ExtractAdaptersPass final : public Pass {
                          context.Skip("a module the `modules` parameter leaves out");
                          return;
                        }
-                       std::string a_name = AdapterParameterName(module, 'A');
-                       if (graph.IsDefinedHere(a_name)) {  // two branches one module: peft's many adapters
-                         module = graph.UniqueName(module);
-                         a_name = AdapterParameterName(module, 'A');
+                       if (concatenate) {
+                         Extract(graph, context, extraction, UnusedModuleName(graph, module));
+                         return;
                        }
-                       Extract(graph, context, extraction.branch, module);
+                       for (size_t i = 0; i < extraction.branches.size(); ++i) {  // innermost (first added) first
+                         const size_t at = extraction.branches.size() - 1 - i;
+                         Extraction one{{extraction.adds[at]}, {extraction.branches[at]}, ""};
+                         Extract(graph, context, one, UnusedModuleName(graph, module));
+                       }
                      });
     return absl::OkStatus();
   }
 
  private:
-  static void Extract(Graph& graph, PassContext& context, const LoraBranch& branch, const std::string& module) {
-    const int64_t rank = branch.a->dims(1);
+  // `module`, or module_1, module_2... where an input of its name exists (one module, several adapters).
+  static std::string UnusedModuleName(const Graph& graph, const std::string& module) {
+    std::string name = module;
+    for (int i = 1; graph.IsDefinedHere(AdapterParameterName(name, 'A')); ++i) name = absl::StrCat(module, "_", i);
+    return name;
+  }
+
+  // The branches' A side by side ([in, sum of ranks]) and their B, each scaled, stacked ([sum, out]):
+  // x [A_0 A_1] [B_0 s_0; B_1 s_1] = x A_0 B_0 s_0 + x A_1 B_1 s_1. One pair of inputs replaces them, the
+  // innermost branch computes it, the other branches and their Adds go.
+  static void Extract(Graph& graph, PassContext& context, const Extraction& extraction, const std::string& module) {
+    const int64_t in = extraction.branches.front().a->dims(0), out = extraction.branches.front().b->dims(1);
+    int64_t rank = 0;
+    std::vector<std::vector<float>> a_parts;
+    std::vector<float> b_values;
+    for (const LoraBranch& branch : extraction.branches) {
+      if (branch.a->dims(0) != in || branch.b->dims(1) != out) {
+        context.Skip("LoRA branches of one projection with other widths");
+        return;
+      }
+      rank += branch.a->dims(1);
+      a_parts.push_back(*TensorFloats(*branch.a));
+      std::vector<float> b = *TensorFloats(*branch.b);
+      for (float& value : b) value *= branch.scale_value;
+      b_values.insert(b_values.end(), b.begin(), b.end());
+    }
+    std::vector<float> a_values;
+    a_values.reserve(static_cast<size_t>(in * rank));
+    for (int64_t row = 0; row < in; ++row) {
+      for (size_t i = 0; i < a_parts.size(); ++i) {
+        const int64_t width = extraction.branches[i].a->dims(1);
+        a_values.insert(a_values.end(), a_parts[i].begin() + row * width, a_parts[i].begin() + (row + 1) * width);
+      }
+    }
     const std::string a_name = AdapterParameterName(module, 'A');
     const std::string b_name = AdapterParameterName(module, 'B');
-    onnx::TensorProto a = *branch.a;
-    a.set_name(a_name);
-    std::vector<float> b_values = *TensorFloats(*branch.b);
-    const float scale = branch.scale_value;
-    for (float& value : b_values) value *= scale;
-    const std::vector<int64_t> b_dims(branch.b->dims().begin(), branch.b->dims().end());
-    graph.AddInitializer(std::move(a));
-    graph.AddInitializer(MakeFloatTensor(b_name, b_dims, b_values));
-    graph.AddGraphInput(AdapterInput(a_name, {"", kAdapterRankDim}, {branch.a->dims(0), rank}));
-    graph.AddGraphInput(AdapterInput(b_name, {kAdapterRankDim, ""}, {rank, b_dims[1]}));
-    graph.SetInput(branch.down, 1, a_name);
-    graph.SetInput(branch.up, 1, b_name);
-    if (branch.scale != nullptr) {
-      graph.ReplaceAllUsesWith(branch.scale->output(0), branch.up->output(0));
-      graph.RemoveNode(branch.scale);
+    graph.AddInitializer(MakeFloatTensor(a_name, {in, rank}, a_values));
+    graph.AddInitializer(MakeFloatTensor(b_name, {rank, out}, b_values));
+    graph.AddGraphInput(AdapterInput(a_name, {"", kAdapterRankDim}, {in, rank}));
+    graph.AddGraphInput(AdapterInput(b_name, {kAdapterRankDim, ""}, {rank, out}));
+    const LoraBranch& kept = extraction.branches.back();  // the innermost
+    graph.SetInput(kept.down, 1, a_name);
+    graph.SetInput(kept.up, 1, b_name);
+    if (kept.scale != nullptr) {
+      graph.ReplaceAllUsesWith(kept.scale->output(0), kept.up->output(0));
+      graph.RemoveNode(kept.scale);
+    }
+    for (size_t i = 0; i + 1 < extraction.adds.size(); ++i) {
+      Node* add = extraction.adds[i];
+      const LoraBranch& gone = extraction.branches[i];
+      const std::string& rest = add->input(0) == (gone.scale != nullptr ? gone.scale->output(0) : gone.up->output(0))
+                                    ? add->input(1)
+                                    : add->input(0);
+      graph.ReplaceAllUsesWith(add->output(0), rest);
+      for (Node* node : {add, gone.scale, gone.up, gone.down}) {
+        if (node != nullptr) graph.RemoveNode(node);
+      }
     }
     context.CountRewrite();
     context.Count("adapter_parameters", 2);
-    context.Note(absl::StrCat(module, ": rank ", rank, ", ", branch.a->dims(0), " -> ", b_dims[1], ", scale ", scale,
-                              " folded into B"));
+    if (extraction.branches.size() > 1) context.Count("adapters_concatenated", static_cast<int64_t>(extraction.branches.size()));
+    context.Note(absl::StrCat(module, ": rank ", rank, extraction.branches.size() > 1
+                                                         ? absl::StrCat(" (", extraction.branches.size(), " adapters)")
+                                                         : "",
+                              ", ", in, " -> ", out, ", scale folded into B"));
   }
 };
 

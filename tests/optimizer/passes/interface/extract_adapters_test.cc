@@ -191,6 +191,43 @@ TEST(ExtractAdaptersParams, ModulesPicksWhichBranchesLeave) {
   }
 }
 
+// Two adapters active on every projection (tests/fixtures/lora/bert_r4_two.onnx): one input pair of rank
+// 8 per module (concatenated), or a pair of rank 4 for each; either way the model with the extracted
+// adapter matches, and so does one adapter converted from the two peft checkpoints.
+TEST(ExtractAdaptersParams, SeveralActiveAdaptersConcatenateOrStayApart) {
+  auto original = LoadModel(testing::FixturePath("lora/bert_r4_two.onnx"));
+  ASSERT_TRUE(original.ok());
+  for (const bool concatenate : {true, false}) {
+    testing::PassRun run = testing::RunConfig(
+        absl::StrCat(R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters", "params": {"concatenate": )",
+                     concatenate ? "true" : "false", "}}]}"),
+        *original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    const auto inputs = AdapterInputs(run.model);
+    ASSERT_EQ(inputs.size(), concatenate ? 20u : 40u);
+    EXPECT_EQ(run.reports.front().rewrites(), concatenate ? 10 : 20);
+    Delivered delivered = Deliver(run.model);
+    EXPECT_EQ(delivered.parameters.front().dims(1), concatenate ? 8 : 4) << "the ranks side by side";
+    v1::ParityReport report = Compare(*original, delivered.model, delivered.adapter);
+    EXPECT_TRUE(report.passed()) << concatenate << ": " << report.ShortDebugString();
+    if (!concatenate) continue;
+    std::vector<std::vector<onnx::TensorProto>> adapters;
+    for (const char* folder : {"lora/bert_r4_two_a", "lora/bert_r4_two_b"}) {
+      auto converted = ConvertPeftCheckpoint(testing::FixturePath(folder), delivered.model, nullptr);
+      ASSERT_TRUE(converted.ok()) << converted.status();
+      adapters.push_back(*converted);
+    }
+    auto combined = ConcatenateAdapters(adapters);
+    ASSERT_TRUE(combined.ok()) << combined.status();
+    auto bytes = SerializeAdapter(*combined);
+    ASSERT_TRUE(bytes.ok());
+    v1::ParityReport converted = Compare(*original, delivered.model, *bytes);
+    EXPECT_TRUE(converted.passed()) << converted.ShortDebugString();
+    v1::ParityReport one = Compare(*original, delivered.model, *SerializeAdapter(adapters[0]));
+    EXPECT_FALSE(one.passed()) << "one of the two adapters alone is not both";
+  }
+}
+
 TEST(ExtractAdaptersParams, TheInputsOutliveEliminateInitializerInputs) {
   auto original = LoadModel(testing::FixturePath("lora/bert_r4.onnx"));
   ASSERT_TRUE(original.ok());
