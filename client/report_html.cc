@@ -368,6 +368,19 @@ std::string RenderReportHtml(const v1::Report& report) {
     }
   }
 
+  if (report.has_adapter()) {
+    const v1::AdapterReport& adapter = report.adapter();
+    absl::StrAppend(&html, "<h2>LoRA adapter</h2>\n<p>", HtmlEscape(adapter.file()), ": ", adapter.modules_size(),
+                    " modules, ", adapter.bytes(), " bytes. With it active (ONNX Runtime's adapter API) the model ",
+                    adapter.parity().skipped() ? "was not checked (validation skipped)"
+                    : adapter.parity().passed() ? "matches the original"
+                                                : "DOES NOT match the original",
+                    absl::StrFormat("; with none active it runs the base model (outputs %.3e away).</p>\n<ul>",
+                                    adapter.base_max_abs_diff()));
+    for (const auto& module : adapter.modules()) absl::StrAppend(&html, "<li>", HtmlEscape(module), "</li>");
+    absl::StrAppend(&html, "</ul>\n");
+  }
+
   absl::StrAppend(&html, "<h2>Pipeline</h2>\n", PassChart(report), "\n<table><tr><th class=\"text\">pass</th><th>sweep</th>"
                          "<th>ms</th><th>nodes</th><th>rewrites</th><th class=\"text\">left alone</th></tr>");
   for (const auto& pass : report.passes()) {

@@ -240,6 +240,12 @@ TEST_F(E2eTest, LoraAdaptersLeaveTheModelAndSwapAtRunTime) {
   EXPECT_TRUE(adapter.at("parity").struct_value().fields().at("passed").bool_value()) << report.out;
   EXPECT_GT(adapter.at("base_max_abs_diff").number_value(), 1e-3) << "the adapter acts";
   EXPECT_TRUE(absl::StrContains(Cli({"report", job}).out, "adapter  model.onnx_adapter: 10 modules"));
+  const fs::path html = dir_ / "lora.html";
+  ASSERT_EQ(Cli({"report", job, "--html", html.string()}).code, 0);
+  EXPECT_TRUE(absl::StrContains(Slurp(html), "<h2>LoRA adapter</h2>"));
+  const fs::path fetched = dir_ / "fetched.onnx_adapter";
+  ASSERT_EQ(Cli({"download", job, "--artifact", "model.onnx_adapter", "-o", fetched.string()}).code, 0);
+  EXPECT_EQ(Slurp(fetched), Slurp(dir_ / "bert.onnx_adapter"));
 
   const fs::path second = dir_ / "second.onnx_adapter";
   Result convert = Cli({"adapters", "convert", FixturePath("lora/bert_r4_second").string(), "--model", out.string(),
