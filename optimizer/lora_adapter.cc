@@ -79,7 +79,8 @@ class FlatBufferReader {
     absl::StatusOr<uint32_t> offset = Get<uint32_t>(at);
     if (!offset.ok()) return offset.status();
     if (*offset == 0 || at + *offset >= bytes_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: an offset at byte ", at, " points outside the file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADAPTER_INVALID: an offset at byte ", at, " points outside the file"));
     }
     return at + *offset;
   }
@@ -100,8 +101,8 @@ class FlatBufferReader {
     if (!offset.ok()) return offset.status();
     if (*offset == 0) return 0;
     if (*offset + 4u > *table_size) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: a field of the table at byte ", table,
-                                                     " lies outside it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADAPTER_INVALID: a field of the table at byte ", table, " lies outside it"));
     }
     return table + *offset;
   }
@@ -291,7 +292,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
       absl::StatusOr<size_t> at = in.Field(*table, slot);
       if (at.ok() && *at == 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("ADAPTER_INVALID: parameter ", i, " lacks its ", std::vector<std::string>{"name", "dims", "data type", "data"}[slot]));
+            absl::StrCat("ADAPTER_INVALID: parameter ", i, " lacks its ",
+                         std::vector<std::string>{"name", "dims", "data type", "data"}[slot]));
       }
       return at;
     };
@@ -319,9 +321,10 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
     if (!data.ok()) return data.status();
     const std::optional<uint64_t> expected = DataSize(shape, *type);
     if (shape.empty() || !expected || *expected != data->first) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ADAPTER_INVALID: parameter '", tensor.name(), "' [", absl::StrJoin(shape, ", "), "] of type ", *type,
-          " holds ", data->first, " bytes", expected ? absl::StrCat(", not ", *expected) : " (unsupported type or dims)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADAPTER_INVALID: parameter '", tensor.name(), "' [", absl::StrJoin(shape, ", "), "] of type ",
+                       *type, " holds ", data->first, " bytes",
+                       expected ? absl::StrCat(", not ", *expected) : " (unsupported type or dims)"));
     }
     tensor.set_data_type(*type);
     for (int64_t dim : shape) tensor.add_dims(dim);
@@ -392,7 +395,8 @@ absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& paramet
     }
     if (type.shape().dim_size() != tensor.dims_size()) {
       return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' has rank ",
-                                                     tensor.dims_size(), "; the model takes ", type.shape().dim_size()));
+                                                     tensor.dims_size(), "; the model takes ",
+                                                     type.shape().dim_size()));
     }
     for (int d = 0; d < tensor.dims_size(); ++d) {
       const auto& dim = type.shape().dim(d);
@@ -410,7 +414,8 @@ absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& paramet
   for (const auto& [module, matrices] : ranks) {
     if (matrices.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: module '", module, "' has lora_",
-                                                     std::string(1, matrices.begin()->first), " but not the other matrix"));
+                                                     std::string(1, matrices.begin()->first),
+                                                     " but not the other matrix"));
     }
     if (matrices.at('A') != matrices.at('B')) {
       return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: module '", module, "' has rank ",

@@ -46,8 +46,8 @@ std::vector<onnx::TensorProto> TakeAdapterDefaults(onnx::ModelProto* model);
 // An `.onnx_adapter` file (ONNX Runtime's FlatBuffers format, version 1, identifier "TORT") holding
 // `parameters` (raw or typed float data, rank >= 1). Each payload starts on a 16-byte offset:
 // ONNX Runtime maps the file and runs on the bytes where they lie.
-absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto>& parameters,
-                                             int adapter_version = 0, int model_version = 0);
+absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto>& parameters, int adapter_version = 0,
+                                             int model_version = 0);
 // The parameters of an `.onnx_adapter` file, every offset and size checked against the buffer:
 // INVALID_ARGUMENT naming what is wrong for a truncated or inconsistent file.
 absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view bytes);
@@ -55,7 +55,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
 // Adapters active together as one: per module, the A matrices side by side ([in, r_0 + r_1 ...]) and
 // the B matrices stacked, which adds the adapters' contributions (LoRA's rank concatenation). Modules of
 // one adapter only keep theirs. INVALID_ARGUMENT when a module's matrices disagree in width or type.
-absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(const std::vector<std::vector<onnx::TensorProto>>& adapters);
+absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
+    const std::vector<std::vector<onnx::TensorProto>>& adapters);
 
 // Whether `parameters` fit the model's adapter inputs: every parameter an adapter input of the same
 // element type, rank and fixed dims, and every module given both matrices with one rank.

@@ -23,7 +23,7 @@ namespace {
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // what safetensors' own reader accepts
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;        // what safetensors' own reader accepts
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53: JSON numbers arrive as doubles
 
 absl::Status Invalid(absl::string_view what) {
@@ -32,8 +32,8 @@ absl::Status Invalid(absl::string_view what) {
 
 size_t DtypeSize(const std::string& dtype) {
   static const auto* sizes = new std::map<std::string, size_t>{
-      {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4},     {"F16", 2},
-      {"BF16", 2}, {"I16", 2}, {"U16", 2}, {"U8", 1}, {"I8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4},  {"U32", 4},     {"F16", 2},    {"BF16", 2},
+      {"I16", 2}, {"U16", 2}, {"U8", 1},  {"I8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = sizes->find(dtype);
   return it == sizes->end() ? 0 : it->second;
 }
@@ -71,8 +71,8 @@ absl::StatusOr<std::vector<float>> Floats(const std::string& key, const SafeTens
       }
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("PEFT_UNSUPPORTED: '", key, "' is ", tensor.dtype,
-                                                   "; LoRA matrices must be F32, F16 or BF16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PEFT_UNSUPPORTED: '", key, "' is ", tensor.dtype, "; LoRA matrices must be F32, F16 or BF16"));
   }
   return values;
 }
@@ -132,18 +132,19 @@ absl::StatusOr<PeftConfig> ReadPeftConfig(const std::filesystem::path& path) {
     return it == fields.end() || it->second.kind_case() == Value::kNullValue ? nullptr : &it->second;
   };
   if (const Value* type = field("peft_type"); type != nullptr && type->string_value() != "LORA") {
-    return absl::InvalidArgumentError(absl::StrCat("PEFT_UNSUPPORTED: peft_type '", type->string_value(),
-                                                   "'; only LORA adapters convert"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PEFT_UNSUPPORTED: peft_type '", type->string_value(), "'; only LORA adapters convert"));
   }
   if (const Value* dora = field("use_dora"); dora != nullptr && dora->bool_value()) {
-    return absl::InvalidArgumentError("PEFT_UNSUPPORTED: use_dora: DoRA's magnitude vectors have no inputs in the model");
+    return absl::InvalidArgumentError(
+        "PEFT_UNSUPPORTED: use_dora: DoRA's magnitude vectors have no inputs in the model");
   }
   PeftConfig config;
   const Value* r = field("r");
   const Value* alpha = field("lora_alpha");
   if (r == nullptr || r->number_value() <= 0 || alpha == nullptr || alpha->kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: ", path.filename().string(),
-                                                   " needs a positive `r` and a numeric `lora_alpha`"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PEFT_INVALID: ", path.filename().string(), " needs a positive `r` and a numeric `lora_alpha`"));
   }
   config.r = r->number_value();
   config.alpha = alpha->number_value();
@@ -156,12 +157,15 @@ absl::StatusOr<PeftConfig> ReadPeftConfig(const std::filesystem::path& path) {
 }  // namespace
 
 absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_view bytes) {
-  if (bytes.size() < 8) return Invalid(absl::StrCat("the file has ", bytes.size(), " bytes, fewer than its header size"));
+  if (bytes.size() < 8)
+    return Invalid(absl::StrCat("the file has ", bytes.size(), " bytes, fewer than its header size"));
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), 8);  // little-endian hosts
-  if (header_size > kMaxHeaderBytes) return Invalid(absl::StrCat("a header of ", header_size, " bytes (at most 100 MB)"));
+  if (header_size > kMaxHeaderBytes)
+    return Invalid(absl::StrCat("a header of ", header_size, " bytes (at most 100 MB)"));
   if (header_size > bytes.size() - 8) {
-    return Invalid(absl::StrCat("the header says ", header_size, " bytes; the file has ", bytes.size() - 8, " after it"));
+    return Invalid(
+        absl::StrCat("the header says ", header_size, " bytes; the file has ", bytes.size() - 8, " after it"));
   }
   const absl::string_view header = absl::StripTrailingAsciiWhitespace(bytes.substr(8, header_size));
   if (header.empty() || header.front() != '{') return Invalid("the header is not a JSON object");
@@ -209,7 +213,8 @@ absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_
   uint64_t covered = 0;
   for (const auto& [begin, end] : spans) {
     if (begin != covered) {
-      return Invalid(absl::StrCat("tensors ", begin < covered ? "overlap" : "leave a hole", " at byte ", begin, " of the data"));
+      return Invalid(
+          absl::StrCat("tensors ", begin < covered ? "overlap" : "leave a hole", " at byte ", begin, " of the data"));
     }
     covered = end;
   }
@@ -220,8 +225,8 @@ absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_
 }
 
 absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::filesystem::path& folder,
-                                                                      const onnx::ModelProto& model,
-                                                                      std::vector<std::string>* notes) {
+                                                                     const onnx::ModelProto& model,
+                                                                     std::vector<std::string>* notes) {
   absl::StatusOr<PeftConfig> config = ReadPeftConfig(folder / "adapter_config.json");
   if (!config.ok()) return config.status();
   absl::StatusOr<std::string> bytes = ReadFile(folder / "adapter_model.safetensors");
@@ -240,26 +245,28 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
   for (const auto& [key, a] : *tensors) {
     if (absl::EndsWith(key, kB)) continue;  // with its A
     if (!absl::EndsWith(key, kA)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PEFT_UNSUPPORTED: '", key, "' is not a LoRA matrix of a Linear layer (embedding adapters, DoRA, biases "
-          "and modules_to_save have no inputs in the model)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEFT_UNSUPPORTED: '", key,
+                       "' is not a LoRA matrix of a Linear layer (embedding adapters, DoRA, biases "
+                       "and modules_to_save have no inputs in the model)"));
     }
     const std::string prefix = key.substr(0, key.size() - kA.size());
     auto b_entry = tensors->find(absl::StrCat(prefix, kB));
-    if (b_entry == tensors->end()) return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: '", key, "' has no lora_B"));
+    if (b_entry == tensors->end())
+      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: '", key, "' has no lora_B"));
     const SafeTensor& b = b_entry->second;
     if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] != b.shape[1]) {
-      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: '", prefix, "': lora_A is [", absl::StrJoin(a.shape, ", "),
-                                                     "] and lora_B [", absl::StrJoin(b.shape, ", "),
-                                                     "]; peft writes [r, in] and [out, r]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEFT_INVALID: '", prefix, "': lora_A is [", absl::StrJoin(a.shape, ", "), "] and lora_B [",
+                       absl::StrJoin(b.shape, ", "), "]; peft writes [r, in] and [out, r]"));
     }
     const int64_t rank = a.shape[0];
     const std::string peft_module(absl::StripPrefix(prefix, "base_model.model."));
     const Value* rank_override = PatternValue(config->rank_pattern, peft_module);
     const double expected_rank = rank_override != nullptr ? rank_override->number_value() : config->r;
     if (static_cast<double>(rank) != expected_rank) {
-      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: '", prefix, "' has rank ", rank,
-                                                     "; adapter_config.json says ", expected_rank));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEFT_INVALID: '", prefix, "' has rank ", rank, "; adapter_config.json says ", expected_rank));
     }
     const Value* alpha_override = PatternValue(config->alpha_pattern, peft_module);
     const double alpha = alpha_override != nullptr ? alpha_override->number_value() : config->alpha;
@@ -270,7 +277,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     if (a_input == inputs.end() || inputs.count(b_name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: the checkpoint adapts '", module,
                                                      "', which the model does not take an adapter for (it takes ",
-                                                     inputs.size() / 2, " modules, e.g. '", inputs.begin()->first, "')"));
+                                                     inputs.size() / 2, " modules, e.g. '", inputs.begin()->first,
+                                                     "')"));
     }
     const int32_t type = a_input->second->type().tensor_type().elem_type();
     if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16) {

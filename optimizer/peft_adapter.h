@@ -34,8 +34,8 @@ absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_
 // by rank_pattern and alpha_pattern), in the element type of the model's inputs. `notes` receives what
 // the caller should know (modules of the model the checkpoint leaves at the base model).
 absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::filesystem::path& folder,
-                                                                      const onnx::ModelProto& model,
-                                                                      std::vector<std::string>* notes);
+                                                                     const onnx::ModelProto& model,
+                                                                     std::vector<std::string>* notes);
 
 }  // namespace onnxopt
 

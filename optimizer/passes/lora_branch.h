@@ -12,10 +12,10 @@
 namespace onnxopt {
 
 struct LoraBranch {
-  Node* scale = nullptr;  // Mul or Div by a scalar; null when the scale is 1
+  Node* scale = nullptr;     // Mul or Div by a scalar; null when the scale is 1
   float scale_value = 1.0f;  // the multiplier (a Div's inverted)
-  Node* down = nullptr;   // MatMul(x, A)
-  Node* up = nullptr;     // MatMul(h, B)
+  Node* down = nullptr;      // MatMul(x, A)
+  Node* up = nullptr;        // MatMul(h, B)
   std::string x;
   // A [in, r] and B [r, out] when they are constants; null when they are adapter inputs.
   const onnx::TensorProto* a = nullptr;

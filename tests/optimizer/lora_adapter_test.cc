@@ -1,6 +1,8 @@
 // The adapter file format (ONNX Runtime's .onnx_adapter), safetensors and peft checkpoints, as users
 // hand them in: what round-trips, what ONNX Runtime accepts, and a clear error (never a crash) for every
 // truncation, lying header and mismatch with the model.
+#include "optimizer/lora_adapter.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
-#include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/passes/constants.h"
@@ -102,7 +103,8 @@ TEST(Safetensors, ReadsAndRefusesWhatLies) {
   const std::string data(24, '\x01');
   auto good = ParseSafetensors(Safetensors(
       R"({"__metadata__": {"format": "pt"}, "b": {"dtype": "F16", "shape": [4], "data_offsets": [16, 24]},
-          "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})", data));
+          "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})",
+      data));
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->at("a").shape, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(good->at("b").data.size(), 8u);
@@ -112,9 +114,13 @@ TEST(Safetensors, ReadsAndRefusesWhatLies) {
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 24]}})", data), "spans 24 bytes"},
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})", data), "cover 16 of the 24"},
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                      "b": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]}})", data.substr(0, 20)), "overlap"},
+                      "b": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]}})",
+                   data.substr(0, 20)),
+       "overlap"},
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                      "b": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}})", data), "leave a hole"},
+                      "b": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}})",
+                   data),
+       "leave a hole"},
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 800]}})", data), "outside the 24"},
       {Safetensors(R"({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 1]}})", data), "unknown dtype"},
       {Safetensors(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", data), "not a list of sizes"},
@@ -142,7 +148,9 @@ class PeftCheckpointTest : public ::testing::Test {
     model_ = testing::RunPass("extract_adapters", *model).model;
   }
   void TearDown() override { fs::remove_all(dir_); }
-  void Write(const std::string& file, const std::string& bytes) { std::ofstream(dir_ / file, std::ios::binary) << bytes; }
+  void Write(const std::string& file, const std::string& bytes) {
+    std::ofstream(dir_ / file, std::ios::binary) << bytes;
+  }
   std::string Read(const std::string& file) { return *ReadFile(dir_ / file); }
   absl::Status Convert() { return ConvertPeftCheckpoint(dir_, model_, nullptr).status(); }
   fs::path dir_;
@@ -155,8 +163,7 @@ TEST_F(PeftCheckpointTest, WrongRankModuleDtypeAndTruncationAreNamed) {
   Write("adapter_config.json", absl::StrReplaceAll(config, {{"\"r\": 4", "\"r\": 8"}}));
   EXPECT_TRUE(absl::StrContains(Convert().message(), "has rank 4; adapter_config.json says 8")) << Convert();
   Write("adapter_config.json",
-        absl::StrReplaceAll(config, {{"\"r\": 4", "\"r\": 8"},
-                                     {"\"rank_pattern\": {}", R"json("rank_pattern": {
+        absl::StrReplaceAll(config, {{"\"r\": 4", "\"r\": 8"}, {"\"rank_pattern\": {}", R"json("rank_pattern": {
                                          "layer.\\d.attention.(query|key|value)": 4, "attention_dense|intermediate": 4})json"}}));
   EXPECT_TRUE(Convert().ok()) << "rank_pattern overrides r per module: " << Convert();
   Write("adapter_config.json", absl::StrReplaceAll(config, {{"\"LORA\"", "\"IA3\""}}));
@@ -164,7 +171,8 @@ TEST_F(PeftCheckpointTest, WrongRankModuleDtypeAndTruncationAreNamed) {
   Write("adapter_config.json", "{\"r\": 4");
   EXPECT_TRUE(absl::StrContains(Convert().message(), "not a JSON object")) << Convert();
   Write("adapter_config.json", config);
-  Write("adapter_model.safetensors", absl::StrReplaceAll(tensors, {{"layer.0.attention.query", "layer.0.attention.qwery"}}));
+  Write("adapter_model.safetensors",
+        absl::StrReplaceAll(tensors, {{"layer.0.attention.query", "layer.0.attention.qwery"}}));
   EXPECT_TRUE(absl::StrContains(Convert().message(), "adapts 'layer.0.attention.qwery'")) << Convert();
   Write("adapter_model.safetensors", absl::StrReplaceAll(tensors, {{"\"F32\"", "\"I32\""}}));
   EXPECT_TRUE(absl::StrContains(Convert().message(), "LoRA matrices must be F32, F16 or BF16")) << Convert();

@@ -24,7 +24,8 @@ class AppendClassificationPostprocessingPass final : public Pass {
             {"prefix", ParamType::kString, "", "put before the new outputs' names (probabilities, top_k_...)"}};
   }
   absl::Status ValidateParams(const PassParams& params) const override {
-    if (params.GetInt("top_k") < 1) return absl::InvalidArgumentError("append_classification_postprocessing: top_k < 1");
+    if (params.GetInt("top_k") < 1)
+      return absl::InvalidArgumentError("append_classification_postprocessing: top_k < 1");
     return absl::OkStatus();
   }
   bool is_model_pass() const override { return true; }
@@ -38,19 +39,20 @@ class AppendClassificationPostprocessingPass final : public Pass {
     for (const auto& output : graph->output()) {
       const auto& type = output.type().tensor_type();
       const bool logits_like = type.shape().dim_size() == 2 && (type.elem_type() == onnx::TensorProto::FLOAT ||
-                                                                 type.elem_type() == onnx::TensorProto::FLOAT16);
+                                                                type.elem_type() == onnx::TensorProto::FLOAT16);
       if (wanted.empty() ? logits_like : output.name() == wanted) {
         if (logits != nullptr && wanted.empty()) {
           return absl::InvalidArgumentError(
-              "append_classification_postprocessing: more than one float output of rank 2; name the logits with `output`");
+              "append_classification_postprocessing: more than one float output of rank 2; name the logits with "
+              "`output`");
         }
         logits = &output;
       }
     }
     if (logits == nullptr) {
-      return absl::InvalidArgumentError(wanted.empty() ? "append_classification_postprocessing: no float output of rank 2"
-                                                       : absl::StrCat("append_classification_postprocessing: no output '",
-                                                                      wanted, "'"));
+      return absl::InvalidArgumentError(
+          wanted.empty() ? "append_classification_postprocessing: no float output of rank 2"
+                         : absl::StrCat("append_classification_postprocessing: no output '", wanted, "'"));
     }
     const onnx::ValueInfoProto kept = *logits;
     const auto& classes = kept.type().tensor_type().shape().dim(1);
@@ -62,8 +64,10 @@ class AppendClassificationPostprocessingPass final : public Pass {
     for (const std::string& name : {probabilities, top_values, top_indices}) {
       for (const auto& output : graph->output()) {
         if (output.name() == name) {
-          return absl::InvalidArgumentError(absl::StrCat("append_classification_postprocessing: the model already has an "
-                                                         "output '", name, "'; set `prefix`"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("append_classification_postprocessing: the model already has an "
+                           "output '",
+                           name, "'; set `prefix`"));
         }
       }
     }
@@ -72,7 +76,8 @@ class AppendClassificationPostprocessingPass final : public Pass {
     *graph->add_node() = std::move(softmax);
     onnx::TensorProto k_tensor = MakeInt64Tensor("postprocess/k", {k});
     *graph->add_initializer() = k_tensor;
-    onnx::NodeProto top = MakeNode("TopK", "postprocess/top_k", {probabilities, "postprocess/k"}, {top_values, top_indices});
+    onnx::NodeProto top =
+        MakeNode("TopK", "postprocess/top_k", {probabilities, "postprocess/k"}, {top_values, top_indices});
     *top.add_attribute() = MakeIntAttribute("axis", -1);
     *graph->add_node() = std::move(top);
     auto declare = [&](const std::string& name, int32_t type, bool top_k) {

@@ -55,11 +55,18 @@ std::optional<Preprocessing> FamilyDefaults(const std::string& family, int64_t h
   } else if (family == "deit") {
     p = Preprocessing{"exact", scaled(height), scaled(width), 0, "cubic", true, 1.0 / 255, imagenet_mean, imagenet_std};
   } else if (family == "dinov2") {
-    p = Preprocessing{"shortest_edge", 0, 0, scaled(std::min(height, width)), "cubic", true, 1.0 / 255, imagenet_mean,
-                      imagenet_std};
+    p = Preprocessing{"shortest_edge", 0,           0, scaled(std::min(height, width)), "cubic", true, 1.0 / 255,
+                      imagenet_mean,   imagenet_std};
   } else if (family == "clip") {
-    p = Preprocessing{"shortest_edge", 0, 0, std::min(height, width), "cubic", true, 1.0 / 255,
-                      {0.48145466f, 0.4578275f, 0.40821073f}, {0.26862954f, 0.26130258f, 0.27577711f}};
+    p = Preprocessing{"shortest_edge",
+                      0,
+                      0,
+                      std::min(height, width),
+                      "cubic",
+                      true,
+                      1.0 / 255,
+                      {0.48145466f, 0.4578275f, 0.40821073f},
+                      {0.26862954f, 0.26130258f, 0.27577711f}};
   } else {
     return std::nullopt;
   }
@@ -74,8 +81,8 @@ absl::StatusOr<std::vector<float>> ParseTriple(const std::string& text, const ch
     values.push_back(value);
   }
   if (values.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: ", what, " '", text,
-                                                   "' is not three comma-separated numbers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("append_image_preprocessing: ", what, " '", text, "' is not three comma-separated numbers"));
   }
   return values;
 }
@@ -143,8 +150,8 @@ class AppendImagePreprocessingPass final : public Pass {
   absl::Status ValidateParams(const PassParams& params) const override {
     const std::string& family = params.GetString("family");
     if (!family.empty() && !FamilyDefaults(family, 224, 224)) {
-      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: family '", family,
-                                                     "' is unknown (vit, deit, dinov2, clip)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("append_image_preprocessing: family '", family, "' is unknown (vit, deit, dinov2, clip)"));
     }
     auto one_of = [&](const char* param, std::initializer_list<const char*> allowed) -> absl::Status {
       const std::string& value = params.GetString(param);
@@ -152,12 +159,12 @@ class AppendImagePreprocessingPass final : public Pass {
       for (const char* option : allowed) {
         if (value == option) return absl::OkStatus();
       }
-      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: ", param, " '", value, "' is not one of ",
-                                                     absl::StrJoin(allowed, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: ", param, " '", value,
+                                                     "' is not one of ", absl::StrJoin(allowed, ", ")));
     };
-    for (absl::Status status : {one_of("layout", {"NHWC", "HWC"}), one_of("resize", {"exact", "shortest_edge", "none"}),
-                                one_of("resample", {"linear", "cubic", "nearest"}),
-                                one_of("center_crop", {"true", "false"})}) {
+    for (absl::Status status :
+         {one_of("layout", {"NHWC", "HWC"}), one_of("resize", {"exact", "shortest_edge", "none"}),
+          one_of("resample", {"linear", "cubic", "nearest"}), one_of("center_crop", {"true", "false"})}) {
       if (!status.ok()) return status;
     }
     return absl::OkStatus();
@@ -178,8 +185,8 @@ class AppendImagePreprocessingPass final : public Pass {
     const auto& shape = input->type().tensor_type().shape();
     if (shape.dim_size() != 4 || !shape.dim(1).has_dim_value() || shape.dim(1).dim_value() != 3 ||
         !shape.dim(2).has_dim_value() || !shape.dim(3).has_dim_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: '", input->name(),
-                                                     "' is not [N, 3, H, W] with a static H and W"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("append_image_preprocessing: '", input->name(), "' is not [N, 3, H, W] with a static H and W"));
     }
     const int64_t opset = context.OpsetVersion("");
     if (opset < 13) {
@@ -198,9 +205,10 @@ class AppendImagePreprocessingPass final : public Pass {
     }
     Append(model->mutable_graph(), *input, *steps, params, shape.dim(2).dim_value(), shape.dim(3).dim_value());
     context.CountRewrite();
-    context.Note(absl::StrCat("resize ", steps->resize, " (", steps->resample, params.GetBool("antialias") ? ", antialias" : "",
-                              ")", steps->crop ? ", center crop" : "", ", rescale ", steps->rescale, ", mean ",
-                              absl::StrJoin(steps->mean, "/"), ", std ", absl::StrJoin(steps->std, "/")));
+    context.Note(absl::StrCat("resize ", steps->resize, " (", steps->resample,
+                              params.GetBool("antialias") ? ", antialias" : "", ")", steps->crop ? ", center crop" : "",
+                              ", rescale ", steps->rescale, ", mean ", absl::StrJoin(steps->mean, "/"), ", std ",
+                              absl::StrJoin(steps->std, "/")));
     return absl::OkStatus();
   }
 
@@ -228,19 +236,25 @@ class AppendImagePreprocessingPass final : public Pass {
       *into = *values;
     }
     if (p.resize == "exact" && (p.height <= 0 || p.width <= 0)) {
-      return absl::InvalidArgumentError("append_image_preprocessing: an exact resize needs resize_height and resize_width");
+      return absl::InvalidArgumentError(
+          "append_image_preprocessing: an exact resize needs resize_height and resize_width");
     }
     if (p.resize == "shortest_edge" && p.shortest_edge <= 0) {
       return absl::InvalidArgumentError("append_image_preprocessing: a shortest_edge resize needs shortest_edge");
     }
     if (!p.crop && (p.resize == "shortest_edge" || (p.resize == "exact" && (p.height != height || p.width != width)))) {
-      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: without a center crop the resize must "
-                                                     "give the model's ", height, " x ", width));
+      return absl::InvalidArgumentError(
+          absl::StrCat("append_image_preprocessing: without a center crop the resize must "
+                       "give the model's ",
+                       height, " x ", width));
     }
     const int64_t smallest = p.resize == "exact" ? std::min(p.height, p.width) : p.shortest_edge;
-    if (p.crop && p.resize != "none" && (p.resize == "exact" ? (p.height < height || p.width < width) : smallest < std::max(height, width))) {
-      return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: the resized image would be smaller than "
-                                                     "the ", height, " x ", width, " crop"));
+    if (p.crop && p.resize != "none" &&
+        (p.resize == "exact" ? (p.height < height || p.width < width) : smallest < std::max(height, width))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("append_image_preprocessing: the resized image would be smaller than "
+                       "the ",
+                       height, " x ", width, " crop"));
     }
     for (float value : p.std) {
       if (value == 0) return absl::InvalidArgumentError("append_image_preprocessing: a std of 0");
@@ -266,16 +280,19 @@ class AppendImagePreprocessingPass final : public Pass {
       return prefix + output;
     };
     auto gather = [&](const std::string& shape, int64_t axis, const std::string& name) {
-      nodes.push_back(MakeNode("Gather", prefix + name, {shape, constant(name + "_axis", MakeIntScalar("", onnx::TensorProto::INT64, axis))},
+      nodes.push_back(MakeNode("Gather", prefix + name,
+                               {shape, constant(name + "_axis", MakeIntScalar("", onnx::TensorProto::INT64, axis))},
                                {prefix + name}));
       return prefix + name;
     };
     auto as_1d = [&](const std::string& scalar) {
-      return node("Unsqueeze", {scalar, constant(absl::StrCat(scalar.substr(prefix.size()), "_axes"), MakeInt64Tensor("", {0}))},
+      return node("Unsqueeze",
+                  {scalar, constant(absl::StrCat(scalar.substr(prefix.size()), "_axes"), MakeInt64Tensor("", {0}))},
                   scalar.substr(prefix.size()) + "_1d");
     };
     std::string x = image;
-    if (params.GetString("layout") == "HWC") x = node("Unsqueeze", {image, constant("batch_axis", MakeInt64Tensor("", {0}))}, "batched");
+    if (params.GetString("layout") == "HWC")
+      x = node("Unsqueeze", {image, constant("batch_axis", MakeInt64Tensor("", {0}))}, "batched");
     if (p.resize != "none") {
       std::string sizes;
       if (p.resize == "exact") {
@@ -284,7 +301,8 @@ class AppendImagePreprocessingPass final : public Pass {
         // The short edge to S, the long one to S * long / short (integer division: int() of the quotient).
         const std::string shape = node("Shape", {x}, "image_shape");
         const std::string h = gather(shape, 1, "image_height"), w = gather(shape, 2, "image_width");
-        const std::string edge = constant("shortest_edge", MakeIntScalar("", onnx::TensorProto::INT64, p.shortest_edge));
+        const std::string edge =
+            constant("shortest_edge", MakeIntScalar("", onnx::TensorProto::INT64, p.shortest_edge));
         const std::string wide = node("LessOrEqual", {h, w}, "height_is_short");
         const std::string long_h = node("Div", {node("Mul", {edge, h}, "edge_times_height"), w}, "scaled_height");
         const std::string long_w = node("Div", {node("Mul", {edge, w}, "edge_times_width"), h}, "scaled_width");
@@ -317,22 +335,31 @@ class AppendImagePreprocessingPass final : public Pass {
       const std::string h = gather(shape, 1, "resized_height_now"), w = gather(shape, 2, "resized_width_now");
       const std::string two = constant("two", MakeIntScalar("", onnx::TensorProto::INT64, 2));
       const std::string top =
-          node("Div", {node("Sub", {h, constant("crop_height", MakeIntScalar("", onnx::TensorProto::INT64, height))}, "spare_height"), two},
+          node("Div",
+               {node("Sub", {h, constant("crop_height", MakeIntScalar("", onnx::TensorProto::INT64, height))},
+                     "spare_height"),
+                two},
                "crop_top");
-      const std::string left =
-          node("Div", {node("Sub", {w, constant("crop_width", MakeIntScalar("", onnx::TensorProto::INT64, width))}, "spare_width"), two},
-               "crop_left");
-      onnx::NodeProto starts = MakeNode("Concat", prefix + "crop_starts", {as_1d(top), as_1d(left)}, {prefix + "crop_starts"});
+      const std::string left = node(
+          "Div",
+          {node("Sub", {w, constant("crop_width", MakeIntScalar("", onnx::TensorProto::INT64, width))}, "spare_width"),
+           two},
+          "crop_left");
+      onnx::NodeProto starts =
+          MakeNode("Concat", prefix + "crop_starts", {as_1d(top), as_1d(left)}, {prefix + "crop_starts"});
       *starts.add_attribute() = MakeIntAttribute("axis", 0);
       nodes.push_back(std::move(starts));
-      const std::string ends =
-          node("Add", {prefix + "crop_starts", constant("crop_size", MakeInt64Tensor("", {height, width}))}, "crop_ends");
-      x = node("Slice", {x, prefix + "crop_starts", ends, constant("crop_axes", MakeInt64Tensor("", {1, 2}))}, "cropped");
+      const std::string ends = node(
+          "Add", {prefix + "crop_starts", constant("crop_size", MakeInt64Tensor("", {height, width}))}, "crop_ends");
+      x = node("Slice", {x, prefix + "crop_starts", ends, constant("crop_axes", MakeInt64Tensor("", {1, 2}))},
+               "cropped");
     }
     onnx::NodeProto cast = MakeNode("Cast", prefix + "as_float", {x}, {prefix + "as_float"});
     *cast.add_attribute() = MakeIntAttribute("to", onnx::TensorProto::FLOAT);
     nodes.push_back(std::move(cast));
-    x = node("Mul", {prefix + "as_float", constant("rescale", MakeFloatTensor("", {}, {static_cast<float>(p.rescale)}))}, "rescaled");
+    x = node("Mul",
+             {prefix + "as_float", constant("rescale", MakeFloatTensor("", {}, {static_cast<float>(p.rescale)}))},
+             "rescaled");
     x = node("Sub", {x, constant("mean", MakeFloatTensor("", {3}, p.mean))}, "centered");
     x = node("Div", {x, constant("std", MakeFloatTensor("", {3}, p.std))}, "normalized");
     onnx::NodeProto transpose = MakeNode("Transpose", prefix + "nchw", {x},
@@ -361,7 +388,8 @@ class AppendImagePreprocessingPass final : public Pass {
       type->mutable_shape()->add_dim()->set_dim_param("height");
       type->mutable_shape()->add_dim()->set_dim_param("width");
       type->mutable_shape()->add_dim()->set_dim_value(3);
-      replaced.set_doc_string(batched ? "uint8 RGB images [N, height, width, 3]" : "one uint8 RGB image [height, width, 3]");
+      replaced.set_doc_string(batched ? "uint8 RGB images [N, height, width, 3]"
+                                      : "one uint8 RGB image [height, width, 3]");
       declared = std::move(replaced);
       break;
     }

@@ -47,7 +47,8 @@ bool IsFloatMatrix(const onnx::TensorProto* tensor) {
 
 // The operand of `add` that is an extractable LoRA branch: its side and the branch.
 std::optional<std::pair<int, LoraBranch>> BranchOperand(const Graph& graph, const Node* add) {
-  if (add == nullptr || add->op_type() != "Add" || !add->domain().empty() || add->input_size() != 2) return std::nullopt;
+  if (add == nullptr || add->op_type() != "Add" || !add->domain().empty() || add->input_size() != 2)
+    return std::nullopt;
   for (int side = 0; side < 2; ++side) {
     std::optional<LoraBranch> branch = MatchLoraBranch(graph, add->input(side));
     if (!branch || !IsFloatMatrix(branch->a) || !IsFloatMatrix(branch->b)) continue;
@@ -157,31 +158,32 @@ class ExtractAdaptersPass final : public Pass {
       return absl::OkStatus();
     }
     std::vector<std::string> wanted;
-    for (absl::string_view module : absl::StrSplit(context.params().GetString("modules"), ',', absl::SkipWhitespace())) {
+    for (absl::string_view module :
+         absl::StrSplit(context.params().GetString("modules"), ',', absl::SkipWhitespace())) {
       wanted.emplace_back(absl::StripAsciiWhitespace(module));
     }
     const bool concatenate = context.params().GetBool("concatenate");
     int unnamed = 0;
-    RewriteEachMatch(graph, context, "LoRA branch: ", [&](Node* node) { return MatchExtraction(graph, node); },
-                     [&](const Extraction& extraction) {
-                       std::string module = CanonicalModulePath(RecordedModule(*extraction.adds.back()));
-                       if (module.empty()) module = absl::StrCat("lora.", unnamed++);
-                       if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(), [&](const std::string& w) {
-                             return absl::StrContains(module, w);
-                           })) {
-                         context.Skip("a module the `modules` parameter leaves out");
-                         return;
-                       }
-                       if (concatenate) {
-                         Extract(graph, context, extraction, UnusedModuleName(graph, module));
-                         return;
-                       }
-                       for (size_t i = 0; i < extraction.branches.size(); ++i) {  // innermost (first added) first
-                         const size_t at = extraction.branches.size() - 1 - i;
-                         Extraction one{{extraction.adds[at]}, {extraction.branches[at]}, ""};
-                         Extract(graph, context, one, UnusedModuleName(graph, module));
-                       }
-                     });
+    RewriteEachMatch(
+        graph, context, "LoRA branch: ", [&](Node* node) { return MatchExtraction(graph, node); },
+        [&](const Extraction& extraction) {
+          std::string module = CanonicalModulePath(RecordedModule(*extraction.adds.back()));
+          if (module.empty()) module = absl::StrCat("lora.", unnamed++);
+          if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(),
+                                              [&](const std::string& w) { return absl::StrContains(module, w); })) {
+            context.Skip("a module the `modules` parameter leaves out");
+            return;
+          }
+          if (concatenate) {
+            Extract(graph, context, extraction, UnusedModuleName(graph, module));
+            return;
+          }
+          for (size_t i = 0; i < extraction.branches.size(); ++i) {  // innermost (first added) first
+            const size_t at = extraction.branches.size() - 1 - i;
+            Extraction one{{extraction.adds[at]}, {extraction.branches[at]}, ""};
+            Extract(graph, context, one, UnusedModuleName(graph, module));
+          }
+        });
     return absl::OkStatus();
   }
 
@@ -246,11 +248,12 @@ class ExtractAdaptersPass final : public Pass {
     }
     context.CountRewrite();
     context.Count("adapter_parameters", 2);
-    if (extraction.branches.size() > 1) context.Count("adapters_concatenated", static_cast<int64_t>(extraction.branches.size()));
-    context.Note(absl::StrCat(module, ": rank ", rank, extraction.branches.size() > 1
-                                                         ? absl::StrCat(" (", extraction.branches.size(), " adapters)")
-                                                         : "",
-                              ", ", in, " -> ", out, ", scale folded into B"));
+    if (extraction.branches.size() > 1)
+      context.Count("adapters_concatenated", static_cast<int64_t>(extraction.branches.size()));
+    context.Note(
+        absl::StrCat(module, ": rank ", rank,
+                     extraction.branches.size() > 1 ? absl::StrCat(" (", extraction.branches.size(), " adapters)") : "",
+                     ", ", in, " -> ", out, ", scale folded into B"));
   }
 };
 

@@ -28,6 +28,23 @@ struct Origin {
   int freed = -1;
 };
 
+// Operators whose first output has their first input's shape.
+// clang-format off
+constexpr absl::string_view kSameShape[] = {
+    "Identity", "Cast", "Relu", "Erf", "Tanh", "Sigmoid", "Sqrt", "Neg", "Not", "Abs", "Exp", "Log", "Softmax",
+    "LogSoftmax", "IsNaN", "IsInf", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Dropout", "Clip", "Trilu",
+    "Softplus", "Elu", "LeakyRelu", "HardSigmoid", "Sin", "Cos", "CumSum", "InstanceNormalization",
+    "BatchNormalization"};
+// clang-format on
+// Operators that broadcast their inputs against each other.
+constexpr absl::string_view kBroadcasting[] = {
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Greater", "Less",  "GreaterOrEqual", "LessOrEqual",
+    "And", "Or",  "Xor", "Max", "Min", "Mod",   "Sum",   "Mean",    "PRelu", "BitShift"};
+
+template <size_t N>
+bool IsAny(absl::string_view op, const absl::string_view (&ops)[N]) {
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+}
 bool IsAny(absl::string_view op, std::initializer_list<absl::string_view> ops) {
   return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
@@ -206,350 +223,373 @@ class Tracer {
     if (output < node->output_size() && !node->output(output).empty()) values_[node->output(output)] = std::move(value);
   }
 
+  // One rule an operator kind; anything else leaves its outputs unknown (what they meet is decided
+  // by the rest of the graph).
   void Visit(Node* node) {
     if (!node->domain().empty() || !node->subgraphs().empty()) return;
     const absl::string_view op = node->op_type();
     if (op == "Constant") return;
     const Dims* in = ShapeOf(node, 0);
-    if (op == "Shape") {
-      if (in == nullptr) return;
-      const int64_t rank = static_cast<int64_t>(in->size());
-      int64_t start = NormalizeAxis(node->GetAttributeInt("start", 0), in->size());
-      int64_t end = NormalizeAxis(node->GetAttributeInt("end", rank), in->size());
-      start = std::clamp<int64_t>(start, 0, rank);
-      end = std::clamp<int64_t>(end, start, rank);
-      SetValue(node, 0, Dims(in->begin() + start, in->begin() + end));
-      SetShape(node, 0, {Dim{end - start, -1}});
-      return;
-    }
-    if (IsAny(op, {"Identity", "Cast", "Relu", "Erf", "Tanh", "Sigmoid", "Sqrt", "Neg", "Not", "Abs", "Exp", "Log",
-                   "Softmax", "LogSoftmax", "IsNaN", "IsInf", "Reciprocal", "Floor", "Ceil", "Round", "Sign",
-                   "Dropout", "Clip", "Trilu", "Softplus", "Elu", "LeakyRelu", "HardSigmoid", "Sin", "Cos",
-                   "CumSum", "InstanceNormalization", "BatchNormalization"})) {
-      if (in == nullptr) return;
-      SetShape(node, 0, *in);
-      if (IsAny(op, {"Identity", "Cast"})) {
-        if (const Dims* value = ValueOf(node, 0)) SetValue(node, 0, *value);
-      }
-      return;
-    }
-    if (op == "LayerNormalization") {
-      if (in == nullptr) return;
-      for (int slot = 1; slot < node->input_size(); ++slot) {
-        if (const Dims* scale = ShapeOf(node, slot)) Broadcast({in, scale});
-      }
-      SetShape(node, 0, *in);
-      return;
-    }
-    if (IsAny(op, {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Greater", "Less", "GreaterOrEqual",
-                   "LessOrEqual", "And", "Or", "Xor", "Max", "Min", "Mod", "Sum", "Mean", "PRelu", "BitShift"})) {
-      std::vector<const Dims*> shapes;
-      for (int slot = 0; slot < node->input_size(); ++slot) {
-        const Dims* shape = ShapeOf(node, slot);
-        if (shape == nullptr) return;
-        shapes.push_back(shape);
-      }
-      SetShape(node, 0, Broadcast(shapes));
-      return;
-    }
-    if (op == "MatMul") {
-      const Dims* b = ShapeOf(node, 1);
-      if (in == nullptr || b == nullptr || in->empty() || b->empty()) return;
-      Dims a_batch, b_batch;
-      Dim m{1, -1}, n{1, -1};
-      const Dim k_a = in->back();
-      const Dim k_b = b->size() >= 2 ? (*b)[b->size() - 2] : b->back();
-      Unify(k_a, k_b);
-      if (in->size() >= 2) {
-        m = (*in)[in->size() - 2];
-        a_batch.assign(in->begin(), in->end() - 2);
-      }
-      if (b->size() >= 2) {
-        n = b->back();
-        b_batch.assign(b->begin(), b->end() - 2);
-      }
-      Dims out = Broadcast({&a_batch, &b_batch});
-      if (in->size() >= 2) out.push_back(m);
-      if (b->size() >= 2) out.push_back(n);
-      SetShape(node, 0, out);
-      return;
-    }
-    if (op == "Gemm") {
-      const Dims* b = ShapeOf(node, 1);
-      if (in == nullptr || b == nullptr || in->size() != 2 || b->size() != 2) return;
-      const bool trans_a = node->GetAttributeInt("transA", 0) != 0, trans_b = node->GetAttributeInt("transB", 0) != 0;
-      Unify((*in)[trans_a ? 0 : 1], (*b)[trans_b ? 1 : 0]);
-      Dims out = {(*in)[trans_a ? 1 : 0], (*b)[trans_b ? 0 : 1]};
-      if (const Dims* c = ShapeOf(node, 2)) Broadcast({&out, c});
-      SetShape(node, 0, out);
-      return;
-    }
-    if (op == "Transpose") {
-      if (in == nullptr) return;
-      Dims out;
-      const onnx::AttributeProto* perm = node->FindAttribute("perm");
-      for (size_t i = 0; i < in->size(); ++i) {
-        const int64_t from = perm != nullptr && static_cast<int>(i) < perm->ints_size() ? perm->ints(static_cast<int>(i))
-                                                                                      : static_cast<int64_t>(in->size() - 1 - i);
-        if (from < 0 || from >= static_cast<int64_t>(in->size())) return;
-        out.push_back((*in)[static_cast<size_t>(from)]);
-      }
-      SetShape(node, 0, out);
-      return;
-    }
-    if (op == "Reshape") {
-      const Dims* target = ValueOf(node, 1);
-      if (target == nullptr) return;
+    if (op == "Shape") return VisitShape(node, in);
+    if (IsAny(op, kSameShape)) return VisitElementwise(node, in);
+    if (op == "LayerNormalization") return VisitLayerNormalization(node, in);
+    if (IsAny(op, kBroadcasting)) return VisitBroadcast(node, in);
+    if (op == "MatMul") return VisitMatMul(node, in);
+    if (op == "Gemm") return VisitGemm(node, in);
+    if (op == "Transpose") return VisitTranspose(node, in);
+    if (op == "Reshape") return VisitReshape(node, in);
+    if (op == "Flatten") return VisitFlatten(node, in);
+    if (op == "Unsqueeze" || op == "Squeeze") return VisitUnsqueezeOrSqueeze(node, in);
+    if (op == "Concat") return VisitConcat(node, in);
+    if (op == "Gather") return VisitGather(node, in);
+    if (op == "Slice") return VisitSlice(node, in);
+    if (op == "Expand") return VisitExpand(node, in);
+    if (op == "ConstantOfShape") return VisitConstantOfShape(node, in);
+    if (op == "Range") return VisitRange(node, in);
+    if (op == "Tile") return VisitTile(node, in);
+    if (op == "Split") return VisitSplit(node, in);
+    if (absl::StartsWith(op, "Reduce") || op == "ArgMax" || op == "ArgMin") return VisitReduce(node, in);
+  }
+
+  void VisitShape(Node* node, const Dims* in) {
+    if (in == nullptr) return;
+    const int64_t rank = static_cast<int64_t>(in->size());
+    int64_t start = NormalizeAxis(node->GetAttributeInt("start", 0), in->size());
+    int64_t end = NormalizeAxis(node->GetAttributeInt("end", rank), in->size());
+    start = std::clamp<int64_t>(start, 0, rank);
+    end = std::clamp<int64_t>(end, start, rank);
+    SetValue(node, 0, Dims(in->begin() + start, in->begin() + end));
+    SetShape(node, 0, {Dim{end - start, -1}});
+  }
+
+  void VisitElementwise(Node* node, const Dims* in) {
+    const absl::string_view op = node->op_type();
+    if (in == nullptr) return;
+    SetShape(node, 0, *in);
+    if (IsAny(op, {"Identity", "Cast"})) {
       if (const Dims* value = ValueOf(node, 0)) SetValue(node, 0, *value);
-      if (in == nullptr) return;
-      const bool allow_zero = node->GetAttributeInt("allowzero", 0) != 0;
-      Dims out;
-      int inferred = -1;
-      for (size_t i = 0; i < target->size(); ++i) {
-        const Dim& element = (*target)[i];
-        if (element.value == 0 && !allow_zero) {
-          if (i >= in->size()) return;
-          out.push_back((*in)[i]);
-        } else if (element.value == -1) {
-          inferred = static_cast<int>(i);
-          out.push_back(Dim{-1, -1});
-        } else {
-          out.push_back(element);
-        }
-      }
-      if (inferred >= 0) {
-        const int64_t total = Product(*in, 0, in->size());
-        int64_t known = 1;
-        for (size_t i = 0; i < out.size(); ++i) {
-          if (static_cast<int>(i) != inferred) known *= out[i].value;
-        }
-        if (total < 0 || known <= 0) return;
-        out[static_cast<size_t>(inferred)] = Derived(total / known);
-      }
-      AlignKeptDims(*in, out);
-      SetShape(node, 0, out);
-      return;
     }
-    if (op == "Flatten") {
-      if (in == nullptr) return;
-      const size_t axis = static_cast<size_t>(std::clamp<int64_t>(NormalizeAxis(node->GetAttributeInt("axis", 1), in->size()), 0,
-                                                                  static_cast<int64_t>(in->size())));
-      Dims out = {Derived(Product(*in, 0, axis)), Derived(Product(*in, axis, in->size()))};
-      AlignKeptDims(*in, out);
-      SetShape(node, 0, out);
-      return;
+  }
+
+  void VisitLayerNormalization(Node* node, const Dims* in) {
+    if (in == nullptr) return;
+    for (int slot = 1; slot < node->input_size(); ++slot) {
+      if (const Dims* scale = ShapeOf(node, slot)) Broadcast({in, scale});
     }
-    if (op == "Unsqueeze" || op == "Squeeze") {
-      std::optional<std::vector<int64_t>> axes = Axes(node, 1);
-      const Dims* value = ValueOf(node, 0);
-      if (value != nullptr) SetValue(node, 0, *value);
-      if (in == nullptr) return;
-      Dims out = *in;
-      if (op == "Unsqueeze") {
-        if (!axes) return;
-        const size_t rank = in->size() + axes->size();
-        std::vector<int64_t> sorted;
-        for (int64_t axis : *axes) sorted.push_back(NormalizeAxis(axis, rank));
-        std::sort(sorted.begin(), sorted.end());
-        for (int64_t axis : sorted) {
-          if (axis < 0 || axis > static_cast<int64_t>(out.size())) return;
-          out.insert(out.begin() + axis, Dim{1, -1});
-        }
+    SetShape(node, 0, *in);
+  }
+
+  void VisitBroadcast(Node* node, const Dims* in) {
+    std::vector<const Dims*> shapes;
+    for (int slot = 0; slot < node->input_size(); ++slot) {
+      const Dims* shape = ShapeOf(node, slot);
+      if (shape == nullptr) return;
+      shapes.push_back(shape);
+    }
+    SetShape(node, 0, Broadcast(shapes));
+  }
+
+  void VisitMatMul(Node* node, const Dims* in) {
+    const Dims* b = ShapeOf(node, 1);
+    if (in == nullptr || b == nullptr || in->empty() || b->empty()) return;
+    Dims a_batch, b_batch;
+    Dim m{1, -1}, n{1, -1};
+    const Dim k_a = in->back();
+    const Dim k_b = b->size() >= 2 ? (*b)[b->size() - 2] : b->back();
+    Unify(k_a, k_b);
+    if (in->size() >= 2) {
+      m = (*in)[in->size() - 2];
+      a_batch.assign(in->begin(), in->end() - 2);
+    }
+    if (b->size() >= 2) {
+      n = b->back();
+      b_batch.assign(b->begin(), b->end() - 2);
+    }
+    Dims out = Broadcast({&a_batch, &b_batch});
+    if (in->size() >= 2) out.push_back(m);
+    if (b->size() >= 2) out.push_back(n);
+    SetShape(node, 0, out);
+  }
+
+  void VisitGemm(Node* node, const Dims* in) {
+    const Dims* b = ShapeOf(node, 1);
+    if (in == nullptr || b == nullptr || in->size() != 2 || b->size() != 2) return;
+    const bool trans_a = node->GetAttributeInt("transA", 0) != 0, trans_b = node->GetAttributeInt("transB", 0) != 0;
+    Unify((*in)[trans_a ? 0 : 1], (*b)[trans_b ? 1 : 0]);
+    Dims out = {(*in)[trans_a ? 1 : 0], (*b)[trans_b ? 0 : 1]};
+    if (const Dims* c = ShapeOf(node, 2)) Broadcast({&out, c});
+    SetShape(node, 0, out);
+  }
+
+  void VisitTranspose(Node* node, const Dims* in) {
+    if (in == nullptr) return;
+    Dims out;
+    const onnx::AttributeProto* perm = node->FindAttribute("perm");
+    for (size_t i = 0; i < in->size(); ++i) {
+      const int64_t from = perm != nullptr && static_cast<int>(i) < perm->ints_size()
+                               ? perm->ints(static_cast<int>(i))
+                               : static_cast<int64_t>(in->size() - 1 - i);
+      if (from < 0 || from >= static_cast<int64_t>(in->size())) return;
+      out.push_back((*in)[static_cast<size_t>(from)]);
+    }
+    SetShape(node, 0, out);
+  }
+
+  void VisitReshape(Node* node, const Dims* in) {
+    const Dims* target = ValueOf(node, 1);
+    if (target == nullptr) return;
+    if (const Dims* value = ValueOf(node, 0)) SetValue(node, 0, *value);
+    if (in == nullptr) return;
+    const bool allow_zero = node->GetAttributeInt("allowzero", 0) != 0;
+    Dims out;
+    int inferred = -1;
+    for (size_t i = 0; i < target->size(); ++i) {
+      const Dim& element = (*target)[i];
+      if (element.value == 0 && !allow_zero) {
+        if (i >= in->size()) return;
+        out.push_back((*in)[i]);
+      } else if (element.value == -1) {
+        inferred = static_cast<int>(i);
+        out.push_back(Dim{-1, -1});
       } else {
-        Dims kept;
-        for (size_t i = 0; i < in->size(); ++i) {
-          const bool squeezed = axes ? std::count_if(axes->begin(), axes->end(), [&](int64_t axis) {
-                                         return NormalizeAxis(axis, in->size()) == static_cast<int64_t>(i);
-                                       }) > 0
-                                     : (*in)[i].value == 1;
-          if (!squeezed) kept.push_back((*in)[i]);
-        }
-        out = kept;
+        out.push_back(element);
       }
-      SetShape(node, 0, out);
+    }
+    if (inferred >= 0) {
+      const int64_t total = Product(*in, 0, in->size());
+      int64_t known = 1;
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (static_cast<int>(i) != inferred) known *= out[i].value;
+      }
+      if (total < 0 || known <= 0) return;
+      out[static_cast<size_t>(inferred)] = Derived(total / known);
+    }
+    AlignKeptDims(*in, out);
+    SetShape(node, 0, out);
+  }
+
+  void VisitFlatten(Node* node, const Dims* in) {
+    if (in == nullptr) return;
+    const size_t axis = static_cast<size_t>(std::clamp<int64_t>(
+        NormalizeAxis(node->GetAttributeInt("axis", 1), in->size()), 0, static_cast<int64_t>(in->size())));
+    Dims out = {Derived(Product(*in, 0, axis)), Derived(Product(*in, axis, in->size()))};
+    AlignKeptDims(*in, out);
+    SetShape(node, 0, out);
+  }
+
+  void VisitUnsqueezeOrSqueeze(Node* node, const Dims* in) {
+    const absl::string_view op = node->op_type();
+    std::optional<std::vector<int64_t>> axes = Axes(node, 1);
+    const Dims* value = ValueOf(node, 0);
+    if (value != nullptr) SetValue(node, 0, *value);
+    if (in == nullptr) return;
+    Dims out = *in;
+    if (op == "Unsqueeze") {
+      if (!axes) return;
+      const size_t rank = in->size() + axes->size();
+      std::vector<int64_t> sorted;
+      for (int64_t axis : *axes) sorted.push_back(NormalizeAxis(axis, rank));
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t axis : sorted) {
+        if (axis < 0 || axis > static_cast<int64_t>(out.size())) return;
+        out.insert(out.begin() + axis, Dim{1, -1});
+      }
+    } else {
+      Dims kept;
+      for (size_t i = 0; i < in->size(); ++i) {
+        const bool squeezed = axes ? std::count_if(axes->begin(), axes->end(),
+                                                   [&](int64_t axis) {
+                                                     return NormalizeAxis(axis, in->size()) == static_cast<int64_t>(i);
+                                                   }) > 0
+                                   : (*in)[i].value == 1;
+        if (!squeezed) kept.push_back((*in)[i]);
+      }
+      out = kept;
+    }
+    SetShape(node, 0, out);
+  }
+
+  void VisitConcat(Node* node, const Dims* in) {
+    std::vector<const Dims*> shapes;
+    Dims joined_value;
+    bool values_known = true;
+    for (int slot = 0; slot < node->input_size(); ++slot) {
+      const Dims* shape = ShapeOf(node, slot);
+      if (shape == nullptr) return;
+      shapes.push_back(shape);
+      const Dims* value = ValueOf(node, slot);
+      if (value == nullptr) {
+        values_known = false;
+      } else {
+        joined_value.insert(joined_value.end(), value->begin(), value->end());
+      }
+    }
+    if (values_known) SetValue(node, 0, joined_value);
+    const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), shapes[0]->size());
+    Dims out = *shapes[0];
+    int64_t total = 0;
+    int nonempty = 0;
+    Dim only;
+    for (const Dims* shape : shapes) {
+      if (shape->size() != out.size() || axis < 0 || axis >= static_cast<int64_t>(out.size())) return;
+      for (size_t d = 0; d < out.size(); ++d) {
+        if (static_cast<int64_t>(d) != axis) Unify(out[d], (*shape)[d]);
+      }
+      const Dim& part = (*shape)[static_cast<size_t>(axis)];
+      if (part.value < 0) return;
+      total += part.value;
+      if (part.value > 0) {
+        ++nonempty;
+        only = part;
+      }
+    }
+    out[static_cast<size_t>(axis)] = nonempty == 1 ? only : Derived(total);
+    SetShape(node, 0, out);
+  }
+
+  void VisitGather(Node* node, const Dims* in) {
+    const Dims* indices = ShapeOf(node, 1);
+    if (in == nullptr || indices == nullptr) return;
+    const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), in->size());
+    if (axis < 0 || axis >= static_cast<int64_t>(in->size())) return;
+    Dims out(in->begin(), in->begin() + axis);
+    out.insert(out.end(), indices->begin(), indices->end());
+    out.insert(out.end(), in->begin() + axis + 1, in->end());
+    SetShape(node, 0, out);
+    const Dims* value = ValueOf(node, 0);
+    std::optional<std::vector<int64_t>> picked = Numbers(node, 1);
+    if (value != nullptr && picked && axis == 0) {
+      Dims selected;
+      for (int64_t index : *picked) {
+        const int64_t at = index < 0 ? index + static_cast<int64_t>(value->size()) : index;
+        if (at < 0 || at >= static_cast<int64_t>(value->size())) return;
+        selected.push_back((*value)[static_cast<size_t>(at)]);
+      }
+      SetValue(node, 0, selected);
+    }
+  }
+
+  void VisitSlice(Node* node, const Dims* in) {
+    const Dims* starts = ValueOf(node, 1);
+    const Dims* ends = ValueOf(node, 2);
+    if (in == nullptr || starts == nullptr || ends == nullptr || starts->size() != ends->size()) return;
+    std::vector<int64_t> axes(starts->size()), steps(starts->size(), 1);
+    std::iota(axes.begin(), axes.end(), 0);
+    if (node->input_size() > 3 && !node->input(3).empty()) {
+      std::optional<std::vector<int64_t>> given = Numbers(node, 3);
+      if (!given || given->size() != axes.size()) return;
+      axes = *given;
+    }
+    if (node->input_size() > 4 && !node->input(4).empty()) {
+      std::optional<std::vector<int64_t>> given = Numbers(node, 4);
+      if (!given || given->size() != steps.size()) return;
+      steps = *given;
+    }
+    Dims out = *in;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const int64_t axis = NormalizeAxis(axes[i], in->size());
+      if (axis < 0 || axis >= static_cast<int64_t>(in->size()) || steps[i] == 0) return;
+      const int64_t size = (*in)[static_cast<size_t>(axis)].value;
+      if (size < 0) return;
+      auto clamp = [&](int64_t at) { return std::clamp<int64_t>(at < 0 ? at + size : at, 0, size); };
+      const int64_t start = clamp((*starts)[i].value), end = clamp((*ends)[i].value);
+      if (steps[i] != 1) {
+        out[static_cast<size_t>(axis)] = Dim{-1, -1};
+        continue;
+      }
+      const int64_t length = std::max<int64_t>(0, end - start);
+      // The whole axis: as long as the axis; [0, end) of a longer one: as long as its end says.
+      if (start == 0 && (*ends)[i].value >= size) {
+        out[static_cast<size_t>(axis)] = (*in)[static_cast<size_t>(axis)];
+      } else if (start == 0) {
+        out[static_cast<size_t>(axis)] = Dim{length, (*ends)[i].var};
+      } else {
+        out[static_cast<size_t>(axis)] = Derived(length);
+      }
+    }
+    SetShape(node, 0, out);
+  }
+
+  void VisitExpand(Node* node, const Dims* in) {
+    const Dims* shape = ValueOf(node, 1);
+    if (in == nullptr || shape == nullptr) return;
+    SetShape(node, 0, Broadcast({in, shape}));
+  }
+
+  void VisitConstantOfShape(Node* node, const Dims* in) {
+    if (const Dims* shape = ValueOf(node, 0)) SetShape(node, 0, *shape);
+  }
+
+  void VisitRange(Node* node, const Dims* in) {
+    const Dims* start = ValueOf(node, 0);
+    const Dims* limit = ValueOf(node, 1);
+    const Dims* delta = ValueOf(node, 2);
+    if (start == nullptr || limit == nullptr || delta == nullptr || start->size() != 1 || limit->size() != 1 ||
+        delta->size() != 1 || (*delta)[0].value == 0) {
       return;
     }
-    if (op == "Concat") {
-      std::vector<const Dims*> shapes;
-      Dims joined_value;
-      bool values_known = true;
-      for (int slot = 0; slot < node->input_size(); ++slot) {
-        const Dims* shape = ShapeOf(node, slot);
-        if (shape == nullptr) return;
-        shapes.push_back(shape);
-        const Dims* value = ValueOf(node, slot);
-        if (value == nullptr) {
-          values_known = false;
-        } else {
-          joined_value.insert(joined_value.end(), value->begin(), value->end());
-        }
-      }
-      if (values_known) SetValue(node, 0, joined_value);
-      const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), shapes[0]->size());
-      Dims out = *shapes[0];
-      int64_t total = 0;
-      int nonempty = 0;
-      Dim only;
-      for (const Dims* shape : shapes) {
-        if (shape->size() != out.size() || axis < 0 || axis >= static_cast<int64_t>(out.size())) return;
-        for (size_t d = 0; d < out.size(); ++d) {
-          if (static_cast<int64_t>(d) != axis) Unify(out[d], (*shape)[d]);
-        }
-        const Dim& part = (*shape)[static_cast<size_t>(axis)];
-        if (part.value < 0) return;
-        total += part.value;
-        if (part.value > 0) {
-          ++nonempty;
-          only = part;
-        }
-      }
-      out[static_cast<size_t>(axis)] = nonempty == 1 ? only : Derived(total);
-      SetShape(node, 0, out);
-      return;
+    const int64_t step = (*delta)[0].value;
+    const int64_t count =
+        std::max<int64_t>(0, ((*limit)[0].value - (*start)[0].value + step - (step > 0 ? 1 : -1)) / step);
+    SetShape(node, 0, {(*start)[0].value == 0 && step == 1 ? (*limit)[0] : Derived(count)});
+  }
+
+  void VisitTile(Node* node, const Dims* in) {
+    const Dims* repeats = ValueOf(node, 1);
+    if (in == nullptr || repeats == nullptr || repeats->size() != in->size()) return;
+    Dims out;
+    for (size_t i = 0; i < in->size(); ++i) {
+      const Dim& dim = (*in)[i];
+      const Dim& times = (*repeats)[i];
+      out.push_back(dim.value == 1 ? times : times.value == 1 ? dim : Derived(dim.value * times.value));
     }
-    if (op == "Gather") {
-      const Dims* indices = ShapeOf(node, 1);
-      if (in == nullptr || indices == nullptr) return;
-      const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), in->size());
-      if (axis < 0 || axis >= static_cast<int64_t>(in->size())) return;
-      Dims out(in->begin(), in->begin() + axis);
-      out.insert(out.end(), indices->begin(), indices->end());
-      out.insert(out.end(), in->begin() + axis + 1, in->end());
-      SetShape(node, 0, out);
-      const Dims* value = ValueOf(node, 0);
-      std::optional<std::vector<int64_t>> picked = Numbers(node, 1);
-      if (value != nullptr && picked && axis == 0) {
-        Dims selected;
-        for (int64_t index : *picked) {
-          const int64_t at = index < 0 ? index + static_cast<int64_t>(value->size()) : index;
-          if (at < 0 || at >= static_cast<int64_t>(value->size())) return;
-          selected.push_back((*value)[static_cast<size_t>(at)]);
-        }
-        SetValue(node, 0, selected);
-      }
-      return;
-    }
-    if (op == "Slice") {
-      const Dims* starts = ValueOf(node, 1);
-      const Dims* ends = ValueOf(node, 2);
-      if (in == nullptr || starts == nullptr || ends == nullptr || starts->size() != ends->size()) return;
-      std::vector<int64_t> axes(starts->size()), steps(starts->size(), 1);
-      std::iota(axes.begin(), axes.end(), 0);
-      if (node->input_size() > 3 && !node->input(3).empty()) {
-        std::optional<std::vector<int64_t>> given = Numbers(node, 3);
-        if (!given || given->size() != axes.size()) return;
-        axes = *given;
-      }
-      if (node->input_size() > 4 && !node->input(4).empty()) {
-        std::optional<std::vector<int64_t>> given = Numbers(node, 4);
-        if (!given || given->size() != steps.size()) return;
-        steps = *given;
-      }
+    SetShape(node, 0, out);
+  }
+
+  void VisitSplit(Node* node, const Dims* in) {
+    if (in == nullptr) return;
+    const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), in->size());
+    if (axis < 0 || axis >= static_cast<int64_t>(in->size())) return;
+    const Dims* sizes = ValueOf(node, 1);
+    for (int i = 0; i < node->output_size(); ++i) {
       Dims out = *in;
-      for (size_t i = 0; i < axes.size(); ++i) {
-        const int64_t axis = NormalizeAxis(axes[i], in->size());
-        if (axis < 0 || axis >= static_cast<int64_t>(in->size()) || steps[i] == 0) return;
-        const int64_t size = (*in)[static_cast<size_t>(axis)].value;
-        if (size < 0) return;
-        auto clamp = [&](int64_t at) { return std::clamp<int64_t>(at < 0 ? at + size : at, 0, size); };
-        const int64_t start = clamp((*starts)[i].value), end = clamp((*ends)[i].value);
-        if (steps[i] != 1) {
-          out[static_cast<size_t>(axis)] = Dim{-1, -1};
-          continue;
-        }
-        const int64_t length = std::max<int64_t>(0, end - start);
-        // The whole axis: as long as the axis; [0, end) of a longer one: as long as its end says.
-        if (start == 0 && (*ends)[i].value >= size) {
-          out[static_cast<size_t>(axis)] = (*in)[static_cast<size_t>(axis)];
-        } else if (start == 0) {
-          out[static_cast<size_t>(axis)] = Dim{length, (*ends)[i].var};
-        } else {
-          out[static_cast<size_t>(axis)] = Derived(length);
-        }
-      }
-      SetShape(node, 0, out);
-      return;
-    }
-    if (op == "Expand") {
-      const Dims* shape = ValueOf(node, 1);
-      if (in == nullptr || shape == nullptr) return;
-      SetShape(node, 0, Broadcast({in, shape}));
-      return;
-    }
-    if (op == "ConstantOfShape") {
-      if (const Dims* shape = ValueOf(node, 0)) SetShape(node, 0, *shape);
-      return;
-    }
-    if (op == "Range") {
-      const Dims* start = ValueOf(node, 0);
-      const Dims* limit = ValueOf(node, 1);
-      const Dims* delta = ValueOf(node, 2);
-      if (start == nullptr || limit == nullptr || delta == nullptr || start->size() != 1 || limit->size() != 1 ||
-          delta->size() != 1 || (*delta)[0].value == 0) {
+      if (sizes != nullptr && i < static_cast<int>(sizes->size())) {
+        out[static_cast<size_t>(axis)] = (*sizes)[static_cast<size_t>(i)];
+      } else if (const onnx::AttributeProto* split = node->FindAttribute("split");
+                 split != nullptr && i < split->ints_size()) {
+        out[static_cast<size_t>(axis)] = Dim{split->ints(i), -1};
+      } else if ((*in)[static_cast<size_t>(axis)].value > 0) {
+        out[static_cast<size_t>(axis)] = Derived((*in)[static_cast<size_t>(axis)].value / node->output_size());
+      } else {
         return;
       }
-      const int64_t step = (*delta)[0].value;
-      const int64_t count = std::max<int64_t>(0, ((*limit)[0].value - (*start)[0].value + step - (step > 0 ? 1 : -1)) / step);
-      SetShape(node, 0, {(*start)[0].value == 0 && step == 1 ? (*limit)[0] : Derived(count)});
-      return;
+      SetShape(node, i, out);
     }
-    if (op == "Tile") {
-      const Dims* repeats = ValueOf(node, 1);
-      if (in == nullptr || repeats == nullptr || repeats->size() != in->size()) return;
-      Dims out;
-      for (size_t i = 0; i < in->size(); ++i) {
-        const Dim& dim = (*in)[i];
-        const Dim& times = (*repeats)[i];
-        out.push_back(dim.value == 1 ? times : times.value == 1 ? dim : Derived(dim.value * times.value));
-      }
-      SetShape(node, 0, out);
-      return;
+  }
+
+  void VisitReduce(Node* node, const Dims* in) {
+    const absl::string_view op = node->op_type();
+    if (in == nullptr) return;
+    std::optional<std::vector<int64_t>> axes;
+    if (op == "ArgMax" || op == "ArgMin") {
+      axes = std::vector<int64_t>{node->GetAttributeInt("axis", 0)};
+    } else {
+      axes = Axes(node, 1);
     }
-    if (op == "Split") {
-      if (in == nullptr) return;
-      const int64_t axis = NormalizeAxis(node->GetAttributeInt("axis", 0), in->size());
-      if (axis < 0 || axis >= static_cast<int64_t>(in->size())) return;
-      const Dims* sizes = ValueOf(node, 1);
-      for (int i = 0; i < node->output_size(); ++i) {
-        Dims out = *in;
-        if (sizes != nullptr && i < static_cast<int>(sizes->size())) {
-          out[static_cast<size_t>(axis)] = (*sizes)[static_cast<size_t>(i)];
-        } else if (const onnx::AttributeProto* split = node->FindAttribute("split"); split != nullptr && i < split->ints_size()) {
-          out[static_cast<size_t>(axis)] = Dim{split->ints(i), -1};
-        } else if ((*in)[static_cast<size_t>(axis)].value > 0) {
-          out[static_cast<size_t>(axis)] = Derived((*in)[static_cast<size_t>(axis)].value / node->output_size());
-        } else {
-          return;
-        }
-        SetShape(node, i, out);
+    const bool keep = node->GetAttributeInt("keepdims", 1) != 0;
+    Dims out;
+    for (size_t i = 0; i < in->size(); ++i) {
+      const bool reduced =
+          !axes || axes->empty() || std::count_if(axes->begin(), axes->end(), [&](int64_t axis) {
+                                      return NormalizeAxis(axis, in->size()) == static_cast<int64_t>(i);
+                                    }) > 0;
+      if (!reduced) {
+        out.push_back((*in)[i]);
+      } else if (keep) {
+        out.push_back(Dim{1, -1});
       }
-      return;
     }
-    if (absl::StartsWith(op, "Reduce") || op == "ArgMax" || op == "ArgMin") {
-      if (in == nullptr) return;
-      std::optional<std::vector<int64_t>> axes;
-      if (op == "ArgMax" || op == "ArgMin") {
-        axes = std::vector<int64_t>{node->GetAttributeInt("axis", 0)};
-      } else {
-        axes = Axes(node, 1);
-      }
-      const bool keep = node->GetAttributeInt("keepdims", 1) != 0;
-      Dims out;
-      for (size_t i = 0; i < in->size(); ++i) {
-        const bool reduced = !axes || axes->empty() ||
-                             std::count_if(axes->begin(), axes->end(), [&](int64_t axis) {
-                               return NormalizeAxis(axis, in->size()) == static_cast<int64_t>(i);
-                             }) > 0;
-        if (!reduced) {
-          out.push_back((*in)[i]);
-        } else if (keep) {
-          out.push_back(Dim{1, -1});
-        }
-      }
-      SetShape(node, 0, out);
-      return;
-    }
-    // Anything else: its outputs are unknown here; what they meet is decided elsewhere.
+    SetShape(node, 0, out);
   }
 
   LengthProvenance Collect() {

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -62,7 +62,7 @@ onnx::TensorProto Normalized(const onnx::TensorProto& pixels, const Normalizatio
 
 // Runs `model` on one input; its outputs by name.
 std::map<std::string, std::vector<float>> RunModel(const onnx::ModelProto& model, const onnx::TensorProto& input,
-                                               std::vector<int64_t>* indices = nullptr) {
+                                                   std::vector<int64_t>* indices = nullptr) {
   std::map<std::string, std::vector<float>> outputs;
   SessionSettings settings;
   settings.optimization_level = ORT_DISABLE_ALL;
@@ -77,8 +77,8 @@ std::map<std::string, std::vector<float>> RunModel(const onnx::ModelProto& model
   std::vector<const char*> name_pointers;
   for (const auto& name : names) name_pointers.push_back(name.c_str());
   const char* input_pointer = input_name.c_str();
-  std::vector<Ort::Value> results = (*session)->Run(Ort::RunOptions{nullptr}, &input_pointer, &*value, 1,
-                                                    name_pointers.data(), name_pointers.size());
+  std::vector<Ort::Value> results =
+      (*session)->Run(Ort::RunOptions{nullptr}, &input_pointer, &*value, 1, name_pointers.data(), name_pointers.size());
   for (size_t i = 0; i < names.size(); ++i) {
     auto info = results[i].GetTensorTypeAndShapeInfo();
     if (info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
@@ -135,7 +135,8 @@ TEST_P(ImagePreprocessingTest, TakesUint8ImagesAndMatchesTheReferencePipeline) {
     const std::vector<float>& probabilities = got["probabilities"];
     ASSERT_EQ(probabilities.size(), expected.size()) << image;
     double worst = 0;
-    for (size_t i = 0; i < expected.size(); ++i) worst = std::max(worst, std::fabs(double(probabilities[i]) - expected[i]));
+    for (size_t i = 0; i < expected.size(); ++i)
+      worst = std::max(worst, std::fabs(double(probabilities[i]) - expected[i]));
     EXPECT_LT(worst, 1e-4) << image << ": the probabilities differ by " << worst;
     // The pixels themselves (the model's input, made an output here): the models are small and random,
     // their probabilities near uniform, so this is where a preprocessing difference would show.
@@ -230,7 +231,8 @@ TEST(ImagePreprocessingJob, PassesAfterPackageTheValidatedModel) {
   EXPECT_EQ(result->report.optimized().op_histogram().at("com.microsoft::Attention"), 2) << "still fused";
   const onnx::TensorProto pixels = LoadTensor("image_400x300.deit");
   auto original = LoadModel(request.model_path);
-  const std::vector<float> expected = Softmax(RunModel(*original, Normalized(pixels, kFamilies.at("deit"))).begin()->second);
+  const std::vector<float> expected =
+      Softmax(RunModel(*original, Normalized(pixels, kFamilies.at("deit"))).begin()->second);
   onnx::TensorProto image = LoadTensor("image_400x300");
   image.clear_dims();
   for (int64_t dim : {1, 300, 400, 3}) image.add_dims(dim);

@@ -40,7 +40,8 @@ constexpr int kLayers = 2;  // every fixture's
 
 void PrintTo(const LoraFixture& f, std::ostream* os) { *os << f.path; }
 
-constexpr char kExtractThenTransformer[] = R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters"}]})";
+constexpr char kExtractThenTransformer[] =
+    R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters"}]})";
 
 std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
   SessionSettings settings;
@@ -77,7 +78,8 @@ Delivered Deliver(onnx::ModelProto model) {
 }
 
 // Parity of `candidate` (with `adapter` bytes active, or none) against `reference` on padded inputs.
-v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelProto& candidate, const std::string& adapter) {
+v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelProto& candidate,
+                         const std::string& adapter) {
   v1::ParityReport report;
   auto original = Session(reference);
   auto optimized = Session(candidate);
@@ -199,8 +201,9 @@ TEST(ExtractAdaptersParams, SeveralActiveAdaptersConcatenateOrStayApart) {
   ASSERT_TRUE(original.ok());
   for (const bool concatenate : {true, false}) {
     testing::PassRun run = testing::RunConfig(
-        absl::StrCat(R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters", "params": {"concatenate": )",
-                     concatenate ? "true" : "false", "}}]}"),
+        absl::StrCat(
+            R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters", "params": {"concatenate": )",
+            concatenate ? "true" : "false", "}}]}"),
         *original);
     ASSERT_TRUE(run.status.ok()) << run.status;
     const auto inputs = AdapterInputs(run.model);
@@ -231,8 +234,8 @@ TEST(ExtractAdaptersParams, SeveralActiveAdaptersConcatenateOrStayApart) {
 TEST(ExtractAdaptersParams, TheInputsOutliveEliminateInitializerInputs) {
   auto original = LoadModel(testing::FixturePath("lora/bert_r4.onnx"));
   ASSERT_TRUE(original.ok());
-  testing::PassRun run = testing::RunConfig(
-      R"({"preset": "extended", "passesBefore": [{"name": "extract_adapters"}]})", *original);
+  testing::PassRun run =
+      testing::RunConfig(R"({"preset": "extended", "passesBefore": [{"name": "extract_adapters"}]})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(AdapterInputs(run.model).size(), 20u) << "extended's eliminate_initializer_inputs must keep them";
 }
