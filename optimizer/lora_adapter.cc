@@ -258,6 +258,10 @@ absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto
     out.Align(16, 4);
     out.Point(table + 16, out.Put(static_cast<uint32_t>(data->size())));
     out.PutBytes(*data);
+    // FlatBuffers' offsets are 32-bit, and ONNX Runtime's verifier stops at 2 GiB.
+    if (out.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+      return absl::InvalidArgumentError("ADAPTER_TOO_LARGE: an .onnx_adapter file holds at most 2 GiB");
+    }
   }
   return out.Take();
 }
@@ -336,43 +340,59 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
 
 absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
     const std::vector<std::vector<onnx::TensorProto>>& adapters) {
-  std::vector<onnx::TensorProto> merged;
-  std::map<std::string, size_t> index;
+  // Per parameter, in first-seen order: its parts (one an adapter), checked, then joined once.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const onnx::TensorProto*>> parts;
   for (const auto& adapter : adapters) {
     for (const onnx::TensorProto& tensor : adapter) {
-      auto [it, added] = index.emplace(tensor.name(), merged.size());
-      if (added) {
-        merged.push_back(tensor);
-        continue;
+      if (parts.count(tensor.name()) == 0) order.push_back(tensor.name());
+      parts[tensor.name()].push_back(&tensor);
+    }
+  }
+  std::vector<onnx::TensorProto> merged;
+  for (const std::string& name : order) {
+    char which = 0;
+    if (!ParseAdapterParameterName(name, &which)) {
+      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: '", name, "' is no LoRA matrix's name"));
+    }
+    const std::vector<const onnx::TensorProto*>& pieces = parts[name];
+    const onnx::TensorProto& first = *pieces.front();
+    const int kept_axis = which == 'A' ? 0 : 1;  // A [in, r]: in agrees; B [r, out]: out agrees
+    std::vector<std::string> bytes;
+    int64_t rank = 0;
+    for (const onnx::TensorProto* piece : pieces) {
+      absl::StatusOr<std::string> data = ParameterBytes(*piece);
+      if (!data.ok()) return data.status();
+      const std::vector<int64_t> dims(piece->dims().begin(), piece->dims().end());
+      const std::optional<uint64_t> expected = DataSize(dims, piece->data_type());
+      if (piece->data_type() != first.data_type() || dims.size() != 2 || first.dims_size() != 2 ||
+          dims[kept_axis] != first.dims(kept_axis) || !expected || *expected != data->size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ADAPTER_MISMATCH: '", name, "' is [", absl::StrJoin(dims, ", "), "] of type ",
+                         piece->data_type(), " in one adapter and [", absl::StrJoin(first.dims(), ", "), "] of type ",
+                         first.data_type(), " in another (or its data does not fill it)"));
       }
-      onnx::TensorProto& into = merged[it->second];
-      char which = 0;
-      ParseAdapterParameterName(tensor.name(), &which);
-      const int kept_axis = which == 'A' ? 0 : 1;  // A [in, r]: in agrees; B [r, out]: out agrees
-      if (into.data_type() != tensor.data_type() || tensor.dims_size() != 2 || into.dims_size() != 2 ||
-          into.dims(kept_axis) != tensor.dims(kept_axis)) {
-        return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' is [",
-                                                       absl::StrJoin(tensor.dims(), ", "), "] in one adapter and [",
-                                                       absl::StrJoin(into.dims(), ", "), "] in another"));
-      }
-      absl::StatusOr<std::string> left = ParameterBytes(into), right = ParameterBytes(tensor);
-      if (!left.ok()) return left.status();
-      if (!right.ok()) return right.status();
-      std::string joined;
-      if (which == 'B') {
-        joined = *left + *right;  // rows stacked
-      } else {
-        const size_t element = ElementSize(tensor.data_type());
-        const size_t left_row = into.dims(1) * element, right_row = tensor.dims(1) * element;
-        for (int64_t row = 0; row < tensor.dims(0); ++row) {
-          joined.append(*left, row * left_row, left_row);
-          joined.append(*right, row * right_row, right_row);
+      rank += dims[1 - kept_axis];
+      bytes.push_back(*std::move(data));
+    }
+    onnx::TensorProto joined;
+    joined.set_name(name);
+    joined.set_data_type(first.data_type());
+    joined.add_dims(which == 'A' ? first.dims(0) : rank);
+    joined.add_dims(which == 'A' ? rank : first.dims(1));
+    std::string* raw = joined.mutable_raw_data();
+    if (which == 'B') {
+      for (const std::string& part : bytes) raw->append(part);  // rows stacked
+    } else {
+      const size_t element = ElementSize(first.data_type());
+      for (int64_t row = 0; row < first.dims(0); ++row) {  // each row side by side
+        for (size_t i = 0; i < bytes.size(); ++i) {
+          const size_t width = static_cast<size_t>(pieces[i]->dims(1)) * element;
+          raw->append(bytes[i], static_cast<size_t>(row) * width, width);
         }
       }
-      into.set_dims(1 - kept_axis, into.dims(1 - kept_axis) + tensor.dims(1 - kept_axis));
-      into.clear_float_data();
-      into.set_raw_data(std::move(joined));
     }
+    merged.push_back(std::move(joined));
   }
   return merged;
 }
@@ -389,6 +409,10 @@ absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& paramet
                                                      inputs.empty() ? "; extract_adapters makes them)" : ")"));
     }
     const auto& type = it->second->type().tensor_type();
+    if (tensor.dims_size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' has rank ",
+                                                     tensor.dims_size(), "; LoRA matrices have 2"));
+    }
     if (type.elem_type() != tensor.data_type()) {
       return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' is of element type ",
                                                      tensor.data_type(), "; the model takes ", type.elem_type()));

@@ -1,15 +1,16 @@
 // The job's last stage: the returned model takes the form it is delivered in.
 //
-// - passes_after (packaging: pre/post-processing put into the model) run on it. They change its
-//   interface, so they come after validation and the benchmark, which compare and time the model the
-//   pipeline made against the original on the original's inputs; their own correctness is their
-//   tests' (against reference pipelines).
-// - Adapters extract_adapters took out of the graph leave it: the values of the adapter inputs'
+// - Adapters extract_adapters took out of the graph leave it first: the values of the adapter inputs'
 //   defaults go to model.onnx_adapter, empty defaults stay (no adapter: the base model). Validation and
 //   the benchmark ran with the values as defaults, which is what ONNX Runtime's adapter API does too
-//   (an active adapter's parameters are feeds); here the delivered pair is checked once more through
-//   that API, since a file that names or shapes a parameter wrongly would fail only there.
+//   (an active adapter's parameters are feeds); here the pair is checked once more through that API,
+//   on the validated interface, since a file that names or shapes a parameter wrongly fails only there.
+// - Then passes_after (packaging: pre/post-processing put into the model). They change its interface,
+//   so they come after validation and the benchmark, which compare and time the model the pipeline made
+//   against the original on the original's inputs; their own correctness is their tests' (against
+//   reference pipelines).
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/lora_adapter.h"
@@ -24,20 +25,9 @@ namespace fs = std::filesystem;
 
 absl::Status OptimizeJob::Deliver() {
   onnx::ModelProto* returned = returned_original_ ? &*original_ : &optimized_;
-  std::vector<v1::PassReport> runs;
-  if (config_.passes_after_size() > 0) {
-    Progress(Phase::kSaving, "passes_after");
-    Pipeline after;
-    absl::StatusOr<std::vector<PipelineStep>> steps = PassListSteps(config_.passes_after(), DefaultPassRegistry());
-    if (!steps.ok()) return steps.status();  // BuildPipeline checked them: not expected
-    after.steps = *std::move(steps);
-    after.hints = pipeline_->hints;
-    absl::Status ran = RunPipeline(after, returned, PassOptions(), &runs);
-    for (const auto& run : runs) *report_.add_passes() = run;
-    if (!ran.ok()) return ran;
-  }
+  // The adapter first, checked on the model validation compared (the original's interface).
   std::vector<onnx::TensorProto> adapter = TakeAdapterDefaults(returned);
-  if (runs.empty() && adapter.empty()) return absl::OkStatus();
+  std::optional<std::string> adapter_bytes;
   if (!adapter.empty()) {
     Progress(Phase::kSaving, "adapter");
     absl::StatusOr<std::string> bytes = SerializeAdapter(adapter);
@@ -52,8 +42,24 @@ absl::Status OptimizeJob::Deliver() {
       if (ParseAdapterParameterName(parameter.name(), &which, &module) && which == 'A') described->add_modules(module);
     }
     if (absl::Status checked = CheckAdapter(*returned, *bytes, described); !checked.ok()) return checked;
+    adapter_bytes = *std::move(bytes);
+  }
+  std::vector<v1::PassReport> runs;
+  if (config_.passes_after_size() > 0) {
+    Progress(Phase::kSaving, "passes_after");
+    Pipeline after;
+    absl::StatusOr<std::vector<PipelineStep>> steps = PassListSteps(config_.passes_after(), DefaultPassRegistry());
+    if (!steps.ok()) return steps.status();  // BuildPipeline checked them: not expected
+    after.steps = *std::move(steps);
+    after.hints = pipeline_->hints;
+    absl::Status ran = RunPipeline(after, returned, PassOptions(), &runs);
+    for (const auto& run : runs) *report_.add_passes() = run;
+    if (!ran.ok()) return ran;
+  }
+  if (runs.empty() && !adapter_bytes) return absl::OkStatus();
+  if (adapter_bytes) {
     const fs::path path = output_path_.parent_path() / kAdapterFileName;
-    if (absl::Status written = WriteFileAtomically(path, *bytes); !written.ok()) return written;
+    if (absl::Status written = WriteFileAtomically(path, *adapter_bytes); !written.ok()) return written;
     result_.files.push_back(path);
   }
   std::vector<v1::PassReport> all_runs = returned_original_ ? std::vector<v1::PassReport>() : AllRuns(precision_runs_);
@@ -63,8 +69,10 @@ absl::Status OptimizeJob::Deliver() {
 
 absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std::string& adapter,
                                        v1::AdapterReport* report) {
+  absl::StatusOr<Ort::LoraAdapter> lora = LoadLoraAdapter(adapter);  // ONNX Runtime reads it, validation or not
+  if (!lora.ok()) return lora.status();
   v1::ParityReport* parity = report->mutable_parity();
-  if (!reference_) {
+  if (!reference_ || reference_->sets.empty()) {
     parity->set_skipped(true);
     return absl::OkStatus();
   }
@@ -72,8 +80,6 @@ absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std:
   if (!source.ok()) return source.status();
   absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(*source, parity_settings_);
   if (!session.ok()) return session.status();
-  absl::StatusOr<Ort::LoraAdapter> lora = LoadLoraAdapter(adapter);
-  if (!lora.ok()) return lora.status();
   Ort::RunOptions with_adapter;
   with_adapter.AddActiveLoraAdapter(*lora);
   absl::Status compared = CompareWithReference(**session, ModelPrecision(model), *reference_, config_.validation(),
@@ -83,21 +89,24 @@ absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std:
     return absl::AbortedError(
         "PARITY_FAILED: the returned model with its extracted adapter active does not match the original");
   }
-  // No adapter: the base model, defined by the empty defaults. How far it lies from the adapted run.
+  // No adapter: the base model, defined by the empty defaults; how far it lies from the original (which
+  // the adapted model matches).
   const ParityReference::InputSet& first = reference_->sets.front();
-  absl::StatusOr<std::vector<Ort::Value>> adapted =
-      RunOnInputs(**session, first.inputs, reference_->output_names, &with_adapter);
   absl::StatusOr<std::vector<Ort::Value>> base = RunOnInputs(**session, first.inputs, reference_->output_names);
-  if (!adapted.ok() || !base.ok()) {
-    return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the model without an adapter: ",
-                                            (adapted.ok() ? base.status() : adapted.status()).message()));
+  if (!base.ok()) {
+    return absl::InternalError(
+        absl::StrCat("ONNX Runtime cannot run the model without an adapter: ", base.status().message()));
   }
   double largest = 0;
-  for (size_t i = 0; i < adapted->size(); ++i) {
-    if (!(*adapted)[i].IsTensor()) continue;
-    auto info = (*adapted)[i].GetTensorTypeAndShapeInfo();
-    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) continue;
-    const float* a = (*adapted)[i].GetTensorData<float>();
+  for (size_t i = 0; i < base->size() && i < first.expected.size(); ++i) {
+    const Ort::Value& expected = first.expected[i];
+    if (!expected.IsTensor() || !(*base)[i].IsTensor()) continue;
+    auto info = expected.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+        (*base)[i].GetTensorTypeAndShapeInfo().GetElementCount() != info.GetElementCount()) {
+      continue;
+    }
+    const float* a = expected.GetTensorData<float>();
     const float* b = (*base)[i].GetTensorData<float>();
     for (size_t k = 0; k < info.GetElementCount(); ++k) largest = std::max(largest, std::fabs(double{a[k]} - b[k]));
   }

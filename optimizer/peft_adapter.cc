@@ -102,16 +102,31 @@ onnx::TensorProto Transposed(const std::string& name, const std::vector<float>& 
   return tensor;
 }
 
-// peft's get_pattern_key: the first pattern `key` with re.match(r"(.*\.)?(key)$", module).
-const Value* PatternValue(const Struct& patterns, const std::string& module) {
-  for (const auto& [pattern, value] : patterns.fields()) {
+// peft's get_pattern_key: a pattern `key` with re.match(r"(.*\.)?(key)$", module). peft takes the first
+// in the file's order, which a parsed JSON object no longer has: here the longest matching key wins (the
+// most specific), then the smaller; INVALID_ARGUMENT for a value that is no number.
+absl::StatusOr<std::optional<double>> PatternValue(const Struct& patterns, const std::string& module,
+                                                   absl::string_view what) {
+  std::vector<std::string> keys;
+  for (const auto& [pattern, value] : patterns.fields()) keys.push_back(pattern);
+  std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a < b;
+  });
+  for (const std::string& pattern : keys) {
+    bool matched = false;
     try {
-      if (std::regex_match(module, std::regex(absl::StrCat("(.*\\.)?(", pattern, ")")))) return &value;
+      matched = std::regex_match(module, std::regex(absl::StrCat("(.*\\.)?(", pattern, ")")));
     } catch (const std::regex_error&) {
       continue;  // a pattern std::regex cannot read matches nothing here
     }
+    if (!matched) continue;
+    const Value& value = patterns.fields().at(pattern);
+    if (value.kind_case() != Value::kNumberValue) {
+      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: ", what, "['", pattern, "'] is not a number"));
+    }
+    return std::optional<double>(value.number_value());
   }
-  return nullptr;
+  return std::optional<double>();
 }
 
 struct PeftConfig {
@@ -239,21 +254,25 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     return absl::InvalidArgumentError(
         "ADAPTER_MISMATCH: the model takes no adapter inputs; optimize it with the extract_adapters pass first");
   }
-  constexpr absl::string_view kA = ".lora_A.weight", kB = ".lora_B.weight";
   std::vector<onnx::TensorProto> parameters;
   std::set<std::string> converted;
   for (const auto& [key, a] : *tensors) {
-    if (absl::EndsWith(key, kB)) continue;  // with its A
-    if (!absl::EndsWith(key, kA)) {
+    // peft's keys end as the model's inputs do: <module path>.lora_A.weight, <module path>.lora_B.weight.
+    char which = 0;
+    std::string prefix;
+    if (!ParseAdapterParameterName(key, &which, &prefix)) {
       return absl::InvalidArgumentError(
           absl::StrCat("PEFT_UNSUPPORTED: '", key,
                        "' is not a LoRA matrix of a Linear layer (embedding adapters, DoRA, biases "
                        "and modules_to_save have no inputs in the model)"));
     }
-    const std::string prefix = key.substr(0, key.size() - kA.size());
-    auto b_entry = tensors->find(absl::StrCat(prefix, kB));
-    if (b_entry == tensors->end())
-      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: '", key, "' has no lora_B"));
+    auto partner = tensors->find(AdapterParameterName(prefix, which == 'A' ? 'B' : 'A'));
+    if (partner == tensors->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEFT_INVALID: '", key, "' has no lora_", which == 'A' ? "B" : "A", " beside it"));
+    }
+    if (which == 'B') continue;  // converted with its A
+    const auto b_entry = partner;
     const SafeTensor& b = b_entry->second;
     if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] != b.shape[1]) {
       return absl::InvalidArgumentError(
@@ -262,14 +281,18 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     }
     const int64_t rank = a.shape[0];
     const std::string peft_module(absl::StripPrefix(prefix, "base_model.model."));
-    const Value* rank_override = PatternValue(config->rank_pattern, peft_module);
-    const double expected_rank = rank_override != nullptr ? rank_override->number_value() : config->r;
+    absl::StatusOr<std::optional<double>> rank_override =
+        PatternValue(config->rank_pattern, peft_module, "rank_pattern");
+    if (!rank_override.ok()) return rank_override.status();
+    const double expected_rank = rank_override->value_or(config->r);
     if (static_cast<double>(rank) != expected_rank) {
       return absl::InvalidArgumentError(
           absl::StrCat("PEFT_INVALID: '", prefix, "' has rank ", rank, "; adapter_config.json says ", expected_rank));
     }
-    const Value* alpha_override = PatternValue(config->alpha_pattern, peft_module);
-    const double alpha = alpha_override != nullptr ? alpha_override->number_value() : config->alpha;
+    absl::StatusOr<std::optional<double>> alpha_override =
+        PatternValue(config->alpha_pattern, peft_module, "alpha_pattern");
+    if (!alpha_override.ok()) return alpha_override.status();
+    const double alpha = alpha_override->value_or(config->alpha);
     const float scale = static_cast<float>(alpha / (config->rslora ? std::sqrt(static_cast<double>(rank)) : rank));
     const std::string module = CanonicalModulePath(prefix);
     const std::string a_name = AdapterParameterName(module, 'A'), b_name = AdapterParameterName(module, 'B');
@@ -279,6 +302,10 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
                                                      "', which the model does not take an adapter for (it takes ",
                                                      inputs.size() / 2, " modules, e.g. '", inputs.begin()->first,
                                                      "')"));
+    }
+    if (!converted.insert(a_name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEFT_INVALID: two of the checkpoint's modules are both '", module, "' without the wrappers"));
     }
     const int32_t type = a_input->second->type().tensor_type().elem_type();
     if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16) {
@@ -291,7 +318,6 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     if (!b_values.ok()) return b_values.status();
     parameters.push_back(Transposed(a_name, *a_values, a.shape[0], a.shape[1], 1.0f, type));
     parameters.push_back(Transposed(b_name, *b_values, b.shape[0], b.shape[1], scale, type));
-    converted.insert(a_name);
   }
   if (absl::Status fits = CheckAdapterFitsModel(parameters, model); !fits.ok()) return fits;
   std::vector<std::string> left;

@@ -14,6 +14,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -980,7 +981,8 @@ void JobManager::RunJob(const v1::Job& job) {
   absl::Status report_written = WriteReport(report, output_dir);
   v1::JobResult result;
   if (outcome.ok()) outcome = report_written;
-  for (const char* artifact : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json", "model.onnx_adapter"}) {
+  for (const char* artifact :
+       {"model.onnx", "model.onnx.data", "report.json", "ort_session.json", onnxopt::kAdapterFileName}) {
     if (!outcome.ok()) break;
     const fs::path file = output_dir / artifact;
     if (!fs::exists(file, ignored)) continue;

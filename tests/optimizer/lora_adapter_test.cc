@@ -94,6 +94,24 @@ TEST(AdapterFormat, ANonMatchingAdapterIsNamed) {
   EXPECT_TRUE(absl::StrContains(rank.message(), "rank 5 in lora_A and 4 in lora_B")) << rank;
 }
 
+TEST(AdapterFormat, ConcatenationChecksWhatItJoins) {
+  auto joined = ConcatenateAdapters({SomeParameters(), SomeParameters()});
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ((*joined)[0].dims(1), 4) << "A [3, 2 + 2]";
+  EXPECT_EQ((*joined)[1].dims(0), 4) << "B [2 + 2, 5]";
+  EXPECT_EQ(TensorFloats((*joined)[0])->at(2), 1.0f) << "row 0: the first A's row, then the second's";
+  std::vector<onnx::TensorProto> wider = SomeParameters();
+  wider[0] = MakeFloatTensor(wider[0].name(), {4, 2}, std::vector<float>(8));
+  EXPECT_TRUE(absl::StrContains(ConcatenateAdapters({SomeParameters(), wider}).status().message(), "ADAPTER_MISMATCH"));
+  std::vector<onnx::TensorProto> short_data = SomeParameters();
+  short_data[1].mutable_raw_data()->resize(8);
+  short_data[1].clear_float_data();
+  EXPECT_FALSE(ConcatenateAdapters({SomeParameters(), short_data}).ok());
+  std::vector<onnx::TensorProto> misnamed = SomeParameters();
+  misnamed[0].set_name("weight");
+  EXPECT_TRUE(absl::StrContains(ConcatenateAdapters({misnamed}).status().message(), "no LoRA matrix"));
+}
+
 std::string Safetensors(const std::string& header, const std::string& data) {
   const uint64_t size = header.size();
   return std::string(reinterpret_cast<const char*>(&size), 8) + header + data;

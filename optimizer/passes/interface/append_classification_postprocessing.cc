@@ -4,6 +4,8 @@
 // Before:  outputs logits [N, C]
 // After:   outputs logits [N, C] (kept), probabilities = Softmax(logits, -1) [N, C],
 //          top_k_probabilities, top_k_indices = TopK(probabilities, min(k, C), -1) [N, k] (largest first)
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
@@ -55,29 +57,36 @@ class AppendClassificationPostprocessingPass final : public Pass {
                          : absl::StrCat("append_classification_postprocessing: no output '", wanted, "'"));
     }
     const onnx::ValueInfoProto kept = *logits;
-    const auto& classes = kept.type().tensor_type().shape().dim(1);
+    const auto& logits_type = kept.type().tensor_type();
+    if (logits_type.shape().dim_size() != 2 || (logits_type.elem_type() != onnx::TensorProto::FLOAT &&
+                                                logits_type.elem_type() != onnx::TensorProto::FLOAT16)) {
+      return absl::InvalidArgumentError(absl::StrCat("append_classification_postprocessing: output '", kept.name(),
+                                                     "' is not declared as float logits [N, classes]"));
+    }
+    const auto& classes = logits_type.shape().dim(1);
     int64_t k = context.params().GetInt("top_k");
     if (classes.has_dim_value()) k = std::min(k, classes.dim_value());
     const std::string prefix = context.params().GetString("prefix");
     const std::string probabilities = prefix + "probabilities", top_values = prefix + "top_k_probabilities",
-                      top_indices = prefix + "top_k_indices";
-    for (const std::string& name : {probabilities, top_values, top_indices}) {
-      for (const auto& output : graph->output()) {
-        if (output.name() == name) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("append_classification_postprocessing: the model already has an "
-                           "output '",
-                           name, "'; set `prefix`"));
-        }
+                      top_indices = prefix + "top_k_indices", k_name = prefix + "top_k_count";
+    // The new names must be new: not an output, input, initializer or node output of the model.
+    std::set<std::string> taken;
+    for (const auto& value : graph->input()) taken.insert(value.name());
+    for (const auto& value : graph->output()) taken.insert(value.name());
+    for (const auto& tensor : graph->initializer()) taken.insert(tensor.name());
+    for (const auto& node : graph->node()) taken.insert(node.output().begin(), node.output().end());
+    for (const std::string& name : {probabilities, top_values, top_indices, k_name}) {
+      if (taken.count(name) > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("append_classification_postprocessing: the model already has '", name, "'; set `prefix`"));
       }
     }
-    onnx::NodeProto softmax = MakeNode("Softmax", "postprocess/softmax", {kept.name()}, {probabilities});
+    onnx::NodeProto softmax = MakeNode("Softmax", prefix + "postprocess/softmax", {kept.name()}, {probabilities});
     *softmax.add_attribute() = MakeIntAttribute("axis", -1);
     *graph->add_node() = std::move(softmax);
-    onnx::TensorProto k_tensor = MakeInt64Tensor("postprocess/k", {k});
-    *graph->add_initializer() = k_tensor;
+    *graph->add_initializer() = MakeInt64Tensor(k_name, {k});
     onnx::NodeProto top =
-        MakeNode("TopK", "postprocess/top_k", {probabilities, "postprocess/k"}, {top_values, top_indices});
+        MakeNode("TopK", prefix + "postprocess/top_k", {probabilities, k_name}, {top_values, top_indices});
     *top.add_attribute() = MakeIntAttribute("axis", -1);
     *graph->add_node() = std::move(top);
     auto declare = [&](const std::string& name, int32_t type, bool top_k) {

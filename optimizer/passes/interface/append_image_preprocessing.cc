@@ -102,19 +102,23 @@ const onnx::ValueInfoProto* ImageInput(const onnx::GraphProto& graph, const std:
   return found;
 }
 
-// Opset 13..17 -> 18: Reduce* but ReduceSum take their axes as an input from 18 on.
+// Opset 13..17 -> 18, the operators whose form changed: Reduce* but ReduceSum take their axes as an
+// input, and a Split into equal parts says how many (num_outputs).
 void MoveToOpset18(onnx::GraphProto* graph, int* counter) {
   for (auto& node : *graph->mutable_node()) {
     for (auto& attribute : *node.mutable_attribute()) {
       if (attribute.has_g()) MoveToOpset18(attribute.mutable_g(), counter);
       for (auto& body : *attribute.mutable_graphs()) MoveToOpset18(&body, counter);
     }
-    const bool reduce = (node.domain().empty() || node.domain() == "ai.onnx") &&
-                        absl::StartsWith(node.op_type(), "Reduce") && node.op_type() != "ReduceSum";
-    if (!reduce) continue;
+    if (!node.domain().empty() && node.domain() != "ai.onnx") continue;
+    if (node.op_type() == "Split" && (node.input_size() < 2 || node.input(1).empty())) {
+      *node.add_attribute() = MakeIntAttribute("num_outputs", node.output_size());
+      continue;
+    }
+    if (!absl::StartsWith(node.op_type(), "Reduce") || node.op_type() == "ReduceSum") continue;
     for (int i = 0; i < node.attribute_size(); ++i) {
       if (node.attribute(i).name() != "axes") continue;
-      const std::string name = absl::StrCat("opset18_axes_", (*counter)++);
+      const std::string name = absl::StrCat("preprocess/opset18_axes_", (*counter)++);
       *graph->add_initializer() =
           MakeInt64Tensor(name, std::vector<int64_t>(node.attribute(i).ints().begin(), node.attribute(i).ints().end()));
       node.mutable_attribute()->DeleteSubrange(i, 1);
@@ -201,6 +205,7 @@ class AppendImagePreprocessingPass final : public Pass {
       for (auto& import : *model->mutable_opset_import()) {
         if (import.domain().empty() || import.domain() == "ai.onnx") import.set_version(18);
       }
+      model->set_ir_version(std::max<int64_t>(model->ir_version(), 8));  // what opset 18 needs
       context.Count("opset_raised_to_18");
     }
     Append(model->mutable_graph(), *input, *steps, params, shape.dim(2).dim_value(), shape.dim(3).dim_value());

@@ -41,8 +41,11 @@ struct Extraction {
   std::string base;
 };
 
+// A float matrix whose values can be read and fill its dims.
 bool IsFloatMatrix(const onnx::TensorProto* tensor) {
-  return tensor != nullptr && tensor->dims_size() == 2 && tensor->data_type() == onnx::TensorProto::FLOAT;
+  if (tensor == nullptr || tensor->dims_size() != 2 || tensor->data_type() != onnx::TensorProto::FLOAT) return false;
+  const std::optional<std::vector<float>> values = TensorFloats(*tensor);
+  return values && static_cast<int64_t>(values->size()) == tensor->dims(0) * tensor->dims(1);
 }
 
 // The operand of `add` that is an extractable LoRA branch: its side and the branch.
@@ -55,7 +58,8 @@ std::optional<std::pair<int, LoraBranch>> BranchOperand(const Graph& graph, cons
     // The branch's nodes are its own: nothing else reads what they compute.
     if (graph.Consumers(branch->down->output(0)).size() != 1 || graph.Consumers(branch->up->output(0)).size() != 1 ||
         graph.IsGraphOutput(branch->up->output(0)) ||
-        (branch->scale != nullptr && graph.Consumers(branch->scale->output(0)).size() != 1)) {
+        (branch->scale != nullptr &&
+         (graph.Consumers(branch->scale->output(0)).size() != 1 || graph.IsGraphOutput(branch->scale->output(0))))) {
       continue;
     }
     // Low rank: the branch is narrower than both ends (what tells it from a two-layer projection).
@@ -92,7 +96,9 @@ MatchResult<Extraction> MatchExtraction(const Graph& graph, Node* add) {
     extraction.branches.push_back(operand->second);
     extraction.base = current->input(1 - operand->first);
     current = graph.Producer(extraction.base);
-    operand = graph.Consumers(extraction.base).size() == 1 ? BranchOperand(graph, current) : std::nullopt;
+    operand = graph.Consumers(extraction.base).size() == 1 && !graph.IsGraphOutput(extraction.base)
+                  ? BranchOperand(graph, current)
+                  : std::nullopt;
   }
   if (!ProjectsInput(graph, extraction.base, extraction.branches.front().x)) {
     return Fail("a low-rank branch added onto something that is not a projection of the same input");
@@ -196,60 +202,71 @@ class ExtractAdaptersPass final : public Pass {
   }
 
   // The branches' A side by side ([in, sum of ranks]) and their B, each scaled, stacked ([sum, out]):
-  // x [A_0 A_1] [B_0 s_0; B_1 s_1] = x A_0 B_0 s_0 + x A_1 B_1 s_1. One pair of inputs replaces them, the
-  // innermost branch computes it, the other branches and their Adds go.
+  // x [A_0 A_1] [B_0 s_0; B_1 s_1] = x A_0 B_0 s_0 + x A_1 B_1 s_1 (ConcatenateAdapters). One pair of
+  // inputs replaces them, the innermost branch computes it, the other branches and their Adds go.
   static void Extract(Graph& graph, PassContext& context, const Extraction& extraction, const std::string& module) {
-    const int64_t in = extraction.branches.front().a->dims(0), out = extraction.branches.front().b->dims(1);
-    int64_t rank = 0;
-    std::vector<std::vector<float>> a_parts;
-    std::vector<float> b_values;
-    for (const LoraBranch& branch : extraction.branches) {
-      if (branch.a->dims(0) != in || branch.b->dims(1) != out) {
-        context.Skip("LoRA branches of one projection with other widths");
-        return;
-      }
-      rank += branch.a->dims(1);
-      a_parts.push_back(*TensorFloats(*branch.a));
-      std::vector<float> b = *TensorFloats(*branch.b);
-      for (float& value : b) value *= branch.scale_value;
-      b_values.insert(b_values.end(), b.begin(), b.end());
-    }
-    std::vector<float> a_values;
-    a_values.reserve(static_cast<size_t>(in * rank));
-    for (int64_t row = 0; row < in; ++row) {
-      for (size_t i = 0; i < a_parts.size(); ++i) {
-        const int64_t width = extraction.branches[i].a->dims(1);
-        a_values.insert(a_values.end(), a_parts[i].begin() + row * width, a_parts[i].begin() + (row + 1) * width);
-      }
-    }
     const std::string a_name = AdapterParameterName(module, 'A');
     const std::string b_name = AdapterParameterName(module, 'B');
-    graph.AddInitializer(MakeFloatTensor(a_name, {in, rank}, a_values));
-    graph.AddInitializer(MakeFloatTensor(b_name, {rank, out}, b_values));
+    std::vector<std::vector<onnx::TensorProto>> adapters;  // a branch each: A and B * s
+    for (const LoraBranch& branch : extraction.branches) {
+      onnx::TensorProto a = *branch.a;
+      a.set_name(a_name);
+      std::vector<float> b = *TensorFloats(*branch.b);  // readable: IsFloatMatrix
+      for (float& value : b) value *= branch.scale_value;
+      adapters.push_back({std::move(a), MakeFloatTensor(b_name, {branch.b->dims(0), branch.b->dims(1)}, b)});
+    }
+    absl::StatusOr<std::vector<onnx::TensorProto>> merged = ConcatenateAdapters(adapters);
+    if (!merged.ok()) {
+      context.Skip("LoRA branches of one projection with other widths");
+      return;
+    }
+    const onnx::TensorProto& a = (*merged)[0].name() == a_name ? (*merged)[0] : (*merged)[1];
+    const onnx::TensorProto& b = (*merged)[0].name() == a_name ? (*merged)[1] : (*merged)[0];
+    const int64_t in = a.dims(0), rank = a.dims(1), out = b.dims(1);
     graph.AddGraphInput(AdapterInput(a_name, {"", kAdapterRankDim}, {in, rank}));
     graph.AddGraphInput(AdapterInput(b_name, {kAdapterRankDim, ""}, {rank, out}));
+    graph.AddInitializer(a);
+    graph.AddInitializer(b);
+    std::vector<std::string> replaced;  // the constants the branches read
+    for (const LoraBranch& branch : extraction.branches) {
+      replaced.push_back(branch.down->input(1));
+      replaced.push_back(branch.up->input(1));
+    }
     const LoraBranch& kept = extraction.branches.back();  // the innermost
     graph.SetInput(kept.down, 1, a_name);
     graph.SetInput(kept.up, 1, b_name);
-    if (kept.scale != nullptr) {
+    if (kept.scale != nullptr) {  // no graph output: BranchOperand
       graph.ReplaceAllUsesWith(kept.scale->output(0), kept.up->output(0));
       graph.RemoveNode(kept.scale);
     }
     for (size_t i = 0; i + 1 < extraction.adds.size(); ++i) {
       Node* add = extraction.adds[i];
       const LoraBranch& gone = extraction.branches[i];
-      const std::string& rest = add->input(0) == (gone.scale != nullptr ? gone.scale->output(0) : gone.up->output(0))
-                                    ? add->input(1)
-                                    : add->input(0);
-      graph.ReplaceAllUsesWith(add->output(0), rest);
+      const std::string sum = gone.scale != nullptr ? gone.scale->output(0) : gone.up->output(0);
+      const std::string rest = add->input(0) == sum ? add->input(1) : add->input(0);
+      const std::string output = add->output(0);
       for (Node* node : {add, gone.scale, gone.up, gone.down}) {
         if (node != nullptr) graph.RemoveNode(node);
+      }
+      // The rest is the inner Add's output (no graph output: MatchExtraction), which takes the name of a
+      // graph output this Add wrote.
+      if (graph.IsGraphOutput(output)) {
+        (void)graph.RenameValue(rest, output);
+      } else {
+        graph.ReplaceAllUsesWith(output, rest);
+      }
+    }
+    for (const std::string& name : replaced) {
+      if (graph.Initializer(name) != nullptr && !graph.HasConsumers(name) && !graph.IsGraphInput(name) &&
+          !graph.IsGraphOutput(name)) {
+        graph.RemoveInitializer(name);
       }
     }
     context.CountRewrite();
     context.Count("adapter_parameters", 2);
-    if (extraction.branches.size() > 1)
+    if (extraction.branches.size() > 1) {
       context.Count("adapters_concatenated", static_cast<int64_t>(extraction.branches.size()));
+    }
     context.Note(
         absl::StrCat(module, ": rank ", rank,
                      extraction.branches.size() > 1 ? absl::StrCat(" (", extraction.branches.size(), " adapters)") : "",

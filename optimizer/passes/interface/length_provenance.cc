@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/match.h"
 
@@ -575,6 +576,9 @@ class Tracer {
       axes = std::vector<int64_t>{node->GetAttributeInt("axis", 0)};
     } else {
       axes = Axes(node, 1);
+      const bool given = node->FindAttribute("axes") != nullptr || (node->input_size() > 1 && !node->input(1).empty());
+      if (given && !axes) return;  // axes computed at run time: the shape is unknown here
+      if (!given && node->GetAttributeInt("noop_with_empty_axes", 0) != 0) return SetShape(node, 0, *in);
     }
     const bool keep = node->GetAttributeInt("keepdims", 1) != 0;
     Dims out;
@@ -594,10 +598,16 @@ class Tracer {
 
   LengthProvenance Collect() {
     std::map<int, int> freed_of_set;  // set root -> FreedDim index
-    for (size_t var = 0; var < origins_.size(); ++var) {
-      if (origins_[var].kind == Origin::kInput) freed_of_set.emplace(Find(static_cast<int>(var)), origins_[var].freed);
-    }
     LengthProvenance provenance;
+    for (size_t var = 0; var < origins_.size(); ++var) {
+      if (origins_[var].kind != Origin::kInput) continue;
+      auto [it, added] = freed_of_set.emplace(Find(static_cast<int>(var)), origins_[var].freed);
+      if (!added &&
+          dims_[static_cast<size_t>(it->second)].name != dims_[static_cast<size_t>(origins_[var].freed)].name) {
+        provenance.conflict = absl::StrCat("the graph makes '", dims_[static_cast<size_t>(it->second)].name, "' and '",
+                                           dims_[static_cast<size_t>(origins_[var].freed)].name, "' one dim");
+      }
+    }
     auto freed = [&](int var) {
       auto it = var < 0 ? freed_of_set.end() : freed_of_set.find(Find(var));
       return it == freed_of_set.end() ? -1 : it->second;
@@ -624,7 +634,8 @@ class Tracer {
   const std::vector<FreedDim>& dims_;
   std::vector<int> parent_;
   std::vector<Origin> origins_;
-  absl::flat_hash_map<std::string, Dims> shapes_, values_;
+  // Node-based: the rules hold pointers into them while they add outputs.
+  absl::node_hash_map<std::string, Dims> shapes_, values_;
   std::map<ConstantRead, Dims> read_shapes_, read_values_;
 };
 

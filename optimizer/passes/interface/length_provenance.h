@@ -47,10 +47,12 @@ struct LengthProvenance {
   std::map<ConstantRead, std::map<int, int>> tables;
   // Graph outputs' dims that are a freed length: output name -> dim index -> which FreedDim.
   std::map<std::string, std::map<int, int>> outputs;
+  // Set when two freed dims of different names must be one dim (the graph ties them).
+  std::string conflict;
 };
 
-// The analysis over the main graph. Dims whose provenance is lost (an operator it has no rule for) are
-// no evidence either way: what they meet is decided by the rest of the graph.
+// The analysis over the main graph; the lengths must be > 1 (a 1 is every broadcast dim). Dims whose provenance is lost
+// (an operator it has no rule for) are no evidence either way: what they meet is decided by the rest of the graph.
 LengthProvenance TraceLengths(const Graph& graph, const std::vector<FreedDim>& dims);
 
 }  // namespace onnxopt

@@ -71,9 +71,18 @@ class MakeDimsDynamicPass final : public Pass {
         return absl::InvalidArgumentError(absl::StrCat("make_dims_dynamic: ", dim.input, " has no static dim ", dim.axis));
       }
       dim.length = shape->dim(static_cast<int>(dim.axis)).dim_value();
+      if (dim.length <= 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "make_dims_dynamic: ", dim.input, " is ", dim.length, " along axis ", dim.axis,
+            ": a traced length of 0 or 1 cannot be told from the graph's broadcast dims; export at a length > 1"));
+      }
     }
     // Traced before anything changes; the rewrites then follow what it found.
     const LengthProvenance provenance = TraceLengths(graph, *dims);
+    if (!provenance.conflict.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("make_dims_dynamic: ", provenance.conflict,
+                                                        "; free them at different traced lengths, or one of them"));
+    }
     if (absl::Status rebuildable = CheckTables(graph, provenance, *dims); !rebuildable.ok()) return rebuildable;
     std::vector<std::string> lengths;
     for (const FreedDim& dim : *dims) {

@@ -199,6 +199,20 @@ TEST(ImagePreprocessingParams, ExplicitStepsAndClearErrors) {
       {R"({"family": "vit", "input": "pixels"})", "no input 'pixels'"},
       {R"({"resample": "cubic"})", "give a family"},
   };
+  auto classifier = LoadModel(testing::FixturePath("roberta_cls.onnx"));
+  ASSERT_TRUE(classifier.ok());
+  for (const auto& [params, reason] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"output": "nothing"})", "no output 'nothing'"}, {R"({"top_k": 0})", "top_k < 1"}}) {
+    testing::PassRun bad = testing::RunConfig(
+        absl::StrCat(R"({"passes": [{"name": "append_classification_postprocessing", "params": )", params, "}]}"),
+        *classifier);
+    EXPECT_NE(bad.status.message().find(reason), std::string::npos) << bad.status;
+  }
+  testing::PassRun twice = testing::RunConfig(
+      R"({"passes": [{"name": "append_classification_postprocessing"}, {"name": "append_classification_postprocessing",
+          "params": {"output": "probabilities"}}]})",
+      *classifier);
+  EXPECT_NE(twice.status.message().find("already has 'probabilities'"), std::string::npos) << twice.status;
   for (const auto& [params, reason] : refused) {
     testing::PassRun bad = testing::RunConfig(
         absl::StrCat(R"({"passes": [{"name": "append_image_preprocessing", "params": )", params, "}]}"), *original);

@@ -9,9 +9,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
 #include "optimizer/peft_adapter.h"
@@ -228,6 +230,35 @@ TEST(ExtractAdaptersParams, SeveralActiveAdaptersConcatenateOrStayApart) {
     EXPECT_TRUE(converted.passed()) << converted.ShortDebugString();
     v1::ParityReport one = Compare(*original, delivered.model, *SerializeAdapter(adapters[0]));
     EXPECT_FALSE(one.passed()) << "one of the two adapters alone is not both";
+  }
+}
+
+// A job that extracts the adapters of a classifier and packages it (new outputs): the adapter is checked
+// on the validated interface first, then the packaging runs, and both reach the saved model.
+TEST(ExtractAdaptersJob, AdaptersAndPackagingTogether) {
+  OptimizeRequest request;
+  request.model_path = testing::FixturePath("lora/roberta_cls_r4.onnx");
+  request.output_dir = testing::TempDir("lora_packaged");
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"preset": "transformer", "benchmark": {"skip": true},
+                      "passesBefore": [{"name": "extract_adapters"}],
+                      "passesAfter": [{"name": "append_classification_postprocessing", "params": {"top_k": 2}}]})",
+                  &request.config)
+                  .ok());
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::AdapterReport& adapter = result->report.adapter();
+  EXPECT_EQ(adapter.modules_size(), 4);
+  EXPECT_TRUE(adapter.parity().passed()) << adapter.ShortDebugString();
+  EXPECT_GT(adapter.base_max_abs_diff(), 0);
+  ASSERT_EQ(result->files.size(), 2u);
+  EXPECT_EQ(result->files.back().filename(), kAdapterFileName);
+  auto saved = LoadModel(result->files.front());
+  ASSERT_TRUE(saved.ok());
+  EXPECT_EQ(saved->graph().output_size(), 4);
+  EXPECT_EQ(AdapterInputs(*saved).size(), 8u);
+  for (const auto& tensor : saved->graph().initializer()) {
+    if (ParseAdapterParameterName(tensor.name())) EXPECT_EQ(TensorDataBytes(tensor), 0) << "empty defaults";
   }
 }
 

@@ -141,6 +141,13 @@ TEST(MakeDimsDynamicTest, RefusesATableItCannotDerive) {
   ASSERT_TRUE(kept.status.ok()) << kept.status;
   EXPECT_EQ(kept.model.graph().output(1).type().tensor_type().shape().dim(0).dim_value(), kStatic);
 
+  // A traced length of 1 is every broadcast dim of the graph.
+  onnx::ModelProto single = StaticModel();
+  single.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_value(1);
+  testing::PassRun one = testing::RunConfig(config, single);
+  EXPECT_EQ(one.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(one.status.message().find("a traced length of 0 or 1"), std::string::npos) << one.status;
+
   testing::PassRun malformed = testing::RunConfig(
       R"({"passes": [{"name": "make_dims_dynamic", "params": {"dims": "input_ids=sequence"}}]})", StaticModel());
   EXPECT_FALSE(malformed.status.ok());
