@@ -284,6 +284,7 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
   absl::StatusOr<size_t> parameters_field = in.Field(*adapter, 3);
   if (!parameters_field.ok()) return parameters_field.status();
   std::vector<onnx::TensorProto> parameters;
+  uint64_t copied = 0;
   if (*parameters_field == 0) return parameters;
   absl::StatusOr<size_t> vector_at = in.Follow(*parameters_field);
   if (!vector_at.ok()) return vector_at.status();
@@ -332,6 +333,11 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
     }
     tensor.set_data_type(*type);
     for (int64_t dim : shape) tensor.add_dims(dim);
+    // Each parameter's data is its own: tables pointing at one payload would multiply what is copied.
+    copied += data->first;
+    if (copied > bytes.size()) {
+      return absl::InvalidArgumentError("ADAPTER_INVALID: parameters share their data (the file repeats a payload)");
+    }
     tensor.set_raw_data(std::string(in.Slice(data->second, data->first)));
     parameters.push_back(std::move(tensor));
   }
