@@ -335,6 +335,9 @@ int Local(const Args& args) {
       if (!moved.ok()) result = moved;
     }
     fs::remove_all(staging, error);
+    // A model that never loaded has no report to show: only the error (a parser must not take an empty
+    // report for a result).
+    if (!result.ok() && !report.has_original()) return Report(result.status());
     std::cout << (args.Has("--json") ? onnxopt::client::ToJson(report) : onnxopt::client::FormatReport(report));
     if (args.Has("--html")) {
       absl::Status written = WriteHtml(report, args.Get("--html"));
@@ -571,6 +574,8 @@ Exit codes: 0 ok, 1 job failed, 2 usage, 3 server error, 4 cancelled, 5 input re
 int ParseCommandLine(int argc, char** argv, Args* args) {
   CLI::App app("onnxopt: the command-line client of onnxopt-server, plus local optimize and compare", "onnxopt");
   app.require_subcommand(1, 1);
+  app.set_version_flag("--version", absl::StrCat("onnxopt ", onnxopt::kOptimizerVersion, " (ONNX Runtime ",
+                                                 onnxopt::OrtVersion(), ")"));
   app.fallthrough();  // --server may come after the command too
   app.footer(kFooter);
   std::map<std::string, std::string> values;  // one slot per option name, shared by the commands
@@ -604,19 +609,9 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
     given.push_back({name, command->add_flag(name, help)});
   };
   auto json = [&](CLI::App* command) { flag(command, "--json", "print JSON (protobuf field names)"); };
-  auto config_options = [&](CLI::App* command) {
+  // What a run of two models reads of a config (compare): the validation and benchmark settings.
+  auto run_options = [&](CLI::App* command) {
     value(command, "--config", "FILE.json", "an onnxopt.v1.OptimizationConfig in protobuf JSON");
-    std::vector<std::string> presets;
-    for (const onnxopt::Preset* preset : onnxopt::DefaultPassRegistry().presets()) presets.push_back(preset->name);
-    value(command, "--preset", "NAME",
-          "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
-        ->check(CLI::IsMember(presets));
-    value(command, "--precision", "MODE",
-          "fp32 (default), fp16, bf16, int8_dynamic, int8_static, int4_weight_only, or auto (the fastest float "
-          "precision that passes parity on the job's device)")
-        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only", "auto"}));
-    value(command, "--calibration", "METHOD", "int8_static's calibration: minmax (default), percentile or entropy")
-        ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
     value(command, "--device", "cpu|cuda", "where parity and the benchmark run")
         ->check(CLI::Validator(
             [](std::string& name) -> std::string { return ParseDevice(name) ? "" : "use cpu or cuda"; }, ""));
@@ -630,6 +625,20 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
                                 },
                                 ""));
     given.push_back({"--dim", dims});
+  };
+  auto config_options = [&](CLI::App* command) {
+    run_options(command);
+    std::vector<std::string> presets;
+    for (const onnxopt::Preset* preset : onnxopt::DefaultPassRegistry().presets()) presets.push_back(preset->name);
+    value(command, "--preset", "NAME",
+          "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
+        ->check(CLI::IsMember(presets));
+    value(command, "--precision", "MODE",
+          "fp32 (default), fp16, bf16, int8_dynamic, int8_static, int4_weight_only, or auto (the fastest float "
+          "precision that passes parity on the job's device)")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only", "auto"}));
+    value(command, "--calibration", "METHOD", "int8_static's calibration: minmax (default), percentile or entropy")
+        ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
   };
   auto inputs = [&](CLI::App* command) {
     value(command, "--inputs", "DIR",
@@ -689,7 +698,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
       "compare", "run two models on the same inputs in ONNX Runtime: compare outputs, time them side by side");
   compare->add_option("ORIGINAL", positional[0], "the reference model")->required();
   compare->add_option("OPTIMIZED", positional[1], "the model to check")->required();
-  config_options(compare);
+  run_options(compare);
   inputs(compare);
   value(compare, "--adapter", "FILE.onnx_adapter",
         "run OPTIMIZED with this LoRA adapter active (ONNX Runtime's adapter API); parity only, no timing");

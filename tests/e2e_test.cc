@@ -114,6 +114,18 @@ TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(download.out, &document).ok()) << download.out;
   EXPECT_EQ(document.fields().at("model").string_value(), (dir_ / "again.onnx").string());
 
+  // Newcomers' trips: the version, a missing model (the error only, no empty report), compare's own flags.
+  Result version = Cli({"--version"});
+  EXPECT_EQ(version.code, 0);
+  EXPECT_TRUE(absl::StartsWith(version.out, "onnxopt 0.")) << version.out;
+  EXPECT_TRUE(absl::StrContains(version.out, "ONNX Runtime 1.")) << version.out;
+  Result missing = Cli({"optimize", (dir_ / "nowhere.onnx").string(), "-o", (dir_ / "x.onnx").string(), "--json"});
+  EXPECT_EQ(missing.code, 5) << missing.err;
+  EXPECT_EQ(missing.out, "") << "no report for a model that never loaded";
+  EXPECT_TRUE(absl::StrContains(missing.err, "NOT_FOUND")) << missing.err;
+  Result compare_help = Cli({"compare", "--help"});
+  EXPECT_TRUE(absl::StrContains(compare_help.out, "--device")) << compare_help.out;
+  EXPECT_FALSE(absl::StrContains(compare_help.out, "--precision")) << "compare reads no precision";
   Result help = Cli({"submit", "--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_TRUE(absl::StrContains(help.out, "--preset NAME")) << help.out;
