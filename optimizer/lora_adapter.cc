@@ -11,7 +11,6 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "optimizer/model_io.h"
 #include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
@@ -123,30 +122,10 @@ class FlatBufferReader {
   absl::string_view bytes_;
 };
 
-absl::StatusOr<std::string> ParameterBytes(const onnx::TensorProto& tensor) {
-  std::string scratch;
-  absl::Status unreadable = absl::OkStatus();
-  const std::string* raw = RawBytes(tensor, &scratch, &unreadable);
-  if (!unreadable.ok()) return unreadable;
-  if (raw != nullptr) return *raw;
-  if (tensor.data_type() == onnx::TensorProto::FLOAT) {
-    std::string bytes(tensor.float_data_size() * sizeof(float), '\0');
-    if (!bytes.empty()) std::memcpy(bytes.data(), tensor.float_data().data(), bytes.size());
-    return bytes;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("adapter parameter '", tensor.name(), "' has no raw data"));
-}
-
-// prod(dims) * element size, or nullopt on a negative dim or overflow.
+// prod(dims) * the element size, or nullopt for an unsized element type, a negative dim or an overflow.
 std::optional<uint64_t> DataSize(const std::vector<int64_t>& dims, int32_t type) {
-  uint64_t size = ElementSize(type);
-  if (size == 0) return std::nullopt;
-  for (int64_t dim : dims) {
-    if (dim < 0) return std::nullopt;
-    if (dim != 0 && size > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(dim)) return std::nullopt;
-    size *= static_cast<uint64_t>(dim);
-  }
-  return size;
+  const size_t element = ElementSize(type);
+  return element == 0 ? std::nullopt : CheckedByteSize(dims, element);
 }
 
 }  // namespace
@@ -236,14 +215,13 @@ absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto
   for (size_t i = 0; i < parameters.size(); ++i) slots.push_back(out.Put(uint32_t{0}));
   for (size_t i = 0; i < parameters.size(); ++i) {
     const onnx::TensorProto& tensor = parameters[i];
-    absl::StatusOr<std::string> data = ParameterBytes(tensor);
+    std::string scratch;
+    absl::StatusOr<absl::string_view> data = TensorBytes(tensor, &scratch);  // fills its dims
     if (!data.ok()) return data.status();
     const std::vector<int64_t> dims(tensor.dims().begin(), tensor.dims().end());
-    const std::optional<uint64_t> expected = DataSize(dims, tensor.data_type());
-    if (dims.empty() || !expected || *expected != data->size()) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter parameter '", tensor.name(), "' [",
-                                                     absl::StrJoin(dims, ", "), "] holds ", data->size(),
-                                                     " bytes, not a tensor of rank >= 1 of its type"));
+    if (dims.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter parameter '", tensor.name(), "' is a scalar; ONNX Runtime reads tensors of rank >= 1"));
     }
     const size_t table = out.FourFieldTable();
     out.Point(slots[i], table);
@@ -364,22 +342,23 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
     const std::vector<const onnx::TensorProto*>& pieces = parts[name];
     const onnx::TensorProto& first = *pieces.front();
     const int kept_axis = which == 'A' ? 0 : 1;  // A [in, r]: in agrees; B [r, out]: out agrees
-    std::vector<std::string> bytes;
+    std::vector<std::string> scratch(pieces.size());
+    std::vector<absl::string_view> bytes;
     int64_t rank = 0;
-    for (const onnx::TensorProto* piece : pieces) {
-      absl::StatusOr<std::string> data = ParameterBytes(*piece);
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      const onnx::TensorProto* piece = pieces[p];
+      absl::StatusOr<absl::string_view> data = TensorBytes(*piece, &scratch[p]);  // fills its dims
       if (!data.ok()) return data.status();
       const std::vector<int64_t> dims(piece->dims().begin(), piece->dims().end());
-      const std::optional<uint64_t> expected = DataSize(dims, piece->data_type());
       if (piece->data_type() != first.data_type() || dims.size() != 2 || first.dims_size() != 2 ||
-          dims[kept_axis] != first.dims(kept_axis) || !expected || *expected != data->size()) {
+          dims[kept_axis] != first.dims(kept_axis)) {
         return absl::InvalidArgumentError(
             absl::StrCat("ADAPTER_MISMATCH: '", name, "' is [", absl::StrJoin(dims, ", "), "] of type ",
                          piece->data_type(), " in one adapter and [", absl::StrJoin(first.dims(), ", "), "] of type ",
-                         first.data_type(), " in another (or its data does not fill it)"));
+                         first.data_type(), " in another"));
       }
       rank += dims[1 - kept_axis];
-      bytes.push_back(*std::move(data));
+      bytes.push_back(*data);
     }
     onnx::TensorProto joined;
     joined.set_name(name);
@@ -388,13 +367,13 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
     joined.add_dims(which == 'A' ? rank : first.dims(1));
     std::string* raw = joined.mutable_raw_data();
     if (which == 'B') {
-      for (const std::string& part : bytes) raw->append(part);  // rows stacked
+      for (absl::string_view part : bytes) raw->append(part.data(), part.size());  // rows stacked
     } else {
       const size_t element = ElementSize(first.data_type());
       for (int64_t row = 0; row < first.dims(0); ++row) {  // each row side by side
         for (size_t i = 0; i < bytes.size(); ++i) {
           const size_t width = static_cast<size_t>(pieces[i]->dims(1)) * element;
-          raw->append(bytes[i], static_cast<size_t>(row) * width, width);
+          raw->append(bytes[i].data() + static_cast<size_t>(row) * width, width);
         }
       }
     }

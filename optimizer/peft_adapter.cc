@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <regex>
 #include <set>
 
@@ -16,6 +15,7 @@
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/passes/precision/precision_common.h"
+#include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
 namespace {
@@ -203,15 +203,14 @@ absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_
     tensor.dtype = dtype->second.string_value();
     const size_t element = DtypeSize(tensor.dtype);
     if (element == 0) return Invalid(absl::StrCat("'", name, "' has the unknown dtype '", tensor.dtype, "'"));
-    uint64_t expected = element;
     for (const Value& dim : shape->second.list_value().values()) {
       const std::optional<uint64_t> value = WholeNumber(dim);
-      if (!value || (*value != 0 && expected > std::numeric_limits<uint64_t>::max() / *value)) {
-        return Invalid(absl::StrCat("'", name, "' has a shape that is not a list of sizes"));
-      }
-      expected *= *value;
+      if (!value) return Invalid(absl::StrCat("'", name, "' has a shape that is not a list of sizes"));
       tensor.shape.push_back(static_cast<int64_t>(*value));
     }
+    const std::optional<uint64_t> size = CheckedByteSize(tensor.shape, element);
+    if (!size) return Invalid(absl::StrCat("'", name, "' has a shape that is not a list of sizes"));
+    const uint64_t expected = *size;
     const std::optional<uint64_t> begin = WholeNumber(offsets->second.list_value().values(0));
     const std::optional<uint64_t> end = WholeNumber(offsets->second.list_value().values(1));
     if (!begin || !end || *begin > *end || *end > data.size()) {

@@ -1,6 +1,7 @@
 #include "optimizer/tensor_convert.h"
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -69,21 +70,61 @@ int TypedFieldSize(const onnx::TensorProto& tensor) {
 
 }  // namespace
 
-absl::StatusOr<Ort::Value> TensorProtoToOrtValue(const onnx::TensorProto& tensor) {
+std::optional<uint64_t> CheckedByteSize(const std::vector<int64_t>& dims, size_t element_size) {
+  uint64_t size = element_size;
+  for (int64_t dim : dims) {
+    if (dim < 0) return std::nullopt;
+    if (dim != 0 && size > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(dim)) return std::nullopt;
+    size *= static_cast<uint64_t>(dim);
+  }
+  return size;
+}
+
+absl::StatusOr<absl::string_view> TensorBytes(const onnx::TensorProto& tensor, std::string* scratch) {
   if (tensor.data_location() == onnx::TensorProto::EXTERNAL && !IsByReference(tensor)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has external data; load it first"));
   }
-  std::vector<int64_t> shape(tensor.dims().begin(), tensor.dims().end());
-  size_t count = 1;
-  for (int64_t dim : shape) {
-    if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has a negative dimension"));
-    count *= static_cast<size_t>(dim);
+  const size_t element_size = ElementSize(tensor.data_type());
+  if (element_size == 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor '", tensor.name(), "': element type ", tensor.data_type(), " is not converted"));
   }
+  for (int64_t dim : tensor.dims()) {
+    if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has a negative dimension"));
+  }
+  const std::optional<uint64_t> size =
+      CheckedByteSize(std::vector<int64_t>(tensor.dims().begin(), tensor.dims().end()), element_size);
+  if (!size) return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' is too large"));
+  const size_t count = *size / element_size;
+  absl::string_view bytes = tensor.raw_data();
+  if (IsByReference(tensor)) {
+    absl::Status read = absl::OkStatus();
+    const std::string* referenced = RawBytes(tensor, scratch, &read);
+    if (referenced == nullptr) return read;
+    bytes = *referenced;
+  } else if (!tensor.has_raw_data()) {
+    if (static_cast<size_t>(TypedFieldSize(tensor)) != count) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' holds ", TypedFieldSize(tensor),
+                                                     " values for ", count, " elements"));
+    }
+    *scratch = TypedFieldBytes(tensor, count);
+    bytes = *scratch;
+  }
+  if (bytes.size() != *size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name(), "' has ", bytes.size(), " bytes of data for ", count, " elements"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<Ort::Value> TensorProtoToOrtValue(const onnx::TensorProto& tensor) {
+  std::vector<int64_t> shape(tensor.dims().begin(), tensor.dims().end());
   const auto type = static_cast<ONNXTensorElementDataType>(tensor.data_type());
   try {
     Ort::AllocatorWithDefaultOptions allocator;
     if (tensor.data_type() == onnx::TensorProto::STRING) {
-      if (static_cast<size_t>(tensor.string_data_size()) != count) {
+      const std::optional<uint64_t> count = CheckedByteSize(shape, 1);
+      if (!count || static_cast<uint64_t>(tensor.string_data_size()) != *count) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has the wrong number of strings"));
       }
       Ort::Value value = Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), type);
@@ -92,29 +133,9 @@ absl::StatusOr<Ort::Value> TensorProtoToOrtValue(const onnx::TensorProto& tensor
       if (!strings.empty()) value.FillStringTensor(strings.data(), strings.size());
       return value;
     }
-    const size_t element_size = ElementSize(tensor.data_type());
-    if (element_size == 0) {
-      return absl::UnimplementedError(absl::StrCat("tensor '", tensor.name(), "': element type ", tensor.data_type(),
-                                                   " is not converted"));
-    }
-    std::string typed;
-    const std::string* bytes = &tensor.raw_data();
-    if (IsByReference(tensor)) {
-      absl::Status read = absl::OkStatus();
-      bytes = RawBytes(tensor, &typed, &read);
-      if (bytes == nullptr) return read;
-    } else if (!tensor.has_raw_data()) {
-      if (static_cast<size_t>(TypedFieldSize(tensor)) != count) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' holds ", TypedFieldSize(tensor),
-                                                       " values for ", count, " elements"));
-      }
-      typed = TypedFieldBytes(tensor, count);
-      bytes = &typed;
-    }
-    if (bytes->size() != count * element_size) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name(), "' has ", bytes->size(),
-                                                     " bytes of data for ", count, " elements"));
-    }
+    std::string scratch;
+    absl::StatusOr<absl::string_view> bytes = TensorBytes(tensor, &scratch);
+    if (!bytes.ok()) return bytes.status();
     Ort::Value value = Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), type);
     if (!bytes->empty()) std::memcpy(value.GetTensorMutableRawData(), bytes->data(), bytes->size());
     return value;

@@ -21,7 +21,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/interface/length_provenance.h"
 #include "optimizer/passes/passes.h"
@@ -222,18 +221,18 @@ class MakeDimsDynamicPass final : public Pass {
     }
     if (freed.size() != 2 || freed.begin()->first != rank - 2 || freed.rbegin()->first != rank - 1) return std::nullopt;
     const int64_t n = tensor.dims(rank - 1);
-    const size_t element = ElementSize(tensor.data_type());
     std::string scratch;
-    const std::string* raw = RawBytes(tensor, &scratch);
-    if (raw == nullptr || element == 0 || raw->size() != static_cast<size_t>(n * n) * element) return std::nullopt;
-    auto at = [&](int64_t row, int64_t col) { return raw->substr(static_cast<size_t>((row * n + col)) * element, element); };
+    const absl::StatusOr<absl::string_view> raw = TensorBytes(tensor, &scratch);  // n x n elements (other dims 1)
+    if (!raw.ok()) return std::nullopt;
+    const size_t element = ElementSize(tensor.data_type());
+    auto at = [&](int64_t row, int64_t col) { return raw->substr(static_cast<size_t>(row * n + col) * element, element); };
     Table table{Table::kTriangular};
-    table.below = at(0, 0);
+    table.below = std::string(at(0, 0));
     int64_t run = 0;
     while (run < n && at(0, run) == table.below) ++run;
     if (run == n) return std::nullopt;  // one value throughout: no triangle
     table.offset = run - 1;
-    table.above = at(0, run);
+    table.above = std::string(at(0, run));
     for (int64_t row = 0; row < n; ++row) {
       for (int64_t col = 0; col < n; ++col) {
         if (at(row, col) != (col <= row + table.offset ? table.below : table.above)) return std::nullopt;
