@@ -212,7 +212,7 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
         return absl::ResourceExhaustedError(absl::StrCat(
             "QUOTA_EXCEEDED: this tenant stores ", stored, " bytes and has ", reserved, " more on the way; ",
             total_size - committed, " more would pass its quota of ", max_stored_bytes_,
-            " bytes (--tenant_max_stored_bytes)"));
+            " bytes (--tenant-max-stored-bytes)"));
       }
     }
     active_uploads_[partial] = total_size - committed;

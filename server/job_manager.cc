@@ -1,12 +1,14 @@
 #include "server/job_manager.h"
 
 #include <iostream>
+#include <map>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -20,6 +22,8 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/sha256.h"
 #include "optimizer/utf8.h"
+#include "server/job_labels.h"
+#include "server/log.h"
 #include "server/worker_protocol.h"
 
 namespace onnxopt::server {
@@ -151,13 +155,17 @@ std::string RequestDifference(const v1::Job& existing, const v1::CreateJobReques
   if (files(existing.model()) != files(request.model())) return "other external data files";
   if (!MessageDifferencer::Equivalent(existing.config(), request.config())) return "another config";
   if (inputs(existing.inputs()) != inputs(request.inputs())) return "other inputs";
+  const std::map<std::string, std::string> existing_labels(existing.labels().begin(), existing.labels().end());
+  if (existing_labels != std::map<std::string, std::string>(request.labels().begin(), request.labels().end())) {
+    return "other labels";
+  }
   return "";
 }
 
 void JobManager::ModifyOrLog(const std::string& name, const std::function<bool(v1::Job&)>& mutate) {
   absl::StatusOr<v1::Job> updated = store_->Modify(name, mutate, nullptr);
   if (!updated.ok()) {
-    std::cerr << "onnxopt-server: cannot update " << name << ": " << ValidUtf8(updated.status().ToString()) << std::endl;
+    Log(LogLevel::kError, absl::StrCat("cannot update ", name, ": ", ValidUtf8(updated.status().ToString())), {name});
   }
 }
 
@@ -206,7 +214,12 @@ absl::Status JobManager::Start() {
   fs::create_directories(SandboxDir(), error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", SandboxDir().string(), ": ", error.message()));
   UpdateQueueMetric();
-  if (!options_.run_jobs) return absl::OkStatus();
+  if (!options_.run_jobs) {
+    // An API replica runs no jobs, but its queue gauge must follow the shared queue (autoscalers and
+    // dashboards read it from every pod), and it takes back dead replicas' expired leases too.
+    lease_thread_ = std::thread([this] { LeaseLoop(); });
+    return absl::OkStatus();
+  }
   // With the embedded store, the jobs an earlier run left RUNNING hold no lease: they go back to the
   // queue now. With a shared store, those of dead replicas whose lease ran out.
   absl::StatusOr<std::vector<v1::Job>> recovered = store_->RecoverExpiredLeases(options_.max_attempts);
@@ -220,12 +233,12 @@ absl::Status JobManager::Start() {
 void JobManager::RecoverExpiredLeases() {
   absl::StatusOr<std::vector<v1::Job>> recovered = store_->RecoverExpiredLeases(options_.max_attempts);
   if (!recovered.ok()) {
-    std::cerr << "onnxopt-server: cannot recover expired leases: " << recovered.status() << std::endl;
+    Log(LogLevel::kError, absl::StrCat("cannot recover expired leases: ", recovered.status().ToString()));
     return;
   }
   for (const v1::Job& job : *recovered) {
-    std::cerr << "onnxopt-server: " << job.name() << " lost its lease; it is now " << v1::JobState_Name(job.state())
-              << std::endl;
+    Log(LogLevel::kWarning, absl::StrCat(job.name(), " lost its lease; it is now ", v1::JobState_Name(job.state())),
+        {job.name(), job.tenant()});
     CountRecovered(job);
   }
   if (!recovered->empty()) WakeWorkers(/*all=*/true);
@@ -234,7 +247,7 @@ void JobManager::RecoverExpiredLeases() {
 void JobManager::CountRecovered(const v1::Job& job) {
   const char* outcome = job.state() == v1::CANCELLED ? "cancelled" : job.state() == v1::FAILED ? "failed" : "requeued";
   metrics_->LeaseExpired(outcome);
-  if (IsTerminal(job.state())) metrics_->JobFinished(outcome, 0);
+  if (IsTerminal(job.state())) metrics_->JobFinished(outcome, job.error().reason(), 0);
 }
 
 void JobManager::WakeWorkers(bool all) {
@@ -275,11 +288,11 @@ void JobManager::LeaseLoop() {
       if (!lease.ok()) {
         // The database is away: keep running; if it stays away past the lease, another replica may
         // take the job, and this one's result will not be stored (see Finish).
-        std::cerr << "onnxopt-server: cannot renew the lease of " << name << ": " << lease.status() << std::endl;
+        Log(LogLevel::kWarning, absl::StrCat("cannot renew the lease of ", name, ": ", lease.status().ToString()), {name});
         continue;
       }
       if (!lease->held) {
-        std::cerr << "onnxopt-server: lost the lease of " << name << "; stopping it here" << std::endl;
+        Log(LogLevel::kWarning, absl::StrCat("lost the lease of ", name, "; stopping it here"), {name});
         job.lease_lost->store(true);
         job.cancel->store(true);
       } else if (lease->cancel_requested) {
@@ -363,6 +376,7 @@ absl::Status JobManager::ValidateRequest(const v1::CreateJobRequest& request, Bl
     return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: priority ", priority, " is outside ", kMinPriority,
                                                    "..", kMaxPriority));
   }
+  if (absl::Status labels = ValidateLabels(request.labels(), "labels"); !labels.ok()) return labels;
   absl::Status config = CheckConfig(request.config());
   if (!config.ok()) return config;
   absl::Status inputs = ValidateInputs(request.inputs(), blobs);
@@ -449,6 +463,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   *job.mutable_model() = request.model();
   *job.mutable_config() = request.config();
   *job.mutable_inputs() = request.inputs();
+  *job.mutable_labels() = request.labels();
   *job.mutable_create_time() = TimestampNow();
   job.set_cache_key(ResultCacheKey(request));
   // A DeleteJob may have removed a blob since it was checked; deletions hold this lock, so what
@@ -463,7 +478,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
     if (!active.ok()) return active.status();
     if (*active >= options_.max_active_jobs_per_tenant) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "QUOTA_EXCEEDED: this tenant has ", *active, " queued or running jobs, its quota (--tenant_max_active_jobs); "
+          "QUOTA_EXCEEDED: this tenant has ", *active, " queued or running jobs, its quota (--tenant-max-active-jobs); "
           "retry when one has finished"));
     }
   }
@@ -491,7 +506,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
       if (stored.ok() && created) {
         metrics_->JobCreated();
         metrics_->CacheHit();
-        metrics_->JobFinished("succeeded", 0);
+        metrics_->JobFinished("succeeded", "", 0);
+        Log(LogLevel::kInfo, absl::StrCat(stored->name(), " succeeded from the result cache (", cached->name(), ")"),
+            {stored->name(), tenant});
         return stored;
       }
       RemoveFolder(JobDir(hit_name));
@@ -506,6 +523,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::CreateJobRequest& request, 
   if (!created) return Retried(*stored, request);
   metrics_->JobCreated();
   metrics_->SetQueueLength(*queued + 1);
+  Log(LogLevel::kInfo, absl::StrCat(stored->name(), " queued (", stored->model().display_name(), ")"),
+      {stored->name(), tenant});
   WakeWorkers(/*all=*/false);
   return stored;
 }
@@ -535,7 +554,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
       nullptr);
   if (!updated.ok()) return updated;
   if (cancelled_queued) {
-    metrics_->JobFinished("cancelled", 0);
+    metrics_->JobFinished("cancelled", "CANCELLED", 0);
     UpdateQueueMetric();
     return updated;
   }
@@ -605,7 +624,8 @@ absl::StatusOr<v1::DeleteJobResponse> JobManager::DeleteLocked(const v1::Job& jo
     absl::StatusOr<std::vector<v1::Job>> all = store_->All();  // without `job` now
     if (!all.ok()) {
       // Which blobs other jobs use is unknown: they stay, for garbage collection to judge later.
-      std::cerr << "onnxopt-server: " << job.name() << " deleted, its blobs kept: " << all.status() << std::endl;
+      Log(LogLevel::kWarning, absl::StrCat(job.name(), " deleted, its blobs kept: ", all.status().ToString()),
+          {job.name(), job.tenant()});
       return response;
     }
     counted = CountBlobUsage(*all);
@@ -647,7 +667,7 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
   absl::StatusOr<std::vector<v1::Job>> all = store_->All();
   if (!all.ok()) {
     // Without the list of jobs, every blob and folder would look unused: nothing is collected.
-    std::cerr << "onnxopt-server: garbage collection skipped: " << all.status() << std::endl;
+    Log(LogLevel::kError, absl::StrCat("garbage collection skipped: ", all.status().ToString()));
     return collected;
   }
   // Which blobs the jobs use, counted once: each expired job's deletion takes its own share off.
@@ -661,7 +681,8 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
       }
       absl::StatusOr<v1::DeleteJobResponse> deleted = DeleteLocked(job, &usage);
       if (!deleted.ok()) {
-        std::cerr << "onnxopt-server: cannot delete expired " << job.name() << ": " << deleted.status() << std::endl;
+        Log(LogLevel::kError, absl::StrCat("cannot delete expired ", job.name(), ": ", deleted.status().ToString()),
+            {job.name(), job.tenant()});
         continue;
       }
       ++collected.jobs;
@@ -671,7 +692,7 @@ JobManager::Collected JobManager::CollectGarbage(std::chrono::seconds retention,
     }
     all = store_->All();
     if (!all.ok()) {
-      std::cerr << "onnxopt-server: garbage collection stopped after retention: " << all.status() << std::endl;
+      Log(LogLevel::kError, absl::StrCat("garbage collection stopped after retention: ", all.status().ToString()));
       lock.unlock();
       for (const fs::path& folder : folders) collected.bytes += RemoveFolder(folder);
       return collected;
@@ -777,13 +798,19 @@ void JobManager::WorkerLoop() {
     if (claimed.ok() && claimed->has_value()) {
       metrics_->SetRunning(++busy_);
       UpdateQueueMetric();
+      Log(LogLevel::kInfo, absl::StrCat((*claimed)->name(), " started (attempt ", (*claimed)->attempts(), ")"),
+          {(*claimed)->name(), (*claimed)->tenant()});
+      if ((*claimed)->attempts() == 1) {
+        metrics_->JobWaited(google::protobuf::util::TimeUtil::DurationToMilliseconds(
+                                (*claimed)->start_time() - (*claimed)->create_time()) / 1000.0);
+      }
       RunJob(**claimed);
       metrics_->SetRunning(--busy_);
       --running_;
       continue;
     }
     --running_;
-    if (!claimed.ok()) std::cerr << "onnxopt-server: cannot claim a job: " << claimed.status() << std::endl;
+    if (!claimed.ok()) Log(LogLevel::kError, absl::StrCat("cannot claim a job: ", claimed.status().ToString()));
     // Nothing to do: wait for a job queued here since the claim looked, or look again after the poll
     // interval for ones queued on other replicas.
     std::unique_lock<std::mutex> lock(work_mutex_);
@@ -829,7 +856,7 @@ void JobManager::RemoveCorruptBlobs(const v1::Job& job) {
   if (!blobs.ok()) return;
   for (const std::string& digest : digests) {
     if ((*blobs)->RemoveIfCorrupt(digest)) {
-      std::cerr << "onnxopt-server: blob " << digest << " no longer matched its SHA-256 and was removed" << std::endl;
+      Log(LogLevel::kWarning, absl::StrCat("blob ", digest, " no longer matched its SHA-256 and was removed"));
     }
   }
 }
@@ -843,6 +870,7 @@ fs::path JobManager::InputManifest(const fs::path& input_dir) { return input_dir
 bool JobManager::Finish(const std::string& name, const std::string& token, const absl::Status& status,
                         const v1::JobResult* result, double seconds) {
   std::string outcome;
+  std::string reason;
   bool applied = false;
   auto updated = store_->Modify(
       name,
@@ -850,15 +878,22 @@ bool JobManager::Finish(const std::string& name, const std::string& token, const
         if (!Holds(job, token)) return false;
         SetOutcome(job, status, result);
         outcome = job.state() == v1::SUCCEEDED ? "succeeded" : job.state() == v1::CANCELLED ? "cancelled" : "failed";
+        reason = job.error().reason();
         return true;
       },
       &applied);
   if (!updated.ok()) {
-    std::cerr << "onnxopt-server: cannot store the end of " << name << ": " << ValidUtf8(updated.status().ToString())
-              << std::endl;
+    Log(LogLevel::kError, absl::StrCat("cannot store the end of ", name, ": ", ValidUtf8(updated.status().ToString())),
+        {name});
     return false;
   }
-  if (applied) metrics_->JobFinished(outcome, seconds);
+  if (applied) {
+    metrics_->JobFinished(outcome, reason, seconds);
+    Log(outcome == "failed" ? LogLevel::kWarning : LogLevel::kInfo,
+        absl::StrCat(name, " ", outcome, reason.empty() || outcome == "cancelled" ? "" : absl::StrCat(" (", reason, ")"),
+                     absl::StrFormat(" after %.2f s", seconds)),
+        {name, updated->tenant()});
+  }
   return applied;
 }
 
@@ -924,6 +959,7 @@ void JobManager::RunJob(const v1::Job& job) {
     work.config = config_path;
     work.inputs = job.inputs().empty() ? fs::path() : InputManifest(input_dir);
     work.digests = DigestManifest(input_dir);
+    work.name = job.name();
     outcome = RunWorkerProcess(options_.worker, work, *running.cancel, [&](const WorkerLine& line) {
       ModifyOrLog(name, [&](v1::Job& j) {
         if (!Holds(j, token)) return false;
@@ -939,8 +975,8 @@ void JobManager::RunJob(const v1::Job& job) {
   auto cleanup = [&] { fs::remove_all(attempt_dir, ignored); };
   if (running.lease_lost->load()) {
     // Another replica has the job now (or will): nothing of this attempt is kept.
-    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " dropped: its lease was lost"
-              << std::endl;
+    Log(LogLevel::kWarning, absl::StrCat(name, " attempt ", job.attempts(), " dropped: its lease was lost"),
+        {name, job.tenant()});
     cleanup();
     return;
   }
@@ -949,7 +985,7 @@ void JobManager::RunJob(const v1::Job& job) {
 
   if (outcome.code() == absl::StatusCode::kCancelled && interrupting_) {
     // Shutdown, not the user: back to the queue, to run again at the next start or on another
-    // replica. The attempt does not count against --max_attempts.
+    // replica. The attempt does not count against --max-attempts.
     cleanup();
     ModifyOrLog(name, [&](v1::Job& j) {
       if (!Holds(j, token)) return false;
@@ -1010,9 +1046,10 @@ void JobManager::RunJob(const v1::Job& job) {
     lease = store_->RenewLease(name, token, options_.lease);
   }
   if (!lease.ok() || !lease->held || running.lease_lost->load()) {
-    std::cerr << "onnxopt-server: " << name << " attempt " << job.attempts() << " finished but no longer holds the "
-              << "job (" << (lease.ok() ? "lease lost" : lease.status().ToString()) << "); its result is dropped"
-              << std::endl;
+    Log(LogLevel::kWarning,
+        absl::StrCat(name, " attempt ", job.attempts(), " finished but no longer holds the job (",
+                     lease.ok() ? "lease lost" : lease.status().ToString(), "); its result is dropped"),
+        {name, job.tenant()});
     cleanup();
     return;
   }

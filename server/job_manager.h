@@ -36,7 +36,7 @@ struct JobManagerOptions {
   size_t queue_capacity = 64;
   int max_active_jobs_per_tenant = 0;  // queued + running per tenant; 0: only the queue bounds them
   WorkerLimits worker;  // each job runs in an onnxopt-worker child under these limits
-  // Scale-out (--role, --replica_id, --worker_device, --lease_seconds, --max_attempts).
+  // Scale-out (--role, --replica-id, --worker-device, --lease-seconds, --max-attempts).
   bool run_jobs = true;  // false: an API replica, which stores jobs for others to run
   std::string replica_id = "local";
   WorkerDevice device = WorkerDevice::kAny;

@@ -202,6 +202,7 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, 
               absl::StrCat("--config=", job.config.string())};
   if (!job.inputs.empty()) run.args.push_back(absl::StrCat("--inputs=", job.inputs.string()));
   if (!job.digests.empty()) run.args.push_back(absl::StrCat("--digests=", job.digests.string()));
+  if (!job.name.empty()) run.args.push_back(absl::StrCat("--job_name=", job.name));
   return RunWorker(limits, run, cancel, [&](const WorkerLine& line) {
     if (line.kind == WorkerLine::Kind::kProgress && on_progress) on_progress(line);
   });

@@ -49,6 +49,7 @@ struct WorkerJob {
   std::filesystem::path config;
   std::filesystem::path inputs;
   std::filesystem::path digests;
+  std::string name;  // "jobs/<id>", stamped into the delivered model's metadata
 };
 absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, const std::atomic<bool>& cancel,
                               const std::function<void(const WorkerLine&)>& on_progress);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/job_labels.h"
 #include "server/postgres_job_store.h"
 #include "server/sqlite_job_store.h"
 
@@ -19,6 +20,10 @@ google::protobuf::Timestamp TimestampNow() {
 
 absl::Status JobNotFound(const std::string& name) {
   return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+}
+
+bool JobFilter::Matches(const v1::Job& job) const {
+  return (state == v1::JOB_STATE_UNSPECIFIED || job.state() == state) && HasLabels(job, labels);
 }
 
 bool IsTerminal(v1::JobState state) {
@@ -75,7 +80,7 @@ void ExpireLease(v1::Job& job, int max_attempts) {
     error->set_message(cancelled ? absl::StrCat("cancelled; ", worker, " stopped before the job ended")
                                  : absl::StrCat(worker, " stopped renewing the job's lease (it died or lost the job "
                                                 "store) on attempt ", job.attempts(), " of ", max_attempts,
-                                                " (--max_attempts); the job is not tried again"));
+                                                " (--max-attempts); the job is not tried again"));
     return;
   }
   job.set_state(v1::QUEUED);

@@ -1,6 +1,6 @@
 // Where jobs live, and the queue workers take them from. Two implementations:
 //   - SqliteJobStore: the embedded default for one machine (a file in the data folder);
-//   - PostgresJobStore: one database shared by any number of server replicas (--job_store=postgresql://...).
+//   - PostgresJobStore: one database shared by any number of server replicas (--job-store=postgresql://...).
 //
 // Queueing is the store's: a job is QUEUED from the moment it is stored, and a worker claims the next
 // one (highest priority first, FIFO within a priority) under a lease. The worker renews the lease
@@ -29,7 +29,7 @@ bool IsTerminal(v1::JobState state);
 // NOT_FOUND (JOB_NOT_FOUND) for `name`: what every lookup of a job the caller cannot have says.
 absl::Status JobNotFound(const std::string& name);
 
-// Which jobs a worker takes (--worker_device).
+// Which jobs a worker takes (--worker-device).
 enum class WorkerDevice { kAny, kCuda, kCpu };
 absl::StatusOr<WorkerDevice> ParseWorkerDevice(const std::string& text);
 // Whether a job asks for the CUDA device (what a kCuda worker takes and a kCpu worker leaves).
@@ -40,6 +40,14 @@ struct ClaimRequest {
   std::string owner;  // the claiming replica's id
   std::chrono::seconds lease{30};
   WorkerDevice device = WorkerDevice::kAny;
+};
+
+// What ListJobs asks for: a state (JOB_STATE_UNSPECIFIED: any) and labels every job must carry.
+struct JobFilter {
+  JobFilter(v1::JobState state = v1::JOB_STATE_UNSPECIFIED) : state(state) {}  // NOLINT: a state is a filter
+  v1::JobState state;
+  google::protobuf::Map<std::string, std::string> labels;
+  bool Matches(const v1::Job& job) const;
 };
 
 struct LeaseState {
@@ -73,7 +81,7 @@ class JobStore {
     std::string next_page_token;
   };
   // Newest first; only `tenant`'s jobs when it is set. INVALID_ARGUMENT for a malformed page token.
-  virtual absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
+  virtual absl::StatusOr<Page> List(const JobFilter& filter, int page_size, const std::string& page_token,
                                     const std::optional<std::string>& tenant = std::nullopt) const = 0;
 
   // Waits until the job changes past `*version` or `deadline` passes; then fills `job` and `*version`.

@@ -1,16 +1,16 @@
 // onnxopt-server: the gRPC optimization service.
 //
-//   onnxopt-server [--listen=127.0.0.1:50051] [--workers=2] [--queue_capacity=64]
-//                  [--data_dir=onnxopt-data] [--max_upload_bytes=...] [--metrics_listen=127.0.0.1:9464]
+//   onnxopt-server [--listen=127.0.0.1:50051] [--workers=2] [--queue-capacity=64]
+//                  [--data-dir=onnxopt-data] [--max-upload-bytes=...] [--metrics-listen=127.0.0.1:9464]
 //
-// Each job runs in an onnxopt-worker child process (--job_memory_limit_mb, --job_timeout_seconds), so a
+// Each job runs in an onnxopt-worker child process (--job-memory-limit-mb, --job-timeout-seconds), so a
 // model that crashes or exhausts it fails its own job only.
 //
-// Beyond one machine: replicas share a PostgreSQL job store (--job_store=postgresql://...) and the
+// Beyond one machine: replicas share a PostgreSQL job store (--job-store=postgresql://...) and the
 // data folder (a shared volume); --role=api serves the API only, --role=worker runs jobs only.
 //
 // SIGTERM or SIGINT drains: new jobs and uploads are refused (UNAVAILABLE), health turns NOT_SERVING,
-// running jobs get --drain_grace_seconds to finish, and whatever is left stays queued for the next start.
+// running jobs get --drain-grace-seconds to finish, and whatever is left stays queued for the next start.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +21,9 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -38,8 +40,10 @@
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
 #include "server/blob_store.h"
+#include "server/flag_spelling.h"
 #include "server/job_manager.h"
 #include "server/job_store.h"
+#include "server/log.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/tls.h"
@@ -56,8 +60,8 @@ ABSL_FLAG(int64_t, job_memory_limit_mb, 16384, "address-space limit of a job's w
 ABSL_FLAG(int, job_timeout_seconds, 3600, "wall-time limit of one job; past it the job fails with JOB_TIMEOUT");
 ABSL_FLAG(double, upload_expiry_hours, 24, "partial uploads nobody wrote to for this long are deleted (checked at start and hourly)");
 ABSL_FLAG(std::string, port_file, "", "if set, the bound gRPC port is written to this file once serving");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key); empty: plaintext");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls-key); empty: plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(double, job_retention_hours, 720,
           "finished jobs (record, artifacts, blobs no other job uses) are deleted this long after they ended; "
@@ -81,6 +85,8 @@ ABSL_FLAG(int, lease_seconds, 30,
           "a running job's lease, renewed while it runs; when a replica dies, its jobs go to others after this");
 ABSL_FLAG(int, max_attempts, 3, "starts a job gets when replicas running it die; then it fails with LEASE_EXPIRED");
 ABSL_FLAG(int, poll_interval_ms, 500, "how often idle workers look for jobs queued on other replicas");
+ABSL_FLAG(std::string, log_format, "text",
+          "text: 'onnxopt-server: ...' lines; json: one object a line with time, level, msg, job and tenant");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "lines 'sha256(token) tenant [admin]': every RPC needs 'authorization: Bearer <token>' and sees only its "
           "tenant's jobs and blobs; re-read on SIGHUP. Empty: no authentication, one tenant");
@@ -113,12 +119,16 @@ class Janitor {
       blobs_->ForEach([&](const std::string&, onnxopt::server::BlobStore& store) {
         removed += store.ExpireStaleUploads(max_age_);
       });
-      if (removed > 0) std::cout << "onnxopt-server: removed " << removed << " abandoned partial upload(s)" << std::endl;
+      if (removed > 0) {
+        onnxopt::server::Log(onnxopt::server::LogLevel::kInfo,
+                             absl::StrCat("removed ", removed, " abandoned partial upload(s)"));
+      }
       const auto collected = jobs_->CollectGarbage(retention_, max_age_);
       if (collected.jobs + collected.blobs + collected.folders > 0) {
-        std::cout << "onnxopt-server: deleted " << collected.jobs << " expired job(s), " << collected.blobs
-                  << " unused blob(s), " << collected.folders << " stray job folder(s); " << collected.bytes
-                  << " bytes freed" << std::endl;
+        onnxopt::server::Log(onnxopt::server::LogLevel::kInfo,
+                             absl::StrCat("deleted ", collected.jobs, " expired job(s), ", collected.blobs,
+                                          " unused blob(s), ", collected.folders, " stray job folder(s); ",
+                                          collected.bytes, " bytes freed"));
       }
     } while (!wake_.wait_for(lock, std::chrono::hours(1), [this] { return stopping_; }));
   }
@@ -134,7 +144,7 @@ class Janitor {
 };
 
 int Fail(const std::string& what, const absl::Status& status) {
-  std::cerr << "onnxopt-server: " << what << ": " << status << std::endl;
+  onnxopt::server::Log(onnxopt::server::LogLevel::kError, absl::StrCat(what, ": ", status.ToString()));
   return 1;
 }
 
@@ -147,8 +157,20 @@ int main(int argc, char** argv) {
   usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
   namespace srv = onnxopt::server;
+  // Flags are spelled with dashes, as the CLI spells them; abseil wants underscores.
+  srv::SpelledArguments spelled = srv::ToAbseilSpelling(std::vector<std::string>(argv + 1, argv + argc));
+  for (const std::string& argument : spelled.arguments) {
+    if (argument == "--help" || argument == "-help" || argument == "-h") {
+      std::cout << srv::DashedFlagsHelp(absl::StrCat(argv[0], ": ", absl::ProgramUsageMessage()), "server/main.cc");
+      return 0;
+    }
+  }
+  std::vector<char*> abseil_argv = {argv[0]};
+  for (std::string& argument : spelled.arguments) abseil_argv.push_back(argument.data());
+  absl::ParseCommandLine(static_cast<int>(abseil_argv.size()), abseil_argv.data());
+  if (absl::Status format = srv::SetLogFormat(absl::GetFlag(FLAGS_log_format)); !format.ok()) return Fail("flags", format);
+  for (const std::string& note : spelled.notes) srv::Log(srv::LogLevel::kWarning, note);
 
   // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
   sigset_t signals;
@@ -186,7 +208,7 @@ int main(int argc, char** argv) {
   const bool shared_store = srv::IsSharedJobStore(absl::GetFlag(FLAGS_job_store));
   if (role != "all" && !shared_store) {
     return Fail("flags", absl::InvalidArgumentError(absl::StrCat(
-                             "--role=", role, " needs a job store other replicas share (--job_store=postgresql://...); "
+                             "--role=", role, " needs a job store other replicas share (--job-store=postgresql://...); "
                              "the embedded SQLite store serves one server")));
   }
   std::string replica_id = absl::GetFlag(FLAGS_replica_id);
@@ -270,31 +292,31 @@ int main(int argc, char** argv) {
     absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
     if (!written.ok()) return Fail("port_file", written);
   }
-  std::cout << "onnxopt-server " << onnxopt::kOptimizerVersion << " (ONNX Runtime " << onnxopt::OrtVersion()
-            << ") replica " << replica_id << ", role " << role << ", listening on port " << port << ", data in "
-            << data_dir.string() << ", jobs in " << (*store)->Describe() << ", "
-            << (options.run_jobs ? absl::StrCat(options.workers, " workers") : std::string("no workers"))
-            << ", queue of " << options.queue_capacity
-            << (absl::GetFlag(FLAGS_tls_cert).empty() ? ", plaintext"
-                : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS" : ", mutual TLS");
-  if (*metrics_port > 0) std::cout << ", metrics on port " << *metrics_port;
-  if ((*auth)->enabled()) std::cout << ", bearer tokens of " << (*auth)->tokens() << " caller(s)";
-  std::cout << std::endl;
+  std::string banner = absl::StrCat(
+      "onnxopt-server ", onnxopt::kOptimizerVersion, " (ONNX Runtime ", onnxopt::OrtVersion(), ") replica ", replica_id,
+      ", role ", role, ", listening on port ", port, ", data in ", data_dir.string(), ", jobs in ", (*store)->Describe(),
+      ", ", options.run_jobs ? absl::StrCat(options.workers, " workers") : std::string("no workers"), ", queue of ",
+      options.queue_capacity,
+      absl::GetFlag(FLAGS_tls_cert).empty()          ? ", plaintext"
+      : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS"
+                                                     : ", mutual TLS");
+  if (*metrics_port > 0) absl::StrAppend(&banner, ", metrics on port ", *metrics_port);
+  if ((*auth)->enabled()) absl::StrAppend(&banner, ", bearer tokens of ", (*auth)->tokens(), " caller(s)");
+  srv::Log(srv::LogLevel::kInfo, banner);
 
   int received = 0;
   while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
     absl::Status reloaded = (*auth)->Reload();
     if (reloaded.ok()) {
-      std::cout << "onnxopt-server: SIGHUP, " << (*auth)->tokens() << " token(s) loaded" << std::endl;
+      srv::Log(srv::LogLevel::kInfo, absl::StrCat("SIGHUP, ", (*auth)->tokens(), " token(s) loaded"));
     } else {
-      std::cerr << "onnxopt-server: SIGHUP, tokens kept as they were: " << reloaded << std::endl;
+      srv::Log(srv::LogLevel::kError, absl::StrCat("SIGHUP, tokens kept as they were: ", reloaded.ToString()));
     }
   }
-  std::cout << "onnxopt-server: " << (received == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining" << std::endl;
+  srv::Log(srv::LogLevel::kInfo, absl::StrCat(received == SIGTERM ? "SIGTERM" : "SIGINT", ", draining"));
   server->GetHealthCheckService()->SetServingStatus(false);
   jobs.Drain(std::chrono::seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  std::cout << "onnxopt-server: stopped; " << jobs.queue_length() << " queued job(s) kept for the next start"
-            << std::endl;
+  srv::Log(srv::LogLevel::kInfo, absl::StrCat("stopped; ", jobs.queue_length(), " queued job(s) kept for the next start"));
   return 0;
 }

@@ -1,5 +1,8 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -14,7 +17,10 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 }  // namespace
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
-  jobs_total_ = &prometheus::BuildCounter().Name("onnxopt_jobs_total").Help("Jobs finished, by result").Register(*registry_);
+  jobs_total_ = &prometheus::BuildCounter()
+                     .Name("onnxopt_jobs_total")
+                     .Help("Jobs finished, by result and, for failures and cancellations, the stable reason")
+                     .Register(*registry_);
   jobs_created_ = &prometheus::BuildCounter()
                        .Name("onnxopt_jobs_created_total")
                        .Help("Jobs accepted into the queue")
@@ -45,6 +51,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Wall time of a job from start to end")
                        .Register(*registry_)
                        .Add({}, SecondsBuckets());
+  queue_wait_ = &prometheus::BuildHistogram()
+                     .Name("onnxopt_job_queue_wait_seconds")
+                     .Help("Time a job waited in the queue, from CreateJob to its first start on a worker")
+                     .Register(*registry_)
+                     .Add({}, SecondsBuckets());
   pass_duration_ = &prometheus::BuildHistogram()
                         .Name("onnxopt_pass_duration_seconds")
                         .Help("Wall time of one pass run over a model")
@@ -60,7 +71,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
       .Register(*registry_)
       .Add({{"version", kOptimizerVersion}, {"onnxruntime_version", OrtVersion()}})
       .Set(1);
-  for (const char* result : {"succeeded", "failed", "cancelled"}) jobs_total_->Add({{"result", result}});
+  jobs_total_->Add({{"result", "succeeded"}, {"reason", ""}});
   auto& providers = prometheus::BuildGauge()
                         .Name("onnxopt_execution_provider_usable")
                         .Help("1 if the execution provider runs on this machine, 0 if the build has it but it cannot "
@@ -83,8 +94,12 @@ absl::StatusOr<int> Metrics::Serve(const std::string& address) {
   return ports.empty() ? 0 : ports.front();
 }
 
-void Metrics::JobFinished(const std::string& result, double seconds) {
-  jobs_total_->Add({{"result", result}}).Increment();
+void Metrics::JobFinished(const std::string& result, const std::string& reason, double seconds) {
+  // Reasons are the server's own constants; anything else is folded so a label cannot grow unbounded.
+  const bool constant = reason.size() <= 64 && std::all_of(reason.begin(), reason.end(), [](char c) {
+                          return absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '_';
+                        });
+  jobs_total_->Add({{"result", result}, {"reason", constant ? reason : "OTHER"}}).Increment();
   job_duration_->Observe(seconds);
 }
 

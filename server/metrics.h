@@ -25,7 +25,10 @@ class Metrics {
 
   void JobCreated() { jobs_created_->Increment(); }
   void CacheHit() { cache_hits_->Increment(); }
-  void JobFinished(const std::string& result, double seconds);
+  // `reason`: the failure's stable reason (JobError.reason, e.g. PARITY_FAILED), "" for a success.
+  void JobFinished(const std::string& result, const std::string& reason, double seconds);
+  // From CreateJob to a worker's first start of the job.
+  void JobWaited(double seconds) { queue_wait_->Observe(seconds); }
   void PassRan(const std::string& pass, double seconds);
   void UploadBytes(double bytes) { upload_bytes_->Increment(bytes); }
   void SetQueueLength(double length) { queue_length_->Set(length); }
@@ -44,6 +47,7 @@ class Metrics {
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* jobs_running_;
   prometheus::Histogram* job_duration_;
+  prometheus::Histogram* queue_wait_;
   prometheus::Family<prometheus::Histogram>* pass_duration_;
   prometheus::Counter* upload_bytes_;
 };

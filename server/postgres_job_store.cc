@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/utf8.h"
 #include "server/postgres_schema.h"
+#include "server/log.h"
 
 namespace onnxopt::server {
 namespace {
@@ -35,7 +36,7 @@ Row ReadRow(const pg::Result& result, int row) {
 }
 
 void LogError(const char* what, const absl::Status& status) {
-  std::cerr << "onnxopt-server: job store (" << what << "): " << status << std::endl;
+  Log(LogLevel::kError, absl::StrCat("job store (", what, "): ", status.ToString()));
 }
 
 }  // namespace
@@ -190,28 +191,36 @@ absl::StatusOr<v1::Job> PostgresJobStore::Modify(const std::string& name, const 
   return job;
 }
 
-absl::StatusOr<JobStore::Page> PostgresJobStore::List(v1::JobState state, int page_size, const std::string& page_token,
+absl::StatusOr<JobStore::Page> PostgresJobStore::List(const JobFilter& filter, int page_size,
+                                                      const std::string& page_token,
                                                       const std::optional<std::string>& tenant) const {
   absl::StatusOr<int64_t> before = page_tokens_.Open(page_token, tenant);
   if (!before.ok()) return before.status();
   page_size = PageTokens::PageSize(page_size);
   absl::StatusOr<pg::Pool::Lease> connection = Connect();
   if (!connection.ok()) return connection.status();
-  auto read = (*connection)->Exec(
-      absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE sequence < $1 AND ($2 = 0 OR state = $2) "
-                   "AND ($3::text IS NULL OR tenant = $3) ORDER BY sequence DESC LIMIT $4"),
-      {*before, static_cast<int>(state), tenant ? pg::Param(*tenant) : pg::Param::Null(), page_size + 1});
-  if (!read.ok()) return read.status();
+  // State and tenant are columns; labels live in the stored job, so rows are read in batches and
+  // matched here until the page is full or no row is left.
   Page page;
-  for (int row = 0; row < read->rows(); ++row) {
-    Row job = ReadRow(*read, row);
-    if (row == page_size) {
-      page.next_page_token = page_tokens_.Seal(job.sequence + 1, tenant);
-      break;
+  int64_t cursor = *before;
+  while (true) {
+    auto read = (*connection)->Exec(
+        absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE sequence < $1 AND ($2 = 0 OR state = $2) "
+                     "AND ($3::text IS NULL OR tenant = $3) ORDER BY sequence DESC LIMIT $4"),
+        {cursor, static_cast<int>(filter.state), tenant ? pg::Param(*tenant) : pg::Param::Null(), page_size + 1});
+    if (!read.ok()) return read.status();
+    for (int row = 0; row < read->rows(); ++row) {
+      Row job = ReadRow(*read, row);
+      cursor = job.sequence;
+      if (!filter.Matches(job.job)) continue;
+      if (static_cast<int>(page.jobs.size()) == page_size) {
+        page.next_page_token = page_tokens_.Seal(job.sequence + 1, tenant);
+        return page;
+      }
+      page.jobs.push_back(std::move(job.job));
     }
-    page.jobs.push_back(std::move(job.job));
+    if (read->rows() <= page_size) return page;  // the last batch
   }
-  return page;
 }
 
 bool PostgresJobStore::WaitForChange(const std::string& name, uint64_t* version,

@@ -1,4 +1,4 @@
-// The job store shared by server replicas: PostgreSQL (--job_store=postgresql://...). Nothing is
+// The job store shared by server replicas: PostgreSQL (--job-store=postgresql://...). Nothing is
 // cached: every read goes to the database, so what one replica stores the others see at once.
 //   - Claiming takes the next queued job with FOR UPDATE SKIP LOCKED, so concurrent claimers never wait
 //     for each other and never get the same job; leases are timed by the database's clock, so replicas'
@@ -25,7 +25,7 @@ class PostgresJobStore : public JobStore {
   std::optional<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id) const override;
   absl::StatusOr<v1::Job> Modify(const std::string& name, const std::function<bool(v1::Job&)>& mutate,
                                  bool* applied) override;
-  absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
+  absl::StatusOr<Page> List(const JobFilter& filter, int page_size, const std::string& page_token,
                             const std::optional<std::string>& tenant = std::nullopt) const override;
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const override;

@@ -8,8 +8,10 @@
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/pass_catalog.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/utf8.h"
+#include "server/job_labels.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
@@ -149,8 +151,11 @@ grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::
     if (!caller.ok()) return ToGrpc(caller.status());
     if (request->page_size() < 0) return ToGrpc(absl::InvalidArgumentError("BAD_PAGE_SIZE: page_size must be >= 0"));
     if (!v1::JobState_IsValid(request->state())) return ToGrpc(absl::InvalidArgumentError("BAD_STATE: unknown state"));
+    if (absl::Status labels = ValidateLabels(request->labels(), "label filter"); !labels.ok()) return ToGrpc(labels);
+    JobFilter filter(request->state());
+    filter.labels = request->labels();
     // Admins see every tenant's jobs; everyone else their own.
-    auto page = store_->List(request->state(), request->page_size(), request->page_token(),
+    auto page = store_->List(filter, request->page_size(), request->page_token(),
                              caller->admin ? std::nullopt : std::optional<std::string>(caller->tenant));
     if (!page.ok()) return ToGrpc(page.status());
     for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
@@ -278,25 +283,7 @@ grpc::Status OptimizerService::ListPasses(grpc::ServerContext* context, const v1
                                           v1::ListPassesResponse* response) {
   return Guarded([&] {
     if (absl::StatusOr<Caller> caller = CallerOf(context); !caller.ok()) return ToGrpc(caller.status());
-    const PassRegistry& registry = DefaultPassRegistry();
-    for (const Pass* pass : registry.passes()) {
-      v1::PassInfo* info = response->add_passes();
-      info->set_name(std::string(pass->name()));
-      info->set_description(std::string(pass->description()));
-      for (const ParamSpec& spec : pass->params()) {
-        v1::PassParam* param = info->add_params();
-        param->set_name(spec.name);
-        param->set_type(std::string(ParamTypeName(spec.type)));
-        param->set_default_value(spec.default_value);
-        param->set_description(spec.description);
-      }
-    }
-    for (const Preset* preset : registry.presets()) {
-      v1::Preset* out = response->add_presets();
-      out->set_name(preset->name);
-      out->set_description(preset->description);
-      for (const auto& pass : preset->AllPasses()) out->add_passes(pass);
-    }
+    *response = DescribePasses(DefaultPassRegistry());
     return grpc::Status::OK;
   });
 }

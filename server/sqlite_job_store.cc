@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/utf8.h"
+#include "server/log.h"
 
 namespace onnxopt::server {
 namespace {
@@ -215,7 +216,7 @@ void SqliteJobStore::Replace(Entry& entry, Entry updated) {
   changed_.notify_all();
   if (!status.ok()) {
     unsaved_.insert(name);
-    std::cerr << "onnxopt-server: " << name << " changed in memory only for now: " << status << std::endl;
+    Log(LogLevel::kError, absl::StrCat(name, " changed in memory only for now: ", status.ToString()), {name});
   }
 }
 
@@ -232,7 +233,7 @@ absl::StatusOr<v1::Job> SqliteJobStore::Modify(const std::string& name, const st
   return it->second.job;
 }
 
-absl::StatusOr<JobStore::Page> SqliteJobStore::List(v1::JobState state, int page_size, const std::string& page_token,
+absl::StatusOr<JobStore::Page> SqliteJobStore::List(const JobFilter& filter, int page_size, const std::string& page_token,
                                                     const std::optional<std::string>& tenant) const {
   absl::StatusOr<int64_t> before = page_tokens_.Open(page_token, tenant);
   if (!before.ok()) return before.status();
@@ -242,7 +243,7 @@ absl::StatusOr<JobStore::Page> SqliteJobStore::List(v1::JobState state, int page
   for (auto it = by_sequence_.lower_bound(*before); it != by_sequence_.begin();) {
     --it;
     const Entry& entry = jobs_.at(it->second);
-    if (state != v1::JOB_STATE_UNSPECIFIED && entry.job.state() != state) continue;
+    if (!filter.Matches(entry.job)) continue;
     if (tenant && entry.job.tenant() != *tenant) continue;
     if (static_cast<int>(page.jobs.size()) == page_size) {
       page.next_page_token = page_tokens_.Seal(entry.sequence + 1, tenant);

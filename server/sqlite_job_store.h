@@ -31,7 +31,7 @@ class SqliteJobStore : public JobStore {
   // is written with a later update; the refusal is logged. A job must not look RUNNING forever.
   absl::StatusOr<v1::Job> Modify(const std::string& name, const std::function<bool(v1::Job&)>& mutate,
                                  bool* applied) override;
-  absl::StatusOr<Page> List(v1::JobState state, int page_size, const std::string& page_token,
+  absl::StatusOr<Page> List(const JobFilter& filter, int page_size, const std::string& page_token,
                             const std::optional<std::string>& tenant = std::nullopt) const override;
   bool WaitForChange(const std::string& name, uint64_t* version, std::chrono::steady_clock::time_point deadline,
                      v1::Job* job) const override;

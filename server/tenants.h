@@ -1,4 +1,4 @@
-// Who is calling, and what is theirs. With --auth_tokens_file every RPC of the Optimizer service must
+// Who is calling, and what is theirs. With --auth-tokens-file every RPC of the Optimizer service must
 // carry "authorization: Bearer <token>"; the file maps the SHA-256 of each token (tokens are never
 // stored in clear) to a tenant, optionally an admin:
 //

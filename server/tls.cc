@@ -11,7 +11,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFi
                                                                                     const std::string& client_ca_file) {
   if (cert_file.empty() && key_file.empty() && client_ca_file.empty()) return grpc::InsecureServerCredentials();
   if (cert_file.empty() || key_file.empty()) {
-    return absl::InvalidArgumentError("TLS needs both --tls_cert and --tls_key (and --tls_client_ca only with them)");
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)");
   }
   auto read = [](const std::string& what, const std::string& path) -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> pem = ReadFile(path);
@@ -21,14 +21,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFi
     }
     return pem;
   };
-  absl::StatusOr<std::string> cert = read("--tls_cert", cert_file);
+  absl::StatusOr<std::string> cert = read("--tls-cert", cert_file);
   if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = read("--tls_key", key_file);
+  absl::StatusOr<std::string> key = read("--tls-key", key_file);
   if (!key.ok()) return key.status();
   grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   options.pem_key_cert_pairs.push_back({*key, *cert});
   if (!client_ca_file.empty()) {
-    absl::StatusOr<std::string> client_ca = read("--tls_client_ca", client_ca_file);
+    absl::StatusOr<std::string> client_ca = read("--tls-client-ca", client_ca_file);
     if (!client_ca.ok()) return client_ca.status();
     options.pem_root_certs = *client_ca;
     options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;

@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, output_dir, "", "where the optimized model and report.pb 
 ABSL_FLAG(std::string, config, "", "serialized onnxopt.v1.OptimizationConfig");
 ABSL_FLAG(std::string, inputs, "", "manifest of the inputs supplied with the job (worker_protocol.h); empty: none");
 ABSL_FLAG(std::string, digests, "", "manifest of the SHA-256 each input file must have (worker_protocol.h); empty: none");
+ABSL_FLAG(std::string, job_name, "local", "the job's name, stamped into the delivered model's metadata");
 ABSL_FLAG(std::string, inspect, "", "only parse this model file and list the external data files it names");
 
 namespace {
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   request.model_path = absl::GetFlag(FLAGS_model);
   request.output_dir = absl::GetFlag(FLAGS_output_dir);
   request.cancelled = &cancelled;
+  request.job_name = absl::GetFlag(FLAGS_job_name);
   request.on_progress = [](onnxopt::Phase phase, const std::string& pass, int done, int total) {
     Emit(srv::FormatProgress(phase, done, total, pass));
   };

@@ -149,9 +149,9 @@ class E2eTest : public ::testing::Test {
   void StartServer(std::vector<std::string> flags = {}, const fs::path& cwd = {}, const std::vector<std::string>& env = {}) {
     const fs::path port_file = dir_ / "port";
     fs::remove(port_file);
-    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                                     absl::StrCat("--data_dir=", (dir_ / "data").string()),
-                                     absl::StrCat("--port_file=", port_file.string())};
+    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
+                                     absl::StrCat("--data-dir=", (dir_ / "data").string()),
+                                     absl::StrCat("--port-file=", port_file.string())};
     argv.insert(argv.end(), flags.begin(), flags.end());
     server_ = Spawn(argv, dir_ / "server.out", dir_ / "server.err", cwd, env);
     ASSERT_GT(server_, 0);

@@ -56,7 +56,8 @@ TEST_F(E2eTest, TransformerIsOptimizedAndTheResultMatchesInOnnxRuntime) {
 
   ASSERT_GT(MetricsPort(), 0) << Slurp(dir_ / "server.out");
   const std::string metrics = ScrapeMetrics(MetricsPort());
-  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{result=\"succeeded\"} 1")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{reason=\"\",result=\"succeeded\"} 1")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count 1")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_pass_duration_seconds_count{pass=\"eliminate_identity\"}"));
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_upload_bytes_total"));
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_build_info{"));
@@ -72,7 +73,8 @@ TEST_F(E2eTest, ServerHelpListsItsFlags) {
   ASSERT_GT(pid, 0);
   WaitFor(pid, std::chrono::seconds(30));
   const std::string help = Slurp(dir_ / "help.out") + Slurp(dir_ / "help.err");
-  for (const char* flag : {"--listen", "--workers", "--data_dir", "--job_memory_limit_mb", "--upload_expiry_hours"}) {
+  for (const char* flag : {"--listen (default", "--workers", "--data-dir", "--job-memory-limit-mb", "--tls-cert",
+                           "--upload-expiry-hours"}) {
     EXPECT_TRUE(absl::StrContains(help, flag)) << flag << " missing from:\n" << help;
   }
   EXPECT_FALSE(absl::StrContains(help, "No flags matched"));
@@ -152,14 +154,17 @@ done
       << Slurp(dir_ / "certs.log");
   const std::string ca = d + "/ca.pem";
 
-  // A certificate without its key is refused at start.
+  // A certificate without its key is refused at start (the old underscore spelling still parses,
+  // with a note).
   const pid_t bad = Spawn({ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=", "--tls_cert=" + d + "/server.pem",
                            absl::StrCat("--data_dir=", d, "/bad")},
                           dir_ / "bad.out", dir_ / "bad.err");
   EXPECT_NE(WaitFor(bad, std::chrono::seconds(30)), 0);
-  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "bad.err"), "--tls_key")) << Slurp(dir_ / "bad.err");
+  const std::string bad_err = Slurp(dir_ / "bad.err");
+  EXPECT_TRUE(absl::StrContains(bad_err, "TLS needs both --tls-cert and --tls-key")) << bad_err;
+  EXPECT_TRUE(absl::StrContains(bad_err, "--tls_cert is deprecated: spell it --tls-cert")) << bad_err;
 
-  StartServer({"--tls_cert=" + d + "/server.pem", "--tls_key=" + d + "/server.key"});
+  StartServer({"--tls-cert=" + d + "/server.pem", "--tls-key=" + d + "/server.key"});
   EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), ", TLS"));
   Result verified = Cli({"--tls-ca", ca, "info"});
   EXPECT_EQ(verified.code, 0) << verified.err;
@@ -168,7 +173,7 @@ done
   EXPECT_EQ(Cli({"info"}).code, 3) << "plaintext against a TLS port fails as unreachable";
   EXPECT_EQ(StopServer(), 0);
 
-  StartServer({"--tls_cert=" + d + "/server.pem", "--tls_key=" + d + "/server.key", "--tls_client_ca=" + ca});
+  StartServer({"--tls-cert=" + d + "/server.pem", "--tls-key=" + d + "/server.key", "--tls-client-ca=" + ca});
   EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.out"), ", mutual TLS"));
   EXPECT_EQ(Cli({"--tls-ca", ca, "info"}).code, 3) << "no client certificate: refused";
   const std::vector<std::string> mtls = {"--tls-ca", ca, "--tls-cert", d + "/client.pem", "--tls-key", d + "/client.key"};
@@ -395,12 +400,13 @@ TEST_F(E2eTest, BadInputsGetClearErrorsAndTheServerKeepsServing) {
 }
 
 TEST_F(E2eTest, FullQueueAnswersResourceExhausted) {
-  StartServer({"--workers=1", "--queue_capacity=1"});
+  StartServer({"--workers=1", "--queue-capacity=1"});
   const fs::path config = LongJobConfig();
   const std::string running = Submit(FixturePath("bert_tiny.onnx"), config);
   ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
   const std::string queued = Submit(FixturePath("cnn_tiny.onnx"), config);
-  Result full = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string()});
+  // Another request (the same model and config would be the queued job's retry: its default request id).
+  Result full = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", config.string(), "--request-id", "b"});
   EXPECT_EQ(full.code, 3) << full.err;
   EXPECT_TRUE(absl::StrContains(full.err, "QUEUE_FULL")) << full.err;
   EXPECT_EQ(Cli({"cancel", queued}).code, 0);
@@ -411,7 +417,7 @@ TEST_F(E2eTest, FullQueueAnswersResourceExhausted) {
 
 // Each job runs in its own worker process: a job that blows its memory or time limit fails alone.
 TEST_F(E2eTest, JobsOverTheirLimitsFailAloneAndTheServerKeepsServing) {
-  StartServer({"--job_memory_limit_mb=40"});
+  StartServer({"--job-memory-limit-mb=40"});
   Result starved = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--wait", "-o", (dir_ / "a.onnx").string()});
   EXPECT_EQ(starved.code, 1) << starved.out << starved.err;
   EXPECT_TRUE(absl::StrContains(starved.err, "FAILED")) << starved.err;
@@ -419,7 +425,7 @@ TEST_F(E2eTest, JobsOverTheirLimitsFailAloneAndTheServerKeepsServing) {
   EXPECT_EQ(Cli({"info"}).code, 0);
   EXPECT_EQ(StopServer(), 0);
 
-  StartServer({"--job_timeout_seconds=2"});
+  StartServer({"--job-timeout-seconds=2"});
   Result slow = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", LongJobConfig().string(), "--wait"});
   EXPECT_EQ(slow.code, 1) << slow.out << slow.err;
   EXPECT_TRUE(absl::StrContains(slow.err, "JOB_TIMEOUT")) << slow.err;
@@ -440,7 +446,7 @@ TEST_F(E2eTest, RequestIdMakesRetriesReturnTheSameJob) {
 }
 
 TEST_F(E2eTest, DrainKeepsUnfinishedJobsForTheNextStart) {
-  StartServer({"--workers=1", "--drain_grace_seconds=3"});
+  StartServer({"--workers=1", "--drain-grace-seconds=3"});
   const std::string running = Submit(FixturePath("bert_tiny.onnx"), LongJobConfig());
   ASSERT_TRUE(WaitForStatus(running, "RUNNING"));
   const std::string waiting = Submit(FixturePath("cnn_tiny.onnx"), WriteFile("quick.json", R"({"benchmark": {"iterations": 3}})"));
@@ -452,7 +458,8 @@ TEST_F(E2eTest, DrainKeepsUnfinishedJobsForTheNextStart) {
   int health = 1;
   while (health == 1 && Clock::now() < deadline) health = HealthStatus(address_, "onnxopt.v1.Optimizer");
   EXPECT_EQ(health, 2);
-  Result refused = Cli({"submit", FixturePath("cnn_tiny.onnx").string()});
+  // (The CLI retries UNAVAILABLE, which behind a Service reaches another replica: here its deadline ends it.)
+  Result refused = Cli({"--timeout", "1", "submit", FixturePath("cnn_tiny.onnx").string()});
   EXPECT_EQ(refused.code, 3) << refused.err;
   EXPECT_TRUE(absl::StrContains(refused.err, "DRAINING")) << refused.err;
   EXPECT_EQ(WaitFor(server_, std::chrono::seconds(60)), 0) << Slurp(dir_ / "server.err");

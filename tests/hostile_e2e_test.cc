@@ -447,7 +447,7 @@ TEST_F(E2eTest, AFullDiskRefusesUploadsAndLeavesNoJobRunning) {
 
 // 7. Limits answer with the code for a limit, and priorities are bounded.
 TEST_F(E2eTest, LimitsAnswerResourceExhaustedAndPrioritiesAreBounded) {
-  StartServer({"--max_upload_bytes=1000"});
+  StartServer({"--max-upload-bytes=1000"});
   client::Client client(address_);
   auto blob = client.UploadFile(FixturePath("cnn_tiny.onnx"));
   EXPECT_EQ(blob.status().code(), absl::StatusCode::kResourceExhausted);
@@ -472,7 +472,7 @@ TEST_F(E2eTest, AJobWhoseWorkerReportDoesNotParseFails) {
       "if [ -n \"$out\" ] && [ -f \"$out/report.pb\" ]; then printf '\\377\\377\\377not a report' > \"$out/report.pb\"; fi\n"
       "exit $code\n"));
   fs::permissions(worker, fs::perms::owner_all);
-  StartServer({absl::StrCat("--worker_binary=", worker.string())});
+  StartServer({absl::StrCat("--worker-binary=", worker.string())});
   const std::string job = Submit(FixturePath("cnn_tiny.onnx"), WriteFile("config.json", R"({"benchmark": {"skip": true}})"));
   Result watch = Cli({"watch", job});
   EXPECT_EQ(watch.code, 1) << "the job fails: " << watch.out << watch.err;

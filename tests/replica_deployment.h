@@ -1,5 +1,5 @@
 // onnxopt-server replicas sharing one job store and one data folder, for the replica tests and the
-// replica benchmark: each is started with --replica_id=<name> on a free loopback port, and stopped with
+// replica benchmark: each is started with --replica-id=<name> on a free loopback port, and stopped with
 // SIGTERM when the deployment goes (unless it was killed first).
 #ifndef ONNXOPT_TESTS_REPLICA_DEPLOYMENT_H_
 #define ONNXOPT_TESTS_REPLICA_DEPLOYMENT_H_
@@ -16,11 +16,11 @@ namespace onnxopt::testing {
 class ReplicaDeployment {
  public:
   // Replicas write their output and port files into `dir` and share `dir`/data; every one gets
-  // --job_store=`job_store` and `common_flags`.
+  // --job-store=`job_store` and `common_flags`.
   ReplicaDeployment(fs::path dir, const std::string& job_store, std::vector<std::string> common_flags)
       : dir_(std::move(dir)), common_flags_(std::move(common_flags)) {
     fs::create_directories(dir_);
-    common_flags_.insert(common_flags_.begin(), absl::StrCat("--job_store=", job_store));
+    common_flags_.insert(common_flags_.begin(), absl::StrCat("--job-store=", job_store));
   }
   ~ReplicaDeployment() {
     for (auto& [name, pid] : pids_) {
@@ -37,10 +37,10 @@ class ReplicaDeployment {
   // when it did not come up within 30 s (see Log).
   std::string Start(const std::string& name, const std::vector<std::string>& flags) {
     const fs::path port_file = dir_ / (name + ".port");
-    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=",
-                                     absl::StrCat("--data_dir=", data_dir().string()),
-                                     absl::StrCat("--port_file=", port_file.string()),
-                                     absl::StrCat("--replica_id=", name)};
+    std::vector<std::string> argv = {ONNXOPT_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics-listen=",
+                                     absl::StrCat("--data-dir=", data_dir().string()),
+                                     absl::StrCat("--port-file=", port_file.string()),
+                                     absl::StrCat("--replica-id=", name)};
     argv.insert(argv.end(), common_flags_.begin(), common_flags_.end());
     argv.insert(argv.end(), flags.begin(), flags.end());
     pids_[name] = Spawn(argv, dir_ / (name + ".out"), dir_ / (name + ".err"));

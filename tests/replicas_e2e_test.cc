@@ -50,13 +50,13 @@ class ReplicasTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // A replica on the shared store and data folder, named `name` (its --replica_id).
+  // A replica on the shared store and data folder, named `name` (its --replica-id).
   void StartReplica(const std::string& name, const std::vector<std::string>& flags) {
     if (!replicas_) {
       replicas_ = std::make_unique<ReplicaDeployment>(
           dir_, uri_,
-          std::vector<std::string>{"--lease_seconds=3", "--poll_interval_ms=100", "--drain_grace_seconds=0",
-                                   "--job_store_connections=2"});  // the smallest pool: nothing may need more
+          std::vector<std::string>{"--lease-seconds=3", "--poll-interval-ms=100", "--drain-grace-seconds=0",
+                                   "--job-store-connections=2"});  // the smallest pool: nothing may need more
     }
     ASSERT_FALSE(replicas_->Start(name, flags).empty()) << replicas_->Log(name);
   }
@@ -148,7 +148,7 @@ TEST_F(ReplicasTest, AKilledWorkersJobFinishesOnAnotherAfterItsLeaseExpires) {
   Client api(Address("api"));
   const std::string name = Submit(api, FixturePath("bert_tiny.onnx"), kSlowJob);
   WaitUntil(api, name, [](const v1::Job& j) { return j.state() == v1::RUNNING && j.worker() == "doomed"; });
-  StartReplica("survivor", {"--role=worker", "--workers=1", "--metrics_listen=127.0.0.1:0"});
+  StartReplica("survivor", {"--role=worker", "--workers=1", "--metrics-listen=127.0.0.1:0"});
   const auto killed = Clock::now();
   Kill("doomed");
   const v1::Job taken = WaitUntil(api, name, [](const v1::Job& j) { return j.worker() == "survivor"; });
@@ -276,8 +276,8 @@ TEST_F(ReplicasTest, AnUploadResumesOnAnotherReplicaButNeverOnTwoAtOnce) {
 }
 
 TEST_F(ReplicasTest, SplitRolesNeedASharedStore) {
-  const pid_t pid = Spawn({ONNXOPT_SERVER_BIN, "--role=worker", "--listen=127.0.0.1:0", "--metrics_listen=",
-                           absl::StrCat("--data_dir=", (dir_ / "alone").string())},
+  const pid_t pid = Spawn({ONNXOPT_SERVER_BIN, "--role=worker", "--listen=127.0.0.1:0", "--metrics-listen=",
+                           absl::StrCat("--data-dir=", (dir_ / "alone").string())},
                           dir_ / "alone.out", dir_ / "alone.err");
   EXPECT_EQ(WaitFor(pid, std::chrono::seconds(30)), 1);
   EXPECT_NE(Slurp(dir_ / "alone.err").find("needs a job store other replicas share"), std::string::npos)

@@ -1,4 +1,4 @@
-// Several teams on one server (--auth_tokens_file), tried as a hostile tenant would, through the real
+// Several teams on one server (--auth-tokens-file), tried as a hostile tenant would, through the real
 // server and CLI: no token or a wrong one is UNAUTHENTICATED; tenant B's every RPC on tenant A's job
 // and blob names answers exactly like a name that does not exist; request ids and blobs are per
 // tenant; admins list everyone; health stays open; tokens never reach the logs; SIGHUP re-reads the file.
@@ -24,7 +24,7 @@ class TenantsTest : public E2eTest {
     tokens_ = WriteFile("tokens.txt", absl::StrCat("# test tokens\n", Sha256OfBytes(kAlice), " team-a\n",
                                                    Sha256OfBytes(kBob), "\tteam-b\n\n", Sha256OfBytes(kRoot),
                                                    " ops admin\n"));
-    flags.push_back(absl::StrCat("--auth_tokens_file=", tokens_.string()));
+    flags.push_back(absl::StrCat("--auth-tokens-file=", tokens_.string()));
     StartServer(flags);
   }
 
@@ -195,8 +195,8 @@ TEST_F(TenantsTest, AnotherTenantsNamesAnswerLikeNamesThatDoNotExist) {
 TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
   // Room for the small CNNs (17-19 KB each), not for bert_tiny (351 KB); one queued or running job each.
   tokens_ = WriteFile("tokens.txt", absl::StrCat(Sha256OfBytes(kAlice), " team-a\n", Sha256OfBytes(kBob), " team-b\n"));
-  StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string()), "--tenant_max_active_jobs=1",
-               "--tenant_max_stored_bytes=100000", "--workers=1"});
+  StartServer({absl::StrCat("--auth-tokens-file=", tokens_.string()), "--tenant-max-active-jobs=1",
+               "--tenant-max-stored-bytes=100000", "--workers=1"});
   const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
   const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
   Result first = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", LongJobConfig().string()}, alice);
@@ -205,12 +205,12 @@ TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
   EXPECT_NE(second.code, 0);
   EXPECT_TRUE(absl::StrContains(second.err, "RESOURCE_EXHAUSTED")) << second.err;
   EXPECT_TRUE(absl::StrContains(second.err, "QUOTA_EXCEEDED")) << second.err;
-  EXPECT_TRUE(absl::StrContains(second.err, "tenant_max_active_jobs")) << second.err;
+  EXPECT_TRUE(absl::StrContains(second.err, "tenant-max-active-jobs")) << second.err;
   Result bobs = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", LongJobConfig().string()}, bob);
   EXPECT_EQ(bobs.code, 0) << "another tenant's quota is its own: " << bobs.err;
   Result big = Cli({"submit", FixturePath("bert_tiny.onnx").string()}, bob);
   EXPECT_NE(big.code, 0);
-  EXPECT_TRUE(absl::StrContains(big.err, "tenant_max_stored_bytes")) << big.err;
+  EXPECT_TRUE(absl::StrContains(big.err, "tenant-max-stored-bytes")) << big.err;
   EXPECT_FALSE(fs::exists(dir_ / "data" / "tenants" / "team-b" / "blobs" / *Sha256OfFile(FixturePath("bert_tiny.onnx"))));
   // A finished job frees its slot.
   const std::string job = std::string(absl::StripTrailingAsciiWhitespace(first.out));
@@ -221,7 +221,7 @@ TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
 }
 
 TEST_F(TenantsTest, DeletingAJobFreesItsFilesAndTheBlobsOnlyItUsed) {
-  StartWithTokens({"--drain_grace_seconds=0"});  // a running job is interrupted at stop and stays unfinished
+  StartWithTokens({"--drain-grace-seconds=0"});  // a running job is interrupted at stop and stays unfinished
   const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
   const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
   const fs::path quick = WriteFile("quick.json", R"({"benchmark": {"skip": true}})");
@@ -272,8 +272,8 @@ TEST_F(TenantsTest, DeletingAJobFreesItsFilesAndTheBlobsOnlyItUsed) {
   ASSERT_TRUE(fs::exists(orphan));
   StopServer();
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  StartServer({absl::StrCat("--auth_tokens_file=", tokens_.string()), "--job_retention_hours=0.0003",
-               "--upload_expiry_hours=0.0003"});
+  StartServer({absl::StrCat("--auth-tokens-file=", tokens_.string()), "--job-retention-hours=0.0003",
+               "--upload-expiry-hours=0.0003"});
   auto gone = [&](const std::string& job) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
