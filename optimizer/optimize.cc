@@ -19,6 +19,7 @@
 #include "optimizer/pass_manager.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/precision.h"
+#include "optimizer/runtime_requirements.h"
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/generation.h"
 #include "optimizer/validation/bisect.h"
@@ -35,15 +36,16 @@ namespace {
 
 // What can run the result: contrib-op domains, or LayerNormalization before opset 17 (ONNX Runtime
 // registers it in the ONNX domain for older opsets), narrow it to ONNX Runtime.
-std::vector<std::string> Runtimes(const v1::ModelSummary& summary) {
-  bool contrib = false;
-  for (const auto& op : summary.op_histogram()) contrib |= op.first.find("com.microsoft::") == 0;
-  auto opset = summary.opset_imports().find("ai.onnx");
-  const bool early_layer_norm = summary.op_histogram().count("LayerNormalization") > 0 &&
-                                opset != summary.opset_imports().end() && opset->second < 17;
-  if (contrib) return {"ONNX Runtime (uses com.microsoft contrib operators)"};
-  if (early_layer_norm) return {"ONNX Runtime (LayerNormalization below opset 17 is ONNX Runtime's)"};
-  return {"any ONNX runtime supporting the model's opsets (standard operators only)"};
+std::vector<std::string> Runtimes(const onnx::ModelProto& model, bool cuda) {
+  const RuntimeRequirement needs = MinimumOnnxRuntime(model, cuda);
+  const char* provider = cuda ? "CUDA" : "CPU";
+  if (needs.version.empty()) return {absl::StrCat("not ONNX Runtime on the ", provider, ": ", needs.reason)};
+  if (needs.contrib) {
+    return {absl::StrCat("ONNX Runtime >= ", needs.version, " (", provider, "; ", needs.reason,
+                         "; com.microsoft contrib operators)")};
+  }
+  return {absl::StrCat("any ONNX runtime supporting the model's opsets (standard operators only); ONNX Runtime >= ",
+                       needs.version, " (", needs.reason, ")")};
 }
 
 absl::Status ConfigInvalid(const absl::Status& status) {
@@ -203,6 +205,7 @@ v1::ModelSummary Summarize(const onnx::ModelProto& model, int64_t model_bytes) {
 OptimizeJob::OptimizeJob(const OptimizeRequest& request)
     : request_(request), config_(request.config), start_(std::chrono::steady_clock::now()) {
   report_.set_optimizer_version(kOptimizerVersion);
+  report_.set_job(request.job_name);  // the server names it again once the job ends
 }
 
 absl::StatusOr<OptimizeResult> OptimizeJob::Run(v1::Report* partial_report) {
@@ -362,7 +365,9 @@ absl::Status OptimizeJob::SaveResult(const onnx::ModelProto& model, const std::v
   for (const auto& file : model_files_) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
   *report_.mutable_optimized() = Summarize(model, saved_bytes);
   report_.clear_runtimes();
-  for (auto& runtime : Runtimes(report_.optimized())) report_.add_runtimes(std::move(runtime));
+  for (auto& runtime : Runtimes(model, config_.benchmark().device() == v1::DEVICE_CUDA)) {
+    report_.add_runtimes(std::move(runtime));
+  }
   *report_.mutable_transformer() = JudgeTransformerFusion(original_evidence_, model, runs, pipeline_->hints);
   return absl::OkStatus();
 }

@@ -39,6 +39,8 @@ struct OptimizeRequest {
   // The saved model is on the disk when Optimize returns (SaveOptions::durable). The server's jobs
   // need it; `onnxopt optimize` on a local file leaves the write-back to the kernel.
   bool durable_output = true;
+  // The job's name, stamped into the delivered model's metadata (model_lineage.h).
+  std::string job_name = "local";
 };
 
 struct OptimizeResult {

@@ -9,14 +9,17 @@
 //   so they come after validation and the benchmark, which compare and time the model the pipeline made
 //   against the original on the original's inputs; their own correctness is their tests' (against
 //   reference pipelines).
+// - Last the lineage (model_lineage.h): producer and metadata_props, with the verdict and the speedup.
 #include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
+#include "optimizer/model_lineage.h"
 #include "optimizer/optimize_job.h"
 #include "optimizer/precision.h"
+#include "optimizer/sha256.h"
 #include "optimizer/validation/parity.h"
 
 namespace onnxopt {
@@ -56,7 +59,20 @@ absl::Status OptimizeJob::Deliver() {
     for (const auto& run : runs) *report_.add_passes() = run;
     if (!ran.ok()) return ran;
   }
-  if (runs.empty() && !adapter_bytes) return absl::OkStatus();
+  if (absl::Status saved = runs.empty() && !adapter_bytes ? absl::OkStatus() : SaveDelivered(*returned, runs, adapter_bytes);
+      !saved.ok()) {
+    return saved;
+  }
+  // Last, when the verdict and the speedup are known: only the .onnx file is rewritten.
+  absl::StatusOr<std::string> source_sha256 = Sha256OfFile(request_.model_path);
+  if (!source_sha256.ok()) return source_sha256.status();
+  const std::string producer = absl::StrCat(original_->producer_name(), original_->producer_version().empty() ? "" : " ",
+                                            original_->producer_version());
+  return StampLineageFile(LineageProps(report_, config_, request_.job_name, *source_sha256, producer), output_path_);
+}
+
+absl::Status OptimizeJob::SaveDelivered(const onnx::ModelProto& returned, const std::vector<v1::PassReport>& runs,
+                                        const std::optional<std::string>& adapter_bytes) {
   if (adapter_bytes) {
     const fs::path path = output_path_.parent_path() / kAdapterFileName;
     if (absl::Status written = WriteFileAtomically(path, *adapter_bytes); !written.ok()) return written;
@@ -64,7 +80,7 @@ absl::Status OptimizeJob::Deliver() {
   }
   std::vector<v1::PassReport> all_runs = returned_original_ ? std::vector<v1::PassReport>() : AllRuns(precision_runs_);
   all_runs.insert(all_runs.end(), runs.begin(), runs.end());
-  return SaveResult(*returned, all_runs);
+  return SaveResult(returned, all_runs);
 }
 
 absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std::string& adapter,

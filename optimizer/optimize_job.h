@@ -103,6 +103,9 @@ class OptimizeJob {
   // The returned model with `adapter` active (ONNX Runtime's adapter API) against the reference, and
   // with none; ABORTED (PARITY_FAILED) when the adapted model does not match.
   absl::Status CheckAdapter(const onnx::ModelProto& model, const std::string& adapter, v1::AdapterReport* report);
+  // Saves what Deliver changed: the adapter file and the model after passes_after.
+  absl::Status SaveDelivered(const onnx::ModelProto& returned, const std::vector<v1::PassReport>& runs,
+                             const std::optional<std::string>& adapter_bytes);
   // The dims the pipeline freed, checked at other lengths.
   absl::Status CheckFreedDims(v1::ParityReport* parity);
 

@@ -133,6 +133,7 @@ absl::Status OptimizeJob::Validate() {
   parity->set_reference(DescribeSettings(reference_settings_));
   parity->set_device(DescribeSettings(parity_settings_));
   parity->set_tf32(parity_settings_.device == v1::DEVICE_CUDA && parity_settings_.cuda_tf32);
+  Progress(Phase::kValidating, "reference outputs");
   absl::StatusOr<ParityReference> reference = BuildParityReference(*original_session_, *original_, config_.validation(),
                                                                    supplied_, request_.cancelled, parity);
   if (!reference.ok()) return reference.status();
@@ -147,6 +148,7 @@ absl::Status OptimizeJob::Validate() {
   }
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
+  Progress(Phase::kValidating, "comparing outputs");
   absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(optimized_), parity);
   if (!passed.ok()) return passed.status();
   if (!*passed && precision_requested_ && !auto_precision) {
@@ -154,6 +156,7 @@ absl::Status OptimizeJob::Validate() {
     if (!passed.ok()) return passed.status();
   }
   if (!*passed) {
+    Progress(Phase::kValidating, "bisecting the passes that broke parity");
     if (absl::Status recovered = RecoverByBisection(parity); !recovered.ok()) return recovered;
   }
   return CheckFreedDims(parity);

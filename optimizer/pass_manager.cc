@@ -360,8 +360,10 @@ absl::Status PipelineRunner::RunPass(const PassInvocation& invocation, int itera
 }
 
 absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
-  const int total = pipeline_.PassCount();
-  int done = 0;
+  // Progress counts pass runs: a fixed-point group's next sweep adds its passes to the total, so the
+  // count only grows (it never restarts at 1 with a sweep).
+  int total = pipeline_.PassCount();
+  int runs = 0;
   int64_t changes = 0;
   if (InfersShapesFirst(pipeline_, options_)) {
     if (!initial_shapes) initial_shapes = InferInitialShapes(*model_);
@@ -371,7 +373,7 @@ absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
   for (const auto& step : pipeline_.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {
       int64_t sweep_rewrites = 0;
-      int index_in_sweep = 0;
+      if (iteration > 1) total += static_cast<int>(step.passes.size());
       for (const auto& invocation : step.passes) {
         if (options_.stop_after_changes >= 0 && changes >= options_.stop_after_changes) return absl::OkStatus();
         if (options_.cancelled != nullptr && options_.cancelled->load()) {
@@ -379,17 +381,15 @@ absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
         }
         const std::string name(invocation.pass->name());
         if (options_.excluded_passes.count(name) > 0) {
-          ++index_in_sweep;
+          --total;
           continue;
         }
-        if (options_.on_pass_start) options_.on_pass_start(name, done + index_in_sweep, total);
+        if (options_.on_pass_start) options_.on_pass_start(name, runs++, total);
         if (absl::Status status = RunPass(invocation, iteration, &sweep_rewrites); !status.ok()) return status;
         if (PassChangedGraph(reports_->back())) ++changes;
-        ++index_in_sweep;
       }
       if (sweep_rewrites == 0) break;  // fixed point reached (or a single run done)
     }
-    done += static_cast<int>(step.passes.size());
   }
   return absl::OkStatus();
 }

@@ -56,7 +56,8 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
 
 struct PassManagerOptions {
   const std::atomic<bool>* cancelled = nullptr;
-  // Called before each pass with its name, how many have run and the sweep's count.
+  // Called before each pass run with its name, how many runs came before and how many the pipeline
+  // makes as far as is known (the passes once, plus each repeated sweep of a fixed-point group).
   std::function<void(const std::string& pass, int done, int total)> on_pass_start;
   // Replays a prefix of the pipeline (bisection): stop once this many pass runs have changed the
   // graph. Passes are deterministic, so the model is then what the full run had at that point.
