@@ -1,14 +1,20 @@
 #include "client/client.h"
 
 #include <fstream>
+#include <set>
+#include <tuple>
+#include <future>
 #include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "optimizer/model_io.h"
 #include "optimizer/sha256.h"
 
@@ -16,6 +22,10 @@ namespace onnxopt::client {
 namespace fs = std::filesystem;
 
 constexpr int64_t kChunkBytes = 1 << 20;
+// Waits between tries of a call the server could not take (UNAVAILABLE): from 250 ms (RetryState), doubling,
+// at most kMaxBackoff.
+constexpr std::chrono::milliseconds kMaxBackoff(5000);
+constexpr std::chrono::minutes kGiveUpAfter(5);
 
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -60,20 +70,84 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
   return grpc::SslCredentials(options);
 }
 
-Client::Client(const std::string& address) : Client(address, grpc::InsecureChannelCredentials()) {}
-
-void Client::Authorize(grpc::ClientContext* context) const {
-  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+std::string DefaultRequestId(const v1::CreateJobRequest& request) {
+  std::string config;
+  {
+    google::protobuf::io::StringOutputStream stream(&config);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    request.config().SerializeToCodedStream(&coded);
+  }
+  std::set<std::pair<std::string, std::string>> files;
+  for (const auto& file : request.model().external_data()) files.insert({file.name(), file.sha256()});
+  std::set<std::tuple<int, std::string, std::string>> inputs;
+  for (const auto& input : request.inputs()) inputs.insert({input.sample(), input.name(), input.sha256()});
+  const std::map<std::string, std::string> labels(request.labels().begin(), request.labels().end());
+  // Length-prefixed fields: no two different requests encode alike.
+  std::string material;
+  auto add = [&](const std::string& field) { absl::StrAppend(&material, field.size(), ":", field, ";"); };
+  add("onnxopt-request-v1");
+  add(request.model().sha256());
+  for (const auto& [name, digest] : files) absl::StrAppend(&material, "d", name.size(), ":", name, digest, ";");
+  for (const auto& [sample, name, digest] : inputs) {
+    absl::StrAppend(&material, "i", sample, ":", name.size(), ":", name, digest, ";");
+  }
+  for (const auto& [key, value] : labels) {
+    absl::StrAppend(&material, "l", key.size(), ":", key, value.size(), ":", value, ";");
+  }
+  add(config);
+  return absl::StrCat("auto-", Sha256OfBytes(material).substr(0, 32));
 }
 
-Client::Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+Client::Client(const std::string& address) : Client(address, grpc::InsecureChannelCredentials()) {}
+
+Client::Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+               const std::string& server_name) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(16 << 20);
+  // gRPC's own reconnect backoff grows to two minutes; a restarted server should be found in seconds.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  if (!server_name.empty()) arguments.SetSslTargetNameOverride(server_name);
   channel_ = grpc::CreateCustomChannel(address, std::move(credentials), arguments);
   stub_ = v1::Optimizer::NewStub(channel_);
 }
 
+void Client::Prepare(grpc::ClientContext* context) const {
+  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+  if (deadline_) context->set_deadline(*deadline_);
+}
+
+bool Client::Backoff(RetryState* retry) const {
+  thread_local std::mt19937 random(std::random_device{}());
+  // Full jitter: replicas' clients that lost the same server do not all come back at once.
+  const auto wait = std::chrono::milliseconds(
+      std::uniform_int_distribution<int64_t>(retry->delay.count() / 2, retry->delay.count())(random));
+  if (deadline_ && std::chrono::system_clock::now() + wait >= *deadline_) return false;
+  // Without a deadline: a server never reached is a wrong address or TLS setting, said at once; one
+  // that answered before is restarting (retried), until kGiveUpAfter without an answer.
+  if (!deadline_ && (!reached_.load() || std::chrono::steady_clock::now() - retry->since > kGiveUpAfter)) return false;
+  std::this_thread::sleep_for(wait);
+  retry->delay = std::min<std::chrono::milliseconds>(retry->delay * 2, kMaxBackoff);
+  return true;
+}
+
+absl::Status Client::Retrying(const std::function<grpc::Status(grpc::ClientContext*)>& call) const {
+  RetryState retry;
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    absl::Status status = Answered(FromGrpc(call(&context)));
+    if (status.code() != absl::StatusCode::kUnavailable || !Backoff(&retry)) return status;
+  }
+}
+
 namespace {
+
+bool IsFinal(const v1::Job& job) {
+  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
+}
 
 // A fresh upload session id: the server keeps each session's partial data apart, and only whoever
 // knows the id can resume it.
@@ -83,9 +157,6 @@ std::string NewUploadId() {
   for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
   return id;
 }
-
-// An upload that broke off (connection lost, server restarting) is resumed this many times.
-constexpr int kUploadAttempts = 3;
 
 }  // namespace
 
@@ -101,17 +172,15 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
   blob.set_size(total);
   const std::string upload_id = NewUploadId();
   absl::Status finished;
-  for (int attempt = 0; attempt < kUploadAttempts; ++attempt) {
+  RetryState retry;
+  while (true) {
     v1::UploadStatus status;
-    {
-      grpc::ClientContext context;
-      Authorize(&context);
-      v1::GetUploadStatusRequest request;
-      request.set_sha256(*digest);
-      request.set_upload_id(upload_id);
-      absl::Status rpc = FromGrpc(stub_->GetUploadStatus(&context, request, &status));
-      if (!rpc.ok()) return rpc;
-    }
+    v1::GetUploadStatusRequest status_request;
+    status_request.set_sha256(*digest);
+    status_request.set_upload_id(upload_id);
+    absl::Status rpc =
+        Retrying([&](grpc::ClientContext* context) { return stub_->GetUploadStatus(context, status_request, &status); });
+    if (!rpc.ok()) return rpc;
     if (status.complete()) {
       if (progress) progress(total, total);
       return blob;
@@ -120,7 +189,7 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
     std::ifstream in(path, std::ios::binary);
     in.seekg(offset);
     grpc::ClientContext context;
-    Authorize(&context);
+    Prepare(&context);
     v1::Blob response;
     auto writer = stub_->UploadBlob(&context, &response);
     std::string buffer(kChunkBytes, '\0');
@@ -143,10 +212,11 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
       if (progress) progress(offset, total);
     } while (offset < total && in);
     writer->WritesDone();
-    finished = FromGrpc(writer->Finish());
-    // Connection lost, or the server still holds the broken stream of this session: wait, resume.
+    finished = Answered(FromGrpc(writer->Finish()));
+    // Connection lost (the server restarting), or the server still holds the broken stream of this
+    // session: wait, then resume from what it committed (partial uploads survive a restart).
     if (finished.code() != absl::StatusCode::kUnavailable && finished.code() != absl::StatusCode::kAborted) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(250) * (attempt + 1));
+    if (!Backoff(&retry)) break;
   }
   if (!finished.ok()) return finished;
   return blob;
@@ -250,57 +320,65 @@ absl::StatusOr<std::vector<v1::InputTensor>> Client::UploadInputs(const fs::path
 
 absl::StatusOr<v1::Job> Client::CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
                                           const std::string& request_id, const std::vector<v1::InputTensor>& inputs) {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::CreateJobRequest request;
   *request.mutable_model() = model;
   *request.mutable_config() = config;
   request.set_request_id(request_id);
   for (const auto& input : inputs) *request.add_inputs() = input;
+  return CreateJob(request);
+}
+
+absl::StatusOr<v1::Job> Client::CreateJob(const v1::CreateJobRequest& request) {
   v1::Job job;
-  absl::Status status = FromGrpc(stub_->CreateJob(&context, request, &job));
+  auto call = [&](grpc::ClientContext* context) { return stub_->CreateJob(context, request, &job); };
+  absl::Status status;
+  if (request.request_id().empty()) {  // no id: a lost answer cannot be told from a refusal, so one try
+    grpc::ClientContext context;
+    Prepare(&context);
+    status = Answered(FromGrpc(call(&context)));
+  } else {
+    status = Retrying(call);
+  }
   if (!status.ok()) return status;
   return job;
 }
 
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& name) {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::GetJobRequest request;
   request.set_name(name);
   v1::Job job;
-  absl::Status status = FromGrpc(stub_->GetJob(&context, request, &job));
+  absl::Status status = Retrying([&](grpc::ClientContext* context) { return stub_->GetJob(context, request, &job); });
   if (!status.ok()) return status;
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(v1::JobState state, int page_size, const std::string& page_token) {
-  grpc::ClientContext context;
-  Authorize(&context);
+absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(v1::JobState state, int page_size, const std::string& page_token,
+                                                      const std::map<std::string, std::string>& labels) {
   v1::ListJobsRequest request;
   request.set_state(state);
   request.set_page_size(page_size);
   request.set_page_token(page_token);
+  for (const auto& [key, value] : labels) (*request.mutable_labels())[key] = value;
   v1::ListJobsResponse response;
-  absl::Status status = FromGrpc(stub_->ListJobs(&context, request, &response));
+  absl::Status status =
+      Retrying([&](grpc::ClientContext* context) { return stub_->ListJobs(context, request, &response); });
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<v1::Job> Client::CancelJob(const std::string& name) {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::CancelJobRequest request;
   request.set_name(name);
   v1::Job job;
-  absl::Status status = FromGrpc(stub_->CancelJob(&context, request, &job));
+  // Cancelling twice is cancelling once.
+  absl::Status status = Retrying([&](grpc::ClientContext* context) { return stub_->CancelJob(context, request, &job); });
   if (!status.ok()) return status;
   return job;
 }
 
 absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& name) {
   grpc::ClientContext context;
-  Authorize(&context);
+  Prepare(&context);
   v1::DeleteJobRequest request;
   request.set_name(name);
   v1::DeleteJobResponse response;
@@ -310,81 +388,158 @@ absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& name)
 }
 
 absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event) {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::WatchJobRequest request;
   request.set_name(name);
-  auto reader = stub_->WatchJob(&context, request);
-  v1::JobEvent event;
   v1::Job last;
-  while (reader->Read(&event)) {
-    last = event.job();
-    if (on_event) on_event(last);
+  RetryState retry;
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    auto reader = stub_->WatchJob(&context, request);
+    v1::JobEvent event;
+    while (reader->Read(&event)) {
+      last = event.job();
+      reached_ = true;
+      retry = RetryState();  // the server is back: the next break starts the backoff anew
+      if (on_event) on_event(last);
+    }
+    absl::Status status = Answered(FromGrpc(reader->Finish()));
+    if (IsFinal(last)) return last;
+    // A stream that ended before the job did: the server went away (UNAVAILABLE) or closed the
+    // stream while draining. Anything else (NOT_FOUND, PERMISSION_DENIED...) is the answer.
+    if (!status.ok() && status.code() != absl::StatusCode::kUnavailable) return status;
+    if (!Backoff(&retry)) {
+      return status.ok() ? absl::DeadlineExceededError(absl::StrCat("the deadline passed while watching ", name))
+                         : status;
+    }
   }
-  absl::Status status = FromGrpc(reader->Finish());
-  if (!status.ok()) return status;
-  if (last.name().empty()) return absl::UnavailableError("the watch ended without any event");
-  return last;
 }
 
-absl::Status Client::Download(const std::string& name, const std::string& artifact, const fs::path& path) {
-  grpc::ClientContext context;
-  Authorize(&context);
-  v1::DownloadRequest request;
-  request.set_name(name);
-  request.set_artifact(artifact);
-  auto reader = stub_->Download(&context, request);
-  v1::DownloadChunk chunk;
-  std::string data;
-  std::string expected_digest;
-  int64_t total = -1;
-  while (reader->Read(&chunk)) {
-    if (total < 0) {
-      total = chunk.total_size();
-      expected_digest = chunk.sha256();
-      data.reserve(static_cast<size_t>(total));
+fs::path PartialDownloadPath(const fs::path& path, const std::string& sha256) {
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  return dir / absl::StrCat(".", path.filename().string(), ".", sha256.substr(0, 16), ".partial");
+}
+
+absl::Status Client::Download(const std::string& name, const std::string& artifact, const fs::path& path,
+                              const Progress& progress) {
+  // The job's listing gives the artifact's size and SHA-256 before the first byte: the partial file
+  // is named by the digest, so bytes of another artifact (another job's model.onnx) never mix in.
+  absl::StatusOr<v1::Job> job = GetJob(name);
+  if (!job.ok()) return job.status();
+  const v1::Artifact* listed = nullptr;
+  for (const auto& entry : job->result().artifacts()) {
+    if (entry.name() == (artifact.empty() ? "model.onnx" : artifact)) listed = &entry;
+  }
+  if (listed == nullptr) {
+    return absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: ", name, " has no artifact '", artifact, "'"));
+  }
+  std::error_code error;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
+  const fs::path partial = PartialDownloadPath(path, listed->sha256());
+  int64_t held = fs::exists(partial, error) ? static_cast<int64_t>(fs::file_size(partial, error)) : 0;
+  if (error || held > listed->size()) held = 0;
+  std::ofstream out(partial, held > 0 ? std::ios::binary | std::ios::app : std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
+  RetryState retry;
+  while (held < listed->size()) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    v1::DownloadRequest request;
+    request.set_name(name);
+    request.set_artifact(listed->name());
+    request.set_offset(held);
+    auto reader = stub_->Download(&context, request);
+    v1::DownloadChunk chunk;
+    bool in_order = true;
+    while (reader->Read(&chunk)) {
+      if (chunk.offset() != held || held + static_cast<int64_t>(chunk.data().size()) > listed->size()) {
+        in_order = false;
+        context.TryCancel();
+        break;
+      }
+      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+      held += static_cast<int64_t>(chunk.data().size());
+      reached_ = true;
+      retry = RetryState();
+      if (progress) progress(held, listed->size());
     }
-    if (chunk.offset() != static_cast<int64_t>(data.size())) return absl::DataLossError("download chunks out of order");
-    data.append(chunk.data());
+    absl::Status status = Answered(FromGrpc(reader->Finish()));
+    if (!in_order) return absl::DataLossError(absl::StrCat("download of ", artifact, ": chunks out of order"));
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
+    if (status.ok() && held < listed->size()) {
+      return absl::DataLossError(absl::StrCat("download of ", artifact, " ended after ", held, " of ", listed->size(),
+                                              " bytes"));
+    }
+    if (!status.ok() && (status.code() != absl::StatusCode::kUnavailable || !Backoff(&retry))) return status;
   }
-  absl::Status status = FromGrpc(reader->Finish());
-  if (!status.ok()) return status;
-  if (total >= 0 && static_cast<int64_t>(data.size()) != total) {
-    return absl::DataLossError(absl::StrCat("download of ", artifact, " ended after ", data.size(), " of ", total, " bytes"));
-  }
-  if (!expected_digest.empty() && Sha256OfBytes(data) != expected_digest) {
+  out.close();
+  absl::StatusOr<std::string> digest = Sha256OfFile(partial);
+  if (!digest.ok()) return digest.status();
+  if (*digest != listed->sha256()) {
+    fs::remove(partial, error);  // a corrupt copy must not be resumed
     return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: downloaded ", artifact, " does not match its SHA-256"));
   }
-  return WriteFileAtomically(path, data);
+  fs::rename(partial, path, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot move ", partial.string(), " to ", path.string(), ": ", error.message()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Report> Client::GetReport(const std::string& name) {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::GetReportRequest request;
   request.set_name(name);
   v1::Report report;
-  absl::Status status = FromGrpc(stub_->GetReport(&context, request, &report));
+  absl::Status status = Retrying([&](grpc::ClientContext* context) { return stub_->GetReport(context, request, &report); });
   if (!status.ok()) return status;
   return report;
 }
 
 absl::StatusOr<v1::ListPassesResponse> Client::ListPasses() {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::ListPassesResponse response;
-  absl::Status status = FromGrpc(stub_->ListPasses(&context, v1::ListPassesRequest(), &response));
+  absl::Status status = Retrying(
+      [&](grpc::ClientContext* context) { return stub_->ListPasses(context, v1::ListPassesRequest(), &response); });
   if (!status.ok()) return status;
   return response;
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
-  grpc::ClientContext context;
-  Authorize(&context);
   v1::ServerInfo response;
-  absl::Status status = FromGrpc(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response));
+  absl::Status status = Retrying(
+      [&](grpc::ClientContext* context) { return stub_->GetServerInfo(context, v1::GetServerInfoRequest(), &response); });
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
+  // grpc.health.v1.Health/Check by hand: HealthCheckRequest{string service = 1} in, and
+  // HealthCheckResponse{ServingStatus status = 1} (1 = SERVING) out; Debian ships no stubs for it.
+  std::string request_bytes;
+  if (!service.empty()) {
+    request_bytes.push_back(0x0a);  // field 1, length-delimited
+    uint64_t length = service.size();
+    do {
+      request_bytes.push_back(static_cast<char>((length & 0x7f) | (length > 0x7f ? 0x80 : 0)));
+      length >>= 7;
+    } while (length > 0);
+    request_bytes += service;
+  }
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext context;
+  Prepare(&context);
+  grpc::GenericStub stub(channel_);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(std::move(status)); });
+  absl::Status status = FromGrpc(done.get_future().get());
+  if (!status.ok()) return status;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("unreadable health response");
+  std::string bytes;
+  for (const auto& part : slices) bytes.append(reinterpret_cast<const char*>(part.begin()), part.size());
+  // The only field: tag 0x08 (field 1, varint) and the status; absent means UNKNOWN (0).
+  return bytes.size() >= 2 && bytes[0] == 0x08 && bytes[1] == 0x01;
 }
 
 }  // namespace onnxopt::client

@@ -4,11 +4,14 @@
 #ifndef ONNXOPT_CLIENT_CLIENT_H_
 #define ONNXOPT_CLIENT_CLIENT_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +44,26 @@ struct TlsFiles {
 // NOT_FOUND naming a PEM file that cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(const TlsFiles& tls);
 
+// A request id that stands for the request itself: the model's, its data files' and the inputs'
+// SHA-256s, the config and the labels. Submitting the same thing again (a retry after a lost answer,
+// a pipeline step run twice) finds the first job instead of queueing a second.
+std::string DefaultRequestId(const v1::CreateJobRequest& request);
+
+// Where an interrupted download of `path` keeps its bytes until they are complete and verified.
+std::filesystem::path PartialDownloadPath(const std::filesystem::path& path, const std::string& sha256);
+
 class Client {
  public:
   explicit Client(const std::string& address);
-  Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // `server_name`, when set, is the name checked against the server's certificate instead of the
+  // address's host (a probe dialing localhost inside the pod).
+  Client(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+         const std::string& server_name = "");
+
+  // Every call, retries included, ends by `deadline` (DEADLINE_EXCEEDED past it), and UNAVAILABLE is
+  // retried until then. Unset: calls have no limit; UNAVAILABLE is retried only once the server has
+  // answered (a restart, not a wrong address), for at most five minutes without an answer.
+  void set_deadline(std::chrono::system_clock::time_point deadline) { deadline_ = deadline; }
 
   using Progress = std::function<void(int64_t done, int64_t total)>;
   absl::StatusOr<v1::Blob> UploadFile(const std::filesystem::path& path, const Progress& progress = nullptr);
@@ -57,14 +76,24 @@ class Client {
   absl::StatusOr<v1::Job> CreateJob(const v1::ModelRef& model, const v1::OptimizationConfig& config,
                                     const std::string& request_id = "",
                                     const std::vector<v1::InputTensor>& inputs = {});
+  // Retried while the server is unavailable when the request has a request id (so a retry cannot
+  // make a second job).
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& name);
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(v1::JobState state, int page_size, const std::string& page_token);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(v1::JobState state, int page_size, const std::string& page_token,
+                                                const std::map<std::string, std::string>& labels = {});
   absl::StatusOr<v1::Job> CancelJob(const std::string& name);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& name);
-  // Calls on_event for every event until the job ends; returns the final job.
+  // Calls on_event for every event until the job ends; returns the final job. A stream that breaks
+  // (the server restarting, a rolling API pod) is opened again, with backoff, until the deadline.
   absl::StatusOr<v1::Job> WatchJob(const std::string& name, const std::function<void(const v1::Job&)>& on_event);
-  // Writes the artifact to `path` (atomically), checking size and SHA-256.
-  absl::Status Download(const std::string& name, const std::string& artifact, const std::filesystem::path& path);
+  // Streams the artifact into PartialDownloadPath(path, its SHA-256) and resumes from the bytes held
+  // there after a broken stream (or an earlier, interrupted run); `path` appears only once the whole
+  // file matches the job's size and SHA-256.
+  absl::Status Download(const std::string& name, const std::string& artifact, const std::filesystem::path& path,
+                        const Progress& progress = nullptr);
+  // grpc.health.v1: whether `service` ("" = the server as a whole) is SERVING. One try, no retries.
+  absl::StatusOr<bool> CheckHealth(const std::string& service);
   absl::StatusOr<v1::Report> GetReport(const std::string& name);
   absl::StatusOr<v1::ListPassesResponse> ListPasses();
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
@@ -73,11 +102,30 @@ class Client {
   void set_token(std::string token) { token_ = std::move(token); }
 
  private:
-  void Authorize(grpc::ClientContext* context) const;
+  // A context for one try: the token, and the deadline.
+  void Prepare(grpc::ClientContext* context) const;
+  // Notes that the server answered (anything but UNAVAILABLE); returns `status`.
+  absl::Status Answered(absl::Status status) const {
+    if (status.code() != absl::StatusCode::kUnavailable) reached_ = true;
+    return status;
+  }
+  // Runs `call` until it returns something other than UNAVAILABLE or the deadline passes, waiting
+  // between tries with exponential backoff and jitter.
+  absl::Status Retrying(const std::function<grpc::Status(grpc::ClientContext*)>& call) const;
+  // Where a run of failed tries stands: the next wait, and since when nothing has answered.
+  struct RetryState {
+    std::chrono::milliseconds delay{250};
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  };
+  // Sleeps the next backoff step; false when the deadline leaves no time for another try (or, without
+  // one, after five minutes without an answer).
+  bool Backoff(RetryState* retry) const;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Optimizer::Stub> stub_;
   std::string token_;
+  std::optional<std::chrono::system_clock::time_point> deadline_;
+  mutable std::atomic<bool> reached_{false};  // some call got an answer from the server
 };
 
 }  // namespace onnxopt::client

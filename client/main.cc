@@ -18,13 +18,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/client.h"
+#include "client/tracking_format.h"
+#include "client/model_repository.h"
 #include "client/report_format.h"
 #include "client/report_html.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/peft_adapter.h"
 #include "optimizer/optimize.h"
+#include "optimizer/pass_catalog.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/parity.h"
@@ -51,6 +55,7 @@ struct Args {
   std::vector<std::string> positional;
   std::map<std::string, std::string> options;  // "--config" -> value; flags -> ""
   std::vector<std::string> dims;               // every --dim, in order
+  std::vector<std::string> labels;             // every --label, in order
   bool Has(const std::string& name) const { return options.count(name) > 0; }
   std::string Get(const std::string& name, const std::string& fallback = "") const {
     auto it = options.find(name);
@@ -107,6 +112,50 @@ std::optional<std::pair<std::string, int64_t>> ParseDim(const std::string& dim) 
     return std::nullopt;
   }
   return std::make_pair(dim.substr(0, equals), value);
+}
+
+// --label: KEY=VALUE (the server checks the key's characters and the lengths).
+std::optional<std::pair<std::string, std::string>> ParseLabel(const std::string& label) {
+  const size_t equals = label.find('=');
+  if (equals == std::string::npos || equals == 0) return std::nullopt;
+  return std::make_pair(label.substr(0, equals), label.substr(equals + 1));
+}
+
+std::map<std::string, std::string> LabelsFrom(const Args& args) {
+  std::map<std::string, std::string> labels;
+  for (const std::string& label : args.labels) {
+    if (auto parsed = ParseLabel(label)) labels[parsed->first] = parsed->second;
+  }
+  return labels;
+}
+
+// --layout, --model-name, --version, --max-batch-size, --storage-uri: a model repository instead of a
+// file (nullopt without --layout).
+absl::StatusOr<std::optional<onnxopt::client::RepositoryOptions>> RepositoryFrom(const Args& args) {
+  if (!args.Has("--layout")) {
+    for (const char* flag : {"--model-name", "--version", "--max-batch-size", "--storage-uri"}) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, " needs --layout triton or kserve"));
+    }
+    return std::nullopt;
+  }
+  auto layout = onnxopt::client::ParseRepositoryLayout(args.Get("--layout"));
+  if (!layout.ok()) return layout.status();
+  onnxopt::client::RepositoryOptions options;
+  options.layout = *layout;
+  options.model_name = args.Get("--model-name");
+  if (options.model_name.empty()) return absl::InvalidArgumentError("--layout needs --model-name");
+  if (args.Has("--version") && !absl::SimpleAtoi(args.Get("--version"), &options.version)) {
+    return absl::InvalidArgumentError("--version needs a number");
+  }
+  if (args.Has("--max-batch-size") && !absl::SimpleAtoi(args.Get("--max-batch-size"), &options.max_batch_size)) {
+    return absl::InvalidArgumentError("--max-batch-size needs a number");
+  }
+  options.storage_uri = args.Get("--storage-uri");
+  if (!options.storage_uri.empty() && options.layout != onnxopt::client::RepositoryLayout::kKServe) {
+    return absl::InvalidArgumentError("--storage-uri is for --layout kserve");
+  }
+  if (absl::Status valid = onnxopt::client::CheckRepositoryOptions(options); !valid.ok()) return valid;
+  return std::optional<onnxopt::client::RepositoryOptions>(options);
 }
 
 // The config file (or the defaults) with --preset, --precision, --device and --dim applied over it.
@@ -192,30 +241,66 @@ absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out)
   return absl::OkStatus();
 }
 
-// Downloads the model (and any data files next to it) to `out`, and the report beside it.
-absl::Status DownloadResult(Client& client, const onnxopt::v1::Job& job, const fs::path& out, fs::path* report_path) {
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+// Where a result is delivered: a model file (`out`, its data file and report beside it) or, with a
+// layout, a model repository at `out`.
+struct Destination {
+  fs::path out;
+  std::optional<onnxopt::client::RepositoryOptions> repository;
+};
+
+// Moves a finished result's files (model.onnx, its data, report.json, ...) to `to`: OUT and beside it
+// (OUT.report.json), or into the model repository. Returns what to print: the model (or the
+// repository) and the report.
+absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<fs::path> files, const onnxopt::v1::Report& report,
+                                                      const Destination& to) {
+  if (to.repository) {
+    auto written = onnxopt::client::WriteModelRepository(files, report, *to.repository, to.out);
+    if (!written.ok()) return written.status();
+    return std::make_pair(to.out, to.out / to.repository->model_name / "onnxopt_report.json");
+  }
+  fs::path report_path = to.out;
+  report_path += ".report.json";
+  auto report_file = std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "report.json"; });
+  if (report_file != files.end()) {
+    std::error_code error;
+    fs::rename(*report_file, report_path, error);
+    if (error) return absl::InternalError(absl::StrCat("cannot write ", report_path.string(), ": ", error.message()));
+    files.erase(report_file);
+  }
+  if (absl::Status moved = MoveResult(files, to.out); !moved.ok()) return moved;
+  return std::make_pair(to.out, report_path);
+}
+
+// Downloads every artifact of the job and delivers them to `to`. The files gather in a folder named
+// after the job beside the destination, each resumable (Client::Download), so an interrupted run's
+// bytes are not fetched again; the folder goes once everything is delivered.
+absl::StatusOr<std::pair<fs::path, fs::path>> DownloadResult(Client& client, const onnxopt::v1::Job& job,
+                                                             const Destination& to) {
+  const fs::path dir = to.repository ? to.out : (to.out.has_parent_path() ? to.out.parent_path() : fs::path("."));
   std::error_code error;
   fs::create_directories(dir, error);
-  const fs::path staging = dir / (".onnxopt-download-" + std::to_string(::getpid()));
+  const fs::path staging = dir / absl::StrCat(".onnxopt-download-", absl::StripPrefix(job.name(), "jobs/"));
   fs::create_directories(staging, error);
   std::vector<fs::path> files;
-  absl::Status status = absl::OkStatus();
   for (const auto& artifact : job.result().artifacts()) {
-    if (artifact.name() == "report.json" || !status.ok()) continue;
     files.push_back(staging / artifact.name());
-    status = client.Download(job.name(), artifact.name(), files.back());
+    ProgressLine line;
+    absl::Status status = client.Download(job.name(), artifact.name(), files.back(), [&](int64_t done, int64_t total) {
+      if (total >= (int64_t{16} << 20)) {
+        line.Show(absl::StrFormat("downloading %s %.1f / %.1f MiB", artifact.name(), done / 1048576.0, total / 1048576.0));
+      }
+    });
+    if (!status.ok()) return status;
   }
-  if (status.ok()) status = MoveResult(files, out);
-  fs::remove_all(staging, error);
-  if (!status.ok()) return status;
-  *report_path = out;
-  *report_path += ".report.json";
-  return client.Download(job.name(), "report.json", *report_path);
+  auto report = client.GetReport(job.name());
+  if (!report.ok()) return report.status();
+  auto delivered = Deliver(files, *report, to);
+  if (delivered.ok()) fs::remove_all(staging, error);
+  return delivered;
 }
 
 // Waits for the job and downloads its result to `out`. With `json`: the final job, then its report.
-int Follow(Client& client, const std::string& name, const fs::path& out, bool json) {
+int Follow(Client& client, const std::string& name, const Destination& out, bool json) {
   ProgressLine line;
   auto final_job = client.WatchJob(name, [&](const onnxopt::v1::Job& job) {
     line.Show(absl::StrCat(name, "  ", onnxopt::client::FormatProgressLine(job)));
@@ -230,9 +315,8 @@ int Follow(Client& client, const std::string& name, const fs::path& out, bool js
     }
     return ExitForJob(*final_job);
   }
-  fs::path report_path;
-  absl::Status downloaded = DownloadResult(client, *final_job, out, &report_path);
-  if (!downloaded.ok()) return Report(downloaded);
+  auto downloaded = DownloadResult(client, *final_job, out);
+  if (!downloaded.ok()) return Report(downloaded.status());
   if (json) {
     auto report = client.GetReport(name);
     if (!report.ok()) return Report(report.status());
@@ -240,8 +324,8 @@ int Follow(Client& client, const std::string& name, const fs::path& out, bool js
     return kOk;
   }
   const auto& result = final_job->result();
-  std::cout << "optimized model: " << out.string() << "\n"
-            << "report:          " << report_path.string() << "\n"
+  std::cout << (out.repository ? "model repository: " : "optimized model: ") << downloaded->first.string() << "\n"
+            << "report:          " << downloaded->second.string() << "\n"
             << absl::StrFormat("nodes %d -> %d, parity %s, speedup %.3fx", result.nodes_before(), result.nodes_after(),
                                result.parity_passed() ? "passed" : "not checked", result.speedup())
             << std::endl;
@@ -253,6 +337,9 @@ int Submit(Client& client, const Args& args) {
   const fs::path model = args.positional[1];
   auto config = ConfigFrom(args);
   if (!config.ok()) return Report(config.status());
+  auto repository = RepositoryFrom(args);  // checked before anything is uploaded
+  if (!repository.ok()) return Report(repository.status());
+  if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
   ProgressLine line;
   auto reference = client.UploadModel(model, [&](int64_t done, int64_t total) {
     line.Show(absl::StrFormat("uploading %.1f / %.1f MiB", done / 1048576.0, total / 1048576.0));
@@ -265,7 +352,16 @@ int Submit(Client& client, const Args& args) {
     if (!uploaded.ok()) return Report(uploaded.status());
     inputs = *std::move(uploaded);
   }
-  auto job = client.CreateJob(*reference, *config, args.Get("--request-id"), inputs);
+  onnxopt::v1::CreateJobRequest request;
+  *request.mutable_model() = *reference;
+  *request.mutable_config() = *config;
+  for (const auto& input : inputs) *request.add_inputs() = input;
+  for (const auto& [key, value] : LabelsFrom(args)) (*request.mutable_labels())[key] = value;
+  // Without --request-id the request stands for itself: running the same submit again (a retry after
+  // a lost answer, a pipeline step re-run) finds the first job.
+  request.set_request_id(args.Has("--request-id") ? args.Get("--request-id")
+                                                  : onnxopt::client::DefaultRequestId(request));
+  auto job = client.CreateJob(request);
   if (!job.ok()) return Report(job.status());
   const bool json = args.Has("--json");
   const bool follow = args.Has("--wait") || args.Has("-o");
@@ -276,7 +372,7 @@ int Submit(Client& client, const Args& args) {
   }
   if (!follow) return kOk;
   fs::path out = args.Has("-o") ? fs::path(args.Get("-o")) : fs::path(model.stem().string() + ".optimized.onnx");
-  return Follow(client, job->name(), out, json);
+  return Follow(client, job->name(), Destination{out, *repository}, json);
 }
 
 // Both models timed side by side on `device`, as a job's benchmark times them.
@@ -308,7 +404,11 @@ int Local(const Args& args) {
       return (std::cerr << "usage: onnxopt optimize MODEL -o OUT.onnx [--config FILE]\n", kUsage);
     }
     const fs::path out = args.Get("-o");
-    const fs::path work = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    auto repository = RepositoryFrom(args);
+    if (!repository.ok()) return Report(repository.status());
+    const fs::path work = *repository ? out : out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    std::error_code created;
+    fs::create_directories(work, created);
     const fs::path staging = work / (".onnxopt-" + std::to_string(::getpid()));
     onnxopt::OptimizeRequest request;
     request.model_path = args.positional[1];
@@ -321,18 +421,30 @@ int Local(const Args& args) {
       request.input_files = *std::move(files);
     }
     ProgressLine line;
-    request.on_progress = [&](onnxopt::Phase, const std::string& pass, int done, int total) {
-      if (pass.empty()) return;
-      line.Show(total > 0 ? absl::StrCat("pass ", done + 1, "/", total, " ", pass) : pass);
+    request.on_progress = [&](onnxopt::Phase phase, const std::string& step, int done, int total) {
+      static constexpr const char* kPhaseNames[] = {"loading", "optimizing", "saving", "validating", "benchmarking"};
+      const std::string phase_name = kPhaseNames[static_cast<int>(phase)];
+      line.Show(total > 0 ? absl::StrCat(phase_name, "  pass ", done + 1, "/", total, " ", step)
+                          : absl::StrCat(phase_name, step.empty() ? "" : "  ", step));
     };
     onnxopt::v1::Report report;
     auto result = onnxopt::Optimize(request, &report);
     line.Done();
     std::error_code error;
+    std::optional<std::pair<fs::path, fs::path>> delivered;
     if (result.ok()) {
-      // The data file is named after the output, as the model now says.
-      absl::Status moved = MoveResult(result->files, out);
-      if (!moved.ok()) result = moved;
+      // The data file is named after the output, as the model now says; the report goes beside it (or
+      // into the repository), as a job's does.
+      std::vector<fs::path> files = result->files;
+      files.push_back(staging / "report.json");
+      absl::Status written = onnxopt::WriteFileAtomically(files.back(), onnxopt::client::ToJson(report));
+      auto moved = written.ok() ? Deliver(files, report, Destination{out, *repository})
+                                : absl::StatusOr<std::pair<fs::path, fs::path>>(written);
+      if (moved.ok()) {
+        delivered = *moved;
+      } else {
+        result = moved.status();
+      }
     }
     fs::remove_all(staging, error);
     // A model that never loaded has no report to show: only the error (a parser must not take an empty
@@ -344,7 +456,10 @@ int Local(const Args& args) {
       if (!written.ok()) return Report(written);
     }
     if (!result.ok()) return Report(result.status());
-    if (!args.Has("--json")) std::cout << "optimized model: " << out.string() << std::endl;
+    if (!args.Has("--json")) {
+      std::cout << (*repository ? "model repository: " : "optimized model: ") << delivered->first.string()
+                << "\nreport:          " << delivered->second.string() << std::endl;
+    }
     return kOk;
   }
   // compare
@@ -422,11 +537,29 @@ int ConvertAdapter(const Args& args) {
   return kOk;
 }
 
+int PrintPasses(const onnxopt::v1::ListPassesResponse& passes, bool json, const std::string& source) {
+  if (json) {
+    std::cout << onnxopt::client::ToJson(passes);
+    return kOk;
+  }
+  if (!source.empty()) std::cout << source << "\n\n";
+  for (const auto& pass : passes.passes()) std::cout << absl::StrFormat("%-32s %s\n", pass.name(), pass.description());
+  std::cout << "\npresets:\n";
+  for (const auto& preset : passes.presets()) std::cout << absl::StrFormat("  %-10s %s\n", preset.name(), preset.description());
+  return kOk;
+}
+
 int Run(const Args& args) {
   const std::string& command = args.positional[0];
   if (command == "optimize" || command == "compare") return Local(args);
   if (command == "adapters") return ConvertAdapter(args);
   const char* env_server = std::getenv("ONNXOPT_SERVER");
+  if (env_server != nullptr && *env_server == '\0') env_server = nullptr;  // set but empty: unset
+  if (command == "passes" && !args.Has("--server") && env_server == nullptr) {
+    // No server named: the passes this onnxopt itself has (the same library the server runs).
+    return PrintPasses(onnxopt::DescribePasses(onnxopt::DefaultPassRegistry()), args.Has("--json"),
+                       "this onnxopt's passes (--server or $ONNXOPT_SERVER asks a server)");
+  }
   auto from_env = [](const char* name) {
     const char* value = std::getenv(name);
     return std::string(value != nullptr ? value : "");
@@ -436,8 +569,29 @@ int Run(const Args& args) {
                                 args.Get("--tls-key", from_env("ONNXOPT_TLS_KEY"))};
   auto credentials = onnxopt::client::ChannelCredentialsFor(tls);
   if (!credentials.ok()) return Report(credentials.status());
-  Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"), *credentials);
+  Client client(args.Get("--server", env_server != nullptr ? env_server : "127.0.0.1:50051"), *credentials,
+                args.Get("--tls-server-name"));
   client.set_token(args.Get("--token", from_env("ONNXOPT_TOKEN")));
+  if (args.Has("--timeout")) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(args.Get("--timeout"), &seconds) || !(seconds > 0)) {
+      return (std::cerr << "onnxopt: --timeout needs a number of seconds > 0\n", kUsage);
+    }
+    client.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(seconds)));
+  }
+  if (command == "health") {
+    // One try, no retries: a probe's answer is now (exit 0 SERVING, 1 anything else).
+    if (!args.Has("--timeout")) client.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto serving = client.CheckHealth(args.Get("--service"));
+    if (!serving.ok()) {
+      std::cerr << "onnxopt: health: " << absl::StatusCodeToString(serving.status().code()) << ": "
+                << serving.status().message() << std::endl;
+      return kJobFailed;
+    }
+    std::cout << (*serving ? "SERVING" : "NOT_SERVING") << std::endl;
+    return *serving ? kOk : kJobFailed;
+  }
   const bool json = args.Has("--json");
   auto need_job = [&]() -> std::optional<std::string> {
     if (args.positional.size() != 2) return std::nullopt;
@@ -472,32 +626,54 @@ int Run(const Args& args) {
     if (command == "report") {
       auto report = client.GetReport(*name);
       if (!report.ok()) return Report(report.status());
+      const std::string format = args.Get("--format", json ? "json" : args.Has("--html") ? "html" : "table");
+      if (format == "kfp") {
+        std::cout << onnxopt::client::FormatKfpMetrics(*report);
+        return kOk;
+      }
+      if (format == "mlflow") {
+        auto job = client.GetJob(*name);
+        if (!job.ok()) return Report(job.status());
+        std::cout << onnxopt::client::FormatMlflow(*report, &*job);
+        return kOk;
+      }
+      if (format == "html" && !args.Has("--html")) {
+        std::cout << onnxopt::client::RenderReportHtml(*report);
+        return kOk;
+      }
       if (args.Has("--html")) {
         absl::Status written = WriteHtml(*report, args.Get("--html"));
         if (!written.ok()) return Report(written);
         std::cout << "report: " << args.Get("--html") << std::endl;
         return kOk;
       }
-      std::cout << (json ? onnxopt::client::ToJson(*report) : onnxopt::client::FormatReport(*report));
+      std::cout << (format == "json" ? onnxopt::client::ToJson(*report) : onnxopt::client::FormatReport(*report));
       return kOk;
     }
     // download
     auto job = client.GetJob(*name);
     if (!job.ok()) return Report(job.status());
     const std::string artifact = args.Get("--artifact", "model.onnx");
+    auto repository = RepositoryFrom(args);
+    if (!repository.ok()) return Report(repository.status());
+    if (*repository && artifact != "model.onnx") {
+      return Report(absl::InvalidArgumentError("--layout delivers the whole result: leave out --artifact"));
+    }
     if (artifact == "model.onnx") {
       if (job->state() != onnxopt::v1::SUCCEEDED) {
         return Report(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", *name, " is ",
                                                                  onnxopt::v1::JobState_Name(job->state()))));
       }
+      if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
       const fs::path out = args.Get("-o", "model.optimized.onnx");
-      fs::path report_path;
-      absl::Status status = DownloadResult(client, *job, out, &report_path);
-      if (!status.ok()) return Report(status);
+      auto delivered = DownloadResult(client, *job, Destination{out, *repository});
+      if (!delivered.ok()) return Report(delivered.status());
+      const char* what = *repository ? "repository" : "model";
       if (json) {
-        std::cout << onnxopt::client::JsonObject({{"model", out.string()}, {"report", report_path.string()}});
+        std::cout << onnxopt::client::JsonObject({{what, delivered->first.string()}, {"report", delivered->second.string()}});
       } else {
-        std::cout << "optimized model: " << out.string() << "\nreport:          " << report_path.string() << std::endl;
+        std::cout << (*repository ? "model repository: " : "optimized model: ") << delivered->first.string()
+                  << "\nreport:          " << delivered->second.string() << std::endl;
       }
       return kOk;
     }
@@ -516,7 +692,7 @@ int Run(const Args& args) {
     if (args.Has("--page-size") && !absl::SimpleAtoi(args.Get("--page-size"), &page_size)) {
       return (std::cerr << "onnxopt: --page-size needs a number\n", kUsage);
     }
-    auto page = client.ListJobs(state, page_size, args.Get("--page-token"));
+    auto page = client.ListJobs(state, page_size, args.Get("--page-token"), LabelsFrom(args));
     if (!page.ok()) return Report(page.status());
     if (json) {
       std::cout << onnxopt::client::ToJson(*page);
@@ -532,14 +708,7 @@ int Run(const Args& args) {
   if (command == "passes") {
     auto passes = client.ListPasses();
     if (!passes.ok()) return Report(passes.status());
-    if (json) {
-      std::cout << onnxopt::client::ToJson(*passes);
-      return kOk;
-    }
-    for (const auto& pass : passes->passes()) std::cout << absl::StrFormat("%-32s %s\n", pass.name(), pass.description());
-    std::cout << "\npresets:\n";
-    for (const auto& preset : passes->presets()) std::cout << absl::StrFormat("  %-10s %s\n", preset.name(), preset.description());
-    return kOk;
+    return PrintPasses(*passes, json, "");
   }
   if (command == "info") {
     auto info = client.GetServerInfo();
@@ -599,6 +768,14 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
                                              "bearer token for servers with --auth_tokens_file (else $ONNXOPT_TOKEN; "
                                              "the environment keeps it out of the process list)")
                                   ->type_name("TOKEN")});
+  given.push_back({"--tls-server-name", app.add_option("--tls-server-name", values["--tls-server-name"],
+                                                       "TLS: the name to check the server's certificate against "
+                                                       "(default: the --server host; for probes dialing localhost)")
+                                            ->type_name("NAME")});
+  given.push_back({"--timeout", app.add_option("--timeout", values["--timeout"],
+                                               "give up after this long, retries included (DEADLINE_EXCEEDED; "
+                                               "default: no limit; health: 5 s)")
+                                    ->type_name("SECONDS")});
 
   auto value = [&](CLI::App* command, const std::string& name, const std::string& type, const std::string& help) {
     CLI::Option* option = command->add_option(name, values[name], help)->type_name(type);
@@ -645,6 +822,29 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
           "real inputs to validate on: DIR/test_data_set_N/input_K.pb or DIR/NAME.pb (TensorProtos)");
   };
   auto job = [&](CLI::App* command) { command->add_option("JOB", positional[0], "the job's name")->required(); };
+  auto labels = [&](CLI::App* command, const std::string& help) {
+    given.push_back({"--label", command->add_option("--label", args->labels, help)
+                                    ->type_name("KEY=VALUE")
+                                    ->expected(1)
+                                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+                                    ->check(CLI::Validator(
+                                        [](std::string& label) -> std::string {
+                                          return ParseLabel(label) ? "" : "use KEY=VALUE";
+                                        },
+                                        ""))});
+  };
+  // A model repository instead of a file: -o names the repository's folder.
+  auto repository = [&](CLI::App* command) {
+    value(command, "--layout", "triton|kserve",
+          "write a model repository at -o: NAME/config.pbtxt and NAME/VERSION/model.onnx (kserve: and "
+          "inferenceservice.yaml)")
+        ->check(CLI::IsMember({"triton", "kserve"}));
+    value(command, "--model-name", "NAME", "the model's name in the repository (with --layout)");
+    value(command, "--version", "N", "the model version folder (default 1; an existing one is refused)");
+    value(command, "--max-batch-size", "N", "config.pbtxt's max_batch_size where the batch dim is dynamic (default 8)");
+    value(command, "--storage-uri", "URI", "kserve: where the repository will be served from (default "
+                                           "pvc://onnxopt-models/<folder>)");
+  };
 
   CLI::App* submit = app.add_subcommand("submit", "upload MODEL (and its external data) and queue a job");
   submit->add_option("MODEL", positional[0], "the .onnx file")->required();
@@ -652,7 +852,11 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   inputs(submit);
   flag(submit, "--wait", "follow the job and download the result");
   value(submit, "-o", "OUT.onnx", "follow the job and download the optimized model (and its report) here");
-  value(submit, "--request-id", "ID", "makes a retry return the same job");
+  value(submit, "--request-id", "ID",
+        "makes a retry return the same job (default: a digest of the model, data, inputs, config and labels, "
+        "so the same submit run again finds the first job)");
+  labels(submit, "a label on the job, to find it by (repeatable; list --label filters)");
+  repository(submit);
   flag(submit, "--json",
        "print the job as JSON; with --wait or -o, one {\"job\": ..., \"report\": ...} object once it ends");
 
@@ -665,6 +869,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   given.push_back({"--page-size", list->add_option("--page-size", page_size, "jobs per page (1-500)")
                                       ->check(CLI::Range(1, 500))});
   value(list, "--page-token", "T", "the page after a previous one");
+  labels(list, "only jobs with this label (repeatable: all of them)");
   json(list);
   CLI::App* watch = app.add_subcommand("watch", "print progress until the job ends");
   job(watch);
@@ -679,21 +884,31 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   job(download);
   value(download, "-o", "OUT", "where to write it");
   value(download, "--artifact", "NAME", "model.onnx (the default), report.json, an external data file, ...");
+  repository(download);
   json(download);
   CLI::App* report = app.add_subcommand("report", "the job's report as a table, JSON or one HTML page");
   job(report);
   json(report);
   value(report, "--html", "FILE", "write the report as one self-contained page with charts");
-  json(app.add_subcommand("passes", "passes and presets the server offers"));
+  value(report, "--format", "FORMAT",
+        "table (default), json, html (to stdout), mlflow ({params, metrics, tags} as an MLflow run logs them) or "
+        "kfp (Kubeflow Pipelines' metrics file)")
+      ->check(CLI::IsMember({"table", "json", "html", "mlflow", "kfp"}));
+  json(app.add_subcommand("passes", "passes and presets (of the server given by --server or $ONNXOPT_SERVER, "
+                                    "else of this onnxopt, no server needed)"));
+  CLI::App* health = app.add_subcommand("health", "gRPC health check (a probe): exit 0 when SERVING, 1 otherwise");
+  value(health, "--service", "NAME", "a service's health, e.g. onnxopt.v1.Optimizer (default: the server's)");
   json(app.add_subcommand("info", "server version, ONNX Runtime version, execution providers"));
 
   CLI::App* optimize = app.add_subcommand("optimize", "run the pipeline and validation locally, no server");
   optimize->add_option("MODEL", positional[0], "the .onnx file")->required();
-  value(optimize, "-o", "OUT.onnx", "the optimized model")->required();
+  value(optimize, "-o", "OUT.onnx", "the optimized model (and OUT.report.json), or the repository with --layout")
+      ->required();
   config_options(optimize);
   inputs(optimize);
   json(optimize);
   value(optimize, "--html", "FILE", "also write the report as one HTML page");
+  repository(optimize);
   CLI::App* compare = app.add_subcommand(
       "compare", "run two models on the same inputs in ONNX Runtime: compare outputs, time them side by side");
   compare->add_option("ORIGINAL", positional[0], "the reference model")->required();
@@ -718,7 +933,8 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   // A word where the command goes that names none: say so (CLI11 would only ask for a command).
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word == "--server" || word == "--tls-ca" || word == "--tls-cert" || word == "--tls-key" || word == "--token") {
+    if (word == "--server" || word == "--tls-ca" || word == "--tls-cert" || word == "--tls-key" || word == "--token" ||
+        word == "--tls-server-name" || word == "--timeout") {
       ++i;
     } else if (!absl::StartsWith(word, "-")) {
       try {

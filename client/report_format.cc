@@ -152,9 +152,11 @@ std::string FormatProgressLine(const v1::Job& job) {
   std::string line = absl::StrFormat("%-9s", v1::JobState_Name(job.state()));
   if (job.state() == v1::RUNNING) {
     absl::StrAppend(&line, " ", PhaseName(job.progress().phase()));
-    if (!job.progress().current_pass().empty()) {
+    if (job.progress().passes_total() > 0) {
       absl::StrAppend(&line, "  pass ", job.progress().passes_done() + 1, "/", job.progress().passes_total(), " ",
                       job.progress().current_pass());
+    } else if (!job.progress().current_pass().empty()) {  // a step of validation or the benchmark
+      absl::StrAppend(&line, "  ", job.progress().current_pass());
     }
   }
   return line;

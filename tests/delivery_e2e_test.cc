@@ -1,0 +1,191 @@
+// From result to deployment, through the real server and CLI: a Triton repository in one command,
+// labels and lineage, the default request id, health probes, and retries that survive the server
+// being killed and restarted while the CLI waits and while it downloads.
+#include <signal.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "onnx/onnx_pb.h"
+#include "optimizer/model_io.h"
+#include "tests/e2e_harness.h"
+
+namespace onnxopt::testing {
+namespace {
+
+class DeliveryTest : public E2eTest {
+ protected:
+  int Port() const {
+    int port = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port));
+    return port;
+  }
+
+  // SIGKILL, then a new server on the same port and data folder (a pod restarted in place).
+  void KillAndRestart() {
+    const int port = Port();
+    kill(server_, SIGKILL);
+    WaitFor(server_, std::chrono::seconds(30));
+    server_ = -1;
+    StartServer({absl::StrCat("--listen=127.0.0.1:", port)});
+  }
+
+  std::map<std::string, std::string> MetadataOf(const fs::path& model) {
+    absl::StatusOr<onnx::ModelProto> parsed = ParseModelFile(model);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    std::map<std::string, std::string> props;
+    if (parsed.ok()) {
+      for (const auto& entry : parsed->metadata_props()) props[entry.key()] = entry.value();
+    }
+    return props;
+  }
+};
+
+TEST_F(DeliveryTest, OneCommandFromModelToATritonRepositoryWithLabelsAndLineage) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 20}})");
+  const fs::path repo = dir_ / "repo";
+  const std::vector<std::string> submit = {"submit", FixturePath("bert_tiny.onnx").string(), "--config", config.string(),
+                                           "--label", "team=search", "--label", "mlflow_run_id=r42", "--wait",
+                                           "-o", repo.string(), "--layout", "triton", "--model-name", "bert"};
+  Result result = Cli(submit);
+  ASSERT_EQ(result.code, 0) << result.err << result.out;
+  EXPECT_TRUE(absl::StrContains(result.out, "model repository: " + repo.string())) << result.out;
+  ASSERT_TRUE(fs::exists(repo / "bert" / "1" / "model.onnx"));
+  ASSERT_TRUE(fs::exists(repo / "bert" / "onnxopt_report.json"));
+  const std::string triton = Slurp(repo / "bert" / "config.pbtxt");
+  EXPECT_TRUE(absl::StrContains(triton, "backend: \"onnxruntime\"")) << triton;
+  EXPECT_TRUE(absl::StrContains(triton, "max_batch_size: 8")) << triton;
+  EXPECT_TRUE(absl::StrContains(triton, "name: \"input_ids\"")) << triton;
+  EXPECT_TRUE(absl::StrContains(triton, "onnxopt_min_onnxruntime_version")) << triton;
+  EXPECT_FALSE(fs::exists(repo / ".onnxopt-download-")) << "staging removed";
+
+  Result list = Cli({"list", "--json"});
+  const size_t at = list.out.find("\"name\": \"jobs/");
+  ASSERT_NE(at, std::string::npos) << list.out;
+  const std::string job = list.out.substr(at + 9, list.out.find('"', at + 9) - at - 9);
+  // Lineage in the delivered model.
+  const auto props = MetadataOf(repo / "bert" / "1" / "model.onnx");
+  EXPECT_EQ(props.count("onnxopt.job") ? props.at("onnxopt.job") : "", job);
+  EXPECT_EQ(props.count("onnxopt.parity") ? props.at("onnxopt.parity") : "", "passed");
+  EXPECT_EQ(props.count("onnxopt.source_sha256"), 1u);
+  EXPECT_EQ(props.count("onnxopt.speedup"), 1u);
+
+  // Labels find the job; another team's filter does not.
+  EXPECT_TRUE(absl::StrContains(Cli({"list", "--label", "team=search"}).out, job));
+  EXPECT_FALSE(absl::StrContains(Cli({"list", "--label", "team=ads"}).out, job));
+  Result bad_label = Cli({"list", "--label", "Team=x"});
+  EXPECT_EQ(bad_label.code, 5) << bad_label.err;
+  EXPECT_TRUE(absl::StrContains(bad_label.err, "BAD_LABEL")) << bad_label.err;
+
+  Result mlflow = Cli({"report", job, "--format", "mlflow"});
+  ASSERT_EQ(mlflow.code, 0) << mlflow.err;
+  for (const char* key : {"\"speedup\"", "\"parity_max_abs_error\"", "\"onnxopt.job\"", "\"mlflow_run_id\": \"r42\""}) {
+    EXPECT_TRUE(absl::StrContains(mlflow.out, key)) << key << " in " << mlflow.out;
+  }
+
+  // The same submit again is a retry: the default request id finds the first job, and a version that
+  // exists is never overwritten.
+  Result again = Cli(submit);
+  EXPECT_EQ(again.code, 5) << again.out << again.err;
+  EXPECT_TRUE(absl::StrContains(again.err, "REPOSITORY_VERSION_EXISTS")) << again.err;
+  Result json = Cli({"submit", FixturePath("bert_tiny.onnx").string(), "--config", config.string(), "--label",
+                     "team=search", "--label", "mlflow_run_id=r42", "--json"});
+  EXPECT_TRUE(absl::StrContains(json.out, "\"name\": \"" + job + "\"")) << json.out;
+  Result download = Cli({"download", job, "-o", repo.string(), "--layout", "kserve", "--model-name", "bert",
+                         "--version", "2"});
+  ASSERT_EQ(download.code, 0) << download.err;
+  EXPECT_TRUE(fs::exists(repo / "bert" / "2" / "model.onnx"));
+  EXPECT_TRUE(fs::exists(repo / "inferenceservice.yaml"));
+
+  // The probe the Helm chart runs.
+  EXPECT_EQ(Cli({"health"}).code, 0);
+  Result service = Cli({"health", "--service", "onnxopt.v1.Optimizer"});
+  EXPECT_EQ(service.code, 0) << service.err;
+  EXPECT_TRUE(absl::StrContains(service.out, "SERVING"));
+  EXPECT_EQ(Cli({"health", "--service", "no.such.Service"}).code, 1);
+  EXPECT_EQ(StopServer(), 0);
+  Result down = Cli({"health", "--timeout", "1"});
+  EXPECT_EQ(down.code, 1) << down.out;
+}
+
+TEST_F(DeliveryTest, PassesAreListedWithoutAServer) {
+  const pid_t pid = Spawn({ONNXOPT_CLI_BIN, "passes"}, dir_ / "passes.out", dir_ / "passes.err", dir_,
+                          {"ONNXOPT_SERVER="});
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(WaitFor(pid, std::chrono::seconds(30)), 0) << Slurp(dir_ / "passes.err");
+  const std::string out = Slurp(dir_ / "passes.out");
+  EXPECT_TRUE(absl::StrContains(out, "this onnxopt's passes")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "fuse_attention")) << out;
+}
+
+// `submit --wait`: the server dies with the job running and comes back; the CLI reconnects, the job
+// runs again (its lease is gone with the process) and the CLI delivers the file.
+TEST_F(DeliveryTest, SubmitWaitFinishesThroughAServerKilledAndRestarted) {
+  StartServer();
+  const fs::path config = WriteFile("slow.json", R"({"benchmark": {"iterations": 1500, "warmup_runs": 1}})");
+  const fs::path out = dir_ / "out" / "bert.onnx";
+  const pid_t cli = Spawn({ONNXOPT_CLI_BIN, "--server", address_, "submit", FixturePath("bert_tiny.onnx").string(),
+                           "--config", config.string(), "--wait", "-o", out.string(), "--timeout", "240"},
+                          dir_ / "wait.out", dir_ / "wait.err", dir_);
+  ASSERT_GT(cli, 0);
+  client::Client client(address_);
+  bool running = false;
+  for (int i = 0; i < 600 && !running; ++i) {
+    auto page = client.ListJobs(v1::RUNNING, 10, "");
+    running = page.ok() && page->jobs_size() > 0 && page->jobs(0).progress().phase() == v1::PHASE_BENCHMARKING;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(running) << Slurp(dir_ / "wait.err");
+  KillAndRestart();
+  ASSERT_EQ(WaitFor(cli, std::chrono::seconds(240)), 0) << Slurp(dir_ / "wait.err") << Slurp(dir_ / "server.err");
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_TRUE(fs::exists(out.string() + ".report.json"));
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "wait.out"), "optimized model: " + out.string()));
+  auto jobs = client.ListJobs(v1::SUCCEEDED, 10, "");  // it reached the server before: it retries the restart
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->jobs_size(), 1);
+  EXPECT_EQ(jobs->jobs(0).attempts(), 2) << "the killed attempt and the one that finished";
+}
+
+// A download the server's restart breaks resumes from the bytes already held.
+TEST_F(DeliveryTest, ADownloadResumesWhereTheRestartBrokeIt) {
+  StartServer();
+  // A model of several chunks: a 3 MiB weight.
+  onnx::GraphProto graph;
+  graph.set_name("big");
+  *graph.add_input() = FloatValue("x", {1, 786432});
+  *graph.add_initializer() = FloatTensor("w", {1, 786432}, RandomFloats(786432, 7));
+  *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
+  *graph.add_output() = FloatValue("y", {1, 786432});
+  const fs::path model = WriteFile("big.onnx", MakeModel(graph).SerializeAsString());
+  const fs::path config = WriteFile("skip.json", R"({"validation": {"skip": true}, "benchmark": {"skip": true}})");
+  Result submitted = Cli({"submit", model.string(), "--config", config.string(), "--wait", "-o",
+                          (dir_ / "first.onnx").string()});
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  client::Client client(address_);
+  auto jobs = client.ListJobs(v1::SUCCEEDED, 1, "");
+  ASSERT_TRUE(jobs.ok() && jobs->jobs_size() == 1);
+  const std::string job = jobs->jobs(0).name();
+
+  std::vector<int64_t> progress;
+  bool restarted = false;
+  absl::Status downloaded = client.Download(job, "model.onnx", dir_ / "resumed.onnx", [&](int64_t done, int64_t) {
+    progress.push_back(done);
+    if (!restarted) {  // after the first chunk
+      restarted = true;
+      KillAndRestart();
+    }
+  });
+  ASSERT_TRUE(downloaded.ok()) << downloaded;
+  EXPECT_TRUE(restarted);
+  ASSERT_GE(progress.size(), 3u);
+  for (size_t i = 1; i < progress.size(); ++i) EXPECT_GT(progress[i], progress[i - 1]) << "never from zero again";
+  EXPECT_EQ(Slurp(dir_ / "resumed.onnx"), Slurp(dir_ / "first.onnx")) << "the same bytes as an unbroken download";
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_FALSE(absl::EndsWith(entry.path().string(), ".partial")) << entry.path();
+  }
+}
+
+}  // namespace
+}  // namespace onnxopt::testing
