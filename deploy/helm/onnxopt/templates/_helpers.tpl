@@ -1,8 +1,6 @@
 {{/*
-Helpers of the onnxopt chart. tests/helm_chart_test.py renders this chart with its own small Go-template
-renderer (helm is not available there): keep to the functions it implements (quote, default, toYaml,
-nindent, indent, required, fail, printf, trunc, trimSuffix, hasPrefix, contains, eq, ne, and, or, not,
-int, int64, add, include) and to if/else if/else/define; no variables, range or with.
+Helpers of the onnxopt chart. tests/helm_chart_test.py checks the chart with helm itself (helm lint --strict,
+helm template); values.schema.json checks the values' types before any of this runs.
 */}}
 
 {{/* The chart's name, or nameOverride. */}}
@@ -56,6 +54,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "onnxopt.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The GPU pool's image: the CUDA variant (Dockerfile target "cuda"), tagged "<tag>-cuda" by default. */}}
+{{- define "onnxopt.gpuImage" -}}
+{{- $tag := .Values.gpuWorkers.image.tag | default (printf "%s-cuda" (.Values.image.tag | default .Chart.AppVersion)) -}}
+{{- printf "%s:%s" (.Values.gpuWorkers.image.repository | default .Values.image.repository) $tag -}}
 {{- end -}}
 
 {{- define "onnxopt.dataClaimName" -}}
@@ -122,24 +126,25 @@ capabilities:
   drop: [ALL]
 {{- end -}}
 
-{{/* Flags every replica gets, after --role (a list's items). */}}
+{{/* Flags every replica gets, after --role (a list's items). Numbers go through int64: values-file numbers
+are float64 and would print as 8.589934592e+09. */}}
 {{- define "onnxopt.commonArgs" -}}
 - --listen=0.0.0.0:50051
-- --metrics_listen=0.0.0.0:9464
-- --data_dir=/var/lib/onnxopt
-- --job_store=$(ONNXOPT_JOB_STORE)
-- --lease_seconds={{ .Values.server.leaseSeconds | int64 }}
-- --max_attempts={{ .Values.server.maxAttempts | int64 }}
-- --job_store_connections={{ .Values.server.jobStoreConnections | int64 }}
-- --drain_grace_seconds={{ .Values.server.drainGraceSeconds | int64 }}
-- --job_timeout_seconds={{ .Values.server.jobTimeoutSeconds | int64 }}
-- --queue_capacity={{ .Values.server.queueCapacity | int64 }}
-- --max_upload_bytes={{ .Values.server.maxUploadBytes | int64 }}
+- --metrics-listen=0.0.0.0:9464
+- --data-dir=/var/lib/onnxopt
+- --job-store=$(ONNXOPT_JOB_STORE)
+- --lease-seconds={{ .Values.server.leaseSeconds | int64 }}
+- --max-attempts={{ .Values.server.maxAttempts | int64 }}
+- --job-store-connections={{ .Values.server.jobStoreConnections | int64 }}
+- --drain-grace-seconds={{ .Values.server.drainGraceSeconds | int64 }}
+- --job-timeout-seconds={{ .Values.server.jobTimeoutSeconds | int64 }}
+- --queue-capacity={{ .Values.server.queueCapacity | int64 }}
+- --max-upload-bytes={{ .Values.server.maxUploadBytes | int64 }}
 {{- if .Values.tls.enabled }}
-- --tls_cert=/etc/onnxopt/tls/tls.crt
-- --tls_key=/etc/onnxopt/tls/tls.key
+- --tls-cert=/etc/onnxopt/tls/tls.crt
+- --tls-key=/etc/onnxopt/tls/tls.key
 {{- if .Values.tls.clientCaSecret }}
-- --tls_client_ca=/etc/onnxopt/client-ca/{{ .Values.tls.clientCaKey }}
+- --tls-client-ca=/etc/onnxopt/client-ca/{{ .Values.tls.clientCaKey }}
 {{- end }}
 {{- end }}
 {{- if .Values.server.extraArgs }}
@@ -172,12 +177,49 @@ capabilities:
 - {name: metrics, containerPort: 9464, protocol: TCP}
 {{- end -}}
 
-{{/* Liveness (and the workers' readiness): plain gRPC health, or a TCP connect when gRPC is over TLS. */}}
-{{- define "onnxopt.healthCheck" -}}
-{{- if .Values.tls.enabled -}}
-tcpSocket: {port: 50051}
+{{/* The name the probes check the server certificate for: the API Service's in-cluster name by default. */}}
+{{- define "onnxopt.tlsServerName" -}}
+{{- .Values.tls.serverName | default (printf "%s.%s.svc" (include "onnxopt.fullname" .) .Release.Namespace) -}}
+{{- end -}}
+
+{{/*
+A probe's action on the gRPC health service: with (dict "ctx" . "service" NAME), NAME "" for the server's
+overall health (liveness, workers), onnxopt.v1.Optimizer for the API's readiness (NOT_SERVING while draining).
+Plaintext: the kubelet's own gRPC probe. TLS: the kubelet's gRPC probes speak plaintext only, and a tcpSocket
+probe would keep a draining pod ready, so an exec probe runs the CLI's health check over TLS in the pod;
+it connects to localhost, so the certificate's name is given (--tls-server-name), and with mutual TLS the
+probe presents tls.probeClientSecret's certificate.
+*/}}
+{{- define "onnxopt.healthProbe" -}}
+{{- $v := .ctx.Values -}}
+{{- if $v.tls.enabled -}}
+exec:
+  command:
+    - /opt/onnxopt/bin/onnxopt
+    - health
+    - --server
+    - localhost:50051
+    {{- with .service }}
+    - --service
+    - {{ . }}
+    {{- end }}
+    - --tls-ca
+    - {{ if $v.tls.caSecret }}/etc/onnxopt/tls-ca{{ else }}/etc/onnxopt/tls{{ end }}/{{ $v.tls.caKey }}
+    {{- if $v.tls.clientCaSecret }}
+    - --tls-cert
+    - /etc/onnxopt/probe-client/tls.crt
+    - --tls-key
+    - /etc/onnxopt/probe-client/tls.key
+    {{- end }}
+    - --tls-server-name
+    - {{ include "onnxopt.tlsServerName" .ctx }}
+timeoutSeconds: 10   # above the CLI's own 5 s deadline, so its message shows in the pod's events
 {{- else -}}
-grpc: {port: 50051}
+grpc:
+  port: 50051
+  {{- with .service }}
+  service: {{ . }}
+  {{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -186,8 +228,12 @@ grpc: {port: 50051}
 - {name: tmp, mountPath: /tmp}
 {{- if .Values.tls.enabled }}
 - {name: tls, mountPath: /etc/onnxopt/tls, readOnly: true}
+{{- if .Values.tls.caSecret }}
+- {name: tls-ca, mountPath: /etc/onnxopt/tls-ca, readOnly: true}
+{{- end }}
 {{- if .Values.tls.clientCaSecret }}
 - {name: client-ca, mountPath: /etc/onnxopt/client-ca, readOnly: true}
+- {name: probe-client, mountPath: /etc/onnxopt/probe-client, readOnly: true}
 {{- end }}
 {{- end }}
 {{- if .Values.extraVolumeMounts }}
@@ -206,10 +252,21 @@ grpc: {port: 50051}
   secret:
     secretName: {{ required "onnxopt: tls.secretName is required with tls.enabled" .Values.tls.secretName }}
     defaultMode: 0440
+{{- if .Values.tls.caSecret }}
+- name: tls-ca
+  secret:
+    secretName: {{ .Values.tls.caSecret }}
+    defaultMode: 0440
+{{- end }}
 {{- if .Values.tls.clientCaSecret }}
 - name: client-ca
   secret:
     secretName: {{ .Values.tls.clientCaSecret }}
+    defaultMode: 0440
+# The probes' client certificate (mutual TLS): without one they could not tell a draining pod from a ready one.
+- name: probe-client
+  secret:
+    secretName: {{ required "onnxopt: tls.probeClientSecret is required with tls.clientCaSecret: with mutual TLS the health probes present a client certificate (a kubernetes.io/tls Secret signed by the client CA)" .Values.tls.probeClientSecret }}
     defaultMode: 0440
 {{- end }}
 {{- end }}
@@ -223,7 +280,7 @@ grpc: {port: 50051}
 serviceAccountName: {{ include "onnxopt.serviceAccountName" . }}
 automountServiceAccountToken: false   # the server does not talk to the Kubernetes API
 enableServiceLinks: false
-terminationGracePeriodSeconds: {{ .Values.server.drainGraceSeconds | int64 | add 30 }}   # > --drain_grace_seconds
+terminationGracePeriodSeconds: {{ .Values.server.drainGraceSeconds | int64 | add 30 }}   # > --drain-grace-seconds
 securityContext:
   {{- include "onnxopt.podSecurityContext" . | nindent 2 }}
 {{- if .Values.imagePullSecrets }}
