@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "onnx/onnx_pb.h"
@@ -107,6 +108,30 @@ TEST_F(DeliveryTest, OneCommandFromModelToATritonRepositoryWithLabelsAndLineage)
   EXPECT_EQ(StopServer(), 0);
   Result down = Cli({"health", "--timeout", "1"});
   EXPECT_EQ(down.code, 1) << down.out;
+}
+
+// What an operator sees: the queue wait, finished jobs by reason, JSON log lines naming the job.
+TEST_F(DeliveryTest, MetricsSayWhyJobsEndedAndJsonLogsNameTheJob) {
+  StartServer({"--log-format=json", "--workers=1"});
+  const std::string job = Submit(FixturePath("cnn_tiny.onnx"), LongJobConfig());
+  ASSERT_TRUE(WaitForStatus(job, "RUNNING"));
+  ASSERT_EQ(Cli({"cancel", job}).code, 0);
+  ASSERT_TRUE(WaitForStatus(job, "CANCELLED"));
+  const std::string metrics = ScrapeMetrics(MetricsPort());
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{reason=\"CANCELLED\",result=\"cancelled\"} 1")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count 1")) << metrics;
+  EXPECT_EQ(StopServer(), 0);
+  int lines_about_the_job = 0;
+  for (const std::string& file : {"server.out", "server.err"}) {
+    for (absl::string_view line : absl::StrSplit(Slurp(dir_ / file), '\n', absl::SkipEmpty())) {
+      EXPECT_FALSE(absl::StartsWith(line, "onnxopt-server:")) << "a text line in JSON mode: " << line;
+      if (!absl::StartsWith(line, "{")) continue;  // gRPC's own log lines
+      EXPECT_TRUE(absl::EndsWith(line, "}")) << "not one JSON object a line: " << line;
+      EXPECT_TRUE(absl::StrContains(line, "\"time\":\"") && absl::StrContains(line, "\"level\":\"")) << line;
+      if (absl::StrContains(line, absl::StrCat("\"job\":\"", job, "\""))) ++lines_about_the_job;
+    }
+  }
+  EXPECT_GE(lines_about_the_job, 3) << "queued, started, cancelled";
 }
 
 TEST_F(DeliveryTest, PassesAreListedWithoutAServer) {

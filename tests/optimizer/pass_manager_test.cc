@@ -184,6 +184,23 @@ TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) 
   EXPECT_EQ(budget, 95);
 }
 
+// Progress counts pass runs: a repeated sweep adds to the total instead of starting at 1 again.
+TEST(RunPipelineTest, ProgressNeverRestartsWithASweep) {
+  int budget = 2;
+  PassRegistry registry;
+  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
+  ASSERT_TRUE(registry.AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
+  onnx::ModelProto model = TinyModel();
+  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
+  ASSERT_TRUE(pipeline.ok());
+  std::vector<std::pair<int, int>> seen;
+  PassManagerOptions options;
+  options.on_pass_start = [&](const std::string&, int done, int total) { seen.push_back({done, total}); };
+  std::vector<v1::PassReport> reports;
+  ASSERT_TRUE(RunPipeline(*pipeline, &model, options, &reports).ok());
+  ASSERT_EQ(seen, (std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 3}}));  // 2 rewriting sweeps, 1 idle
+}
+
 TEST(RunPipelineTest, CancellationStopsBetweenPasses) {
   onnx::ModelProto model = TinyModel();
   auto pipeline = BuildPipeline(v1::OptimizationConfig(), DefaultPassRegistry());
