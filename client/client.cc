@@ -173,6 +173,7 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
   const std::string upload_id = NewUploadId();
   absl::Status finished;
   RetryState retry;
+  int64_t last_committed = 0;
   while (true) {
     v1::UploadStatus status;
     v1::GetUploadStatusRequest status_request;
@@ -181,6 +182,10 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
     absl::Status rpc =
         Retrying([&](grpc::ClientContext* context) { return stub_->GetUploadStatus(context, status_request, &status); });
     if (!rpc.ok()) return rpc;
+    if (status.committed_size() > last_committed) {  // progress: a long upload's later breaks start afresh
+      last_committed = status.committed_size();
+      retry = RetryState();
+    }
     if (status.complete()) {
       if (progress) progress(total, total);
       return blob;
@@ -405,9 +410,10 @@ absl::StatusOr<v1::Job> Client::WatchJob(const std::string& name, const std::fun
     }
     absl::Status status = Answered(FromGrpc(reader->Finish()));
     if (IsFinal(last)) return last;
-    // A stream that ended before the job did: the server went away (UNAVAILABLE) or closed the
-    // stream while draining. Anything else (NOT_FOUND, PERMISSION_DENIED...) is the answer.
-    if (!status.ok() && status.code() != absl::StatusCode::kUnavailable) return status;
+    // A stream that ended before the job did: the server went away (UNAVAILABLE), or shut down with
+    // the stream open (CANCELLED: this client never cancels it) or closed it while draining. Anything
+    // else (NOT_FOUND, PERMISSION_DENIED...) is the answer.
+    if (!status.ok() && !Restarting(status)) return status;
     if (!Backoff(&retry)) {
       return status.ok() ? absl::DeadlineExceededError(absl::StrCat("the deadline passed while watching ", name))
                          : status;
@@ -424,35 +430,48 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
                               const Progress& progress) {
   // The job's listing gives the artifact's size and SHA-256 before the first byte: the partial file
   // is named by the digest, so bytes of another artifact (another job's model.onnx) never mix in.
+  // What the listing leaves out (a failed job's report.json) learns them from its first chunk, and
+  // resumes within this call only.
   absl::StatusOr<v1::Job> job = GetJob(name);
   if (!job.ok()) return job.status();
-  const v1::Artifact* listed = nullptr;
+  const std::string wanted = artifact.empty() ? "model.onnx" : artifact;
+  int64_t size = -1;
+  std::string digest;
   for (const auto& entry : job->result().artifacts()) {
-    if (entry.name() == (artifact.empty() ? "model.onnx" : artifact)) listed = &entry;
-  }
-  if (listed == nullptr) {
-    return absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: ", name, " has no artifact '", artifact, "'"));
+    if (entry.name() == wanted) {
+      size = entry.size();
+      digest = entry.sha256();
+    }
   }
   std::error_code error;
   if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
-  const fs::path partial = PartialDownloadPath(path, listed->sha256());
-  int64_t held = fs::exists(partial, error) ? static_cast<int64_t>(fs::file_size(partial, error)) : 0;
-  if (error || held > listed->size()) held = 0;
+  if (!digest.empty() && static_cast<int64_t>(fs::file_size(path, error)) == size && !error) {
+    absl::StatusOr<std::string> existing = Sha256OfFile(path);
+    if (existing.ok() && *existing == digest) return absl::OkStatus();  // delivered by an earlier run
+  }
+  error.clear();
+  const fs::path partial = PartialDownloadPath(path, digest.empty() ? "unlisted" : digest);
+  int64_t held = !digest.empty() && fs::exists(partial, error) ? static_cast<int64_t>(fs::file_size(partial, error)) : 0;
+  if (error || held > size) held = 0;
   std::ofstream out(partial, held > 0 ? std::ios::binary | std::ios::app : std::ios::binary | std::ios::trunc);
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
   RetryState retry;
-  while (held < listed->size()) {
+  while (size < 0 || held < size) {
     grpc::ClientContext context;
     Prepare(&context);
     v1::DownloadRequest request;
     request.set_name(name);
-    request.set_artifact(listed->name());
+    request.set_artifact(wanted);
     request.set_offset(held);
     auto reader = stub_->Download(&context, request);
     v1::DownloadChunk chunk;
     bool in_order = true;
     while (reader->Read(&chunk)) {
-      if (chunk.offset() != held || held + static_cast<int64_t>(chunk.data().size()) > listed->size()) {
+      if (size < 0) {
+        size = chunk.total_size();
+        digest = chunk.sha256();
+      }
+      if (chunk.offset() != held || held + static_cast<int64_t>(chunk.data().size()) > size) {
         in_order = false;
         context.TryCancel();
         break;
@@ -461,24 +480,25 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
       held += static_cast<int64_t>(chunk.data().size());
       reached_ = true;
       retry = RetryState();
-      if (progress) progress(held, listed->size());
+      if (progress) progress(held, size);
     }
     absl::Status status = Answered(FromGrpc(reader->Finish()));
-    if (!in_order) return absl::DataLossError(absl::StrCat("download of ", artifact, ": chunks out of order"));
+    if (!in_order) return absl::DataLossError(absl::StrCat("download of ", wanted, ": chunks out of order"));
     out.flush();
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
-    if (status.ok() && held < listed->size()) {
-      return absl::DataLossError(absl::StrCat("download of ", artifact, " ended after ", held, " of ", listed->size(),
-                                              " bytes"));
+    if (status.ok() && size < 0) size = 0;  // an empty artifact sends no chunk
+    if (status.ok() && held < size) {
+      return absl::DataLossError(absl::StrCat("download of ", wanted, " ended after ", held, " of ", size, " bytes"));
     }
-    if (!status.ok() && (status.code() != absl::StatusCode::kUnavailable || !Backoff(&retry))) return status;
+    // A stream broken by a restart: UNAVAILABLE, or CANCELLED when the server shut down with it open.
+    if (!status.ok() && (!Restarting(status) || !Backoff(&retry))) return status;
   }
   out.close();
-  absl::StatusOr<std::string> digest = Sha256OfFile(partial);
-  if (!digest.ok()) return digest.status();
-  if (*digest != listed->sha256()) {
+  absl::StatusOr<std::string> received = Sha256OfFile(partial);
+  if (!received.ok()) return received.status();
+  if (!digest.empty() && *received != digest) {
     fs::remove(partial, error);  // a corrupt copy must not be resumed
-    return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: downloaded ", artifact, " does not match its SHA-256"));
+    return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: downloaded ", wanted, " does not match its SHA-256"));
   }
   fs::rename(partial, path, error);
   if (error) return absl::InternalError(absl::StrCat("cannot move ", partial.string(), " to ", path.string(), ": ", error.message()));

@@ -98,7 +98,7 @@ class Client {
   absl::StatusOr<v1::ListPassesResponse> ListPasses();
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
-  // Sends "authorization: Bearer <token>" with every call (servers with --auth_tokens_file).
+  // Sends "authorization: Bearer <token>" with every call (servers with --auth-tokens-file).
   void set_token(std::string token) { token_ = std::move(token); }
 
  private:
@@ -108,6 +108,10 @@ class Client {
   absl::Status Answered(absl::Status status) const {
     if (status.code() != absl::StatusCode::kUnavailable) reached_ = true;
     return status;
+  }
+  // Whether a broken stream's status means the server is restarting (retry) rather than an answer.
+  static bool Restarting(const absl::Status& status) {
+    return status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kCancelled;
   }
   // Runs `call` until it returns something other than UNAVAILABLE or the deadline passes, waiting
   // between tries with exponential backoff and jitter.

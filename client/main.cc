@@ -294,8 +294,9 @@ absl::StatusOr<std::pair<fs::path, fs::path>> DownloadResult(Client& client, con
   }
   auto report = client.GetReport(job.name());
   if (!report.ok()) return report.status();
+  // Everything is here: whatever Deliver makes of it, nothing is left to resume.
   auto delivered = Deliver(files, *report, to);
-  if (delivered.ok()) fs::remove_all(staging, error);
+  fs::remove_all(staging, error);
   return delivered;
 }
 
@@ -332,6 +333,9 @@ int Follow(Client& client, const std::string& name, const Destination& out, bool
   return kOk;
 }
 
+// How many times the same request (its default request id) may be run again after failing.
+constexpr int kMaxResubmissions = 100;
+
 int Submit(Client& client, const Args& args) {
   if (args.positional.size() != 2) return (std::cerr << "usage: onnxopt submit MODEL [options]\n", kUsage);
   const fs::path model = args.positional[1];
@@ -340,6 +344,11 @@ int Submit(Client& client, const Args& args) {
   auto repository = RepositoryFrom(args);  // checked before anything is uploaded
   if (!repository.ok()) return Report(repository.status());
   if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
+  if (*repository) {
+    if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, args.Get("-o")); !free.ok()) {
+      return Report(free);
+    }
+  }
   ProgressLine line;
   auto reference = client.UploadModel(model, [&](int64_t done, int64_t total) {
     line.Show(absl::StrFormat("uploading %.1f / %.1f MiB", done / 1048576.0, total / 1048576.0));
@@ -357,11 +366,21 @@ int Submit(Client& client, const Args& args) {
   *request.mutable_config() = *config;
   for (const auto& input : inputs) *request.add_inputs() = input;
   for (const auto& [key, value] : LabelsFrom(args)) (*request.mutable_labels())[key] = value;
-  // Without --request-id the request stands for itself: running the same submit again (a retry after
-  // a lost answer, a pipeline step re-run) finds the first job.
-  request.set_request_id(args.Has("--request-id") ? args.Get("--request-id")
-                                                  : onnxopt::client::DefaultRequestId(request));
-  auto job = client.CreateJob(request);
+  absl::StatusOr<onnxopt::v1::Job> job;
+  if (args.Has("--request-id")) {
+    request.set_request_id(args.Get("--request-id"));
+    job = client.CreateJob(request);
+  } else {
+    // The request stands for itself: running the same submit again (a retry after a lost answer, a
+    // pipeline step re-run) finds the first job, queued, running or succeeded. One that failed or was
+    // cancelled is not an answer to keep giving: the next id in the series runs it again.
+    const std::string base = onnxopt::client::DefaultRequestId(request);
+    for (int attempt = 1; attempt <= kMaxResubmissions; ++attempt) {
+      request.set_request_id(attempt == 1 ? base : absl::StrCat(base, "-", attempt));
+      job = client.CreateJob(request);
+      if (!job.ok() || (job->state() != onnxopt::v1::FAILED && job->state() != onnxopt::v1::CANCELLED)) break;
+    }
+  }
   if (!job.ok()) return Report(job.status());
   const bool json = args.Has("--json");
   const bool follow = args.Has("--wait") || args.Has("-o");
@@ -406,6 +425,9 @@ int Local(const Args& args) {
     const fs::path out = args.Get("-o");
     auto repository = RepositoryFrom(args);
     if (!repository.ok()) return Report(repository.status());
+    if (*repository) {
+      if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, out); !free.ok()) return Report(free);
+    }
     const fs::path work = *repository ? out : out.parent_path().empty() ? fs::path(".") : out.parent_path();
     std::error_code created;
     fs::create_directories(work, created);
@@ -666,6 +688,9 @@ int Run(const Args& args) {
       }
       if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
       const fs::path out = args.Get("-o", "model.optimized.onnx");
+      if (*repository) {
+        if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, out); !free.ok()) return Report(free);
+      }
       auto delivered = DownloadResult(client, *job, Destination{out, *repository});
       if (!delivered.ok()) return Report(delivered.status());
       const char* what = *repository ? "repository" : "model";
@@ -765,7 +790,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
                                                "TLS: the client certificate's key (else $ONNXOPT_TLS_KEY)")
                                     ->type_name("FILE")});
   given.push_back({"--token", app.add_option("--token", values["--token"],
-                                             "bearer token for servers with --auth_tokens_file (else $ONNXOPT_TOKEN; "
+                                             "bearer token for servers with --auth-tokens-file (else $ONNXOPT_TOKEN; "
                                              "the environment keeps it out of the process list)")
                                   ->type_name("TOKEN")});
   given.push_back({"--tls-server-name", app.add_option("--tls-server-name", values["--tls-server-name"],

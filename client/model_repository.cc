@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/model_io.h"
 #include "optimizer/runtime_requirements.h"
@@ -43,19 +44,6 @@ const onnx::TypeProto::Tensor* TensorType(const onnx::ValueInfoProto& value) {
   return value.type().has_tensor_type() ? &value.type().tensor_type() : nullptr;
 }
 
-// Batching is Triton's when every input and output leads with a dynamic dim (the batch).
-bool Batchable(const onnx::GraphProto& graph) {
-  auto leads_dynamic = [](const onnx::ValueInfoProto& value) {
-    const onnx::TypeProto::Tensor* tensor = TensorType(value);
-    return tensor != nullptr && tensor->has_shape() && tensor->shape().dim_size() > 0 &&
-           IsDynamic(tensor->shape().dim(0));
-  };
-  std::vector<const onnx::ValueInfoProto*> values;
-  for (const auto& input : graph.input()) values.push_back(&input);
-  for (const auto& output : graph.output()) values.push_back(&output);
-  return !values.empty() && std::all_of(values.begin(), values.end(), [&](const auto* v) { return leads_dynamic(*v); });
-}
-
 // The graph's inputs that are fed (initializers listed as inputs are overridable weights, not requests).
 std::vector<const onnx::ValueInfoProto*> FedInputs(const onnx::GraphProto& graph) {
   std::vector<std::string> initializers;
@@ -66,6 +54,18 @@ std::vector<const onnx::ValueInfoProto*> FedInputs(const onnx::GraphProto& graph
     if (!std::binary_search(initializers.begin(), initializers.end(), input.name())) fed.push_back(&input);
   }
   return fed;
+}
+
+// Batching is Triton's when every input and output leads with a dynamic dim (the batch).
+bool Batchable(const onnx::GraphProto& graph) {
+  auto leads_dynamic = [](const onnx::ValueInfoProto& value) {
+    const onnx::TypeProto::Tensor* tensor = TensorType(value);
+    return tensor != nullptr && tensor->has_shape() && tensor->shape().dim_size() > 0 &&
+           IsDynamic(tensor->shape().dim(0));
+  };
+  std::vector<const onnx::ValueInfoProto*> values = FedInputs(graph);
+  for (const auto& output : graph.output()) values.push_back(&output);
+  return !values.empty() && std::all_of(values.begin(), values.end(), [&](const auto* v) { return leads_dynamic(*v); });
 }
 
 void AppendTensor(std::string* config, const onnx::ValueInfoProto& value, bool batched) {
@@ -115,6 +115,22 @@ bool ValidModelName(const std::string& name) {
                      [](char c) { return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.'; });
 }
 
+// A YAML double-quoted scalar: backslash, quote and control characters escaped, UTF-8 kept.
+std::string YamlQuoted(const std::string& text) {
+  std::string quoted = "\"";
+  for (unsigned char c : text) {
+    if (c == '\\' || c == '"') {
+      quoted.push_back('\\');
+      quoted.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c == 0x7f) {
+      absl::StrAppend(&quoted, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      quoted.push_back(static_cast<char>(c));
+    }
+  }
+  return quoted + "\"";
+}
+
 // A Kubernetes object name (DNS-1035 label: a-z first, then a-z 0-9 -, at most 63) for `name`.
 std::string KubernetesName(const std::string& name) {
   std::string label;
@@ -140,6 +156,15 @@ absl::Status CheckRepositoryOptions(const RepositoryOptions& options) {
   if (options.version < 1) return absl::InvalidArgumentError("--version must be 1 or more");
   if (options.max_batch_size < 1) return absl::InvalidArgumentError("--max-batch-size must be 1 or more");
   return absl::OkStatus();
+}
+
+absl::Status CheckVersionFree(const RepositoryOptions& options, const fs::path& repo) {
+  const fs::path version_dir = repo / options.model_name / absl::StrCat(options.version);
+  std::error_code error;
+  if (!fs::exists(version_dir, error)) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat("REPOSITORY_VERSION_EXISTS: ", version_dir.string(),
+                                               " exists; a served version is never overwritten: pass --version ",
+                                               options.version + 1, " or another repository"));
 }
 
 std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& report, const std::string& name,
@@ -202,14 +227,20 @@ absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<fs:
   // The graph only: config.pbtxt needs its inputs and outputs, not its weights.
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(*model_file);
   if (!model.ok()) return model.status();
+  std::vector<const onnx::ValueInfoProto*> interface = FedInputs(model->graph());
+  for (const auto& output : model->graph().output()) interface.push_back(&output);
+  for (const onnx::ValueInfoProto* value : interface) {
+    const onnx::TypeProto::Tensor* tensor = TensorType(*value);
+    if (tensor == nullptr || TritonType(tensor->elem_type()).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("REPOSITORY_UNSUPPORTED: '", value->name(),
+                                                     "' is no tensor of a type Triton has (sequences, maps, "
+                                                     "8- and 4-bit types have none)"));
+    }
+  }
+  if (absl::Status free = CheckVersionFree(options, repo); !free.ok()) return free;
   const fs::path model_dir = repo / options.model_name;
   const fs::path version_dir = model_dir / absl::StrCat(options.version);
   std::error_code error;
-  if (fs::exists(version_dir, error)) {
-    return absl::AlreadyExistsError(absl::StrCat("REPOSITORY_VERSION_EXISTS: ", version_dir.string(),
-                                                 " exists; a served version is never overwritten: pass --version ",
-                                                 options.version + 1, " or another repository"));
-  }
   fs::create_directories(model_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", model_dir.string(), ": ", error.message()));
   // The version folder appears whole: filled beside it, then renamed into place.
@@ -238,15 +269,18 @@ absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<fs:
   if (!status.ok()) return status;
   written.push_back(config_path);
   if (options.layout == RepositoryLayout::kKServe) {
-    const std::string uri =
-        options.storage_uri.empty() ? absl::StrCat("pvc://onnxopt-models/", repo.filename().string()) : options.storage_uri;
+    fs::path folder = fs::absolute(repo, error).lexically_normal();
+    if (folder.filename().empty()) folder = folder.parent_path();  // "models/" names "models"
+    const std::string uri = options.storage_uri.empty()
+                                ? absl::StrCat("pvc://onnxopt-models/", KubernetesName(folder.filename().string()))
+                                : options.storage_uri;
     std::string service = absl::StrCat(
         "# KServe: serves ", options.model_name, " from the model repository at storageUri with the Triton runtime.\n",
         "# Copy the folder there (the repository root, holding ", options.model_name, "/config.pbtxt), then kubectl apply.\n",
-        "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: \"",
-        KubernetesName(options.model_name), "\"\n  annotations:\n    onnxopt.dev/job: \"", absl::CEscape(report.job()),
-        "\"\nspec:\n  predictor:\n    model:\n      modelFormat:\n        name: onnx\n      runtime: kserve-tritonserver\n",
-        "      storageUri: \"", absl::CEscape(uri), "\"\n      args:\n        - --strict-model-config=true\n");
+        "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: ",
+        YamlQuoted(KubernetesName(options.model_name)), "\n  annotations:\n    onnxopt.dev/job: ", YamlQuoted(report.job()),
+        "\nspec:\n  predictor:\n    model:\n      modelFormat:\n        name: onnx\n      runtime: kserve-tritonserver\n",
+        "      storageUri: ", YamlQuoted(uri), "\n      args:\n        - --strict-model-config=true\n");
     const fs::path manifest = repo / "inferenceservice.yaml";
     status = WriteFileAtomically(manifest, service);
     if (!status.ok()) return status;

@@ -35,6 +35,10 @@ struct RepositoryOptions {
 // Checks the name and version before anything is downloaded.
 absl::Status CheckRepositoryOptions(const RepositoryOptions& options);
 
+// ALREADY_EXISTS (REPOSITORY_VERSION_EXISTS) when `repo` holds the version already: checked before a
+// job runs or a byte is downloaded, and again when the repository is written.
+absl::Status CheckVersionFree(const RepositoryOptions& options, const std::filesystem::path& repo);
+
 // Triton's config.pbtxt for `model`, whose session settings are those of `report`.
 std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& report, const std::string& name,
                               int max_batch_size);

@@ -1,6 +1,7 @@
 #include "client/tracking_format.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "client/report_format.h"
@@ -13,8 +14,9 @@ void Put(google::protobuf::Struct* into, const std::string& key, const std::stri
   if (!value.empty()) (*into->mutable_fields())[key].set_string_value(value);
 }
 
+// JSON has no NaN or infinity: a figure that is not finite is left out rather than written wrong.
 void Put(google::protobuf::Struct* into, const std::string& key, double value) {
-  (*into->mutable_fields())[key].set_number_value(value);
+  if (std::isfinite(value)) (*into->mutable_fields())[key].set_number_value(value);
 }
 
 // The first shape set's latency figures of one model, as mlflow metric names.
@@ -81,8 +83,11 @@ std::string FormatMlflow(const v1::Report& report, const v1::Job* job) {
     Put(tags, "onnxopt.source_sha256", job->model().sha256());
     Put(tags, "onnxopt.source_name", job->model().display_name());
     Put(tags, "onnxopt.state", v1::JobState_Name(job->state()));
-    // The job's labels as they are (an "mlflow_run_id" label links the job back to its run).
-    for (const auto& [key, value] : job->labels()) Put(tags, key, value);
+    // The job's labels as they are (an "mlflow_run_id" label links the job back to its run); onnxopt's
+    // own tags win over a label of the same name.
+    for (const auto& [key, value] : job->labels()) {
+      if (tags->fields().count(key) == 0) Put(tags, key, value);
+    }
   }
   return ToJson(run);
 }
@@ -92,6 +97,7 @@ std::string FormatKfpMetrics(const v1::Report& report) {
   google::protobuf::ListValue* metrics = (*file.mutable_fields())["metrics"].mutable_list_value();
   // KFP's names: lowercase, digits and dashes.
   auto add = [&](const std::string& name, double value) {
+    if (!std::isfinite(value)) return;
     google::protobuf::Struct* metric = metrics->add_values()->mutable_struct_value();
     (*metric->mutable_fields())["name"].set_string_value(name);
     (*metric->mutable_fields())["numberValue"].set_number_value(value);

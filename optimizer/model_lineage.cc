@@ -34,10 +34,12 @@ MetadataProps LineageProps(const v1::Report& report, const v1::OptimizationConfi
   if (!source_sha256.empty()) props.push_back({"onnxopt.source_sha256", source_sha256});
   if (!source_producer.empty()) props.push_back({"onnxopt.source_producer", source_producer});
   props.push_back({"onnxopt.parity", report.parity().skipped() ? "skipped" : report.parity().passed() ? "passed" : "failed"});
-  if (!report.benchmark().skipped() && report.benchmark().speedup() > 0) {
+  // The speedup is the pipeline's output's: it does not describe a returned original.
+  if (report.returned_original()) {
+    props.push_back({"onnxopt.returned_original", "true"});
+  } else if (!report.benchmark().skipped() && report.benchmark().speedup() > 0) {
     props.push_back({"onnxopt.speedup", absl::StrFormat("%.3f", report.benchmark().speedup())});
   }
-  if (report.returned_original()) props.push_back({"onnxopt.returned_original", "true"});
   return props;
 }
 

@@ -39,7 +39,7 @@ namespace {
 std::vector<std::string> Runtimes(const onnx::ModelProto& model, bool cuda) {
   const RuntimeRequirement needs = MinimumOnnxRuntime(model, cuda);
   const char* provider = cuda ? "CUDA" : "CPU";
-  if (needs.version.empty()) return {absl::StrCat("not ONNX Runtime on the ", provider, ": ", needs.reason)};
+  if (needs.version.empty()) return {absl::StrCat("no ONNX Runtime release onnxopt knows of runs it on the ", provider, ": ", needs.reason)};
   if (needs.contrib) {
     return {absl::StrCat("ONNX Runtime >= ", needs.version, " (", provider, "; ", needs.reason,
                          "; com.microsoft contrib operators)")};
@@ -263,6 +263,9 @@ absl::Status OptimizeJob::LoadAndCheck() {
   absl::StatusOr<onnx::ModelProto> original = LoadModelByReference(request_.model_path);
   if (!original.ok()) return original.status();
   original_ = *std::move(original);
+  // For the delivered model's lineage: original_ may be released before then.
+  source_producer_ = absl::StrCat(original_->producer_name(), original_->producer_version().empty() ? "" : " ",
+                                  original_->producer_version());
   // Built before the model is checked (its errors are reported after the check's), so that the shapes
   // the pipeline starts from can be inferred on another thread while this one checks and describes
   // the model: all of it only reads the model, and the inference is 15% of a 100k-node run.

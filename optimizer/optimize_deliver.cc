@@ -66,9 +66,9 @@ absl::Status OptimizeJob::Deliver() {
   // Last, when the verdict and the speedup are known: only the .onnx file is rewritten.
   absl::StatusOr<std::string> source_sha256 = Sha256OfFile(request_.model_path);
   if (!source_sha256.ok()) return source_sha256.status();
-  const std::string producer = absl::StrCat(original_->producer_name(), original_->producer_version().empty() ? "" : " ",
-                                            original_->producer_version());
-  return StampLineageFile(LineageProps(report_, config_, request_.job_name, *source_sha256, producer), output_path_);
+  report_.set_returned_original(returned_original_);  // what the lineage says of the file returned
+  return StampLineageFile(LineageProps(report_, config_, request_.job_name, *source_sha256, source_producer_),
+                          output_path_);
 }
 
 absl::Status OptimizeJob::SaveDelivered(const onnx::ModelProto& returned, const std::vector<v1::PassReport>& runs,

@@ -117,6 +117,7 @@ class OptimizeJob {
 
   // LoadAndCheck. The original is gone (moved into the pipeline) when nothing after the passes reads it.
   std::optional<onnx::ModelProto> original_;
+  std::string source_producer_;  // the input's "producer_name producer_version"
   std::optional<Pipeline> pipeline_;
   std::unique_ptr<BackgroundShapes> initial_shapes_;
   std::vector<SuppliedSample> supplied_;

@@ -1,5 +1,6 @@
 #include "optimizer/runtime_requirements.h"
 
+#include <iterator>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -103,6 +104,13 @@ class Requirements {
     }
   }
 
+  // Nothing onnxopt knows dates it: no version is claimed.
+  void Unknown(const std::string& reason) {
+    unavailable_ = true;
+    result_.version.clear();
+    result_.reason = reason;
+  }
+
   void Visit(const onnx::GraphProto& graph) {
     for (const onnx::NodeProto& node : graph.node()) {
       const bool microsoft = node.domain() == "com.microsoft";
@@ -140,6 +148,9 @@ RuntimeRequirement MinimumOnnxRuntime(const onnx::ModelProto& model, bool cuda) 
     if (!opset.domain().empty() && opset.domain() != "ai.onnx") continue;
     for (const OpsetSupport& support : kOpsetSupport) {
       if (support.opset == opset.version()) requirements.Raise(support.release, absl::StrCat("opset ", opset.version()));
+    }
+    if (opset.version() > std::end(kOpsetSupport)[-1].opset) {
+      requirements.Unknown(absl::StrCat("opset ", opset.version(), " is newer than onnxopt's table of releases"));
     }
   }
   requirements.Visit(model.graph());

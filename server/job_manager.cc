@@ -200,7 +200,7 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, TenantBlobSto
     : options_(std::move(options)), store_(store), blobs_(blobs), metrics_(metrics) {}
 
 JobManager::~JobManager() {
-  if (!workers_.empty()) Drain(std::chrono::milliseconds(0));
+  if (!workers_.empty() || lease_thread_.joinable()) Drain(std::chrono::milliseconds(0));
 }
 
 fs::path JobManager::JobDir(const std::string& job_name) const {
@@ -215,8 +215,8 @@ absl::Status JobManager::Start() {
   if (error) return absl::InternalError(absl::StrCat("cannot create ", SandboxDir().string(), ": ", error.message()));
   UpdateQueueMetric();
   if (!options_.run_jobs) {
-    // An API replica runs no jobs, but its queue gauge must follow the shared queue (autoscalers and
-    // dashboards read it from every pod), and it takes back dead replicas' expired leases too.
+    // An API replica runs no jobs (nor takes back expired leases: the workers do), but its queue gauge
+    // must follow the shared queue: autoscalers and dashboards read it from every pod.
     lease_thread_ = std::thread([this] { LeaseLoop(); });
     return absl::OkStatus();
   }
@@ -299,7 +299,7 @@ void JobManager::LeaseLoop() {
         job.cancel->store(true);
       }
     }
-    if (std::chrono::steady_clock::now() >= next_recovery && !draining_) {
+    if (options_.run_jobs && std::chrono::steady_clock::now() >= next_recovery && !draining_) {
       RecoverExpiredLeases();
       next_recovery = std::chrono::steady_clock::now() + renew_every;
     }

@@ -39,14 +39,21 @@ absl::Status SetLogFormat(const std::string& name) {
 }
 
 std::string FormatLogLine(LogFormat line_format, LogLevel level, absl::string_view message, const LogFields& fields) {
-  if (line_format == LogFormat::kText) return absl::StrCat("onnxopt-server: ", message);
+  if (line_format == LogFormat::kText) {
+    // One line a message: a client's text (a model's display name) cannot forge lines of its own.
+    std::string line = absl::StrCat("onnxopt-server: ", message);
+    for (char& c : line) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    return line;
+  }
   google::protobuf::Struct object;
   auto& entries = *object.mutable_fields();
   entries["time"].set_string_value(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()));
   entries["level"].set_string_value(LevelName(level));
   entries["msg"].set_string_value(ValidUtf8(message));  // messages quote models' own names
-  if (!fields.job.empty()) entries["job"].set_string_value(fields.job);
-  if (!fields.tenant.empty()) entries["tenant"].set_string_value(fields.tenant);
+  if (!fields.job.empty()) entries["job"].set_string_value(ValidUtf8(fields.job));
+  if (!fields.tenant.empty()) entries["tenant"].set_string_value(ValidUtf8(fields.tenant));
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(object, &json);
   return json;

@@ -1,6 +1,7 @@
 #include "server/postgres_job_store.h"
 
 #include <iostream>
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,9 @@
 
 namespace onnxopt::server {
 namespace {
+
+// Rows read per query while a label filter looks for a page of matches.
+constexpr int kLabelScanBatch = 500;
 
 // The columns every job query selects, in this order (see ReadRow).
 constexpr char kJobColumns[] = "sequence, job, request_id, state, tenant, version, name";
@@ -199,15 +203,17 @@ absl::StatusOr<JobStore::Page> PostgresJobStore::List(const JobFilter& filter, i
   page_size = PageTokens::PageSize(page_size);
   absl::StatusOr<pg::Pool::Lease> connection = Connect();
   if (!connection.ok()) return connection.status();
-  // State and tenant are columns; labels live in the stored job, so rows are read in batches and
-  // matched here until the page is full or no row is left.
+  // State and tenant are columns; labels live in the stored job, so rows are read in batches (larger
+  // than a page when labels filter: a selective filter must not cost a query per row) and matched here
+  // until the page is full or no row is left.
+  const int batch = filter.labels.empty() ? page_size + 1 : std::max(page_size + 1, kLabelScanBatch);
   Page page;
   int64_t cursor = *before;
   while (true) {
     auto read = (*connection)->Exec(
         absl::StrCat("SELECT ", kJobColumns, " FROM onnxopt_jobs WHERE sequence < $1 AND ($2 = 0 OR state = $2) "
                      "AND ($3::text IS NULL OR tenant = $3) ORDER BY sequence DESC LIMIT $4"),
-        {cursor, static_cast<int>(filter.state), tenant ? pg::Param(*tenant) : pg::Param::Null(), page_size + 1});
+        {cursor, static_cast<int>(filter.state), tenant ? pg::Param(*tenant) : pg::Param::Null(), batch});
     if (!read.ok()) return read.status();
     for (int row = 0; row < read->rows(); ++row) {
       Row job = ReadRow(*read, row);
@@ -219,7 +225,7 @@ absl::StatusOr<JobStore::Page> PostgresJobStore::List(const JobFilter& filter, i
       }
       page.jobs.push_back(std::move(job.job));
     }
-    if (read->rows() <= page_size) return page;  // the last batch
+    if (read->rows() < batch) return page;  // the last batch
   }
 }
 

@@ -117,6 +117,10 @@ TEST_F(DeliveryTest, MetricsSayWhyJobsEndedAndJsonLogsNameTheJob) {
   ASSERT_TRUE(WaitForStatus(job, "RUNNING"));
   ASSERT_EQ(Cli({"cancel", job}).code, 0);
   ASSERT_TRUE(WaitForStatus(job, "CANCELLED"));
+  // A cancelled job lists no artifacts, but its report is there to read (learnt from its first chunk).
+  Result report = Cli({"download", job, "--artifact", "report.json", "-o", (dir_ / "cancelled.json").string()});
+  EXPECT_EQ(report.code, 0) << report.err;
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "cancelled.json"), "\"job\"")) << Slurp(dir_ / "cancelled.json");
   const std::string metrics = ScrapeMetrics(MetricsPort());
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{reason=\"CANCELLED\",result=\"cancelled\"} 1")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count 1")) << metrics;

@@ -620,7 +620,8 @@ def check_manifests(docs, v, chart, release, namespace):
             # the gauge the server exports, from this release's worker pods, as the PodMonitor labels them
             check(query.startswith("max(onnxopt_job_queue_length{"), f"{where}: query {query!r}")
             check(f'namespace="{namespace}"' in query and f'app_kubernetes_io_instance="{release}"' in query
-                  and "cpu-worker" in query, f"{where}: query {query!r} does not select this release's workers")
+                  and "cpu-worker" in query and "api" in query,
+                  f"{where}: query {query!r} does not select this release's API and worker pods")
         ref = triggers[0].get("authenticationRef")
         check((ref or {}).get("name") == (keda["authenticationRef"] or None), f"{where}: authenticationRef {ref}")
     return kinds
@@ -702,7 +703,7 @@ SCENARIOS = [
         "release": "scale", "namespace": "ml",
         "set": {"jobStore": {"uri": PG_URI},
                 "autoscaling": {"keda": {"enabled": True, "serverAddress": "http://prometheus.monitoring.svc:9090",
-                                         "minReplicas": 2, "maxReplicas": 20, "threshold": 3,
+                                         "minReplicas": 0, "maxReplicas": 20, "threshold": 3,
                                          "scaleDownStabilizationSeconds": 600,
                                          "authenticationRef": "prometheus-auth"}},
                 "metrics": {"podMonitor": {"enabled": True, "interval": "15s",
@@ -798,10 +799,10 @@ SCENARIOS = [
         "fails_with": "service.type", "refused_by": "schema",
     },
     {
-        "name": "KEDA scaling the workers to zero",
+        "name": "KEDA below zero workers",
         "release": "prod", "namespace": "ml",
         "set": {"jobStore": {"uri": PG_URI}, "autoscaling": {"keda": {"enabled": True, "serverAddress": "http://p:9090",
-                                                                      "minReplicas": 0}}},
+                                                                      "minReplicas": -1}}},
         "fails_with": "autoscaling.keda.minReplicas", "refused_by": "schema",
     },
     # -- refused by Chart.yaml's kubeVersion (the native gRPC probes) --

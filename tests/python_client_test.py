@@ -162,8 +162,8 @@ class Server:
 
     def start(self, **client_options) -> None:
         self.process = subprocess.Popen(
-            [SERVER, f"--listen={self.address}", f"--data_dir={self.folder}/data", "--workers=1",
-             "--metrics_listen=127.0.0.1:0", *self.flags], stdout=self.log, stderr=subprocess.STDOUT)
+            [SERVER, f"--listen={self.address}", f"--data-dir={self.folder}/data", "--workers=1",
+             "--metrics-listen=127.0.0.1:0", *self.flags], stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while True:
             try:
@@ -531,9 +531,9 @@ class PythonClientTlsTest(unittest.TestCase):
             path = lambda name: os.path.join(folder, name)
             address = f"127.0.0.1:{free_port()}"
             with open(path("server.log"), "w") as log:
-                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data_dir={folder}/data",
-                                           "--metrics_listen=127.0.0.1:0", f"--tls_cert={path('server.pem')}",
-                                           f"--tls_key={path('server.key')}", f"--tls_client_ca={path('ca.pem')}"],
+                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data-dir={folder}/data",
+                                           "--metrics-listen=127.0.0.1:0", f"--tls-cert={path('server.pem')}",
+                                           f"--tls-key={path('server.key')}", f"--tls-client-ca={path('ca.pem')}"],
                                           stdout=log, stderr=subprocess.STDOUT)
                 try:
                     deadline = time.time() + 60
@@ -572,8 +572,8 @@ class PythonClientTokenTest(unittest.TestCase):
                 f.write(hashlib.sha256(b"python-token").hexdigest() + " team-py\n")
             address = f"127.0.0.1:{free_port()}"
             with open(os.path.join(folder, "server.log"), "w") as log:
-                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data_dir={folder}/data",
-                                           "--metrics_listen=127.0.0.1:0", f"--auth_tokens_file={tokens}"],
+                server = subprocess.Popen([SERVER, f"--listen={address}", f"--data-dir={folder}/data",
+                                           "--metrics-listen=127.0.0.1:0", f"--auth-tokens-file={tokens}"],
                                           stdout=log, stderr=subprocess.STDOUT)
                 try:
                     deadline = time.time() + 60

@@ -181,14 +181,15 @@ TEST_F(ModelRepositoryTest, KServeAddsAnInferenceServiceWithAKubernetesName) {
   RepositoryOptions options;
   options.layout = RepositoryLayout::kKServe;
   options.model_name = "My_Bert.v2";
-  options.storage_uri = "s3://models/bert";
+  options.storage_uri = "s3://models/it's \"bert\"";
   auto written = WriteModelRepository(Download(), CpuReport(), options, dir_ / "models");
   ASSERT_TRUE(written.ok()) << written.status();
   absl::StatusOr<std::string> manifest = ReadFile(dir_ / "models" / "inferenceservice.yaml");
   ASSERT_TRUE(manifest.ok());
   EXPECT_NE(manifest->find("kind: InferenceService"), std::string::npos);
   EXPECT_NE(manifest->find("name: \"my-bert-v2\""), std::string::npos) << *manifest;
-  EXPECT_NE(manifest->find("storageUri: \"s3://models/bert\""), std::string::npos) << *manifest;
+  EXPECT_NE(manifest->find("storageUri: \"s3://models/it's \\\"bert\\\"\""), std::string::npos)
+      << "YAML's escapes, not C's: " << *manifest;
   EXPECT_NE(manifest->find("runtime: kserve-tritonserver"), std::string::npos);
 }
 

@@ -50,6 +50,12 @@ TEST(RuntimeRequirementsTest, GroupQueryAttentionsLaterAttributesRaiseTheRelease
   EXPECT_EQ(MinimumOnnxRuntime(model, true).version, "1.20");
 }
 
+TEST(RuntimeRequirementsTest, AnOpsetNewerThanTheTableClaimsNoRelease) {
+  RuntimeRequirement needs = MinimumOnnxRuntime(WithOps(40, {}), false);
+  EXPECT_TRUE(needs.version.empty());
+  EXPECT_NE(needs.reason.find("opset 40 is newer"), std::string::npos) << needs.reason;
+}
+
 TEST(RuntimeRequirementsTest, SubgraphsCount) {
   onnx::ModelProto model = WithOps(17, {});
   onnx::NodeProto* branch = model.mutable_graph()->add_node();

@@ -37,6 +37,7 @@ except ImportError:  # Windows
 
 CHUNK_BYTES = 1 << 20  # what the server's docs call a good size
 UPLOAD_ATTEMPTS = 3    # an upload that broke off is resumed this many times (upload_file)
+MAX_RESUBMISSIONS = 100  # a request that failed is run again under the next id of its series, this often
 # Without an overall timeout, calls that reconnect give up after the server was unreachable this long.
 RECONNECT_PATIENCE_S = 300.0
 TERMINAL = (service_pb2.SUCCEEDED, service_pb2.FAILED, service_pb2.CANCELLED)
@@ -196,7 +197,7 @@ class Client:
     """`tls_ca` (PEM: the CA that signed the server's certificate; else $ONNXOPT_TLS_CA) turns TLS on,
     `tls_cert`/`tls_key` add a client certificate for servers that require one (mutual TLS; else
     $ONNXOPT_TLS_CERT/$ONNXOPT_TLS_KEY). None of them: plaintext. `channel` overrides all of this.
-    `token` (else $ONNXOPT_TOKEN) is sent as a bearer token, for servers with --auth_tokens_file."""
+    `token` (else $ONNXOPT_TOKEN) is sent as a bearer token, for servers with --auth-tokens-file."""
 
     def __init__(self, address: Optional[str] = None, channel: Optional[grpc.Channel] = None,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
@@ -253,10 +254,19 @@ class Client:
         tensors = self._upload_inputs(inputs, retry) if inputs is not None else []
         parsed = _parse_config(config)
         labels = dict(labels or {})
-        request = service_pb2.CreateJobRequest(
-            model=reference, config=parsed, inputs=tensors, labels=labels,
-            request_id=request_id or _request_id(reference, parsed, tensors, labels))
-        job = retry.call(self._stub.CreateJob, request)
+        request = service_pb2.CreateJobRequest(model=reference, config=parsed, inputs=tensors, labels=labels,
+                                               request_id=request_id or "")
+        if request_id:
+            job = retry.call(self._stub.CreateJob, request)
+        else:
+            # The same request again finds its job, queued, running or succeeded; one that failed or was
+            # cancelled is run again under the next id of the series (as the CLI does).
+            base = _request_id(reference, parsed, tensors, labels)
+            for attempt in range(1, MAX_RESUBMISSIONS + 1):
+                request.request_id = base if attempt == 1 else f"{base}-{attempt}"
+                job = retry.call(self._stub.CreateJob, request)
+                if job.state not in (service_pb2.FAILED, service_pb2.CANCELLED):
+                    break
         job = self._watch(job.name, on_event, retry)
         if job.state != service_pb2.SUCCEEDED:
             state = service_pb2.JobState.Name(job.state)
