@@ -117,13 +117,18 @@ TEST_F(DeliveryTest, MetricsSayWhyJobsEndedAndJsonLogsNameTheJob) {
   ASSERT_TRUE(WaitForStatus(job, "RUNNING"));
   ASSERT_EQ(Cli({"cancel", job}).code, 0);
   ASSERT_TRUE(WaitForStatus(job, "CANCELLED"));
+  // The same submit again is no retry of a cancelled job: the next id of the series runs it anew.
+  const std::string again = Submit(FixturePath("cnn_tiny.onnx"), LongJobConfig());
+  EXPECT_NE(again, job);
+  EXPECT_EQ(Cli({"cancel", again}).code, 0);
+  ASSERT_TRUE(WaitForStatus(again, "CANCELLED"));
   // A cancelled job lists no artifacts, but its report is there to read (learnt from its first chunk).
   Result report = Cli({"download", job, "--artifact", "report.json", "-o", (dir_ / "cancelled.json").string()});
   EXPECT_EQ(report.code, 0) << report.err;
   EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "cancelled.json"), "\"job\"")) << Slurp(dir_ / "cancelled.json");
   const std::string metrics = ScrapeMetrics(MetricsPort());
-  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{reason=\"CANCELLED\",result=\"cancelled\"} 1")) << metrics;
-  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count 1")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_jobs_total{reason=\"CANCELLED\",result=\"cancelled\"} 2")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count")) << metrics;
   EXPECT_EQ(StopServer(), 0);
   int lines_about_the_job = 0;
   for (const std::string& file : {"server.out", "server.err"}) {
