@@ -9,8 +9,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -71,13 +69,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 }
 
 std::string DefaultRequestId(const v1::CreateJobRequest& request) {
-  std::string config;
-  {
-    google::protobuf::io::StringOutputStream stream(&config);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    request.config().SerializeToCodedStream(&coded);
-  }
+  const std::string config = DeterministicBytes(request.config());
   std::set<std::pair<std::string, std::string>> files;
   for (const auto& file : request.model().external_data()) files.insert({file.name(), file.sha256()});
   std::set<std::tuple<int, std::string, std::string>> inputs;
@@ -530,7 +522,7 @@ absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   return response;
 }
 
-absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
+absl::StatusOr<int> Client::CheckHealth(const std::string& service) {
   // grpc.health.v1.Health/Check by hand: HealthCheckRequest{string service = 1} in, and
   // HealthCheckResponse{ServingStatus status = 1} (1 = SERVING) out; Debian ships no stubs for it.
   std::string request_bytes;
@@ -559,7 +551,7 @@ absl::StatusOr<bool> Client::CheckHealth(const std::string& service) {
   std::string bytes;
   for (const auto& part : slices) bytes.append(reinterpret_cast<const char*>(part.begin()), part.size());
   // The only field: tag 0x08 (field 1, varint) and the status; absent means UNKNOWN (0).
-  return bytes.size() >= 2 && bytes[0] == 0x08 && bytes[1] == 0x01;
+  return bytes.size() >= 2 && bytes[0] == 0x08 ? static_cast<int>(bytes[1]) : 0;
 }
 
 }  // namespace onnxopt::client

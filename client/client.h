@@ -92,8 +92,9 @@ class Client {
   // file matches the job's size and SHA-256.
   absl::Status Download(const std::string& name, const std::string& artifact, const std::filesystem::path& path,
                         const Progress& progress = nullptr);
-  // grpc.health.v1: whether `service` ("" = the server as a whole) is SERVING. One try, no retries.
-  absl::StatusOr<bool> CheckHealth(const std::string& service);
+  // grpc.health.v1's ServingStatus of `service` ("" = the server as a whole): 1 SERVING, 2 NOT_SERVING,
+  // 0 UNKNOWN. One try, no retries.
+  absl::StatusOr<int> CheckHealth(const std::string& service);
   absl::StatusOr<v1::Report> GetReport(const std::string& name);
   absl::StatusOr<v1::ListPassesResponse> ListPasses();
   absl::StatusOr<v1::ServerInfo> GetServerInfo();

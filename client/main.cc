@@ -129,8 +129,8 @@ std::map<std::string, std::string> LabelsFrom(const Args& args) {
   return labels;
 }
 
-// --layout, --model-name, --version, --max-batch-size, --storage-uri: a model repository instead of a
-// file (nullopt without --layout).
+// --layout, --model-name, --version, --max-batch-size, --storage-uri: a model repository at -o instead
+// of a file (nullopt without --layout). Checked, the version's folder included, before anything runs.
 absl::StatusOr<std::optional<onnxopt::client::RepositoryOptions>> RepositoryFrom(const Args& args) {
   if (!args.Has("--layout")) {
     for (const char* flag : {"--model-name", "--version", "--max-batch-size", "--storage-uri"}) {
@@ -155,6 +155,8 @@ absl::StatusOr<std::optional<onnxopt::client::RepositoryOptions>> RepositoryFrom
     return absl::InvalidArgumentError("--storage-uri is for --layout kserve");
   }
   if (absl::Status valid = onnxopt::client::CheckRepositoryOptions(options); !valid.ok()) return valid;
+  if (!args.Has("-o")) return absl::InvalidArgumentError("--layout needs -o REPOSITORY");
+  if (absl::Status free = onnxopt::client::CheckVersionFree(options, args.Get("-o")); !free.ok()) return free;
   return std::optional<onnxopt::client::RepositoryOptions>(options);
 }
 
@@ -343,12 +345,6 @@ int Submit(Client& client, const Args& args) {
   if (!config.ok()) return Report(config.status());
   auto repository = RepositoryFrom(args);  // checked before anything is uploaded
   if (!repository.ok()) return Report(repository.status());
-  if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
-  if (*repository) {
-    if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, args.Get("-o")); !free.ok()) {
-      return Report(free);
-    }
-  }
   ProgressLine line;
   auto reference = client.UploadModel(model, [&](int64_t done, int64_t total) {
     line.Show(absl::StrFormat("uploading %.1f / %.1f MiB", done / 1048576.0, total / 1048576.0));
@@ -425,9 +421,6 @@ int Local(const Args& args) {
     const fs::path out = args.Get("-o");
     auto repository = RepositoryFrom(args);
     if (!repository.ok()) return Report(repository.status());
-    if (*repository) {
-      if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, out); !free.ok()) return Report(free);
-    }
     const fs::path work = *repository ? out : out.parent_path().empty() ? fs::path(".") : out.parent_path();
     std::error_code created;
     fs::create_directories(work, created);
@@ -611,8 +604,8 @@ int Run(const Args& args) {
                 << serving.status().message() << std::endl;
       return kJobFailed;
     }
-    std::cout << (*serving ? "SERVING" : "NOT_SERVING") << std::endl;
-    return *serving ? kOk : kJobFailed;
+    std::cout << (*serving == 1 ? "SERVING" : *serving == 2 ? "NOT_SERVING" : "UNKNOWN") << std::endl;
+    return *serving == 1 ? kOk : kJobFailed;
   }
   const bool json = args.Has("--json");
   auto need_job = [&]() -> std::optional<std::string> {
@@ -686,11 +679,7 @@ int Run(const Args& args) {
         return Report(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", *name, " is ",
                                                                  onnxopt::v1::JobState_Name(job->state()))));
       }
-      if (*repository && !args.Has("-o")) return Report(absl::InvalidArgumentError("--layout needs -o REPOSITORY"));
       const fs::path out = args.Get("-o", "model.optimized.onnx");
-      if (*repository) {
-        if (absl::Status free = onnxopt::client::CheckVersionFree(**repository, out); !free.ok()) return Report(free);
-      }
       auto delivered = DownloadResult(client, *job, Destination{out, *repository});
       if (!delivered.ok()) return Report(delivered.status());
       const char* what = *repository ? "repository" : "model";

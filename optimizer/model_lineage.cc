@@ -4,24 +4,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/sha256.h"
 
 namespace onnxopt {
 
-std::string ConfigDigest(const v1::OptimizationConfig& config) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    config.SerializeToCodedStream(&coded);
-  }
-  return Sha256OfBytes(bytes);
-}
+std::string ConfigDigest(const v1::OptimizationConfig& config) { return Sha256OfBytes(DeterministicBytes(config)); }
 
 MetadataProps LineageProps(const v1::Report& report, const v1::OptimizationConfig& config, const std::string& job,
                            const std::string& source_sha256, const std::string& source_producer) {

@@ -8,6 +8,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -56,6 +58,17 @@ std::string Sha256OfBytes(const std::string& bytes) {
   Sha256 hash;
   hash.Update(bytes.data(), bytes.size());
   return hash.HexDigest();
+}
+
+std::string DeterministicBytes(const google::protobuf::MessageLite& message) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return bytes;
 }
 
 }  // namespace onnxopt

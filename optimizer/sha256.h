@@ -6,12 +6,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/message_lite.h"
 
 namespace onnxopt {
 
 bool IsValidSha256(const std::string& hex);
 absl::StatusOr<std::string> Sha256OfFile(const std::filesystem::path& path);
 std::string Sha256OfBytes(const std::string& bytes);
+// The message's deterministic serialization (map entries in key order): equal messages give equal bytes,
+// which is what a digest of a config or a request needs.
+std::string DeterministicBytes(const google::protobuf::MessageLite& message);
 
 }  // namespace onnxopt
 

@@ -11,8 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
@@ -108,13 +106,7 @@ std::string ResultCacheKey(const v1::CreateJobRequest& request) {
   v1::OptimizationConfig config = request.config();
   config.clear_priority();
   config.clear_cache();
-  std::string config_bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&config_bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    config.SerializeToCodedStream(&coded);
-  }
+  const std::string config_bytes = DeterministicBytes(config);
   std::set<std::pair<std::string, std::string>> files;
   for (const auto& file : request.model().external_data()) files.insert({file.name(), file.sha256()});
   std::set<std::tuple<int, std::string, std::string>> inputs;

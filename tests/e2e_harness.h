@@ -25,10 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/support/byte_buffer.h"
+#include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/model_builder.h"
 
@@ -107,29 +104,13 @@ inline std::string ScrapeMetrics(int port) {
   return response;
 }
 
-// grpc.health.v1.Health/Check through a generic stub (the health protos are not in Debian's
-// packages): 1 SERVING, 2 NOT_SERVING, 0 unknown, -1 RPC error.
+// grpc.health.v1's status of `service` at `address` (the CLI's health check): 1 SERVING, 2 NOT_SERVING,
+// 0 unknown, -1 RPC error.
 inline int HealthStatus(const std::string& address, const std::string& service) {
-  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  std::string request_bytes;  // HealthCheckRequest { string service = 1; }
-  if (!service.empty()) {
-    request_bytes.push_back(0x0a);
-    request_bytes.push_back(static_cast<char>(service.size()));
-    request_bytes += service;
-  }
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1), response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status status) { done.set_value(status); });
-  if (!done.get_future().get().ok()) return -1;
-  grpc::Slice bytes;
-  if (!response.DumpToSingleSlice(&bytes).ok()) return -1;
-  // HealthCheckResponse { ServingStatus status = 1; }: 0x08 then the value (absent when 0)
-  if (bytes.size() >= 2 && bytes.begin()[0] == 0x08) return bytes.begin()[1];
-  return 0;
+  client::Client client(address);
+  client.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  absl::StatusOr<int> status = client.CheckHealth(service);
+  return status.ok() ? *status : -1;
 }
 
 class E2eTest : public ::testing::Test {

@@ -1,4 +1,6 @@
 // End to end: the real onnxopt-server binary on a loopback port, driven by the real onnxopt CLI.
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "tests/e2e_harness.h"
 
 #include "client/client.h"

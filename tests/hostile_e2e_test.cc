@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"
 

@@ -4,6 +4,8 @@
 // tenant; admins list everyone; health stays open; tokens never reach the logs; SIGHUP re-reads the file.
 #include "absl/strings/str_replace.h"
 #include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"
 

@@ -25,6 +25,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "optimizer/model_io.h"
 #include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"

@@ -45,6 +45,14 @@ class CountingPass final : public Pass {
   int* budget_;
 };
 
+// A registry whose "loop" preset repeats the counting pass as a fixed-point group.
+std::unique_ptr<PassRegistry> LoopRegistry(int* budget) {
+  auto registry = std::make_unique<PassRegistry>();
+  EXPECT_TRUE(registry->Register(std::make_unique<CountingPass>(budget)).ok());
+  EXPECT_TRUE(registry->AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
+  return registry;
+}
+
 TEST(BuildPipelineTest, BasicIsOneFixedPointGroup) {
   v1::OptimizationConfig config;
   config.set_preset("basic");
@@ -163,11 +171,9 @@ TEST(PassRegistryTest, TheDefaultRegistryNamesEachPassOnceAndDefaultsToAuto) {
 
 TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) {
   int budget = 3;
-  PassRegistry registry;
-  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
-  ASSERT_TRUE(registry.AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
+  const std::unique_ptr<PassRegistry> registry = LoopRegistry(&budget);
   onnx::ModelProto model = TinyModel();
-  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
+  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), *registry);
   ASSERT_TRUE(pipeline.ok());
   std::vector<v1::PassReport> reports;
   ASSERT_TRUE(RunPipeline(*pipeline, &model, {}, &reports).ok());
@@ -177,7 +183,7 @@ TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) 
 
   budget = 100;
   reports.clear();
-  auto capped = BuildPipeline(ConfigFromJson(R"({"preset": "loop", "max_iterations": 5})"), registry);
+  auto capped = BuildPipeline(ConfigFromJson(R"({"preset": "loop", "max_iterations": 5})"), *registry);
   ASSERT_TRUE(capped.ok());
   ASSERT_TRUE(RunPipeline(*capped, &model, {}, &reports).ok());
   EXPECT_EQ(reports.size(), 5u);
@@ -187,11 +193,9 @@ TEST(RunPipelineTest, FixedPointStopsWhenASweepChangesNothingAndRespectsItsCap) 
 // Progress counts pass runs: a repeated sweep adds to the total instead of starting at 1 again.
 TEST(RunPipelineTest, ProgressNeverRestartsWithASweep) {
   int budget = 2;
-  PassRegistry registry;
-  ASSERT_TRUE(registry.Register(std::make_unique<CountingPass>(&budget)).ok());
-  ASSERT_TRUE(registry.AddPreset({"loop", "", {{{"counting"}, true}}}).ok());
+  const std::unique_ptr<PassRegistry> registry = LoopRegistry(&budget);
   onnx::ModelProto model = TinyModel();
-  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), registry);
+  auto pipeline = BuildPipeline(ConfigFromJson(R"({"preset": "loop"})"), *registry);
   ASSERT_TRUE(pipeline.ok());
   std::vector<std::pair<int, int>> seen;
   PassManagerOptions options;
