@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
 #include "optimizer/runtime_requirements.h"
 
@@ -187,7 +188,15 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
   AppendList(&config, "output", outputs, batched);
   // Where and how the benchmark ran it: the tuning's best settings when it tuned, else its own.
   absl::StrAppend(&config, "instance_group [ { kind: ", gpu ? "KIND_GPU" : "KIND_CPU", " count: 1 } ]\n");
-  if (batched) absl::StrAppend(&config, "dynamic_batching { }\n");
+  if (batched && FindCacheInterface(graph)) {
+    // Each request of a decoder carries its own key/value cache (past inputs) at its own length: the
+    // dynamic batcher would join requests whose pasts differ, which the model cannot take as one batch.
+    absl::StrAppend(&config,
+                    "# No dynamic batching: the model takes a key/value cache (past inputs) per request, and\n"
+                    "# requests whose past lengths differ cannot be batched together; batch on the client.\n");
+  } else if (batched) {
+    absl::StrAppend(&config, "dynamic_batching { }\n");
+  }
   const bool tuned = benchmark.has_tuning() && benchmark.tuning().best().p50_ms() > 0;
   const int threads = tuned ? benchmark.tuning().best().intra_op_threads() : benchmark.intra_op_threads();
   const std::string mode = tuned ? benchmark.tuning().best().execution_mode() : benchmark.execution_mode();

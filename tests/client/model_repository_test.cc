@@ -125,6 +125,18 @@ TEST(TritonModelConfigTest, AStaticBatchKeepsEveryDimAndCudaDeploysOnTheGpuWithI
   EXPECT_EQ(config.parameters().at("onnxopt_min_onnxruntime_version").string_value(), "1.14");
 }
 
+// A decoder's requests each carry their own key/value cache: no dynamic batching, with the reason.
+TEST(TritonModelConfigTest, ADecoderWithAKeyValueCacheGetsNoDynamicBatching) {
+  auto decoder = LoadModel(ONNXOPT_SOURCE_DIR "/tests/fixtures/cache/cache_decoder_gqa3.onnx");
+  ASSERT_TRUE(decoder.ok()) << decoder.status();
+  const std::string text = TritonModelConfig(*decoder, CpuReport(), "decoder", 8);
+  const triton::ModelConfig config = Parse(text);
+  EXPECT_FALSE(config.has_dynamic_batching()) << text;
+  EXPECT_EQ(config.max_batch_size(), 8) << "a client may still send a batch of its own";
+  EXPECT_NE(text.find("# No dynamic batching: the model takes a key/value cache"), std::string::npos) << text;
+  EXPECT_TRUE(Parse(TritonModelConfig(Encoder("batch"), CpuReport(), "bert", 8)).has_dynamic_batching());
+}
+
 TEST(TritonModelConfigTest, TheParserRefusesFieldsTritonDoesNotHave) {
   triton::ModelConfig config;
   EXPECT_FALSE(google::protobuf::TextFormat::ParseFromString("name: \"x\"\nmax_batch: 4\n", &config));
