@@ -30,6 +30,7 @@
 #include "optimizer/optimize.h"
 #include "optimizer/pass_catalog.h"
 #include "optimizer/pass_registry.h"
+#include "optimizer/runtime_source.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/validation/benchmark.h"
@@ -390,6 +391,14 @@ int Submit(Client& client, const Args& args) {
   return Follow(client, job->name(), Destination{out, *repository}, json);
 }
 
+// A session of `model`, which may hold tensors by reference.
+absl::StatusOr<std::unique_ptr<Ort::Session>> SessionOf(const onnx::ModelProto& model,
+                                                       const onnxopt::SessionSettings& settings) {
+  absl::StatusOr<onnxopt::ModelSource> source = onnxopt::RuntimeSource(model);
+  if (!source.ok()) return source.status();
+  return onnxopt::CreateSession(*source, settings);
+}
+
 // Both models timed side by side on `device`, as a job's benchmark times them.
 // Times both models side by side with the benchmark's session settings, and for a model with a key/value
 // cache its generation phases and greedy generation (generation.h).
@@ -397,9 +406,9 @@ absl::Status CompareLatency(const onnx::ModelProto& original, const onnx::ModelP
                             const onnxopt::v1::OptimizationConfig& config, const onnxopt::SessionSettings& device,
                             const std::vector<onnxopt::SuppliedSample>& supplied, onnxopt::v1::Report* report) {
   const onnxopt::SessionSettings settings = onnxopt::BenchmarkSettings(config, device, report->mutable_benchmark());
-  auto a = onnxopt::CreateSession({original.SerializeAsString(), {}}, settings);
+  auto a = SessionOf(original, settings);
   if (!a.ok()) return a.status();
-  auto b = onnxopt::CreateSession({optimized.SerializeAsString(), {}}, settings);
+  auto b = SessionOf(optimized, settings);
   if (!b.ok()) return b.status();
   auto inputs = onnxopt::BenchmarkInputs(**a, original, config.validation(), supplied);
   if (!inputs.ok()) return inputs.status();
@@ -479,17 +488,18 @@ int Local(const Args& args) {
   }
   // compare
   if (args.positional.size() != 3) return (std::cerr << "usage: onnxopt compare ORIGINAL OPTIMIZED\n", kUsage);
-  auto original = onnxopt::LoadModel(args.positional[1]);
+  // Big tensors stay in their files: a multi-GB model is neither held whole nor serialized (RuntimeSource).
+  auto original = onnxopt::LoadModelByReference(args.positional[1]);
   if (!original.ok()) return Report(original.status());
-  auto optimized = onnxopt::LoadModel(args.positional[2]);
+  auto optimized = onnxopt::LoadModelByReference(args.positional[2]);
   if (!optimized.ok()) return Report(optimized.status());
   onnxopt::v1::Report report;
   report.set_job("compare");
   auto device = onnxopt::DeviceSettings(*config, &report);  // --device cuda runs both there, or says why not
   if (!device.ok()) return Report(device.status());
-  auto original_session = onnxopt::CreateSession({original->SerializeAsString(), {}}, *device);
+  auto original_session = SessionOf(*original, *device);
   if (!original_session.ok()) return Report(original_session.status());
-  auto optimized_session = onnxopt::CreateSession({optimized->SerializeAsString(), {}}, *device);
+  auto optimized_session = SessionOf(*optimized, *device);
   if (!optimized_session.ok()) return Report(optimized_session.status());
   std::vector<onnxopt::SuppliedSample> supplied;
   if (args.Has("--inputs")) {

@@ -105,9 +105,19 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
       absl::StrAppend(out, "could not run: ", phase.error(), "\n");
       continue;
     }
-    absl::StrAppend(out, absl::StrFormat("%12.3f %12.3f %7.3fx %12.1f %12.1f\n", phase.original_ms_per_token(),
+    absl::StrAppend(out, absl::StrFormat("%12.3f %12.3f %7.3fx %12.1f %12.1f", phase.original_ms_per_token(),
                                          phase.optimized_ms_per_token(), phase.speedup(),
                                          phase.original_tokens_per_second(), phase.optimized_tokens_per_second()));
+    if (phase.optimized_bytes_per_step() > 0) {
+      absl::StrAppend(out, absl::StrFormat("  roofline %3.0f%% -> %3.0f%% (%s a step)", 100 * phase.original_roofline_fraction(),
+                                           100 * phase.optimized_roofline_fraction(), Bytes(phase.optimized_bytes_per_step())));
+    }
+    absl::StrAppend(out, "\n");
+  }
+  if (generation.memory_bandwidth_bytes_per_second() > 0) {
+    absl::StrAppend(out, absl::StrFormat("roofline: a decode step's bytes (weights, gathered rows, key/value cache) at the "
+                                         "measured memory bandwidth of %.1f GB/s\n",
+                                         generation.memory_bandwidth_bytes_per_second() / 1e9));
   }
   if (generation.steps_size() > 0) {
     absl::StrAppend(out, absl::StrFormat("greedy generation (batch %d, prompt %d, one row padded on the left): %d steps, "
@@ -117,6 +127,18 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
                                          generation.min_logits_cosine(), generation.passed() ? "PASSED" : "FAILED"));
   }
   if (!generation.note().empty()) absl::StrAppend(out, "note: ", generation.note(), "\n");
+}
+
+// The job's peak resident memory stage by stage, against the model's bytes.
+void AppendMemory(const v1::MemoryReport& memory, std::string* out) {
+  absl::StrAppend(out, "\nmemory: peak ", Bytes(memory.peak_resident_bytes()),
+                  absl::StrFormat(" resident, %.2fx the model's %s\n", memory.peak_over_model(), Bytes(memory.model_bytes())));
+  for (const auto& stage : memory.stages()) {
+    absl::StrAppend(out, absl::StrFormat("  %-10s peak %12s  after %12s  %8.2f s\n", stage.stage(),
+                                         Bytes(stage.peak_resident_bytes()), Bytes(stage.resident_bytes_after()),
+                                         stage.seconds()));
+  }
+  if (!memory.benchmark_sessions().empty()) absl::StrAppend(out, "  benchmark sessions: ", memory.benchmark_sessions(), "\n");
 }
 
 std::string PaddedMasks(const v1::ParityReport& parity) {
@@ -390,6 +412,7 @@ std::string FormatReport(const v1::Report& report) {
   }
   if (report.has_generation()) AppendGeneration(report.generation(), &out);
   if (report.has_adapter()) AppendAdapter(report.adapter(), &out);
+  if (report.has_memory()) AppendMemory(report.memory(), &out);
   AppendTransformer(report.transformer(), &out);
   if (report.returned_original()) absl::StrAppend(&out, "\nreturned: the ORIGINAL model (see warnings)\n");
   for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);

@@ -565,6 +565,20 @@ namespace {
 absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, const fs::path& path,
                                                        const SaveOptions& options) {
   std::vector<fs::path> written;
+  std::map<std::string, std::string> linked;  // a by-reference tensor's file -> its link beside the model
+  // With options.link_by_reference: a link to the tensor's file beside the model, made once per file.
+  auto link_name = [&](const std::string& source) -> absl::StatusOr<std::string> {
+    auto [entry, added] = linked.emplace(source, "");
+    if (!added) return entry->second;
+    entry->second = absl::StrCat(path.filename().string(), ".ref", linked.size());
+    const fs::path link = path.parent_path() / entry->second;
+    std::error_code error;
+    fs::create_hard_link(source, link, error);
+    if (error) fs::copy_file(source, link, fs::copy_options::overwrite_existing, error);
+    if (error) return absl::InternalError(absl::StrCat("cannot link or copy ", source, " to ", link.string(), ": ", error.message()));
+    written.push_back(link);
+    return entry->second;
+  };
   {
     const std::string data_name = path.filename().string() + ".data";
     const fs::path data_path = path.parent_path() / data_name;
@@ -579,6 +593,16 @@ absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, c
       }
       const bool referenced = IsByReference(*tensor);
       if (!referenced && static_cast<int64_t>(tensor->raw_data().size()) < options.external_min_bytes) return;
+      if (referenced && options.link_by_reference) {
+        absl::StatusOr<int64_t> from = ByReferenceOffset(*tensor);
+        absl::StatusOr<std::string> link = from.ok() ? link_name(ExternalField(*tensor, "location")) : from.status();
+        if (!link.ok()) {
+          status = link.status();
+          return;
+        }
+        SetExternalEntries(tensor, *link, *from, TensorDataBytes(*tensor));
+        return;
+      }
       status = data.PadTo(4096);  // page-aligned, so runtimes can mmap
       if (!status.ok()) return;
       const int64_t offset = data.size();
@@ -599,7 +623,7 @@ absl::StatusOr<std::vector<fs::path>> SaveWithDataFile(onnx::ModelProto model, c
     });
     if (status.ok()) status = data.Commit();
     if (!status.ok()) return status;
-    written.push_back(data_path);
+    written.insert(written.begin(), data_path);
   }
   absl::Status status = WriteModelFile(model, model.ByteSizeLong(), path, options.durable);
   if (!status.ok()) return status;

@@ -84,10 +84,14 @@ struct SaveOptions {
   // Flushed to the disk before the rename (fsync): what a server that acknowledges the files needs.
   // A local command may leave that to the kernel, as cp does: 0.2 s of a 100k-node decoder's 95 MB.
   bool durable = true;
+  // Tensors by reference keep their bytes where they are: each file they live in is hard-linked beside
+  // the model (copied where no link can be made, e.g. across filesystems) and the tensors point into
+  // the link. For scratch copies of a big model (RuntimeSource), which then cost only what was changed.
+  bool link_by_reference = false;
 };
 
 // Writes the model (and its data file when needed) atomically: to temporary names, then renamed.
-// Returns the files written, model first.
+// Returns the files written: the model first, then its data file, then links (link_by_reference).
 absl::StatusOr<std::vector<std::filesystem::path>> SaveModel(const onnx::ModelProto& model,
                                                              const std::filesystem::path& path,
                                                              const SaveOptions& options = {});

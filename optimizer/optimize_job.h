@@ -61,11 +61,19 @@ class OptimizeJob {
   absl::Status RunBenchmark();
   // The returned model's last form (optimize_deliver.cc): passes_after, adapters moved into their file.
   absl::Status Deliver();
+  // RunBenchmark's parts: how the two sessions are held, and the timing either way.
+  bool SessionsSideBySide();
+  absl::StatusOr<std::vector<GeneratedInputs>> TimeSideBySide(const ModelSource& optimized_source,
+                                                              const SessionSettings& settings);
+  absl::StatusOr<std::vector<GeneratedInputs>> TimeAlternating(const ModelSource& optimized_source,
+                                                               const SessionSettings& settings);
   // CUDA's figures beyond the device-resident ones: with host copies, and as a CUDA graph.
   absl::Status TimeOnDevice(Ort::Session& original, Ort::Session& optimized, const ModelSource& optimized_source,
                             const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
                             v1::BenchmarkReport* benchmark);
 
+  // The stage's peak and final resident size into the report's memory section.
+  void RecordStageMemory(const char* stage, double seconds);
   bool Cancelled() const { return request_.cancelled != nullptr && request_.cancelled->load(); }
   void Progress(Phase phase, const std::string& step = "") const;
   // Cancellation and per-pass progress for the pass manager.
@@ -137,8 +145,6 @@ class OptimizeJob {
   // Validate.
   SessionSettings reference_settings_;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
   SessionSettings parity_settings_;     // the job's device: candidates (and the original's noise) run here
-  std::unique_ptr<Ort::Session> original_session_;         // on reference_settings_
-  std::unique_ptr<Ort::Session> device_original_session_;  // on parity_settings_, where they differ
   std::optional<ParityReference> reference_;
   bool returned_original_ = false;
 };

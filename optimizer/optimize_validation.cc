@@ -125,19 +125,22 @@ absl::Status OptimizeJob::Validate() {
   parity_settings_ = *device;
   parity_settings_.optimization_level = OrtLevel(config_.validation().ort_optimization_level(), ORT_DISABLE_ALL);
   parity_settings_.cuda_tf32 = config_.validation().allow_tf32();
-  auto original_session = CreateSession(OriginalSource(), reference_settings_);
-  if (!original_session.ok()) return original_session.status();
-  original_session_ = *std::move(original_session);
   v1::ParityReport* parity = report_.mutable_parity();
   parity->set_ort_optimization_level(OrtLevelName(parity_settings_.optimization_level));
   parity->set_reference(DescribeSettings(reference_settings_));
   parity->set_device(DescribeSettings(parity_settings_));
   parity->set_tf32(parity_settings_.device == v1::DEVICE_CUDA && parity_settings_.cuda_tf32);
   Progress(Phase::kValidating, "reference outputs");
-  absl::StatusOr<ParityReference> reference = BuildParityReference(*original_session_, *original_, config_.validation(),
-                                                                   supplied_, request_.cancelled, parity);
-  if (!reference.ok()) return reference.status();
-  reference_ = *std::move(reference);
+  {
+    // The original's session lives only while it computes the reference: the outputs are kept, and
+    // every candidate judged later opens its own session without the original's beside it.
+    auto original_session = CreateSession(OriginalSource(), reference_settings_);
+    if (!original_session.ok()) return original_session.status();
+    absl::StatusOr<ParityReference> reference = BuildParityReference(**original_session, *original_, config_.validation(),
+                                                                     supplied_, request_.cancelled, parity);
+    if (!reference.ok()) return reference.status();
+    reference_ = *std::move(reference);
+  }
   if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;
   parity->set_noise_factor(NoiseFactor(config_.validation()));
   reference_->valid_positions_of = PaddingMaskInput(pass_reports_, optimized_);
@@ -163,15 +166,13 @@ absl::Status OptimizeJob::Validate() {
 }
 
 // Where the compared models run otherwise than the reference, the original's own deviation there
-// bounds how far a correct rewrite may stray (ValidationConfig.noise_factor). Its session on the
-// device stays for the freed-dims check.
+// bounds how far a correct rewrite may stray (ValidationConfig.noise_factor).
 absl::Status OptimizeJob::MeasureDeviceNoise() {
   if (SameArithmetic(parity_settings_, reference_settings_)) return absl::OkStatus();
   Progress(Phase::kValidating, "device noise");
   auto device_original = CreateSession(OriginalSource(), parity_settings_);
   if (!device_original.ok()) return device_original.status();
-  device_original_session_ = *std::move(device_original);
-  return MeasureDeviceDeviation(*device_original_session_, request_.cancelled, &*reference_);
+  return MeasureDeviceDeviation(**device_original, request_.cancelled, &*reference_);
 }
 
 absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
@@ -275,10 +276,11 @@ absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
   // Both on the job's device, which the result may need (packed attention runs on CUDA only).
+  auto original_session = CreateSession(OriginalSource(), parity_settings_);
+  if (!original_session.ok()) return original_session.status();
   auto optimized_session = CreateSession(*source, parity_settings_);
   if (!optimized_session.ok()) return optimized_session.status();
-  Ort::Session& original = device_original_session_ ? *device_original_session_ : *original_session_;
-  absl::Status checked = CheckFreedLengths(original, *original_, **optimized_session, optimized_,
+  absl::Status checked = CheckFreedLengths(**original_session, *original_, **optimized_session, optimized_,
                                            ModelPrecision(optimized_), config_.validation(), parity);
   if (!checked.ok()) return checked;
   for (const auto& check : parity->lengths()) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,8 +17,14 @@ namespace onnxopt {
 
 // A model for ONNX Runtime: serialized bytes, or a file (for models with external data).
 struct ModelSource {
+  ModelSource() = default;
+  ModelSource(std::string model_bytes, std::filesystem::path model_path)
+      : bytes(std::move(model_bytes)), path(std::move(model_path)) {}
+
   std::string bytes;
   std::filesystem::path path;
+  // Keeps `path`'s scratch folder (RuntimeSource) while any copy of this source lives.
+  std::shared_ptr<const std::filesystem::path> files;
 };
 
 struct SessionSettings {

@@ -6,15 +6,13 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
+#include "optimizer/memory_usage.h"
 #include "optimizer/validation/parity.h"
 
 namespace onnxopt {
@@ -72,6 +70,22 @@ absl::Status TimedPair(const TimedRunner runners[2], int index, double latencies
   return absl::OkStatus();
 }
 
+// A shape set's figures from each model's latencies, the ratios of runs taken side by side and the
+// medians of each window (or round).
+void DescribeShapeSet(const std::vector<double> latencies[2], std::vector<double> ratios,
+                      const std::vector<double> medians[2], bool stable, v1::ShapeBenchmark* shape) {
+  *shape->mutable_original() = Summarize(latencies[0]);
+  *shape->mutable_optimized() = Summarize(latencies[1]);
+  if (shape->optimized().p50_ms() > 0) shape->set_speedup(shape->original().p50_ms() / shape->optimized().p50_ms());
+  std::sort(ratios.begin(), ratios.end());
+  shape->set_speedup_p10(Percentile(ratios, 10));
+  shape->set_speedup_p90(Percentile(ratios, 90));
+  shape->set_stable(stable);
+  shape->set_windows(static_cast<int32_t>(medians[0].size()));
+  const double drift = std::max(Drift(medians[0]), Drift(medians[1]));
+  shape->set_median_drift(std::isfinite(drift) ? drift : -1);
+}
+
 // How long and how steadily one shape set is timed (BenchmarkConfig with its defaults).
 struct TimingPlan {
   int warmup = kDefaultWarmupRuns;
@@ -126,33 +140,34 @@ absl::Status TimeShapeSet(const TimedRunner runners[2], const TimingPlan& plan, 
     if (!plan.fixed && stable && medians[0].size() >= kMinStableWindows && Clock::now() >= settle_after) break;
     if (Clock::now() > deadline && runs >= std::min(plan.target, 10)) break;
   }
-  *shape->mutable_original() = Summarize(latencies[0]);
-  *shape->mutable_optimized() = Summarize(latencies[1]);
-  if (shape->optimized().p50_ms() > 0) shape->set_speedup(shape->original().p50_ms() / shape->optimized().p50_ms());
-  std::sort(ratios.begin(), ratios.end());
-  shape->set_speedup_p10(Percentile(ratios, 10));
-  shape->set_speedup_p90(Percentile(ratios, 90));
-  shape->set_stable(stable);
-  shape->set_windows(static_cast<int32_t>(medians[0].size()));
-  const double drift = std::max(Drift(medians[0]), Drift(medians[1]));
-  shape->set_median_drift(std::isfinite(drift) ? drift : -1);
+  DescribeShapeSet(latencies, std::move(ratios), medians, stable, shape);
   return absl::OkStatus();
 }
 
-// Reads a "Name:   123 kB" line of /proc/self/status, in bytes.
-std::optional<int64_t> StatusKilobytes(const std::string& key) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!absl::StartsWith(line, key + ":")) continue;
-    std::string digits;
-    for (char c : line) {
-      if (std::isdigit(static_cast<unsigned char>(c))) digits += c;
-    }
-    int64_t kilobytes = 0;
-    if (absl::SimpleAtoi(digits, &kilobytes)) return kilobytes * 1024;
+// The report's top level from its shape sets: the first set's figures, stability, the regression flag
+// and the settings that ran.
+void DescribeBenchmark(const TimingPlan& plan, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                       v1::BenchmarkReport* report) {
+  bool all_stable = true, regression = false;
+  for (const v1::ShapeBenchmark& shape : report->shapes()) {
+    all_stable &= shape.stable();
+    // Slower beyond the noise: the median says slower and so do nine in ten side-by-side pairs.
+    regression |= shape.speedup() < 1.0 && shape.speedup_p90() < 1.0;
   }
-  return std::nullopt;
+  if (report->shapes_size() > 0) {
+    const v1::ShapeBenchmark& first = report->shapes(0);
+    *report->mutable_original() = first.original();
+    *report->mutable_optimized() = first.optimized();
+    report->set_speedup(first.speedup());
+    report->set_speedup_p10(first.speedup_p10());
+    report->set_speedup_p90(first.speedup_p90());
+  }
+  report->set_stable(all_stable);
+  report->set_regression(regression);
+  report->set_warmup_runs(plan.warmup);
+  report->set_intra_op_threads(config.intra_op_threads());
+  report->set_onnxruntime_version(OrtVersion());
+  report->set_device_resident(mode.bound && mode.residence == Residence::kDevice && mode.device == v1::DEVICE_CUDA);
 }
 
 }  // namespace
@@ -180,8 +195,10 @@ absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config) {
     return absl::InvalidArgumentError("benchmark.window_runs must be between 1 and 1000 (0 for the default)");
   }
   if (!v1::Device_IsValid(config.device()) || !v1::RegressionAction_IsValid(config.on_regression()) ||
-      !v1::OrtOptimizationLevel_IsValid(config.ort_optimization_level())) {
-    return absl::InvalidArgumentError("benchmark.device, benchmark.on_regression or benchmark.ort_optimization_level is unknown");
+      !v1::OrtOptimizationLevel_IsValid(config.ort_optimization_level()) ||
+      !v1::BenchmarkSessions_IsValid(config.sessions())) {
+    return absl::InvalidArgumentError(
+        "benchmark.device, benchmark.on_regression, benchmark.ort_optimization_level or benchmark.sessions is unknown");
   }
   return absl::OkStatus();
 }
@@ -263,7 +280,6 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
   const std::vector<std::string> outputs = OutputNames(original);
   Ort::Session* const sessions[2] = {&original, &optimized};
   const auto start = Clock::now();
-  bool all_stable = true, regression = false;
   for (size_t set = 0; set < inputs.size(); ++set) {
     // Each shape set gets an equal share of what is left of the budget.
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -278,24 +294,98 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
     v1::ShapeBenchmark* shape = report->add_shapes();
     shape->mutable_input_shapes()->insert(inputs[set].shapes.begin(), inputs[set].shapes.end());
     if (absl::Status timed = TimeShapeSet(runners, plan, share, cancelled, shape); !timed.ok()) return timed;
-    all_stable &= shape->stable();
-    // Slower beyond the noise: the median says slower and so do nine in ten side-by-side pairs.
-    regression |= shape->speedup() < 1.0 && shape->speedup_p90() < 1.0;
   }
-  if (report->shapes_size() > 0) {
-    const v1::ShapeBenchmark& first = report->shapes(0);
-    *report->mutable_original() = first.original();
-    *report->mutable_optimized() = first.optimized();
-    report->set_speedup(first.speedup());
-    report->set_speedup_p10(first.speedup_p10());
-    report->set_speedup_p90(first.speedup_p90());
+  DescribeBenchmark(plan, config, mode, report);
+  return absl::OkStatus();
+}
+
+absl::Status InAlternatingSessions(const ModelSource& original, const ModelSource& optimized,
+                                   const SessionSettings& settings, int rounds, const SessionWindow& window,
+                                   const std::atomic<bool>* cancelled) {
+  const ModelSource* const models[2] = {&original, &optimized};
+  std::unique_ptr<Ort::Session> session;
+  int open = -1;  // whose session is open
+  for (int round = 0; round < rounds; ++round) {
+    for (int turn = 0; turn < 2; ++turn) {
+      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+      const int which = round % 2 == 0 ? turn : 1 - turn;
+      if (which != open) {
+        session.reset();  // the other model's session goes before this one opens
+        absl::StatusOr<std::unique_ptr<Ort::Session>> opened = CreateSession(*models[which], settings);
+        if (!opened.ok()) return opened.status();
+        session = *std::move(opened);
+        open = which;
+      }
+      if (absl::Status done = window(*session, which, round); !done.ok()) return done;
+    }
   }
-  report->set_stable(all_stable);
-  report->set_regression(regression);
-  report->set_warmup_runs(plan.warmup);
-  report->set_intra_op_threads(config.intra_op_threads());
-  report->set_onnxruntime_version(OrtVersion());
-  report->set_device_resident(mode.bound && mode.residence == Residence::kDevice && mode.device == v1::DEVICE_CUDA);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int warmup, int min_runs, int max_runs,
+                                               double seconds, const std::atomic<bool>* cancelled) {
+  for (int i = 0; i < warmup; ++i) {
+    if (absl::StatusOr<double> latency = runner(); !latency.ok()) return latency.status();
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::vector<double> latencies;
+  while (static_cast<int>(latencies.size()) < max_runs &&
+         (static_cast<int>(latencies.size()) < min_runs || Clock::now() < deadline)) {
+    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+    absl::StatusOr<double> latency = runner();
+    if (!latency.ok()) return latency.status();
+    latencies.push_back(*latency);
+  }
+  return latencies;
+}
+
+absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource& optimized,
+                                  const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
+                                  const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                                  v1::BenchmarkReport* report, const TimingMode& mode) {
+  const TimingPlan plan = PlanOf(config);
+  const int rounds = kAlternatingRounds;
+  // Each window shares its part of the budget among the shape sets; a fixed run count is split over rounds.
+  const double per_set = TimeBudget(config) / (2.0 * rounds) / static_cast<double>(std::max<size_t>(1, inputs.size()));
+  const int max_runs = plan.fixed ? std::max(1, (plan.target + rounds - 1) / rounds) : kMaxTimedRuns;
+  const int min_runs = std::min(max_runs, 3);
+  const int warmup = (plan.warmup + rounds - 1) / rounds;  // the warm-up runs spread over the windows
+  // [set][model][round]: each window's latencies.
+  std::vector<std::array<std::vector<std::vector<double>>, 2>> timed(inputs.size());
+  for (auto& set : timed) set = {std::vector<std::vector<double>>(rounds), std::vector<std::vector<double>>(rounds)};
+  const SessionWindow window = [&](Ort::Session& session, int which, int round) -> absl::Status {
+    const std::vector<std::string> outputs = OutputNames(session);
+    for (size_t set = 0; set < inputs.size(); ++set) {
+      std::unique_ptr<BoundRun> bound;
+      absl::StatusOr<TimedRunner> runner = RunnerFor(session, inputs[set], outputs, mode, &bound);
+      if (!runner.ok()) return runner.status();
+      absl::StatusOr<std::vector<double>> latencies = TimeWindow(*runner, warmup, min_runs, max_runs, per_set, cancelled);
+      if (!latencies.ok()) return latencies.status();
+      timed[set][which][round] = *std::move(latencies);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, cancelled); !ran.ok()) {
+    return ran;
+  }
+  for (size_t set = 0; set < inputs.size(); ++set) {
+    std::vector<double> latencies[2], ratios, medians[2];
+    for (int round = 0; round < rounds; ++round) {
+      const std::vector<double>* windows[2] = {&timed[set][0][round], &timed[set][1][round]};
+      for (int k = 0; k < 2; ++k) {
+        latencies[k].insert(latencies[k].end(), windows[k]->begin(), windows[k]->end());
+        medians[k].push_back(Median(*windows[k]));
+      }
+      for (size_t i = 0; i < windows[0]->size() && i < windows[1]->size(); ++i) {
+        if ((*windows[1])[i] > 0) ratios.push_back((*windows[0])[i] / (*windows[1])[i]);
+      }
+    }
+    v1::ShapeBenchmark* shape = report->add_shapes();
+    shape->mutable_input_shapes()->insert(inputs[set].shapes.begin(), inputs[set].shapes.end());
+    const bool stable = std::max(Drift(medians[0]), Drift(medians[1])) <= plan.stability;
+    DescribeShapeSet(latencies, std::move(ratios), medians, stable, shape);
+  }
+  DescribeBenchmark(plan, config, mode, report);
   return absl::OkStatus();
 }
 
@@ -325,19 +415,15 @@ absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const Sessio
   // Hand freed heap pages back first, or this session would reuse what an earlier one left and
   // look free.
   malloc_trim(0);
-  {
-    std::ofstream clear("/proc/self/clear_refs");
-    clear << "5";  // resets the peak resident size (VmHWM) to the current one
-    if (!clear) return absl::UnavailableError("cannot reset the peak resident size");
-  }
-  const std::optional<int64_t> before = StatusKilobytes("VmRSS");
+  if (!ResetResidentPeak()) return absl::UnavailableError("cannot reset the peak resident size");
+  const std::optional<int64_t> before = ResidentBytes();
   {
     absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(model, settings);
     if (!session.ok()) return session.status();
     absl::StatusOr<double> ran = TimedRun(**session, inputs, OutputNames(**session));
     if (!ran.ok()) return ran.status();
   }
-  const std::optional<int64_t> peak = StatusKilobytes("VmHWM");
+  const std::optional<int64_t> peak = ProcStatusBytes("VmHWM");
   if (!before || !peak) return absl::UnavailableError("cannot read the resident size");
   return std::max<int64_t>(0, *peak - *before);
 }

@@ -75,6 +75,32 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
                        const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report, const TimingMode& mode = {});
 
+// Rounds of alternating sessions (BENCHMARK_SESSIONS_ALTERNATING).
+inline constexpr int kAlternatingRounds = 3;
+
+// One model's window while its session is open alone: `which` is 0 (the original) or 1, in `round`.
+using SessionWindow = std::function<absl::Status(Ort::Session& session, int which, int round)>;
+
+// Opens one model's session at a time, never both: `rounds` rounds, the original's window first in even
+// rounds and the optimized model's first in odd ones, so that one session serves two windows in a row
+// (A B B A A B: rounds + 1 sessions in all). CANCELLED on cancel.
+absl::Status InAlternatingSessions(const ModelSource& original, const ModelSource& optimized,
+                                   const SessionSettings& settings, int rounds, const SessionWindow& window,
+                                   const std::atomic<bool>* cancelled);
+
+// `runner` in one window: `warmup` untimed runs, then timed runs until `seconds` pass, at least
+// `min_runs` and at most `max_runs`. Its latencies in milliseconds.
+absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int warmup, int min_runs, int max_runs,
+                                               double seconds, const std::atomic<bool>* cancelled);
+
+// Benchmark's figures with the two sessions alternating (InAlternatingSessions) instead of open side by
+// side: every shape set timed in each window; stability across rounds; the speedup quantiles from the
+// k-th runs of the two models' windows of a round.
+absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource& optimized,
+                                  const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
+                                  const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                                  v1::BenchmarkReport* report, const TimingMode& mode = {});
+
 // The optimized model replayed as a CUDA graph (ONNX Runtime's enable_cuda_graph) timed in turns
 // with its plain device-resident runs on `inputs`, after checking that the replay gives the plain
 // runs' outputs. `settings` are the benchmark's; not tried off CUDA, not qualified (with ONNX

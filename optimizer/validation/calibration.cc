@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
 #include "optimizer/passes/rewrite.h"
+#include "optimizer/runtime_source.h"
 
 namespace onnxopt {
 namespace {
@@ -140,9 +141,9 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> ProbeSession(const onnx::ModelProt
   *fetched = ExposeValues(values, &probe);
   SessionSettings settings = device;
   settings.optimization_level = ORT_DISABLE_ALL;
-  absl::StatusOr<std::string> bytes = SerializeForRuntime(probe);
-  if (!bytes.ok()) return bytes.status();
-  return CreateSession(ModelSource{*std::move(bytes), {}}, settings);
+  absl::StatusOr<ModelSource> source = RuntimeSource(probe);
+  if (!source.ok()) return source.status();
+  return CreateSession(*source, settings);
 }
 
 absl::Status CheckMethod(const std::string& method) {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -159,15 +161,55 @@ struct Phase {
   int64_t batch, past, new_tokens;
 };
 
-// Times `phase` for both sessions on the same inputs, interleaved, for `budget_seconds` (at least
-// kMinGenerationRuns pairs, at most timing.max_runs). CANCELLED on cancel; what keeps the phase from
-// running (memory, a kernel's refusal) is the phase's error.
-absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const Phase& phase, double budget_seconds) {
+// The report with the cache's past inputs and present outputs named.
+v1::GenerationReport CacheDescribed(const CacheInterface& cache) {
+  v1::GenerationReport report;
+  for (const auto& entry : cache.entries) {
+    report.add_past_inputs(entry.past);
+    report.add_present_outputs(entry.present);
+  }
+  return report;
+}
+
+// A phase's report entry, its figures still unset.
+v1::GenerationPhase PhaseNamed(const Phase& phase) {
   v1::GenerationPhase result;
   result.set_phase(phase.name);
   result.set_batch(static_cast<int32_t>(phase.batch));
   result.set_new_tokens(static_cast<int32_t>(phase.new_tokens));
   result.set_past(static_cast<int32_t>(phase.past));
+  return result;
+}
+
+// A timed phase's figures from each model's latencies.
+void DescribePhaseTimes(const std::vector<double>& original, const std::vector<double>& optimized,
+                        const Phase& phase, v1::GenerationPhase* result) {
+  *result->mutable_original() = Summarize(original);
+  *result->mutable_optimized() = Summarize(optimized);
+  const double original_ms = result->original().p50_ms(), optimized_ms = result->optimized().p50_ms();
+  result->set_speedup(optimized_ms > 0 ? original_ms / optimized_ms : 0);
+  result->set_original_ms_per_token(original_ms / static_cast<double>(phase.new_tokens));
+  result->set_optimized_ms_per_token(optimized_ms / static_cast<double>(phase.new_tokens));
+  const double tokens = static_cast<double>(phase.batch * phase.new_tokens);
+  if (original_ms > 0) result->set_original_tokens_per_second(tokens * 1000.0 / original_ms);
+  if (optimized_ms > 0) result->set_optimized_tokens_per_second(tokens * 1000.0 / optimized_ms);
+}
+
+// The phases timed: for every batch, a prefill and a decode step at each past length.
+std::vector<Phase> PhasesOf(const v1::GenerationConfig& config) {
+  std::vector<Phase> phases;
+  for (int batch : config.batch_sizes()) {
+    phases.push_back({"prefill", batch, 0, config.prefill_tokens()});
+    for (int past : config.decode_past()) phases.push_back({"decode", batch, past, 1});
+  }
+  return phases;
+}
+
+// Times `phase` for both sessions on the same inputs, interleaved, for `budget_seconds` (at least
+// kMinGenerationRuns pairs, at most timing.max_runs). CANCELLED on cancel; what keeps the phase from
+// running (memory, a kernel's refusal) is the phase's error.
+absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const Phase& phase, double budget_seconds) {
+  v1::GenerationPhase result = PhaseNamed(phase);
   absl::StatusOr<GeneratedInputs> inputs =
       StepInputs(timing.original, timing.model, timing.cache, phase.batch, phase.past, phase.new_tokens, 0);
   if (!inputs.ok()) {
@@ -194,15 +236,7 @@ absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const P
     result.set_error(std::string(latencies.status().message()));
     return result;
   }
-  *result.mutable_original() = Summarize((*latencies)[0]);
-  *result.mutable_optimized() = Summarize((*latencies)[1]);
-  const double original_ms = result.original().p50_ms(), optimized_ms = result.optimized().p50_ms();
-  result.set_speedup(optimized_ms > 0 ? original_ms / optimized_ms : 0);
-  result.set_original_ms_per_token(original_ms / static_cast<double>(phase.new_tokens));
-  result.set_optimized_ms_per_token(optimized_ms / static_cast<double>(phase.new_tokens));
-  const double tokens = static_cast<double>(phase.batch * phase.new_tokens);
-  if (original_ms > 0) result.set_original_tokens_per_second(tokens * 1000.0 / original_ms);
-  if (optimized_ms > 0) result.set_optimized_tokens_per_second(tokens * 1000.0 / optimized_ms);
+  DescribePhaseTimes((*latencies)[0], (*latencies)[1], phase, &result);
   return result;
 }
 
@@ -248,66 +282,80 @@ absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::Mo
   return GenerateInputs(session, model, config, dims, sample);
 }
 
-absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
-                                     const onnx::ModelProto& original_model, const CacheInterface& cache,
-                                     const v1::GenerationConfig& config, bool exact_tokens,
-                                     v1::GenerationReport* report) {
+namespace {
+
+// One model's greedy generation: the last position's logits of every row at each step.
+struct GreedyTrace {
+  std::vector<std::vector<std::vector<float>>> logits;  // [step][row][vocabulary]
+};
+
+// Runs `session` greedily from the comparison's prompt. Each step continues with the tokens `forced`
+// picked at that step (the original's), or with its own picks where `forced` is null.
+absl::StatusOr<GreedyTrace> TraceGreedy(Ort::Session& session, const onnx::ModelProto& model,
+                                        const CacheInterface& cache, const v1::GenerationConfig& config,
+                                        const GreedyTrace* forced, const char* which) {
   const int64_t prompt = config.prompt_tokens();
-  report->set_greedy_batch(static_cast<int32_t>(kGreedyBatch));
-  report->set_prompt_tokens(static_cast<int32_t>(prompt));
   // The prompt: row 0 whole, row 1 padded on the left by a quarter (at least one position kept).
   std::vector<std::vector<int64_t>> mask(kGreedyBatch, std::vector<int64_t>(static_cast<size_t>(prompt), 1));
   const int64_t padded = std::min(prompt - 1, prompt / 4);
   std::fill(mask[1].begin(), mask[1].begin() + padded, 0);
-  Generator generators[2] = {{&original, {}, OutputNames(original)}, {&optimized, {}, OutputNames(optimized)}};
-  for (Generator& generator : generators) {
-    absl::StatusOr<GeneratedInputs> feed = StepInputs(original, original_model, cache, kGreedyBatch, 0, prompt, 0);
-    if (!feed.ok()) return feed.status();
-    generator.feed = *std::move(feed);
-    for (size_t i = 0; i < generator.feed.names.size(); ++i) {
-      const std::string& name = generator.feed.names[i];
-      std::vector<int64_t> values;
-      if (name == cache.mask_input) {
-        for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
-      } else if (name == cache.position_input) {
-        values = PositionsFromMask(mask, prompt);
-      } else {
-        continue;
-      }
-      if (absl::Status filled = FillNumbers(generator.feed.values[i], values, name); !filled.ok()) return filled;
+  Generator generator{&session, {}, OutputNames(session)};
+  absl::StatusOr<GeneratedInputs> feed = StepInputs(session, model, cache, kGreedyBatch, 0, prompt, 0);
+  if (!feed.ok()) return feed.status();
+  generator.feed = *std::move(feed);
+  for (size_t i = 0; i < generator.feed.names.size(); ++i) {
+    const std::string& name = generator.feed.names[i];
+    std::vector<int64_t> values;
+    if (name == cache.mask_input) {
+      for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
+    } else if (name == cache.position_input) {
+      values = PositionsFromMask(mask, prompt);
+    } else {
+      continue;
     }
+    if (absl::Status filled = FillNumbers(generator.feed.values[i], values, name); !filled.ok()) return filled;
   }
+  const auto logits_at = std::find(generator.outputs.begin(), generator.outputs.end(), cache.logits_output);
+  GreedyTrace trace;
+  for (int step = 0; step < config.greedy_tokens(); ++step) {
+    absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(session, generator.feed, generator.outputs);
+    if (!ran.ok()) {
+      return absl::InternalError(
+          absl::StrCat("generation: the ", which, " model fails at step ", step, ": ", ran.status().message()));
+    }
+    absl::StatusOr<std::vector<std::vector<float>>> last =
+        LastLogits((*ran)[static_cast<size_t>(logits_at - generator.outputs.begin())]);
+    if (!last.ok()) return last.status();
+    trace.logits.push_back(*std::move(last));
+    if (step + 1 == config.greedy_tokens()) break;
+    // Every model continues with the original's picks (`forced`), so each step compares the same context.
+    const auto& picked_from = forced != nullptr ? forced->logits[static_cast<size_t>(step)] : trace.logits.back();
+    std::vector<int64_t> tokens;
+    for (const auto& row : picked_from) tokens.push_back(ArgMax(row));
+    for (auto& row : mask) row.push_back(1);
+    if (absl::Status advanced = Advance(generator, cache, *ran, tokens, mask); !advanced.ok()) return advanced;
+  }
+  return trace;
+}
+
+// The greedy fields of `report` from both traces, token by token.
+void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimized, bool exact_tokens,
+                         v1::GenerationReport* report) {
   int identical = 0, agreeing = 0;
   bool diverged = false;
   double min_cosine = 1.0;
-  for (int step = 0; step < config.greedy_tokens(); ++step) {
-    std::vector<Ort::Value> results[2];
-    std::vector<std::vector<float>> logits[2];
-    for (int k = 0; k < 2; ++k) {
-      absl::StatusOr<std::vector<Ort::Value>> ran =
-          RunOnInputs(*generators[k].session, generators[k].feed, generators[k].outputs);
-      if (!ran.ok()) {
-        return absl::InternalError(absl::StrCat("generation: the ", k == 0 ? "original" : "optimized",
-                                                " model fails at step ", step, ": ", ran.status().message()));
-      }
-      results[k] = *std::move(ran);
-      const auto at = std::find(generators[k].outputs.begin(), generators[k].outputs.end(), cache.logits_output);
-      absl::StatusOr<std::vector<std::vector<float>>> last =
-          LastLogits(results[k][static_cast<size_t>(at - generators[k].outputs.begin())]);
-      if (!last.ok()) return last.status();
-      logits[k] = *std::move(last);
-    }
+  for (size_t step = 0; step < original.logits.size() && step < optimized.logits.size(); ++step) {
+    const auto& rows = original.logits[step];
+    const auto& optimized_rows = optimized.logits[step];
     v1::GenerationStep* record = report->add_steps();
     double cosine = 1.0;
     bool agree = true;
-    std::vector<int64_t> tokens;
-    for (size_t b = 0; b < logits[0].size() && b < logits[1].size(); ++b) {
-      const int64_t picked = ArgMax(logits[0][b]), optimized_pick = ArgMax(logits[1][b]);
+    for (size_t b = 0; b < rows.size() && b < optimized_rows.size(); ++b) {
+      const int64_t picked = ArgMax(rows[b]), optimized_pick = ArgMax(optimized_rows[b]);
       record->add_original_tokens(picked);
       record->add_optimized_tokens(optimized_pick);
       agree &= picked == optimized_pick;
-      cosine = std::min(cosine, Cosine(logits[0][b], logits[1][b]));
-      tokens.push_back(picked);  // both continue with the original's token
+      cosine = std::min(cosine, Cosine(rows[b], optimized_rows[b]));
     }
     record->set_logits_cosine(cosine);
     record->set_top1_agree(agree);
@@ -315,13 +363,6 @@ absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optim
     agreeing += agree;
     diverged |= !agree;
     identical += diverged ? 0 : 1;
-    if (step + 1 == config.greedy_tokens()) break;
-    for (auto& row : mask) row.push_back(1);
-    for (int k = 0; k < 2; ++k) {
-      if (absl::Status advanced = Advance(generators[k], cache, results[k], tokens, mask); !advanced.ok()) {
-        return advanced;
-      }
-    }
   }
   report->set_identical_steps(identical);
   report->set_min_logits_cosine(min_cosine);
@@ -333,6 +374,21 @@ absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optim
                                   : absl::StrFormat("logits cosine %.4f below %.2f", min_cosine,
                                                     kMinLowerPrecisionCosine));
   }
+}
+
+}  // namespace
+
+absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
+                                     const onnx::ModelProto& original_model, const CacheInterface& cache,
+                                     const v1::GenerationConfig& config, bool exact_tokens,
+                                     v1::GenerationReport* report) {
+  report->set_greedy_batch(static_cast<int32_t>(kGreedyBatch));
+  report->set_prompt_tokens(config.prompt_tokens());
+  absl::StatusOr<GreedyTrace> reference = TraceGreedy(original, original_model, cache, config, nullptr, "original");
+  if (!reference.ok()) return reference.status();
+  absl::StatusOr<GreedyTrace> traced = TraceGreedy(optimized, original_model, cache, config, &*reference, "optimized");
+  if (!traced.ok()) return traced.status();
+  CompareGreedyTraces(*reference, *traced, exact_tokens, report);
   return absl::OkStatus();
 }
 
@@ -342,16 +398,8 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
                                                          const std::atomic<bool>* cancelled) {
-  v1::GenerationReport report;
-  for (const auto& entry : cache.entries) {
-    report.add_past_inputs(entry.past);
-    report.add_present_outputs(entry.present);
-  }
-  std::vector<Phase> phases;
-  for (int batch : config.batch_sizes()) {
-    phases.push_back({"prefill", batch, 0, config.prefill_tokens()});
-    for (int past : config.decode_past()) phases.push_back({"decode", batch, past, 1});
-  }
+  v1::GenerationReport report = CacheDescribed(cache);
+  const std::vector<Phase> phases = PhasesOf(config);
   const PhaseTiming timing{original, optimized, original_model, cache, config.runs(), mode, cancelled};
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < phases.size(); ++i) {
@@ -371,21 +419,124 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
   return report;
 }
 
-absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                              const std::atomic<bool>* cancelled, v1::Report* report) {
+absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
+    const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
+    const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
+    bool exact_tokens, double budget_seconds, const TimingMode& mode, const std::atomic<bool>* cancelled) {
+  v1::GenerationReport report = CacheDescribed(cache);
+  const std::vector<Phase> phases = PhasesOf(config);
+  const int rounds = kAlternatingRounds;
+  const double per_phase = budget_seconds / (2.0 * rounds) / static_cast<double>(std::max<size_t>(1, phases.size()));
+  // A phase's runs spread over the rounds: the side-by-side minimum and maximum in all, one warm-up a
+  // window (a big model's prefill can take seconds a run).
+  const int max_runs = std::max(1, (config.runs() + rounds - 1) / rounds);
+  const int min_runs = std::min(max_runs, (kMinGenerationRuns + rounds - 1) / rounds);
+  std::vector<std::array<std::vector<double>, 2>> latencies(phases.size());
+  std::vector<std::string> errors(phases.size());
+  std::optional<GreedyTrace> greedy[2];
+  absl::Status greedy_failure = absl::OkStatus();
+  const SessionWindow window = [&](Ort::Session& session, int which, int round) -> absl::Status {
+    const std::vector<std::string> outputs = OutputNames(session);
+    for (size_t i = 0; i < phases.size(); ++i) {
+      if (!errors[i].empty()) continue;
+      const Phase& phase = phases[i];
+      // What keeps a phase from running (memory, a kernel's refusal) is the phase's error, as side by side.
+      absl::StatusOr<GeneratedInputs> inputs =
+          StepInputs(session, original_model, cache, phase.batch, phase.past, phase.new_tokens, 0);
+      std::unique_ptr<BoundRun> bound;
+      absl::StatusOr<TimedRunner> runner =
+          inputs.ok() ? RunnerFor(session, *inputs, outputs, mode, &bound) : absl::StatusOr<TimedRunner>(inputs.status());
+      absl::StatusOr<std::vector<double>> timed =
+          runner.ok() ? TimeWindow(*runner, /*warmup=*/1, min_runs, max_runs, per_phase, cancelled)
+                      : absl::StatusOr<std::vector<double>>(runner.status());
+      if (absl::IsCancelled(timed.status())) return timed.status();
+      if (!timed.ok()) {
+        errors[i] = std::string(timed.status().message());
+        continue;
+      }
+      latencies[i][which].insert(latencies[i][which].end(), timed->begin(), timed->end());
+    }
+    // The greedy check once: the original first (round 0 opens it first), the result then replays its picks.
+    if (round == 0 && greedy_failure.ok()) {
+      absl::StatusOr<GreedyTrace> trace = TraceGreedy(session, original_model, cache, config,
+                                                      which == 0 ? nullptr : &*greedy[0], which == 0 ? "original" : "optimized");
+      if (trace.ok()) {
+        greedy[which] = *std::move(trace);
+      } else {
+        greedy_failure = trace.status();
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, cancelled); !ran.ok()) {
+    return ran;
+  }
+  for (size_t i = 0; i < phases.size(); ++i) {
+    v1::GenerationPhase* result = report.add_phases();
+    *result = PhaseNamed(phases[i]);
+    if (!errors[i].empty()) {
+      result->set_error(errors[i]);
+    } else {
+      DescribePhaseTimes(latencies[i][0], latencies[i][1], phases[i], result);
+    }
+  }
+  report.set_greedy_batch(static_cast<int32_t>(kGreedyBatch));
+  report.set_prompt_tokens(config.prompt_tokens());
+  if (greedy_failure.ok()) {
+    CompareGreedyTraces(*greedy[0], *greedy[1], exact_tokens, &report);
+  } else {
+    report.set_passed(false);
+    report.set_note(std::string(greedy_failure.message()));
+  }
+  return report;
+}
+
+namespace {
+
+// ReportGeneration's frame: whether the model has a cache and the check runs, the resolved config,
+// and the warning where the greedy check fails; `run` times and compares.
+using GenerationRun = std::function<absl::StatusOr<v1::GenerationReport>(const CacheInterface&,
+                                                                         const v1::GenerationConfig&)>;
+absl::Status ReportGenerationWith(const onnx::ModelProto& original_model, const v1::BenchmarkConfig& config,
+                                  const GenerationRun& run, v1::Report* report) {
   const std::optional<CacheInterface> cache = FindCacheInterface(original_model.graph());
   if (!cache || config.generation().skip()) return absl::OkStatus();
   absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config.generation());
   if (!resolved.ok()) return resolved.status();
-  absl::StatusOr<v1::GenerationReport> generation = BenchmarkGeneration(
-      original, optimized, original_model, *cache, *resolved, exact_tokens, TimeBudget(config), mode, cancelled);
+  absl::StatusOr<v1::GenerationReport> generation = run(*cache, *resolved);
   if (!generation.ok()) return generation.status();
   *report->mutable_generation() = *std::move(generation);
   if (!report->generation().passed()) {
     report->add_warnings(absl::StrCat("greedy generation: ", report->generation().note()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
+                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                              const std::atomic<bool>* cancelled, v1::Report* report) {
+  return ReportGenerationWith(
+      original_model, config,
+      [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
+        return BenchmarkGeneration(original, optimized, original_model, cache, resolved, exact_tokens,
+                                   TimeBudget(config), mode, cancelled);
+      },
+      report);
+}
+
+absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
+                                         const SessionSettings& settings, const onnx::ModelProto& original_model,
+                                         bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                         const std::atomic<bool>* cancelled, v1::Report* report) {
+  return ReportGenerationWith(
+      original_model, config,
+      [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
+        return BenchmarkGenerationAlternating(original, optimized, settings, original_model, cache, resolved,
+                                              exact_tokens, TimeBudget(config), mode, cancelled);
+      },
+      report);
 }
 
 }  // namespace onnxopt

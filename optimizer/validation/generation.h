@@ -51,12 +51,25 @@ absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optim
                                      const v1::GenerationConfig& config, bool exact_tokens,
                                      v1::GenerationReport* report);
 
+// BenchmarkGeneration with the two sessions alternating (InAlternatingSessions) instead of open side by
+// side: each phase timed in every window; the greedy check runs the original in the first window and
+// replays its picks on the result in the second.
+absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
+    const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
+    const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
+    bool exact_tokens, double budget_seconds, const TimingMode& mode, const std::atomic<bool>* cancelled);
+
 // Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
 // into report->generation (the phases on the benchmark's time budget, config.time_budget_seconds),
 // with a warning where the greedy check fails. Nothing for other models.
 absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                               bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
                               const std::atomic<bool>* cancelled, v1::Report* report);
+// The same with the sessions alternating (BenchmarkGenerationAlternating).
+absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
+                                         const SessionSettings& settings, const onnx::ModelProto& original_model,
+                                         bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                         const std::atomic<bool>* cancelled, v1::Report* report);
 
 }  // namespace onnxopt
 

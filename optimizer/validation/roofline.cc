@@ -1,0 +1,170 @@
+#include "optimizer/validation/roofline.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "optimizer/model_io.h"
+
+namespace onnxopt {
+namespace {
+
+constexpr size_t kProbeBytes = size_t{512} << 20;
+constexpr int kProbePasses = 5;
+
+// One pass: every thread sums its slice; the seconds it took.
+double SumOnce(const uint64_t* words, size_t count, int threads, std::vector<uint64_t>* sums) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([=] {
+      const size_t begin = count * static_cast<size_t>(t) / static_cast<size_t>(threads);
+      const size_t end = count * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+      uint64_t a = 0, b = 0, c = 0, d = 0;  // independent sums, so the loads are not serialized
+      size_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        a += words[i];
+        b += words[i + 1];
+        c += words[i + 2];
+        d += words[i + 3];
+      }
+      for (; i < end; ++i) a += words[i];
+      (*sums)[static_cast<size_t>(t)] = a + b + c + d;
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int64_t ElementBytes(int32_t type) {
+  switch (type) {
+    case onnx::TensorProto::DOUBLE:
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::UINT64: return 8;
+    case onnx::TensorProto::FLOAT16:
+    case onnx::TensorProto::BFLOAT16:
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::UINT16: return 2;
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL: return 1;
+    default: return 4;
+  }
+}
+
+// A past input's or present output's bytes at the step's lengths; 0 where a dim other than the cache
+// axis and the batch is not a number.
+int64_t CacheTensorBytes(const onnx::ValueInfoProto& value, int axis, int64_t batch, int64_t length) {
+  const auto& tensor = value.type().tensor_type();
+  int64_t elements = 1;
+  for (int i = 0; i < tensor.shape().dim_size(); ++i) {
+    const auto& dim = tensor.shape().dim(i);
+    if (i == axis) {
+      elements *= length;
+    } else if (i == 0) {
+      elements *= batch;
+    } else if (dim.has_dim_value()) {
+      elements *= dim.dim_value();
+    } else {
+      return 0;
+    }
+  }
+  return elements * ElementBytes(tensor.elem_type());
+}
+
+const onnx::ValueInfoProto* Find(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& values,
+                                 const std::string& name) {
+  for (const auto& value : values) {
+    if (value.name() == name) return &value;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+double MemoryReadBandwidth(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  static std::mutex mutex;
+  static std::map<int, double> measured;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = measured.find(threads); it != measured.end()) return it->second;
+  const size_t count = kProbeBytes / sizeof(uint64_t);
+  // Mapped and unmapped here, not kept by the allocator: the probe's memory is gone when it returns.
+  void* mapped = ::mmap(nullptr, kProbeBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return 0;
+  auto* words = static_cast<uint64_t*>(mapped);
+  for (size_t i = 0; i < count; ++i) words[i] = i;  // maps every page in before the timed passes
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  double best = 0;
+  for (int pass = 0; pass < kProbePasses; ++pass) {
+    const double seconds = SumOnce(words, count, threads, &sums);
+    if (seconds > 0) best = std::max(best, static_cast<double>(kProbeBytes) / seconds);
+  }
+  ::munmap(mapped, kProbeBytes);
+  measured[threads] = best;
+  return best;
+}
+
+int64_t StepBytes(const onnx::ModelProto& model, const CacheInterface& cache, int64_t batch, int64_t past,
+                  int64_t new_tokens) {
+  const onnx::GraphProto& graph = model.graph();
+  // Initializers read only as a Gather's table give the rows gathered; any other reader reads them whole.
+  std::map<std::string, bool> only_gathered;
+  for (const auto& node : graph.node()) {
+    const bool gather = node.op_type() == "Gather" || node.op_type() == "GatherBlockQuantized";
+    for (int i = 0; i < node.input_size(); ++i) {
+      auto [entry, added] = only_gathered.emplace(node.input(i), gather && i == 0);
+      if (!added) entry->second = entry->second && gather && i == 0;
+    }
+  }
+  int64_t bytes = 0;
+  for (const auto& tensor : graph.initializer()) {
+    auto read = only_gathered.find(tensor.name());
+    if (read == only_gathered.end()) continue;
+    const int64_t size = TensorDataBytes(tensor);
+    if (read->second && tensor.dims_size() > 0 && tensor.dims(0) > 0) {
+      bytes += size / tensor.dims(0) * std::min(tensor.dims(0), batch * new_tokens);
+    } else {
+      bytes += size;
+    }
+  }
+  for (const auto& entry : cache.entries) {
+    if (const onnx::ValueInfoProto* input = Find(graph.input(), entry.past)) {
+      bytes += CacheTensorBytes(*input, entry.axis, batch, past);
+    }
+    if (const onnx::ValueInfoProto* output = Find(graph.output(), entry.present)) {
+      bytes += CacheTensorBytes(*output, entry.axis, batch, past + new_tokens);
+    }
+  }
+  return bytes;
+}
+
+void DescribeRoofline(const onnx::ModelProto& original, const onnx::ModelProto& optimized, double bandwidth,
+                      v1::GenerationReport* report) {
+  const std::optional<CacheInterface> cache = FindCacheInterface(original.graph());
+  if (!cache || bandwidth <= 0) return;
+  report->set_memory_bandwidth_bytes_per_second(bandwidth);
+  for (v1::GenerationPhase& phase : *report->mutable_phases()) {
+    if (phase.phase() != "decode" || !phase.error().empty()) continue;
+    const int64_t original_bytes = StepBytes(original, *cache, phase.batch(), phase.past(), phase.new_tokens());
+    const int64_t optimized_bytes = StepBytes(optimized, *cache, phase.batch(), phase.past(), phase.new_tokens());
+    phase.set_original_bytes_per_step(original_bytes);
+    phase.set_optimized_bytes_per_step(optimized_bytes);
+    // The fastest a step can be (its bytes at the bandwidth) over how fast it was.
+    if (phase.original().p50_ms() > 0) {
+      phase.set_original_roofline_fraction(original_bytes / bandwidth / (phase.original().p50_ms() / 1000));
+    }
+    if (phase.optimized().p50_ms() > 0) {
+      phase.set_optimized_roofline_fraction(optimized_bytes / bandwidth / (phase.optimized().p50_ms() / 1000));
+    }
+  }
+}
+
+}  // namespace onnxopt
