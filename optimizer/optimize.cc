@@ -473,11 +473,12 @@ bool OptimizeJob::SessionsSideBySide() {
       break;
     default:
       side_by_side = held + original_bytes + optimized_bytes <= target;
+      constexpr double kGiB = 1 << 30;
       described = absl::StrFormat(
-          "%s: both models (%.2f + %.2f GB) beside the %.2f GB held %s the job's memory target of %.2f GB "
+          "%s: both models (%.2f + %.2f GiB) beside the %.2f GiB held %s the job's memory target of %.2f GiB "
           "(1.5x the original + 1 GiB%s)",
-          side_by_side ? "side by side" : "alternating", original_bytes / 1e9, optimized_bytes / 1e9, held / 1e9,
-          side_by_side ? "fit in" : "would pass", target / 1e9,
+          side_by_side ? "side by side" : "alternating", original_bytes / kGiB, optimized_bytes / kGiB, held / kGiB,
+          side_by_side ? "fit in" : "would pass", target / kGiB,
           AddressSpaceLimit() ? ", within the address-space limit" : "");
   }
   report_.mutable_memory()->set_benchmark_sessions(described);

@@ -11,6 +11,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/validation/benchmark.h"
+#include "optimizer/validation/input_generator.h"
 
 namespace onnxopt::testing {
 
@@ -72,6 +73,30 @@ inline void ExpectPaddingChangesTheOutput(const onnx::ModelProto& model, const o
   v1::OutputParity difference;
   CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);
   EXPECT_FALSE(difference.passed()) << "masking half the positions changes the output";
+}
+
+// Fails the test unless `actual` gives `expected`'s float outputs bit for bit on inputs generated for
+// `model` (the same model, handed to ONNX Runtime another way), both graphs as written.
+inline void ExpectBitIdenticalOutputs(const ModelSource& expected, const ModelSource& actual,
+                                      const onnx::ModelProto& model) {
+  SessionSettings settings;
+  settings.optimization_level = ORT_DISABLE_ALL;
+  auto a = CreateSession(expected, settings);
+  auto b = CreateSession(actual, settings);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto inputs = GenerateInputs(**a, model, v1::ValidationConfig(), 0);
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  auto x = RunOnInputs(**a, *inputs, OutputNames(**a));
+  auto y = RunOnInputs(**b, *inputs, OutputNames(**b));
+  ASSERT_TRUE(x.ok() && y.ok()) << y.status();
+  ASSERT_EQ(x->size(), y->size());
+  for (size_t i = 0; i < x->size(); ++i) {
+    const auto count = (*x)[i].GetTensorTypeAndShapeInfo().GetElementCount();
+    const float* want = (*x)[i].GetTensorData<float>();
+    const float* got = (*y)[i].GetTensorData<float>();
+    for (size_t j = 0; j < count; ++j) ASSERT_EQ(want[j], got[j]) << "output " << i << ", element " << j;
+  }
 }
 
 }  // namespace onnxopt::testing

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -19,6 +20,33 @@ namespace {
 constexpr size_t kProbeBytes = size_t{512} << 20;
 constexpr int kProbePasses = 5;
 
+// 32-byte lanes: the probe reads as wide as the cores can, or it measures its own loop and not memory
+// (four scalar sums read 15.7 GB/s here where these read 21-22).
+typedef uint64_t Lanes __attribute__((vector_size(32)));
+
+// The sum of words[begin, end), in four independent lane sums so that the loads are not serialized;
+// built for AVX2 and for any x86-64, picked when the program loads.
+__attribute__((target_clones("avx2", "default"))) uint64_t SumWords(const uint64_t* words, size_t begin,
+                                                                     size_t end) {
+  Lanes a{}, b{}, c{}, d{};
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    Lanes x, y, z, w;
+    std::memcpy(&x, words + i, sizeof(Lanes));
+    std::memcpy(&y, words + i + 4, sizeof(Lanes));
+    std::memcpy(&z, words + i + 8, sizeof(Lanes));
+    std::memcpy(&w, words + i + 12, sizeof(Lanes));
+    a += x;
+    b += y;
+    c += z;
+    d += w;
+  }
+  const Lanes sum = a + b + c + d;
+  uint64_t total = sum[0] + sum[1] + sum[2] + sum[3];
+  for (; i < end; ++i) total += words[i];
+  return total;
+}
+
 // One pass: every thread sums its slice; the seconds it took.
 double SumOnce(const uint64_t* words, size_t count, int threads, std::vector<uint64_t>* sums) {
   const auto start = std::chrono::steady_clock::now();
@@ -27,16 +55,7 @@ double SumOnce(const uint64_t* words, size_t count, int threads, std::vector<uin
     workers.emplace_back([=] {
       const size_t begin = count * static_cast<size_t>(t) / static_cast<size_t>(threads);
       const size_t end = count * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
-      uint64_t a = 0, b = 0, c = 0, d = 0;  // independent sums, so the loads are not serialized
-      size_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        a += words[i];
-        b += words[i + 1];
-        c += words[i + 2];
-        d += words[i + 3];
-      }
-      for (; i < end; ++i) a += words[i];
-      (*sums)[static_cast<size_t>(t)] = a + b + c + d;
+      (*sums)[static_cast<size_t>(t)] = SumWords(words, begin, end);
     });
   }
   for (auto& worker : workers) worker.join();

@@ -6,8 +6,8 @@
 
 #include "gtest/gtest.h"
 #include "optimizer/ort_runtime.h"
-#include "optimizer/validation/input_generator.h"
 #include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
 
 namespace onnxopt {
 namespace {
@@ -285,36 +285,18 @@ TEST_F(ModelIoTest, SavingByReferenceCopiesFileToFileAndLoadsBackTheSame) {
   }
 }
 
-// Models with tensors by reference go to ONNX Runtime as bytes (probes, folding) with their tensors
-// pulled in, and compute what the inline model computes.
+// Models with tensors by reference can go to ONNX Runtime as bytes (constant folding's subgraphs)
+// with their tensors pulled in, and compute what the inline model computes.
 TEST_F(ModelIoTest, OnnxRuntimeRunsAModelByReferenceFromBytes) {
   auto inline_model = LoadModel(FixturePath("mlp_external/model.onnx"));
   auto referenced = LoadModelByReference(FixturePath("mlp_external/model.onnx"), 1024);
   ASSERT_TRUE(inline_model.ok() && referenced.ok());
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
   // ONNX Runtime refuses absolute external locations, so the bytes it gets have the tensors in them.
   auto bytes = SerializeForRuntime(*referenced);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_TRUE(HasTensorsByReference(*referenced));
   EXPECT_FALSE(HasTensorsByReference(*inline_model));
-  auto a = CreateSession({inline_model->SerializeAsString(), {}}, settings);
-  auto b = CreateSession({*bytes, {}}, settings);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  v1::ValidationConfig config;
-  auto inputs = GenerateInputs(**a, *inline_model, config, 0);
-  ASSERT_TRUE(inputs.ok()) << inputs.status();
-  auto expected = RunOnInputs(**a, *inputs, OutputNames(**a));
-  auto actual = RunOnInputs(**b, *inputs, OutputNames(**b));
-  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
-  ASSERT_EQ(expected->size(), actual->size());
-  for (size_t i = 0; i < expected->size(); ++i) {
-    const auto count = (*expected)[i].GetTensorTypeAndShapeInfo().GetElementCount();
-    const float* x = (*expected)[i].GetTensorData<float>();
-    const float* y = (*actual)[i].GetTensorData<float>();
-    for (size_t j = 0; j < count; ++j) ASSERT_EQ(x[j], y[j]) << j;
-  }
+  testing::ExpectBitIdenticalOutputs({inline_model->SerializeAsString(), {}}, {*bytes, {}}, *inline_model);
 }
 
 }  // namespace

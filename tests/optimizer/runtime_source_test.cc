@@ -3,38 +3,14 @@
 // (and is gone with the last copy of the source).
 #include "optimizer/runtime_source.h"
 
-#include <sys/stat.h>
-
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
-#include "optimizer/validation/input_generator.h"
 #include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
 
 namespace onnxopt {
 namespace {
 namespace fs = std::filesystem;
-
-// Runs `source` and `reference` on the same generated inputs and expects the same outputs, bit for bit.
-void ExpectSameOutputs(const ModelSource& source, const onnx::ModelProto& reference) {
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  auto expected_session = CreateSession({reference.SerializeAsString(), {}}, settings);
-  auto session = CreateSession(source, settings);
-  ASSERT_TRUE(expected_session.ok()) << expected_session.status();
-  ASSERT_TRUE(session.ok()) << session.status();
-  auto inputs = GenerateInputs(**expected_session, reference, v1::ValidationConfig(), 0);
-  ASSERT_TRUE(inputs.ok()) << inputs.status();
-  auto expected = RunOnInputs(**expected_session, *inputs, OutputNames(**expected_session));
-  auto actual = RunOnInputs(**session, *inputs, OutputNames(**session));
-  ASSERT_TRUE(expected.ok() && actual.ok()) << actual.status();
-  ASSERT_EQ(expected->size(), actual->size());
-  for (size_t i = 0; i < expected->size(); ++i) {
-    const auto count = (*expected)[i].GetTensorTypeAndShapeInfo().GetElementCount();
-    const float* x = (*expected)[i].GetTensorData<float>();
-    const float* y = (*actual)[i].GetTensorData<float>();
-    for (size_t j = 0; j < count; ++j) ASSERT_EQ(x[j], y[j]) << j;
-  }
-}
 
 TEST(RuntimeSourceTest, SmallModelsGoAsBytes) {
   auto model = LoadModel(testing::FixturePath("mlp_external/model.onnx"));
@@ -72,7 +48,7 @@ TEST(RuntimeSourceTest, TensorsByReferenceAreLinkedIntoAScratchFolderThatGoesWit
     }
     EXPECT_GT(links, 0);
     EXPECT_LT(fs::file_size(source->path), 4096u) << "the graph alone";
-    ExpectSameOutputs(*source, *inline_model);
+    testing::ExpectBitIdenticalOutputs({inline_model->SerializeAsString(), {}}, *source, *inline_model);
     const ModelSource copy = *source;  // a copy keeps the folder alive
     source = absl::InternalError("dropped");
     EXPECT_TRUE(fs::exists(copy.path));
