@@ -558,10 +558,12 @@ absl::Status OptimizeJob::RunBenchmark() {
   const SessionSettings settings = BenchmarkSettings(config_, *device, benchmark);
   absl::StatusOr<ModelSource> optimized_source = SourceOf(optimized_, /*saved=*/true);
   if (!optimized_source.ok()) return optimized_source.status();
-  // A decoder's decode steps are judged against the memory roofline. Measured before any session opens,
-  // the probe's buffer adds nothing to the job's peak.
+  // A decoder's decode steps on the CPU are judged against the memory roofline (host memory's: on CUDA it
+  // would be the device's, which this probe does not measure). Measured before any session opens, the
+  // probe's buffer adds nothing to the job's peak.
   const bool decoder = FindCacheInterface(original_->graph()).has_value() && !config_.benchmark().generation().skip();
-  const double bandwidth = decoder ? MemoryReadBandwidth(settings.intra_op_threads) : 0;
+  const double bandwidth =
+      decoder && settings.device == v1::DEVICE_CPU ? MemoryReadBandwidth(settings.intra_op_threads) : 0;
   absl::StatusOr<std::vector<GeneratedInputs>> inputs = SessionsSideBySide()
                                                             ? TimeSideBySide(*optimized_source, settings)
                                                             : TimeAlternating(*optimized_source, settings);
