@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "optimizer/model_io.h"
+#include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
 namespace {
@@ -62,24 +63,8 @@ double SumOnce(const uint64_t* words, size_t count, int threads, std::vector<uin
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-int64_t ElementBytes(int32_t type) {
-  switch (type) {
-    case onnx::TensorProto::DOUBLE:
-    case onnx::TensorProto::INT64:
-    case onnx::TensorProto::UINT64: return 8;
-    case onnx::TensorProto::FLOAT16:
-    case onnx::TensorProto::BFLOAT16:
-    case onnx::TensorProto::INT16:
-    case onnx::TensorProto::UINT16: return 2;
-    case onnx::TensorProto::INT8:
-    case onnx::TensorProto::UINT8:
-    case onnx::TensorProto::BOOL: return 1;
-    default: return 4;
-  }
-}
-
 // A past input's or present output's bytes at the step's lengths; 0 where a dim other than the cache
-// axis and the batch is not a number.
+// axis and the batch is not a number, or the element type has no fixed size.
 int64_t CacheTensorBytes(const onnx::ValueInfoProto& value, int axis, int64_t batch, int64_t length) {
   const auto& tensor = value.type().tensor_type();
   int64_t elements = 1;
@@ -95,7 +80,7 @@ int64_t CacheTensorBytes(const onnx::ValueInfoProto& value, int axis, int64_t ba
       return 0;
     }
   }
-  return elements * ElementBytes(tensor.elem_type());
+  return elements * static_cast<int64_t>(ElementSize(tensor.elem_type()));
 }
 
 const onnx::ValueInfoProto* Find(const google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>& values,
