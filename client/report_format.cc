@@ -342,6 +342,29 @@ std::string FormatReport(const v1::Report& report) {
     for (const auto& kept : precision.kept_nodes()) {
       absl::StrAppend(&out, "  kept in float32: ", kept.node(), " (", kept.op_type(), "): ", kept.reason(), "\n");
     }
+    if (precision.projections_size() > 0) {
+      const bool other_method = precision.method() != "rtn";
+      auto figure = [](double value) { return value < 0 ? std::string("-") : absl::StrFormat("%.4f", value); };
+      absl::StrAppend(&out, "  int4 error (", precision.method(), "), mean over ", precision.projections_size(),
+                      " projection(s): weight ", figure(precision.mean_weight_error()), ", output ",
+                      figure(precision.mean_output_error()),
+                      other_method ? absl::StrCat("; round-to-nearest: weight ", figure(precision.rtn_mean_weight_error()),
+                                                  ", output ", figure(precision.rtn_mean_output_error()))
+                                   : "",
+                      "\n");
+      if (!precision.projections_note().empty()) absl::StrAppend(&out, "  ", precision.projections_note(), "\n");
+      constexpr int kWorstShown = 5;
+      for (int i = 0; i < precision.projections_size() && i < kWorstShown; ++i) {
+        const v1::ProjectionError& projection = precision.projections(i);
+        absl::StrAppend(&out, absl::StrFormat("    %-48s %5dx%-6d int%d  weight %s  output %s", projection.node(),
+                                              projection.k(), projection.n(), projection.bits(),
+                                              figure(projection.weight_error()), figure(projection.output_error())),
+                        other_method ? absl::StrCat("  (rtn ", figure(projection.rtn_weight_error()), ", ",
+                                                    figure(projection.rtn_output_error()), ")")
+                                     : "",
+                        "\n");
+      }
+    }
     for (const auto& candidate : precision.candidates()) {
       absl::StrAppend(&out, absl::StrFormat("  candidate %-5s %s", candidate.mode(), candidate.passed() ? "passed" : "failed"),
                       candidate.p50_ms() > 0 ? absl::StrFormat(", p50 %.3f ms, %.3fx float32", candidate.p50_ms(),

@@ -358,6 +358,23 @@ absl::Status OptimizeJob::ApplyPrecision() {
   for (const auto& pass_report : precision_runs_) *report_.add_passes() = pass_report;
   if (!converted.ok()) return converted;
   DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, report_.mutable_precision());
+  if (precision.mode() == "int4_weight_only") {
+    Progress(Phase::kOptimizing, "int4 error per projection");
+    SessionSettings cpu;
+    cpu.intra_op_threads = config_.benchmark().intra_op_threads();
+    // The float32 model's session holds about its bytes again: only where that fits the job's target.
+    auto activations_fit = [&]() -> absl::Status {
+      const int64_t model_bytes = ModelBytes(fp32_model_), held = ResidentBytes().value_or(0);
+      const int64_t target = JobMemoryTarget(report_.original().model_bytes());
+      if (held + model_bytes <= target) return absl::OkStatus();
+      constexpr double kGiB = 1 << 30;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the float32 model's session (%.2f GiB) beside the %.2f GiB held would pass the job's memory target of "
+          "%.2f GiB", model_bytes / kGiB, held / kGiB, target / kGiB));
+    };
+    DescribeInt4Errors(fp32_model_, optimized_, *original_, precision, config_.validation(), supplied_, cpu,
+                       request_.cancelled, activations_fit, report_.mutable_precision());
+  }
   // keep_io_types off: the result reads and writes float16; parity and the benchmark use it behind
   // Casts to the original's interface (the report says so).
   interface_changed_ = ChangesFloatInterface(precision, precision.mode());

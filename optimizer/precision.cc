@@ -12,6 +12,7 @@
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/passes/precision/weight_products.h"
 #include "optimizer/passes/rewrite.h"
+#include "optimizer/validation/projection_error.h"
 
 namespace onnxopt {
 namespace {
@@ -88,6 +89,21 @@ absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
   if (int4.accuracy_level() < 0 || int4.accuracy_level() > 4) {
     return absl::InvalidArgumentError("precision.int4.accuracy_level must be 0..4");
   }
+  if (!int4.method().empty() && int4.method() != "rtn" && int4.method() != "hqq") {
+    return absl::InvalidArgumentError(absl::StrCat("precision.int4.method '", int4.method(), "' is unknown (rtn, hqq)"));
+  }
+  if (int4.method() == "hqq" && int4.has_symmetric() && int4.symmetric()) {
+    return absl::InvalidArgumentError(
+        "precision.int4.method hqq solves a zero point per block: it cannot be combined with symmetric true");
+  }
+  if (!int4.lm_head().empty() && int4.lm_head() != "int4" && int4.lm_head() != "int8" && int4.lm_head() != "float") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("precision.int4.lm_head '", int4.lm_head(), "' is unknown (int4, int8, float)"));
+  }
+  if (!int4.embeddings().empty() && int4.embeddings() != "float" && int4.embeddings() != "int8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("precision.int4.embeddings '", int4.embeddings(), "' is unknown (float, int8)"));
+  }
   const std::string& method = precision.calibration().method();
   if (!method.empty() && method != "minmax" && method != "percentile" && method != "entropy") {
     return absl::InvalidArgumentError("precision.calibration.method must be minmax, percentile or entropy");
@@ -137,11 +153,21 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
       }
     } else {
       const v1::Int4Config& int4 = precision.int4();
+      const std::string method = int4.method().empty() ? "rtn" : int4.method();
       params["block_size"] = NumberValue(int4.block_size() > 0 ? int4.block_size() : 32);
-      params["symmetric"] = BoolValue(!int4.has_symmetric() || int4.symmetric());
+      // hqq solves zero points, so it defaults to asymmetric blocks (an explicit true was refused above).
+      params["symmetric"] = BoolValue(method == "hqq" ? false : !int4.has_symmetric() || int4.symmetric());
+      params["method"] = StringValue(method);
+      params["lm_head"] = StringValue(int4.lm_head().empty() ? "int4" : int4.lm_head());
       // Unset: int8 compute (4), the fastest on the CPU (tests/bench/generation_benchmark.py: a decode step
       // 3.3x the float32 original against 1.7x with float32 compute); other devices ignore it.
       params["accuracy_level"] = NumberValue(int4.accuracy_level() > 0 ? int4.accuracy_level() : 4);
+      if (int4.embeddings() == "int8" && ops.count("Gather") == 0) {
+        v1::PassSpec* embeddings = config.add_passes();
+        embeddings->set_name("quantize_embeddings_int8");
+        (*embeddings->mutable_params())["op_types"] = StringValue("Gather");
+        (*embeddings->mutable_params())["node_block_list"] = StringValue(JoinSet(nodes));
+      }
     }
   }
   // What the rewrite leaves behind: unread weights (replaced by their converted copies), dead Casts.
@@ -194,6 +220,31 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
   }
   const std::string method = precision.calibration().method().empty() ? "minmax" : precision.calibration().method();
   return CalibrateRanges(fp32_model, values, make_samples, method, device, cancelled);
+}
+
+void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& converted,
+                        const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
+                        const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
+                        const SessionSettings& device, const std::atomic<bool>* cancelled,
+                        const std::function<absl::Status()>& activations_fit, v1::PrecisionReport* report) {
+  const BlockMethod method =
+      precision.int4().method() == "hqq" ? BlockMethod::kHalfQuadratic : BlockMethod::kRoundToNearest;
+  CaptureActivations capture = [&](const std::vector<std::string>& values,
+                                   std::map<std::string, ActivationRows>* out) -> absl::Status {
+    if (absl::Status fits = activations_fit(); !fits.ok()) return fits;
+    const std::vector<DimValues> shape_sets = InputShapeSets(validation, !supplied.empty(), original);
+    return CaptureValues(
+        fp32_model, values,
+        [&](Ort::Session& session) {
+          return supplied.empty() ? GenerateInputs(session, original, validation, shape_sets.front(), 0)
+                                  : GenerateInputs(session, original, validation, shape_sets.front(), 0, &supplied[0]);
+        },
+        device, cancelled,
+        [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+          (*out)[name] = ProjectionRows(shape, data);
+        });
+  };
+  DescribeProjectionErrors(fp32_model, converted, method, capture, report);
 }
 
 void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,

@@ -65,6 +65,16 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
     const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
     const SessionSettings& device, const std::atomic<bool>* cancelled, std::string* warning);
 
+// int4: report->projections and the means (projection_error.h) for `converted` against `fp32_model`,
+// the activations captured by running the float32 model on the job's first supplied input set (else a
+// generated one) when `activations_fit` says its session fits the job's memory; else output errors
+// are left unmeasured with the reason.
+void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& converted,
+                        const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
+                        const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
+                        const SessionSettings& device, const std::atomic<bool>* cancelled,
+                        const std::function<absl::Status()>& activations_fit, v1::PrecisionReport* report);
+
 // The mode's passes then the cleanups they need; an empty pipeline for fp32.
 absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& precision, const PassRegistry& registry,
                                                 const PrecisionExtras& extras = {});

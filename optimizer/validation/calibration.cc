@@ -242,4 +242,24 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
   return RangesOn(**session, values, fetched, pointers, method, cancelled);
 }
 
+absl::Status CaptureValues(const onnx::ModelProto& model, const std::vector<std::string>& values,
+                           const CaptureSample& make_sample, const SessionSettings& device,
+                           const std::atomic<bool>* cancelled, const CapturedValue& visit) {
+  if (values.empty()) return absl::OkStatus();
+  std::vector<std::string> fetched;
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session = ProbeSession(model, values, device, &fetched);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<GeneratedInputs> sample = make_sample(**session);
+  if (!sample.ok()) return sample.status();
+  if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled before capturing activations");
+  absl::StatusOr<std::vector<Ort::Value>> outputs = RunOnInputs(**session, *sample, fetched);
+  if (!outputs.ok()) return outputs.status();
+  for (size_t i = 0; i < outputs->size() && i < values.size(); ++i) {
+    const Ort::Value& value = (*outputs)[i];
+    if (!IsFloatTensor(value)) continue;
+    visit(values[i], value.GetTensorTypeAndShapeInfo().GetShape(), value.GetTensorData<float>());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace onnxopt

@@ -65,6 +65,16 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
                                                                    const SessionSettings& device,
                                                                    const std::atomic<bool>* cancelled = nullptr);
 
+// The float32 values `values` names, as `model` computes them (no ONNX Runtime rewrites) on the one
+// input set `make_sample` makes from the session: each handed to `visit(name, shape, data)` while the
+// run's outputs are alive. INTERNAL when ONNX Runtime cannot run it; CANCELLED on cancel.
+using CaptureSample = std::function<absl::StatusOr<GeneratedInputs>(Ort::Session& session)>;
+using CapturedValue =
+    std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
+absl::Status CaptureValues(const onnx::ModelProto& model, const std::vector<std::string>& values,
+                           const CaptureSample& make_sample, const SessionSettings& device,
+                           const std::atomic<bool>* cancelled, const CapturedValue& visit);
+
 }  // namespace onnxopt
 
 #endif  // ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_

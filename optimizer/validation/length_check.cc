@@ -201,7 +201,8 @@ void CheckShorter(Ort::Session& original, Ort::Session& optimized, const onnx::M
     }
     const Tolerance tolerance = ToleranceFor(config, outputs[i], precision);
     v1::OutputParity compared;
-    CompareOutput(*reference, (*actual)[i], tolerance.atol, tolerance.rtol, &compared, tolerance.min_cosine);
+    CompareOutput(*reference, (*actual)[i], tolerance.atol, tolerance.rtol, &compared, tolerance.min_cosine, 0,
+                  tolerance.max_kl);
     check->add_compared_outputs(outputs[i]);
     check->set_max_abs_error(std::max(check->max_abs_error(), compared.max_abs_error()));
     if (!compared.passed()) {

@@ -90,8 +90,39 @@ double Top1Agreement(const std::vector<double>& want, const std::vector<double>&
   return static_cast<double>(agree) / rows;
 }
 
+// Mean over rows of KL(softmax(want) || softmax(got)), rows with a non-finite value left out.
+double MeanKlDivergence(const std::vector<double>& want, const std::vector<double>& got, int64_t classes) {
+  const size_t rows = want.size() / static_cast<size_t>(classes);
+  double total = 0;
+  size_t counted = 0;
+  auto log_sum_exp = [](const double* x, size_t n) {
+    const double top = *std::max_element(x, x + n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += std::exp(x[i] - top);
+    return top + std::log(sum);
+  };
+  for (size_t row = 0; row < rows; ++row) {
+    const double* p = want.data() + row * static_cast<size_t>(classes);
+    const double* q = got.data() + row * static_cast<size_t>(classes);
+    const size_t n = static_cast<size_t>(classes);
+    if (!std::all_of(p, p + n, [](double v) { return std::isfinite(v); }) ||
+        !std::all_of(q, q + n, [](double v) { return std::isfinite(v); })) {
+      continue;
+    }
+    const double log_zp = log_sum_exp(p, n), log_zq = log_sum_exp(q, n);
+    double kl = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double log_p = p[i] - log_zp;
+      kl += std::exp(log_p) * (log_p - (q[i] - log_zq));
+    }
+    total += std::max(kl, 0.0);
+    ++counted;
+  }
+  return counted == 0 ? 0.0 : total / static_cast<double>(counted);
+}
+
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
-                   v1::OutputParity* result, double min_cosine, double noise_bound) {
+                   v1::OutputParity* result, double min_cosine, double noise_bound, double max_kl) {
   result->set_atol(atol);
   result->set_rtol(rtol);
   result->set_noise_bound(noise_bound);
@@ -154,16 +185,20 @@ void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double 
   const bool classifier =
       is_float && (shape.size() == 2 || (shape.size() > 2 && logits_name)) && classes >= 2 && classes <= 100000;
   result->set_top1_agreement(classifier ? Top1Agreement(want, got, classes) : -1.0);
+  const bool logits = classifier && logits_name;
+  result->set_kl_divergence(logits ? MeanKlDivergence(want, got, classes) : -1.0);
   bool passed = mismatches == 0 && !introduced;
   if (passed) result->set_judged_by(outside_tolerance == 0 ? "tolerance" : "device noise");
   if (!passed && min_cosine > 0 && is_float && !introduced) {
-    passed = result->cosine_similarity() >= min_cosine &&
-             (!classifier || result->top1_agreement() >= kMinTop1Agreement);
+    const bool top1 = !classifier || result->top1_agreement() >= kMinTop1Agreement;
+    const bool by_kl = !top1 && logits && max_kl > 0 && result->kl_divergence() <= max_kl;
+    passed = result->cosine_similarity() >= min_cosine && (top1 || by_kl);
     if (passed) {
       result->set_judged_by("agreement");
-      result->set_note(absl::StrFormat("outside atol/rtol, passed by agreement (cosine %.5f >= %.3f%s)",
-                                       result->cosine_similarity(), min_cosine,
-                                       classifier ? absl::StrFormat(", top-1 %.4f", result->top1_agreement()) : ""));
+      result->set_note(absl::StrFormat(
+          "outside atol/rtol, passed by agreement (cosine %.5f >= %.3f%s%s)", result->cosine_similarity(), min_cosine,
+          classifier ? absl::StrFormat(", top-1 %.4f", result->top1_agreement()) : "",
+          by_kl ? absl::StrFormat(" with KL divergence %.5f <= %.4f", result->kl_divergence(), max_kl) : ""));
     }
   }
   result->set_passed(passed);
@@ -202,9 +237,10 @@ Tolerance ToleranceFor(const v1::ValidationConfig& config, const std::string& na
   tolerance.source = precision;
   if (precision == "fp16") tolerance = {1e-2, 1e-2, precision};
   if (precision == "bf16") tolerance = {2e-2, 2e-2, precision};
-  if (precision == "int8") tolerance = {5e-2, 5e-2, precision, 0.99};
-  if (precision == "int4") tolerance = {1e-1, 1e-1, precision, 0.98};
+  if (precision == "int8") tolerance = {5e-2, 5e-2, precision, 0.99, kDefaultMaxKlDivergence};
+  if (precision == "int4") tolerance = {1e-1, 1e-1, precision, 0.98, kDefaultMaxKlDivergence};
   if (config.has_min_cosine_similarity()) tolerance.min_cosine = config.min_cosine_similarity();
+  if (config.has_max_kl_divergence()) tolerance.max_kl = config.max_kl_divergence();
   auto apply = [&](const v1::Tolerance& given, const char* source) {
     if (given.has_atol()) tolerance.atol = given.atol();
     if (given.has_rtol()) tolerance.rtol = given.rtol();
@@ -225,9 +261,11 @@ std::string WorstOutput(const v1::ParityReport& parity) {
   for (const auto& output : parity.outputs()) {
     if (output.passed()) continue;
     if (!output.note().empty()) return absl::StrCat(output.name(), ": ", output.note());
-    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f",
+    return absl::StrFormat("%s: %smax abs error %.4g, %.2f%% of elements outside tolerance, cosine %.6f%s%s",
                            output.name(), output.nan_or_inf_introduced() ? "NaN/Inf introduced, " : "",
-                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity());
+                           output.max_abs_error(), 100 * output.mismatch_fraction(), output.cosine_similarity(),
+                           output.top1_agreement() >= 0 ? absl::StrFormat(", top-1 %.4f", output.top1_agreement()) : "",
+                           output.kl_divergence() >= 0 ? absl::StrFormat(", KL %.5f", output.kl_divergence()) : "");
   }
   return "no output failed";
 }
@@ -272,6 +310,9 @@ absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
     if (absl::Status status = check_dims(shape_set.dim_values()); !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("validation.shapes[].", status.message()));
     }
+  }
+  if (config.has_max_kl_divergence() && !(config.max_kl_divergence() >= 0)) {
+    return absl::InvalidArgumentError("validation.max_kl_divergence must be >= 0");
   }
   if (config.has_min_cosine_similarity() &&
       !(config.min_cosine_similarity() >= 0 && config.min_cosine_similarity() <= 1)) {
@@ -431,7 +472,7 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
       const double deviation = i < reference.device_deviation.size() ? reference.device_deviation[i] : 0.0;
       output->set_device_deviation(deviation);
       CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine,
-                    NoiseFactor(config) * deviation);
+                    NoiseFactor(config) * deviation, tolerance.max_kl);
       passed &= output->passed();
     }
   }

@@ -35,7 +35,8 @@ bool AllClose(double actual, double expected, double atol, double rtol);
 // scaled), which then judged it. With min_cosine > 0, an output outside both passes by agreement (see
 // Tolerance::min_cosine).
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,
-                   v1::OutputParity* result, double min_cosine = 0, double noise_bound = 0);
+                   v1::OutputParity* result, double min_cosine = 0, double noise_bound = 0,
+                   double max_kl = 0);
 
 // "name: max abs error 0.3, 2% of elements outside tolerance" for the first failing output.
 std::string WorstOutput(const v1::ParityReport& parity);
@@ -51,9 +52,13 @@ struct Tolerance {
   // > 0: an output outside atol/rtol still passes with this cosine similarity and, if it is
   // classifier-shaped, 99% top-1 agreement (quantized models).
   double min_cosine = 0;
+  // > 0: logits within min_cosine that miss the top-1 agreement still pass with a mean KL divergence
+  // of at most this (quantized models).
+  double max_kl = 0;
 };
 
 inline constexpr double kMinTop1Agreement = 0.99;
+inline constexpr double kDefaultMaxKlDivergence = 0.01;
 
 // The tolerance for output `name` of a candidate of `precision`.
 Tolerance ToleranceFor(const v1::ValidationConfig& config, const std::string& name, const std::string& precision);

@@ -104,6 +104,27 @@ class CacheDecoder(nn.Module):
         return (self.lm_head(self.norm(x)), *presents)
 
 
+def export_cache_decoder(model, args, output):
+    """Exports `model` (a CacheDecoder of `args`' sizes) with the cache interface described above."""
+    head_dim = args.hidden // args.heads
+    batch, length, past_length = 2, 5, 3
+    input_ids = torch.randint(0, args.vocab, (batch, length))
+    attention_mask = torch.ones(batch, past_length + length, dtype=torch.int64)
+    past = [torch.randn(batch, args.kv_heads, past_length, head_dim) for _ in range(2 * args.layers)]
+    names = []
+    for i in range(args.layers):
+        names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+    presents = [name.replace("past_key_values", "present") for name in names]
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
+            "logits": {0: "batch", 1: "sequence"}}
+    axes.update({name: {0: "batch", 2: "past_sequence"} for name in names})
+    axes.update({name: {0: "batch", 2: "total_sequence"} for name in presents})
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), (input_ids, attention_mask, *past), output, opset_version=17,
+                          input_names=["input_ids", "attention_mask", *names], output_names=["logits", *presents],
+                          dynamic_axes=axes, do_constant_folding=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output")
@@ -120,23 +141,8 @@ def main():
     for name, parameter in model.named_parameters():
         if name.endswith(".bias"):
             nn.init.normal_(parameter, std=0.02)
+    export_cache_decoder(model, args, args.output)
     head_dim = args.hidden // args.heads
-    batch, length, past_length = 2, 5, 3
-    input_ids = torch.randint(0, args.vocab, (batch, length))
-    attention_mask = torch.ones(batch, past_length + length, dtype=torch.int64)
-    past = [torch.randn(batch, args.kv_heads, past_length, head_dim) for _ in range(2 * args.layers)]
-    names = []
-    for i in range(args.layers):
-        names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-    presents = [name.replace("past_key_values", "present") for name in names]
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
-            "logits": {0: "batch", 1: "sequence"}}
-    axes.update({name: {0: "batch", 2: "past_sequence"} for name in names})
-    axes.update({name: {0: "batch", 2: "total_sequence"} for name in presents})
-    with torch.no_grad():
-        torch.onnx.export(model, (input_ids, attention_mask, *past), args.output, opset_version=17,
-                          input_names=["input_ids", "attention_mask", *names], output_names=["logits", *presents],
-                          dynamic_axes=axes, do_constant_folding=True)
     parameters = sum(p.numel() for p in model.parameters())
     print(f"{args.output}: {parameters / 1e6:.1f}M parameters, {args.layers} layers, hidden {args.hidden}, "
           f"{args.heads} heads ({args.kv_heads} key/value), head size {head_dim}")

@@ -11,27 +11,6 @@
 namespace onnxopt {
 namespace {
 
-// A constant float32 [k, n] weight (transposed from [n, k] when `transposed`).
-std::optional<FloatWeight> ReadWeight(const Graph& graph, const std::string& value, bool transposed) {
-  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
-  if (tensor == nullptr || tensor->dims_size() != 2) return std::nullopt;
-  std::optional<std::vector<float>> values = TensorFloats(*tensor);
-  if (!values) return std::nullopt;
-  FloatWeight weight;
-  weight.k = tensor->dims(transposed ? 1 : 0);
-  weight.n = tensor->dims(transposed ? 0 : 1);
-  if (weight.k * weight.n != static_cast<int64_t>(values->size())) return std::nullopt;
-  if (!transposed) {
-    weight.values = *std::move(values);
-  } else {
-    weight.values.resize(values->size());
-    for (int64_t row = 0; row < weight.n; ++row) {
-      for (int64_t col = 0; col < weight.k; ++col) weight.values[col * weight.n + row] = (*values)[row * weight.k + col];
-    }
-  }
-  return weight;
-}
-
 bool RewriteMatMulOrGemm(Graph& graph, PassContext& context, Node* node, const WeightProductOptions& options,
                          const EmitWeightProduct& emit) {
   const bool gemm = node->op_type() == "Gemm";
@@ -43,7 +22,7 @@ bool RewriteMatMulOrGemm(Graph& graph, PassContext& context, Node* node, const W
       bias = node->input(2);
     }
   }
-  std::optional<FloatWeight> weight = ReadWeight(graph, node->input(1), gemm && node->GetAttributeInt("transB", 0) != 0);
+  std::optional<FloatWeight> weight = ReadProductWeight(graph, node->input(1), gemm && node->GetAttributeInt("transB", 0) != 0);
   if (!weight) return false;  // an activation product, or a weight of another type
   if (static_cast<int64_t>(weight->values.size()) < options.min_elements) {
     context.Skip("left in float: weight smaller than min_elements");
@@ -86,7 +65,7 @@ bool RewriteAttention(Graph& graph, PassContext& context, const ShapeInfo& shape
       return false;
     }
   }
-  std::optional<FloatWeight> weight = ReadWeight(graph, input(1), false);
+  std::optional<FloatWeight> weight = ReadProductWeight(graph, input(1), false);
   if (!weight || weight->n % 3 != 0) return false;
   if (static_cast<int64_t>(weight->values.size()) < options.min_elements) {
     context.Skip("left in float: weight smaller than min_elements");
@@ -135,6 +114,31 @@ bool IsProductForm(const Node& node, const std::set<std::string>& op_types) {
 }
 
 }  // namespace
+
+std::optional<FloatWeight> ReadProductWeight(const onnx::TensorProto& tensor, bool transposed) {
+  if (tensor.dims_size() != 2) return std::nullopt;
+  std::optional<std::vector<float>> values = TensorFloats(tensor);
+  if (!values) return std::nullopt;
+  FloatWeight weight;
+  weight.k = tensor.dims(transposed ? 1 : 0);
+  weight.n = tensor.dims(transposed ? 0 : 1);
+  if (weight.k * weight.n != static_cast<int64_t>(values->size())) return std::nullopt;
+  if (!transposed) {
+    weight.values = *std::move(values);
+  } else {
+    weight.values.resize(values->size());
+    for (int64_t row = 0; row < weight.n; ++row) {
+      for (int64_t col = 0; col < weight.k; ++col) weight.values[col * weight.n + row] = (*values)[row * weight.k + col];
+    }
+  }
+  return weight;
+}
+
+std::optional<FloatWeight> ReadProductWeight(const Graph& graph, const std::string& value, bool transposed) {
+  const onnx::TensorProto* tensor = ConstantTensor(graph, value);
+  if (tensor == nullptr) return std::nullopt;
+  return ReadProductWeight(*tensor, transposed);
+}
 
 std::vector<ParamSpec> WeightProductParams() {
   return {{"op_types", ParamType::kString, "MatMul,Gemm,Attention", "comma-separated forms to quantize"},

@@ -25,6 +25,11 @@ struct FloatWeight {
   int64_t n = 0;
 };
 
+// The constant float32 weight `value` as [k, n] (transposed from [n, k] when `transposed`, as Gemm's
+// transB has it); nullopt for an activation, a weight of another type or rank.
+std::optional<FloatWeight> ReadProductWeight(const Graph& graph, const std::string& value, bool transposed);
+std::optional<FloatWeight> ReadProductWeight(const onnx::TensorProto& tensor, bool transposed);
+
 // Emits nodes computing `output` = `input` · W (before `anchor`) and returns false, leaving the graph
 // untouched, when it declines (with context.Skip saying why).
 using EmitWeightProduct = std::function<bool(Graph& graph, PassContext& context, const std::string& input,

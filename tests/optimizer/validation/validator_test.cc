@@ -57,6 +57,51 @@ TEST(CompareOutputTest, MeasuresErrorsAndFlagsIntroducedNaN) {
   EXPECT_NE(shape.note().find("shape"), std::string::npos);
 }
 
+// Logits [rows, classes]: the first row hesitates (two tokens nearly tied), the others are decided.
+TEST(CompareOutputTest, LogitsThatFlipOnlyWhereTheOriginalHesitatesPassByKlDivergence) {
+  static Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  constexpr int64_t kRows = 16, kClasses = 8;
+  std::vector<float> original(kRows * kClasses), quantized;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kClasses; ++c) original[r * kClasses + c] = c == r % kClasses ? 6.0f : 0.1f * c;
+  }
+  original[1] = 6.0f - 0.01f;  // row 0: classes 0 and 1 nearly tied
+  quantized = original;
+  for (size_t i = 0; i < quantized.size(); ++i) quantized[i] += 0.05f * static_cast<float>((i * 7) % 5) - 0.1f;
+  quantized[0] = 5.9f, quantized[1] = 6.0f;  // row 0 flips, by 0.1
+  const int64_t shape[] = {1, kRows, kClasses};
+  auto value = [&](std::vector<float>& data) {
+    return Ort::Value::CreateTensor<float>(memory, data.data(), data.size(), shape, 3);
+  };
+  v1::OutputParity by_kl;
+  by_kl.set_name("logits");
+  CompareOutput(value(original), value(quantized), 1e-3, 1e-3, &by_kl, /*min_cosine=*/0.98, 0, /*max_kl=*/0.01);
+  EXPECT_NEAR(by_kl.top1_agreement(), 15.0 / 16, 1e-12);
+  EXPECT_GT(by_kl.kl_divergence(), 0.0);
+  EXPECT_LT(by_kl.kl_divergence(), 0.01);
+  EXPECT_TRUE(by_kl.passed()) << by_kl.note();
+  EXPECT_NE(by_kl.note().find("KL divergence"), std::string::npos) << by_kl.note();
+
+  v1::OutputParity top1_only;
+  top1_only.set_name("logits");
+  CompareOutput(value(original), value(quantized), 1e-3, 1e-3, &top1_only, 0.98, 0, /*max_kl=*/0);
+  EXPECT_FALSE(top1_only.passed()) << "without the KL rule one flip in 16 rows fails the 99% top-1 agreement";
+
+  v1::OutputParity hidden;
+  hidden.set_name("last_hidden_state");
+  CompareOutput(value(original), value(quantized), 1e-3, 1e-3, &hidden, 0.98, 0, 0.01);
+  EXPECT_DOUBLE_EQ(hidden.kl_divergence(), -1.0) << "only logits are read as distributions";
+
+  // A decided row flipping costs far more than the threshold.
+  std::vector<float> wrong = original;
+  std::swap(wrong[2 * kClasses + 2], wrong[2 * kClasses + 3]);
+  v1::OutputParity decided;
+  decided.set_name("logits");
+  CompareOutput(value(original), value(wrong), 1e-3, 1e-3, &decided, 0.9, 0, 0.01);
+  EXPECT_GT(decided.kl_divergence(), 0.01);
+  EXPECT_FALSE(decided.passed());
+}
+
 TEST(SummarizeTest, Percentiles) {
   std::vector<double> latencies;
   for (int i = 100; i >= 1; --i) latencies.push_back(i);

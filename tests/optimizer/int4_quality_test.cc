@@ -1,0 +1,141 @@
+// int4 on a trained decoder (tests/fixtures/cache/trained_decoder.onnx, made by
+// tests/fixtures/make_trained_decoder.py): the report says where the error comes from, projection by
+// projection, with round-to-nearest beside HQQ on the same weights; the output projection can keep
+// 8-bit blocks or stay float, and the embeddings can go to int8 — each run and judged in ONNX Runtime.
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "optimizer/optimize.h"
+#include "tests/model_builder.h"
+
+namespace onnxopt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kLayers = 4;
+constexpr int kProjectionsPerLayer = 7;  // q, k, v, o, gate, up, down
+
+absl::StatusOr<OptimizeResult> QuantizeTrained(const std::string& dir_name, const v1::Int4Config& int4) {
+  OptimizeRequest request;
+  request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
+  request.output_dir = testing::TempDir(absl::StrCat("int4_quality_", dir_name)) / "out";
+  request.config.mutable_precision()->set_mode("int4_weight_only");
+  *request.config.mutable_precision()->mutable_int4() = int4;
+  request.config.mutable_precision()->set_auto_mixed(false);
+  request.config.mutable_benchmark()->set_skip(true);
+  return Optimize(request);
+}
+
+int64_t OpCount(const v1::Report& report, const std::string& op) {
+  auto it = report.optimized().op_histogram().find(op);
+  return it == report.optimized().op_histogram().end() ? 0 : it->second;
+}
+
+const v1::ProjectionError* Find(const v1::PrecisionReport& precision, int bits) {
+  for (const auto& projection : precision.projections()) {
+    if (projection.bits() == bits) return &projection;
+  }
+  return nullptr;
+}
+
+TEST(Int4QualityTest, ReportsEveryProjectionsWeightAndOutputError) {
+  auto result = QuantizeTrained("rtn", v1::Int4Config());
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::PrecisionReport& precision = result->report.precision();
+  EXPECT_EQ(precision.method(), "rtn");
+  ASSERT_EQ(precision.projections_size(), kLayers * kProjectionsPerLayer + 1) << "every layer's and the lm_head";
+  EXPECT_TRUE(precision.projections_note().empty()) << precision.projections_note();
+  std::set<std::string> nodes;
+  double previous = 1e9;
+  for (const auto& projection : precision.projections()) {
+    nodes.insert(projection.node());
+    EXPECT_EQ(projection.bits(), 4);
+    EXPECT_GT(projection.weight_error(), 0.01) << projection.node();
+    EXPECT_LT(projection.weight_error(), 0.3) << projection.node();
+    EXPECT_GE(projection.output_error(), 0.0) << projection.node() << ": measured on the validation input";
+    EXPECT_LT(projection.output_error(), 0.5) << projection.node();
+    EXPECT_DOUBLE_EQ(projection.rtn_weight_error(), projection.weight_error()) << "rtn is its own reference";
+    EXPECT_LE(projection.output_error(), previous) << "largest output errors first";
+    previous = projection.output_error();
+  }
+  EXPECT_EQ(nodes.size(), static_cast<size_t>(precision.projections_size())) << "one entry per product";
+  EXPECT_GT(precision.mean_output_error(), 0.0);
+  EXPECT_NEAR(precision.mean_weight_error(), precision.rtn_mean_weight_error(), 1e-12);
+  // The figures are real: the model ran and was judged (whatever the verdict).
+  EXPECT_GT(result->report.parity().outputs_size(), 0);
+}
+
+TEST(Int4QualityTest, HalfQuadraticBeatsRoundToNearestOnTheSameWeights) {
+  v1::Int4Config int4;
+  int4.set_method("hqq");
+  auto result = QuantizeTrained("hqq", int4);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::PrecisionReport& precision = result->report.precision();
+  EXPECT_EQ(precision.method(), "hqq");
+  ASSERT_GT(precision.projections_size(), 0);
+  for (const auto& projection : precision.projections()) {
+    EXPECT_LE(projection.weight_error(), projection.rtn_weight_error() + 1e-9) << projection.node();
+  }
+  EXPECT_LT(precision.mean_weight_error(), precision.rtn_mean_weight_error() * 0.98)
+      << "hqq " << precision.mean_weight_error() << ", rtn " << precision.rtn_mean_weight_error();
+  EXPECT_LT(precision.mean_output_error(), precision.rtn_mean_output_error())
+      << "hqq " << precision.mean_output_error() << ", rtn " << precision.rtn_mean_output_error();
+  EXPECT_GT(result->report.parity().outputs_size(), 0) << "ONNX Runtime ran the asymmetric blocks";
+
+  v1::Int4Config refused;
+  refused.set_method("hqq");
+  refused.set_symmetric(true);
+  auto bad = QuantizeTrained("hqq_symmetric", refused);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("symmetric"), std::string::npos) << bad.status();
+}
+
+TEST(Int4QualityTest, OutputProjectionInEightBitsOrFloat) {
+  v1::Int4Config int8_head;
+  int8_head.set_lm_head("int8");
+  auto eight = QuantizeTrained("lm_head_int8", int8_head);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  const v1::ProjectionError* head = Find(eight->report.precision(), 8);
+  ASSERT_NE(head, nullptr) << "the lm_head in 8-bit blocks";
+  EXPECT_EQ(head->n(), 48) << "the vocabulary";
+  const v1::ProjectionError* other = Find(eight->report.precision(), 4);
+  ASSERT_NE(other, nullptr);
+  EXPECT_LT(head->weight_error() * 8, other->weight_error());
+  EXPECT_GT(eight->report.parity().outputs_size(), 0) << "ONNX Runtime ran MatMulNBits with bits=8";
+  for (const auto& output : eight->report.parity().outputs()) EXPECT_GT(output.cosine_similarity(), 0.9) << output.name();
+
+  v1::Int4Config float_head;
+  float_head.set_lm_head("float");
+  auto kept = QuantizeTrained("lm_head_float", float_head);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->report.precision().projections_size(), kLayers * kProjectionsPerLayer);
+  EXPECT_EQ(OpCount(kept->report, "com.microsoft::MatMulNBits"), kLayers * kProjectionsPerLayer);
+  EXPECT_GE(OpCount(kept->report, "MatMul"), 1) << "the lm_head stays a float product";
+}
+
+TEST(Int4QualityTest, EmbeddingsInInt8) {
+  v1::Int4Config int4;
+  int4.set_embeddings("int8");
+  auto result = QuantizeTrained("embeddings_int8", int4);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GE(OpCount(result->report, "DequantizeLinear"), 1) << "the token table dequantized per looked-up row";
+  auto plain = QuantizeTrained("embeddings_float", v1::Int4Config());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(OpCount(plain->report, "DequantizeLinear"), 0);
+  EXPECT_LT(result->report.precision().size_after_bytes(), plain->report.precision().size_after_bytes());
+
+  v1::Int4Config unknown;
+  unknown.set_embeddings("int4");
+  auto bad = QuantizeTrained("embeddings_bad", unknown);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace onnxopt
