@@ -121,10 +121,12 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
   }
   if (generation.steps_size() > 0) {
     absl::StrAppend(out, absl::StrFormat("greedy generation (batch %d, prompt %d, one row padded on the left): %d steps, "
-                                         "%d identical from the start, top-1 agreement %.1f%%, min logits cosine %.6f: %s\n",
+                                         "%d identical from the start, top-1 agreement %.1f%%, min logits cosine %.6f, KL divergence "
+                                         "mean %.5f max %.5f: %s\n",
                                          generation.greedy_batch(), generation.prompt_tokens(), generation.steps_size(),
                                          generation.identical_steps(), 100 * generation.top1_agreement(),
-                                         generation.min_logits_cosine(), generation.passed() ? "PASSED" : "FAILED"));
+                                         generation.min_logits_cosine(), generation.mean_kl_divergence(),
+                                         generation.max_kl_divergence(), generation.passed() ? "PASSED" : "FAILED"));
   }
   if (!generation.note().empty()) absl::StrAppend(out, "note: ", generation.note(), "\n");
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/validation/parity.h"
 
 namespace onnxopt {
 namespace {
@@ -343,12 +344,12 @@ void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimiz
                          v1::GenerationReport* report) {
   int identical = 0, agreeing = 0;
   bool diverged = false;
-  double min_cosine = 1.0;
+  double min_cosine = 1.0, kl_sum = 0.0;
   for (size_t step = 0; step < original.logits.size() && step < optimized.logits.size(); ++step) {
     const auto& rows = original.logits[step];
     const auto& optimized_rows = optimized.logits[step];
     v1::GenerationStep* record = report->add_steps();
-    double cosine = 1.0;
+    double cosine = 1.0, kl = 0.0;
     bool agree = true;
     for (size_t b = 0; b < rows.size() && b < optimized_rows.size(); ++b) {
       const int64_t picked = ArgMax(rows[b]), optimized_pick = ArgMax(optimized_rows[b]);
@@ -356,8 +357,12 @@ void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimiz
       record->add_optimized_tokens(optimized_pick);
       agree &= picked == optimized_pick;
       cosine = std::min(cosine, Cosine(rows[b], optimized_rows[b]));
+      kl = std::max(kl, LogitsKlDivergence(rows[b], optimized_rows[b]));
     }
     record->set_logits_cosine(cosine);
+    record->set_kl_divergence(kl);
+    kl_sum += kl;
+    report->set_max_kl_divergence(std::max(report->max_kl_divergence(), kl));
     record->set_top1_agree(agree);
     min_cosine = std::min(min_cosine, cosine);
     agreeing += agree;
@@ -367,6 +372,7 @@ void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimiz
   report->set_identical_steps(identical);
   report->set_min_logits_cosine(min_cosine);
   report->set_top1_agreement(static_cast<double>(agreeing) / std::max(1, report->steps_size()));
+  report->set_mean_kl_divergence(kl_sum / std::max(1, report->steps_size()));
   const bool passed = exact_tokens ? identical == report->steps_size() : min_cosine >= kMinLowerPrecisionCosine;
   report->set_passed(passed);
   if (!passed) {

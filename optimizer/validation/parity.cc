@@ -90,35 +90,55 @@ double Top1Agreement(const std::vector<double>& want, const std::vector<double>&
   return static_cast<double>(agree) / rows;
 }
 
+namespace {
+
+template <typename T>
+double LogSumExp(const T* x, size_t n) {
+  const double top = *std::max_element(x, x + n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - top);
+  return top + std::log(sum);
+}
+
+template <typename T>
+double RowKl(const T* p, const T* q, size_t n) {
+  const double log_zp = LogSumExp(p, n), log_zq = LogSumExp(q, n);
+  double kl = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double log_p = p[i] - log_zp;
+    kl += std::exp(log_p) * (log_p - (q[i] - log_zq));
+  }
+  return std::max(kl, 0.0);
+}
+
+template <typename T>
+bool AllFinite(const T* x, size_t n) {
+  return std::all_of(x, x + n, [](T v) { return std::isfinite(v); });
+}
+
 // Mean over rows of KL(softmax(want) || softmax(got)), rows with a non-finite value left out.
 double MeanKlDivergence(const std::vector<double>& want, const std::vector<double>& got, int64_t classes) {
-  const size_t rows = want.size() / static_cast<size_t>(classes);
+  const size_t n = static_cast<size_t>(classes), rows = want.size() / n;
   double total = 0;
   size_t counted = 0;
-  auto log_sum_exp = [](const double* x, size_t n) {
-    const double top = *std::max_element(x, x + n);
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += std::exp(x[i] - top);
-    return top + std::log(sum);
-  };
   for (size_t row = 0; row < rows; ++row) {
-    const double* p = want.data() + row * static_cast<size_t>(classes);
-    const double* q = got.data() + row * static_cast<size_t>(classes);
-    const size_t n = static_cast<size_t>(classes);
-    if (!std::all_of(p, p + n, [](double v) { return std::isfinite(v); }) ||
-        !std::all_of(q, q + n, [](double v) { return std::isfinite(v); })) {
-      continue;
-    }
-    const double log_zp = log_sum_exp(p, n), log_zq = log_sum_exp(q, n);
-    double kl = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double log_p = p[i] - log_zp;
-      kl += std::exp(log_p) * (log_p - (q[i] - log_zq));
-    }
-    total += std::max(kl, 0.0);
+    const double* p = want.data() + row * n;
+    const double* q = got.data() + row * n;
+    if (!AllFinite(p, n) || !AllFinite(q, n)) continue;
+    total += RowKl(p, q, n);
     ++counted;
   }
   return counted == 0 ? 0.0 : total / static_cast<double>(counted);
+}
+
+}  // namespace
+
+double LogitsKlDivergence(const std::vector<float>& original, const std::vector<float>& optimized) {
+  if (original.empty() || original.size() != optimized.size() || !AllFinite(original.data(), original.size()) ||
+      !AllFinite(optimized.data(), optimized.size())) {
+    return -1.0;
+  }
+  return RowKl(original.data(), optimized.data(), original.size());
 }
 
 void CompareOutput(const Ort::Value& expected, const Ort::Value& actual, double atol, double rtol,

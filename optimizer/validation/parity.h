@@ -57,6 +57,10 @@ struct Tolerance {
   double max_kl = 0;
 };
 
+// KL(softmax(original) || softmax(optimized)) of one row of logits, in nats; -1 when the rows differ in
+// size or hold a non-finite value.
+double LogitsKlDivergence(const std::vector<float>& original, const std::vector<float>& optimized);
+
 inline constexpr double kMinTop1Agreement = 0.99;
 inline constexpr double kDefaultMaxKlDivergence = 0.01;
 

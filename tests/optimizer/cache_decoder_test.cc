@@ -165,6 +165,8 @@ TEST_P(CacheDecoderTest, GreedyGenerationPicksTheSameTokens) {
   EXPECT_EQ(report.steps_size(), 24);
   EXPECT_EQ(report.identical_steps(), 24);
   EXPECT_GT(report.min_logits_cosine(), 0.99999);
+  EXPECT_GE(report.mean_kl_divergence(), 0.0);
+  EXPECT_LT(report.max_kl_divergence(), 1e-6) << "the same distributions, token after token";
   // The two rows (one padded on the left) generate different text: the padding is seen.
   bool rows_differ = false;
   for (const auto& step : report.steps()) rows_differ |= step.original_tokens(0) != step.original_tokens(1);

@@ -2,6 +2,7 @@
 // tests/fixtures/make_trained_decoder.py): the report says where the error comes from, projection by
 // projection, with round-to-nearest beside HQQ on the same weights; the output projection can keep
 // 8-bit blocks or stay float, and the embeddings can go to int8 — each run and judged in ONNX Runtime.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -117,6 +118,38 @@ TEST(Int4QualityTest, OutputProjectionInEightBitsOrFloat) {
   EXPECT_EQ(kept->report.precision().projections_size(), kLayers * kProjectionsPerLayer);
   EXPECT_EQ(OpCount(kept->report, "com.microsoft::MatMulNBits"), kLayers * kProjectionsPerLayer);
   EXPECT_GE(OpCount(kept->report, "MatMul"), 1) << "the lm_head stays a float product";
+}
+
+// The greedy generation's teacher-forced figures: the original generates, the int4 model is fed the
+// same tokens, and every step's next-token distributions are compared.
+TEST(Int4QualityTest, GreedyGenerationGivesTheKlDivergenceOfEveryStep) {
+  OptimizeRequest request;
+  request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
+  request.output_dir = testing::TempDir("int4_quality_generation") / "out";
+  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->mutable_int4()->set_method("hqq");
+  v1::BenchmarkConfig* benchmark = request.config.mutable_benchmark();
+  benchmark->set_time_budget_seconds(2);
+  v1::GenerationConfig* generation = benchmark->mutable_generation();
+  generation->add_batch_sizes(1);
+  generation->set_prefill_tokens(8);
+  generation->add_decode_past(8);
+  generation->set_greedy_tokens(16);
+  generation->set_runs(3);
+  auto result = Optimize(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->report.precision().precision(), "int4") << result->report.precision().note();
+  const v1::GenerationReport& report = result->report.generation();
+  ASSERT_EQ(report.steps_size(), 16) << report.note();
+  double highest = 0;
+  for (const auto& step : report.steps()) {
+    EXPECT_GE(step.kl_divergence(), 0.0);
+    highest = std::max(highest, step.kl_divergence());
+  }
+  EXPECT_DOUBLE_EQ(report.max_kl_divergence(), highest);
+  EXPECT_GT(report.mean_kl_divergence(), 0.0) << "int4 moves the distributions";
+  EXPECT_LE(report.mean_kl_divergence(), highest);
+  EXPECT_LT(report.mean_kl_divergence(), 0.05) << "a trained decoder's int4 stays close along its own generation";
 }
 
 TEST(Int4QualityTest, EmbeddingsInInt8) {
