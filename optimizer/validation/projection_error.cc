@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/graph.h"
 #include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -21,13 +22,6 @@ struct Replaced {
   const onnx::TensorProto* weight = nullptr;   // its float32 weight
   bool transposed = false;                     // Gemm's transB
 };
-
-int64_t IntAttribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {
-  for (const auto& attribute : node.attribute()) {
-    if (attribute.name() == name) return attribute.i();
-  }
-  return fallback;
-}
 
 std::map<std::string, const onnx::TensorProto*> Initializers(const onnx::GraphProto& graph) {
   std::map<std::string, const onnx::TensorProto*> tensors;
@@ -62,7 +56,7 @@ std::vector<Replaced> MatchReplaced(const onnx::GraphProto& fp32, const onnx::Gr
     auto weight = weights.find(product->input(1));
     if (weight == weights.end()) continue;
     replaced.push_back({&node, NodeKey(*product), product->input(0), weight->second,
-                        product->op_type() == "Gemm" && IntAttribute(*product, "transB", 0) != 0});
+                        product->op_type() == "Gemm" && GetAttributeInt(*product, "transB", 0) != 0});
   }
   return replaced;
 }
@@ -71,9 +65,9 @@ std::vector<Replaced> MatchReplaced(const onnx::GraphProto& fp32, const onnx::Gr
 std::optional<std::vector<float>> Dequantized(const onnx::NodeProto& node,
                                               const std::map<std::string, const onnx::TensorProto*>& tensors,
                                               BlockQuantization* how) {
-  const int64_t k = IntAttribute(node, "K", 0), n = IntAttribute(node, "N", 0);
-  how->bits = static_cast<int>(IntAttribute(node, "bits", 4));
-  how->block = IntAttribute(node, "block_size", 0);
+  const int64_t k = GetAttributeInt(node, "K", 0), n = GetAttributeInt(node, "N", 0);
+  how->bits = static_cast<int>(GetAttributeInt(node, "bits", 4));
+  how->block = GetAttributeInt(node, "block_size", 0);
   if (k <= 0 || n <= 0 || how->block <= 0 || (how->bits != 4 && how->bits != 8)) return std::nullopt;
   auto tensor = [&](int i) -> const onnx::TensorProto* {
     if (i >= node.input_size() || node.input(i).empty()) return nullptr;
