@@ -130,12 +130,19 @@ std::map<std::string, std::string> LabelsFrom(const Args& args) {
   return labels;
 }
 
-// --layout, --model-name, --version, --max-batch-size, --storage-uri: a model repository at -o instead
-// of a file (nullopt without --layout). Checked, the version's folder included, before anything runs.
+// --layout, --model-name, --version, --max-batch-size, --storage-uri (triton, kserve), --tokenizer,
+// --context-length, --genai-type (genai): a model repository or folder at -o instead of a file (nullopt
+// without --layout). Checked, the version's folder included, before anything runs.
 absl::StatusOr<std::optional<onnxopt::client::RepositoryOptions>> RepositoryFrom(const Args& args) {
+  using onnxopt::client::RepositoryLayout;
+  const char* const triton_flags[] = {"--model-name", "--version", "--max-batch-size", "--storage-uri"};
+  const char* const genai_flags[] = {"--tokenizer", "--context-length", "--genai-type"};
   if (!args.Has("--layout")) {
-    for (const char* flag : {"--model-name", "--version", "--max-batch-size", "--storage-uri"}) {
+    for (const char* flag : triton_flags) {
       if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, " needs --layout triton or kserve"));
+    }
+    for (const char* flag : genai_flags) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, " needs --layout genai"));
     }
     return std::nullopt;
   }
@@ -143,17 +150,33 @@ absl::StatusOr<std::optional<onnxopt::client::RepositoryOptions>> RepositoryFrom
   if (!layout.ok()) return layout.status();
   onnxopt::client::RepositoryOptions options;
   options.layout = *layout;
-  options.model_name = args.Get("--model-name");
-  if (options.model_name.empty()) return absl::InvalidArgumentError("--layout needs --model-name");
-  if (args.Has("--version") && !absl::SimpleAtoi(args.Get("--version"), &options.version)) {
-    return absl::InvalidArgumentError("--version needs a number");
-  }
-  if (args.Has("--max-batch-size") && !absl::SimpleAtoi(args.Get("--max-batch-size"), &options.max_batch_size)) {
-    return absl::InvalidArgumentError("--max-batch-size needs a number");
-  }
-  options.storage_uri = args.Get("--storage-uri");
-  if (!options.storage_uri.empty() && options.layout != onnxopt::client::RepositoryLayout::kKServe) {
-    return absl::InvalidArgumentError("--storage-uri is for --layout kserve");
+  if (options.layout == RepositoryLayout::kGenai) {
+    for (const char* flag : triton_flags) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, " is for --layout triton or kserve"));
+    }
+    options.genai.tokenizer_dir = args.Get("--tokenizer");
+    options.genai.model_type = args.Get("--genai-type");
+    if (args.Has("--context-length") &&
+        (!absl::SimpleAtoi(args.Get("--context-length"), &options.genai.context_length) ||
+         options.genai.context_length < 1)) {
+      return absl::InvalidArgumentError("--context-length needs a number of 1 or more");
+    }
+  } else {
+    for (const char* flag : genai_flags) {
+      if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, " is for --layout genai"));
+    }
+    options.model_name = args.Get("--model-name");
+    if (options.model_name.empty()) return absl::InvalidArgumentError("--layout needs --model-name");
+    if (args.Has("--version") && !absl::SimpleAtoi(args.Get("--version"), &options.version)) {
+      return absl::InvalidArgumentError("--version needs a number");
+    }
+    if (args.Has("--max-batch-size") && !absl::SimpleAtoi(args.Get("--max-batch-size"), &options.max_batch_size)) {
+      return absl::InvalidArgumentError("--max-batch-size needs a number");
+    }
+    options.storage_uri = args.Get("--storage-uri");
+    if (!options.storage_uri.empty() && options.layout != RepositoryLayout::kKServe) {
+      return absl::InvalidArgumentError("--storage-uri is for --layout kserve");
+    }
   }
   if (absl::Status valid = onnxopt::client::CheckRepositoryOptions(options); !valid.ok()) return valid;
   if (!args.Has("-o")) return absl::InvalidArgumentError("--layout needs -o REPOSITORY");
@@ -244,6 +267,12 @@ absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out)
   return absl::OkStatus();
 }
 
+// What the first line after a delivery names: the model file, the repository or the GenAI folder.
+const char* DeliveredLabel(const std::optional<onnxopt::client::RepositoryOptions>& repository) {
+  if (!repository) return "optimized model: ";
+  return repository->layout == onnxopt::client::RepositoryLayout::kGenai ? "genai folder:    " : "model repository: ";
+}
+
 // Where a result is delivered: a model file (`out`, its data file and report beside it) or, with a
 // layout, a model repository at `out`.
 struct Destination {
@@ -257,8 +286,13 @@ struct Destination {
 absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<fs::path> files, const onnxopt::v1::Report& report,
                                                       const Destination& to) {
   if (to.repository) {
-    auto written = onnxopt::client::WriteModelRepository(files, report, *to.repository, to.out);
+    std::vector<std::string> notes;
+    auto written = onnxopt::client::WriteModelRepository(files, report, *to.repository, to.out, &notes);
     if (!written.ok()) return written.status();
+    for (const std::string& note : notes) std::cerr << "genai_config.json: " << note << std::endl;
+    if (to.repository->layout == onnxopt::client::RepositoryLayout::kGenai) {
+      return std::make_pair(to.out, to.out / "onnxopt_report.json");
+    }
     return std::make_pair(to.out, to.out / to.repository->model_name / "onnxopt_report.json");
   }
   fs::path report_path = to.out;
@@ -279,7 +313,9 @@ absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<fs::path> file
 // bytes are not fetched again; the folder goes once everything is delivered.
 absl::StatusOr<std::pair<fs::path, fs::path>> DownloadResult(Client& client, const onnxopt::v1::Job& job,
                                                              const Destination& to) {
-  const fs::path dir = to.repository ? to.out : (to.out.has_parent_path() ? to.out.parent_path() : fs::path("."));
+  // A repository gathers them inside; a file, and a GenAI folder (which appears whole), beside.
+  const bool inside = to.repository && to.repository->layout != onnxopt::client::RepositoryLayout::kGenai;
+  const fs::path dir = inside ? to.out : (to.out.has_parent_path() ? to.out.parent_path() : fs::path("."));
   std::error_code error;
   fs::create_directories(dir, error);
   const fs::path staging = dir / absl::StrCat(".onnxopt-download-", absl::StripPrefix(job.name(), "jobs/"));
@@ -328,7 +364,7 @@ int Follow(Client& client, const std::string& name, const Destination& out, bool
     return kOk;
   }
   const auto& result = final_job->result();
-  std::cout << (out.repository ? "model repository: " : "optimized model: ") << downloaded->first.string() << "\n"
+  std::cout << DeliveredLabel(out.repository) << downloaded->first.string() << "\n"
             << "report:          " << downloaded->second.string() << "\n"
             << absl::StrFormat("nodes %d -> %d, parity %s, speedup %.3fx", result.nodes_before(), result.nodes_after(),
                                result.parity_passed() ? "passed" : "not checked", result.speedup())
@@ -346,6 +382,9 @@ int Submit(Client& client, const Args& args) {
   if (!config.ok()) return Report(config.status());
   auto repository = RepositoryFrom(args);  // checked before anything is uploaded
   if (!repository.ok()) return Report(repository.status());
+  if (*repository) {
+    if (absl::Status fits = onnxopt::client::CheckModelFitsLayout(model, **repository); !fits.ok()) return Report(fits);
+  }
   ProgressLine line;
   auto reference = client.UploadModel(model, [&](int64_t done, int64_t total) {
     line.Show(absl::StrFormat("uploading %.1f / %.1f MiB", done / 1048576.0, total / 1048576.0));
@@ -430,7 +469,13 @@ int Local(const Args& args) {
     const fs::path out = args.Get("-o");
     auto repository = RepositoryFrom(args);
     if (!repository.ok()) return Report(repository.status());
-    const fs::path work = *repository ? out : out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    if (*repository) {
+      absl::Status fits = onnxopt::client::CheckModelFitsLayout(args.positional[1], **repository);
+      if (!fits.ok()) return Report(fits);
+    }
+    // The job works inside a repository, beside a file or a GenAI folder (which appears whole).
+    const bool inside = *repository && (*repository)->layout != onnxopt::client::RepositoryLayout::kGenai;
+    const fs::path work = inside ? out : out.parent_path().empty() ? fs::path(".") : out.parent_path();
     std::error_code created;
     fs::create_directories(work, created);
     const fs::path staging = work / (".onnxopt-" + std::to_string(::getpid()));
@@ -481,7 +526,7 @@ int Local(const Args& args) {
     }
     if (!result.ok()) return Report(result.status());
     if (!args.Has("--json")) {
-      std::cout << (*repository ? "model repository: " : "optimized model: ") << delivered->first.string()
+      std::cout << DeliveredLabel(*repository) << delivered->first.string()
                 << "\nreport:          " << delivered->second.string() << std::endl;
     }
     return kOk;
@@ -696,7 +741,7 @@ int Run(const Args& args) {
       if (json) {
         std::cout << onnxopt::client::JsonObject({{what, delivered->first.string()}, {"report", delivered->second.string()}});
       } else {
-        std::cout << (*repository ? "model repository: " : "optimized model: ") << delivered->first.string()
+        std::cout << DeliveredLabel(*repository) << delivered->first.string()
                   << "\nreport:          " << delivered->second.string() << std::endl;
       }
       return kOk;
@@ -859,15 +904,23 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   };
   // A model repository instead of a file: -o names the repository's folder.
   auto repository = [&](CLI::App* command) {
-    value(command, "--layout", "triton|kserve",
+    value(command, "--layout", "triton|kserve|genai",
           "write a model repository at -o: NAME/config.pbtxt and NAME/VERSION/model.onnx (kserve: and "
-          "inferenceservice.yaml)")
-        ->check(CLI::IsMember({"triton", "kserve"}));
+          "inferenceservice.yaml); genai: a folder ONNX Runtime GenAI loads (model.onnx, genai_config.json, "
+          "the tokenizer)")
+        ->check(CLI::IsMember({"triton", "kserve", "genai"}));
     value(command, "--model-name", "NAME", "the model's name in the repository (with --layout)");
     value(command, "--version", "N", "the model version folder (default 1; an existing one is refused)");
     value(command, "--max-batch-size", "N", "config.pbtxt's max_batch_size where the batch dim is dynamic (default 8)");
     value(command, "--storage-uri", "URI", "kserve: where the repository will be served from (default "
                                            "pvc://onnxopt-models/<folder>)");
+    value(command, "--tokenizer", "DIR",
+          "genai: the Hugging Face folder whose tokenizer files go beside the model (its config.json and "
+          "generation_config.json give the context length and token ids)");
+    value(command, "--context-length", "N", "genai: the positions the model takes (default: config.json's "
+                                            "max_position_embeddings, or the model's stored rotary table)");
+    value(command, "--genai-type", "TYPE", "genai: model.type (default: config.json's model_type where GenAI "
+                                           "knows it, else decoder)");
   };
 
   CLI::App* submit = app.add_subcommand("submit", "upload MODEL (and its external data) and queue a job");
@@ -985,6 +1038,11 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
   for (const auto& [name, option] : given) {
     if (option->count() == 0) continue;
     args->options[name] = name == "--page-size" ? std::to_string(page_size) : values[name];
+    // "-o out/" names the folder "out" (its parent is where a result is staged beside it).
+    std::string& value = args->options[name];
+    if (name == "-o") {
+      while (value.size() > 1 && value.back() == '/') value.pop_back();
+    }
   }
   return -1;
 }

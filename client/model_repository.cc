@@ -142,15 +142,46 @@ std::string KubernetesName(const std::string& name) {
   return label;
 }
 
+// Triton has a type for every input and output.
+absl::Status InterfaceFitsTriton(const onnx::ModelProto& model) {
+  std::vector<const onnx::ValueInfoProto*> interface = FedInputs(model.graph());
+  for (const auto& output : model.graph().output()) interface.push_back(&output);
+  for (const onnx::ValueInfoProto* value : interface) {
+    const onnx::TypeProto::Tensor* tensor = TensorType(*value);
+    if (tensor == nullptr || TritonType(tensor->elem_type()).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("REPOSITORY_UNSUPPORTED: '", value->name(),
+                                                     "' is no tensor of a type Triton has (sequences, maps, "
+                                                     "8- and 4-bit types have none)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckModelFitsLayout(const fs::path& model_path, const RepositoryOptions& options) {
+  // The optimizer keeps a model's inputs and outputs, so the original's interface is the result's.
+  // A model whose weights are inside its .onnx is read only when small; a large one is checked when
+  // its result is delivered (the client would hold it all).
+  constexpr uintmax_t kLargestReadBytes = uintmax_t{256} << 20;
+  std::error_code error;
+  const uintmax_t bytes = fs::file_size(model_path, error);
+  if (error || bytes > kLargestReadBytes) return absl::OkStatus();
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_path);
+  if (!model.ok()) return absl::OkStatus();  // the job reports a model it cannot read, with its reason
+  if (options.layout == RepositoryLayout::kGenai) return GenaiConfigFor(*model, v1::Report(), options.genai).status();
+  return InterfaceFitsTriton(*model);
+}
 
 absl::StatusOr<RepositoryLayout> ParseRepositoryLayout(const std::string& name) {
   if (name == "triton") return RepositoryLayout::kTriton;
   if (name == "kserve") return RepositoryLayout::kKServe;
-  return absl::InvalidArgumentError(absl::StrCat("--layout ", name, ": use triton or kserve"));
+  if (name == "genai") return RepositoryLayout::kGenai;
+  return absl::InvalidArgumentError(absl::StrCat("--layout ", name, ": use triton, kserve or genai"));
 }
 
 absl::Status CheckRepositoryOptions(const RepositoryOptions& options) {
+  if (options.layout == RepositoryLayout::kGenai) return CheckGenaiOptions(options.genai);
   if (!ValidModelName(options.model_name)) {
     return absl::InvalidArgumentError("--model-name must be 1 to 128 characters of A-Z a-z 0-9 - _ . (not . or ..)");
   }
@@ -160,6 +191,7 @@ absl::Status CheckRepositoryOptions(const RepositoryOptions& options) {
 }
 
 absl::Status CheckVersionFree(const RepositoryOptions& options, const fs::path& repo) {
+  if (options.layout == RepositoryLayout::kGenai) return CheckGenaiFolderFree(repo);
   const fs::path version_dir = repo / options.model_name / absl::StrCat(options.version);
   std::error_code error;
   if (!fs::exists(version_dir, error)) return absl::OkStatus();
@@ -229,23 +261,16 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
 }
 
 absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<fs::path>& files, const v1::Report& report,
-                                                           const RepositoryOptions& options, const fs::path& repo) {
+                                                           const RepositoryOptions& options, const fs::path& repo,
+                                                           std::vector<std::string>* notes) {
   if (absl::Status valid = CheckRepositoryOptions(options); !valid.ok()) return valid;
+  if (options.layout == RepositoryLayout::kGenai) return WriteGenaiFolder(files, report, options.genai, repo, notes);
   auto model_file = std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx"; });
   if (model_file == files.end()) return absl::NotFoundError("the result has no model.onnx");
   // The graph only: config.pbtxt needs its inputs and outputs, not its weights.
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(*model_file);
   if (!model.ok()) return model.status();
-  std::vector<const onnx::ValueInfoProto*> interface = FedInputs(model->graph());
-  for (const auto& output : model->graph().output()) interface.push_back(&output);
-  for (const onnx::ValueInfoProto* value : interface) {
-    const onnx::TypeProto::Tensor* tensor = TensorType(*value);
-    if (tensor == nullptr || TritonType(tensor->elem_type()).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("REPOSITORY_UNSUPPORTED: '", value->name(),
-                                                     "' is no tensor of a type Triton has (sequences, maps, "
-                                                     "8- and 4-bit types have none)"));
-    }
-  }
+  if (absl::Status fits = InterfaceFitsTriton(*model); !fits.ok()) return fits;
   if (absl::Status free = CheckVersionFree(options, repo); !free.ok()) return free;
   const fs::path model_dir = repo / options.model_name;
   const fs::path version_dir = model_dir / absl::StrCat(options.version);

@@ -110,6 +110,64 @@ TEST_F(DeliveryTest, OneCommandFromModelToATritonRepositoryWithLabelsAndLineage)
   EXPECT_EQ(down.code, 1) << down.out;
 }
 
+// A decoder as the folder ONNX Runtime GenAI loads: locally, and from a job through the server;
+// refusals come before anything runs.
+TEST_F(DeliveryTest, ADecoderBecomesTheFolderOnnxRuntimeGenaiLoads) {
+  const std::string decoder = FixturePath("cache/trained_decoder.onnx").string();
+  const std::string tokenizer = FixturePath("cache/trained_decoder_hf").string();
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"iterations": 5}})");
+  const fs::path local = dir_ / "local-genai";
+  const std::vector<std::string> optimize = {"optimize",  decoder, "-o", local.string() + "/", "--config",
+                                             config.string(), "--layout", "genai", "--tokenizer", tokenizer};
+  Result result = Cli(optimize);
+  ASSERT_EQ(result.code, 0) << result.err << result.out;
+  EXPECT_TRUE(absl::StrContains(result.out, "genai folder:    " + local.string() + "\n")) << result.out;
+  for (const char* file : {"model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json",
+                           "onnxopt_report.json"}) {
+    EXPECT_TRUE(fs::exists(local / file)) << file;
+  }
+  const std::string genai = Slurp(local / "genai_config.json");
+  EXPECT_TRUE(absl::StrContains(genai, "\"type\": \"qwen2\"")) << genai;
+  EXPECT_TRUE(absl::StrContains(genai, "\"num_attention_heads\": 4")) << "the fused attention's heads: " << genai;
+  EXPECT_TRUE(absl::StrContains(genai, "\"past_key_names\": \"past_key_values.%d.key\"")) << genai;
+  EXPECT_TRUE(absl::StrContains(result.err, "genai_config.json: pad_token_id")) << result.err;
+  const auto model = ParseModelFile(local / "model.onnx");
+  ASSERT_TRUE(model.ok()) << model.status();
+  bool fused = false;
+  for (const auto& node : model->graph().node()) fused |= node.op_type() == "GroupQueryAttention";
+  EXPECT_TRUE(fused) << "the optimized decoder is what the folder holds";
+
+  // Never into a folder that holds something; flags of other layouts refused; checked before running.
+  Result again = Cli(optimize);
+  EXPECT_EQ(again.code, 5) << again.err;
+  EXPECT_TRUE(absl::StrContains(again.err, "GENAI_FOLDER_EXISTS")) << again.err;
+  EXPECT_FALSE(absl::StrContains(again.out, "transformer:")) << "refused before the job ran: " << again.out;
+  Result mixed = Cli({"optimize", decoder, "-o", (dir_ / "mixed").string(), "--layout", "genai", "--model-name", "m"});
+  EXPECT_EQ(mixed.code, 5) << mixed.err;
+  EXPECT_TRUE(absl::StrContains(mixed.err, "--model-name is for --layout triton or kserve")) << mixed.err;
+  Result encoder = Cli({"optimize", FixturePath("bert_tiny.onnx").string(), "-o", (dir_ / "bert").string(),
+                        "--layout", "genai", "--context-length", "128"});
+  EXPECT_EQ(encoder.code, 5) << encoder.err;
+  EXPECT_TRUE(absl::StrContains(encoder.err, "GENAI_UNSUPPORTED")) << encoder.err;
+  EXPECT_FALSE(fs::exists(dir_ / "bert"));
+  Result untold = Cli({"optimize", decoder, "-o", (dir_ / "untold").string(), "--layout", "genai"});
+  EXPECT_EQ(untold.code, 5) << untold.err;
+  EXPECT_TRUE(absl::StrContains(untold.err, "--context-length")) << untold.err;
+
+  // Through the server: submit, wait, and the folder appears whole beside nothing else.
+  StartServer();
+  const fs::path served = dir_ / "served" / "decoder";
+  Result submitted = Cli({"submit", decoder, "--config", config.string(), "--wait", "-o", served.string(), "--layout",
+                          "genai", "--tokenizer", tokenizer});
+  ASSERT_EQ(submitted.code, 0) << submitted.err << submitted.out;
+  EXPECT_TRUE(fs::exists(served / "genai_config.json"));
+  EXPECT_TRUE(fs::exists(served / "tokenizer.json"));
+  for (const auto& entry : fs::directory_iterator(served.parent_path())) {
+    EXPECT_EQ(entry.path(), served) << "download staging left behind";
+  }
+  EXPECT_EQ(StopServer(), 0);
+}
+
 // What an operator sees: the queue wait, finished jobs by reason, JSON log lines naming the job.
 TEST_F(DeliveryTest, MetricsSayWhyJobsEndedAndJsonLogsNameTheJob) {
   StartServer({"--log-format=json", "--workers=1"});
@@ -131,7 +189,7 @@ TEST_F(DeliveryTest, MetricsSayWhyJobsEndedAndJsonLogsNameTheJob) {
   EXPECT_TRUE(absl::StrContains(metrics, "onnxopt_job_queue_wait_seconds_count")) << metrics;
   EXPECT_EQ(StopServer(), 0);
   int lines_about_the_job = 0;
-  for (const std::string& file : {"server.out", "server.err"}) {
+  for (const char* file : {"server.out", "server.err"}) {
     for (absl::string_view line : absl::StrSplit(Slurp(dir_ / file), '\n', absl::SkipEmpty())) {
       EXPECT_FALSE(absl::StartsWith(line, "onnxopt-server:")) << "a text line in JSON mode: " << line;
       if (!absl::StartsWith(line, "{")) continue;  // gRPC's own log lines
