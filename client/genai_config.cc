@@ -251,6 +251,7 @@ std::optional<LayerPatterns> FindLayerPatterns(const std::vector<std::string>& n
     // Where the two patterns differ: "key" against "value", "k" against "v".
     size_t prefix = 0;
     while (prefix < first.size() && prefix < second.size() && first[prefix] == second[prefix]) ++prefix;
+    if (prefix == first.size() || prefix == second.size()) return std::nullopt;
     const char a = absl::ascii_tolower(first[prefix]);
     const char b = absl::ascii_tolower(second[prefix]);
     if (a == 'k' && b == 'v') return LayerPatterns{first, second, layers};

@@ -191,8 +191,10 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
       return MaxAbsActivations(model, reference_->sets.front().inputs, parity_settings_);
     };
     std::string search_failure;
+    const v1::PrecisionReport measured = *described;  // int4: every projection's error, worst first
     absl::StatusOr<std::optional<MixedPrecisionResult>> mixed =
-        SearchMixedPrecision(fp32_model_, precision, calibrated_, probe, magnitudes, PassOptions(), &search_failure);
+        SearchMixedPrecision(fp32_model_, precision, calibrated_, probe, magnitudes, PassOptions(), &search_failure,
+                             WorstProjections(measured));
     if (!mixed.ok()) return mixed.status();
     if (mixed->has_value()) {
       MixedPrecisionResult& found = **mixed;
@@ -205,6 +207,7 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
       described->Clear();
       described->set_note(first_failure);
       DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, described);
+      KeepProjectionsStillQuantized(measured, found.kept, described);
       described->clear_kept_nodes();
       for (const auto& kept : found.kept) *described->add_kept_nodes() = kept;
       described->set_auto_mixed_attempts(found.attempts);

@@ -337,6 +337,46 @@ std::optional<std::string> MissingKernelOp(const std::string& message) {
   return message.substr(begin, end - begin);
 }
 
+std::vector<MeasuredError> WorstProjections(const v1::PrecisionReport& measured) {
+  std::vector<MeasuredError> worst;
+  for (const auto& projection : measured.projections()) {
+    worst.push_back({projection.node(), projection.output_error() >= 0
+                                            ? absl::StrFormat("output error %.4f", projection.output_error())
+                                            : absl::StrFormat("weight error %.4f", projection.weight_error())});
+  }
+  return worst;
+}
+
+void KeepProjectionsStillQuantized(const v1::PrecisionReport& measured, const std::vector<v1::KeptNode>& kept,
+                                   v1::PrecisionReport* report) {
+  if (measured.projections().empty()) return;
+  std::set<std::string> float_nodes;
+  for (const auto& node : kept) float_nodes.insert(node.node());
+  double weight = 0, rtn_weight = 0, output = 0, rtn_output = 0;
+  int rows = 0, with_output = 0;
+  for (const auto& projection : measured.projections()) {
+    if (float_nodes.count(projection.node()) > 0) continue;
+    *report->add_projections() = projection;
+    weight += projection.weight_error();
+    rtn_weight += projection.rtn_weight_error();
+    ++rows;
+    if (projection.output_error() >= 0) {
+      output += projection.output_error();
+      rtn_output += projection.rtn_output_error();
+      ++with_output;
+    }
+  }
+  report->set_method(measured.method());
+  report->set_mean_weight_error(rows > 0 ? weight / rows : 0);
+  report->set_rtn_mean_weight_error(rows > 0 ? rtn_weight / rows : 0);
+  report->set_mean_output_error(with_output > 0 ? output / with_output : -1);
+  report->set_rtn_mean_output_error(with_output > 0 ? rtn_output / with_output : -1);
+  report->set_projections_note(absl::StrCat(
+      measured.projections_note(), measured.projections_note().empty() ? "" : "; ",
+      "the projections automatic mixed precision kept in float32 are left out, the means are the ", rows,
+      " still quantized"));
+}
+
 namespace {
 
 // One search: each candidate is converted from the float32 model with some nodes kept.
@@ -404,12 +444,109 @@ class MixedPrecisionSearch {
   int attempts_ = 0;
 };
 
+constexpr char kNothingPasses[] = "even keeping every node in float32 does not pass";
+
+// A passing set of nodes to keep, why each, and the candidate that passed with them.
+struct KeptSet {
+  std::set<std::string> nodes;
+  std::map<std::string, std::string> reasons;
+  MixedPrecisionResult candidate;
+};
+
+// The worst `count` of `worst_first`, and the nodes always kept.
+std::set<std::string> KeepWorst(const std::vector<MeasuredError>& worst_first, size_t count,
+                                const std::set<std::string>& always) {
+  std::set<std::string> nodes = always;
+  for (size_t i = 0; i < count; ++i) nodes.insert(worst_first[i].node);
+  return nodes;
+}
+
+// The fewest of the largest measured errors, at most `most`, that pass: 1, 2, 4, ... of the worst
+// until a count passes, then the least count between the last failing one and it. nullopt when none
+// does.
+absl::StatusOr<std::optional<KeptSet>> KeepWorstMeasured(MixedPrecisionSearch& search,
+                                                         const std::vector<MeasuredError>& worst_first,
+                                                         const std::set<std::string>& always, size_t most) {
+  most = std::min(most, worst_first.size());
+  size_t failed = 0, passing = 0;
+  for (size_t count = 1; passing == 0 && failed < most; count = std::min(2 * count, most)) {
+    absl::StatusOr<bool> passed = search.Passes(KeepWorst(worst_first, count, always));
+    if (!passed.ok()) return passed.status();
+    (*passed ? passing : failed) = count;
+  }
+  if (passing == 0) return std::optional<KeptSet>();
+  // The last candidate that passed keeps the worst `high`: the one search.best() remembers.
+  size_t low = failed + 1, high = passing;
+  while (low < high) {
+    const size_t mid = low + (high - low) / 2;
+    absl::StatusOr<bool> passed = search.Passes(KeepWorst(worst_first, mid, always));
+    if (!passed.ok()) return passed.status();
+    if (*passed) high = mid; else low = mid + 1;
+  }
+  KeptSet kept;
+  kept.candidate = std::move(*search.best());
+  search.best().reset();
+  for (size_t i = 0; i < high; ++i) {
+    kept.nodes.insert(worst_first[i].node);
+    kept.reasons.emplace(worst_first[i].node, absl::StrCat("error: ", worst_first[i].why, ", among the ", high,
+                                                           " largest measured; parity failed until they were kept"));
+  }
+  return std::optional<KeptSet>(std::move(kept));
+}
+
+// The shortest window of `order` (nodes in graph order) that passes when kept: its end by bisection
+// from the front, then its start. nullopt with `why` when only keeping everything passes.
+absl::StatusOr<std::optional<KeptSet>> BisectAlongGraph(MixedPrecisionSearch& search,
+                                                        const std::vector<std::pair<std::string, std::string>>& order,
+                                                        const std::set<std::string>& always, std::string* why) {
+  auto keep = [&](size_t begin, size_t end) {
+    std::set<std::string> nodes = always;
+    for (size_t i = begin; i < end; ++i) nodes.insert(order[i].first);
+    return nodes;
+  };
+  auto none = [&](const std::string& reason) {
+    *why = reason;
+    return std::optional<KeptSet>();
+  };
+  absl::StatusOr<bool> all = search.Passes(keep(0, order.size()), /*nothing_converted_passes=*/true);
+  if (!all.ok()) return all.status();
+  if (!*all) return none(kNothingPasses);
+  size_t low = 0, high = order.size();  // keeping [0, high) passes; [0, low) is not known to
+  while (low < high) {
+    const size_t mid = low + (high - low) / 2;
+    absl::StatusOr<bool> passed = search.Passes(keep(0, mid));
+    if (!passed.ok()) return passed.status();
+    if (*passed) high = mid; else low = mid + 1;
+  }
+  const size_t end = high;
+  size_t begin_low = 0, begin_high = end;  // keeping [begin_low, end) passes
+  while (begin_low + 1 < begin_high) {
+    const size_t mid = begin_low + (begin_high - begin_low) / 2;
+    absl::StatusOr<bool> passed = search.Passes(keep(mid, end));
+    if (!passed.ok()) return passed.status();
+    if (*passed) begin_low = mid; else begin_high = mid;
+  }
+  if (begin_low == 0 && end == order.size()) return none("only keeping every node in float32 passes");
+  // Judge the final window once more so the remembered candidate is exactly it.
+  absl::StatusOr<bool> passed = search.Passes(keep(begin_low, end));
+  if (!passed.ok()) return passed.status();
+  if (!*passed) return none("the bisection's window did not pass when judged again");
+  KeptSet kept;
+  kept.candidate = std::move(*search.best());
+  search.best().reset();
+  for (size_t i = begin_low; i < end; ++i) {
+    kept.nodes.insert(order[i].first);
+    kept.reasons.emplace(order[i].first, "error: parity failed until kept (bisection along the graph)");
+  }
+  return std::optional<KeptSet>(std::move(kept));
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
     const ParityProbe& probe, const ActivationMagnitudes& ranges, const PassManagerOptions& options,
-    std::string* failure) {
+    std::string* failure, const std::vector<MeasuredError>& worst_first) {
   MixedPrecisionSearch search(fp32_model, precision, base, probe, options);
   auto give_up = [&](const std::string& why) {
     if (failure != nullptr) {
@@ -467,41 +604,26 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     }
   }
 
-  // (2) Bisection along the graph, when the range alone was not enough.
+  // (2) A window along the graph; (3) int4: fewer of the projections whose measured error is largest,
+  // if some count below the window's passes. A projection's own output error says little of how far
+  // its error travels (on the trained fixture the window was the smaller set at every bound tried), so
+  // the window comes first and bounds what the measured order may cost.
   std::set<std::string> window;
   if (!search.best()) {
-    auto keep = [&](size_t begin, size_t end) {
-      std::set<std::string> nodes = overflow;
-      for (size_t i = begin; i < end; ++i) nodes.insert(order[i].first);
-      return nodes;
-    };
-    absl::StatusOr<bool> all = search.Passes(keep(0, order.size()), /*nothing_converted_passes=*/true);
-    if (!all.ok()) return all.status();
-    if (!*all) return give_up("even keeping every node in float32 does not pass");
-    size_t low = 0, high = order.size();  // keeping [0, high) passes; [0, low) is not known to
-    while (low < high) {
-      const size_t mid = low + (high - low) / 2;
-      absl::StatusOr<bool> passed = search.Passes(keep(0, mid));
-      if (!passed.ok()) return passed.status();
-      if (*passed) high = mid; else low = mid + 1;
+    std::string why;
+    absl::StatusOr<std::optional<KeptSet>> chosen = BisectAlongGraph(search, order, overflow, &why);
+    if (!chosen.ok()) return chosen.status();
+    const bool hopeless = !*chosen && why == kNothingPasses;
+    if (!worst_first.empty() && !hopeless) {
+      const size_t fewer = *chosen ? (*chosen)->nodes.size() - 1 : worst_first.size();
+      absl::StatusOr<std::optional<KeptSet>> by_error = KeepWorstMeasured(search, worst_first, overflow, fewer);
+      if (!by_error.ok()) return by_error.status();
+      if (*by_error) *chosen = *std::move(by_error);
     }
-    const size_t end = high;
-    size_t begin_low = 0, begin_high = end;  // keeping [begin_low, end) passes
-    while (begin_low + 1 < begin_high) {
-      const size_t mid = begin_low + (begin_high - begin_low) / 2;
-      absl::StatusOr<bool> passed = search.Passes(keep(mid, end));
-      if (!passed.ok()) return passed.status();
-      if (*passed) begin_low = mid; else begin_high = mid;
-    }
-    if (begin_low == 0 && end == order.size()) return give_up("only keeping every node in float32 passes");
-    // Judge the final window once more so the remembered candidate is exactly it.
-    absl::StatusOr<bool> passed = search.Passes(keep(begin_low, end));
-    if (!passed.ok()) return passed.status();
-    if (!*passed) return give_up("the bisection's window did not pass when judged again");
-    for (size_t i = begin_low; i < end; ++i) {
-      window.insert(order[i].first);
-      reasons.emplace(order[i].first, "error: parity failed until kept (bisection along the graph)");
-    }
+    if (!*chosen) return give_up(why);
+    search.best() = std::move((*chosen)->candidate);
+    window = std::move((*chosen)->nodes);
+    for (auto& [node, reason] : (*chosen)->reasons) reasons.emplace(node, std::move(reason));
   }
   MixedPrecisionResult result = std::move(*search.best());
   result.attempts = search.attempts();

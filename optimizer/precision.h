@@ -101,12 +101,30 @@ struct MixedPrecisionResult {
   int attempts = 0;
 };
 
+// A node the search may keep in float32, with what was measured of its error in the lower precision
+// (int4's projections: report.proto's ProjectionError).
+struct MeasuredError {
+  std::string node;  // NodeKey
+  std::string why;   // e.g. "output error 0.083"
+};
+
+// int4's projections from `measured` (report.proto's ProjectionError rows, worst first): the search's
+// order to keep them in.
+std::vector<MeasuredError> WorstProjections(const v1::PrecisionReport& measured);
+
+// After a mixed search: `report` gets `measured`'s projection rows of the nodes still quantized (not
+// in `kept`), their means, method and note.
+void KeepProjectionsStillQuantized(const v1::PrecisionReport& measured, const std::vector<v1::KeptNode>& kept,
+                                   v1::PrecisionReport* report);
+
 // nullopt when no candidate that still converts something passes; `failure` then says why. Every
-// candidate is converted with `base` (calibrated ranges) plus the nodes it keeps.
+// candidate is converted with `base` (calibrated ranges) plus the nodes it keeps. `worst_first`: nodes
+// by measured error, largest first; when given, the fewest of its leading nodes that pass are kept
+// where they are fewer than the window the bisection along the graph finds.
 absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     const onnx::ModelProto& fp32_model, const v1::PrecisionConfig& precision, const PrecisionExtras& base,
     const ParityProbe& probe, const ActivationMagnitudes& ranges, const PassManagerOptions& options,
-    std::string* failure = nullptr);
+    std::string* failure = nullptr, const std::vector<MeasuredError>& worst_first = {});
 
 // `candidate` as the original's callers see it: inputs and outputs that became float16/bfloat16
 // (keep_io_types off) are float32 again behind Casts, so that parity and the benchmark feed and read

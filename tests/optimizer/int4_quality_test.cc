@@ -21,13 +21,16 @@ namespace fs = std::filesystem;
 constexpr int kLayers = 4;
 constexpr int kProjectionsPerLayer = 7;  // q, k, v, o, gate, up, down
 
-absl::StatusOr<OptimizeResult> QuantizeTrained(const std::string& dir_name, const v1::Int4Config& int4) {
+absl::StatusOr<OptimizeResult> QuantizeTrained(const std::string& dir_name, const v1::Int4Config& int4,
+                                               double max_kl = 0) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
   request.output_dir = testing::TempDir(absl::StrCat("int4_quality_", dir_name)) / "out";
   request.config.mutable_precision()->set_mode("int4_weight_only");
   *request.config.mutable_precision()->mutable_int4() = int4;
-  request.config.mutable_precision()->set_auto_mixed(false);
+  // A stricter KL bound than the default makes the all-int4 model fail, so the mixed search runs.
+  request.config.mutable_precision()->set_auto_mixed(max_kl > 0);
+  if (max_kl > 0) request.config.mutable_validation()->set_max_kl_divergence(max_kl);
   request.config.mutable_benchmark()->set_skip(true);
   return Optimize(request);
 }
@@ -168,6 +171,45 @@ TEST(Int4QualityTest, EmbeddingsInInt8) {
   auto bad = QuantizeTrained("embeddings_bad", unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// When int4 fails, the mixed search tries the projections whose measured output error is largest (as
+// few as pass) and a window along the graph, and keeps the smaller set (mixed_precision_search_test.cc
+// checks the choice itself); the report's projections are then the ones still quantized.
+TEST(Int4QualityTest, MixedPrecisionReportsTheProjectionsStillQuantized) {
+  auto all_int4 = QuantizeTrained("mixed_reference", v1::Int4Config());
+  ASSERT_TRUE(all_int4.ok()) << all_int4.status();
+  const v1::PrecisionReport& measured = all_int4->report.precision();
+  ASSERT_EQ(measured.projections_size(), kLayers * kProjectionsPerLayer + 1);
+  const double all_int4_kl = [&] {
+    double kl = 0;
+    for (const auto& output : all_int4->report.parity().outputs()) kl = std::max(kl, output.kl_divergence());
+    return kl;
+  }();
+  ASSERT_GT(all_int4_kl, 0.0);
+
+  auto mixed = QuantizeTrained("mixed", v1::Int4Config(), all_int4_kl / 2);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  const v1::PrecisionReport& precision = mixed->report.precision();
+  ASSERT_GT(precision.kept_nodes_size(), 0) << precision.note();
+  EXPECT_TRUE(mixed->report.parity().passed());
+  std::set<std::string> kept_nodes, measured_nodes;
+  for (const auto& kept : precision.kept_nodes()) {
+    kept_nodes.insert(kept.node());
+    EXPECT_TRUE(kept.reason().find("largest measured") != std::string::npos ||
+                kept.reason().find("bisection along the graph") != std::string::npos)
+        << kept.reason();
+  }
+  for (const auto& projection : measured.projections()) measured_nodes.insert(projection.node());
+  EXPECT_GT(OpCount(mixed->report, "com.microsoft::MatMulNBits"), 0) << "the rest stays int4";
+  int kept_projections = 0;
+  for (const auto& node : kept_nodes) kept_projections += static_cast<int>(measured_nodes.count(node));
+  EXPECT_EQ(precision.projections_size(), measured.projections_size() - kept_projections)
+      << "the projections still quantized";
+  for (const auto& projection : precision.projections()) {
+    EXPECT_EQ(kept_nodes.count(projection.node()), 0u) << projection.node() << " was kept in float32";
+  }
+  EXPECT_NE(precision.projections_note().find("still quantized"), std::string::npos) << precision.projections_note();
 }
 
 }  // namespace
