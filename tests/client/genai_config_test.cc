@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -350,6 +351,48 @@ TEST_F(GenaiFolderTest, WritesTheFolderGenaiLoadsWholeAndNeverIntoAFullOne) {
   // An empty folder is taken.
   fs::create_directories(dir_ / "empty");
   EXPECT_TRUE(WriteGenaiFolder(Download(), TunedCpuReport(), WithHfFiles(), dir_ / "empty", &notes).ok());
+}
+
+// A decoder past protobuf's 2 GiB (its embedding table in a sparse 2 GiB model.onnx.data, so the test
+// writes nothing): the folder reads the graph and moves the data file, never reading the model whole.
+TEST_F(GenaiFolderTest, ADecoderPastTwoGibibytesIsMovedNotRead) {
+  const fs::path folder = dir_ / "download";
+  onnx::ModelProto model = Decoder(2, CachePast, CachePresent);
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(17);
+  onnx::GraphProto* graph = model.mutable_graph();
+  onnx::TensorProto* table = graph->add_initializer();
+  table->set_name("embed_tokens.weight");
+  table->set_data_type(onnx::TensorProto::FLOAT);
+  table->add_dims(131072);
+  table->add_dims(4096);
+  table->set_data_location(onnx::TensorProto::EXTERNAL);
+  for (auto [key, value] : {std::pair<std::string, std::string>{"location", "model.onnx.data"}, {"offset", "0"},
+                            {"length", std::to_string(int64_t{131072} * 4096 * 4)}}) {
+    auto* entry = table->add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  onnx::NodeProto* gather = graph->add_node();
+  gather->set_op_type("Gather");
+  gather->add_input("embed_tokens.weight");
+  gather->add_input("tokens");
+  gather->add_output("embedded");
+  ASSERT_TRUE(WriteFileAtomically(folder / "model.onnx", model.SerializeAsString()).ok());
+  { std::ofstream(folder / "model.onnx.data", std::ios::binary); }
+  fs::resize_file(folder / "model.onnx.data", uintmax_t{131072} * 4096 * 4);
+  ASSERT_TRUE(WriteFileAtomically(folder / "report.json", "{}").ok());
+
+  const fs::path out = dir_ / "big";
+  std::vector<std::string> notes;
+  absl::StatusOr<std::vector<fs::path>> written = WriteGenaiFolder(
+      {folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"}, v1::Report(), GenaiOptions(), out,
+      &notes);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(fs::file_size(out / "model.onnx.data"), uintmax_t{131072} * 4096 * 4);
+  absl::StatusOr<std::string> json = ReadFile(out / "genai_config.json");
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ(ParseAsGenai(*json).model().decoder().hidden_size(), 4096) << "the embedding table's width";
 }
 
 }  // namespace

@@ -205,6 +205,42 @@ TEST_F(ModelRepositoryTest, KServeAddsAnInferenceServiceWithAKubernetesName) {
   EXPECT_NE(manifest->find("runtime: kserve-tritonserver"), std::string::npos);
 }
 
+// A result past protobuf's 2 GiB: its weights in model.onnx.data (a sparse 2.1 GiB file here, so the
+// test writes nothing), its graph in model.onnx. The repository moves the files and reads the graph;
+// nothing serializes or reads the model whole.
+TEST_F(ModelRepositoryTest, AResultPastTwoGibibytesIsMovedNotRead) {
+  const fs::path folder = dir_ / "download";
+  constexpr int64_t kRows = 33000, kCols = 16384;  // 2.01 GiB of float32
+  onnx::ModelProto model = Encoder("batch");
+  onnx::TensorProto* weight = model.mutable_graph()->add_initializer();
+  weight->set_name("embedding");
+  weight->set_data_type(onnx::TensorProto::FLOAT);
+  weight->add_dims(kRows);
+  weight->add_dims(kCols);
+  weight->set_data_location(onnx::TensorProto::EXTERNAL);
+  for (auto [key, value] : {std::pair<std::string, std::string>{"location", "model.onnx.data"}, {"offset", "0"},
+                            {"length", std::to_string(kRows * kCols * 4)}}) {
+    auto* entry = weight->add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+  ASSERT_TRUE(WriteFileAtomically(folder / "model.onnx", model.SerializeAsString()).ok());
+  { std::ofstream(folder / "model.onnx.data", std::ios::binary); }
+  fs::resize_file(folder / "model.onnx.data", static_cast<uintmax_t>(kRows * kCols * 4));
+  ASSERT_TRUE(WriteFileAtomically(folder / "report.json", "{}").ok());
+  ASSERT_GT(fs::file_size(folder / "model.onnx.data"), uintmax_t{2} << 30);
+
+  RepositoryOptions options;
+  options.model_name = "big";
+  const fs::path repo = dir_ / "models";
+  EXPECT_TRUE(CheckModelFitsLayout(folder / "model.onnx", options).ok());
+  auto written = WriteModelRepository({folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"},
+                                      CpuReport(), options, repo);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(fs::file_size(repo / "big" / "1" / "model.onnx.data"), static_cast<uintmax_t>(kRows * kCols * 4));
+  EXPECT_TRUE(Parse(*ReadFile(repo / "big" / "config.pbtxt")).has_dynamic_batching());
+}
+
 TEST(RepositoryOptionsTest, RefusesNamesThatAreNoFolderAndVersionsBelowOne) {
   RepositoryOptions options;
   for (const char* name : {"", "..", "a/b", "with space"}) {
