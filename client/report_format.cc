@@ -284,6 +284,10 @@ std::string FormatReport(const v1::Report& report) {
                                             output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    if (parity.generation().ran()) {
+      absl::StrAppend(&out, "judged by greedy generation: ", parity.generation().passed() ? "PASSED" : "FAILED", " (",
+                      parity.generation().note(), ")\n");
+    }
     if (parity.device() != parity.reference()) {
       absl::StrAppend(&out, "reference: ", parity.reference(), "; compared on: ", parity.device(),
                       absl::StrFormat("; an output may stray %gx the original's own deviation there\n", parity.noise_factor()));

@@ -21,6 +21,7 @@
 #include "optimizer/pass_manager.h"
 #include "optimizer/precision.h"
 #include "optimizer/transformer_report.h"
+#include "optimizer/validation/generation.h"
 #include "optimizer/validation/input_generator.h"
 #include "optimizer/validation/parity.h"
 
@@ -91,6 +92,11 @@ class OptimizeJob {
 
   // Validation's parts (optimize_validation.cc).
   absl::StatusOr<bool> Judge(const ModelSource& source, const std::string& precision, v1::ParityReport* into);
+  // The original's greedy generation, traced with the reference session where a quantized decoder may
+  // be judged on it (ValidationConfig.judge_generation).
+  absl::Status TraceGreedyReference(Ort::Session& original);
+  // A quantized decoder whose outputs failed: its greedy generation against the original's decides.
+  absl::Status JudgeByGeneration(Ort::Session& candidate, const std::string& precision, v1::ParityReport* into);
   // The original's deviation on the job's device from the CPU fp32 reference, where they differ.
   absl::Status MeasureDeviceNoise();
   // After lower precision failed parity: automatic mixed precision, else float32 (or failure).
@@ -146,6 +152,10 @@ class OptimizeJob {
   SessionSettings reference_settings_;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
   SessionSettings parity_settings_;     // the job's device: candidates (and the original's noise) run here
   std::optional<ParityReference> reference_;
+  // A quantized decoder's second judge: the original's greedy generation (JudgeByGeneration).
+  std::optional<GreedyTrace> greedy_reference_;
+  std::optional<CacheInterface> cache_;
+  v1::GenerationConfig greedy_config_;
   bool returned_original_ = false;
 };
 

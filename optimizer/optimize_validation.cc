@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -109,7 +110,61 @@ absl::StatusOr<bool> OptimizeJob::Judge(const ModelSource& source, const std::st
       CompareWithReference(**session, precision, *reference_, config_.validation(), request_.cancelled, into);
   if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
   if (!compared.ok()) return compared;
+  if (!into->passed() && greedy_reference_ && original_ && (precision == "int8" || precision == "int4")) {
+    if (absl::Status judged = JudgeByGeneration(**session, precision, into); !judged.ok()) return judged;
+  }
   return into->passed();
+}
+
+absl::Status OptimizeJob::TraceGreedyReference(Ort::Session& original) {
+  const v1::PrecisionConfig& precision = config_.precision();
+  const bool quantizing = absl::StartsWith(precision.mode(), "int") || precision.mode() == kAutoPrecision;
+  const v1::ValidationConfig& validation = config_.validation();
+  if (!precision_requested_ || !quantizing || (validation.has_judge_generation() && !validation.judge_generation()) ||
+      config_.benchmark().generation().skip()) {
+    return absl::OkStatus();
+  }
+  cache_ = FindCacheInterface(original_->graph());
+  if (!cache_) return absl::OkStatus();
+  absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config_.benchmark().generation());
+  if (!resolved.ok()) return resolved.status();
+  greedy_config_ = *resolved;
+  Progress(Phase::kValidating, "the original's greedy generation");
+  absl::StatusOr<GreedyTrace> trace = TraceOriginalGreedy(original, *original_, *cache_, greedy_config_);
+  // A model the generation loop cannot drive is judged on its outputs alone, as before.
+  if (trace.ok()) greedy_reference_ = *std::move(trace);
+  return absl::OkStatus();
+}
+
+absl::Status OptimizeJob::JudgeByGeneration(Ort::Session& candidate, const std::string& precision,
+                                            v1::ParityReport* into) {
+  v1::GenerationVerdict* verdict = into->mutable_generation();
+  verdict->Clear();
+  verdict->set_ran(true);
+  const Tolerance tolerance = ToleranceFor(config_.validation(), cache_->logits_output, precision);
+  verdict->set_max_kl_allowed(tolerance.max_kl);
+  verdict->set_min_cosine_allowed(tolerance.min_cosine);
+  v1::GenerationReport greedy;
+  absl::Status compared =
+      CompareToGreedyTrace(candidate, *original_, *cache_, greedy_config_, *greedy_reference_, &greedy);
+  if (!compared.ok()) {
+    verdict->set_note(absl::StrCat("could not run: ", compared.message()));
+    return absl::OkStatus();
+  }
+  verdict->set_steps(greedy.steps_size());
+  verdict->set_mean_kl_divergence(greedy.mean_kl_divergence());
+  verdict->set_max_kl_divergence(greedy.max_kl_divergence());
+  verdict->set_min_logits_cosine(greedy.min_logits_cosine());
+  verdict->set_top1_agreement(greedy.top1_agreement());
+  const bool close = tolerance.max_kl > 0 && greedy.mean_kl_divergence() <= tolerance.max_kl;
+  const bool aligned = greedy.min_logits_cosine() >= tolerance.min_cosine;
+  verdict->set_passed(close && aligned);
+  verdict->set_note(absl::StrFormat(
+      "%d greedy steps teacher-forced on the original's picks: mean KL %.5f (%s %.4g), min logits cosine %.5f "
+      "(%s %.4g), top-1 %.3f", greedy.steps_size(), greedy.mean_kl_divergence(), close ? "<=" : ">", tolerance.max_kl,
+      greedy.min_logits_cosine(), aligned ? ">=" : "<", tolerance.min_cosine, greedy.top1_agreement()));
+  if (verdict->passed()) into->set_passed(true);
+  return absl::OkStatus();
 }
 
 absl::Status OptimizeJob::Validate() {
@@ -140,6 +195,7 @@ absl::Status OptimizeJob::Validate() {
                                                                      supplied_, request_.cancelled, parity);
     if (!reference.ok()) return reference.status();
     reference_ = *std::move(reference);
+    if (absl::Status traced = TraceGreedyReference(**original_session); !traced.ok()) return traced;
   }
   if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;
   parity->set_noise_factor(NoiseFactor(config_.validation()));

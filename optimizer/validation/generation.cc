@@ -285,11 +285,6 @@ absl::StatusOr<GeneratedInputs> StepInputs(Ort::Session& session, const onnx::Mo
 
 namespace {
 
-// One model's greedy generation: the last position's logits of every row at each step.
-struct GreedyTrace {
-  std::vector<std::vector<std::vector<float>>> logits;  // [step][row][vocabulary]
-};
-
 // Runs `session` greedily from the comparison's prompt. Each step continues with the tokens `forced`
 // picked at that step (the original's), or with its own picks where `forced` is null.
 absl::StatusOr<GreedyTrace> TraceGreedy(Ort::Session& session, const onnx::ModelProto& model,
@@ -383,6 +378,20 @@ void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimiz
 }
 
 }  // namespace
+
+absl::StatusOr<GreedyTrace> TraceOriginalGreedy(Ort::Session& original, const onnx::ModelProto& original_model,
+                                                const CacheInterface& cache, const v1::GenerationConfig& config) {
+  return TraceGreedy(original, original_model, cache, config, nullptr, "original");
+}
+
+absl::Status CompareToGreedyTrace(Ort::Session& candidate, const onnx::ModelProto& original_model,
+                                  const CacheInterface& cache, const v1::GenerationConfig& config,
+                                  const GreedyTrace& reference, v1::GenerationReport* report) {
+  absl::StatusOr<GreedyTrace> traced = TraceGreedy(candidate, original_model, cache, config, &reference, "optimized");
+  if (!traced.ok()) return traced.status();
+  CompareGreedyTraces(reference, *traced, /*exact_tokens=*/false, report);
+  return absl::OkStatus();
+}
 
 absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,
                                      const onnx::ModelProto& original_model, const CacheInterface& cache,

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "onnx/onnx_pb.h"
@@ -44,6 +45,22 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
                                                          const std::atomic<bool>* cancelled);
+
+// One model's greedy generation from the comparison's prompt (two rows, the second left-padded): the
+// last position's logits of every row at each step.
+struct GreedyTrace {
+  std::vector<std::vector<std::vector<float>>> logits;  // [step][row][vocabulary]
+};
+
+// The original's greedy generation, kept to judge candidates by (CompareToGreedyTrace).
+absl::StatusOr<GreedyTrace> TraceOriginalGreedy(Ort::Session& original, const onnx::ModelProto& original_model,
+                                                const CacheInterface& cache, const v1::GenerationConfig& config);
+
+// `candidate` generating with each step teacher-forced on `reference`'s pick: `report`'s greedy fields,
+// as a lower-precision model is compared (logits cosine, KL divergence, top-1 agreement per step).
+absl::Status CompareToGreedyTrace(Ort::Session& candidate, const onnx::ModelProto& original_model,
+                                  const CacheInterface& cache, const v1::GenerationConfig& config,
+                                  const GreedyTrace& reference, v1::GenerationReport* report);
 
 // The greedy comparison alone (part of BenchmarkGeneration), filling `report`'s greedy fields.
 absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optimized,

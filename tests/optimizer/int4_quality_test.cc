@@ -30,7 +30,10 @@ absl::StatusOr<OptimizeResult> QuantizeTrained(const std::string& dir_name, cons
   *request.config.mutable_precision()->mutable_int4() = int4;
   // A stricter KL bound than the default makes the all-int4 model fail, so the mixed search runs.
   request.config.mutable_precision()->set_auto_mixed(max_kl > 0);
-  if (max_kl > 0) request.config.mutable_validation()->set_max_kl_divergence(max_kl);
+  if (max_kl > 0) {
+    request.config.mutable_validation()->set_max_kl_divergence(max_kl);
+    request.config.mutable_validation()->set_judge_generation(false);  // the prefill alone decides
+  }
   request.config.mutable_benchmark()->set_skip(true);
   return Optimize(request);
 }
@@ -171,6 +174,42 @@ TEST(Int4QualityTest, EmbeddingsInInt8) {
   auto bad = QuantizeTrained("embeddings_bad", unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A decoder's prefill on generated token ids is a harsh judge of a trained model (it hesitates on
+// random text, so small errors flip its picks); the greedy generation, teacher-forced on the original's
+// picks, is what its users run. Asymmetric blocks fail the prefill here and pass on the generation; with
+// judge_generation off the prefill alone decides and the float32 model is returned.
+TEST(Int4QualityTest, ADecoderFailingThePrefillIsJudgedOnItsGreedyGeneration) {
+  v1::Int4Config asymmetric;
+  asymmetric.set_symmetric(false);
+  auto judged = QuantizeTrained("by_generation", asymmetric);
+  ASSERT_TRUE(judged.ok()) << judged.status();
+  const v1::ParityReport& parity = judged->report.parity();
+  bool prefill_failed = false;
+  for (const auto& output : parity.outputs()) prefill_failed |= !output.passed();
+  ASSERT_TRUE(prefill_failed) << "the prefill must fail for the generation to judge: " << parity.DebugString();
+  ASSERT_TRUE(parity.generation().ran());
+  EXPECT_TRUE(parity.generation().passed()) << parity.generation().note();
+  EXPECT_TRUE(parity.passed());
+  EXPECT_EQ(parity.generation().steps(), 64);
+  EXPECT_LE(parity.generation().mean_kl_divergence(), parity.generation().max_kl_allowed());
+  EXPECT_GE(parity.generation().min_logits_cosine(), parity.generation().min_cosine_allowed());
+  EXPECT_GT(parity.generation().top1_agreement(), 0.9);
+  EXPECT_GT(OpCount(judged->report, "com.microsoft::MatMulNBits"), 0) << "the int4 model is returned";
+
+  OptimizeRequest request;
+  request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
+  request.output_dir = testing::TempDir("int4_quality_prefill_only") / "out";
+  request.config.mutable_precision()->set_mode("int4_weight_only");
+  *request.config.mutable_precision()->mutable_int4() = asymmetric;
+  request.config.mutable_precision()->set_auto_mixed(false);
+  request.config.mutable_validation()->set_judge_generation(false);
+  request.config.mutable_benchmark()->set_skip(true);
+  auto prefill_only = Optimize(request);
+  ASSERT_TRUE(prefill_only.ok()) << prefill_only.status();
+  EXPECT_FALSE(prefill_only->report.parity().generation().ran());
+  EXPECT_EQ(OpCount(prefill_only->report, "com.microsoft::MatMulNBits"), 0) << "int4 given up: float32 returned";
 }
 
 // When int4 fails, the mixed search tries the projections whose measured output error is largest (as
