@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "client/deploy_settings.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
 
@@ -388,30 +389,25 @@ absl::Status CheckFedInputs(const onnx::GraphProto& graph, const CacheInterface&
 
 // ORT session options as the job's benchmark measured them (as Triton's config.pbtxt gets them).
 Struct SessionOptions(const v1::Report& report) {
+  const DeploySettings deploy = DeploySettingsOf(report.benchmark());
   Struct options;
   Field(&options, "log_id") = Text("onnxruntime-genai");
-  const v1::BenchmarkReport& benchmark = report.benchmark();
   Value& providers = Field(&options, "provider_options");
   providers.mutable_list_value();
-  if (absl::StrContains(benchmark.execution_provider(), "CUDA")) {
+  if (deploy.gpu) {
     Struct cuda;
-    for (const auto& [key, value] : benchmark.deploy_settings()) {
-      if (absl::StartsWith(key, "cuda.")) Field(&cuda, key.substr(5)) = Text(value);
-    }
+    for (const auto& [key, value] : deploy.cuda_options) Field(&cuda, key) = Text(value);
     Struct entry;
     *Field(&entry, "cuda").mutable_struct_value() = cuda;
     *providers.mutable_list_value()->add_values()->mutable_struct_value() = entry;
   }
-  if (!benchmark.skipped()) {
-    const bool tuned = benchmark.has_tuning() && benchmark.tuning().best().p50_ms() > 0;
-    const int threads = tuned ? benchmark.tuning().best().intra_op_threads() : benchmark.intra_op_threads();
-    if (threads > 0) Field(&options, "intra_op_num_threads") = Number(threads);
-    const std::string level =
-        tuned ? benchmark.tuning().best().optimization_level() : benchmark.ort_optimization_level();
+  if (deploy.measured) {
+    if (deploy.intra_op_threads > 0) Field(&options, "intra_op_num_threads") = Number(deploy.intra_op_threads);
     static const auto* levels = new std::map<std::string, std::string>{
         {"basic", "ORT_ENABLE_BASIC"}, {"extended", "ORT_ENABLE_EXTENDED"}, {"disabled", "ORT_DISABLE_ALL"},
         {"none", "ORT_DISABLE_ALL"}};
-    if (auto it = levels->find(level); it != levels->end()) Field(&options, "graph_optimization_level") = Text(it->second);
+    auto it = levels->find(deploy.optimization_level);
+    if (it != levels->end()) Field(&options, "graph_optimization_level") = Text(it->second);
   }
   return options;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/deploy_settings.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
 #include "optimizer/runtime_requirements.h"
@@ -204,8 +205,9 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
                               int max_batch_size) {
   const onnx::GraphProto& graph = model.graph();
   const bool batched = Batchable(graph);
-  const v1::BenchmarkReport& benchmark = report.benchmark();
-  const bool gpu = absl::StrContains(benchmark.execution_provider(), "CUDA");
+  // Where and how the benchmark ran it: the tuning's best settings when it tuned, else its own.
+  const DeploySettings deploy = DeploySettingsOf(report.benchmark());
+  const bool gpu = deploy.gpu;
   const RuntimeRequirement needs = MinimumOnnxRuntime(model, gpu);
   std::string config = absl::StrCat("# Written by onnxopt ", report.optimizer_version(), " for ", report.job(), ".\n",
                                     needs.version.empty() ? absl::StrCat("# Warning: ", needs.reason)
@@ -218,7 +220,6 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
   for (const auto& output : graph.output()) outputs.push_back(&output);
   AppendList(&config, "input", FedInputs(graph), batched);
   AppendList(&config, "output", outputs, batched);
-  // Where and how the benchmark ran it: the tuning's best settings when it tuned, else its own.
   absl::StrAppend(&config, "instance_group [ { kind: ", gpu ? "KIND_GPU" : "KIND_CPU", " count: 1 } ]\n");
   if (batched && FindCacheInterface(graph)) {
     // Each request of a decoder carries its own key/value cache (past inputs) at its own length: the
@@ -229,16 +230,8 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
   } else if (batched) {
     absl::StrAppend(&config, "dynamic_batching { }\n");
   }
-  const bool tuned = benchmark.has_tuning() && benchmark.tuning().best().p50_ms() > 0;
-  const int threads = tuned ? benchmark.tuning().best().intra_op_threads() : benchmark.intra_op_threads();
-  const std::string mode = tuned ? benchmark.tuning().best().execution_mode() : benchmark.execution_mode();
-  const std::string level = GraphLevel(tuned ? benchmark.tuning().best().optimization_level()
-                                             : benchmark.ort_optimization_level());
-  std::vector<std::pair<std::string, std::string>> cuda_options;
-  for (const auto& [key, value] : benchmark.deploy_settings()) {
-    if (absl::StartsWith(key, "cuda.")) cuda_options.push_back({key.substr(5), value});
-  }
-  std::sort(cuda_options.begin(), cuda_options.end());
+  const std::string level = GraphLevel(deploy.optimization_level);
+  const auto& cuda_options = deploy.cuda_options;
   if (!level.empty() || (gpu && !cuda_options.empty())) {
     absl::StrAppend(&config, "optimization {\n");
     if (!level.empty()) absl::StrAppend(&config, "  graph { level: ", level, " }\n");
@@ -252,9 +245,9 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
     }
     absl::StrAppend(&config, "}\n");
   }
-  if (!benchmark.skipped()) {
-    AppendParameter(&config, "intra_op_thread_count", absl::StrCat(threads));
-    AppendParameter(&config, "execution_mode", mode == "parallel" ? "1" : "0");
+  if (deploy.measured) {
+    AppendParameter(&config, "intra_op_thread_count", absl::StrCat(deploy.intra_op_threads));
+    AppendParameter(&config, "execution_mode", deploy.execution_mode == "parallel" ? "1" : "0");
   }
   if (!needs.version.empty()) AppendParameter(&config, "onnxopt_min_onnxruntime_version", needs.version);
   return config;

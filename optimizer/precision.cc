@@ -352,29 +352,15 @@ void KeepProjectionsStillQuantized(const v1::PrecisionReport& measured, const st
   if (measured.projections().empty()) return;
   std::set<std::string> float_nodes;
   for (const auto& node : kept) float_nodes.insert(node.node());
-  double weight = 0, rtn_weight = 0, output = 0, rtn_output = 0;
-  int rows = 0, with_output = 0;
   for (const auto& projection : measured.projections()) {
-    if (float_nodes.count(projection.node()) > 0) continue;
-    *report->add_projections() = projection;
-    weight += projection.weight_error();
-    rtn_weight += projection.rtn_weight_error();
-    ++rows;
-    if (projection.output_error() >= 0) {
-      output += projection.output_error();
-      rtn_output += projection.rtn_output_error();
-      ++with_output;
-    }
+    if (float_nodes.count(projection.node()) == 0) *report->add_projections() = projection;
   }
   report->set_method(measured.method());
-  report->set_mean_weight_error(rows > 0 ? weight / rows : 0);
-  report->set_rtn_mean_weight_error(rows > 0 ? rtn_weight / rows : 0);
-  report->set_mean_output_error(with_output > 0 ? output / with_output : -1);
-  report->set_rtn_mean_output_error(with_output > 0 ? rtn_output / with_output : -1);
+  SetProjectionMeans(report->projections(), report);
   report->set_projections_note(absl::StrCat(
       measured.projections_note(), measured.projections_note().empty() ? "" : "; ",
-      "the projections automatic mixed precision kept in float32 are left out, the means are the ", rows,
-      " still quantized"));
+      "the projections automatic mixed precision kept in float32 are left out, the means are the ",
+      report->projections_size(), " still quantized"));
 }
 
 namespace {
@@ -432,6 +418,12 @@ class MixedPrecisionSearch {
   int attempts() const { return attempts_; }
   const std::set<std::string>& kernel_ops() const { return kernel_ops_; }
   std::optional<MixedPrecisionResult>& best() { return best_; }
+  // The remembered candidate, handed over: the next one that passes is remembered anew.
+  MixedPrecisionResult TakeBest() {
+    MixedPrecisionResult taken = std::move(*best_);
+    best_.reset();
+    return taken;
+  }
 
  private:
   const onnx::ModelProto& fp32_model_;
@@ -484,8 +476,7 @@ absl::StatusOr<std::optional<KeptSet>> KeepWorstMeasured(MixedPrecisionSearch& s
     if (*passed) high = mid; else low = mid + 1;
   }
   KeptSet kept;
-  kept.candidate = std::move(*search.best());
-  search.best().reset();
+  kept.candidate = search.TakeBest();
   for (size_t i = 0; i < high; ++i) {
     kept.nodes.insert(worst_first[i].node);
     kept.reasons.emplace(worst_first[i].node, absl::StrCat("error: ", worst_first[i].why, ", among the ", high,
@@ -532,8 +523,7 @@ absl::StatusOr<std::optional<KeptSet>> BisectAlongGraph(MixedPrecisionSearch& se
   if (!passed.ok()) return passed.status();
   if (!*passed) return none("the bisection's window did not pass when judged again");
   KeptSet kept;
-  kept.candidate = std::move(*search.best());
-  search.best().reset();
+  kept.candidate = search.TakeBest();
   for (size_t i = begin_low; i < end; ++i) {
     kept.nodes.insert(order[i].first);
     kept.reasons.emplace(order[i].first, "error: parity failed until kept (bisection along the graph)");

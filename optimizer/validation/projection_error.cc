@@ -169,7 +169,6 @@ void DescribeProjectionErrors(const onnx::ModelProto& fp32_model, const onnx::Mo
   }
   const auto tensors = Initializers(quantized.graph());
   std::vector<v1::ProjectionError> errors;
-  double weight_sum = 0, rtn_weight_sum = 0, output_sum = 0, rtn_output_sum = 0;
   int measured = 0;
   for (const auto& product : replaced) {
     BlockQuantization how;
@@ -203,23 +202,15 @@ void DescribeProjectionErrors(const onnx::ModelProto& fp32_model, const onnx::Mo
       };
       error.set_output_error(relative(*approx));
       error.set_rtn_output_error(rtn_delta.empty() ? error.output_error() : relative(rtn_delta));
-      output_sum += error.output_error();
-      rtn_output_sum += error.rtn_output_error();
       ++measured;
     } else {
       error.set_output_error(-1);
       error.set_rtn_output_error(-1);
     }
-    weight_sum += error.weight_error();
-    rtn_weight_sum += error.rtn_weight_error();
     errors.push_back(std::move(error));
   }
   if (errors.empty()) return;
-  const double count = static_cast<double>(errors.size());
-  report->set_mean_weight_error(weight_sum / count);
-  report->set_rtn_mean_weight_error(rtn_weight_sum / count);
-  report->set_mean_output_error(measured > 0 ? output_sum / measured : -1);
-  report->set_rtn_mean_output_error(measured > 0 ? rtn_output_sum / measured : -1);
+  SetProjectionMeans(errors, report);
   if (measured > 0 && measured < static_cast<int>(errors.size()) && report->projections_note().empty()) {
     report->set_projections_note(
         absl::StrCat("output errors measured on ", measured, " of ", errors.size(), " products (the others' inputs "

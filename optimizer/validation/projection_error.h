@@ -41,6 +41,28 @@ using CaptureActivations =
 void DescribeProjectionErrors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& quantized,
                               BlockMethod method, const CaptureActivations& capture, v1::PrecisionReport* report);
 
+// `report`'s mean weight and output errors (and round-to-nearest's) over `rows`: output errors over the
+// rows that have one (>= 0), -1 where none does.
+template <typename Rows>
+void SetProjectionMeans(const Rows& rows, v1::PrecisionReport* report) {
+  double weight = 0, rtn_weight = 0, output = 0, rtn_output = 0;
+  int count = 0, with_output = 0;
+  for (const v1::ProjectionError& row : rows) {
+    weight += row.weight_error();
+    rtn_weight += row.rtn_weight_error();
+    ++count;
+    if (row.output_error() >= 0) {
+      output += row.output_error();
+      rtn_output += row.rtn_output_error();
+      ++with_output;
+    }
+  }
+  report->set_mean_weight_error(count > 0 ? weight / count : 0);
+  report->set_rtn_mean_weight_error(count > 0 ? rtn_weight / count : 0);
+  report->set_mean_output_error(with_output > 0 ? output / with_output : -1);
+  report->set_rtn_mean_output_error(with_output > 0 ? rtn_output / with_output : -1);
+}
+
 // Up to kProjectionRows rows of a [..., k] tensor, evenly spaced over all of its rows.
 ActivationRows ProjectionRows(const std::vector<int64_t>& shape, const float* data);
 
