@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
@@ -115,12 +116,38 @@ inline std::map<std::string, int> OpCounts(const onnx::ModelProto& model) {
   return ops;
 }
 
-// An empty folder /tmp/onnxopt_<name>_<pid> for one test's files.
+// The folders TempDir made, removed when the test binary exits normally (one that crashed leaves them
+// to look at); only by the process that made them, not by a forked child that exits.
+class TempDirsRemovedAtExit {
+ public:
+  static TempDirsRemovedAtExit& Get() {
+    static TempDirsRemovedAtExit dirs;
+    return dirs;
+  }
+  void Add(const std::filesystem::path& dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(dir);
+  }
+  ~TempDirsRemovedAtExit() {
+    if (::getpid() != owner_) return;
+    std::error_code ignored;
+    for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+  }
+
+ private:
+  TempDirsRemovedAtExit() = default;
+  const pid_t owner_ = ::getpid();
+  std::mutex mutex_;
+  std::vector<std::filesystem::path> dirs_;
+};
+
+// An empty folder /tmp/onnxopt_<name>_<pid> for one test's files, removed when the test binary exits.
 inline std::filesystem::path TempDir(const std::string& name) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("onnxopt_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  TempDirsRemovedAtExit::Get().Add(dir);
   return dir;
 }
 
