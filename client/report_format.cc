@@ -105,10 +105,18 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
       absl::StrAppend(out, "could not run: ", phase.error(), "\n");
       continue;
     }
-    absl::StrAppend(out, absl::StrFormat("%12.3f %12.3f %7.3fx %12.1f %12.1f", phase.original_ms_per_token(),
-                                         phase.optimized_ms_per_token(), phase.speedup(),
-                                         phase.original_tokens_per_second(), phase.optimized_tokens_per_second()));
-    if (phase.optimized_bytes_per_step() > 0) {
+    if (phase.original().runs() == 0) {  // the original not timed (a model larger than memory)
+      absl::StrAppend(out, absl::StrFormat("%12s %12.3f %8s %12s %12.1f", "-", phase.optimized_ms_per_token(), "-", "-",
+                                           phase.optimized_tokens_per_second()));
+    } else {
+      absl::StrAppend(out, absl::StrFormat("%12.3f %12.3f %7.3fx %12.1f %12.1f", phase.original_ms_per_token(),
+                                           phase.optimized_ms_per_token(), phase.speedup(),
+                                           phase.original_tokens_per_second(), phase.optimized_tokens_per_second()));
+    }
+    if (phase.optimized_bytes_per_step() > 0 && phase.original().runs() == 0) {
+      absl::StrAppend(out, absl::StrFormat("  roofline %3.0f%% (%s a step)", 100 * phase.optimized_roofline_fraction(),
+                                           Bytes(phase.optimized_bytes_per_step())));
+    } else if (phase.optimized_bytes_per_step() > 0) {
       absl::StrAppend(out, absl::StrFormat("  roofline %3.0f%% -> %3.0f%% (%s a step)", 100 * phase.original_roofline_fraction(),
                                            100 * phase.optimized_roofline_fraction(), Bytes(phase.optimized_bytes_per_step())));
     }
@@ -141,6 +149,7 @@ void AppendMemory(const v1::MemoryReport& memory, std::string* out) {
                                          stage.seconds()));
   }
   if (!memory.benchmark_sessions().empty()) absl::StrAppend(out, "  benchmark sessions: ", memory.benchmark_sessions(), "\n");
+  if (!memory.original_from_disk().empty()) absl::StrAppend(out, "  original from the disk: ", memory.original_from_disk(), "\n");
 }
 
 std::string PaddedMasks(const v1::ParityReport& parity) {
@@ -383,7 +392,8 @@ std::string FormatReport(const v1::Report& report) {
 
   absl::StrAppend(&out, "\nbenchmark: ");
   const auto& benchmark = report.benchmark();
-  if (benchmark.skipped() || benchmark.original().runs() == 0) {
+  const bool alone = !benchmark.original_not_timed().empty();  // the result timed without the original
+  if (benchmark.skipped() || (benchmark.original().runs() == 0 && !alone)) {
     absl::StrAppend(&out, benchmark.skipped() ? "skipped\n" : "not run\n");
   } else {
     absl::StrAppend(&out, benchmark.device(), ", ", benchmark.execution_provider(), ", ONNX Runtime ",
@@ -395,7 +405,7 @@ std::string FormatReport(const v1::Report& report) {
     auto table = [&](const v1::LatencyStats& original, const v1::LatencyStats& optimized) {
       absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %9s %8s %6s %10s\n", "model", "p50 ms", "p90 ms",
                                             "p95 ms", "p99 ms", "mean ms", "std ms", "runs", "peak mem"));
-      absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(original)));
+      if (!alone) absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(original)));
       absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "optimized", Latency(optimized)));
     };
     const bool several = benchmark.shapes_size() > 1;
@@ -404,13 +414,16 @@ std::string FormatReport(const v1::Report& report) {
       const v1::ShapeBenchmark& shape = benchmark.shapes(i);
       if (several) absl::StrAppend(&out, "shape ", i, ": ", Shapes(shape.input_shapes()), "\n");
       table(shape.original(), shape.optimized());
+      if (alone) continue;
       absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized; side-by-side runs %.3fx-%.3fx, "
                                             "10th-90th percentile), %s after %d windows (drift %.1f%%)\n",
                                             shape.speedup(), shape.speedup_p10(), shape.speedup_p90(),
                                             shape.stable() ? "stable" : "NOT stable", shape.windows(),
                                             shape.median_drift() * 100));
     }
-    if (benchmark.shapes_size() == 0) {
+    if (alone) {
+      absl::StrAppend(&out, "original not timed: ", benchmark.original_not_timed(), "\n");
+    } else if (benchmark.shapes_size() == 0) {
       absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
     }
     if (benchmark.device_resident()) {

@@ -27,10 +27,22 @@ std::optional<int64_t> ResidentPeakInWindow();
 // when unlimited.
 std::optional<int64_t> AddressSpaceLimit();
 
+// Memory the process could still take: the kernel's MemAvailable (/proc/meminfo), within the cgroup's
+// limit (memory.max less memory.current, cgroup v2) where one is set; none where neither is readable.
+// The environment's ONNXOPT_MEMORY_AVAILABLE_BYTES, where set, replaces both (a machine shared with
+// other work; tests that make a small model "larger than memory").
+std::optional<int64_t> MemoryAvailable();
+
 // What a job may hold at once: 1.5x the original's bytes plus 1 GiB (graphs, inputs, outputs, ONNX
-// Runtime's arenas), within the address-space limit. Two sessions that would not fit in it together
-// take turns (BenchmarkSessions).
+// Runtime's arenas), within the address-space limit and within what the machine has (resident now plus
+// MemoryAvailable). Two sessions that would not fit in it together take turns (BenchmarkSessions); a
+// model that alone does not fit is run from its memory-mapped files (ModelExceedsMemory).
 int64_t JobMemoryTarget(int64_t model_bytes);
+
+// Whether a session of a model of `model_bytes` would not fit beside what the process holds: its
+// weights must then stay in their memory-mapped files (no prepacked copies), each run reading them
+// from the disk again.
+bool ModelExceedsMemory(int64_t model_bytes);
 
 }  // namespace onnxopt
 

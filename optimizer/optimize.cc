@@ -301,6 +301,14 @@ absl::Status OptimizeJob::LoadAndCheck() {
   for (auto& warning : warnings) report_.add_warnings(std::move(warning));
   if (!check.ok()) return check;
   *report_.mutable_original() = Summarize(*original_, ModelBytes(*original_));
+  if (const int64_t bytes = report_.original().model_bytes(); ModelExceedsMemory(bytes)) {
+    original_exceeds_memory_ = true;
+    constexpr double kGiB = 1 << 30;
+    report_.mutable_memory()->set_original_from_disk(absl::StrFormat(
+        "the original (%.2f GiB) does not fit in the %.2f GiB this job may hold: its sessions run from the "
+        "memory-mapped files without prepacked weights, every run reading them from the disk",
+        bytes / kGiB, JobMemoryTarget(bytes) / kGiB));
+  }
   absl::StatusOr<std::vector<SuppliedSample>> supplied = LoadSuppliedInputs(request_.input_files);
   if (!supplied.ok()) return supplied.status();
   supplied_ = *std::move(supplied);
@@ -347,6 +355,7 @@ absl::Status OptimizeJob::ApplyPrecision() {
     Progress(Phase::kOptimizing, "calibration");
     SessionSettings cpu;
     cpu.intra_op_threads = config_.benchmark().intra_op_threads();
+    cpu = ForOriginal(cpu);
     std::string warning;
     absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateActivations(
         fp32_model_, *original_, precision, config_.validation(), supplied_, cpu, request_.cancelled, &warning);
@@ -437,6 +446,11 @@ absl::StatusOr<ModelSource> OptimizeJob::SourceOf(const onnx::ModelProto& model,
 absl::StatusOr<SessionSettings> OptimizeJob::Device() {
   if (!device_) device_ = DeviceSettings(config_, &report_);
   return *device_;
+}
+
+SessionSettings OptimizeJob::ForOriginal(SessionSettings settings) const {
+  if (original_exceeds_memory_) settings.prepack_weights = false;
+  return settings;
 }
 
 const ModelSource& OptimizeJob::OriginalSource() {
@@ -563,6 +577,35 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
   return inputs;
 }
 
+// A model larger than memory: timing the original would read it all from the disk on every run (minutes
+// a decode step's worth of figures), so the result is timed alone, each input set and each generation
+// phase, and the report says so. No speedup, no regression check, no tuning against it.
+absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, const SessionSettings& settings) {
+  v1::BenchmarkReport* benchmark = report_.mutable_benchmark();
+  benchmark->set_original_not_timed(absl::StrCat(
+      "the original does not fit in memory (memory.original_from_disk): each of its runs would read every weight "
+      "from the disk; the optimized model was timed alone"));
+  report_.mutable_memory()->set_benchmark_sessions("the optimized model's session alone: the original was not timed");
+  auto session = CreateSession(optimized_source, settings);
+  if (!session.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the optimized model does not load in ONNX Runtime: ", session.status().message()));
+  }
+  absl::StatusOr<std::vector<GeneratedInputs>> inputs =
+      BenchmarkInputs(**session, *original_, config_.validation(), supplied_);
+  if (!inputs.ok()) return inputs.status();
+  const TimingMode mode = TimingOn(settings.device);
+  absl::Status timed = BenchmarkAlone(**session, *inputs, config_.benchmark(), request_.cancelled, benchmark, mode);
+  if (!timed.ok()) return timed;
+  Progress(Phase::kBenchmarking, "generation");
+  const OriginalOpener open_original = [&]() {
+    Progress(Phase::kBenchmarking, "the original scoring the greedy generation (from the disk)");
+    return CreateSession(OriginalSource(), ForOriginal(settings));
+  };
+  return ReportGenerationOfResult(**session, *original_, ModelPrecision(optimized_) == "fp32", config_.benchmark(),
+                                  mode, request_.cancelled, open_original, &report_);
+}
+
 // Times the original against the result (the file just written), measures both sessions' peak
 // memory and, when asked, searches the fastest session settings for the result; a regression may
 // return the original.
@@ -581,6 +624,13 @@ absl::Status OptimizeJob::RunBenchmark() {
   const bool decoder = FindCacheInterface(original_->graph()).has_value() && !config_.benchmark().generation().skip();
   const double bandwidth =
       decoder && settings.device == v1::DEVICE_CPU ? MemoryReadBandwidth(settings.intra_op_threads) : 0;
+  if (original_exceeds_memory_) {
+    absl::Status timed = TimeResultAlone(*optimized_source, settings);
+    if (!timed.ok()) return timed;
+    if (report_.has_generation()) DescribeRoofline(*original_, optimized_, bandwidth, report_.mutable_generation());
+    DescribeDeployment(settings, benchmark);
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::vector<GeneratedInputs>> inputs = SessionsSideBySide()
                                                             ? TimeSideBySide(*optimized_source, settings)
                                                             : TimeAlternating(*optimized_source, settings);

@@ -85,7 +85,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> OptimizeJob::JudgeCan
     interface_changed_ = false;
     if (!source.ok()) return source.status();
     v1::ParityReport parity = report_.parity();
-    absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(candidate.model), &parity);
+    absl::StatusOr<bool> passed = Judge(candidate.model, *source, &parity);
     if (!passed.ok()) return passed.status();
     candidate.described->set_passed(*passed);
     if (!*passed) {

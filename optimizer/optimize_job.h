@@ -68,6 +68,8 @@ class OptimizeJob {
                                                               const SessionSettings& settings);
   absl::StatusOr<std::vector<GeneratedInputs>> TimeAlternating(const ModelSource& optimized_source,
                                                                const SessionSettings& settings);
+  // The original does not fit in memory (original_exceeds_memory_): the result timed alone.
+  absl::Status TimeResultAlone(const ModelSource& optimized_source, const SessionSettings& settings);
   // CUDA's figures beyond the device-resident ones: with host copies, and as a CUDA graph.
   absl::Status TimeOnDevice(Ort::Session& original, Ort::Session& optimized, const ModelSource& optimized_source,
                             const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
@@ -89,9 +91,12 @@ class OptimizeJob {
   // Where validation and the benchmark run: the config's device, resolved once (a fallback warns once).
   absl::StatusOr<SessionSettings> Device();
   const ModelSource& OriginalSource();
+  // `settings` for a session of the original: without prepacked weights where it does not fit in memory.
+  SessionSettings ForOriginal(SessionSettings settings) const;
 
   // Validation's parts (optimize_validation.cc).
-  absl::StatusOr<bool> Judge(const ModelSource& source, const std::string& precision, v1::ParityReport* into);
+  // `model` as ONNX Runtime reads it from `source`, against the reference.
+  absl::StatusOr<bool> Judge(const onnx::ModelProto& model, const ModelSource& source, v1::ParityReport* into);
   // The original's greedy generation, traced with the reference session where a quantized decoder may
   // be judged on it (ValidationConfig.judge_generation).
   absl::Status TraceGreedyReference(Ort::Session& original);
@@ -132,6 +137,8 @@ class OptimizeJob {
   // LoadAndCheck. The original is gone (moved into the pipeline) when nothing after the passes reads it.
   std::optional<onnx::ModelProto> original_;
   std::string source_producer_;  // the input's "producer_name producer_version"
+  // The original is bigger than what the job may hold (ModelExceedsMemory): it runs from its mapped files.
+  bool original_exceeds_memory_ = false;
   std::optional<Pipeline> pipeline_;
   std::unique_ptr<BackgroundShapes> initial_shapes_;
   std::vector<SuppliedSample> supplied_;

@@ -1,6 +1,7 @@
 // Optimize's validation stage (optimize_job.h): parity of the result against the original in ONNX
 // Runtime and, when it fails, recovery (automatic mixed precision or float32 for lower precision, a
 // bisection of the pipeline for the passes), then the dims the pipeline freed at other lengths.
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <unordered_map>
@@ -10,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/graph.h"
+#include "optimizer/memory_usage.h"
+#include "optimizer/model_io.h"
 #include "optimizer/optimize_job.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/precision.h"
@@ -94,8 +97,9 @@ absl::StatusOr<std::map<std::string, double>> MaxAbsActivations(const onnx::Mode
 // Judges a candidate in memory (the bisection's probes) or, for the result, from its file. A candidate
 // ONNX Runtime cannot load or run fails parity like one with wrong numbers, so that bisection can
 // find the pass that made it and recover.
-absl::StatusOr<bool> OptimizeJob::Judge(const ModelSource& source, const std::string& precision,
+absl::StatusOr<bool> OptimizeJob::Judge(const onnx::ModelProto& model, const ModelSource& source,
                                         v1::ParityReport* into) {
+  const std::string precision = ModelPrecision(model);
   auto broken = [&](absl::string_view what, const absl::Status& status) {
     into->clear_outputs();
     into->set_passed(false);
@@ -104,13 +108,18 @@ absl::StatusOr<bool> OptimizeJob::Judge(const ModelSource& source, const std::st
     output->set_note(absl::StrCat(what, status.message()));
     return false;
   };
-  auto session = CreateSession(source, parity_settings_);
+  SessionSettings settings = parity_settings_;
+  // A candidate that keeps most of a model larger than memory in float32 (the float32 fallback, a bisection's
+  // probe) runs from its mapped files too; one that fits runs as it is deployed, weights prepacked.
+  settings.prepack_weights = !ModelExceedsMemory(ModelBytes(model));
+  auto session = CreateSession(source, settings);
   if (!session.ok()) return broken("the optimized model does not load in ONNX Runtime: ", session.status());
   absl::Status compared =
       CompareWithReference(**session, precision, *reference_, config_.validation(), request_.cancelled, into);
   if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
   if (!compared.ok()) return compared;
-  if (!into->passed() && greedy_reference_ && original_ && (precision == "int8" || precision == "int4")) {
+  const bool traced = greedy_reference_.has_value() || (original_exceeds_memory_ && cache_.has_value());
+  if (!into->passed() && traced && original_ && (precision == "int8" || precision == "int4")) {
     if (absl::Status judged = JudgeByGeneration(**session, precision, into); !judged.ok()) return judged;
   }
   return into->passed();
@@ -129,6 +138,14 @@ absl::Status OptimizeJob::TraceGreedyReference(Ort::Session& original) {
   absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config_.benchmark().generation());
   if (!resolved.ok()) return resolved.status();
   greedy_config_ = *resolved;
+  if (original_exceeds_memory_) {
+    v1::MemoryReport* memory = report_.mutable_memory();
+    memory->set_original_from_disk(absl::StrCat(
+        memory->original_from_disk(), "; its greedy generation (every weight read from the disk for each token) was "
+        "not traced: a quantized result failing its prefill is judged on its own greedy picks, which the original "
+        "scores in one pass"));
+    return absl::OkStatus();
+  }
   Progress(Phase::kValidating, "the original's greedy generation");
   absl::StatusOr<GreedyTrace> trace = TraceOriginalGreedy(original, *original_, *cache_, greedy_config_);
   // A model the generation loop cannot drive is judged on its outputs alone, as before.
@@ -145,8 +162,24 @@ absl::Status OptimizeJob::JudgeByGeneration(Ort::Session& candidate, const std::
   verdict->set_max_kl_allowed(tolerance.max_kl);
   verdict->set_min_cosine_allowed(tolerance.min_cosine);
   v1::GenerationReport greedy;
-  absl::Status compared =
-      CompareToGreedyTrace(candidate, *original_, *cache_, greedy_config_, *greedy_reference_, &greedy);
+  absl::Status compared = absl::OkStatus();
+  if (greedy_reference_) {
+    compared = CompareToGreedyTrace(candidate, *original_, *cache_, greedy_config_, *greedy_reference_, &greedy);
+  } else {
+    // The original larger than memory: the candidate's own picks, scored by the original in one pass.
+    absl::StatusOr<GreedyTrace> own = TraceOwnGreedy(candidate, *original_, *cache_, greedy_config_);
+    absl::StatusOr<GreedyTrace> scored = absl::InternalError("not scored");
+    if (own.ok()) {
+      Progress(Phase::kValidating, "the original scoring the greedy generation (from the disk)");
+      auto original = CreateSession(OriginalSource(), ForOriginal(reference_settings_));
+      scored = original.ok() ? ScoreGreedyTrace(**original, *original_, *cache_, greedy_config_, *own)
+                             : absl::StatusOr<GreedyTrace>(original.status());
+    } else {
+      scored = own.status();
+    }
+    if (scored.ok()) CompareGreedyTraces(*scored, *own, /*exact_tokens=*/false, &greedy);
+    compared = scored.status();
+  }
   if (!compared.ok()) {
     verdict->set_note(absl::StrCat("could not run: ", compared.message()));
     return absl::OkStatus();
@@ -160,8 +193,9 @@ absl::Status OptimizeJob::JudgeByGeneration(Ort::Session& candidate, const std::
   const bool aligned = greedy.min_logits_cosine() >= tolerance.min_cosine;
   verdict->set_passed(close && aligned);
   verdict->set_note(absl::StrFormat(
-      "%d greedy steps teacher-forced on the original's picks: mean KL %.5f (%s %.4g), min logits cosine %.5f "
-      "(%s %.4g), top-1 %.3f", greedy.steps_size(), greedy.mean_kl_divergence(), close ? "<=" : ">", tolerance.max_kl,
+      "%d greedy steps teacher-forced on the %s picks: mean KL %.5f (%s %.4g), min logits cosine %.5f "
+      "(%s %.4g), top-1 %.3f", greedy.steps_size(),
+      greedy_reference_ ? "original's" : "candidate's own (the original scoring them in one pass)", greedy.mean_kl_divergence(), close ? "<=" : ">", tolerance.max_kl,
       greedy.min_logits_cosine(), aligned ? ">=" : "<", tolerance.min_cosine, greedy.top1_agreement()));
   if (verdict->passed()) into->set_passed(true);
   return absl::OkStatus();
@@ -189,11 +223,19 @@ absl::Status OptimizeJob::Validate() {
   {
     // The original's session lives only while it computes the reference: the outputs are kept, and
     // every candidate judged later opens its own session without the original's beside it.
-    auto original_session = CreateSession(OriginalSource(), reference_settings_);
+    const auto reference_start = std::chrono::steady_clock::now();
+    auto original_session = CreateSession(OriginalSource(), ForOriginal(reference_settings_));
     if (!original_session.ok()) return original_session.status();
     absl::StatusOr<ParityReference> reference = BuildParityReference(**original_session, *original_, config_.validation(),
                                                                      supplied_, request_.cancelled, parity);
     if (!reference.ok()) return reference.status();
+    if (original_exceeds_memory_) {
+      v1::MemoryReport* memory = report_.mutable_memory();
+      memory->set_original_from_disk(absl::StrFormat(
+          "%s; its reference outputs (%d input set(s)) took %.1f s, disk-bound", memory->original_from_disk(),
+          reference->sets.size(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - reference_start).count()));
+    }
     reference_ = *std::move(reference);
     if (absl::Status traced = TraceGreedyReference(**original_session); !traced.ok()) return traced;
   }
@@ -208,7 +250,7 @@ absl::Status OptimizeJob::Validate() {
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
   Progress(Phase::kValidating, "comparing outputs");
-  absl::StatusOr<bool> passed = Judge(*source, ModelPrecision(optimized_), parity);
+  absl::StatusOr<bool> passed = Judge(optimized_, *source, parity);
   if (!passed.ok()) return passed.status();
   if (!*passed && precision_requested_ && !auto_precision) {
     passed = RecoverPrecision(parity);
@@ -226,7 +268,7 @@ absl::Status OptimizeJob::Validate() {
 absl::Status OptimizeJob::MeasureDeviceNoise() {
   if (SameArithmetic(parity_settings_, reference_settings_)) return absl::OkStatus();
   Progress(Phase::kValidating, "device noise");
-  auto device_original = CreateSession(OriginalSource(), parity_settings_);
+  auto device_original = CreateSession(OriginalSource(), ForOriginal(parity_settings_));
   if (!device_original.ok()) return device_original.status();
   return MeasureDeviceDeviation(**device_original, request_.cancelled, &*reference_);
 }
@@ -239,7 +281,7 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
     *into = *parity;
     absl::StatusOr<ModelSource> source = SourceOf(candidate, /*saved=*/false);
     if (!source.ok()) return source.status();
-    return Judge(*source, ModelPrecision(candidate), into);
+    return Judge(candidate, *source, into);
   };
   if (!precision.has_auto_mixed() || precision.auto_mixed()) {
     Progress(Phase::kValidating, "automatic mixed precision");
@@ -293,7 +335,7 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
   if (absl::Status resaved = SaveResult(optimized_, pass_reports_); !resaved.ok()) return resaved;
   absl::StatusOr<ModelSource> fp32_source = SourceOf(optimized_, /*saved=*/true);
   if (!fp32_source.ok()) return fp32_source.status();
-  return Judge(*fp32_source, ModelPrecision(optimized_), parity);
+  return Judge(optimized_, *fp32_source, parity);
 }
 
 absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
@@ -301,7 +343,7 @@ absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
     *into = *parity;
     absl::StatusOr<ModelSource> source = SourceOf(candidate, /*saved=*/false);
     if (!source.ok()) return source.status();
-    return Judge(*source, ModelPrecision(candidate), into);
+    return Judge(candidate, *source, into);
   };
   absl::StatusOr<BisectionResult> bisected =
       BisectAndRecover(*original_, *pipeline_, optimized_, pass_reports_, probe, request_.cancelled);
@@ -335,7 +377,7 @@ absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
   absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
   if (!source.ok()) return source.status();
   // Both on the job's device, which the result may need (packed attention runs on CUDA only).
-  auto original_session = CreateSession(OriginalSource(), parity_settings_);
+  auto original_session = CreateSession(OriginalSource(), ForOriginal(parity_settings_));
   if (!original_session.ok()) return original_session.status();
   auto optimized_session = CreateSession(*source, parity_settings_);
   if (!optimized_session.ok()) return optimized_session.status();

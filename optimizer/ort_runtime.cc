@@ -224,6 +224,7 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
       options.AddConfigEntry("session.intra_op.allow_spinning", "0");
       options.AddConfigEntry("session.inter_op.allow_spinning", "0");
     }
+    if (!settings.prepack_weights) options.AddConfigEntry("session.disable_prepacking", "1");
     if (*provider == "CUDAExecutionProvider") AppendCuda(options, settings);
     if (!model.path.empty()) {
       return std::make_unique<Ort::Session>(OrtEnvironment(), model.path.c_str(), options);

@@ -35,6 +35,10 @@ struct SessionSettings {
   // Intra-op threads spin after a run waiting for the next one. Two sessions timed in turns would
   // then compete with each other's spinning threads, so side-by-side timing turns it off.
   bool allow_spinning = true;
+  // Kernels copy constant weights into their own layout when the session loads (MatMul's packed B).
+  // Off for a model that does not fit in memory: its weights then stay in the files ONNX Runtime maps,
+  // read from the disk as each run needs them (ModelExceedsMemory).
+  bool prepack_weights = true;
   // CUDA only: fp32 MatMuls and convolutions in TF32 (ONNX Runtime's default; parity turns it off),
   // and the whole run replayed as one CUDA graph (every node on CUDA, inputs and outputs bound at
   // fixed device addresses: BoundRun).

@@ -58,6 +58,11 @@ std::vector<char*> NullTerminated(std::vector<std::string>& strings) {
 
 }  // namespace
 
+int64_t WorkerAddressSpaceBytes(int64_t memory_limit_mb, int64_t model_bytes) {
+  if (memory_limit_mb <= 0) return 0;
+  return (memory_limit_mb << 20) + 2 * std::max<int64_t>(0, model_bytes);
+}
+
 absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
                        const std::function<void(const WorkerLine&)>& on_line) {
   if (::access(limits.binary.c_str(), X_OK) != 0) {
@@ -77,7 +82,7 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
   std::vector<char*> envp = NullTerminated(environment);
   const std::string folder = run.folder.string();
   const std::string log_path = run.log.empty() ? std::string("/dev/null") : run.log.string();
-  const rlim_t memory_bytes = static_cast<rlim_t>(limits.memory_limit_mb) << 20;
+  const rlim_t memory_bytes = static_cast<rlim_t>(WorkerAddressSpaceBytes(limits.memory_limit_mb, run.mapped_bytes));
   const pid_t parent = ::getpid();
 
   const pid_t pid = ::fork();
@@ -198,6 +203,11 @@ absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, 
   run.folder = job.job_dir;
   run.log = job.job_dir / "worker.log";
   run.timeout = limits.timeout;
+  // The model and its external data, which ONNX Runtime maps (WorkerAddressSpaceBytes).
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(job.model.parent_path(), error)) {
+    if (entry.is_regular_file(error)) run.mapped_bytes += static_cast<int64_t>(entry.file_size(error));
+  }
   run.args = {absl::StrCat("--model=", job.model.string()), absl::StrCat("--output_dir=", job.output_dir.string()),
               absl::StrCat("--config=", job.config.string())};
   if (!job.inputs.empty()) run.args.push_back(absl::StrCat("--inputs=", job.inputs.string()));

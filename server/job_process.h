@@ -33,7 +33,18 @@ struct WorkerRun {
   std::filesystem::path folder;
   std::filesystem::path log;  // where the child's stderr goes; empty: nowhere
   std::chrono::seconds timeout{3600};
+  // Bytes of files the worker maps rather than holds, added to the address-space limit (see
+  // WorkerAddressSpaceBytes).
+  int64_t mapped_bytes = 0;
 };
+
+// The address-space limit of a worker given `memory_limit_mb` (0: none) and a model whose folder holds
+// `model_bytes`: the limit plus twice those bytes. ONNX Runtime maps a model's external data instead of
+// copying it (the original's, then the result's, at most as big), and mapped file pages count against the
+// address space although the kernel may drop them: without the allowance a model larger than the limit
+// (a 7B decoder's 29 GB under the default 16 GiB) could not even be opened, while what the job itself
+// allocates stays bounded by the configured limit.
+int64_t WorkerAddressSpaceBytes(int64_t memory_limit_mb, int64_t model_bytes);
 
 // The worker's own final status, or: CANCELLED (cancel set), DEADLINE_EXCEEDED (JOB_TIMEOUT),
 // INTERNAL (WORKER_CRASHED) when it died without reporting. Every line it prints goes to on_line.

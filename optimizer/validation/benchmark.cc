@@ -389,6 +389,37 @@ absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource
   return absl::OkStatus();
 }
 
+absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
+                            const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                            v1::BenchmarkReport* report, const TimingMode& mode) {
+  const TimingPlan plan = PlanOf(config);
+  const double per_set = TimeBudget(config) / static_cast<double>(std::max<size_t>(1, inputs.size()));
+  const int max_runs = plan.fixed ? plan.target : kMaxTimedRuns;
+  const std::vector<std::string> outputs = OutputNames(optimized);
+  for (const GeneratedInputs& set : inputs) {
+    std::unique_ptr<BoundRun> bound;
+    absl::StatusOr<TimedRunner> runner = RunnerFor(optimized, set, outputs, mode, &bound);
+    if (!runner.ok()) return runner.status();
+    absl::StatusOr<std::vector<double>> latencies =
+        TimeWindow(*runner, plan.warmup, std::min(max_runs, 3), max_runs, per_set, cancelled);
+    if (!latencies.ok()) return latencies.status();
+    v1::ShapeBenchmark* shape = report->add_shapes();
+    shape->mutable_input_shapes()->insert(set.shapes.begin(), set.shapes.end());
+    *shape->mutable_optimized() = Summarize(*latencies);
+    // Stable when the medians of the run's thirds agree, as the windows of a side-by-side run must.
+    std::vector<double> medians;
+    const size_t third = std::max<size_t>(1, latencies->size() / 3);
+    for (size_t at = 0; at + third <= latencies->size(); at += third) {
+      medians.push_back(Median(std::vector<double>(latencies->begin() + static_cast<std::ptrdiff_t>(at),
+                                                   latencies->begin() + static_cast<std::ptrdiff_t>(at + third))));
+    }
+    shape->set_stable(Drift(medians) <= plan.stability);
+  }
+  DescribeBenchmark(plan, config, mode, report);
+  report->set_regression(false);  // nothing to be slower than
+  return absl::OkStatus();
+}
+
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                        const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report) {

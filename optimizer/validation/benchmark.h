@@ -75,6 +75,12 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
                        const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
                        v1::BenchmarkReport* report, const TimingMode& mode = {});
 
+// The optimized model alone on every input set (the original does not fit in memory): its latencies in
+// `report`, the original's left empty, no speedup and no regression.
+absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
+                            const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                            v1::BenchmarkReport* report, const TimingMode& mode = {});
+
 // Rounds of alternating sessions (BENCHMARK_SESSIONS_ALTERNATING).
 inline constexpr int kAlternatingRounds = 3;
 

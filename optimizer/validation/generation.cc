@@ -241,6 +241,22 @@ absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const P
   return result;
 }
 
+// One model's window of `phase`: `warmup` untimed steps, then timed ones (TimeWindow). Whatever keeps
+// the phase from running (inputs, memory, a kernel's refusal) is the error returned.
+absl::StatusOr<std::vector<double>> TimePhaseWindow(Ort::Session& session, const onnx::ModelProto& model,
+                                                    const CacheInterface& cache, const Phase& phase,
+                                                    const std::vector<std::string>& outputs, const TimingMode& mode,
+                                                    int warmup, int min_runs, int max_runs, double seconds,
+                                                    const std::atomic<bool>* cancelled) {
+  absl::StatusOr<GeneratedInputs> inputs =
+      StepInputs(session, model, cache, phase.batch, phase.past, phase.new_tokens, 0);
+  if (!inputs.ok()) return inputs.status();
+  std::unique_ptr<BoundRun> bound;
+  absl::StatusOr<TimedRunner> runner = RunnerFor(session, *inputs, outputs, mode, &bound);
+  if (!runner.ok()) return runner.status();
+  return TimeWindow(*runner, warmup, min_runs, max_runs, seconds, cancelled);
+}
+
 }  // namespace
 
 absl::StatusOr<v1::GenerationConfig> ResolveGenerationConfig(const v1::GenerationConfig& config) {
@@ -313,6 +329,18 @@ absl::StatusOr<GreedyTrace> TraceGreedy(Ort::Session& session, const onnx::Model
   }
   const auto logits_at = std::find(generator.outputs.begin(), generator.outputs.end(), cache.logits_output);
   GreedyTrace trace;
+  trace.prompt_mask = mask;
+  for (size_t i = 0; i < generator.feed.names.size(); ++i) {
+    if (generator.feed.names[i] != cache.ids_input) continue;
+    const Ort::Value& ids = generator.feed.values[i];
+    const auto type = ids.GetTensorTypeAndShapeInfo().GetElementType();
+    const size_t count = ids.GetTensorTypeAndShapeInfo().GetElementCount();
+    if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+      trace.prompt_ids.assign(ids.GetTensorData<int64_t>(), ids.GetTensorData<int64_t>() + count);
+    } else if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
+      trace.prompt_ids.assign(ids.GetTensorData<int32_t>(), ids.GetTensorData<int32_t>() + count);
+    }
+  }
   for (int step = 0; step < config.greedy_tokens(); ++step) {
     absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(session, generator.feed, generator.outputs);
     if (!ran.ok()) {
@@ -333,6 +361,8 @@ absl::StatusOr<GreedyTrace> TraceGreedy(Ort::Session& session, const onnx::Model
   }
   return trace;
 }
+
+}  // namespace
 
 // The greedy fields of `report` from both traces, token by token.
 void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimized, bool exact_tokens,
@@ -377,11 +407,79 @@ void CompareGreedyTraces(const GreedyTrace& original, const GreedyTrace& optimiz
   }
 }
 
-}  // namespace
-
 absl::StatusOr<GreedyTrace> TraceOriginalGreedy(Ort::Session& original, const onnx::ModelProto& original_model,
                                                 const CacheInterface& cache, const v1::GenerationConfig& config) {
   return TraceGreedy(original, original_model, cache, config, nullptr, "original");
+}
+
+absl::StatusOr<GreedyTrace> TraceOwnGreedy(Ort::Session& session, const onnx::ModelProto& original_model,
+                                           const CacheInterface& cache, const v1::GenerationConfig& config) {
+  return TraceGreedy(session, original_model, cache, config, nullptr, "optimized");
+}
+
+absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::ModelProto& original_model,
+                                             const CacheInterface& cache, const v1::GenerationConfig& config,
+                                             const GreedyTrace& picks) {
+  const int64_t prompt = config.prompt_tokens();
+  const int64_t steps = static_cast<int64_t>(picks.logits.size());
+  if (steps == 0 || picks.prompt_ids.size() != static_cast<size_t>(kGreedyBatch * prompt)) {
+    return absl::InternalError("generation: the trace to score has no steps or no prompt");
+  }
+  // The prompt and every pick but the last, as one sequence without a past.
+  const int64_t total = prompt + steps - 1;
+  std::vector<std::vector<int64_t>> mask = picks.prompt_mask;
+  std::vector<int64_t> ids;
+  for (int64_t b = 0; b < kGreedyBatch; ++b) {
+    ids.insert(ids.end(), picks.prompt_ids.begin() + b * prompt, picks.prompt_ids.begin() + (b + 1) * prompt);
+    for (int64_t step = 0; step + 1 < steps; ++step) {
+      ids.push_back(ArgMax(picks.logits[static_cast<size_t>(step)][static_cast<size_t>(b)]));
+      mask[static_cast<size_t>(b)].push_back(1);
+    }
+  }
+  absl::StatusOr<GeneratedInputs> feed = StepInputs(scorer, original_model, cache, kGreedyBatch, 0, total, 0);
+  if (!feed.ok()) return feed.status();
+  for (size_t i = 0; i < feed->names.size(); ++i) {
+    const std::string& name = feed->names[i];
+    std::vector<int64_t> values;
+    if (name == cache.ids_input) {
+      values = ids;
+    } else if (name == cache.mask_input) {
+      for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
+    } else if (name == cache.position_input) {
+      values = PositionsFromMask(mask, total);
+    } else {
+      continue;
+    }
+    if (absl::Status filled = FillNumbers(feed->values[i], values, name); !filled.ok()) return filled;
+  }
+  const std::vector<std::string> outputs = {cache.logits_output};
+  absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(scorer, *feed, outputs);
+  if (!ran.ok()) {
+    return absl::InternalError(absl::StrCat("generation: the original fails on the scored sequence: ",
+                                            ran.status().message()));
+  }
+  auto info = (*ran)[0].GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> shape = info.GetShape();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != kGreedyBatch ||
+      shape[1] != total) {
+    return absl::FailedPreconditionError(
+        "GENERATION_UNSUPPORTED: the logits do not cover every position ([batch, sequence, vocabulary]), so one "
+        "pass cannot score the generation");
+  }
+  const int64_t vocab = shape[2];
+  const float* data = (*ran)[0].GetTensorData<float>();
+  GreedyTrace scored;
+  scored.prompt_ids = picks.prompt_ids;
+  scored.prompt_mask = picks.prompt_mask;
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<std::vector<float>> rows(kGreedyBatch);
+    for (int64_t b = 0; b < kGreedyBatch; ++b) {
+      const float* row = data + (b * total + prompt - 1 + step) * vocab;
+      rows[static_cast<size_t>(b)].assign(row, row + vocab);
+    }
+    scored.logits.push_back(std::move(rows));
+  }
+  return scored;
 }
 
 absl::Status CompareToGreedyTrace(Ort::Session& candidate, const onnx::ModelProto& original_model,
@@ -434,6 +532,54 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
   return report;
 }
 
+absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized, const onnx::ModelProto& original_model,
+                                                         const CacheInterface& cache,
+                                                         const v1::GenerationConfig& config, bool exact_tokens,
+                                                         double budget_seconds, const TimingMode& mode,
+                                                         const std::atomic<bool>* cancelled,
+                                                         const OriginalOpener& open_original) {
+  v1::GenerationReport report = CacheDescribed(cache);
+  const std::vector<Phase> phases = PhasesOf(config);
+  const std::vector<std::string> outputs = OutputNames(optimized);
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const Phase& phase = phases[i];
+    v1::GenerationPhase* result = report.add_phases();
+    *result = PhaseNamed(phase);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double share = std::max(0.0, budget_seconds - elapsed) / static_cast<double>(phases.size() - i);
+    absl::StatusOr<std::vector<double>> timed =
+        TimePhaseWindow(optimized, original_model, cache, phase, outputs, mode, kGenerationWarmupPairs,
+                        std::min(kMinGenerationRuns, config.runs()), config.runs(), share, cancelled);
+    if (absl::IsCancelled(timed.status())) return timed.status();
+    if (!timed.ok()) {
+      result->set_error(std::string(timed.status().message()));
+      continue;
+    }
+    DescribePhaseTimes({}, *timed, phase, result);
+  }
+  report.set_greedy_batch(static_cast<int32_t>(kGreedyBatch));
+  report.set_prompt_tokens(config.prompt_tokens());
+  absl::StatusOr<GreedyTrace> own = TraceOwnGreedy(optimized, original_model, cache, config);
+  absl::StatusOr<GreedyTrace> scored = absl::InternalError("not scored");
+  if (own.ok()) {
+    absl::StatusOr<std::unique_ptr<Ort::Session>> original = open_original();
+    scored = original.ok() ? ScoreGreedyTrace(**original, original_model, cache, config, *own)
+                           : absl::StatusOr<GreedyTrace>(original.status());
+  } else {
+    scored = own.status();
+  }
+  if (!scored.ok()) {
+    report.set_passed(false);
+    report.set_note(absl::StrCat("not compared with the original's: ", scored.status().message()));
+    return report;
+  }
+  CompareGreedyTraces(*scored, *own, exact_tokens, &report);
+  report.set_note(absl::StrCat("teacher-forced on the optimized model's picks, the original scoring them in one pass",
+                               report.note().empty() ? "" : "; ", report.note()));
+  return report;
+}
+
 absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
     const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
     const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
@@ -456,14 +602,8 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
       if (!errors[i].empty()) continue;
       const Phase& phase = phases[i];
       // What keeps a phase from running (memory, a kernel's refusal) is the phase's error, as side by side.
-      absl::StatusOr<GeneratedInputs> inputs =
-          StepInputs(session, original_model, cache, phase.batch, phase.past, phase.new_tokens, 0);
-      std::unique_ptr<BoundRun> bound;
-      absl::StatusOr<TimedRunner> runner =
-          inputs.ok() ? RunnerFor(session, *inputs, outputs, mode, &bound) : absl::StatusOr<TimedRunner>(inputs.status());
-      absl::StatusOr<std::vector<double>> timed =
-          runner.ok() ? TimeWindow(*runner, /*warmup=*/1, min_runs, max_runs, per_phase, cancelled)
-                      : absl::StatusOr<std::vector<double>>(runner.status());
+      absl::StatusOr<std::vector<double>> timed = TimePhaseWindow(session, original_model, cache, phase, outputs, mode,
+                                                                  /*warmup=*/1, min_runs, max_runs, per_phase, cancelled);
       if (absl::IsCancelled(timed.status())) return timed.status();
       if (!timed.ok()) {
         errors[i] = std::string(timed.status().message());
@@ -537,6 +677,19 @@ absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, c
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
         return BenchmarkGeneration(original, optimized, original_model, cache, resolved, exact_tokens,
                                    TimeBudget(config), mode, cancelled);
+      },
+      report);
+}
+
+absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
+                                      bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                      const std::atomic<bool>* cancelled, const OriginalOpener& open_original,
+                                      v1::Report* report) {
+  return ReportGenerationWith(
+      original_model, config,
+      [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
+        return TimeGenerationAlone(optimized, original_model, cache, resolved, exact_tokens, TimeBudget(config), mode,
+                                   cancelled, open_original);
       },
       report);
 }

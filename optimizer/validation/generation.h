@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,11 +52,32 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
 // last position's logits of every row at each step.
 struct GreedyTrace {
   std::vector<std::vector<std::vector<float>>> logits;  // [step][row][vocabulary]
+  std::vector<int64_t> prompt_ids;                       // [row * prompt + position]
+  std::vector<std::vector<int64_t>> prompt_mask;         // [row][position]
 };
 
 // The original's greedy generation, kept to judge candidates by (CompareToGreedyTrace).
 absl::StatusOr<GreedyTrace> TraceOriginalGreedy(Ort::Session& original, const onnx::ModelProto& original_model,
                                                 const CacheInterface& cache, const v1::GenerationConfig& config);
+
+// A model's greedy generation on its own picks.
+absl::StatusOr<GreedyTrace> TraceOwnGreedy(Ort::Session& session, const onnx::ModelProto& original_model,
+                                           const CacheInterface& cache, const v1::GenerationConfig& config);
+
+// `picks` (another model's greedy generation) scored by `scorer` in one pass without a past: the prompt and
+// every pick but the last as one sequence, the logits at each step's position as a trace — the same
+// teacher-forced comparison on `picks`' tokens, with one run of the scorer instead of one per step. For
+// an original larger than memory, whose every run reads its weights from the disk. FAILED_PRECONDITION
+// (GENERATION_UNSUPPORTED) where the logits do not cover every position.
+absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::ModelProto& original_model,
+                                             const CacheInterface& cache, const v1::GenerationConfig& config,
+                                             const GreedyTrace& picks);
+
+// The greedy fields of `report` from the reference's and the compared model's traces, step by step
+// (tokens, logits cosine, KL divergence): `exact_tokens` asks for every pick the same, else a cosine of at
+// least kMinLowerPrecisionCosine.
+void CompareGreedyTraces(const GreedyTrace& reference, const GreedyTrace& compared, bool exact_tokens,
+                         v1::GenerationReport* report);
 
 // `candidate` generating with each step teacher-forced on `reference`'s pick: `report`'s greedy fields,
 // as a lower-precision model is compared (logits cosine, KL divergence, top-1 agreement per step).
@@ -76,12 +99,30 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
     const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
     bool exact_tokens, double budget_seconds, const TimingMode& mode, const std::atomic<bool>* cancelled);
 
+// Opens a session of the original when it is needed (and only then).
+using OriginalOpener = std::function<absl::StatusOr<std::unique_ptr<Ort::Session>>()>;
+
+// The optimized model's phases timed alone (a window each, on the budget), for an original that does
+// not fit in memory: no original figures, no speedup. The greedy check runs the optimized model on its
+// own picks and has the original score them in one pass (`open_original`), the note saying so.
+absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized, const onnx::ModelProto& original_model,
+                                                         const CacheInterface& cache,
+                                                         const v1::GenerationConfig& config, bool exact_tokens,
+                                                         double budget_seconds, const TimingMode& mode,
+                                                         const std::atomic<bool>* cancelled,
+                                                         const OriginalOpener& open_original);
+
 // Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
 // into report->generation (the phases on the benchmark's time budget, config.time_budget_seconds),
 // with a warning where the greedy check fails. Nothing for other models.
 absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                               bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
                               const std::atomic<bool>* cancelled, v1::Report* report);
+// The same for the optimized model alone (TimeGenerationAlone).
+absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
+                                      bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                      const std::atomic<bool>* cancelled, const OriginalOpener& open_original,
+                                      v1::Report* report);
 // The same with the sessions alternating (BenchmarkGenerationAlternating).
 absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
                                          const SessionSettings& settings, const onnx::ModelProto& original_model,

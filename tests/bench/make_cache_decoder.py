@@ -8,7 +8,12 @@ not padding and at most the query's cache position, -inf elsewhere, with the NaN
 (a row padding masks entirely gives zeros). Exported by torch.onnx (TorchScript) at opset 17.
 
   make_cache_decoder.py OUT.onnx [--hidden 768 --layers 12 --heads 12 --kv-heads 2
-                                  --intermediate 2048 --vocab 32000] [--seed 0]
+                                  --intermediate 2048 --vocab 32000] [--seed 0] [--export-layers N]
+
+`--export-layers N` exports N layers with torch and adds the others with deepen_decoder.py (the last
+layer's graph repeated, fresh weights written to disk one tensor at a time): for models larger than the
+machine's memory, e.g. 32 layers of Mistral-7B's shape (--hidden 4096 --heads 32 --kv-heads 8
+--intermediate 14336 --vocab 32000), ~29 GB, made with ~9 GB of memory.
 
 The defaults make a 122M-parameter model (the generation benchmark's); small sizes make test
 fixtures (tests/fixtures/hf/cache_decoder_*.onnx: see tests/fixtures/hf/README.md). Needs Debian's
@@ -22,6 +27,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
 from transformer_families import RMSNorm, repeat_kv, rotate_half  # noqa: E402
+from deepen_decoder import deepen  # noqa: E402
 
 
 class Attention(nn.Module):
@@ -135,7 +141,12 @@ def main():
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--export-layers", type=int, default=0,
+                        help="export this many layers with torch, then repeat the last one up to --layers")
     args = parser.parse_args()
+    layers = args.layers
+    if 0 < args.export_layers < layers:
+        args.layers = args.export_layers
     torch.manual_seed(args.seed)
     model = CacheDecoder(args).eval()
     for name, parameter in model.named_parameters():
@@ -143,7 +154,12 @@ def main():
             nn.init.normal_(parameter, std=0.02)
     export_cache_decoder(model, args, args.output)
     head_dim = args.hidden // args.heads
-    parameters = sum(p.numel() for p in model.parameters())
+    per_layer = sum(p.numel() for p in model.layers[-1].parameters())
+    parameters = sum(p.numel() for p in model.parameters()) + (layers - args.layers) * per_layer
+    if layers > args.layers:
+        del model
+        deepen(args.output, layers, seed=args.seed, log=lambda line: print(line, flush=True))
+        args.layers = layers
     print(f"{args.output}: {parameters / 1e6:.1f}M parameters, {args.layers} layers, hidden {args.hidden}, "
           f"{args.heads} heads ({args.kv_heads} key/value), head size {head_dim}")
 

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -40,14 +41,29 @@ TEST(MemoryUsageTest, TheJobTargetIsOneAndAHalfTheModelPlusAGibibyteWithinTheAdd
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_AS, &saved), 0);
   if (saved.rlim_cur != RLIM_INFINITY) GTEST_SKIP() << "this process already runs under an address-space limit";
+  const std::optional<int64_t> available = MemoryAvailable();
+  ASSERT_TRUE(available.has_value()) << "/proc/meminfo has MemAvailable";
+  if (*available < 8 * (int64_t{1} << 30)) GTEST_SKIP() << "less than 8 GiB available: the machine bounds the target";
   EXPECT_EQ(JobMemoryTarget(4 * (int64_t{1} << 30)), 7 * (int64_t{1} << 30));
   EXPECT_FALSE(AddressSpaceLimit().has_value());
   rlimit limited = saved;
   limited.rlim_cur = static_cast<rlim_t>(int64_t{64} << 30);
   ASSERT_EQ(::setrlimit(RLIMIT_AS, &limited), 0);
   EXPECT_EQ(AddressSpaceLimit(), int64_t{64} << 30);
-  EXPECT_EQ(JobMemoryTarget(int64_t{100} << 30), int64_t{64} << 30) << "bounded by the limit";
+  const int64_t machine = ResidentBytes().value_or(0) + *MemoryAvailable();
+  EXPECT_EQ(JobMemoryTarget(int64_t{100} << 30), std::min(int64_t{64} << 30, machine))
+      << "bounded by the limit and by what the machine has";
   ASSERT_EQ(::setrlimit(RLIMIT_AS, &saved), 0);
+}
+
+// A model bigger than what is left of the machine is run from its mapped files; one that fits is not.
+TEST(MemoryUsageTest, AModelBeyondWhatTheMachineHasExceedsMemory) {
+  const std::optional<int64_t> available = MemoryAvailable();
+  ASSERT_TRUE(available.has_value());
+  EXPECT_GT(*available, 0);
+  EXPECT_LE(JobMemoryTarget(2 * *available), ResidentBytes().value_or(0) + *available);
+  EXPECT_TRUE(ModelExceedsMemory(2 * *available + (int64_t{1} << 30)));
+  EXPECT_FALSE(ModelExceedsMemory(int64_t{1} << 20));
 }
 
 }  // namespace

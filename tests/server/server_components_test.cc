@@ -9,6 +9,7 @@
 #include "optimizer/sha256.h"
 #include "server/blob_store.h"
 #include "server/job_manager.h"
+#include "server/job_process.h"
 #include "server/sqlite_job_store.h"
 #include "server/tenants.h"
 #include "server/worker_protocol.h"
@@ -452,6 +453,22 @@ TEST(JobManagerHelpersTest, SafeNamesAndReasons) {
   EXPECT_EQ(SplitReason(absl::InvalidArgumentError("MODEL_PARSE_FAILED: nope")).first, "MODEL_PARSE_FAILED");
   EXPECT_EQ(SplitReason(absl::InvalidArgumentError("MODEL_PARSE_FAILED: nope")).second, "nope");
   EXPECT_EQ(SplitReason(absl::InternalError("disk: full")).first, "INTERNAL");
+}
+
+}  // namespace
+}  // namespace onnxopt::server
+
+namespace onnxopt::server {
+namespace {
+
+// A worker may map its model (and a result as big) beyond its memory limit: mapped pages are the
+// kernel's to drop, and a 7B decoder's 29 GB must open under the default 16 GiB.
+TEST(WorkerLimitsTest, TheAddressSpaceLimitMakesRoomForTheMappedModelAndItsResult) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(WorkerAddressSpaceBytes(16384, 0), 16 * kGiB);
+  EXPECT_EQ(WorkerAddressSpaceBytes(16384, 27 * kGiB), 70 * kGiB);
+  EXPECT_EQ(WorkerAddressSpaceBytes(0, 27 * kGiB), 0) << "no limit stays none";
+  EXPECT_EQ(WorkerAddressSpaceBytes(40, -1), 40 << 20);
 }
 
 }  // namespace
