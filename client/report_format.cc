@@ -293,6 +293,9 @@ std::string FormatReport(const v1::Report& report) {
                                             output.rtol(), output.passed() ? "ok" : "FAIL",
                                             output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
     }
+    if (parity.has_perplexity()) {
+      absl::StrAppend(&out, "supplied tokens: ", parity.perplexity().note(), "\n");
+    }
     if (parity.generation().ran()) {
       absl::StrAppend(&out, "judged by greedy generation: ", parity.generation().passed() ? "PASSED" : "FAILED", " (",
                       parity.generation().note(), ")\n");

@@ -100,6 +100,10 @@ class OptimizeJob {
   // The original's greedy generation, traced with the reference session where a quantized decoder may
   // be judged on it (ValidationConfig.judge_generation).
   absl::Status TraceGreedyReference(Ort::Session& original);
+  // Token ids supplied with a decoder job: the original's loss on them, taken with its reference session.
+  absl::Status ScoreSuppliedTokens(Ort::Session& original);
+  // The candidate's perplexity on them against the original's (ValidationConfig.max_perplexity_ratio).
+  absl::Status JudgePerplexity(Ort::Session& candidate, v1::ParityReport* into);
   // A quantized decoder whose outputs failed: its greedy generation against the original's decides.
   absl::Status JudgeByGeneration(Ort::Session& candidate, const std::string& precision, v1::ParityReport* into);
   // The original's deviation on the job's device from the CPU fp32 reference, where they differ.
@@ -161,6 +165,9 @@ class OptimizeJob {
   std::optional<ParityReference> reference_;
   // A quantized decoder's second judge: the original's greedy generation (JudgeByGeneration).
   std::optional<GreedyTrace> greedy_reference_;
+  // The original's loss on supplied token ids (ScoreSuppliedTokens), or why there is none.
+  std::optional<TokenLoss> original_loss_;
+  std::string loss_note_;
   std::optional<CacheInterface> cache_;
   v1::GenerationConfig greedy_config_;
   bool returned_original_ = false;

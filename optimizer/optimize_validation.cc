@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/cache_interface.h"
 #include "optimizer/graph.h"
 #include "optimizer/memory_usage.h"
 #include "optimizer/model_io.h"
@@ -122,7 +123,60 @@ absl::StatusOr<bool> OptimizeJob::Judge(const onnx::ModelProto& model, const Mod
   if (!into->passed() && traced && original_ && (precision == "int8" || precision == "int4")) {
     if (absl::Status judged = JudgeByGeneration(**session, precision, into); !judged.ok()) return judged;
   }
+  if (absl::Status judged = JudgePerplexity(**session, into); !judged.ok()) return judged;
   return into->passed();
+}
+
+absl::Status OptimizeJob::ScoreSuppliedTokens(Ort::Session& original) {
+  const std::optional<CacheInterface> cache = FindCacheInterface(original_->graph());
+  if (!cache || supplied_.empty()) return absl::OkStatus();
+  bool has_ids = false;
+  for (const auto& sample : supplied_) has_ids |= sample.count(cache->ids_input) > 0;
+  if (!has_ids) return absl::OkStatus();
+  Progress(Phase::kValidating, "the original's perplexity on the supplied tokens");
+  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(original, *original_, *cache, supplied_);
+  if (absl::IsInvalidArgument(loss.status())) return loss.status();  // the user's ids: their error
+  if (loss.ok()) {
+    original_loss_ = *loss;
+  } else {
+    loss_note_ = absl::StrCat("not scored: ", loss.status().message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OptimizeJob::JudgePerplexity(Ort::Session& candidate, v1::ParityReport* into) {
+  v1::PerplexityReport* perplexity = into->mutable_perplexity();
+  perplexity->Clear();
+  if (!original_loss_) {
+    if (loss_note_.empty()) {
+      into->clear_perplexity();
+    } else {
+      perplexity->set_note(loss_note_);
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(candidate, *original_, *FindCacheInterface(original_->graph()),
+                                                     supplied_);
+  if (!loss.ok()) {
+    perplexity->set_note(absl::StrCat("the result could not be scored: ", loss.status().message()));
+    perplexity->set_passed(false);
+    into->set_passed(false);
+    return absl::OkStatus();
+  }
+  const double max_ratio = config_.validation().max_perplexity_ratio();
+  perplexity->set_tokens(loss->tokens);
+  perplexity->set_original(original_loss_->Perplexity());
+  perplexity->set_optimized(loss->Perplexity());
+  perplexity->set_ratio(perplexity->original() > 0 ? perplexity->optimized() / perplexity->original() : 0);
+  perplexity->set_max_ratio_allowed(max_ratio);
+  perplexity->set_passed(max_ratio <= 0 || perplexity->ratio() <= max_ratio);
+  perplexity->set_note(absl::StrFormat("perplexity %.4f -> %.4f (%.4fx) on %d supplied tokens%s", perplexity->original(),
+                                       perplexity->optimized(), perplexity->ratio(), loss->tokens,
+                                       max_ratio <= 0 ? ", reported only (validation.max_perplexity_ratio unset)"
+                                       : perplexity->passed() ? absl::StrFormat(" <= %.4gx", max_ratio)
+                                                              : absl::StrFormat(" > %.4gx: FAILED", max_ratio)));
+  if (!perplexity->passed()) into->set_passed(false);
+  return absl::OkStatus();
 }
 
 absl::Status OptimizeJob::TraceGreedyReference(Ort::Session& original) {
@@ -237,6 +291,7 @@ absl::Status OptimizeJob::Validate() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - reference_start).count()));
     }
     reference_ = *std::move(reference);
+    if (absl::Status scored = ScoreSuppliedTokens(**original_session); !scored.ok()) return scored;
     if (absl::Status traced = TraceGreedyReference(**original_session); !traced.ok()) return traced;
   }
   if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;

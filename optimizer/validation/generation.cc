@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/tensor_convert.h"
 #include "optimizer/validation/parity.h"
 
 namespace onnxopt {
@@ -480,6 +481,102 @@ absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::M
     scored.logits.push_back(std::move(rows));
   }
   return scored;
+}
+
+double TokenLoss::Perplexity() const { return tokens > 0 ? std::exp(nll / static_cast<double>(tokens)) : 0.0; }
+
+absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::ModelProto& original_model,
+                                            const CacheInterface& cache, const std::vector<SuppliedSample>& samples) {
+  // A supplied tensor's values as integers.
+  auto integers = [](const onnx::TensorProto& tensor, const std::string& name) -> absl::StatusOr<std::vector<int64_t>> {
+    absl::StatusOr<Ort::Value> value = TensorProtoToOrtValue(tensor);
+    if (!value.ok()) return value.status();
+    const auto info = value->GetTensorTypeAndShapeInfo();
+    const size_t count = info.GetElementCount();
+    switch (info.GetElementType()) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64:
+        return std::vector<int64_t>(value->GetTensorData<int64_t>(), value->GetTensorData<int64_t>() + count);
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+        return std::vector<int64_t>(value->GetTensorData<int32_t>(), value->GetTensorData<int32_t>() + count);
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", name, "' is not an integer tensor"));
+    }
+  };
+  TokenLoss loss;
+  bool any = false;
+  for (const SuppliedSample& sample : samples) {
+    const auto ids_tensor = sample.find(cache.ids_input);
+    if (ids_tensor == sample.end()) continue;
+    any = true;
+    const auto& dims = ids_tensor->second.dims();
+    if (dims.size() != 2 || dims[0] < 1 || dims[1] < 2) {
+      return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", cache.ids_input,
+                                                     "' must be [batch, sequence] with at least 2 tokens"));
+    }
+    const int64_t batch = dims[0], length = dims[1];
+    absl::StatusOr<std::vector<int64_t>> ids = integers(ids_tensor->second, cache.ids_input);
+    if (!ids.ok()) return ids.status();
+    std::vector<std::vector<int64_t>> mask(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(length), 1));
+    if (const auto given = sample.find(cache.mask_input); !cache.mask_input.empty() && given != sample.end()) {
+      absl::StatusOr<std::vector<int64_t>> flat = integers(given->second, cache.mask_input);
+      if (!flat.ok()) return flat.status();
+      if (static_cast<int64_t>(flat->size()) != batch * length) {
+        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", cache.mask_input,
+                                                       "' must be as long as the token ids (no past)"));
+      }
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t t = 0; t < length; ++t) mask[b][t] = (*flat)[static_cast<size_t>(b * length + t)] != 0;
+      }
+    }
+    absl::StatusOr<GeneratedInputs> feed = StepInputs(session, original_model, cache, batch, 0, length, 0);
+    if (!feed.ok()) return feed.status();
+    for (size_t i = 0; i < feed->names.size(); ++i) {
+      const std::string& name = feed->names[i];
+      std::vector<int64_t> values;
+      if (name == cache.ids_input) {
+        values = *ids;
+      } else if (name == cache.mask_input) {
+        for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
+      } else if (name == cache.position_input) {
+        values = PositionsFromMask(mask, length);
+      } else {
+        continue;
+      }
+      if (absl::Status filled = FillNumbers(feed->values[i], values, name); !filled.ok()) return filled;
+    }
+    absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(session, *feed, {cache.logits_output});
+    if (!ran.ok()) return ran.status();
+    const auto info = (*ran)[0].GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> shape = info.GetShape();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != batch ||
+        shape[1] != length) {
+      return absl::FailedPreconditionError(
+          "GENERATION_UNSUPPORTED: the logits do not cover every position, so supplied ids cannot be scored");
+    }
+    const int64_t vocab = shape[2];
+    const float* logits = (*ran)[0].GetTensorData<float>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t + 1 < length; ++t) {
+        if (mask[b][t] == 0 || mask[b][t + 1] == 0) continue;
+        const int64_t next = (*ids)[static_cast<size_t>(b * length + t + 1)];
+        if (next < 0 || next >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("INPUT_INVALID: supplied token id ", next, " is outside the vocabulary of ", vocab));
+        }
+        const float* row = logits + (b * length + t) * vocab;
+        const double top = *std::max_element(row, row + vocab);
+        double sum = 0;
+        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
+        loss.nll += top + std::log(sum) - static_cast<double>(row[next]);
+        ++loss.tokens;
+      }
+    }
+  }
+  if (!any) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GENERATION_UNSUPPORTED: no supplied input set holds the token ids '", cache.ids_input, "'"));
+  }
+  return loss;
 }
 
 absl::Status CompareToGreedyTrace(Ort::Session& candidate, const onnx::ModelProto& original_model,

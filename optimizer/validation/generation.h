@@ -79,6 +79,20 @@ absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::M
 void CompareGreedyTraces(const GreedyTrace& reference, const GreedyTrace& compared, bool exact_tokens,
                          v1::GenerationReport* report);
 
+// The negative log-likelihood of supplied token ids, teacher-forced: each input set of `samples` that
+// holds the cache's ids input ([batch, sequence]; its mask too where given, else all kept) runs once
+// without a past, and every position whose next token the mask keeps adds -log p(next token).
+struct TokenLoss {
+  double nll = 0;
+  int64_t tokens = 0;
+  double Perplexity() const;
+};
+// FAILED_PRECONDITION (GENERATION_UNSUPPORTED) where no set holds token ids or the logits do not cover
+// every position; INVALID_ARGUMENT (INPUT_INVALID) for ids that are not a [batch, sequence] integer tensor
+// within the vocabulary.
+absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::ModelProto& original_model,
+                                            const CacheInterface& cache, const std::vector<SuppliedSample>& samples);
+
 // `candidate` generating with each step teacher-forced on `reference`'s pick: `report`'s greedy fields,
 // as a lower-precision model is compared (logits cosine, KL divergence, top-1 agreement per step).
 absl::Status CompareToGreedyTrace(Ort::Session& candidate, const onnx::ModelProto& original_model,

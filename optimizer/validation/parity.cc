@@ -287,6 +287,9 @@ std::string WorstOutput(const v1::ParityReport& parity) {
                            output.top1_agreement() >= 0 ? absl::StrFormat(", top-1 %.4f", output.top1_agreement()) : "",
                            output.kl_divergence() >= 0 ? absl::StrFormat(", KL %.5f", output.kl_divergence()) : "");
   }
+  if (parity.has_perplexity() && !parity.perplexity().passed()) {
+    return absl::StrCat("supplied tokens: ", parity.perplexity().note());
+  }
   return "no output failed";
 }
 
