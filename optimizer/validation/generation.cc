@@ -418,6 +418,49 @@ absl::StatusOr<GreedyTrace> TraceOwnGreedy(Ort::Session& session, const onnx::Mo
   return TraceGreedy(session, original_model, cache, config, nullptr, "optimized");
 }
 
+namespace {
+
+// `session`'s logits for `ids` ([rows * length], row by row) read in one pass without a past, `mask`
+// ([row][position]) as the attention mask and the positions counted from it: [rows, length, vocabulary].
+// FAILED_PRECONDITION (GENERATION_UNSUPPORTED) where the logits do not cover every position.
+absl::StatusOr<Ort::Value> WholeSequenceLogits(Ort::Session& session, const onnx::ModelProto& original_model,
+                                               const CacheInterface& cache, const std::vector<int64_t>& ids,
+                                               const std::vector<std::vector<int64_t>>& mask) {
+  const int64_t rows = static_cast<int64_t>(mask.size());
+  const int64_t length = rows > 0 ? static_cast<int64_t>(mask[0].size()) : 0;
+  absl::StatusOr<GeneratedInputs> feed = StepInputs(session, original_model, cache, rows, 0, length, 0);
+  if (!feed.ok()) return feed.status();
+  for (size_t i = 0; i < feed->names.size(); ++i) {
+    const std::string& name = feed->names[i];
+    std::vector<int64_t> values;
+    if (name == cache.ids_input) {
+      values = ids;
+    } else if (name == cache.mask_input) {
+      for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
+    } else if (name == cache.position_input) {
+      values = PositionsFromMask(mask, length);
+    } else {
+      continue;
+    }
+    if (absl::Status filled = FillNumbers(feed->values[i], values, name); !filled.ok()) return filled;
+  }
+  absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(session, *feed, {cache.logits_output});
+  if (!ran.ok()) {
+    return absl::InternalError(absl::StrCat("generation: the model fails on a whole sequence: ", ran.status().message()));
+  }
+  const auto info = (*ran)[0].GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> shape = info.GetShape();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != rows ||
+      shape[1] != length) {
+    return absl::FailedPreconditionError(
+        "GENERATION_UNSUPPORTED: the logits do not cover every position ([batch, sequence, vocabulary]), so one "
+        "pass cannot score a sequence");
+  }
+  return std::move((*ran)[0]);
+}
+
+}  // namespace
+
 absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::ModelProto& original_model,
                                              const CacheInterface& cache, const v1::GenerationConfig& config,
                                              const GreedyTrace& picks) {
@@ -437,38 +480,10 @@ absl::StatusOr<GreedyTrace> ScoreGreedyTrace(Ort::Session& scorer, const onnx::M
       mask[static_cast<size_t>(b)].push_back(1);
     }
   }
-  absl::StatusOr<GeneratedInputs> feed = StepInputs(scorer, original_model, cache, kGreedyBatch, 0, total, 0);
-  if (!feed.ok()) return feed.status();
-  for (size_t i = 0; i < feed->names.size(); ++i) {
-    const std::string& name = feed->names[i];
-    std::vector<int64_t> values;
-    if (name == cache.ids_input) {
-      values = ids;
-    } else if (name == cache.mask_input) {
-      for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
-    } else if (name == cache.position_input) {
-      values = PositionsFromMask(mask, total);
-    } else {
-      continue;
-    }
-    if (absl::Status filled = FillNumbers(feed->values[i], values, name); !filled.ok()) return filled;
-  }
-  const std::vector<std::string> outputs = {cache.logits_output};
-  absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(scorer, *feed, outputs);
-  if (!ran.ok()) {
-    return absl::InternalError(absl::StrCat("generation: the original fails on the scored sequence: ",
-                                            ran.status().message()));
-  }
-  auto info = (*ran)[0].GetTensorTypeAndShapeInfo();
-  const std::vector<int64_t> shape = info.GetShape();
-  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != kGreedyBatch ||
-      shape[1] != total) {
-    return absl::FailedPreconditionError(
-        "GENERATION_UNSUPPORTED: the logits do not cover every position ([batch, sequence, vocabulary]), so one "
-        "pass cannot score the generation");
-  }
-  const int64_t vocab = shape[2];
-  const float* data = (*ran)[0].GetTensorData<float>();
+  absl::StatusOr<Ort::Value> logits = WholeSequenceLogits(scorer, original_model, cache, ids, mask);
+  if (!logits.ok()) return logits.status();
+  const int64_t vocab = logits->GetTensorTypeAndShapeInfo().GetShape()[2];
+  const float* data = logits->GetTensorData<float>();
   GreedyTrace scored;
   scored.prompt_ids = picks.prompt_ids;
   scored.prompt_mask = picks.prompt_mask;
@@ -528,33 +543,10 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
         for (int64_t t = 0; t < length; ++t) mask[b][t] = (*flat)[static_cast<size_t>(b * length + t)] != 0;
       }
     }
-    absl::StatusOr<GeneratedInputs> feed = StepInputs(session, original_model, cache, batch, 0, length, 0);
-    if (!feed.ok()) return feed.status();
-    for (size_t i = 0; i < feed->names.size(); ++i) {
-      const std::string& name = feed->names[i];
-      std::vector<int64_t> values;
-      if (name == cache.ids_input) {
-        values = *ids;
-      } else if (name == cache.mask_input) {
-        for (const auto& row : mask) values.insert(values.end(), row.begin(), row.end());
-      } else if (name == cache.position_input) {
-        values = PositionsFromMask(mask, length);
-      } else {
-        continue;
-      }
-      if (absl::Status filled = FillNumbers(feed->values[i], values, name); !filled.ok()) return filled;
-    }
-    absl::StatusOr<std::vector<Ort::Value>> ran = RunOnInputs(session, *feed, {cache.logits_output});
-    if (!ran.ok()) return ran.status();
-    const auto info = (*ran)[0].GetTensorTypeAndShapeInfo();
-    const std::vector<int64_t> shape = info.GetShape();
-    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != batch ||
-        shape[1] != length) {
-      return absl::FailedPreconditionError(
-          "GENERATION_UNSUPPORTED: the logits do not cover every position, so supplied ids cannot be scored");
-    }
-    const int64_t vocab = shape[2];
-    const float* logits = (*ran)[0].GetTensorData<float>();
+    absl::StatusOr<Ort::Value> scored = WholeSequenceLogits(session, original_model, cache, *ids, mask);
+    if (!scored.ok()) return scored.status();
+    const int64_t vocab = scored->GetTensorTypeAndShapeInfo().GetShape()[2];
+    const float* logits = scored->GetTensorData<float>();
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t t = 0; t + 1 < length; ++t) {
         if (mask[b][t] == 0 || mask[b][t + 1] == 0) continue;
