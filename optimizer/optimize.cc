@@ -582,9 +582,9 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
 // phase, and the report says so. No speedup, no regression check, no tuning against it.
 absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, const SessionSettings& settings) {
   v1::BenchmarkReport* benchmark = report_.mutable_benchmark();
-  benchmark->set_original_not_timed(absl::StrCat(
+  benchmark->set_original_not_timed(
       "the original does not fit in memory (memory.original_from_disk): each of its runs would read every weight "
-      "from the disk; the optimized model was timed alone"));
+      "from the disk; the optimized model was timed alone");
   report_.mutable_memory()->set_benchmark_sessions("the optimized model's session alone: the original was not timed");
   auto session = CreateSession(optimized_source, settings);
   if (!session.ok()) {

@@ -167,6 +167,7 @@ class OptimizeJob {
   std::optional<GreedyTrace> greedy_reference_;
   // The original's loss on supplied token ids (ScoreSuppliedTokens), or why there is none.
   std::optional<TokenLoss> original_loss_;
+  std::optional<CacheInterface> scored_cache_;  // the interface the supplied tokens were fed through
   std::string loss_note_;
   std::optional<CacheInterface> cache_;
   v1::GenerationConfig greedy_config_;

@@ -138,6 +138,7 @@ absl::Status OptimizeJob::ScoreSuppliedTokens(Ort::Session& original) {
   if (absl::IsInvalidArgument(loss.status())) return loss.status();  // the user's ids: their error
   if (loss.ok()) {
     original_loss_ = *loss;
+    scored_cache_ = cache;
   } else {
     loss_note_ = absl::StrCat("not scored: ", loss.status().message());
   }
@@ -155,8 +156,7 @@ absl::Status OptimizeJob::JudgePerplexity(Ort::Session& candidate, v1::ParityRep
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(candidate, *original_, *FindCacheInterface(original_->graph()),
-                                                     supplied_);
+  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(candidate, *original_, *scored_cache_, supplied_);
   if (!loss.ok()) {
     perplexity->set_note(absl::StrCat("the result could not be scored: ", loss.status().message()));
     perplexity->set_passed(false);
