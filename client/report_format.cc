@@ -122,6 +122,10 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
     }
     absl::StrAppend(out, "\n");
   }
+  if (generation.optimized_keeps_last_logits()) {
+    absl::StrAppend(out, "logits_to_keep: the optimized model was fed 1, as a generation loop feeds it (its prefill "
+                         "projects the last position only, the original every position)\n");
+  }
   if (generation.memory_bandwidth_bytes_per_second() > 0) {
     absl::StrAppend(out, absl::StrFormat("roofline: a decode step's bytes (weights, gathered rows, key/value cache) at the "
                                          "measured memory bandwidth of %.1f GB/s\n",

@@ -35,6 +35,10 @@ struct CacheInterface {
   std::optional<int64_t> RoleValue(const std::string& name, int64_t past, int64_t new_tokens) const;
 };
 
+// The optional input the logits_to_keep pass adds (int64 [1], default 0: every position): fed k >= 1,
+// the logits cover the last k positions only. A generation loop feeds 1 wherever the model has it.
+inline constexpr char kLogitsToKeepInput[] = "logits_to_keep";
+
 // The cache interface of `graph`, or nullopt when it has none (no past input paired with a present
 // output along one named axis, or no [B, S] token input).
 std::optional<CacheInterface> FindCacheInterface(const onnx::GraphProto& graph);

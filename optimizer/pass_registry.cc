@@ -103,6 +103,7 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeQuantizeStaticInt8Pass()));
     must(built->Register(MakeMakeDimsDynamicPass()));
     must(built->Register(MakeExtractAdaptersPass()));
+    must(built->Register(MakeLogitsToKeepPass()));
     must(built->Register(MakeAppendImagePreprocessingPass()));
     must(built->Register(MakeAppendClassificationPostprocessingPass()));
     must(built->Register(MakeQuantizeWeightsInt4Pass()));

@@ -45,6 +45,7 @@ std::unique_ptr<Pass> MakeQuantizeEmbeddingsInt8Pass();
 std::unique_ptr<Pass> MakeQuantizeStaticInt8Pass();
 std::unique_ptr<Pass> MakeMakeDimsDynamicPass();
 std::unique_ptr<Pass> MakeExtractAdaptersPass();
+std::unique_ptr<Pass> MakeLogitsToKeepPass();
 std::unique_ptr<Pass> MakeAppendImagePreprocessingPass();
 std::unique_ptr<Pass> MakeAppendClassificationPostprocessingPass();
 std::unique_ptr<Pass> MakeQuantizeWeightsInt4Pass();

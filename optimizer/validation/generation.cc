@@ -106,6 +106,37 @@ double Cosine(const std::vector<float>& a, const std::vector<float>& b) {
   return aa > 0 && bb > 0 ? dot / std::sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
 }
 
+// Whether `session` takes logits_to_keep (the logits_to_keep pass's optional input).
+bool TakesLogitsToKeep(Ort::Session& session) {
+  Ort::AllocatorWithDefaultOptions allocator;
+  for (size_t i = 0; i < session.GetOverridableInitializerCount(); ++i) {
+    if (session.GetOverridableInitializerNameAllocated(i, allocator).get() == std::string(kLogitsToKeepInput)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Adds logits_to_keep = 1 to `feed` where `session` takes it: a generation step reads the last
+// position's logits alone, so that is what a generation loop asks of such a model.
+void KeepLastLogitsWhereTaken(Ort::Session& session, GeneratedInputs* feed) {
+  if (!TakesLogitsToKeep(session)) return;
+  Ort::AllocatorWithDefaultOptions allocator;
+  const int64_t shape[1] = {1};
+  Ort::Value keep = Ort::Value::CreateTensor<int64_t>(allocator, shape, 1);
+  *keep.GetTensorMutableData<int64_t>() = 1;
+  feed->names.push_back(kLogitsToKeepInput);
+  feed->values.push_back(std::move(keep));
+}
+
+// `shared` as `session` is fed it: the same tensors (views), plus logits_to_keep = 1 where the session
+// takes it.
+GeneratedInputs FeedFor(Ort::Session& session, const GeneratedInputs& shared) {
+  GeneratedInputs feed = InputViews(shared);
+  KeepLastLogitsWhereTaken(session, &feed);
+  return feed;
+}
+
 // One model's side of the greedy generation: its feed for the next step.
 struct Generator {
   Ort::Session* session;
@@ -123,7 +154,9 @@ absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vec
   for (size_t i = 0; i < generator.feed.names.size(); ++i) {
     const std::string& name = generator.feed.names[i];
     absl::StatusOr<Ort::Value> value = Ort::Value(nullptr);
-    if (name == cache.ids_input) {
+    if (name == kLogitsToKeepInput) {
+      continue;  // stays 1
+    } else if (name == cache.ids_input) {
       value = NumberTensor(generator.feed.values[i], {batch, 1}, tokens, name);
     } else if (name == cache.mask_input) {
       std::vector<int64_t> flat;
@@ -220,10 +253,11 @@ absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const P
   }
   Ort::Session* sessions[2] = {&timing.original, &timing.optimized};
   const std::vector<std::string> outputs[2] = {OutputNames(timing.original), OutputNames(timing.optimized)};
+  const GeneratedInputs feeds[2] = {FeedFor(timing.original, *inputs), FeedFor(timing.optimized, *inputs)};
   std::unique_ptr<BoundRun> bound[2];
   TimedRunner runners[2];
   for (int k = 0; k < 2; ++k) {
-    absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], *inputs, outputs[k], timing.mode, &bound[k]);
+    absl::StatusOr<TimedRunner> runner = RunnerFor(*sessions[k], feeds[k], outputs[k], timing.mode, &bound[k]);
     if (!runner.ok()) {
       result.set_error(std::string(runner.status().message()));
       return result;
@@ -252,6 +286,7 @@ absl::StatusOr<std::vector<double>> TimePhaseWindow(Ort::Session& session, const
   absl::StatusOr<GeneratedInputs> inputs =
       StepInputs(session, model, cache, phase.batch, phase.past, phase.new_tokens, 0);
   if (!inputs.ok()) return inputs.status();
+  KeepLastLogitsWhereTaken(session, &*inputs);
   std::unique_ptr<BoundRun> bound;
   absl::StatusOr<TimedRunner> runner = RunnerFor(session, *inputs, outputs, mode, &bound);
   if (!runner.ok()) return runner.status();
@@ -316,6 +351,7 @@ absl::StatusOr<GreedyTrace> TraceGreedy(Ort::Session& session, const onnx::Model
   absl::StatusOr<GeneratedInputs> feed = StepInputs(session, model, cache, kGreedyBatch, 0, prompt, 0);
   if (!feed.ok()) return feed.status();
   generator.feed = *std::move(feed);
+  KeepLastLogitsWhereTaken(session, &generator.feed);
   for (size_t i = 0; i < generator.feed.names.size(); ++i) {
     const std::string& name = generator.feed.names[i];
     std::vector<int64_t> values;
@@ -603,6 +639,7 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
   v1::GenerationReport report = CacheDescribed(cache);
   const std::vector<Phase> phases = PhasesOf(config);
   const PhaseTiming timing{original, optimized, original_model, cache, config.runs(), mode, cancelled};
+  report.set_optimized_keeps_last_logits(TakesLogitsToKeep(optimized));
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < phases.size(); ++i) {
     // Each phase gets an equal share of what is left of the budget.
@@ -629,6 +666,7 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
                                                          const OriginalOpener& open_original) {
   v1::GenerationReport report = CacheDescribed(cache);
   const std::vector<Phase> phases = PhasesOf(config);
+  report.set_optimized_keeps_last_logits(TakesLogitsToKeep(optimized));
   const std::vector<std::string> outputs = OutputNames(optimized);
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < phases.size(); ++i) {
@@ -687,6 +725,7 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
   absl::Status greedy_failure = absl::OkStatus();
   const SessionWindow window = [&](Ort::Session& session, int which, int round) -> absl::Status {
     const std::vector<std::string> outputs = OutputNames(session);
+    if (which == 1 && round == 0) report.set_optimized_keeps_last_logits(TakesLogitsToKeep(session));
     for (size_t i = 0; i < phases.size(); ++i) {
       if (!errors[i].empty()) continue;
       const Phase& phase = phases[i];

@@ -133,6 +133,23 @@ std::vector<std::string> OutputNames(Ort::Session& session) {
   return names;
 }
 
+GeneratedInputs InputViews(const GeneratedInputs& inputs) {
+  GeneratedInputs views;
+  views.shapes = inputs.shapes;
+  views.padded_masks = inputs.padded_masks;
+  for (size_t i = 0; i < inputs.names.size(); ++i) {
+    const Ort::Value& value = inputs.values[i];
+    const auto info = value.GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> shape = info.GetShape();
+    views.names.push_back(inputs.names[i]);
+    views.values.push_back(Ort::Value::CreateTensor(value.GetTensorMemoryInfo(),
+                                                    const_cast<void*>(value.GetTensorRawData()),
+                                                    value.GetTensorSizeInBytes(), shape.data(), shape.size(),
+                                                    info.GetElementType()));
+  }
+  return views;
+}
+
 absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,
                                                     const std::vector<std::string>& output_names,
                                                     const Ort::RunOptions* run_options) {

@@ -70,6 +70,10 @@ std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool s
 // The names of a session's outputs.
 std::vector<std::string> OutputNames(Ort::Session& session);
 
+// Views of `inputs`' tensors (no copies: a big model's pasts are gigabytes), valid while `inputs`
+// lives: a feed that adds to a shared one.
+GeneratedInputs InputViews(const GeneratedInputs& inputs);
+
 // Runs `session` on `inputs`, fetching `output_names`; ONNX Runtime's exceptions become INTERNAL.
 // `run_options`: e.g. an active LoRA adapter (default: none).
 absl::StatusOr<std::vector<Ort::Value>> RunOnInputs(Ort::Session& session, const GeneratedInputs& inputs,

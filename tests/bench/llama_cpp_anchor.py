@@ -14,10 +14,14 @@ The defaults are Qwen2-0.5B's shape (make_cache_decoder.py's architecture, rando
    written from the same tensors as WORK/decoder-f32.gguf with the bundle's own gguf-py (architecture
    qwen2: biased Q/K/V, RMSNorm, SwiGLU, untied output; tokenizer "none", as llama.cpp takes for
    models without a vocabulary); llama-quantize makes WORK/decoder-<quant>.gguf of it.
-3. onnxopt as a user runs it: `onnxopt optimize decoder.onnx --precision int4_weight_only` (validation as
-   configured by default, the job's own benchmark skipped) -> WORK/int4.onnx; then `onnxopt compare`
+3. onnxopt as a user runs it: `onnxopt optimize decoder.onnx --precision int4_weight_only` with the
+   logits_to_keep pass (validation as configured by default, the job's own benchmark skipped) ->
+   WORK/int4-keep.onnx (--all-logits: without the pass, WORK/int4.onnx); then `onnxopt compare`
    times the original and the int4 model interleaved: prefill of --prefill tokens and one-token decode
    steps at each depth, batch 1, --threads intra-op threads.
+   The prefill feeds logits_to_keep = 1 as a generation loop does: llama-bench's prompt processing
+   computes the last position's logits only, and over Qwen2's 151936-token vocabulary projecting every
+   position is a quarter of the prefill.
 4. llama-bench -t THREADS: pp<prefill> and tg32 after each depth (-d), 3 repetitions.
 The table gives tokens/s of each and llama.cpp's over onnxopt's. Needs Debian's python3-torch,
 python3-onnx, python3-numpy, cmake, g++ and git; disk: about 3x the fp32 model in WORK."""
@@ -142,8 +146,11 @@ def onnxopt_figures(args, original, int4):
         if not os.path.exists(int4):
             config = os.path.join(folder, "int4.json")
             with open(config, "w") as out:
-                json.dump({"precision": {"mode": "int4_weight_only", "int4": json.loads(args.int4)},
-                           "benchmark": {"skip": True}}, out)
+                job = {"precision": {"mode": "int4_weight_only", "int4": json.loads(args.int4)},
+                       "benchmark": {"skip": True}}
+                if args.logits_to_keep:
+                    job["passesBefore"] = [{"name": "logits_to_keep"}]
+                json.dump(job, out)
             run([args.onnxopt, "optimize", original, "-o", int4, "--config", config], stdout=subprocess.DEVNULL)
         config = os.path.join(folder, "compare.json")
         with open(config, "w") as out:
@@ -209,6 +216,9 @@ def main():
     parser.add_argument("--prefill", type=int, default=128)
     parser.add_argument("--quant", default="Q4_0", help="llama-quantize's type")
     parser.add_argument("--int4", default="{}", help="onnxopt's precision.int4 settings, as JSON")
+    parser.add_argument("--all-logits", dest="logits_to_keep", action="store_false",
+                        help="leave out the logits_to_keep pass: onnxopt's prefill then projects every position, "
+                             "llama-bench's the last one only")
     args = parser.parse_args()
     args.depths = [int(d) for d in args.depths.split(",") if d]
     os.makedirs(args.work, exist_ok=True)
@@ -222,12 +232,14 @@ def main():
     make_decoder(args, original, f32, source)
     if not os.path.exists(quantized):
         run([quantize, f32, quantized, args.quant, str(args.threads)], stdout=subprocess.DEVNULL)
-    int4 = os.path.join(folder, "int4.onnx")
+    int4 = os.path.join(folder, "int4-keep.onnx" if args.logits_to_keep else "int4.onnx")
     ours = onnxopt_figures(args, original, int4)
     theirs = llama_figures(args, bench, quantized)
     print(f"\n{shape}, {args.threads} threads, batch 1; {cpu_line()}")
     # The export's external data files lie beside decoder.onnx; everything else in the folder is ours.
     exported = [p for p in glob.glob(os.path.join(folder, "*")) if not p.endswith(".gguf") and "int4" not in p]
+    print("prefill logits: llama.cpp the last position; onnxopt " +
+          ("the last position (logits_to_keep = 1)" if args.logits_to_keep else "every position (--all-logits)"))
     print(f"files: onnxopt int4 {megabytes(int4, int4 + '.data'):.0f} MB, llama.cpp {args.quant} "
           f"{megabytes(quantized):.0f} MB, fp32 original {megabytes(*exported):.0f} MB")
     print("%-16s %12s %12s %12s %16s" % ("tokens/s", "fp32 ONNX", "onnxopt int4", f"llama {args.quant}",

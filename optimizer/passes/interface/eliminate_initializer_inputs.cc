@@ -4,6 +4,7 @@
 // Such inputs may be overridden at run time, so nothing can treat W as a constant; after this pass
 // folding and fusions can. It changes the model's interface (W can no longer be fed), so it is in the
 // extended preset, not the basic one. Needs IR version >= 4, where initializers need not be inputs.
+#include "optimizer/cache_interface.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/passes/passes.h"
 
@@ -27,6 +28,10 @@ class EliminateInitializerInputsPass final : public Pass {
       if (graph.Initializer(input.name()) == nullptr) continue;
       if (ParseAdapterParameterName(input.name())) {
         context.Skip("a LoRA adapter input (extract_adapters): adapters feed it at run time");
+        continue;
+      }
+      if (input.name() == kLogitsToKeepInput) {
+        context.Skip("logits_to_keep (the logits_to_keep pass): callers feed it at run time");
         continue;
       }
       names.push_back(input.name());
