@@ -238,6 +238,85 @@ TEST_F(E2eTest, CacheDecoderJobReportsGeneration) {
   EXPECT_TRUE(absl::StrContains(compare.out, "8 identical from the start")) << compare.out;
 }
 
+// ids [1, 4] -> Gather(table: 2 GiB + 4 MiB of external data, a sparse file) + x [1, 4, 1024]
+//   -> MatMul(W) + 2 * MatMul(MatMul(., A), B) (a LoRA branch, r = 4) -> y [1, 4, 1024]
+fs::path WriteModelPastTwoGibibytes(const fs::path& dir) {
+  constexpr int64_t kRows = 525312, kWidth = 1024;  // 2^31 + 2^22 bytes of float32
+  fs::create_directories(dir);
+  std::ofstream(dir / "table.bin", std::ios::binary).close();
+  fs::resize_file(dir / "table.bin", kRows * kWidth * 4);  // zeros, no disk blocks
+  onnx::GraphProto graph;
+  graph.set_name("past_two_gibibytes");
+  *graph.add_input() = testing::MakeValue("ids", onnx::TensorProto::INT64, {1, 4});
+  *graph.add_input() = testing::FloatValue("x", {1, 4, kWidth});
+  onnx::TensorProto table;
+  table.set_name("table");
+  table.set_data_type(onnx::TensorProto::FLOAT);
+  table.add_dims(kRows);
+  table.add_dims(kWidth);
+  table.set_data_location(onnx::TensorProto::EXTERNAL);
+  auto add_entry = [&](const std::string& key, const std::string& value) {
+    auto* entry = table.add_external_data();
+    entry->set_key(key);
+    entry->set_value(value);
+  };
+  add_entry("location", "table.bin");
+  add_entry("offset", "0");
+  add_entry("length", std::to_string(kRows * kWidth * 4));
+  *graph.add_initializer() = std::move(table);
+  *graph.add_initializer() = testing::FloatTensor("W", {kWidth, kWidth}, testing::RandomFloats(kWidth * kWidth, 1));
+  *graph.add_initializer() = testing::FloatTensor("A", {kWidth, 4}, testing::RandomFloats(kWidth * 4, 2));
+  *graph.add_initializer() = testing::FloatTensor("B", {4, kWidth}, testing::RandomFloats(kWidth * 4, 3));
+  *graph.add_initializer() = testing::FloatTensor("scale", {}, {2.0f});
+  *graph.add_node() = testing::MakeNode("Gather", {"table", "ids"}, {"rows"});
+  *graph.add_node() = testing::MakeNode("Add", {"rows", "x"}, {"h"});
+  *graph.add_node() = testing::MakeNode("MatMul", {"h", "W"}, {"base"});
+  *graph.add_node() = testing::MakeNode("MatMul", {"h", "A"}, {"down"});
+  *graph.add_node() = testing::MakeNode("MatMul", {"down", "B"}, {"up"});
+  *graph.add_node() = testing::MakeNode("Mul", {"up", "scale"}, {"scaled"});
+  *graph.add_node() = testing::MakeNode("Add", {"base", "scaled"}, {"y"});
+  *graph.add_output() = testing::FloatValue("y", {1, 4, kWidth});
+  const fs::path path = dir / "model.onnx";
+  std::ofstream(path, std::ios::binary) << testing::MakeModel(std::move(graph)).SerializeAsString();
+  return path;
+}
+
+// Past protobuf's 2 GiB through the server: the upload of the model and its data file, the job (the
+// adapter extracted and checked through ONNX Runtime's adapter API, validation, the benchmark, the
+// lineage), the download, and a second submission served from the result cache, whose key reads the
+// data file too. Nothing fails on protobuf's size limit. About a minute: the 2 GiB are hashed, sent,
+// written and read back several times.
+TEST_F(E2eTest, AModelPastTwoGibibytesUploadsExtractsItsAdapterAndIsServedFromTheResultCache) {
+  const fs::path model = WriteModelPastTwoGibibytes(dir_ / "big");
+  ASSERT_GT(fs::file_size(dir_ / "big" / "table.bin"), uint64_t{2} << 30);
+  StartServer();
+  const fs::path config = WriteFile("big.json", R"({"preset": "basic", "passesBefore": [{"name": "extract_adapters"}],
+      "benchmark": {"iterations": 5, "warmup_runs": 1}})");
+  const fs::path out = dir_ / "out" / "big.onnx";
+  fs::create_directories(out.parent_path());
+  Result first = Cli({"submit", model.string(), "--config", config.string(), "--wait", "--json", "-o", out.string()});
+  ASSERT_EQ(first.code, 0) << first.err << first.out;
+  const std::string job = first.out.substr(first.out.find("jobs/"), first.out.find('"', first.out.find("jobs/")) -
+                                                                        first.out.find("jobs/"));
+  const std::string report = Cli({"report", job, "--json"}).out;
+  EXPECT_FALSE(absl::StrContains(report, "protobuf")) << report;
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(report, &parsed).ok()) << report;
+  const auto& adapter = parsed.fields().at("adapter").struct_value().fields();
+  EXPECT_EQ(adapter.at("modules").list_value().values_size(), 1);
+  EXPECT_TRUE(adapter.at("parity").struct_value().fields().at("passed").bool_value()) << report;
+  EXPECT_TRUE(parsed.fields().at("parity").struct_value().fields().at("passed").bool_value()) << report;
+  EXPECT_TRUE(fs::exists(out.parent_path() / "big.onnx_adapter"));
+  EXPECT_GT(fs::file_size(out.string() + ".data"), uint64_t{2} << 30) << "the table came back in a data file";
+
+  // Another priority: another request (the same one would be the same job), the same result.
+  const fs::path urgent = WriteFile("urgent.json", R"({"preset": "basic", "passesBefore": [{"name": "extract_adapters"}],
+      "benchmark": {"iterations": 5, "warmup_runs": 1}, "priority": 5})");
+  Result again = Cli({"submit", model.string(), "--config", urgent.string(), "--json"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(absl::StrContains(again.out, absl::StrCat("\"cached_from\": \"", job, "\""))) << again.out;
+}
+
 // LoRA: the job extracts the adapters (model.onnx_adapter beside the model, checked through ONNX
 // Runtime's adapter API), a peft checkpoint of another adapter converts for the result, and swapped in
 // at run time it gives what the model rebuilt with it gives.
