@@ -100,6 +100,7 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeConvertFloatPrecisionPass()));
     must(built->Register(MakeQuantizeDynamicInt8Pass()));
     must(built->Register(MakeQuantizeEmbeddingsInt8Pass()));
+    must(built->Register(MakeQuantizeEmbeddingsInt4Pass()));
     must(built->Register(MakeQuantizeStaticInt8Pass()));
     must(built->Register(MakeMakeDimsDynamicPass()));
     must(built->Register(MakeExtractAdaptersPass()));

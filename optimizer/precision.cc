@@ -100,9 +100,10 @@ absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
     return absl::InvalidArgumentError(
         absl::StrCat("precision.int4.lm_head '", int4.lm_head(), "' is unknown (int4, int8, float)"));
   }
-  if (!int4.embeddings().empty() && int4.embeddings() != "float" && int4.embeddings() != "int8") {
+  if (!int4.embeddings().empty() && int4.embeddings() != "float" && int4.embeddings() != "int8" &&
+      int4.embeddings() != "int4") {
     return absl::InvalidArgumentError(
-        absl::StrCat("precision.int4.embeddings '", int4.embeddings(), "' is unknown (float, int8)"));
+        absl::StrCat("precision.int4.embeddings '", int4.embeddings(), "' is unknown (float, int8, int4)"));
   }
   const std::string& method = precision.calibration().method();
   if (!method.empty() && method != "minmax" && method != "percentile" && method != "entropy") {
@@ -166,6 +167,11 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
         v1::PassSpec* embeddings = config.add_passes();
         embeddings->set_name("quantize_embeddings_int8");
         (*embeddings->mutable_params())["op_types"] = StringValue("Gather");
+        (*embeddings->mutable_params())["node_block_list"] = StringValue(JoinSet(nodes));
+      } else if (int4.embeddings() == "int4" && ops.count("Gather") == 0) {
+        v1::PassSpec* embeddings = config.add_passes();
+        embeddings->set_name("quantize_embeddings_int4");
+        (*embeddings->mutable_params())["block_size"] = params["block_size"];
         (*embeddings->mutable_params())["node_block_list"] = StringValue(JoinSet(nodes));
       }
     }
@@ -255,7 +261,10 @@ void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelPr
   report->set_size_after_bytes(ModelBytes(converted));
   const char* pass = PassFor(precision.mode());
   for (const auto& run : runs) {
-    if (pass == nullptr || (run.name() != pass && run.name() != "quantize_embeddings_int8")) continue;
+    if (pass == nullptr || (run.name() != pass && run.name() != "quantize_embeddings_int8" &&
+                             run.name() != "quantize_embeddings_int4")) {
+      continue;
+    }
     auto counter = [&](const char* name) {
       auto it = run.counters().find(name);
       return it == run.counters().end() ? int64_t{0} : it->second;

@@ -42,6 +42,7 @@ std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
 std::unique_ptr<Pass> MakeConvertFloatPrecisionPass();
 std::unique_ptr<Pass> MakeQuantizeDynamicInt8Pass();
 std::unique_ptr<Pass> MakeQuantizeEmbeddingsInt8Pass();
+std::unique_ptr<Pass> MakeQuantizeEmbeddingsInt4Pass();
 std::unique_ptr<Pass> MakeQuantizeStaticInt8Pass();
 std::unique_ptr<Pass> MakeMakeDimsDynamicPass();
 std::unique_ptr<Pass> MakeExtractAdaptersPass();
