@@ -1,7 +1,7 @@
 // int4 on a trained decoder (tests/fixtures/cache/trained_decoder.onnx, made by
 // tests/fixtures/make_trained_decoder.py): the report says where the error comes from, projection by
 // projection, with round-to-nearest beside HQQ on the same weights; the output projection can keep
-// 8-bit blocks or stay float, and the embeddings can go to int8 — each run and judged in ONNX Runtime.
+// 8-bit blocks or stay float, and the embeddings can go to int8 or 4-bit blocks — each run and judged in ONNX Runtime.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -158,7 +158,7 @@ TEST(Int4QualityTest, GreedyGenerationGivesTheKlDivergenceOfEveryStep) {
   EXPECT_LT(report.mean_kl_divergence(), 0.05) << "a trained decoder's int4 stays close along its own generation";
 }
 
-TEST(Int4QualityTest, EmbeddingsInInt8) {
+TEST(Int4QualityTest, EmbeddingsInInt8OrInt4Blocks) {
   v1::Int4Config int4;
   int4.set_embeddings("int8");
   auto result = QuantizeTrained("embeddings_int8", int4);
@@ -169,8 +169,15 @@ TEST(Int4QualityTest, EmbeddingsInInt8) {
   EXPECT_EQ(OpCount(plain->report, "DequantizeLinear"), 0);
   EXPECT_LT(result->report.precision().size_after_bytes(), plain->report.precision().size_after_bytes());
 
+  v1::Int4Config blocks;
+  blocks.set_embeddings("int4");
+  auto four = QuantizeTrained("embeddings_int4", blocks);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(OpCount(four->report, "com.microsoft::GatherBlockQuantized"), 1) << "the token table in 4-bit blocks";
+  EXPECT_LT(four->report.precision().size_after_bytes(), result->report.precision().size_after_bytes());
+
   v1::Int4Config unknown;
-  unknown.set_embeddings("int4");
+  unknown.set_embeddings("int2");
   auto bad = QuantizeTrained("embeddings_bad", unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
