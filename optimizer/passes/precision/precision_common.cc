@@ -217,4 +217,16 @@ std::unordered_map<std::string, int32_t> InferElementTypes(const Graph& graph, c
   return types;
 }
 
+std::optional<std::vector<Node*>> RowLookups(const Graph& graph, const std::string& table,
+                                             const std::set<std::string>& blocked) {
+  if (graph.IsGraphOutput(table)) return std::nullopt;
+  std::vector<Node*> readers = graph.Consumers(table);
+  for (const Node* reader : readers) {
+    const bool row_lookup = reader->op_type() == "Gather" && reader->domain().empty() && reader->input(0) == table &&
+                            reader->input(1) != table && reader->GetAttributeInt("axis", 0) == 0;
+    if (!row_lookup || blocked.count(NodeKey(*reader)) > 0) return std::nullopt;
+  }
+  return readers;
+}
+
 }  // namespace onnxopt

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "onnx/onnx_pb.h"
 #include "optimizer/graph.h"
@@ -45,6 +46,12 @@ inline std::string NodeKey(const Node& node) { return NodeKey(node.proto()); }
 
 // Comma-separated list -> set, items trimmed.
 std::set<std::string> SplitNameList(const std::string& text);
+
+// The readers of the table `table` when each is a row lookup (a Gather along axis 0 whose NodeKey is
+// not `blocked`) and the table is no graph output; nullopt otherwise (a table tied to an output
+// projection, say, which quantizing for the lookups would store twice).
+std::optional<std::vector<Node*>> RowLookups(const Graph& graph, const std::string& table,
+                                             const std::set<std::string>& blocked);
 
 }  // namespace onnxopt
 

@@ -68,16 +68,12 @@ class QuantizeEmbeddingsInt4Pass final : public Pass {
       context.Skip("Gather table left in float: its rows are not a multiple of the block");
       return;
     }
-    std::vector<Node*> readers = graph.Consumers(table_name);
-    for (const Node* reader : readers) {
-      const bool row_lookup = reader->op_type() == "Gather" && reader->domain().empty() &&
-                              reader->input(0) == table_name && reader->input(1) != table_name &&
-                              reader->GetAttributeInt("axis", 0) == 0;
-      if (!row_lookup || blocked.count(NodeKey(*reader)) > 0 || graph.IsGraphOutput(table_name)) {
-        context.Skip("Gather table left in float: the table is read by more than row lookups");
-        return;
-      }
+    std::optional<std::vector<Node*>> lookups = RowLookups(graph, table_name, blocked);
+    if (!lookups) {
+      context.Skip("Gather table left in float: the table is read by more than row lookups");
+      return;
     }
+    const std::vector<Node*>& readers = *lookups;
     // The table [V, H] is MatMulNBits' B transposed: V output columns of H values each.
     std::optional<FloatWeight> weight = ReadProductWeight(*tensor, /*transposed=*/true);
     std::optional<BlockQuantized> quantized = weight ? QuantizeBlocks(*weight, how) : std::nullopt;

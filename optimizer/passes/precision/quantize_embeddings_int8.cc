@@ -178,16 +178,12 @@ class QuantizeEmbeddingsInt8Pass final : public Pass {
       context.Skip("Gather table left in float: DequantizeLinear needs opset 10");
       return;
     }
-    std::vector<Node*> readers = graph.Consumers(table_name);
-    for (const Node* reader : readers) {
-      const bool row_lookup = reader->op_type() == "Gather" && reader->domain().empty() &&
-                              reader->input(0) == table_name && reader->input(1) != table_name &&
-                              reader->GetAttributeInt("axis", 0) == 0;
-      if (!row_lookup || blocked.count(NodeKey(*reader)) > 0 || graph.IsGraphOutput(table_name)) {
-        context.Skip("Gather table left in float: the table is read by more than row lookups");
-        return;
-      }
+    std::optional<std::vector<Node*>> lookups = RowLookups(graph, table_name, blocked);
+    if (!lookups) {
+      context.Skip("Gather table left in float: the table is read by more than row lookups");
+      return;
     }
+    const std::vector<Node*>& readers = *lookups;
     std::optional<QuantizedTable> table = QuantizeTable(graph, table_name);
     if (!table) {
       context.Skip("Gather table left in float: not finite");
