@@ -326,6 +326,10 @@ std::string RenderReportHtml(const v1::Report& report) {
                       "</td><td>", Number(phase.optimized_tokens_per_second(), 1), "</td></tr>");
     }
     absl::StrAppend(&html, "</table>\n");
+    if (generation.optimized_keeps_last_logits()) {
+      absl::StrAppend(&html, "<p>The optimized model was fed logits_to_keep = 1, as a generation loop feeds it: its prefill "
+                             "projects the last position only, the original every position.</p>\n");
+    }
     if (generation.steps_size() > 0) {
       absl::StrAppend(&html, absl::StrFormat("<p>Greedy generation (batch %d, prompt %d, one row padded on the left): %d "
                                              "steps, %d identical from the start, top-1 agreement %.1f%%, minimum logits "

@@ -1,5 +1,5 @@
 // The text report of a job whose original did not fit in memory: the result's figures alone, said so,
-// never a speedup against figures that were not measured.
+// never a speedup against figures that were not measured; and of a result fed logits_to_keep.
 #include "client/report_format.h"
 
 #include "absl/strings/match.h"
@@ -53,6 +53,14 @@ TEST(ReportFormatTest, ABenchmarkWithTheOriginalShowsTheSpeedup) {
   const std::string text = FormatReport(report);
   EXPECT_TRUE(absl::StrContains(text, "speedup    2.000x")) << text;
   EXPECT_FALSE(absl::StrContains(text, "original not timed")) << text;
+}
+
+TEST(ReportFormatTest, AResultFedLogitsToKeepSaysSoBesideItsPhases) {
+  v1::Report report = ResultTimedAlone();
+  EXPECT_FALSE(absl::StrContains(FormatReport(report), "logits_to_keep")) << "only where it was fed";
+  report.mutable_generation()->set_optimized_keeps_last_logits(true);
+  const std::string text = FormatReport(report);
+  EXPECT_TRUE(absl::StrContains(text, "logits_to_keep: the optimized model was fed 1")) << text;
 }
 
 }  // namespace

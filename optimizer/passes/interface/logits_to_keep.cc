@@ -63,7 +63,7 @@ class LogitsToKeepPass final : public Pass {
     }
     const std::string logits = graph.proto().output(*output_index).name();
     Node* projection = nullptr;
-    if (absl::Status walked = WalkToProjection(graph, logits, &projection); !walked.ok()) {
+    if (absl::Status walked = WalkToProjection(graph, logits, context.OpsetVersion(""), &projection); !walked.ok()) {
       context.Skip(walked.message());
       return absl::OkStatus();
     }
@@ -123,7 +123,10 @@ class LogitsToKeepPass final : public Pass {
 
   // Follows `logits` back through position-wise steps to the MatMul that projects the hidden states;
   // the reason as the error where the path is not position-wise or feeds anything else.
-  static absl::Status WalkToProjection(const Graph& graph, const std::string& logits, Node** projection) {
+  static absl::Status WalkToProjection(const Graph& graph, const std::string& logits, int64_t opset,
+                                       Node** projection) {
+    // Before opset 13 Softmax's axis defaults to 1 and flattens from there: [B, S * V], across positions.
+    const int64_t softmax_default_axis = opset >= 13 ? -1 : 1;
     static const std::set<std::string> kUnary = {"Cast", "Identity", "Tanh"};
     static const std::set<std::string> kBinary = {"Add", "Sub", "Mul", "Div"};
     if (!graph.Readers(logits).empty()) {
@@ -152,7 +155,8 @@ class LogitsToKeepPass final : public Pass {
       if (kUnary.count(op) > 0) {
         next = producer->input(0);
       } else if ((op == "Softmax" || op == "LogSoftmax") &&
-                 (producer->GetAttributeInt("axis", -1) == -1 || producer->GetAttributeInt("axis", -1) == 2)) {
+                 (producer->GetAttributeInt("axis", softmax_default_axis) == -1 ||
+                  producer->GetAttributeInt("axis", softmax_default_axis) == 2)) {
         next = producer->input(0);
       } else if (kBinary.count(op) > 0 && producer->input_size() == 2) {
         const onnx::TensorProto* first = ConstantTensor(graph, producer->input(0));

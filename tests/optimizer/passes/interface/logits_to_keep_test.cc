@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Decoders, LogitsToKeepTest,
                          [](const auto& info) { return std::string(info.index == 0 ? "HfQwen2" : "Trained"); });
 
 // hidden [batch, 3, 4] -> MatMul(W [4, 6]) -> `after` -> logits [batch, ?, ?]
-onnx::ModelProto ProjectionThen(onnx::NodeProto after, std::vector<onnx::TensorProto> constants) {
+onnx::ModelProto ProjectionThen(onnx::NodeProto after, std::vector<onnx::TensorProto> constants, int64_t opset = 14) {
   onnx::GraphProto graph;
   *graph.add_input() = testing::FloatValue("hidden", {-1, 3, 4});
   *graph.add_initializer() = testing::FloatTensor("W", {4, 6}, testing::RandomFloats(24, 1));
@@ -152,7 +152,7 @@ onnx::ModelProto ProjectionThen(onnx::NodeProto after, std::vector<onnx::TensorP
   *graph.add_node() = testing::MakeNode("MatMul", {"hidden", "W"}, {"projected"});
   *graph.add_node() = std::move(after);
   *graph.add_output() = testing::FloatValue("logits", {-1, 3, 6});
-  return testing::MakeModel(std::move(graph));
+  return testing::MakeModel(std::move(graph), opset);
 }
 
 TEST(LogitsToKeepLimitsTest, StepsThatMixPositionsAreLeftAloneWithTheReason) {
@@ -167,6 +167,13 @@ TEST(LogitsToKeepLimitsTest, StepsThatMixPositionsAreLeftAloneWithTheReason) {
   run = testing::RunPass("logits_to_keep", per_position_bias);
   EXPECT_EQ(run.report.rewrites(), 0);
   EXPECT_EQ(testing::SkipCount(run.report, "not take a constant that is the same at every position"), 1);
+
+  // Softmax without an axis: the last one from opset 13, but 1 before, flattening [B, S * V].
+  run = testing::RunPass("logits_to_keep", ProjectionThen(testing::MakeNode("Softmax", {"projected"}, {"logits"}), {}, 12));
+  EXPECT_EQ(run.report.rewrites(), 0);
+  EXPECT_EQ(testing::SkipCount(run.report, "a Softmax after the projection may mix positions"), 1);
+  run = testing::RunPass("logits_to_keep", ProjectionThen(testing::MakeNode("Softmax", {"projected"}, {"logits"}), {}, 13));
+  EXPECT_EQ(run.report.rewrites(), 1);
 
   onnx::ModelProto scaled = ProjectionThen(testing::MakeNode("Mul", {"projected", "scale"}, {"logits"}),
                                            {testing::FloatTensor("scale", {1, 1, 6}, testing::RandomFloats(6, 3))});
