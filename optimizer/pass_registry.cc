@@ -97,6 +97,8 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeCanonicalizeSwapLastAxesPass()));
     must(built->Register(MakeCanonicalizePackedHeadSplitPass()));
     must(built->Register(MakeCanonicalizeShapeReadsPass()));
+    must(built->Register(MakeCanonicalizeMaskedScoresPass()));
+    must(built->Register(MakeInlineKnownBranchesPass()));
     must(built->Register(MakeConvertFloatPrecisionPass()));
     must(built->Register(MakeQuantizeDynamicInt8Pass()));
     must(built->Register(MakeQuantizeEmbeddingsInt8Pass()));
@@ -118,7 +120,8 @@ const PassRegistry& DefaultPassRegistry() {
                                          "fuse_reshape_chains", "gather_range_to_slice", "fold_relative_position_buckets",
                                          "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
-    std::vector<std::string> transformer = {"canonicalize_swap_last_axes", "canonicalize_packed_head_split", "canonicalize_shape_reads", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm",
+    std::vector<std::string> transformer = {"inline_known_branches", "canonicalize_swap_last_axes", "canonicalize_packed_head_split", "canonicalize_shape_reads",
+                                            "canonicalize_masked_scores", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm",
                                             "fuse_rotary_embedding", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     must(built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}}));

@@ -28,6 +28,8 @@ struct AttentionGraphOptions {
   bool projection_norm = false; // RMSNorm of the whole Q and K projections before the head split (OLMo 2)
   bool stored_tables = false;   // with rotary: cos/sin stored as [16, D] constants read at position_ids
                                 // (transformers before 4.38: cos_cached[:S][position_ids])
+  bool negate_by_mul = false;   // with rotary: rotate_half negates by Mul(x, -1) instead of Neg, a spelling
+                                // the rotary matchers do not know (the attention core still fuses)
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -167,7 +169,12 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     auto rope_all = [&](const std::string& x) {
       *graph.add_node() = MakeNode("Slice", {x, "zero", "half", "last"}, {x + "_x1"});
       *graph.add_node() = MakeNode("Slice", {x, "half", "end", "last"}, {x + "_x2"});
-      *graph.add_node() = MakeNode("Neg", {x + "_x2"}, {x + "_neg"});
+      if (options.negate_by_mul) {
+        if (!HasInitializer(graph, "minus_one_f")) *graph.add_initializer() = FloatTensor("minus_one_f", {}, {-1.0f});
+        *graph.add_node() = MakeNode("Mul", {x + "_x2", "minus_one_f"}, {x + "_neg"});
+      } else {
+        *graph.add_node() = MakeNode("Neg", {x + "_x2"}, {x + "_neg"});
+      }
       *graph.add_node() = WithIntAttribute(MakeNode("Concat", {x + "_neg", x + "_x1"}, {x + "_rot"}), "axis", -1);
       *graph.add_node() = MakeNode("Mul", {x, "cos_u"}, {x + "_cos"});
       *graph.add_node() = MakeNode("Mul", {x + "_rot", "sin_u"}, {x + "_sin"});

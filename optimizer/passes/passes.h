@@ -38,6 +38,8 @@ std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
 std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
 std::unique_ptr<Pass> MakeCanonicalizePackedHeadSplitPass();
 std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
+std::unique_ptr<Pass> MakeCanonicalizeMaskedScoresPass();
+std::unique_ptr<Pass> MakeInlineKnownBranchesPass();
 // Precision (run after a pipeline when the config's precision section asks; listed for explicit use).
 std::unique_ptr<Pass> MakeConvertFloatPrecisionPass();
 std::unique_ptr<Pass> MakeQuantizeDynamicInt8Pass();

@@ -22,11 +22,32 @@ namespace {
 // Cast), or 0 if it indexes none.
 using InitializerIndex = std::map<std::string, const onnx::TensorProto*>;
 
-int64_t IndexedTableRows(const onnx::GraphProto& graph, const InitializerIndex& initializers, const std::string& input) {
+// `input` and its Casts.
+std::vector<std::string> Aliases(const onnx::GraphProto& graph, const std::string& input) {
   std::vector<std::string> aliases = {input};
   for (const auto& node : graph.node()) {
     if (node.op_type() == "Cast" && node.input_size() == 1 && node.input(0) == input) aliases.push_back(node.output(0));
   }
+  return aliases;
+}
+
+// True if `input` (or its Cast) indexes a table computed at run time: Gather(T, input) with T no
+// initializer, such as transformers 4.3x's cos_cached[:seq_len][position_ids], whose rows are only the
+// sequence's.
+bool IndexesComputedTable(const onnx::GraphProto& graph, const InitializerIndex& initializers,
+                          const std::string& input) {
+  const std::vector<std::string> aliases = Aliases(graph, input);
+  for (const auto& node : graph.node()) {
+    if (node.op_type() == "Gather" && node.input_size() == 2 && initializers.count(node.input(0)) == 0 &&
+        std::find(aliases.begin(), aliases.end(), node.input(1)) != aliases.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t IndexedTableRows(const onnx::GraphProto& graph, const InitializerIndex& initializers, const std::string& input) {
+  const std::vector<std::string> aliases = Aliases(graph, input);
   for (const auto& node : graph.node()) {
     if (node.op_type() != "Gather" || node.input_size() != 2) continue;
     if (std::find(aliases.begin(), aliases.end(), node.input(1)) == aliases.end()) continue;
@@ -253,14 +274,16 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       // Position ids that index no table (rotary embeddings compute from them) count along each row,
       // row r in steps of r + 1: the rows differ by more than a shift, which rotary attention cannot
       // see (its scores depend on position differences), and no row is all zeros (no rotation).
+      // Position ids that index a table cut to the sequence at run time count 0..S-1 on every row.
       const bool is_position = rows == 0 && !is_mask && absl::StrContains(lower, "position") && !shape.empty();
+      const bool within_sequence = is_position && IndexesComputedTable(model.graph(), initializers, name);
       const int64_t row_length = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
       int64_t element = 0;
       auto integer = [&]() -> int64_t {
         if (rows > 0) return std::uniform_int_distribution<int64_t>(0, rows - 1)(random);
         if (is_position) {
           const int64_t i = element++;
-          return (i % row_length) * (i / row_length + 1);
+          return within_sequence ? i % row_length : (i % row_length) * (i / row_length + 1);
         }
         return is_mask ? 1 : 0;
       };

@@ -89,31 +89,39 @@ bool KeepsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& va
   return ElementIsDim(graph, shapes, value, index, shaped, dim);
 }
 
+// repeat_kv as Expand (transformers) or as Tile (Tensor.repeat(1, 1, rep, 1, 1)) of the unsqueezed KV heads.
 std::optional<KvRepeat> MatchKvRepeat(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
-  std::optional<PathMatch> path = MatchPath(graph, value, {{"Reshape"}, {"Expand"}, {"Unsqueeze"}});
-  if (!path) return std::nullopt;
-  Node* reshape = path->nodes[0];
-  Node* expand = path->nodes[1];
-  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *path->nodes[2]);
-  const std::string& kv = path->end;
+  Node* reshape = ProducerWithOp(graph, value, "Reshape");
+  Node* expand = reshape != nullptr ? ProducerWithOp(graph, reshape->input(0), "Expand") : nullptr;
+  Node* tile = reshape != nullptr && expand == nullptr ? ProducerWithOp(graph, reshape->input(0), "Tile") : nullptr;
+  Node* repeat = expand != nullptr ? expand : tile;
+  Node* unsqueeze = repeat != nullptr ? ProducerWithOp(graph, repeat->input(0), "Unsqueeze") : nullptr;
+  if (unsqueeze == nullptr) return std::nullopt;
+  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *unsqueeze);
+  const std::string& kv = unsqueeze->input(0);
   if (!axes || *axes != std::vector<int64_t>{2} || shapes.Rank(kv) != 4) return std::nullopt;
-  const std::string& sizes = expand->input(1);
+  const std::string& sizes = repeat->input(1);
   const std::string& target = reshape->input(1);
   if (ShapeValueSize(graph, shapes, sizes) != 5u || ShapeValueSize(graph, shapes, target) != 4u) return std::nullopt;
   auto kv_count = ShapeValueElement(graph, shapes, sizes, 1);
   auto rep = ShapeValueElement(graph, shapes, sizes, 2);
   auto merged = ShapeValueElement(graph, shapes, target, 1);
+  if (tile != nullptr) kv_count = shapes.DimValue(kv, 1);  // Tile's repeats: 1 on every axis but the new one
   if (!kv_count || !rep || !merged || *kv_count < 1 || *rep < 2 || *merged != *kv_count * *rep ||
       shapes.DimValue(kv, 1) != *kv_count) {
     return std::nullopt;
   }
-  // The Expand keeps B, S and D; the Reshape merges only the KV and repeat axes.
-  if (!KeepsDim(graph, shapes, sizes, 0, kv, 0) || !KeepsDim(graph, shapes, sizes, 3, kv, 2) ||
-      !KeepsDim(graph, shapes, sizes, 4, kv, 3) || !ElementIsDim(graph, shapes, target, 0, kv, 0) ||
+  auto is_one = [&](size_t index) { return ShapeValueElement(graph, shapes, sizes, index) == 1; };
+  const bool keeps = tile != nullptr ? is_one(0) && is_one(1) && is_one(3) && is_one(4)
+                                     : KeepsDim(graph, shapes, sizes, 0, kv, 0) &&
+                                           KeepsDim(graph, shapes, sizes, 3, kv, 2) &&
+                                           KeepsDim(graph, shapes, sizes, 4, kv, 3);
+  // The repeat keeps B, S and D; the Reshape merges only the KV and repeat axes.
+  if (!keeps || !ElementIsDim(graph, shapes, target, 0, kv, 0) ||
       !ElementIsDim(graph, shapes, target, 2, kv, 2) || !ElementIsDim(graph, shapes, target, 3, kv, 3)) {
     return std::nullopt;
   }
-  return KvRepeat{{path->nodes[2], expand, reshape}, kv, *kv_count, *rep};
+  return KvRepeat{{unsqueeze, repeat, reshape}, kv, *kv_count, *rep};
 }
 
 // The past a cache Concat(past, new) on the sequence axis of [B,Nkv,*,D] starts from: a graph input,
@@ -154,7 +162,7 @@ bool SameTables(const Rotation& a, const Rotation& b) {
   if (a.rotary_dim != b.rotary_dim) return false;
   return a.fused != nullptr ? b.fused != nullptr && a.position_ids == b.position_ids && a.cos_cache == b.cos_cache &&
                                   a.sin_cache == b.sin_cache
-                            : b.fused == nullptr && a.cos == b.cos && a.sin == b.sin;
+                            : b.fused == nullptr && a.cos == b.cos && a.sin == b.sin && a.table_rank == b.table_rank;
 }
 
 // Rotated Q and K (LLaMA): K^T = Transpose(0,1,3,2) of K rotated after its head split, possibly
@@ -178,7 +186,7 @@ MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shap
   if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
     return cache.failure();
   }
-  if (MatchResult<Rotation> k_rotation = MatchRotation(graph, k_value)) match->k_rotation = *std::move(k_rotation);
+  if (MatchResult<Rotation> k_rotation = MatchRotation(graph, shapes, k_value)) match->k_rotation = *std::move(k_rotation);
   if (!match->k_rotation) return Fail("rotary attention: Q is rotated, K is not (in a form recognized)");
   if (!SameTables(*match->q_rotation, *match->k_rotation)) return Fail("rotary attention: Q and K rotate by other tables");
   MatchResult<Projection> q = MatchProjection(graph, shapes, match->q_rotation->heads, {plain});
@@ -267,7 +275,7 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
 MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
   const bool batch_first = match->layout == Layout::kBatchFirst;
   if (batch_first) {
-    MatchResult<Rotation> rotation = MatchRotation(graph, match->scores.q_heads);
+    MatchResult<Rotation> rotation = MatchRotation(graph, shapes, match->scores.q_heads);
     if (rotation) {
       match->q_rotation = *std::move(rotation);
       return MatchRotatedHeads(graph, shapes, match);
@@ -288,8 +296,60 @@ MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, Att
   return Matched{};
 }
 
+MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                     AttentionMatch* match) {
+  if (match->layout != Layout::kBatchFirst) return Fail("the heads are sequence-first");
+  Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
+  if (k_swap == nullptr || PermOf(k_swap) != Perm{0, 1, 3, 2}) return Fail("K^T is not a transpose of K's last two axes");
+  std::string k_value = k_swap->input(0), v_value = match->out.matmul->input(1);
+  match->k_repeat = MatchKvRepeat(graph, shapes, k_value);
+  match->v_repeat = MatchKvRepeat(graph, shapes, v_value);
+  if (match->k_repeat.has_value() != match->v_repeat.has_value() ||
+      (match->k_repeat && (match->k_repeat->rep != match->v_repeat->rep ||
+                           match->k_repeat->kv_heads_count != match->v_repeat->kv_heads_count))) {
+    return Fail("K and V are not repeated to the query heads alike");
+  }
+  if (match->k_repeat) {
+    k_value = match->k_repeat->kv_heads;
+    v_value = match->v_repeat->kv_heads;
+  }
+  if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
+    return cache.failure();
+  }
+  const std::string& q_value = match->scores.q_heads;
+  for (const std::string& heads : {q_value, k_value, v_value}) {
+    if (shapes.Rank(heads) != 4) return Fail("the heads are not known to be [B,N,S,D]");
+  }
+  const std::optional<int64_t> head_size = shapes.DimValue(q_value, 3);
+  std::optional<int64_t> heads = shapes.DimValue(q_value, 1);
+  if (!heads && context.hints().num_heads > 0) heads = context.hints().num_heads;
+  if (!head_size || !heads || *head_size < 1 || *heads < 1) {
+    return Fail("the heads' count or size is not known (set transformer.num_heads in the config)");
+  }
+  const int64_t rep = match->kv_repeat();
+  for (const std::string* kv : {&k_value, &v_value}) {
+    const std::optional<int64_t> kv_heads = shapes.DimValue(*kv, 1);
+    if (shapes.DimValue(*kv, 3) != *head_size || (kv_heads && *kv_heads * rep != *heads) ||
+        (!kv_heads && rep == 1 && !shapes.SameDim(*kv, 1, q_value, 1))) {
+      return Fail("K and V are not known to have the query's head size and heads (after their repeat)");
+    }
+  }
+  match->k_swap = k_swap;
+  match->q = Projection{};
+  match->k = Projection{};
+  match->v = Projection{};
+  match->q.given_heads = q_value;
+  match->k.given_heads = k_value;
+  match->v.given_heads = v_value;
+  match->num_heads = *heads;
+  match->head_size = *head_size;
+  match->hidden = *heads * *head_size;
+  return Matched{};
+}
+
 MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
                                      AttentionMatch* match) {
+  if (match->q.Given()) return Matched{};  // MatchGivenHeads counted them
   const int64_t hidden = match->hidden;
   if (auto shown = ShownHeads(graph, shapes, match->layout, *match->q.reshape, hidden)) {
     std::tie(match->num_heads, match->head_size) = *shown;

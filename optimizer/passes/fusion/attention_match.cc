@@ -39,7 +39,12 @@ MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, co
   const auto rank = shapes.Rank(softmax->input(0));
   // Before opset 13 Softmax defaults to axis 1 (over everything after it, flattened).
   const int64_t axis = softmax->GetAttributeInt("axis", context.OpsetVersion("") < 13 ? 1 : -1);
-  if (!rank || (*rank != 4 && *rank != 3) || (axis != -1 && axis != *rank - 1)) return Fail();
+  if (!rank) {
+    // Only worth a reason where the Softmax reads Q*K^T (an export without shape information, paddle2onnx's).
+    const bool scores = ProducerWithOp(graph, softmax->input(0), "MatMul") != nullptr;
+    return scores ? Fail("the scores' rank is not known (no shape information reaches the Softmax)") : Fail();
+  }
+  if ((*rank != 4 && *rank != 3) || (axis != -1 && axis != *rank - 1)) return Fail();
   AttentionMatch match;
   match.layout = *rank == 4 ? Layout::kBatchFirst : Layout::kSequenceFirst;
   match.softmax = softmax;
@@ -55,10 +60,23 @@ MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, co
   MatchResult<ContextOutput> out = MatchContext(graph, shapes, match.layout, context_matmul);
   if (!out) return Fail("the context is not merged back to [B,S,H]");
   match.out = *std::move(out);
-  if (MatchResult<Matched> heads = MatchHeads(graph, shapes, &match); !heads) return heads.failure();
-  MatchResult<int64_t> width = QueryWidth(graph, match);
-  if (!width) return width.failure();
-  match.hidden = *width;
+  if (MatchResult<Matched> heads = MatchHeads(graph, shapes, &match); !heads) {
+    // The core fuses over the heads as the graph computes them; what computes them stays as it is.
+    if (heads.reason().empty()) return heads.failure();
+    match.q_rotation.reset();
+    match.k_rotation.reset();
+    match.k_repeat.reset();
+    match.v_repeat.reset();
+    match.cache.reset();
+    MatchResult<Matched> given = MatchGivenHeads(graph, shapes, context, &match);
+    if (!given) return Fail(absl::StrCat(heads.reason(), "; nor over the heads as given: ", given.reason()));
+    match.kept_neighbour = heads.reason();
+  }
+  if (!match.q.Given()) {
+    MatchResult<int64_t> width = QueryWidth(graph, match);
+    if (!width) return width.failure();
+    match.hidden = *width;
+  }
   if (match.out.flattened && match.out.flat_width != match.hidden) {
     return Fail("the context is flattened to another width than the attention's");
   }
@@ -66,12 +84,27 @@ MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, co
   return match;
 }
 
+void ClaimCausalBuffer(const Graph& graph, const AttentionMatch& match, std::vector<Node*>* pattern,
+                       std::set<Node*>* targets) {
+  if (match.scores.causal_where == nullptr) return;
+  std::set<Node*> members(pattern->begin(), pattern->end());
+  Node* slice = ProducerWithOp(graph, match.scores.causal_where->input(0), "Slice");
+  for (int depth = 0; slice != nullptr && depth < 3; ++depth, slice = ProducerWithOp(graph, slice->input(0), "Slice")) {
+    bool only_pattern = !graph.IsGraphOutput(slice->output(0));
+    for (Node* reader : graph.Consumers(slice->output(0))) only_pattern &= members.count(reader) > 0;
+    if (!only_pattern) break;
+    pattern->push_back(slice);
+    members.insert(slice);
+    targets->insert(slice);
+  }
+}
+
 std::vector<Node*> CorePattern(const AttentionMatch& match) {
   std::vector<Node*> pattern = {match.softmax, match.scores.qk, match.out.matmul};
   pattern.insert(pattern.end(), match.nan_guard.begin(), match.nan_guard.end());
   pattern.insert(pattern.end(), match.out.nodes.begin(), match.out.nodes.end());
   pattern.insert(pattern.end(), match.scores.pre_scales.begin(), match.scores.pre_scales.end());
-  for (Node* node : {match.scores.post_scale, match.scores.mask_add}) {
+  for (Node* node : {match.scores.post_scale, match.scores.mask_add, match.scores.clamp, match.scores.causal_where}) {
     if (node != nullptr) pattern.push_back(node);
   }
   return pattern;

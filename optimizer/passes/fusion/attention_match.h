@@ -58,12 +58,18 @@ struct Projection {
   Node* reshape = nullptr;
   std::vector<Node*> transposes;
   std::string x, weight, bias;  // bias empty: the projection has none
+  // The heads [B,N,S,D] as the graph computes them, where what computes them is not understood (a
+  // rotation in an unknown form): the attention core fuses over them and the rest stays as it is.
+  // Everything above is empty then.
+  std::string given_heads;
+  bool Given() const { return !given_heads.empty(); }
 };
 
 // transformers' repeat_kv for grouped-query attention: KV heads [B,Nkv,S,D] each read by `rep` query
-// heads, as Reshape(Expand(Unsqueeze(kv, [2]), [B,Nkv,rep,S,D]), [B,Nkv*rep,S,D]).
+// heads, as Reshape(Expand(Unsqueeze(kv, [2]), [B,Nkv,rep,S,D]), [B,Nkv*rep,S,D]), or with
+// Tile(.., [1,1,rep,1,1]) for the Expand (Tensor.repeat).
 struct KvRepeat {
-  std::vector<Node*> nodes;  // Unsqueeze, Expand, Reshape
+  std::vector<Node*> nodes;  // Unsqueeze, Expand or Tile, Reshape
   std::string kv_heads;      // [B,Nkv,S,D]
   int64_t kv_heads_count = 0, rep = 0;
 };
@@ -86,6 +92,10 @@ struct Scores {
   Node* causal_where = nullptr;
   Node* mask_add = nullptr;
   std::string mask_term;
+  // Max(masked scores, c), c <= -1e4: the clamp older transformers put after an additive mask that may
+  // reach -inf. It changes only scores the mask removes (and rows masked entirely, to uniform ones,
+  // as the fused operators' finite mask value does).
+  Node* clamp = nullptr;
 };
 
 // Where the context goes after MatMul(probs, v), back to [B,S,H].
@@ -127,6 +137,7 @@ struct FusionState {
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
+  std::set<std::string> kept_noted;  // AttentionMatch::kept_neighbour reasons the report gave
   MaskProbes probes;
 };
 
@@ -144,13 +155,15 @@ struct AttentionMatch {
   std::optional<KvCache> cache;
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
+  // Given heads (Projection::given_heads): why the pieces that compute them were not taken in.
+  std::string kept_neighbour;
 
   // Q and K rotated, K and V repeated, or a projection with a LoRA branch or a head norm (which must
   // stay as they are): only MultiHeadAttention (projections outside) can take them.
   bool NeedsProjectionsOutside() const {
     bool kept_parts = false;
     for (const Projection* p : {&q, &k, &v}) {
-      kept_parts |= p->lora_add != nullptr || p->head_norm != nullptr || p->projection_norm != nullptr;
+      kept_parts |= p->lora_add != nullptr || p->head_norm != nullptr || p->projection_norm != nullptr || p->Given();
     }
     return q_rotation.has_value() || k_repeat.has_value() || cache.has_value() || kept_parts;
   }
@@ -170,6 +183,13 @@ MatchResult<Projection> MatchProjection(const Graph& graph, const ShapeInfo& sha
 
 // Q, K and V of `match` (whose scores and context are matched) from their heads.
 MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match);
+
+// Q, K and V of a batch-first `match` as the heads [B,N,S,D] the scores and context read (K under its
+// K^T transpose; K and V possibly repeated to the query heads or read from a cache), with N and D from
+// their shapes (N else the configured number of heads): the fallback where MatchHeads does not
+// understand what computes them.
+MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                     AttentionMatch* match);
 
 // N and D of the attention: what Q's split shows, else the configured number of heads.
 MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
@@ -197,8 +217,14 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
 
 // --- The pattern a fused operator replaces ---
 
-// The nodes every fused form removes: scores, Softmax and its guard, the context and its merge.
+// The nodes every fused form removes: scores (their mask Add, clamp and causal Where), Softmax and its
+// guard, the context and its merge.
 std::vector<Node*> CorePattern(const AttentionMatch& match);
+
+// The causal buffer's Slices (GPT-2's bias[:, :, :S, :S]) join `pattern` and `targets` (their ends read
+// the scores' shape) where nothing outside the pattern reads them (layers may share one after CSE).
+void ClaimCausalBuffer(const Graph& graph, const AttentionMatch& match, std::vector<Node*>* pattern,
+                       std::set<Node*>* targets);
 
 // Checks that every value of `pattern` but the block's output is read only inside it, or by shape
 // arithmetic feeding the shape inputs of `targets` (Reshapes and Slices of the pattern); that shape

@@ -201,6 +201,15 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
 MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax) {
   Scores scores;
   std::string value = softmax->input(0);
+  if (Node* max = ProducerWithOp(graph, value, "Max"); max != nullptr && max->input_size() == 2) {
+    const std::optional<int> bound = FindOperand(*max, [&](const std::string& operand) {
+      const std::optional<float> c = ConstantScalarFloat(graph, operand);
+      return c && *c <= -1e4f;
+    });
+    if (!bound) return Fail("a Max before Softmax that is not a clamp at a large negative constant");
+    scores.clamp = max;
+    value = OtherInput(*max, *bound);
+  }
   for (int step = 0; step < 2; ++step) {
     if (Node* where = ProducerWithOp(graph, value, "Where"); where != nullptr && scores.causal_where == nullptr) {
       auto fill = ConstantScalarFloat(graph, where->input(2));
@@ -276,7 +285,8 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
       return Fail(absl::StrCat(additive.reason(), ", nor a [B|1, N|1, S, T] float bias"));
     }
   }
-  if (plan && causal_buffer) plan->causal = true;
+  // A causal buffer keeps every query from later keys, whatever else the mask does.
+  if (plan && causal_buffer) plan->causal = plan->within_causal = true;
   return plan;
 }
 

@@ -69,7 +69,6 @@ MatchResult<Matched> ClaimAttentionPattern(const Graph& graph, const AttentionMa
                                            AttentionPlan* plan) {
   std::vector<Node*>& pattern = plan->pattern;
   pattern = CorePattern(match);
-  if (match.scores.causal_where != nullptr) pattern.push_back(match.scores.causal_where);
   if (input_transpose != nullptr) pattern.push_back(input_transpose);
   std::set<Node*> members;
   for (const Projection* p : {&match.q, &match.k, &match.v}) {
@@ -78,20 +77,9 @@ MatchResult<Matched> ClaimAttentionPattern(const Graph& graph, const AttentionMa
     }
     pattern.insert(pattern.end(), p->transposes.begin(), p->transposes.end());
   }
-  members.insert(pattern.begin(), pattern.end());
   std::set<Node*> targets = {match.q.reshape, match.k.reshape, match.v.reshape};
   targets.insert(match.out.reshapes.begin(), match.out.reshapes.end());
-  if (match.scores.causal_where != nullptr) {
-    Node* slice = ProducerWithOp(graph, match.scores.causal_where->input(0), "Slice");
-    for (int depth = 0; slice != nullptr && depth < 3; ++depth, slice = ProducerWithOp(graph, slice->input(0), "Slice")) {
-      bool only_pattern = !graph.IsGraphOutput(slice->output(0));
-      for (Node* reader : graph.Consumers(slice->output(0))) only_pattern &= members.count(reader) > 0;
-      if (!only_pattern) break;
-      pattern.push_back(slice);
-      members.insert(slice);
-      targets.insert(slice);
-    }
-  }
+  ClaimCausalBuffer(graph, match, &pattern, &targets);
   MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, pattern, targets, match.out.output);
   if (!shape_nodes) return shape_nodes.failure();
   plan->shape_nodes = *std::move(shape_nodes);

@@ -15,8 +15,8 @@
 // sits between the projection and the operator; without rotation, Q and K are the projections as
 // they are (bias and LoRA branch included); a norm of each head (Qwen3's q_norm, k_norm) stays on the
 // heads, merged back to [B,S,H] by a Reshape before the rotation. Checked: batch-first heads, projections with constant
-// weights [in, out] (or parts of one), the key/value heads times the repeat equal to the query heads,
-// no causal buffer (Where over a sliced triangle: the masks here are masking_utils').
+// weights [in, out] (or parts of one), the key/value heads times the repeat equal to the query heads.
+// A causal buffer (Where over a sliced triangle, GPT-2's spelling) is the operator's unidirectional.
 #include <limits>
 #include <optional>
 
@@ -29,9 +29,16 @@ namespace {
 // The element-wise rotation on [B,S,N,D] of the projections' head split, flattened to [B,S,H].
 std::pair<std::string, std::string> RotateElementWise(Graph& graph, const AttentionMatch& match, NodeChain* chain) {
   const Rotation& rotation = *match.q_rotation;
-  const std::string head_axis = AddInt64Initializer(graph, "rotary_head_axis", {2});
-  const std::string cos = chain->Add("Unsqueeze", {rotation.cos, head_axis}, "rotary_cos_bsnd");
-  const std::string sin = chain->Add("Unsqueeze", {rotation.sin, head_axis}, "rotary_sin_bsnd");
+  // The tables as they broadcast on [B,S,N,D]: [B',S,1,D] of [B',S,D] and of [B',1,S,D], [S,1,D] of [S,D].
+  auto on_split_heads = [&](const std::string& table, const std::string& hint) {
+    if (rotation.table_rank == 4) {
+      return chain->Add("Transpose", {table}, hint, {MakeIntsAttribute("perm", {0, 2, 1, 3})});
+    }
+    const std::string axis = AddInt64Initializer(graph, "rotary_head_axis", {rotation.table_rank == 3 ? 2 : 1});
+    return chain->Add("Unsqueeze", {table, axis}, hint);
+  };
+  const std::string cos = on_split_heads(rotation.cos, "rotary_cos_bsnd");
+  const std::string sin = on_split_heads(rotation.sin, "rotary_sin_bsnd");
   const std::string last = AddInt64Initializer(graph, "rotary_axis", {-1});
   const std::string zero = AddInt64Initializer(graph, "rotary_zero", {0});
   const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
@@ -73,6 +80,12 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 }  // namespace
 
 std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain) {
+  if (p.Given()) {
+    const std::string merged = AddInt64Initializer(graph, "heads_merged_shape", {0, 0, -1});
+    const std::string bsnd = chain->Add("Transpose", {p.given_heads}, "given_heads_bsnd",
+                                        {MakeIntsAttribute("perm", {0, 2, 1, 3})});
+    return chain->Add("Reshape", {bsnd, merged}, "given_heads_merged");
+  }
   if (p.head_norm == nullptr) return p.reshape->input(0);
   const std::string merged = AddInt64Initializer(graph, "heads_merged_shape", {0, 0, -1});
   return chain->Add("Reshape", {p.head_norm->output(0), merged}, "normed_heads_merged");
@@ -98,9 +111,9 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
   if (match.layout != Layout::kBatchFirst) {
     return Fail("projections outside the operator: the heads are sequence-first");
   }
-  if (match.scores.causal_where != nullptr) return Fail("rotary attention: a causal buffer mask is not supported here");
   // Each projection's width: its part of a packed projection (Phi-3's qkv_proj), else its weight's.
   auto width = [&](const Projection& p) -> std::optional<int64_t> {
+    if (p.Given()) return match.num_heads / match.kv_repeat() * match.head_size;
     const onnx::TensorProto* weight = ConstantTensor(graph, p.weight);
     if (weight == nullptr || weight->dims_size() != 2) return std::nullopt;
     return p.part != nullptr ? p.size : weight->dims(1);
@@ -136,6 +149,7 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
     plan.pattern.insert(plan.pattern.end(), (*repeat)->nodes.begin(), (*repeat)->nodes.end());
     targets.insert((*repeat)->nodes.begin() + 1, (*repeat)->nodes.end());  // Expand and Reshape read sizes
   }
+  ClaimCausalBuffer(graph, match, &plan.pattern, &targets);
   // A cache's Concats go too: GroupQueryAttention writes the presents again.
   std::set<std::string> reproduced;
   if (match.cache) {
@@ -163,7 +177,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   const std::string name = graph.UniqueName("MultiHeadAttention");
   if (!mask.raw_mask.empty() || !attention_bias.empty()) inputs.push_back("");  // bias
   if (!mask.raw_mask.empty()) {
-    inputs.push_back(state->int32_masks.Get(graph, mask.raw_mask, match.q.matmul));  // key_padding_mask
+    inputs.push_back(state->int32_masks.Get(graph, mask.raw_mask, match.q.Given() ? chain.last() : match.q.matmul));  // key_padding_mask
   } else if (!attention_bias.empty()) {
     inputs.push_back("");
   }

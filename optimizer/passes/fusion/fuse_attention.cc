@@ -72,49 +72,66 @@ namespace {
 
 using namespace attention;  // NOLINT(build/namespaces): the pass is written in the matchers' terms
 
-// Plans the operator that fits `match`, then its mask (probed in ONNX Runtime: after the cheap checks),
-// then emits it.
+// The mask of `match`, probed in ONNX Runtime (after the emitter's cheap checks).
+MatchResult<Matched> WithMask(Graph& graph, const ShapeInfo& shapes, const PassContext& context, FusionState* state,
+                              AttentionMatch* match) {
+  MatchResult<MaskPlan> mask = MatchMask(graph, shapes, context, *match, state);
+  if (!mask) return mask.failure();
+  match->mask = *std::move(mask);
+  return Matched{};
+}
+
+// MultiHeadAttention or GroupQueryAttention, the projections (and whatever follows them) outside.
+MatchResult<Matched> FuseWithProjectionsOutside(Graph& graph, AttentionMatch& match, const ShapeInfo& shapes,
+                                                PassContext& context, FusionState* state) {
+  MatchResult<Replacement> plan = PlanMultiHeadAttention(graph, shapes, match);
+  if (!plan) return plan.failure();
+  if (MatchResult<Matched> masked = WithMask(graph, shapes, context, state, &match); !masked) {
+    return Fail(match.q_rotation ? absl::StrCat("rotary attention: ", masked.reason()) : masked.reason());
+  }
+  const std::string& grouped = context.params().GetString("grouped_query");
+  const bool group_query = grouped == "group_query" || (grouped == "auto" && context.hints().device != v1::DEVICE_CUDA);
+  if (match.cache) {
+    // Only GroupQueryAttention keeps the cache's key/value heads as they are (MultiHeadAttention's
+    // past and present have the query's heads).
+    if (grouped == "multi_head") {
+      return Fail("a key/value cache: only GroupQueryAttention takes it (grouped_query is multi_head)");
+    }
+    if (!GroupQueryAttentionFits(match)) {
+      return Fail("a key/value cache: GroupQueryAttention does not fit (head size not a multiple of 8, a "
+                  "float bias, or a mask that lets a query see a later key)");
+    }
+    const bool padded = !match.mask.raw_mask.empty() || !match.mask.bias_condition.empty();
+    if (context.hints().device == v1::DEVICE_CUDA && padded) {
+      return Fail("a key/value cache with padding: GroupQueryAttention's CUDA kernel takes no attention_bias");
+    }
+    EmitGroupQueryAttention(graph, match, *plan, state, context);
+  } else if (group_query && GroupQueryAttentionFits(match)) {
+    EmitGroupQueryAttention(graph, match, *plan, state, context);
+  } else {
+    EmitMultiHeadAttention(graph, match, *plan, state, context);
+  }
+  return Matched{};
+}
+
+// Plans the operator that fits `match`, then its mask, then emits it.
 MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& shapes, PassContext& context,
                           FusionState* state) {
-  auto with_mask = [&]() -> MatchResult<Matched> {
-    MatchResult<MaskPlan> mask = MatchMask(graph, shapes, context, match, state);
-    if (!mask) return mask.failure();
-    match.mask = *std::move(mask);
-    return Matched{};
-  };
-  if (match.NeedsProjectionsOutside()) {
-    MatchResult<Replacement> plan = PlanMultiHeadAttention(graph, shapes, match);
-    if (!plan) return plan.failure();
-    if (MatchResult<Matched> masked = with_mask(); !masked) {
-      return Fail(match.q_rotation ? absl::StrCat("rotary attention: ", masked.reason()) : masked.reason());
+  if (!match.kept_neighbour.empty()) {
+    MatchResult<Matched> fused = FuseWithProjectionsOutside(graph, match, shapes, context, state);
+    if (!fused) return Fail(absl::StrCat(match.kept_neighbour, "; over the heads as given: ", fused.reason()));
+    // Counted per block, said once per reason.
+    context.Count("fused_over_given_heads");
+    if (state->kept_noted.insert(match.kept_neighbour).second) {
+      context.Note(absl::StrCat("attention fused over the heads as the graph computes them; what computes them ",
+                                "stays as it is: ", match.kept_neighbour));
     }
-    const std::string& grouped = context.params().GetString("grouped_query");
-    const bool group_query = grouped == "group_query" || (grouped == "auto" && context.hints().device != v1::DEVICE_CUDA);
-    if (match.cache) {
-      // Only GroupQueryAttention keeps the cache's key/value heads as they are (MultiHeadAttention's
-      // past and present have the query's heads).
-      if (grouped == "multi_head") {
-        return Fail("a key/value cache: only GroupQueryAttention takes it (grouped_query is multi_head)");
-      }
-      if (!GroupQueryAttentionFits(match)) {
-        return Fail("a key/value cache: GroupQueryAttention does not fit (head size not a multiple of 8, a "
-                    "float bias, or a mask that lets a query see a later key)");
-      }
-      const bool padded = !match.mask.raw_mask.empty() || !match.mask.bias_condition.empty();
-      if (context.hints().device == v1::DEVICE_CUDA && padded) {
-        return Fail("a key/value cache with padding: GroupQueryAttention's CUDA kernel takes no attention_bias");
-      }
-      EmitGroupQueryAttention(graph, match, *plan, state, context);
-    } else if (group_query && GroupQueryAttentionFits(match)) {
-      EmitGroupQueryAttention(graph, match, *plan, state, context);
-    } else {
-      EmitMultiHeadAttention(graph, match, *plan, state, context);
-    }
-    return Matched{};
+    return fused;
   }
+  if (match.NeedsProjectionsOutside()) return FuseWithProjectionsOutside(graph, match, shapes, context, state);
   MatchResult<AttentionPlan> plan = PlanAttention(graph, shapes, match);
   if (!plan) return plan.failure();
-  if (MatchResult<Matched> masked = with_mask(); !masked) return masked;
+  if (MatchResult<Matched> masked = WithMask(graph, shapes, context, state, &match); !masked) return masked;
   EmitAttention(graph, match, *plan, state, context);
   return Matched{};
 }

@@ -57,7 +57,7 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
     };
     for (Node* add : graph.Nodes()) {
       if (add->removed() || add->op_type() != "Add" || !add->domain().empty()) continue;
-      MatchResult<Rotation> rotation = MatchRotation(graph, add->output(0));
+      MatchResult<Rotation> rotation = MatchRotation(graph, shapes, add->output(0));
       if (!rotation || rotation->fused != nullptr) continue;
       if (shapes.Rank(rotation->heads) != 4 || shapes.DimValue(rotation->heads, 3) != 2 * rotation->half) {
         context.Skip("fuse_rotary_embedding: the rotated heads are not known to be [B,N,S,D] with D twice the half");

@@ -1,5 +1,7 @@
 #include "optimizer/passes/fusion/rotary.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/rewrite.h"
@@ -42,7 +44,19 @@ std::optional<std::pair<std::string, int64_t>> RotatedHalf(const Graph& graph, c
   return std::make_pair(low->input(0), low_range->second);
 }
 
-std::optional<Rotation> MatchElementWise(const Graph& graph, const std::string& value) {
+// The table a rotation multiplies the heads [B,N,S,D] by, and its rank: Unsqueeze(t [B',S,D], [1]) is
+// t (rank 3); a [B'|1, 1, S, D] value (a stored [1,1,P,D] buffer sliced, `emb.cos()[None, None]`) and an
+// [S, D] value broadcast as it is are themselves (ranks 4 and 2).
+std::optional<std::pair<std::string, int>> TableOnHeads(const Graph& graph, const ShapeInfo& shapes,
+                                                         const std::string& operand) {
+  if (std::optional<std::string> table = UnsqueezedOn(graph, operand, 1)) return std::make_pair(*table, 3);
+  const std::optional<int> rank = shapes.Rank(operand);
+  if (rank == 4 && shapes.DimValue(operand, 1) == 1) return std::make_pair(operand, 4);
+  if (rank == 2) return std::make_pair(operand, 2);
+  return std::nullopt;
+}
+
+std::optional<Rotation> MatchElementWise(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   Rotation rotation;
   // Add(x * cos, rotate_half(x) * sin): the sin term is the Mul that reads a rotated half.
   std::optional<PathMatch> path = MatchPath(
@@ -55,15 +69,16 @@ std::optional<Rotation> MatchElementWise(const Graph& graph, const std::string& 
           return operand == rotated->first;
         });
         if (!heads) return false;
-        auto cos = UnsqueezedOn(graph, OtherInput(*with_cos, *heads), 1);
-        auto sin = UnsqueezedOn(graph, found.Other(1), 1);
-        if (!cos || !sin) return false;
+        auto cos = TableOnHeads(graph, shapes, OtherInput(*with_cos, *heads));
+        auto sin = TableOnHeads(graph, shapes, found.Other(1));
+        if (!cos || !sin || cos->second != sin->second) return false;
         Node* concat = graph.Producer(found.end);
         Node* neg = graph.Producer(concat->input(0));
         rotation.heads = rotated->first;
         rotation.half = rotated->second;
-        rotation.cos = *cos;
-        rotation.sin = *sin;
+        rotation.cos = cos->first;
+        rotation.sin = sin->first;
+        rotation.table_rank = cos->second;
         rotation.nodes = {found.nodes[0], found.nodes[1], with_cos, concat, neg, graph.Producer(concat->input(1)),
                           graph.Producer(neg->input(0))};
         return true;
@@ -82,17 +97,17 @@ bool LooksRotated(const Graph& graph, const std::string& value) {
 
 namespace {
 
-MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const std::string& value);
+MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value);
 
 // Concat(rotate(Slice(x, 0, r)), Slice(x, r, end)) on the last axis.
-std::optional<Rotation> MatchPartialRotation(const Graph& graph, const std::string& value) {
+std::optional<Rotation> MatchPartialRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   Node* concat = ProducerWithOp(graph, value, "Concat");
   if (concat == nullptr || concat->input_size() != 2) return std::nullopt;
   const int64_t axis = concat->GetAttributeInt("axis", 0);
   Node* rest = ProducerWithOp(graph, concat->input(1), "Slice");
   const auto rest_range = LastAxisSlice(graph, rest);
   if ((axis != -1 && axis != 3) || !rest_range) return std::nullopt;
-  MatchResult<Rotation> rotation = MatchWholeRotation(graph, concat->input(0));
+  MatchResult<Rotation> rotation = MatchWholeRotation(graph, shapes, concat->input(0));
   if (!rotation) return std::nullopt;
   Node* first = ProducerWithOp(graph, rotation->heads, "Slice");
   const auto first_range = LastAxisSlice(graph, first);
@@ -109,14 +124,14 @@ std::optional<Rotation> MatchPartialRotation(const Graph& graph, const std::stri
 
 }  // namespace
 
-MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value) {
-  if (std::optional<Rotation> partial = MatchPartialRotation(graph, value)) return *std::move(partial);
-  return MatchWholeRotation(graph, value);
+MatchResult<Rotation> MatchRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  if (std::optional<Rotation> partial = MatchPartialRotation(graph, shapes, value)) return *std::move(partial);
+  return MatchWholeRotation(graph, shapes, value);
 }
 
 namespace {
 
-MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const std::string& value) {
+MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   Node* fused = graph.Producer(value);
   if (fused != nullptr && fused->op_type() == "RotaryEmbedding" && fused->domain() == "com.microsoft") {
     if (fused->input_size() != 4 || fused->GetAttributeInt("interleaved", 0) != 0 ||
@@ -133,26 +148,74 @@ MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const std::string& 
     rotation.sin_cache = fused->input(3);
     return rotation;
   }
-  if (std::optional<Rotation> rotation = MatchElementWise(graph, value)) return *std::move(rotation);
+  if (std::optional<Rotation> rotation = MatchElementWise(graph, shapes, value)) return *std::move(rotation);
   if (LooksRotated(graph, value)) return Fail("rotary position embeddings in a form not recognized");
   return Fail();
 }
 
 }  // namespace
 
+namespace {
+
+// True if `node` (an Unsqueeze, Squeeze, Slice or Gather) leaves the last axis of its input the last axis
+// of its output, whole: axes added or removed before it, rows cut or gathered on other axes.
+bool KeepsLastAxis(const Graph& graph, const ShapeInfo& shapes, const Node& node) {
+  const std::optional<int> rank = shapes.Rank(node.output(0));
+  const std::optional<int> input_rank = shapes.Rank(node.input(0));
+  if (node.op_type() == "Squeeze") {
+    const std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, node);
+    if (!axes || axes->empty() || !input_rank) return false;
+    return std::all_of(axes->begin(), axes->end(), [&](int64_t axis) { return axis != -1 && axis != *input_rank - 1; });
+  }
+  if (node.op_type() == "Gather") {
+    const int64_t axis = node.GetAttributeInt("axis", 0);
+    return input_rank && *input_rank >= 2 && axis != -1 && axis != *input_rank - 1;
+  }
+  if (node.op_type() == "Unsqueeze") {
+    const std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, node);
+    if (!axes || !rank) return false;
+    return std::all_of(axes->begin(), axes->end(), [&](int64_t axis) { return axis >= 0 && axis < *rank - 1; });
+  }
+  if (node.op_type() != "Slice" || node.input_size() < 4 || !rank) return false;
+  const std::optional<SliceSpec> spec = ParseSlice(graph, node);
+  return spec && std::all_of(spec->axes.begin(), spec->axes.end(), [&](int64_t axis) {
+           return axis != -1 && axis != *rank - 1;
+         });
+}
+
+// True if every row of the float constant's last axis repeats its first half.
+bool HalvesRepeat(const onnx::TensorProto& tensor) {
+  if (tensor.dims_size() < 1 || tensor.dims(tensor.dims_size() - 1) % 2 != 0) return false;
+  const std::optional<std::vector<float>> values = TensorFloats(tensor);
+  const size_t width = static_cast<size_t>(tensor.dims(tensor.dims_size() - 1)), half = width / 2;
+  if (!values || values->empty() || width == 0 || values->size() % width != 0) return false;
+  for (size_t row = 0; row < values->size(); row += width) {
+    for (size_t i = 0; i < half; ++i) {
+      if ((*values)[row + i] != (*values)[row + i + half]) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op) {
   std::string value = table;
-  for (int depth = 0; depth < 4; ++depth) {
+  for (int depth = 0; depth < 8; ++depth) {
     Node* node = graph.Producer(value);
-    if (node == nullptr || !node->domain().empty()) return false;
+    if (node == nullptr || !node->domain().empty()) break;
     if (node->op_type() == "Cast" && node->GetAttributeInt("to", 0) == onnx::TensorProto::FLOAT) {
       value = node->input(0);
     } else if (auto scaled = ScalarScale(graph, node)) {
       value = scaled->second;
+    } else if (KeepsLastAxis(graph, shapes, *node)) {
+      value = node->input(0);
     } else {
       break;
     }
   }
+  // A stored table (transformers' cos_cached buffers, sliced to the length).
+  if (const onnx::TensorProto* stored = ConstantTensor(graph, value)) return HalvesRepeat(*stored);
   Node* trig = ProducerWithOp(graph, value, op);
   Node* concat = trig != nullptr ? ProducerWithOp(graph, trig->input(0), "Concat") : nullptr;
   if (concat == nullptr || concat->input_size() != 2 || concat->input(0) != concat->input(1)) return false;
@@ -161,7 +224,7 @@ bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const st
     rank = static_cast<int>(PermOf(transpose).size());
   }
   const int64_t axis = concat->GetAttributeInt("axis", 0);
-  return rank == 3 && (axis == -1 || axis == 2);
+  return rank && *rank >= 1 && (axis == -1 || axis == *rank - 1);
 }
 
 std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::string& value) {
@@ -229,7 +292,10 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
   };
   shared.cos_cache = cache_of(rotation.cos, "rotary_cos_cache");
   shared.sin_cache = cache_of(rotation.sin, "rotary_sin_cache");
-  if (shapes.DimValue(rotation.cos, 0) == 1 && shapes.DimValue(rotation.sin, 0) == 1) {
+  auto batch_shared = [&](const std::string& table) {
+    return rotation.table_rank == 2 || shapes.DimValue(table, 0) == 1;
+  };
+  if (batch_shared(rotation.cos) && batch_shared(rotation.sin)) {
     // B' = 1 (positions shared by the batch, Hugging Face's arange): row s, RotaryEmbedding's
     // position offset form.
     shared.position_ids = zero;

@@ -27,8 +27,10 @@ struct Rotation {
   int64_t rotary_dim = 0;
   // Whether every dim of a head of `head_size` is rotated.
   bool Whole(int64_t head_size) const { return rotary_dim == 0 || rotary_dim == head_size; }
-  // Element-wise: the cos/sin tables [B',S,D] before their Unsqueeze, and half of D.
+  // Element-wise: the cos/sin tables and half of D. The tables are [B',S,D] before their Unsqueeze on
+  // the head axis (table_rank 3), [B'|1, 1, S, D] (4) or [S, D] (2), as the rotation multiplies by them.
   std::string cos, sin;
+  int table_rank = 3;
   int64_t half = 0;
   // Fused: RotaryEmbedding(heads, position_ids, cos_cache, sin_cache) with interleaving off.
   Node* fused = nullptr;
@@ -39,11 +41,13 @@ struct Rotation {
 // rotated), or the element-wise form; either on the first r of each head, concatenated with the rest
 // (partial). Fails with a reason where `value` has a rotation's shape (an Add of a Mul by
 // Concat(Neg(..), ..)) in a form not recognized.
-MatchResult<Rotation> MatchRotation(const Graph& graph, const std::string& value);
+MatchResult<Rotation> MatchRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value);
 
-// True if `table` is op(Concat(t, t)) on the last axis of a rank-3 t, then scalar Muls/Divs and
-// Casts to float: Hugging Face's cat(freqs, freqs).cos() * attention_scaling. Both halves of its last
-// axis then hold the same values, and the first half is the cache RotaryEmbedding reads.
+// True if both halves of `table`'s last axis hold the same values, so that its first half is the cache
+// RotaryEmbedding reads: op(Concat(t, t)) on t's last axis (Hugging Face's cat(freqs, freqs).cos()), or
+// a float constant whose rows repeat their first half (a stored cos_cached), then scalar Muls/Divs
+// (attention_scaling), Casts to float, Unsqueezes before the last axis and Slices of other axes (a
+// stored [1,1,P,D] buffer cut to [1,1,S,D]).
 bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op);
 
 // A table stored in the model instead (transformers before 4.38: cos_cached[:S][position_ids]):

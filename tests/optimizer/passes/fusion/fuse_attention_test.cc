@@ -108,26 +108,50 @@ TEST(FuseAttentionTest, AScalarWeightIsRefusedWithItsReason) {
       << run.report.DebugString();
 }
 
-// Rotated Q and K with a causal buffer (Where over a sliced triangle) are refused before the mask
-// beside it is probed in ONNX Runtime: the probe costs a session and cannot change the answer.
-TEST(FuseAttentionTest, ACausalBufferBesideRotationsIsRefusedBeforeAnyProbe) {
+// Rotated Q and K with a causal buffer (Where over a sliced triangle, GPT-2's spelling) beside key
+// padding: the buffer is the operator's causal mask, the padding probed beside it; exact.
+TEST(FuseAttentionTest, ACausalBufferBesideRotationsIsTheOperatorsCausalMask) {
   testing::AttentionGraphOptions options;
   options.rotary = true;
   options.padding_mask = true;
   options.causal_buffer = true;
-  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention"}]})",
-                          testing::AttentionGraph(options));
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  EXPECT_EQ(run.report.rewrites(), 0);
-  EXPECT_EQ(testing::SkipCount(run.report, "a causal buffer mask is not supported"), 1) << run.report.DebugString();
-  EXPECT_EQ(run.report.counters().count("mask_probes"), 0u) << "no mask was probed";
+  options.grouped = true;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  for (const char* grouped : {"multi_head", "group_query"}) {
+    PassRun run = RunConfig(absl::StrCat(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                                         "params": {"grouped_query": ")", grouped, R"("}}]})"),
+                            original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.report.rewrites(), 1) << grouped << run.report.DebugString();
+    EXPECT_EQ(run.report.counters().at("mask_probes"), 1);
+    EXPECT_EQ(OpCounts(run.model).count("Softmax"), 0u);
+    ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+  }
+}
 
-  options.causal_buffer = false;  // the same block without the buffer probes its mask once and fuses
-  PassRun fused = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention"}]})",
-                            testing::AttentionGraph(options));
-  ASSERT_TRUE(fused.status.ok()) << fused.status;
-  EXPECT_EQ(fused.report.rewrites(), 1);
-  EXPECT_EQ(fused.report.counters().at("mask_probes"), 1);
+// A rotation in a form no matcher knows (rotate_half negating by Mul(x, -1)) stays as the graph has it,
+// and the attention core still fuses over the rotated heads it computes; the report says why.
+TEST(FuseAttentionTest, AnUnknownRotationStaysAndTheCoreFusesOverTheHeadsItComputes) {
+  testing::AttentionGraphOptions options;
+  options.rotary = true;
+  options.padding_mask = true;
+  options.causal_mask = true;
+  options.negate_by_mul = true;
+  for (bool grouped : {false, true}) {
+    options.grouped = grouped;
+    const onnx::ModelProto original = testing::AttentionGraph(options);
+    PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention"}]})", original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    auto ops = OpCounts(run.model);
+    EXPECT_EQ(ops.count("RotaryEmbedding"), 0u);
+    EXPECT_EQ(ops.count("Softmax"), 0u);
+    EXPECT_EQ(ops[grouped ? "GroupQueryAttention" : "MultiHeadAttention"], 1) << run.report.DebugString();
+    EXPECT_EQ(run.report.counters().at("fused_over_given_heads"), 1);
+    ASSERT_EQ(run.report.notes_size(), 1);
+    EXPECT_NE(run.report.notes(0).find("attention fused over the heads as the graph computes them"),
+              std::string::npos) << run.report.notes(0);
+    ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+  }
 }
 
 // Grouped-query attention (one key/value head for two query heads, rotated, causal): MultiHeadAttention

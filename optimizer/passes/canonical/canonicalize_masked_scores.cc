@@ -1,0 +1,101 @@
+// canonicalize_masked_scores: attention scores masked by selection, `scores.masked_fill(~allowed, min)`
+// or `torch.where(allowed, scores, min)`, become the additive boolean mask the attention fusion reads
+// (and probes for its meaning, attention_masks.h) whatever the model's version wrote.
+//
+// Before:  p = Softmax(Where(c, fill, x))      or  p = Softmax(Where(c, x, fill))
+// After:   p = Softmax(Add(x, Where(Not(c), 0, fill)))  /  p = Softmax(Add(x, Where(c, 0, fill)))
+// (the Where is read by the Softmax directly or through a clamp Max or a scalar scale.)
+// Checked: fill is a constant scalar at or below -1e4 (-inf included), x is float and not constant, c is
+// boolean. Equal wherever the original is finite: a masked score is fill in both (x + fill rounds to fill
+// for any score below 2^103 in magnitude, and -inf stays -inf). Left alone: Where(c, x, fill) over a
+// constant buffer sliced to the scores (GPT-2's causal `bias[:, :, :S, :S]`), which the fusion reads as a
+// causal mask as it is. One Where (and Not) per condition, shared by every layer that reads it.
+#include <map>
+#include <tuple>
+
+#include "optimizer/passes/constants.h"
+#include "optimizer/passes/match.h"
+#include "optimizer/passes/passes.h"
+#include "optimizer/passes/rewrite.h"
+
+namespace onnxopt {
+namespace {
+
+// True if `value` is Softmax's input, or reaches it through at most two clamp Max or scalar scale
+// nodes read by nothing else.
+bool FeedsSoftmax(const Graph& graph, const std::string& value, int depth = 0) {
+  Node* reader = SoleConsumer(graph, value);
+  if (reader == nullptr || !reader->domain().empty() || depth > 2) return false;
+  if (reader->op_type() == "Softmax") return reader->input(0) == value;
+  const bool clamp = reader->op_type() == "Max" && reader->input_size() == 2;
+  const bool scale = (reader->op_type() == "Mul" || reader->op_type() == "Div") && reader->input(0) == value &&
+                     ConstantScalarFloat(graph, reader->input(1)).has_value();
+  return (clamp || scale) && FeedsSoftmax(graph, reader->output(0), depth + 1);
+}
+
+// True if `cond` is Slices (and Casts) of a constant: a causal buffer cut to the scores' length.
+bool IsSlicedBuffer(const Graph& graph, const std::string& cond) {
+  std::string value = cond;
+  bool sliced = false;
+  for (int depth = 0; depth < 4; ++depth) {
+    Node* node = graph.Producer(value);
+    if (node == nullptr || !node->domain().empty() || (node->op_type() != "Slice" && node->op_type() != "Cast")) break;
+    sliced |= node->op_type() == "Slice";
+    value = node->input(0);
+  }
+  return sliced && ConstantTensor(graph, value) != nullptr;
+}
+
+class CanonicalizeMaskedScoresPass final : public ShapedPass {
+ public:
+  absl::string_view name() const override { return "canonicalize_masked_scores"; }
+  absl::string_view description() const override {
+    return "Turn scores masked by selection before a Softmax (masked_fill, where(allowed, scores, min)) into the "
+           "additive boolean mask the attention fusion reads";
+  }
+
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
+    // (condition, negated, fill) -> the additive term Where([Not] c, 0, fill).
+    std::map<std::tuple<std::string, bool, float>, std::string> terms;
+    for (Node* where : graph.Nodes()) {
+      if (where->removed() || where->op_type() != "Where" || !where->domain().empty() || where->input_size() != 3) {
+        continue;
+      }
+      const std::optional<float> fill_true = ConstantScalarFloat(graph, where->input(1));
+      const std::optional<float> fill_false = ConstantScalarFloat(graph, where->input(2));
+      const bool negated = fill_true.has_value() && !fill_false.has_value();  // Where(c, fill, x)
+      const std::optional<float> fill = negated ? fill_true : fill_false;
+      const std::string& cond = where->input(0);
+      const std::string& scores = where->input(negated ? 2 : 1);
+      if (!fill || !(*fill <= -1e4f) || ConstantTensor(graph, scores) != nullptr ||
+          shapes.ElementType(scores).value_or(onnx::TensorProto::FLOAT) != onnx::TensorProto::FLOAT ||
+          shapes.ElementType(cond).value_or(onnx::TensorProto::BOOL) != onnx::TensorProto::BOOL ||
+          !FeedsSoftmax(graph, where->output(0)) || (!negated && IsSlicedBuffer(graph, cond))) {
+        continue;
+      }
+      std::string& term = terms[{cond, negated, *fill}];
+      NodeChain chain(graph, where);
+      if (term.empty()) {
+        const std::string allowed = negated ? chain.Add("Not", {cond}, "scores_allowed") : cond;
+        const std::string zero = graph.UniqueName("scores_mask_zero");
+        const std::string masked = graph.UniqueName("scores_mask_fill");
+        graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+        graph.AddInitializer(MakeFloatTensor(masked, {}, {*fill}));
+        term = chain.Add("Where", {allowed, zero, masked}, "scores_mask");
+      }
+      const std::string output = where->output(0);
+      const std::string name = where->name();
+      graph.RemoveNode(where);
+      chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"),
+                             {scores, term}, {output}));
+      context.CountRewrite();
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeCanonicalizeMaskedScoresPass() { return std::make_unique<CanonicalizeMaskedScoresPass>(); }
+
+}  // namespace onnxopt

@@ -1,0 +1,101 @@
+// canonicalize_masked_scores: scores masked by selection before a Softmax become the additive boolean
+// mask the attention fusion reads, computing the same in ONNX Runtime; other Wheres stay.
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "optimizer/passes/constants.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+using testing::ExpectSameOutputs;
+using testing::FloatValue;
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::MakeValue;
+using testing::OpCounts;
+using testing::PassRun;
+using testing::RunPass;
+using testing::WithIntAttribute;
+
+enum class Form { kMaskedFill, kWhereAllowed, kNotBeforeSoftmax, kSmallFill, kCausalBuffer };
+
+// probs = Softmax(select(q k^T)) with q [2,2,4,8], k^T [2,2,8,4] and a boolean condition [2,1,4,4] (an input,
+// or for kCausalBuffer a constant lower triangle [1,1,4,4]); kMaskedFill: Where(c, fill, s),
+// kWhereAllowed and kCausalBuffer: Where(c, s, fill), kNotBeforeSoftmax: Where(c, fill, s) as the output,
+// kSmallFill: fill -1.
+onnx::ModelProto MaskedScores(Form form) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("q", {2, 2, 4, 8});
+  *graph.add_input() = FloatValue("kt", {2, 2, 8, 4});
+  const float fill = form == Form::kSmallFill ? -1.0f : std::numeric_limits<float>::lowest();
+  *graph.add_initializer() = MakeFloatTensor("fill", {}, {fill});
+  if (form == Form::kCausalBuffer) {
+    std::vector<float> triangle(16);
+    for (int q = 0; q < 4; ++q) {
+      for (int t = 0; t < 4; ++t) triangle[static_cast<size_t>(q * 4 + t)] = t <= q ? 1.0f : 0.0f;
+    }
+    *graph.add_initializer() = MakeFloatTensor("buffer", {1, 1, 4, 4}, triangle);
+    *graph.add_initializer() = MakeInt64Tensor("zero", {0});
+    *graph.add_initializer() = MakeInt64Tensor("four", {4});
+    *graph.add_initializer() = MakeInt64Tensor("axis", {3});
+    *graph.add_node() = MakeNode("Slice", {"buffer", "zero", "four", "axis"}, {"sliced"});
+    *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"sliced"}, {"c"}), "to", onnx::TensorProto::BOOL);
+  } else {
+    *graph.add_input() = MakeValue("c", onnx::TensorProto::BOOL, {2, 1, 4, 4});
+  }
+  *graph.add_node() = MakeNode("MatMul", {"q", "kt"}, {"scores"});
+  const bool fill_first = form == Form::kMaskedFill || form == Form::kNotBeforeSoftmax || form == Form::kSmallFill;
+  *graph.add_node() = MakeNode("Where", fill_first ? std::vector<std::string>{"c", "fill", "scores"}
+                                                   : std::vector<std::string>{"c", "scores", "fill"},
+                               {"masked"});
+  if (form == Form::kNotBeforeSoftmax) {
+    *graph.add_output() = FloatValue("masked", {2, 2, 4, 4});
+  } else {
+    *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"masked"}, {"probs"}), "axis", -1);
+    *graph.add_output() = FloatValue("probs", {2, 2, 4, 4});
+  }
+  return MakeModel(graph, 17);
+}
+
+TEST(CanonicalizeMaskedScoresTest, MaskedFillBecomesAnAdditiveMaskOfTheAllowedPositions) {
+  const onnx::ModelProto original = MaskedScores(Form::kMaskedFill);
+  PassRun run = RunPass("canonicalize_masked_scores", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 1);
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops["Not"], 1);
+  EXPECT_EQ(ops["Add"], 1);
+  EXPECT_EQ(ops["Where"], 1);
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() == "Add") {
+      EXPECT_EQ(node.output(0), "masked") << "the Softmax reads the same value";
+    }
+  }
+  ExpectSameOutputs(original, run.model, 0, 0);
+}
+
+TEST(CanonicalizeMaskedScoresTest, WhereAllowedScoresElseMinimumBecomesAnAdditiveMask) {
+  const onnx::ModelProto original = MaskedScores(Form::kWhereAllowed);
+  PassRun run = RunPass("canonicalize_masked_scores", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 1);
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops.count("Not"), 0u);
+  EXPECT_EQ(ops["Add"], 1);
+  ExpectSameOutputs(original, run.model, 0, 0);
+}
+
+TEST(CanonicalizeMaskedScoresTest, OtherSelectionsStay) {
+  for (Form form : {Form::kNotBeforeSoftmax, Form::kSmallFill, Form::kCausalBuffer}) {
+    PassRun run = RunPass("canonicalize_masked_scores", MaskedScores(form));
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.report.rewrites(), 0) << static_cast<int>(form);
+  }
+}
+
+}  // namespace
+}  // namespace onnxopt
