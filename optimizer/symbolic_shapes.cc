@@ -164,12 +164,24 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
       picked.push_back((*input(0))[static_cast<size_t>(i)]);
     }
     if (!picked.empty()) values[out] = picked;
-  } else if (op == "Slice" && input(0) && node.input_size() >= 3) {  // a slice of a shape tensor
-    const Shape* starts = input(1);
-    const Shape* ends = input(2);
-    const Shape* axes = node.input_size() > 3 && !node.input(3).empty() ? input(3) : nullptr;
-    const Shape* steps = node.input_size() > 4 && !node.input(4).empty() ? input(4) : nullptr;
-    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (node.input_size() > 3 && !node.input(3).empty() && !axes) ||
+  } else if (op == "Slice" && input(0) && (node.input_size() >= 3 || node.input_size() == 1)) {
+    // A slice of a shape tensor; before opset 10 (paddle2onnx's opset 9) its bounds are attributes.
+    Shape attribute_starts, attribute_ends, attribute_axes;
+    const bool attributes = node.input_size() == 1;
+    for (const auto& a : node.attribute()) {
+      Shape* target = a.name() == "starts" ? &attribute_starts
+                      : a.name() == "ends" ? &attribute_ends
+                      : a.name() == "axes" ? &attribute_axes
+                                           : nullptr;
+      if (target == nullptr || !attributes) continue;
+      for (int64_t v : a.ints()) target->push_back(Dim::Value(v));
+    }
+    const bool has_axes = attributes ? !attribute_axes.empty() : node.input_size() > 3 && !node.input(3).empty();
+    const Shape* starts = attributes ? &attribute_starts : input(1);
+    const Shape* ends = attributes ? &attribute_ends : input(2);
+    const Shape* axes = !has_axes ? nullptr : attributes ? &attribute_axes : input(3);
+    const Shape* steps = !attributes && node.input_size() > 4 && !node.input(4).empty() ? input(4) : nullptr;
+    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (has_axes && !axes) ||
         (axes && !(axes->size() == 1 && ((*axes)[0] == Dim::Value(0) || (*axes)[0] == Dim::Value(-1)))) ||
         (steps && !(steps->size() == 1 && (*steps)[0] == Dim::Value(1))) ||
         (*starts)[0].kind != Dim::Kind::kValue || (*ends)[0].kind != Dim::Kind::kValue) {

@@ -1,5 +1,6 @@
 // Shape inference over models onnx 1.12 only partly knows.
 #include "gtest/gtest.h"
+#include "optimizer/passes/rewrite.h"
 #include "optimizer/optimize.h"
 #include "optimizer/graph.h"
 #include "optimizer/model_io.h"
@@ -315,6 +316,34 @@ TEST(ShapeInfoTest, RecoversSymbolicShapesBehindDynamicReshapes) {
   EXPECT_EQ(heads->tensor_type().shape().dim(2).dim_value(), 4);
   EXPECT_EQ(heads->tensor_type().shape().dim(3).dim_value(), 16);
   EXPECT_TRUE(info.SameShape("/encoder/Add_output_0", "/encoder/layers.1/output_norm/Add_1_output_0"));
+}
+
+// Before opset 10 a Slice's bounds are attributes (paddle2onnx writes opset 9): a slice of a shape is
+// tracked as at later opsets, so a Reshape to Concat(Shape(x)[0:2], [-1]) gets its rank and dims.
+TEST(ShapeInfoTest, TracksAShapeSlicedByAttributesAtOpsetNine) {
+  onnx::GraphProto graph;
+  onnx::ValueInfoProto x = FloatValue("x", {2, 8, 3, 5});
+  x.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+  *graph.add_input() = x;
+  *graph.add_initializer() = MakeInt64Tensor("minus_one", {-1});
+  *graph.add_node() = MakeNode("Shape", {"x"}, {"shape"});
+  onnx::NodeProto slice = MakeNode("Slice", {"shape"}, {"lead"});
+  *slice.add_attribute() = MakeIntsAttribute("starts", {0});
+  *slice.add_attribute() = MakeIntsAttribute("ends", {2});
+  *slice.add_attribute() = MakeIntsAttribute("axes", {0});
+  *graph.add_node() = slice;
+  *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"lead", "minus_one"}, {"target"}), "axis", 0);
+  *graph.add_node() = MakeNode("Reshape", {"x", "target"}, {"flat"});
+  onnx::ValueInfoProto flat = FloatValue("flat", {});
+  flat.mutable_type()->mutable_tensor_type()->clear_shape();
+  *graph.add_output() = flat;
+  ShapeInfo info = ShapeInfo::Infer(MakeModel(graph, 9));
+  const onnx::TypeProto* type = info.TypeOf("flat");
+  ASSERT_NE(type, nullptr);
+  ASSERT_EQ(type->tensor_type().shape().dim_size(), 3);
+  EXPECT_EQ(type->tensor_type().shape().dim(0).dim_param(), "batch");
+  EXPECT_EQ(type->tensor_type().shape().dim(1).dim_value(), 8);
+  EXPECT_EQ(type->tensor_type().shape().dim(2).dim_value(), 15);
 }
 
 }  // namespace
