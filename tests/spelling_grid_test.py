@@ -31,7 +31,7 @@ def fused_as(report):
     ops = report["transformer"].get("fused_ops", {})
     kinds = [op for op in ("Attention", "MultiHeadAttention", "GroupQueryAttention") if op in ops]
     words = ["+".join(kinds) or "-"]
-    if "RotaryEmbedding" in ops:
+    if any(p["name"] == "fuse_rotary_embedding" and int(p.get("rewrites", "0")) > 0 for p in report["passes"]):
         words.append("RoPE")
     given = sum(int(p.get("counters", {}).get("fused_over_given_heads", "0")) for p in report["passes"])
     if given:
