@@ -238,16 +238,7 @@ std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::strin
     table = slice->input(0);
   }
   const onnx::TensorProto* tensor = ConstantTensor(graph, table);
-  if (tensor == nullptr || tensor->dims_size() != 2 || tensor->dims(1) % 2 != 0) return std::nullopt;
-  const std::optional<std::vector<float>> values = TensorFloats(*tensor);
-  const int64_t rows = tensor->dims(0), width = tensor->dims(1), half = width / 2;
-  if (!values || static_cast<int64_t>(values->size()) != rows * width) return std::nullopt;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = values->data() + r * width;
-    for (int64_t i = 0; i < half; ++i) {
-      if (row[i] != row[i + half]) return std::nullopt;
-    }
-  }
+  if (tensor == nullptr || tensor->dims_size() != 2 || !HalvesRepeat(*tensor)) return std::nullopt;
   return StoredTable{tensor, gather->input(1)};
 }
 
