@@ -84,6 +84,7 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeFuseReshapeChainsPass()));
     must(built->Register(MakeFuseMatMulAddIntoGemmPass()));
     must(built->Register(MakeFuseConvAddMulPass()));
+    must(built->Register(MakeFuseHardSwishPass()));
     must(built->Register(MakeConvertOpsetPass()));
     must(built->Register(MakeUpstreamSlicePass()));
     must(built->Register(MakeFuseTransposeIntoGemmPass()));
@@ -115,7 +116,7 @@ const PassRegistry& DefaultPassRegistry() {
         "eliminate_identity",         "eliminate_dropout",       "eliminate_noop_ops",
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
-    std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul",
+    std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul", "fuse_hard_swish",
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "fold_relative_position_buckets",
                                          "upstream_slice"};
@@ -136,7 +137,7 @@ const PassRegistry& DefaultPassRegistry() {
                       "initializers, dead nodes",
                       {{cleanups, true}}}));
     must(built->AddPreset({"extended",
-                      "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, MatMul+Add into Gemm, Transposes into Gemm, Transpose "
+                      "basic plus fusions: Conv+BatchNormalization, Conv+Add/Mul, hard-swish into HardSigmoid, MatMul+Add into Gemm, Transposes into Gemm, Transpose "
                       "and Reshape/Squeeze/Unsqueeze chains, Range+Gather into Slice, relative position buckets into a table, slices "
                       "moved upstream; initializers listed as inputs "
                       "become constants (they can no longer be fed)",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "optimizer/graph.h"
 
 namespace onnxopt {
@@ -408,6 +409,12 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
         if (static_cast<int>(i) != infer_at) ok &= others.Multiply(result[i]);
       }
       if (ok) result[static_cast<size_t>(infer_at)] = Divide(total, others);
+    }
+    if (infer_at >= 0 && !result[static_cast<size_t>(infer_at)].known()) {
+      // The dim -1 leaves is one size wherever this output goes (a flattening Reshape after
+      // convolutions whose sizes onnx cannot work out): a name of its own lets "same dim" checks
+      // downstream (residuals, head splits by Shape of it) see that.
+      result[static_cast<size_t>(infer_at)] = Dim::Param(absl::StrCat(out, ":", infer_at));
     }
     improved += Improve(types, out, result, ElementType(*types, node.input(0)));
   } else if (op == "Slice" && node.input_size() >= 3) {

@@ -52,15 +52,33 @@ InitializerMap Initializers(const onnx::GraphProto& graph) {
   return initializers;
 }
 
-// True if a MatMul is found walking up from `value` through at most `depth` single-path nodes
-// (scale, mask, causal Where): the Softmax is attention's.
-bool ReachesMatMul(const ProducerMap& producers, const std::string& value, int depth) {
+// True if `value` is a stored weight: an initializer or a Constant, maybe cast, transposed or
+// dequantized on the way.
+bool IsWeight(const ProducerMap& producers, const InitializerMap& initializers, const std::string& value,
+              int depth = 3) {
+  if (initializers.count(value) > 0) return true;
+  auto it = producers.find(value);
+  if (it == producers.end() || depth == 0) return false;
+  const onnx::NodeProto& node = *it->second;
+  if (node.op_type() == "Constant") return true;
+  if (node.op_type() != "Cast" && node.op_type() != "Transpose" && node.op_type() != "DequantizeLinear") return false;
+  return node.input_size() >= 1 && IsWeight(producers, initializers, node.input(0), depth - 1);
+}
+
+// True if a MatMul of two activations (Q times K^T) is found walking up from `value` through at most
+// `depth` nodes (scale, mask, causal Where): the Softmax is attention's. A MatMul with a weight is a
+// classifier head's (a recognizer's per-position character scores).
+bool ReachesScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers, const std::string& value,
+                         int depth) {
   auto it = producers.find(value);
   if (it == producers.end() || depth < 0) return false;
   const onnx::NodeProto& node = *it->second;
-  if (node.op_type() == "MatMul") return true;
+  if (node.op_type() == "MatMul") {
+    return node.input_size() == 2 && !IsWeight(producers, initializers, node.input(0)) &&
+           !IsWeight(producers, initializers, node.input(1));
+  }
   for (const auto& input : node.input()) {
-    if (ReachesMatMul(producers, input, depth - 1)) return true;
+    if (ReachesScoresMatMul(producers, initializers, input, depth - 1)) return true;
   }
   return false;
 }
@@ -260,7 +278,7 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
       ++found.layers;
       found.causal |= GetAttributeInt(node, "unidirectional", 0) != 0;
       if (first_softmax < 0) first_softmax = i;
-    } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesMatMul(producers, node.input(0), 4)) {
+    } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesScoresMatMul(producers, initializers, node.input(0), 4)) {
       ++found.layers;
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {

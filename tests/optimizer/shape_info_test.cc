@@ -17,6 +17,7 @@ using testing::MakeModel;
 using testing::MakeNode;
 using testing::WithGraphAttribute;
 using testing::WithIntAttribute;
+using testing::WithIntsAttribute;
 
 // onnx 1.12 crashes the process when it propagates data through Shape-15 from a value whose
 // producer it has no schema for and whose type is undeclared (GPT-2 exports at opset 17 after
@@ -344,6 +345,34 @@ TEST(ShapeInfoTest, TracksAShapeSlicedByAttributesAtOpsetNine) {
   EXPECT_EQ(type->tensor_type().shape().dim(0).dim_param(), "batch");
   EXPECT_EQ(type->tensor_type().shape().dim(1).dim_value(), 8);
   EXPECT_EQ(type->tensor_type().shape().dim(2).dim_value(), 15);
+}
+
+// PP-OCRv4's recognizer flattens convolution features whose sizes onnx cannot work out ([B, C, ?, ?]
+// to [B, C, -1]): the dim -1 leaves gets a name, so the sequence that follows is one dim everywhere
+// (a residual Add's operands, Shape reads of either).
+TEST(ShapeInfoTest, AFlatteningReshapeOfUnknownDimsNamesTheDimItLeaves) {
+  onnx::GraphProto graph;
+  onnx::ValueInfoProto x = FloatValue("x", {2, 8, 3, 5});
+  auto* dims = x.mutable_type()->mutable_tensor_type()->mutable_shape();
+  dims->mutable_dim(0)->set_dim_param("batch");
+  dims->mutable_dim(2)->clear_dim_value();
+  dims->mutable_dim(3)->clear_dim_value();
+  *graph.add_input() = x;
+  *graph.add_initializer() = MakeInt64Tensor("target", {0, 8, -1});
+  *graph.add_node() = MakeNode("Reshape", {"x", "target"}, {"flat"});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"flat"}, {"sequence"}), "perm", {0, 2, 1});
+  *graph.add_node() = MakeNode("Relu", {"sequence"}, {"branch"});
+  *graph.add_node() = MakeNode("Add", {"sequence", "branch"}, {"y"});
+  onnx::ValueInfoProto y = FloatValue("y", {});
+  y.mutable_type()->mutable_tensor_type()->clear_shape();
+  *graph.add_output() = y;
+  ShapeInfo info = ShapeInfo::Infer(MakeModel(graph, 13));
+  const auto* named = info.Dim("flat", 2);
+  ASSERT_NE(named, nullptr);
+  EXPECT_FALSE(named->dim_param().empty());
+  EXPECT_TRUE(info.SameDim("sequence", 1, "flat", 2));
+  EXPECT_TRUE(info.SameShape("y", "sequence"));
+  EXPECT_TRUE(info.SameDim("y", 0, "x", 0));
 }
 
 }  // namespace
