@@ -89,11 +89,15 @@ std::vector<float> RunOn(const onnx::ModelProto& model, const std::string& fixtu
 // PaddleOCR's det_db_thresh: a pixel of the detector's probability map above it is text.
 constexpr float kTextThreshold = 0.3f;
 
-float MaxAbsDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return worst;
+// The validator's default tolerance: |a - b| <= 1e-4 + 1e-3 * |a|. The detector's map is sensitive to
+// rounding: Conv+BatchNormalization folding alone moves it by 8.6e-5 on the rendered page.
+void ExpectClose(const std::vector<float>& expected, const std::vector<float>& got) {
+  ASSERT_EQ(expected.size(), got.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    mismatches += std::fabs(expected[i] - got[i]) > 1e-4f + 1e-3f * std::fabs(expected[i]);
+  }
+  EXPECT_EQ(mismatches, 0u) << "of " << expected.size();
 }
 
 // PaddleOCR's CTC greedy decoding: the best class per position, repeats merged, blanks (0) dropped;
@@ -135,7 +139,7 @@ TEST(PpOcrTest, TheRecognizersAttentionBlocksFuseAndItReadsTheLinesAsBefore) {
   const std::vector<float> expected = RunOn(run.original, "rec", &shape);
   const std::vector<float> got = RunOn(run.model, "rec", &optimized_shape);
   ASSERT_EQ(shape, optimized_shape);
-  EXPECT_LT(MaxAbsDifference(expected, got), 1e-4);
+  ExpectClose(expected, got);
   const std::vector<std::string> dictionary = ReadLines(kModels / "ppocr_keys_v1.txt");
   const std::vector<std::string> labels = ReadLines(kFixtures / "rec/labels.txt");
   EXPECT_EQ(DecodeLines(expected, shape, dictionary), labels) << "the original reads the rendered lines";
@@ -152,7 +156,7 @@ TEST(PpOcrTest, TheDetectorFusesItsHardSwishesAndFindsTheLinesWhereTheyWereDrawn
   const std::vector<float> got = RunOn(run.model, "det", &optimized_shape);
   ASSERT_EQ(shape, optimized_shape);
   ASSERT_EQ(shape.size(), 4u);
-  EXPECT_LT(MaxAbsDifference(expected, got), 1e-4);
+  ExpectClose(expected, got);
   // The text probability map, binarized as PaddleOCR's DB postprocessing does: text over much of each
   // drawn line (DB marks a line's shrunk core), next to none away from all of them.
   const int64_t height = shape[2], width = shape[3];
@@ -188,7 +192,7 @@ TEST(PpOcrTest, TheDirectionClassifierFusesItsHardSwishesAndTellsTurnedLines) {
   const std::vector<float> expected = RunOn(run.original, "cls", &shape);
   const std::vector<float> got = RunOn(run.model, "cls", &optimized_shape);
   ASSERT_EQ(shape, optimized_shape);
-  EXPECT_LT(MaxAbsDifference(expected, got), 1e-4);
+  ExpectClose(expected, got);
   const std::vector<std::string> labels = ReadLines(kFixtures / "cls/labels.txt");
   ASSERT_EQ(shape, (std::vector<int64_t>{static_cast<int64_t>(labels.size()), 2}));
   for (size_t row = 0; row < labels.size(); ++row) {
