@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "onnx/onnx_pb.h"
@@ -30,6 +31,9 @@ struct AttentionGraphOptions {
                                 // (transformers before 4.38: cos_cached[:S][position_ids])
   bool negate_by_mul = false;   // with rotary: rotate_half negates by Mul(x, -1) instead of Neg, a spelling
                                 // the rotary matchers do not know (the attention core still fuses)
+  bool interleaved = false;     // with rotary: GPT-J's rotate_every_two, tables with each value twice in a row
+                                // (duplicate_interleave as torch.stack((t, t), -1) merged)
+  bool table_inputs = false;    // with rotary: cos/sin fed as inputs [1,S,D]: nothing proves their form
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -150,13 +154,27 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
       *graph.add_node() = MakeNode("Slice", {"sin_cached", "rows_start", "rows_end", "rows_axis"}, {"sin_rows"});
       *graph.add_node() = MakeNode("Gather", {"cos_rows", "position_ids"}, {"cos"});
       *graph.add_node() = MakeNode("Gather", {"sin_rows", "position_ids"}, {"sin"});
+    } else if (options.table_inputs) {
+      *graph.add_input() = FloatValue("cos", {1, s, r});
+      *graph.add_input() = FloatValue("sin", {1, s, r});
     } else {
       *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"position_ids"}, {"positions"}), "to", onnx::TensorProto::FLOAT);
       *graph.add_node() = MakeNode("Unsqueeze", {"positions", "minus_one_axis"}, {"positions_3d"});
       *graph.add_node() = MakeNode("Mul", {"positions_3d", "inv_freq"}, {"freqs"});
-      *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"freqs", "freqs"}, {"emb"}), "axis", -1);
-      *graph.add_node() = MakeNode("Cos", {"emb"}, {"cos"});
-      *graph.add_node() = MakeNode("Sin", {"emb"}, {"sin"});
+      if (options.interleaved) {
+        // duplicate_interleave: [1,S,r/2] -> [1,S,r/2,2] -> [1,S,r], each value twice in a row.
+        *graph.add_initializer() = MakeInt64Tensor("table_shape", {1, s, r});
+        for (const auto& [op, t] : {std::pair<std::string, std::string>{"Cos", "cos"}, {"Sin", "sin"}}) {
+          *graph.add_node() = MakeNode(op, {"freqs"}, {t + "_half"});
+          *graph.add_node() = MakeNode("Unsqueeze", {t + "_half", "minus_one_axis"}, {t + "_pair"});
+          *graph.add_node() = WithIntAttribute(MakeNode("Concat", {t + "_pair", t + "_pair"}, {t + "_pairs"}), "axis", -1);
+          *graph.add_node() = MakeNode("Reshape", {t + "_pairs", "table_shape"}, {t});
+        }
+      } else {
+        *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"freqs", "freqs"}, {"emb"}), "axis", -1);
+        *graph.add_node() = MakeNode("Cos", {"emb"}, {"cos"});
+        *graph.add_node() = MakeNode("Sin", {"emb"}, {"sin"});
+      }
     }
     *graph.add_initializer() = MakeInt64Tensor("one_axis", {1});
     *graph.add_node() = MakeNode("Unsqueeze", {"cos", "one_axis"}, {"cos_u"});
@@ -167,6 +185,26 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     *graph.add_initializer() = MakeInt64Tensor("end", {std::numeric_limits<int64_t>::max()});
     *graph.add_initializer() = MakeInt64Tensor("last", {-1});
     auto rope_all = [&](const std::string& x) {
+      if (options.interleaved) {
+        // rotate_every_two: Reshape(Concat(Unsqueeze(-x[..., 1::2]), Unsqueeze(x[..., ::2]), -1), x's shape).
+        if (!HasInitializer(graph, "two")) {
+          *graph.add_initializer() = MakeInt64Tensor("two", {2});
+          *graph.add_initializer() = MakeInt64Tensor("one", {1});
+          *graph.add_initializer() = MakeInt64Tensor("pairs_merged", {0, 0, 0, -1});
+        }
+        *graph.add_node() = MakeNode("Slice", {x, "zero", "end", "last", "two"}, {x + "_even"});
+        *graph.add_node() = MakeNode("Slice", {x, "one", "end", "last", "two"}, {x + "_odd"});
+        *graph.add_node() = MakeNode("Neg", {x + "_odd"}, {x + "_neg"});
+        *graph.add_node() = MakeNode("Unsqueeze", {x + "_neg", "minus_one_axis"}, {x + "_neg_pair"});
+        *graph.add_node() = MakeNode("Unsqueeze", {x + "_even", "minus_one_axis"}, {x + "_even_pair"});
+        *graph.add_node() =
+            WithIntAttribute(MakeNode("Concat", {x + "_neg_pair", x + "_even_pair"}, {x + "_pairs"}), "axis", -1);
+        *graph.add_node() = MakeNode("Reshape", {x + "_pairs", "pairs_merged"}, {x + "_rot"});
+        *graph.add_node() = MakeNode("Mul", {x, "cos_u"}, {x + "_cos"});
+        *graph.add_node() = MakeNode("Mul", {x + "_rot", "sin_u"}, {x + "_sin"});
+        *graph.add_node() = MakeNode("Add", {x + "_cos", x + "_sin"}, {x + "_roped"});
+        return x + "_roped";
+      }
       *graph.add_node() = MakeNode("Slice", {x, "zero", "half", "last"}, {x + "_x1"});
       *graph.add_node() = MakeNode("Slice", {x, "half", "end", "last"}, {x + "_x2"});
       if (options.negate_by_mul) {

@@ -44,15 +44,28 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
   const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
   const std::string end = AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()});
   const std::string flat = AddInt64Initializer(graph, "heads_flat", {0, 0, -1});
+  // rotate_half(x) = Concat(-x[..., h:], x[..., :h]); interleaved, rotate_every_two(x) =
+  // Reshape(Concat(Unsqueeze(-x[..., 1::2], -1), Unsqueeze(x[..., ::2], -1), -1), Shape(x)).
+  auto rotate_part = [&](const std::string& x, const std::string& hint) {
+    if (!rotation.interleaved) {
+      const std::string low = chain->Add("Slice", {x, zero, half, last}, hint + "_low");
+      const std::string high = chain->Add("Slice", {x, half, end, last}, hint + "_high");
+      const std::string negated = chain->Add("Neg", {high}, hint + "_neg");
+      return chain->Add("Concat", {negated, low}, hint + "_rotate_half", {MakeIntAttribute("axis", -1)});
+    }
+    const std::string one = AddInt64Initializer(graph, "rotary_one", {1});
+    const std::string two = AddInt64Initializer(graph, "rotary_every_other", {2});
+    const std::string even = chain->Add("Slice", {x, zero, end, last, two}, hint + "_even");
+    const std::string odd = chain->Add("Slice", {x, one, end, last, two}, hint + "_odd");
+    const std::string negated = chain->Add("Unsqueeze", {chain->Add("Neg", {odd}, hint + "_neg"), last}, hint + "_neg_pair");
+    const std::string pairs = chain->Add("Concat", {negated, chain->Add("Unsqueeze", {even, last}, hint + "_even_pair")},
+                                         hint + "_pairs", {MakeIntAttribute("axis", -1)});
+    return chain->Add("Reshape", {pairs, chain->Add("Shape", {x}, hint + "_shape")}, hint + "_rotate_every_two");
+  };
   auto rotate = [&](const Projection& p, const std::string& hint) {
     const std::string x = p.SplitHeads();
-    const std::string low = chain->Add("Slice", {x, zero, half, last}, hint + "_low");
-    const std::string high = chain->Add("Slice", {x, half, end, last}, hint + "_high");
-    const std::string negated = chain->Add("Neg", {high}, hint + "_neg");
-    const std::string rotated_half =
-        chain->Add("Concat", {negated, low}, hint + "_rotate_half", {MakeIntAttribute("axis", -1)});
     const std::string with_cos = chain->Add("Mul", {x, cos}, hint + "_cos");
-    const std::string with_sin = chain->Add("Mul", {rotated_half, sin}, hint + "_sin");
+    const std::string with_sin = chain->Add("Mul", {rotate_part(x, hint), sin}, hint + "_sin");
     const std::string rotated = chain->Add("Add", {with_cos, with_sin}, hint + "_rotated");
     return chain->Add("Reshape", {rotated, flat}, hint + "_flat");
   };
@@ -99,6 +112,7 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
     std::vector<onnx::AttributeProto> attributes = {MakeIntAttribute("num_heads", heads)};
     // Partial rotation: the kernel rotates the first rotary_embedding_dim of each head, copies the rest.
     if (!q.Whole(match.head_size)) attributes.push_back(MakeIntAttribute("rotary_embedding_dim", q.rotary_dim));
+    if (q.interleaved) attributes.push_back(MakeIntAttribute("interleaved", 1));
     return chain->Add("RotaryEmbedding", {x, q.position_ids, q.cos_cache, q.sin_cache}, hint, std::move(attributes),
                       "com.microsoft");
   };

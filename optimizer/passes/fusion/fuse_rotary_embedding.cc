@@ -6,6 +6,9 @@
 //          op(Concat(f, f)) [* scale] from the positions' frequencies f (Hugging Face's rotary classes)
 // After:   y = RotaryEmbedding(x, position_ids, cos_cache, sin_cache)   (4-D input, not interleaved)
 //          cos_cache = Reshape(Slice(cos, 0, h, axis -1), [-1, h]): the first halves as rows [B'*S, h];
+// Interleaved (GPT-J): y = x * cos + rotate_every_two(x) * sin with tables that repeat each value twice
+//          in a row (duplicate_interleave) -> RotaryEmbedding(..., interleaved=1), the caches the tables'
+//          even elements, Slice(cos, 0, end, axis -1, step 2), as rows.
 //          position_ids = 0 (an offset) where B' is known to be 1, else the row of (b, s): b*S + s
 //          Tables stored in the model (cos_cached[:S][position_ids], transformers before 4.38): the
 //          first halves of the stored table as the caches, position_ids the Gather's ids.
@@ -41,8 +44,8 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
   absl::string_view name() const override { return "fuse_rotary_embedding"; }
   ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
-    return "Fuse rotary position embeddings (x * cos + rotate_half(x) * sin on attention heads) into ONNX "
-           "Runtime's RotaryEmbedding";
+    return "Fuse rotary position embeddings (x * cos + rotate_half(x) * sin on attention heads, or interleaved "
+           "rotate_every_two) into ONNX Runtime's RotaryEmbedding";
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
@@ -63,10 +66,20 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
         context.Skip("fuse_rotary_embedding: the rotated heads are not known to be [B,N,S,D] with D twice the half");
         continue;
       }
+      if (rotation->interleaved) {
+        if (!IsDuplicatedPairTable(graph, shapes, rotation->cos) || !IsDuplicatedPairTable(graph, shapes, rotation->sin)) {
+          context.Skip("fuse_rotary_embedding: the cos/sin tables of an interleaved rotation do not repeat each value "
+                       "twice in a row (left element-wise)");
+          continue;
+        }
+      }
       const std::optional<StoredTables> stored =
-          ReadableStoredTables(*rotation, shapes, stored_table(rotation->cos), stored_table(rotation->sin));
-      if (!stored && (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
-                      !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin"))) {
+          rotation->interleaved
+              ? std::nullopt
+              : ReadableStoredTables(*rotation, shapes, stored_table(rotation->cos), stored_table(rotation->sin));
+      if (!rotation->interleaved && !stored &&
+          (!IsDuplicatedHalfTable(graph, shapes, rotation->cos, "Cos") ||
+           !IsDuplicatedHalfTable(graph, shapes, rotation->sin, "Sin"))) {
         context.Skip("fuse_rotary_embedding: the cos/sin tables are not duplicated halves (left element-wise)");
         continue;
       }
@@ -78,10 +91,11 @@ class FuseRotaryEmbeddingPass final : public ShapedPass {
       for (Node* node : rotation->nodes) graph.RemoveNode(node);
       const Node* at = add;
       const RotaryInputs& inputs = RotaryInputsFor(graph, shapes, *rotation, stored, &caches, &at);
-      graph.AddNode(MakeNode("RotaryEmbedding", graph.UniqueName("RotaryEmbedding"),
-                             {rotation->heads, inputs.position_ids, inputs.cos_cache, inputs.sin_cache}, {output},
-                             "com.microsoft"),
-                    at, /*after=*/true);
+      onnx::NodeProto fused = MakeNode("RotaryEmbedding", graph.UniqueName("RotaryEmbedding"),
+                                       {rotation->heads, inputs.position_ids, inputs.cos_cache, inputs.sin_cache},
+                                       {output}, "com.microsoft");
+      if (rotation->interleaved) *fused.add_attribute() = MakeIntAttribute("interleaved", 1);
+      graph.AddNode(std::move(fused), at, /*after=*/true);
       context.RequireOpset("com.microsoft", 1);
       context.CountRewrite();
     }

@@ -1,6 +1,7 @@
 #include "optimizer/passes/fusion/rotary.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
@@ -26,8 +27,16 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Graph& graph, con
   return std::make_pair((*spec->starts)[0], (*spec->ends)[0]);
 }
 
-// rotate_half(x) = Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)) on the last axis: x and h.
-std::optional<std::pair<std::string, int64_t>> RotatedHalf(const Graph& graph, const std::string& value) {
+// The rotated operand of a rotation's sin term: x, half of D, the nodes that rotate, and which rotation.
+struct RotatedPart {
+  std::string x;
+  int64_t half = 0;
+  std::vector<Node*> nodes;
+  bool interleaved = false;
+};
+
+// rotate_half(x) = Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)) on the last axis.
+std::optional<RotatedPart> RotatedHalf(const Graph& graph, const std::string& value) {
   Node* concat = ProducerWithOp(graph, value, "Concat");
   if (concat == nullptr || concat->input_size() != 2) return std::nullopt;
   const int64_t axis = concat->GetAttributeInt("axis", 0);
@@ -41,7 +50,56 @@ std::optional<std::pair<std::string, int64_t>> RotatedHalf(const Graph& graph, c
       high_range->second < 2 * low_range->second) {
     return std::nullopt;
   }
-  return std::make_pair(low->input(0), low_range->second);
+  return RotatedPart{low->input(0), low_range->second, {concat, neg, low, high}, false};
+}
+
+// The input of Unsqueeze(value) on a new last axis of a rank-4 input (axes [-1] or [4]).
+std::optional<std::string> UnsqueezedLast(const Graph& graph, const std::string& value) {
+  Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze");
+  if (unsqueeze == nullptr) return std::nullopt;
+  std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *unsqueeze);
+  if (!axes || (*axes != std::vector<int64_t>{-1} && *axes != std::vector<int64_t>{4})) return std::nullopt;
+  return unsqueeze->input(0);
+}
+
+// Slice(x, [start], [end >= width], [last axis of 4], [2]): its start (0: the even elements, 1: the odd).
+std::optional<int64_t> EveryOtherOnLastAxis(const Graph& graph, const Node* slice, int64_t width) {
+  if (slice == nullptr || slice->input_size() < 5) return std::nullopt;
+  const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
+  if (!spec || !spec->starts || !spec->ends || spec->axes.size() != 1 || spec->steps.size() != 1 ||
+      spec->steps[0] != 2 || (spec->axes[0] != -1 && spec->axes[0] != 3) || (*spec->ends)[0] < width) {
+    return std::nullopt;
+  }
+  return (*spec->starts)[0];
+}
+
+// rotate_every_two(x) = Reshape(Concat(Unsqueeze(-x[..., 1::2], -1), Unsqueeze(x[..., ::2], -1), -1)) back to
+// x's shape [B,N,S,D] (GPT-J's torch.stack((-x2, x1), dim=-1).flatten(-2)).
+std::optional<RotatedPart> RotatedEveryTwo(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  Node* reshape = ProducerWithOp(graph, value, "Reshape");
+  Node* concat = reshape != nullptr ? ProducerWithOp(graph, reshape->input(0), "Concat") : nullptr;
+  if (concat == nullptr || concat->input_size() != 2) return std::nullopt;
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  const std::optional<std::string> negated = UnsqueezedLast(graph, concat->input(0));
+  const std::optional<std::string> even = UnsqueezedLast(graph, concat->input(1));
+  Node* neg = negated ? ProducerWithOp(graph, *negated, "Neg") : nullptr;
+  Node* odd_slice = neg != nullptr ? ProducerWithOp(graph, neg->input(0), "Slice") : nullptr;
+  Node* even_slice = even ? ProducerWithOp(graph, *even, "Slice") : nullptr;
+  if ((axis != -1 && axis != 4) || odd_slice == nullptr || even_slice == nullptr ||
+      odd_slice->input(0) != even_slice->input(0)) {
+    return std::nullopt;
+  }
+  const std::string& x = odd_slice->input(0);
+  const std::optional<int64_t> width = shapes.DimValue(x, 3);
+  if (shapes.Rank(x) != 4 || !width || *width % 2 != 0 || EveryOtherOnLastAxis(graph, odd_slice, *width) != 1 ||
+      EveryOtherOnLastAxis(graph, even_slice, *width) != 0 || !shapes.SameShape(value, x)) {
+    return std::nullopt;
+  }
+  return RotatedPart{x,
+                     *width / 2,
+                     {reshape, concat, graph.Producer(concat->input(0)), graph.Producer(concat->input(1)), neg,
+                      odd_slice, even_slice},
+                     true};
 }
 
 // The table a rotation multiplies the heads [B,N,S,D] by, and its rank: Unsqueeze(t [B',S,D], [1]) is
@@ -58,39 +116,41 @@ std::optional<std::pair<std::string, int>> TableOnHeads(const Graph& graph, cons
 
 std::optional<Rotation> MatchElementWise(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   Rotation rotation;
-  // Add(x * cos, rotate_half(x) * sin): the sin term is the Mul that reads a rotated half.
+  // Add(x * cos, rotate(x) * sin): the sin term is the Mul that reads a rotated x.
   std::optional<PathMatch> path = MatchPath(
       graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}}, [&](const PathMatch& found) {
-        const auto rotated = RotatedHalf(graph, found.end);
+        std::optional<RotatedPart> rotated = RotatedHalf(graph, found.end);
+        if (!rotated) rotated = RotatedEveryTwo(graph, shapes, found.end);
         if (!rotated) return false;
         Node* with_cos = ProducerWithOp(graph, found.Other(0), "Mul");
         if (with_cos == nullptr) return false;
         const std::optional<int> heads = FindOperand(*with_cos, [&](const std::string& operand) {
-          return operand == rotated->first;
+          return operand == rotated->x;
         });
         if (!heads) return false;
         auto cos = TableOnHeads(graph, shapes, OtherInput(*with_cos, *heads));
         auto sin = TableOnHeads(graph, shapes, found.Other(1));
         if (!cos || !sin || cos->second != sin->second) return false;
-        Node* concat = graph.Producer(found.end);
-        Node* neg = graph.Producer(concat->input(0));
-        rotation.heads = rotated->first;
-        rotation.half = rotated->second;
+        rotation.heads = rotated->x;
+        rotation.half = rotated->half;
+        rotation.interleaved = rotated->interleaved;
         rotation.cos = cos->first;
         rotation.sin = sin->first;
         rotation.table_rank = cos->second;
-        rotation.nodes = {found.nodes[0], found.nodes[1], with_cos, concat, neg, graph.Producer(concat->input(1)),
-                          graph.Producer(neg->input(0))};
+        rotation.nodes = {found.nodes[0], found.nodes[1], with_cos};
+        rotation.nodes.insert(rotation.nodes.end(), rotated->nodes.begin(), rotated->nodes.end());
         return true;
       });
   if (!path) return std::nullopt;
   return rotation;
 }
 
-// An Add with a Mul operand that reads a Concat of a Neg: what a rotate-half rotation looks like
-// before its details are checked.
+// An Add with a Mul operand that reads a Concat of a Neg (or a Reshape of a Concat of an Unsqueezed Neg):
+// what a rotation looks like before its details are checked.
 bool LooksRotated(const Graph& graph, const std::string& value) {
-  return MatchPath(graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}, {"Concat"}, {"Neg"}}).has_value();
+  return MatchPath(graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}, {"Concat"}, {"Neg"}}).has_value() ||
+         MatchPath(graph, value, {{"Add", kAnyInput}, {"Mul", kAnyInput}, {"Reshape"}, {"Concat"}, {"Unsqueeze"}, {"Neg"}})
+             .has_value();
 }
 
 }  // namespace
@@ -134,12 +194,13 @@ namespace {
 MatchResult<Rotation> MatchWholeRotation(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
   Node* fused = graph.Producer(value);
   if (fused != nullptr && fused->op_type() == "RotaryEmbedding" && fused->domain() == "com.microsoft") {
-    if (fused->input_size() != 4 || fused->GetAttributeInt("interleaved", 0) != 0 ||
-        fused->GetAttributeInt("rotary_embedding_dim", 0) != 0 || fused->GetAttributeInt("num_heads", 0) != 0 ||
-        fused->GetAttributeInt("is_packed_batching", 0) != 0 || fused->FindAttribute("scale") != nullptr) {
-      return Fail("a RotaryEmbedding in a form not taken here (interleaved, partial or scaled)");
+    if (fused->input_size() != 4 || fused->GetAttributeInt("rotary_embedding_dim", 0) != 0 ||
+        fused->GetAttributeInt("num_heads", 0) != 0 || fused->GetAttributeInt("is_packed_batching", 0) != 0 ||
+        fused->FindAttribute("scale") != nullptr) {
+      return Fail("a RotaryEmbedding in a form not taken here (partial, packed or scaled)");
     }
     Rotation rotation;
+    rotation.interleaved = fused->GetAttributeInt("interleaved", 0) != 0;
     rotation.nodes = {fused};
     rotation.fused = fused;
     rotation.heads = fused->input(0);
@@ -197,9 +258,9 @@ bool HalvesRepeat(const onnx::TensorProto& tensor) {
   return true;
 }
 
-}  // namespace
-
-bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op) {
+// What `table` is made of behind Casts to float, scalar scales and nodes that keep its last axis whole:
+// they change no row's pattern along the last axis.
+std::string BehindRowKeepers(const Graph& graph, const ShapeInfo& shapes, const std::string& table) {
   std::string value = table;
   for (int depth = 0; depth < 8; ++depth) {
     Node* node = graph.Producer(value);
@@ -214,6 +275,49 @@ bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const st
       break;
     }
   }
+  return value;
+}
+
+// True if every pair (2i, 2i + 1) of the float constant's last axis holds one value twice.
+bool PairsRepeat(const onnx::TensorProto& tensor) {
+  if (tensor.dims_size() < 1 || tensor.dims(tensor.dims_size() - 1) % 2 != 0) return false;
+  const std::optional<std::vector<float>> values = TensorFloats(tensor);
+  if (!values || values->empty()) return false;
+  for (size_t i = 0; i + 1 < values->size(); i += 2) {
+    if ((*values)[i] != (*values)[i + 1]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IsDuplicatedPairTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table) {
+  const std::string value = BehindRowKeepers(graph, shapes, table);
+  if (const onnx::TensorProto* stored = ConstantTensor(graph, value)) return PairsRepeat(*stored);
+  // Reshape(Concat(Unsqueeze(t, -1), Unsqueeze(t, -1), -1)) back to t's rank: [.., h] -> [.., h, 2] -> [.., 2h].
+  Node* reshape = ProducerWithOp(graph, value, "Reshape");
+  Node* concat = reshape != nullptr ? ProducerWithOp(graph, reshape->input(0), "Concat") : nullptr;
+  if (concat == nullptr || concat->input_size() != 2 || concat->input(0) != concat->input(1)) return false;
+  Node* unsqueeze = ProducerWithOp(graph, concat->input(0), "Unsqueeze");
+  if (unsqueeze == nullptr) return false;
+  const std::string& t = unsqueeze->input(0);
+  const std::optional<int> rank = shapes.Rank(t);
+  const std::optional<std::vector<int64_t>> axes = ConstantAxes(graph, *unsqueeze);
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  if (!rank || !axes || (*axes != std::vector<int64_t>{-1} && *axes != std::vector<int64_t>{*rank}) ||
+      (axis != -1 && axis != *rank) || shapes.Rank(value) != rank) {
+    return false;
+  }
+  // The Reshape merges only the pair axis into the last: every leading dim stays, the last doubles.
+  for (int d = 0; d + 1 < *rank; ++d) {
+    if (!shapes.SameDim(value, d, t, d)) return false;
+  }
+  const std::optional<int64_t> half = shapes.DimValue(t, -1);
+  return half && shapes.DimValue(value, -1) == 2 * *half;
+}
+
+bool IsDuplicatedHalfTable(const Graph& graph, const ShapeInfo& shapes, const std::string& table, const char* op) {
+  const std::string value = BehindRowKeepers(graph, shapes, table);
   // A stored table (transformers' cos_cached buffers, sliced to the length).
   if (const onnx::TensorProto* stored = ConstantTensor(graph, value)) return HalvesRepeat(*stored);
   Node* trig = ProducerWithOp(graph, value, op);
@@ -266,7 +370,7 @@ RotaryInputs StoredInputs(Graph& graph, const StoredTables& stored) {
 const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const Rotation& rotation,
                                     const std::optional<StoredTables>& stored,
                                     std::map<std::string, RotaryInputs>* cache, const Node** at) {
-  RotaryInputs& shared = (*cache)[absl::StrCat(rotation.cos, "\n", rotation.sin)];
+  RotaryInputs& shared = (*cache)[absl::StrCat(rotation.cos, "\n", rotation.sin, rotation.interleaved ? "\ni" : "")];
   if (!shared.cos_cache.empty()) return shared;
   if (stored) {
     shared = StoredInputs(graph, *stored);
@@ -277,9 +381,16 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
   const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
   const std::string last = AddInt64Initializer(graph, "rotary_axis", {-1});
   const std::string rows_shape = AddInt64Initializer(graph, "rotary_cache_rows", {-1, rotation.half});
+  // The first halves of the rows, or their even elements for an interleaved rotation.
   auto cache_of = [&](const std::string& table, const std::string& hint) {
-    const std::string first_half = chain.Add("Slice", {table, zero, half, last}, hint + "_half");
-    return chain.Add("Reshape", {first_half, rows_shape}, hint);
+    const std::string distinct =
+        rotation.interleaved
+            ? chain.Add("Slice",
+                        {table, zero, AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()}),
+                         last, AddInt64Initializer(graph, "rotary_every_other", {2})},
+                        hint + "_even")
+            : chain.Add("Slice", {table, zero, half, last}, hint + "_half");
+    return chain.Add("Reshape", {distinct, rows_shape}, hint);
   };
   shared.cos_cache = cache_of(rotation.cos, "rotary_cos_cache");
   shared.sin_cache = cache_of(rotation.sin, "rotary_sin_cache");

@@ -110,5 +110,59 @@ TEST(FuseRotaryEmbeddingTest, TheAttentionFusionTakesTheFusedRotations) {
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
+// GPT-J's interleaved rotation (pairs (x[2i], x[2i+1]) rotate; tables repeat each value twice in a row)
+// becomes RotaryEmbedding with interleaved=1 reading the tables' even elements, alone and inside the
+// fused attention (grouped K/V and a padding mask too), and every model keeps its outputs.
+TEST(FuseRotaryEmbeddingTest, AnInterleavedRotationBecomesAnInterleavedRotaryEmbedding) {
+  AttentionGraphOptions options;
+  options.rotary = true;
+  options.interleaved = true;
+  const onnx::ModelProto original = AttentionGraph(options);
+  testing::PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "eliminate_dead_nodes"}]})",
+                                   original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model)["RotaryEmbedding"], 2) << "Q and K";
+  EXPECT_EQ(OpCounts(run.model).count("Neg"), 0u);
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+
+  options.grouped = true;
+  options.padding_mask = true;
+  const onnx::ModelProto grouped = AttentionGraph(options);
+  run = RunConfig(R"({"preset": "transformer"})", grouped);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  EXPECT_EQ(ops["GroupQueryAttention"] + ops["MultiHeadAttention"], 1);
+  EXPECT_EQ(ops["RotaryEmbedding"], 2);
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "RotaryEmbedding") continue;
+    bool interleaved = false;
+    for (const auto& attribute : node.attribute()) interleaved |= attribute.name() == "interleaved" && attribute.i() == 1;
+    EXPECT_TRUE(interleaved) << node.name();
+  }
+  ExpectSameOutputs(grouped, run.model, 1e-5, 1e-5);
+}
+
+// Interleaved tables that nothing proves to repeat their values (fed as inputs) stay element-wise:
+// the attention fusion rotates pairs itself around the operator, and the outputs stay the same.
+TEST(FuseRotaryEmbeddingTest, AnInterleavedRotationOverUnprovenTablesStaysElementWiseAroundTheAttention) {
+  AttentionGraphOptions options;
+  options.rotary = true;
+  options.interleaved = true;
+  options.table_inputs = true;
+  const onnx::ModelProto original = AttentionGraph(options);
+  testing::PassRun run = RunConfig(R"({"preset": "transformer"})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  EXPECT_EQ(ops.count("RotaryEmbedding"), 0u);
+  EXPECT_EQ(ops["MultiHeadAttention"], 1);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  for (const auto& report : run.reports) {
+    if (report.name() == "fuse_attention") {
+      EXPECT_EQ(report.counters().count("fused_over_given_heads"), 0u) << "the rotation is the fusion's own";
+    }
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
 }  // namespace
 }  // namespace onnxopt
