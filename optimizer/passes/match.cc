@@ -88,6 +88,11 @@ bool IsScalarNear(const Graph& graph, const std::string& value, double expected,
   return scalar && std::fabs(*scalar - expected) <= tolerance;
 }
 
+bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
+  return node != nullptr && node->op_type() == "Mul" && node->domain().empty() && node->input_size() == 2 &&
+         ((node->input(0) == a && node->input(1) == b) || (node->input(0) == b && node->input(1) == a));
+}
+
 std::optional<std::pair<float, std::string>> ScalarScale(const Graph& graph, const Node* node) {
   if (node == nullptr || !node->domain().empty() || node->input_size() != 2) return std::nullopt;
   if (node->op_type() == "Div") {

@@ -129,6 +129,9 @@ Node* ProducerWithOp(const Graph& graph, const std::string& value, const char* o
 // The one node reading `value`, if exactly one does and it is no graph output.
 Node* SoleConsumer(const Graph& graph, const std::string& value);
 
+// True if `node` is Mul(a, b) in the default domain, operands in either order.
+bool IsMulOf(const Node* node, const std::string& a, const std::string& b);
+
 // The input of a binary node that is not input `index`.
 inline const std::string& OtherInput(const Node& node, int index) { return node.input(1 - index); }
 

@@ -100,6 +100,23 @@ void ExpectClose(const std::vector<float>& expected, const std::vector<float>& g
   EXPECT_EQ(mismatches, 0u) << "of " << expected.size();
 }
 
+// The original's and the optimized model's outputs on the fixture's input: they must agree (no shape
+// when they do not even match in size).
+struct BothOutputs {
+  std::vector<float> expected, got;
+  std::vector<int64_t> shape;
+};
+BothOutputs RunBoth(const Optimized& run, const std::string& fixture) {
+  BothOutputs outputs;
+  std::vector<int64_t> optimized_shape;
+  outputs.expected = RunOn(run.original, fixture, &outputs.shape);
+  outputs.got = RunOn(run.model, fixture, &optimized_shape);
+  EXPECT_EQ(outputs.shape, optimized_shape);
+  if (outputs.shape != optimized_shape || outputs.expected.size() != outputs.got.size()) outputs.shape.clear();
+  ExpectClose(outputs.expected, outputs.got);
+  return outputs;
+}
+
 // PaddleOCR's CTC greedy decoding: the best class per position, repeats merged, blanks (0) dropped;
 // class i is the dictionary's line i - 1, the last class a space.
 std::vector<std::string> DecodeLines(const std::vector<float>& scores, const std::vector<int64_t>& shape,
@@ -135,11 +152,8 @@ TEST(PpOcrTest, TheRecognizersAttentionBlocksFuseAndItReadsTheLinesAsBefore) {
   EXPECT_EQ(run.ops["com.microsoft::MultiHeadAttention"], 2);
   EXPECT_EQ(run.ops["Clip"], 0) << "every hard-swish fused";
 
-  std::vector<int64_t> shape, optimized_shape;
-  const std::vector<float> expected = RunOn(run.original, "rec", &shape);
-  const std::vector<float> got = RunOn(run.model, "rec", &optimized_shape);
-  ASSERT_EQ(shape, optimized_shape);
-  ExpectClose(expected, got);
+  const auto [expected, got, shape] = RunBoth(run, "rec");
+  ASSERT_FALSE(shape.empty());
   const std::vector<std::string> dictionary = ReadLines(kModels / "ppocr_keys_v1.txt");
   const std::vector<std::string> labels = ReadLines(kFixtures / "rec/labels.txt");
   EXPECT_EQ(DecodeLines(expected, shape, dictionary), labels) << "the original reads the rendered lines";
@@ -151,12 +165,9 @@ TEST(PpOcrTest, TheDetectorFusesItsHardSwishesAndFindsTheLinesWhereTheyWereDrawn
   EXPECT_EQ(run.ops["Clip"], 0) << "every hard-swish fused";
   EXPECT_GE(run.ops["HardSigmoid"], 24 + 10);
 
-  std::vector<int64_t> shape, optimized_shape;
-  const std::vector<float> expected = RunOn(run.original, "det", &shape);
-  const std::vector<float> got = RunOn(run.model, "det", &optimized_shape);
-  ASSERT_EQ(shape, optimized_shape);
+  const auto [expected, got, shape] = RunBoth(run, "det");
+  ASSERT_FALSE(shape.empty());
   ASSERT_EQ(shape.size(), 4u);
-  ExpectClose(expected, got);
   // The text probability map, binarized as PaddleOCR's DB postprocessing does: text over much of each
   // drawn line (DB marks a line's shrunk core), next to none away from all of them.
   const int64_t height = shape[2], width = shape[3];
@@ -188,11 +199,8 @@ TEST(PpOcrTest, TheDirectionClassifierFusesItsHardSwishesAndTellsTurnedLines) {
   Optimized run = OptimizeWithDefaults("ch_ppocr_mobile_v2.0_cls_infer.onnx");
   EXPECT_EQ(run.ops["Clip"], 0) << "every hard-swish fused";
 
-  std::vector<int64_t> shape, optimized_shape;
-  const std::vector<float> expected = RunOn(run.original, "cls", &shape);
-  const std::vector<float> got = RunOn(run.model, "cls", &optimized_shape);
-  ASSERT_EQ(shape, optimized_shape);
-  ExpectClose(expected, got);
+  const auto [expected, got, shape] = RunBoth(run, "cls");
+  ASSERT_FALSE(shape.empty());
   const std::vector<std::string> labels = ReadLines(kFixtures / "cls/labels.txt");
   ASSERT_EQ(shape, (std::vector<int64_t>{static_cast<int64_t>(labels.size()), 2}));
   for (size_t row = 0; row < labels.size(); ++row) {

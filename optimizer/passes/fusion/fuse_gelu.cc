@@ -26,11 +26,6 @@ std::optional<std::string> BesideConstant(const Graph& graph, const Node* node, 
   return OperandBesideScalar(graph, node, op, expected, 1e-4 * std::fabs(expected));
 }
 
-bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
-  return node != nullptr && node->op_type() == "Mul" && node->domain().empty() && node->input_size() == 2 &&
-         ((node->input(0) == a && node->input(1) == b) || (node->input(0) == b && node->input(1) == a));
-}
-
 // What one Gelu form matched: its nodes, input and output, and the operator it becomes.
 struct GeluMatch {
   std::vector<Node*> nodes;

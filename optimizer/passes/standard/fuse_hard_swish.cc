@@ -43,11 +43,6 @@ bool ClipsToZeroAndSix(const Graph& graph, const Node& clip) {
 
 bool IsSixth(float scale) { return std::fabs(scale - 1.0 / 6.0) <= kRelative / 6.0; }
 
-bool IsMulOf(const Node* node, const std::string& a, const std::string& b) {
-  return node != nullptr && node->op_type() == "Mul" && node->domain().empty() && node->input_size() == 2 &&
-         ((node->input(0) == a && node->input(1) == b) || (node->input(0) == b && node->input(1) == a));
-}
-
 struct HardSwishMatch {
   std::vector<Node*> nodes;  // in graph order: Add, Clip, then the scale and product in theirs
   std::string x, output;
