@@ -5,12 +5,15 @@
 // fusion downstream, although the dim is 1 in every run (a [1, 1, P, D] buffer).
 //
 // Before:  y = If(cond, then_branch: {..., z = Squeeze(t, d)}, else_branch: {z' = Identity(t)})
-// After:   ...; z = Squeeze(t, d); y = Identity(z)      (cond known true; the else branch alike)
+// After:   ...; y = Squeeze(t, d)      (cond known true; the else branch alike)
+// A branch output its nodes compute is written under the If's output name; one the branch passes
+// through from outside (or an initializer) gets an Identity.
 // Checked: cond is a constant, or a value shape arithmetic tracks to one number (Equal of a static
 // dim and a constant), of one element; the branch has no sparse initializers or nested subgraphs and as
-// many outputs as the If (its initializers move to the graph). The branch's values are renamed to names unique in the graph; the Identity
-// nodes go with eliminate_identity.
+// many outputs as the If (its initializers move to the graph). The branch's values are renamed to names
+// unique in the graph.
 #include <map>
+#include <set>
 
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/match.h"
@@ -81,9 +84,24 @@ class InlineKnownBranchesPass final : public ShapedPass {
         renamed[initializer.name()] = moved.name();
         graph.AddInitializer(std::move(moved));
       }
+      std::set<std::string> produced;
       for (const auto& inner : branch->node()) {
         for (const std::string& output : inner.output()) {
-          if (!output.empty()) renamed[output] = graph.UniqueName(output);
+          if (output.empty()) continue;
+          renamed[output] = graph.UniqueName(output);
+          produced.insert(output);
+        }
+      }
+      // A branch output its own node computes (once) is written under the If's output name: an
+      // Identity in between would hide the value's producer from the fusions of the same sweep.
+      std::map<std::string, int> output_count;
+      for (const auto& output : branch->output()) ++output_count[output.name()];
+      std::vector<bool> written(static_cast<size_t>(node->output_size()), false);
+      for (int i = 0; i < node->output_size(); ++i) {
+        const std::string& value = branch->output(i).name();
+        if (produced.count(value) > 0 && output_count[value] == 1) {
+          renamed[value] = node->output(i);
+          written[static_cast<size_t>(i)] = true;
         }
       }
       auto mapped = [&](const std::string& value) {
@@ -91,19 +109,19 @@ class InlineKnownBranchesPass final : public ShapedPass {
         return it == renamed.end() ? value : it->second;
       };
       const Node* at = node;
+      graph.RemoveNode(node);
       for (onnx::NodeProto inner : branch->node()) {
         for (std::string& input : *inner.mutable_input()) input = mapped(input);
         for (std::string& output : *inner.mutable_output()) output = mapped(output);
         inner.set_name(graph.UniqueName(inner.name().empty() ? node->name() + "_branch" : inner.name()));
         at = graph.AddNode(std::move(inner), at, /*after=*/true);
       }
-      std::vector<onnx::NodeProto> results;
       for (int i = 0; i < node->output_size(); ++i) {
-        results.push_back(MakeNode("Identity", graph.UniqueName(node->name() + "_taken"),
-                                   {mapped(branch->output(i).name())}, {node->output(i)}));
+        if (written[static_cast<size_t>(i)]) continue;
+        at = graph.AddNode(MakeNode("Identity", graph.UniqueName(node->name() + "_taken"),
+                                    {mapped(branch->output(i).name())}, {node->output(i)}),
+                           at, /*after=*/true);
       }
-      graph.RemoveNode(node);
-      for (onnx::NodeProto& result : results) at = graph.AddNode(std::move(result), at, /*after=*/true);
       context.CountRewrite();
     }
     return absl::OkStatus();

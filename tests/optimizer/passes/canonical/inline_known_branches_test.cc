@@ -78,6 +78,15 @@ TEST(InlineKnownBranchesTest, AStaticDimOfOneTakesTheSqueeze) {
   EXPECT_EQ(ops.count("If"), 0u);
   EXPECT_EQ(ops["Squeeze"], 1);
   ExpectSameOutputs(original, run.model, 0, 0);
+
+  // Alone, the pass already leaves no Identity: the Squeeze writes the If's output, so the fusions of
+  // the same sweep see the value's producer.
+  PassRun alone = RunConfig(R"({"passes": [{"name": "inline_known_branches"}]})", original);
+  ASSERT_TRUE(alone.status.ok()) << alone.status;
+  EXPECT_EQ(OpCounts(alone.model).count("Identity"), 0u);
+  bool squeeze_writes_y = false;
+  for (const auto& node : alone.model.graph().node()) squeeze_writes_y |= node.op_type() == "Squeeze" && node.output(0) == "y";
+  EXPECT_TRUE(squeeze_writes_y);
 }
 
 // (ONNX Runtime refuses the original here: it infers the branch not taken too.)
