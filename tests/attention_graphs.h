@@ -34,6 +34,8 @@ struct AttentionGraphOptions {
   bool interleaved = false;     // with rotary: GPT-J's rotate_every_two, tables with each value twice in a row
                                 // (duplicate_interleave as torch.stack((t, t), -1) merged)
   bool table_inputs = false;    // with rotary: cos/sin fed as inputs [1,S,D]: nothing proves their form
+  bool wide_window = false;     // with causal_mask: And a sliding window of 4096 (Mistral's), wider than the
+                                // mask probe can check
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -261,12 +263,21 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     *graph.add_node() = MakeNode("LessOrEqual", {"key_positions", "query_positions"}, {"causal_2d"});
     *graph.add_node() = MakeNode("Unsqueeze", {"causal_2d", "batch_head_axes"}, {"causal_cond"});
     conds.push_back("causal_cond");
+    if (options.wide_window) {
+      // t > q - 4096, as transformers' sliding-window masks compare positions.
+      *graph.add_initializer() = MakeIntScalar("window", onnx::TensorProto::INT64, 4096);
+      *graph.add_node() = MakeNode("Sub", {"query_positions", "window"}, {"window_start"});
+      *graph.add_node() = MakeNode("Greater", {"key_positions", "window_start"}, {"window_2d"});
+      *graph.add_node() = MakeNode("Unsqueeze", {"window_2d", "batch_head_axes"}, {"window_cond"});
+      conds.push_back("window_cond");
+    }
   }
   if (!conds.empty()) {
     std::string cond = conds[0];
-    if (conds.size() == 2) {
-      *graph.add_node() = MakeNode("And", {conds[0], conds[1]}, {"mask_cond"});
-      cond = "mask_cond";
+    for (size_t i = 1; i < conds.size(); ++i) {
+      const std::string both = "mask_cond" + (i == 1 ? std::string() : std::to_string(i));
+      *graph.add_node() = MakeNode("And", {cond, conds[i]}, {both});
+      cond = both;
     }
     *graph.add_node() = MakeNode("Where", {cond, "zero_f", "minus_inf"}, {"mask_term"});
     *graph.add_node() = MakeNode("Add", {scores, "mask_term"}, {"masked_scores"});

@@ -80,10 +80,11 @@ const Export kExports[] = {
     // tracking at opset 20).
     {"qwen2_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
     {"qwen2_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
-    // Mistral's sliding window (4096) is past what the mask probe can check: the mask goes in as
-    // MultiHeadAttention's attention_bias (K and V repeated), exact at every length.
-    {"mistral_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
-    {"mistral_dynamo", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
+    // Mistral's sliding window (4096) is past what the mask probe can check, but the mask is an And
+    // with a conjunct the probe shows causal: GroupQueryAttention with the whole mask as its
+    // attention_bias, exact at every length.
+    {"mistral_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
+    {"mistral_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     // Phi-3's packed qkv_proj: the parts stay as Slices of the one projection.
     {"phi3_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // TorchScript writes Phi-3's rotation as partial (Concat(rotate(q[..., :r]), q[..., r:]), r the whole head here).

@@ -145,6 +145,23 @@ std::optional<std::string> BooleanMaskCondition(const Graph& graph, const std::s
   return where->input(0);
 }
 
+// True if `cond` is an And (through nested Ands) with a conjunct that probes as exactly causal: the whole
+// mask then never lets a query see a later key, at every length, whatever the other conjuncts mask (a
+// sliding window wider than can be probed: Mistral's 4096).
+bool HasCausalConjunct(const Graph& graph, const PassContext& context, const std::string& cond, FusionState* state,
+                       int depth = 0) {
+  Node* conjunction = ProducerWithOp(graph, cond, "And");
+  if (conjunction == nullptr || depth > 8) return false;
+  for (int i = 0; i < conjunction->input_size(); ++i) {
+    const std::string& conjunct = conjunction->input(i);
+    if (state->probes.Probe(graph, context, conjunct).kind == MaskMeaning::Kind::kCausal ||
+        HasCausalConjunct(graph, context, conjunct, state, depth + 1)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // A boolean mask by its probed meaning.
 MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
                                       const AttentionMatch& match, const std::string& cond, FusionState* state) {
@@ -179,7 +196,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
   if (FitsAttentionBias(shapes, match.scores.mask_term, match.softmax->input(0), match.num_heads) ||
       meaning.bias_shaped) {
     plan.bias_condition = cond;
-    plan.within_causal = meaning.within_causal;
+    plan.within_causal = meaning.within_causal || HasCausalConjunct(graph, context, cond, state);
     // -inf behind a NaN guard gives 0 on a row masked entirely; only a [B|1, 1, S, T] condition tells
     // the row for every head at once.
     if (std::isinf(fill) && !match.nan_guard.empty()) {

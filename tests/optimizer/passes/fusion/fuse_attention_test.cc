@@ -209,5 +209,25 @@ TEST(FuseAttentionTest, GroupedQueryAttentionAsEitherOperator) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Mistral's sliding window (4096) is wider than the mask probe can check, so the mask's meaning stays
+// unknown; but it is an And with a conjunct the probe shows causal, so no query ever sees a later key:
+// GroupQueryAttention takes the whole mask as its attention_bias, exactly.
+TEST(FuseAttentionTest, AWindowWiderThanTheProbeBesideACausalConjunctStillFitsGroupQueryAttention) {
+  testing::AttentionGraphOptions options;
+  options.rotary = true;
+  options.grouped = true;
+  options.causal_mask = true;
+  options.padding_mask = true;
+  options.wide_window = true;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                              "params": {"grouped_query": "group_query"}}]})",
+                          original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model)["GroupQueryAttention"], 1);
+  EXPECT_EQ(OpCounts(run.model).count("Softmax"), 0u);
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
 }  // namespace
 }  // namespace onnxopt
