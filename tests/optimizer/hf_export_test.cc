@@ -75,20 +75,20 @@ const Export kExports[] = {
     // DeiT: class and distillation tokens.
     {"deit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
     {"deit_dynamo", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
-    // Grouped-query decoders: GroupQueryAttention with K and V at their own heads, the key padding as its
-    // attention_bias (repeat_kv's sizes in the dynamo export are Concats of Shape slices, read by shape
+    // Grouped-query decoders: GroupQueryAttention with K and V at their own heads and the rotation inside
+    // it (do_rotary, no RotaryEmbedding left), the key padding as its attention_bias (repeat_kv's sizes in the dynamo export are Concats of Shape slices, read by shape
     // tracking at opset 20).
-    {"qwen2_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
-    {"qwen2_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
+    {"qwen2_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
+    {"qwen2_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
     // Mistral's sliding window (4096) is past what the mask probe can check, but the mask is an And
     // with a conjunct the probe shows causal: GroupQueryAttention with the whole mask as its
     // attention_bias, exact at every length.
-    {"mistral_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
-    {"mistral_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
+    {"mistral_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
+    {"mistral_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     // Phi-3's packed qkv_proj: the parts stay as Slices of the one projection.
-    {"phi3_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    {"phi3_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // TorchScript writes Phi-3's rotation as partial (Concat(rotate(q[..., :r]), q[..., r:]), r the whole head here).
-    {"phi3_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
+    {"phi3_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // ModernBERT: rotary in an encoder, packed Wqkv split into heads first (canonicalize_packed_head_split),
     // norms without beta; its local layers' banded mask (64 positions) goes in as attention_bias.
     {"modernbert_torchscript", {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipLayerNormalization", 4}}, "modernbert", true},
@@ -123,6 +123,9 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
   for (const auto& node : run.model.graph().node()) {
     if (node.op_type() == "GroupQueryAttention") {  // causal by itself, the padding as attention_bias
       EXPECT_TRUE(e.causal) << node.name();
+      bool rotates_inside = false;
+      for (const auto& attribute : node.attribute()) rotates_inside |= attribute.name() == "do_rotary" && attribute.i() == 1;
+      EXPECT_TRUE(rotates_inside) << "the rotation goes inside " << node.name();
       EXPECT_EQ(node.input_size() > 10 && !node.input(10).empty(), e.has_mask) << "attention_bias of " << node.name();
     }
     if (node.op_type() == "MultiHeadAttention") {  // the mask as MHA's own masking, or as a bias

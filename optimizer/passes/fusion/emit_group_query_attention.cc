@@ -2,7 +2,9 @@
 //   y = GroupQueryAttention(rope'(x Wq), rope'(x Wk), x Wv, , , seqlens_k, total_sequence_length, , , ,
 //                           attention_bias, num_heads=N, kv_num_heads=Nkv, scale)
 // K and V stay at their Nkv heads (no repeat_kv: the kernel reads each key/value head for its group of
-// N / Nkv query heads); rope' as for MultiHeadAttention. The kernel is causal and takes each row as
+// N / Nkv query heads); rope' as for MultiHeadAttention, or inside the kernel (do_rotary, the caches as
+// cos_cache/sin_cache) where its own positions 0..S-1 read the rows RotaryEmbedding read (offset 0, no
+// past): one node less per Q and K and per layer. The kernel is causal and takes each row as
 // seqlens_k[b] + 1 valid tokens from the start; here every row is taken whole (seqlens_k = S - 1,
 // total_sequence_length = S) and whatever else the original's mask masks goes in as attention_bias:
 // the key padding of a causal + padding mask as Where(mask[b, t] != 0, 0, filter) [B, 1, S, T] (made
@@ -16,6 +18,9 @@
 #include "optimizer/passes/fusion/attention_emit.h"
 
 #include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -45,6 +50,17 @@ std::string PaddingBias(Graph& graph, const std::string& raw_mask, float filter,
   return chain->Add("Expand", {row, rows}, "padding_bias");
 }
 
+// The rotation goes inside the kernel (do_rotary) where the kernel's own positions read the same cache
+// rows RotaryEmbedding reads: a whole-head rotation at offset 0 (row s for token s) and no past (the
+// kernel then counts 0..S-1), with cache rows a multiple of 8 wide (the kernel's rule).
+bool RotatesInside(const Graph& graph, const AttentionMatch& match) {
+  if (!match.q_rotation || match.q_rotation->fused == nullptr || match.cache) return false;
+  const Rotation& q = *match.q_rotation;
+  if (!q.Whole(match.head_size) || (match.head_size / 2) % 8 != 0) return false;
+  const std::optional<std::vector<int64_t>> offset = ConstantInts(graph, q.position_ids);
+  return offset && offset->size() == 1 && (*offset)[0] == 0;
+}
+
 }  // namespace
 
 bool GroupQueryAttentionFits(const AttentionMatch& match) {
@@ -56,8 +72,15 @@ bool GroupQueryAttentionFits(const AttentionMatch& match) {
 
 void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
                              PassContext& context) {
+  const bool rotates_inside = RotatesInside(graph, match);
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
-  auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
+  std::string query, key;
+  if (rotates_inside) {
+    query = ProjectedValue(graph, match.q, &chain);
+    key = ProjectedValue(graph, match.k, &chain);
+  } else {
+    std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);
+  }
   const std::string value = ProjectedValue(graph, match.v, &chain);
   const MaskPlan& mask = match.mask;
   std::string attention_bias = AttentionBias(graph, mask, state, &chain);
@@ -98,12 +121,20 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     outputs[1] = match.cache->key_concat->output(0);  // the presents, written again
     outputs[2] = match.cache->value_concat->output(0);
   }
-  if (!attention_bias.empty()) inputs.insert(inputs.end(), {"", "", "", attention_bias});  // cos, sin, position_ids
+  if (rotates_inside || !attention_bias.empty()) {
+    const Rotation& rotation = *match.q_rotation;
+    inputs.insert(inputs.end(), {rotates_inside ? rotation.cos_cache : "", rotates_inside ? rotation.sin_cache : ""});
+  }
+  if (!attention_bias.empty()) inputs.insert(inputs.end(), {"", attention_bias});  // position_ids, attention_bias
   onnx::NodeProto gqa = MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"), std::move(inputs),
                                  std::move(outputs), "com.microsoft");
   *gqa.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   *gqa.add_attribute() = MakeIntAttribute("kv_num_heads", match.num_heads / match.kv_repeat());
   *gqa.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
+  if (rotates_inside) {
+    *gqa.add_attribute() = MakeIntAttribute("do_rotary", 1);
+    *gqa.add_attribute() = MakeIntAttribute("rotary_interleaved", match.q_rotation->interleaved ? 1 : 0);
+  }
   const Node* fused = chain.AddNode(std::move(gqa));
   if (match.cache && !state->cache_noted) {
     state->cache_noted = true;
