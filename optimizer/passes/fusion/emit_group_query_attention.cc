@@ -121,9 +121,10 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     outputs[1] = match.cache->key_concat->output(0);  // the presents, written again
     outputs[2] = match.cache->value_concat->output(0);
   }
-  if (rotates_inside || !attention_bias.empty()) {
-    const Rotation& rotation = *match.q_rotation;
-    inputs.insert(inputs.end(), {rotates_inside ? rotation.cos_cache : "", rotates_inside ? rotation.sin_cache : ""});
+  if (rotates_inside) {
+    inputs.insert(inputs.end(), {match.q_rotation->cos_cache, match.q_rotation->sin_cache});
+  } else if (!attention_bias.empty()) {
+    inputs.insert(inputs.end(), {"", ""});  // no cos_cache, sin_cache
   }
   if (!attention_bias.empty()) inputs.insert(inputs.end(), {"", attention_bias});  // position_ids, attention_bias
   onnx::NodeProto gqa = MakeNode("GroupQueryAttention", graph.UniqueName("GroupQueryAttention"), std::move(inputs),
