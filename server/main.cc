@@ -288,10 +288,6 @@ int main(int argc, char** argv) {
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   if (role != "worker") server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
-    if (!written.ok()) return Fail("port_file", written);
-  }
   std::string banner = absl::StrCat(
       "onnxopt-server ", onnxopt::kOptimizerVersion, " (ONNX Runtime ", onnxopt::OrtVersion(), ") replica ", replica_id,
       ", role ", role, ", listening on port ", port, ", data in ", data_dir.string(), ", jobs in ", (*store)->Describe(),
@@ -303,6 +299,11 @@ int main(int argc, char** argv) {
   if (*metrics_port > 0) absl::StrAppend(&banner, ", metrics on port ", *metrics_port);
   if ((*auth)->enabled()) absl::StrAppend(&banner, ", bearer tokens of ", (*auth)->tokens(), " caller(s)");
   srv::Log(srv::LogLevel::kInfo, banner);
+  // The port file comes last: whoever waits for it finds the server serving and its banner logged.
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
+    if (!written.ok()) return Fail("port_file", written);
+  }
 
   int received = 0;
   while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
