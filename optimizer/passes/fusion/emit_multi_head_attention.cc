@@ -44,6 +44,8 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
   const std::string half = AddInt64Initializer(graph, "rotary_half", {rotation.half});
   const std::string end = AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()});
   const std::string flat = AddInt64Initializer(graph, "heads_flat", {0, 0, -1});
+  const std::string one = rotation.interleaved ? AddInt64Initializer(graph, "rotary_one", {1}) : "";
+  const std::string two = rotation.interleaved ? AddInt64Initializer(graph, "rotary_every_other", {2}) : "";
   // rotate_half(x) = Concat(-x[..., h:], x[..., :h]); interleaved, rotate_every_two(x) =
   // Reshape(Concat(Unsqueeze(-x[..., 1::2], -1), Unsqueeze(x[..., ::2], -1), -1), Shape(x)).
   auto rotate_part = [&](const std::string& x, const std::string& hint) {
@@ -53,8 +55,6 @@ std::pair<std::string, std::string> RotateElementWise(Graph& graph, const Attent
       const std::string negated = chain->Add("Neg", {high}, hint + "_neg");
       return chain->Add("Concat", {negated, low}, hint + "_rotate_half", {MakeIntAttribute("axis", -1)});
     }
-    const std::string one = AddInt64Initializer(graph, "rotary_one", {1});
-    const std::string two = AddInt64Initializer(graph, "rotary_every_other", {2});
     const std::string even = chain->Add("Slice", {x, zero, end, last, two}, hint + "_even");
     const std::string odd = chain->Add("Slice", {x, one, end, last, two}, hint + "_odd");
     const std::string negated = chain->Add("Unsqueeze", {chain->Add("Neg", {odd}, hint + "_neg"), last}, hint + "_neg_pair");

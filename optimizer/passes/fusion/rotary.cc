@@ -382,14 +382,15 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
   const std::string last = AddInt64Initializer(graph, "rotary_axis", {-1});
   const std::string rows_shape = AddInt64Initializer(graph, "rotary_cache_rows", {-1, rotation.half});
   // The first halves of the rows, or their even elements for an interleaved rotation.
+  std::vector<std::string> distinct_part = {zero, half, last};
+  if (rotation.interleaved) {
+    distinct_part = {zero, AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()}), last,
+                     AddInt64Initializer(graph, "rotary_every_other", {2})};
+  }
   auto cache_of = [&](const std::string& table, const std::string& hint) {
-    const std::string distinct =
-        rotation.interleaved
-            ? chain.Add("Slice",
-                        {table, zero, AddInt64Initializer(graph, "rotary_end", {std::numeric_limits<int64_t>::max()}),
-                         last, AddInt64Initializer(graph, "rotary_every_other", {2})},
-                        hint + "_even")
-            : chain.Add("Slice", {table, zero, half, last}, hint + "_half");
+    std::vector<std::string> slice = {table};
+    slice.insert(slice.end(), distinct_part.begin(), distinct_part.end());
+    const std::string distinct = chain.Add("Slice", std::move(slice), hint + (rotation.interleaved ? "_even" : "_half"));
     return chain.Add("Reshape", {distinct, rows_shape}, hint);
   };
   shared.cos_cache = cache_of(rotation.cos, "rotary_cos_cache");
