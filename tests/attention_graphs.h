@@ -21,7 +21,7 @@ struct AttentionGraphOptions {
   bool causal_buffer = false;   // Where over a sliced lower-triangular [1,1,8,8] buffer before Softmax
   bool padding_mask = false;    // an attention_mask [1, 4] input as Where(mask, 0, -inf) added to the scores
   bool scalar_k_weight = false; // K projected by a rank-0 weight, without bias (not a projection matrix)
-  bool grouped = false;         // one key/value head repeated to the two query heads (repeat_kv); with rotary
+  bool grouped = false;         // one key/value head repeated to the two query heads (repeat_kv)
   bool causal_mask = false;     // the boolean Where(t <= q, 0, -inf) masking_utils builds, from Range comparisons
   int64_t rotary_dim = 0;       // with rotary: only the first rotary_dim of each head rotated (Phi), 0: all
   bool lora = false;            // peft's unmerged LoRA branch (rank 2, scale 2) added to the Q and V projections
@@ -233,7 +233,7 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     q = rope(q);
     *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {repeat_kv(rope(k))}, {"k_t"}), "perm", {0, 1, 3, 2});
   } else {
-    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {k}, {"k_t"}), "perm", {0, 1, 3, 2});
+    *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {repeat_kv(k)}, {"k_t"}), "perm", {0, 1, 3, 2});
   }
   *graph.add_node() = MakeNode("MatMul", {q, "k_t"}, {"qk"});
   *graph.add_node() = MakeNode("Mul", {"qk", "scale"}, {"scores"});

@@ -75,8 +75,8 @@ const Export kExports[] = {
     // DeiT: class and distillation tokens.
     {"deit_torchscript", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
     {"deit_dynamo", {{"Attention", 2}, {"BiasGelu", 2}, {"SkipLayerNormalization", 5}}, "deit", false},
-    // Grouped-query decoders: GroupQueryAttention with K and V at their own heads and the rotation inside
-    // it (do_rotary, no RotaryEmbedding left), the key padding as its attention_bias (repeat_kv's sizes in the dynamo export are Concats of Shape slices, read by shape
+    // Grouped-query decoders: GroupQueryAttention with K and V at their own heads, packed with Q into one
+    // projection, and the rotation inside it (do_rotary, no RotaryEmbedding left), the key padding as its attention_bias (repeat_kv's sizes in the dynamo export are Concats of Shape slices, read by shape
     // tracking at opset 20).
     {"qwen2_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
     {"qwen2_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "qwen2", true, true},
@@ -85,7 +85,7 @@ const Export kExports[] = {
     // attention_bias, exact at every length.
     {"mistral_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
     {"mistral_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "mistral", true, true},
-    // Phi-3's packed qkv_proj: the parts stay as Slices of the one projection.
+    // Phi-3's packed qkv_proj: GroupQueryAttention reads it as it is.
     {"phi3_dynamo", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
     // TorchScript writes Phi-3's rotation as partial (Concat(rotate(q[..., :r]), q[..., r:]), r the whole head here).
     {"phi3_torchscript", {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 0}, {"SkipSimplifiedLayerNormalization", 4}}, "phi3", true, true},
@@ -126,6 +126,8 @@ TEST_P(HfExportTest, AttentionFusesAndOutputsMatchOnPaddedBatches) {
       bool rotates_inside = false;
       for (const auto& attribute : node.attribute()) rotates_inside |= attribute.name() == "do_rotary" && attribute.i() == 1;
       EXPECT_TRUE(rotates_inside) << "the rotation goes inside " << node.name();
+      // Q, K and V packed into the query: one projection (or Phi-3's own packed one) for the three.
+      EXPECT_TRUE(node.input(1).empty() && node.input(2).empty()) << "packed Q, K and V into " << node.name();
       EXPECT_EQ(node.input_size() > 10 && !node.input(10).empty(), e.has_mask) << "attention_bias of " << node.name();
     }
     if (node.op_type() == "MultiHeadAttention") {  // the mask as MHA's own masking, or as a bias

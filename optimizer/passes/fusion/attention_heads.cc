@@ -166,9 +166,11 @@ bool SameTables(const Rotation& a, const Rotation& b) {
 }
 
 // Rotated Q and K (LLaMA): K^T = Transpose(0,1,3,2) of K rotated after its head split, possibly
-// repeated to the query heads; V possibly repeated alike.
+// repeated to the query heads; V possibly repeated alike. Without match->q_rotation the same with
+// nothing rotated: K repeated to the query heads (grouped-query attention without rotary embeddings).
 MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
   const Perm plain{0, 2, 1, 3};
+  const bool rotated = match->q_rotation.has_value();
   Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
   std::string k_value = k_swap != nullptr && PermOf(k_swap) == Perm{0, 1, 3, 2} ? k_swap->input(0) : "";
   std::string v_value = match->out.matmul->input(1);
@@ -186,11 +188,15 @@ MatchResult<Matched> MatchRotatedHeads(const Graph& graph, const ShapeInfo& shap
   if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
     return cache.failure();
   }
-  if (MatchResult<Rotation> k_rotation = MatchRotation(graph, shapes, k_value)) match->k_rotation = *std::move(k_rotation);
-  if (!match->k_rotation) return Fail("rotary attention: Q is rotated, K is not (in a form recognized)");
-  if (!SameTables(*match->q_rotation, *match->k_rotation)) return Fail("rotary attention: Q and K rotate by other tables");
-  MatchResult<Projection> q = MatchProjection(graph, shapes, match->q_rotation->heads, {plain});
-  MatchResult<Projection> k = MatchProjection(graph, shapes, match->k_rotation->heads, {plain});
+  if (!rotated && !match->k_repeat) return Fail("K^T is not K's head split transposed, nor repeated to the query heads");
+  if (rotated) {
+    if (MatchResult<Rotation> k_rotation = MatchRotation(graph, shapes, k_value)) match->k_rotation = *std::move(k_rotation);
+    if (!match->k_rotation) return Fail("rotary attention: Q is rotated, K is not (in a form recognized)");
+    if (!SameTables(*match->q_rotation, *match->k_rotation)) return Fail("rotary attention: Q and K rotate by other tables");
+  }
+  MatchResult<Projection> q =
+      MatchProjection(graph, shapes, rotated ? match->q_rotation->heads : match->scores.q_heads, {plain});
+  MatchResult<Projection> k = MatchProjection(graph, shapes, rotated ? match->k_rotation->heads : k_value, {plain});
   MatchResult<Projection> v = MatchProjection(graph, shapes, v_value, {plain});
   if (!q || !k || !v) return Fail("rotary attention: Q, K and V are not head-split projections");
   match->k_swap = k_swap;
@@ -289,6 +295,13 @@ MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, Att
   MatchResult<Projection> v = MatchProjection(graph, shapes, match->out.matmul->input(1), {plain});
   MatchResult<Projection> k = MatchProjection(graph, shapes, match->scores.k_heads, {key});
   if (!k) k = MatchProjection(graph, shapes, match->scores.k_heads, {plain, swap_last});
+  if (q && (!k || !v) && batch_first) {
+    AttentionMatch grouped = *match;
+    if (MatchRotatedHeads(graph, shapes, &grouped)) {
+      *match = std::move(grouped);
+      return Matched{};
+    }
+  }
   if (!q || !k || !v) return Fail("Q, K and V are not head-split projections");
   match->q = *std::move(q);
   match->k = *std::move(k);

@@ -137,6 +137,8 @@ struct FusionState {
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
+  int64_t packed_projection_bytes = 0;  // the packed Q/K/V weights GroupQueryAttention took so far
+  bool packing_limit_noted = false;     // the report says once that they reached their limit
   std::set<std::string> kept_noted;  // AttentionMatch::kept_neighbour reasons the report gave
   MaskProbes probes;
 };

@@ -15,6 +15,10 @@
 // With a key/value cache (AttentionMatch::cache) the past goes in as past_key/past_value, the total
 // length is P + S (seqlens_k = P + S - 1 for every row: the kernel writes the new keys at P, as the
 // original's Concat does), and the node writes the model's present outputs itself.
+// Q, K and V go in packed, as one [B, S, (N + 2 Nkv) D] query with no key and value, where nothing
+// rotates them outside the kernel: a packed projection split in order (Phi-3's qkv_proj) as it is,
+// three projections of one input as one MatMul over [Wq|Wk|Wv] (and one Add of [bq|bk|bv]). One GEMM
+// and one bias instead of three of each: 4-5% of a small decoder's latency at batch 1.
 #include "optimizer/passes/fusion/attention_emit.h"
 
 #include <limits>
@@ -23,6 +27,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/model_io.h"
+#include "optimizer/tensor_convert.h"
 
 namespace onnxopt::attention {
 namespace {
@@ -61,6 +67,174 @@ bool RotatesInside(const Graph& graph, const AttentionMatch& match) {
   return offset && offset->size() == 1 && (*offset)[0] == 0;
 }
 
+// Packed weights are new tensors held in memory (the original's stay in their files): at most this many
+// bytes of them per pass run. A 7B-class decoder's would take 3 GiB, for a gain that its GEMMs' time
+// makes negligible; a small one's, where one node less per layer weighs, fit many times over.
+constexpr int64_t kMaxPackedProjectionBytes = int64_t{512} << 20;
+
+// The projection value [B, S, width] the head split reads, when it is the MatMul's (or its bias Add's)
+// output itself: no scaling, LoRA branch or norm in between.
+bool IsPlainProjection(const Projection& p) {
+  if (p.Given() || p.head_norm != nullptr || p.matmul == nullptr || p.reshape == nullptr) return false;
+  const Node* last = p.part != nullptr ? p.part : p.add != nullptr ? p.add : p.matmul;
+  return p.reshape->input(0) == last->output(0);
+}
+
+// The bytes of a 2-D weight or 1-D bias `name` as rows of `row_bytes`, or nullopt.
+std::optional<std::string> ConstantBytes(const Graph& graph, const std::string& name, int32_t type,
+                                         std::string* scratch) {
+  const onnx::TensorProto* tensor = graph.Initializer(name);
+  if (tensor == nullptr || tensor->data_type() != type) return std::nullopt;
+  if (const std::string* raw = RawBytes(*tensor, scratch)) return *raw;
+  if (type != onnx::TensorProto::FLOAT) return std::nullopt;
+  const std::optional<std::vector<float>> floats = TensorFloats(*tensor);
+  if (!floats) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(floats->data()), floats->size() * sizeof(float));
+}
+
+// The projections' [H_in, w_i] weights side by side as one [H_in, sum w_i] tensor, or nullopt.
+std::optional<onnx::TensorProto> ConcatenateColumns(const Graph& graph, const Projection* const (&projections)[3],
+                                                    const std::string& name) {
+  const onnx::TensorProto* first = graph.Initializer(projections[0]->weight);
+  if (first == nullptr || first->dims_size() != 2) return std::nullopt;
+  const int32_t type = first->data_type();
+  const size_t element = ElementSize(type);
+  const int64_t rows = first->dims(0);
+  std::string parts[3];
+  int64_t widths[3], total = 0;
+  for (int i = 0; i < 3; ++i) {
+    const onnx::TensorProto* w = graph.Initializer(projections[i]->weight);
+    if (w == nullptr || w->dims_size() != 2 || w->dims(0) != rows || element == 0) return std::nullopt;
+    std::string scratch;
+    std::optional<std::string> bytes = ConstantBytes(graph, projections[i]->weight, type, &scratch);
+    widths[i] = w->dims(1);
+    if (!bytes || bytes->size() != static_cast<size_t>(rows * widths[i]) * element) return std::nullopt;
+    parts[i] = *std::move(bytes);
+    total += widths[i];
+  }
+  onnx::TensorProto packed;
+  packed.set_name(name);
+  packed.set_data_type(type);
+  packed.add_dims(rows);
+  packed.add_dims(total);
+  std::string* out = packed.mutable_raw_data();
+  out->reserve(static_cast<size_t>(rows * total) * element);
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int i = 0; i < 3; ++i) {
+      const size_t width_bytes = static_cast<size_t>(widths[i]) * element;
+      out->append(parts[i], static_cast<size_t>(row) * width_bytes, width_bytes);
+    }
+  }
+  return packed;
+}
+
+// The projections' biases [w_i] end to end (zeros for one without), or nullopt.
+std::optional<onnx::TensorProto> ConcatenateBiases(const Graph& graph, const Projection* const (&projections)[3],
+                                                   int32_t type, const std::string& name) {
+  onnx::TensorProto packed;
+  packed.set_name(name);
+  packed.set_data_type(type);
+  std::string* out = packed.mutable_raw_data();
+  int64_t total = 0;
+  for (const Projection* p : projections) {
+    const int64_t width = graph.Initializer(p->weight)->dims(1);
+    total += width;
+    const size_t bytes = static_cast<size_t>(width) * ElementSize(type);
+    if (p->add == nullptr) {
+      out->append(bytes, '\0');  // zero in every float type
+      continue;
+    }
+    std::string scratch;
+    std::optional<std::string> bias = ConstantBytes(graph, p->bias, type, &scratch);
+    if (!bias || bias->size() != bytes) return std::nullopt;
+    out->append(*bias);
+  }
+  packed.add_dims(total);
+  return packed;
+}
+
+// Q, K and V packed as GroupQueryAttention's query [B, S, (N + 2 Nkv) D] (see the top), added to
+// `chain`; nullopt where they cannot be (what stays reads them separately). Called after the pattern
+// is removed: a projection's value must have no reader left but its head split, now unread.
+std::optional<std::string> PackedQueryKeyValue(Graph& graph, const AttentionMatch& match, FusionState* state,
+                                               NodeChain* chain, PassContext& context) {
+  const Projection* const projections[3] = {&match.q, &match.k, &match.v};
+  const int64_t kv_width = match.num_heads / match.kv_repeat() * match.head_size;
+  const int64_t widths[3] = {match.num_heads * match.head_size, kv_width, kv_width};
+  // The head splits the pattern read are left without readers: each projection must be read by its own only.
+  for (const Projection* p : projections) {
+    if (!IsPlainProjection(*p)) return std::nullopt;
+    const std::string& value = p->reshape->input(0);
+    const std::vector<Node*> readers = graph.Consumers(value);
+    if (readers.size() != 1 || readers[0] != p->reshape || graph.IsGraphOutput(value) ||
+        !graph.Consumers(p->reshape->output(0)).empty() || graph.IsGraphOutput(p->reshape->output(0))) {
+      return std::nullopt;
+    }
+  }
+  // Already packed and split in order: the packed projection is the query.
+  if (match.q.part != nullptr) {
+    const Projection &q = match.q, &k = match.k, &v = match.v;
+    const bool in_order = k.part != nullptr && v.part != nullptr && k.matmul == q.matmul && v.matmul == q.matmul &&
+                          k.add == q.add && v.add == q.add && q.offset == 0 && q.size == widths[0] &&
+                          k.offset == widths[0] && k.size == widths[1] && v.offset == widths[0] + widths[1] &&
+                          v.size == widths[2];
+    const onnx::TensorProto* weight = graph.Initializer(q.weight);
+    const std::string& packed = q.part->input(0);
+    if (!in_order || weight == nullptr || weight->dims_size() != 2 ||
+        weight->dims(1) != widths[0] + widths[1] + widths[2] ||
+        packed != (q.add != nullptr ? q.add->output(0) : q.matmul->output(0))) {
+      return std::nullopt;
+    }
+    return packed;
+  }
+  const std::string& x = match.q.matmul->input(0);
+  for (int i = 0; i < 3; ++i) {
+    const Projection& p = *projections[i];
+    const onnx::TensorProto* weight = graph.Initializer(p.weight);
+    if (p.part != nullptr || p.matmul->input(0) != x || p.matmul->input(1) != p.weight || weight == nullptr ||
+        weight->dims_size() != 2 || weight->dims(1) != widths[i] ||
+        (p.add != nullptr && graph.Consumers(p.matmul->output(0)).size() != 1) ||
+        (i > 0 && p.matmul == projections[i - 1]->matmul)) {
+      return std::nullopt;
+    }
+  }
+  const onnx::TensorProto& q_weight = *graph.Initializer(match.q.weight);
+  const int64_t bytes = q_weight.dims(0) * (widths[0] + widths[1] + widths[2]) *
+                        static_cast<int64_t>(ElementSize(q_weight.data_type()));
+  if (state->packed_projection_bytes + bytes > kMaxPackedProjectionBytes) {
+    if (!state->packing_limit_noted) {
+      state->packing_limit_noted = true;
+      context.Note(absl::StrCat("Q, K and V stay three projections from here on: packing them takes new weights, "
+                                "at most ", kMaxPackedProjectionBytes >> 20, " MiB of them per model"));
+    }
+    return std::nullopt;
+  }
+  std::optional<onnx::TensorProto> weight =
+      ConcatenateColumns(graph, projections, graph.UniqueName("gqa_qkv_weight"));
+  if (!weight) return std::nullopt;
+  const bool biased = match.q.add != nullptr || match.k.add != nullptr || match.v.add != nullptr;
+  std::optional<onnx::TensorProto> bias;
+  if (biased) {
+    bias = ConcatenateBiases(graph, projections, weight->data_type(), graph.UniqueName("gqa_qkv_bias"));
+    if (!bias) return std::nullopt;
+  }
+  state->packed_projection_bytes += bytes;
+  for (const Projection* p : projections) {
+    graph.RemoveNode(p->reshape);
+    if (p->add != nullptr) graph.RemoveNode(p->add);
+    graph.RemoveNode(p->matmul);
+  }
+  const std::string weight_name = weight->name();
+  graph.AddInitializer(*std::move(weight));
+  std::string packed = chain->Add("MatMul", {x, weight_name}, "gqa_qkv");
+  if (bias) {
+    const std::string bias_name = bias->name();
+    graph.AddInitializer(*std::move(bias));
+    packed = chain->Add("Add", {packed, bias_name}, "gqa_qkv_biased");
+  }
+  return packed;
+}
+
 }  // namespace
 
 bool GroupQueryAttentionFits(const AttentionMatch& match) {
@@ -74,23 +248,37 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
                              PassContext& context) {
   const bool rotates_inside = RotatesInside(graph, match);
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
-  std::string query, key;
-  if (rotates_inside) {
-    query = ProjectedValue(graph, match.q, &chain);
-    key = ProjectedValue(graph, match.k, &chain);
-  } else {
-    std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);
+  std::string query, key, value;
+  // What B and S are read from: the query [B, S, H], or for a packed query the projections' input
+  // (whose dims shape inference has named, so that the layers' shape arithmetic is one after CSE).
+  std::string rows_source;
+  std::optional<std::string> packed;
+  if (rotates_inside || (!match.q_rotation && !match.k_rotation)) {
+    rows_source = match.q.matmul != nullptr && match.q.part == nullptr ? match.q.matmul->input(0) : "";
+    packed = PackedQueryKeyValue(graph, match, state, &chain, context);
   }
-  const std::string value = ProjectedValue(graph, match.v, &chain);
+  if (packed) {
+    query = *packed;
+    if (rows_source.empty()) rows_source = query;
+  } else {
+    if (rotates_inside) {
+      query = ProjectedValue(graph, match.q, &chain);
+      key = ProjectedValue(graph, match.k, &chain);
+    } else {
+      std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);
+    }
+    value = ProjectedValue(graph, match.v, &chain);
+    rows_source = query;
+  }
   const MaskPlan& mask = match.mask;
   std::string attention_bias = AttentionBias(graph, mask, state, &chain);
   if (!mask.raw_mask.empty()) {
     std::string& shared = state->padding_biases[mask.raw_mask];
-    if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, query, &chain);
+    if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, rows_source, &chain);
     attention_bias = shared;
   }
-  // B and S of the query [B,S,H]: seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
-  const std::string shape = chain.Add("Shape", {query}, "gqa_query_shape");
+  // B and S of the query [B,S,H] (rows_source): seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
+  const std::string shape = chain.Add("Shape", {rows_source}, "gqa_query_shape");
   const std::string batch = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_batch_index", 0)}, "gqa_batch",
                                       {MakeIntAttribute("axis", 0)});
   const std::string length = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_length_index", 1)}, "gqa_length",

@@ -209,6 +209,35 @@ TEST(FuseAttentionTest, GroupedQueryAttentionAsEitherOperator) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Grouped-query attention with nothing rotating Q and K outside the kernel (here no rotary at all: K and V
+// repeated to the query heads straight after their head split) takes them packed with V as one query:
+// one MatMul over [Wq|Wk|Wv] and one Add of the biases instead of three of each; exact, padded too.
+TEST(FuseAttentionTest, GroupQueryAttentionReadsQKeyAndValuePackedIntoOneProjection) {
+  testing::AttentionGraphOptions options;
+  options.grouped = true;
+  options.causal_mask = true;
+  options.padding_mask = true;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_attention", "params": {"grouped_query": "group_query"}},
+                                         {"name": "eliminate_dead_nodes"}]})",
+                          original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = OpCounts(run.model);
+  ASSERT_EQ(ops["GroupQueryAttention"], 1) << run.report.DebugString();
+  EXPECT_EQ(ops["MatMul"], 1) << "one packed projection for the three";
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "GroupQueryAttention") continue;
+    EXPECT_TRUE(node.input(1).empty() && node.input(2).empty());
+    const onnx::NodeProto* bias = nullptr;
+    for (const auto& producer : run.model.graph().node()) {
+      if (producer.output(0) == node.input(0)) bias = &producer;
+    }
+    ASSERT_NE(bias, nullptr);
+    EXPECT_EQ(bias->op_type(), "Add") << "the three biases as one";
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
 // Mistral's sliding window (4096) is wider than the mask probe can check, so the mask's meaning stays
 // unknown; but it is an And with a conjunct the probe shows causal, so no query ever sees a later key:
 // GroupQueryAttention takes the whole mask as its attention_bias, exactly.
