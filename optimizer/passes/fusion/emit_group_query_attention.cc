@@ -277,10 +277,12 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, rows_source, &chain);
     attention_bias = shared;
   }
-  // B and S of the query [B,S,H] (rows_source): seqlens_k = S - 1 per row (int32 [B]), total_sequence_length = S.
+  // B and S of the query [B,S,H] (rows_source): seqlens_k = S - 1 per row (int32 [B]), total_sequence_length
+  // = S, computed in int32 from the start (one Cast, no Unsqueeze).
   const std::string shape = chain.Add("Shape", {rows_source}, "gqa_query_shape");
-  const std::string batch = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_batch_index", 0)}, "gqa_batch",
-                                      {MakeIntAttribute("axis", 0)});
+  const std::string rows = chain.Add("Slice", {shape, AddInt64Initializer(graph, "gqa_batch_start", {0}),
+                                               AddInt64Initializer(graph, "gqa_batch_end", {1})},
+                                     "gqa_rows");
   const std::string length = chain.Add("Gather", {shape, AddInt64Scalar(graph, "gqa_length_index", 1)}, "gqa_length",
                                        {MakeIntAttribute("axis", 0)});
   // With a cache the keys are the past's and the new ones: T = P + S.
@@ -293,11 +295,10 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   }
   const std::string total = chain.Add("Cast", {keys}, "gqa_total_sequence_length",
                                       {MakeIntAttribute("to", onnx::TensorProto::INT32)});
-  const std::string last = chain.Add("Sub", {keys, AddInt64Scalar(graph, "gqa_one", 1)}, "gqa_last_position");
-  const std::string rows = chain.Add("Unsqueeze", {batch, AddInt64Initializer(graph, "gqa_axes", {0})}, "gqa_rows");
-  const std::string seqlens = chain.Add(
-      "Cast", {chain.Add("Expand", {last, rows}, "gqa_seqlens_int64")}, "gqa_seqlens_k",
-      {MakeIntAttribute("to", onnx::TensorProto::INT32)});
+  const std::string one = graph.UniqueName("gqa_one");
+  graph.AddInitializer(MakeIntScalar(one, onnx::TensorProto::INT32, 1));
+  const std::string last = chain.Add("Sub", {total, one}, "gqa_last_position");
+  const std::string seqlens = chain.Add("Expand", {last, rows}, "gqa_seqlens_k");
   const std::string attended =
       NeedsFinishing(match) ? graph.UniqueName(match.out.output + "_attention") : match.out.output;
   std::vector<std::string> inputs = {query, key, value, "", "", seqlens, total};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/rewrite.h"
@@ -348,6 +349,25 @@ std::optional<StoredTable> MatchStoredTable(const Graph& graph, const std::strin
 
 namespace {
 
+// The first half of `table` computed directly where `table` is Cos or Sin of Concat(f, f) on the last
+// axis (Hugging Face's emb = cat((freqs, freqs), -1)): the same op on f, half the elements and no Slice;
+// nullopt for another table.
+std::optional<std::string> FirstHalfOfDuplicatedAngles(Graph& graph, const ShapeInfo& shapes,
+                                                       const std::string& table, int64_t half, NodeChain* chain) {
+  const Node* trig = graph.Producer(table);
+  if (trig == nullptr || !trig->domain().empty() || (trig->op_type() != "Cos" && trig->op_type() != "Sin")) {
+    return std::nullopt;
+  }
+  const Node* concat = ProducerWithOp(graph, trig->input(0), "Concat");
+  if (concat == nullptr || concat->input_size() != 2 || concat->input(0) != concat->input(1)) return std::nullopt;
+  const std::string& angles = concat->input(0);
+  const std::optional<int> rank = shapes.Rank(angles);
+  const int64_t axis = concat->GetAttributeInt("axis", 0);
+  if (!rank || (axis != -1 && axis != *rank - 1) || shapes.DimValue(angles, -1) != half) return std::nullopt;
+  return chain->Add(std::string(trig->op_type()), {angles}, absl::StrCat("rotary_", absl::AsciiStrToLower(trig->op_type()),
+                                                            "_of_angles"));
+}
+
 // RotaryEmbedding's inputs for stored tables: their first halves as constants, the Gather's ids.
 RotaryInputs StoredInputs(Graph& graph, const StoredTables& stored) {
   auto first_halves = [&](const StoredTable& stored, const std::string& hint) {
@@ -388,6 +408,11 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
                      AddInt64Initializer(graph, "rotary_every_other", {2})};
   }
   auto cache_of = [&](const std::string& table, const std::string& hint) {
+    if (!rotation.interleaved) {
+      if (auto first_half = FirstHalfOfDuplicatedAngles(graph, shapes, table, rotation.half, &chain)) {
+        return chain.Add("Reshape", {*first_half, rows_shape}, hint);
+      }
+    }
     std::vector<std::string> slice = {table};
     slice.insert(slice.end(), distinct_part.begin(), distinct_part.end());
     const std::string distinct = chain.Add("Slice", std::move(slice), hint + (rotation.interleaved ? "_even" : "_half"));

@@ -39,6 +39,10 @@ TEST(FuseRotaryEmbeddingTest, RotationsBecomeRotaryEmbeddingAndStayExact) {
   EXPECT_EQ(ops.count("Neg"), 0u) << "both rotate_halfs went";
   EXPECT_EQ(ops["Reshape"], 4 + 2) << "the head splits and the merge, and the two caches as rows";
   EXPECT_EQ(CountInitializers(run.model, "rotary_zero"), 1) << "one offset for both rotations";
+  // cos/sin of Concat(f, f): the caches are cos(f) and sin(f) themselves, no Concat and no Slice.
+  EXPECT_EQ(ops.count("Concat"), 0u);
+  EXPECT_EQ(ops.count("Slice"), 0u);
+  EXPECT_EQ(ops["Cos"], 1);
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
