@@ -35,7 +35,8 @@ struct AttentionGraphOptions {
                                 // (duplicate_interleave as torch.stack((t, t), -1) merged)
   bool table_inputs = false;    // with rotary: cos/sin fed as inputs [1,S,D]: nothing proves their form
   bool wide_window = false;     // with causal_mask: And a sliding window of 4096 (Mistral's), wider than the
-                                // mask probe can check
+                                // graph's 4 positions
+  int64_t window = 0;           // with causal_mask: And a sliding window of this many keys (t > q - window)
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -263,9 +264,10 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
     *graph.add_node() = MakeNode("LessOrEqual", {"key_positions", "query_positions"}, {"causal_2d"});
     *graph.add_node() = MakeNode("Unsqueeze", {"causal_2d", "batch_head_axes"}, {"causal_cond"});
     conds.push_back("causal_cond");
-    if (options.wide_window) {
-      // t > q - 4096, as transformers' sliding-window masks compare positions.
-      *graph.add_initializer() = MakeIntScalar("window", onnx::TensorProto::INT64, 4096);
+    if (options.wide_window || options.window > 0) {
+      // t > q - W, as transformers' sliding-window masks compare positions.
+      *graph.add_initializer() =
+          MakeIntScalar("window", onnx::TensorProto::INT64, options.wide_window ? 4096 : options.window);
       *graph.add_node() = MakeNode("Sub", {"query_positions", "window"}, {"window_start"});
       *graph.add_node() = MakeNode("Greater", {"key_positions", "window_start"}, {"window_2d"});
       *graph.add_node() = MakeNode("Unsqueeze", {"window_2d", "batch_head_axes"}, {"window_cond"});

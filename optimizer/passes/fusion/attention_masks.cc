@@ -32,12 +32,15 @@ constexpr ProbeCase kProbeCases[] = {{1, 1}, {2, 7}, {3, 40}};
 constexpr ProbeCase kCacheProbeCases[] = {{2, 1, 9}, {3, 5, 11}};
 // A mask that compares positions against a constant (a sliding window) is also probed one step past
 // its largest integer constant, up to this length; a larger constant makes the mask unknown.
-constexpr int64_t kMaxProbeLength = 4096;
+// 4096 + 2: a window of 4096 (Mistral's, Gemma 2's) is probed. The probe at that length holds its
+// [1, 1, L, L] mask and the subgraph's intermediates (an index tensor [L, L, 2] of int64: 270 MB) for the
+// moment it runs.
+constexpr int64_t kMaxProbeLength = 4098;
 constexpr int64_t kMaxProbeElements = int64_t{1} << 26;
 
-// The largest magnitude among the one-element integer constants the mask's nodes read.
-int64_t LargestIntegerConstant(const Graph& graph, const std::vector<const Node*>& nodes) {
-  int64_t largest = 0;
+// The magnitudes of the one-element integer constants the mask's nodes read ("to the end" bounds aside).
+std::set<int64_t> IntegerConstants(const Graph& graph, const std::vector<const Node*>& nodes) {
+  std::set<int64_t> constants;
   for (const Node* node : nodes) {
     for (const std::string& input : node->proto().input()) {
       const onnx::TensorProto* tensor = graph.Initializer(input);
@@ -52,10 +55,10 @@ int64_t LargestIntegerConstant(const Graph& graph, const std::vector<const Node*
           v == std::numeric_limits<int32_t>::max() || v == std::numeric_limits<int32_t>::min()) {
         continue;  // "to the end" bounds, not positions
       }
-      largest = std::max(largest, v < 0 ? -v : v);
+      constants.insert(v < 0 ? -v : v);
     }
   }
-  return largest;
+  return constants;
 }
 
 // The nodes `value` is computed from, in graph order, and the graph inputs they read. False if that
@@ -214,11 +217,16 @@ MatchResult<Ort::Value> RunProbe(Ort::Session& session, const std::vector<onnx::
 // The meanings every probe so far agrees with; a padding meaning per candidate input.
 class Agreement {
  public:
-  explicit Agreement(const std::vector<ProbeInput>& inputs) {
+  // `windows`: the sliding-window widths to check (the mask's constants c, and c + 1 for a `<=` spelling).
+  Agreement(const std::vector<ProbeInput>& inputs, const std::set<int64_t>& windows) {
     for (const ProbeInput& input : inputs) {
       if (input.candidate) padding_.insert(input.info->name());
     }
     causal_padding_ = padding_;
+    for (int64_t window : windows) {
+      windows_.insert({window, ""});
+      for (const std::string& input : padding_) windows_.insert({window, input});
+    }
   }
 
   // Narrows the meanings down to those the mask computed from `tensors` shows.
@@ -260,6 +268,24 @@ class Agreement {
         it = same ? std::next(it) : kept->erase(it);
       }
     }
+    // mask[b, h, q, t] == (t <= q + past && q + past - t < W), with a candidate's padding or without.
+    for (auto it = windows_.begin(); it != windows_.end();) {
+      const auto& [window, input] = *it;
+      const onnx::TensorProto* candidate = nullptr;
+      for (const auto& tensor : tensors) {
+        if (tensor.name() == input) candidate = &tensor;
+      }
+      bool same = past >= 0 && (candidate == nullptr || (candidate->dims(0) == shape[0] && candidate->dims(1) == keys));
+      for (size_t i = 0; i < count && same; ++i) {
+        const int64_t t = static_cast<int64_t>(i) % keys;
+        const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
+        const int64_t b = static_cast<int64_t>(i) / (shape[1] * queries * keys);
+        const bool kept = t <= q + past && q + past - t < window &&
+                          (candidate == nullptr || NonZero(*candidate, static_cast<size_t>(b * keys + t)));
+        same = data[i] == kept;
+      }
+      it = same ? std::next(it) : windows_.erase(it);
+    }
   }
 
   MaskMeaning Conclude() const {
@@ -278,6 +304,12 @@ class Agreement {
     } else if (causal_padding_.size() == 1) {
       meaning.kind = MaskMeaning::Kind::kCausalKeyPadding;
       meaning.padding_input = *causal_padding_.begin();
+    } else if (windows_.size() == 1) {
+      // Probed past W: one width fits (a window of W and one of W + 1 differ at length W + 2).
+      const auto& [window, input] = *windows_.begin();
+      meaning.kind = input.empty() ? MaskMeaning::Kind::kSlidingWindow : MaskMeaning::Kind::kSlidingWindowKeyPadding;
+      meaning.window = window;
+      meaning.padding_input = input;
     } else {
       meaning.why = "the mask is not all true, causal, a key-padding mask of one [B, T] input, or causal and padding";
     }
@@ -287,15 +319,15 @@ class Agreement {
  private:
   bool all_true_ = true, causal_ = true, bias_shaped_ = true, within_causal_ = true;
   std::set<std::string> padding_, causal_padding_;
+  std::set<std::pair<int64_t, std::string>> windows_;  // (W, padding input or "") still agreeing
 };
 
 // The probe cases: kProbeCases (and kCacheProbeCases with a cache), and one length past the largest
 // integer constant the mask reads.
-MatchResult<std::vector<ProbeCase>> ProbeCases(const Graph& graph, const std::vector<const Node*>& nodes,
-                                               bool cache) {
+MatchResult<std::vector<ProbeCase>> ProbeCases(const std::set<int64_t>& constants, bool cache) {
   std::vector<ProbeCase> cases(std::begin(kProbeCases), std::end(kProbeCases));
   if (cache) cases.insert(cases.end(), std::begin(kCacheProbeCases), std::end(kCacheProbeCases));
-  const int64_t constant = LargestIntegerConstant(graph, nodes);
+  const int64_t constant = constants.empty() ? 0 : *constants.rbegin();
   if (constant + 2 > kMaxProbeLength) {
     return Fail(absl::StrCat("the mask compares positions against ", constant, ", longer than can be probed"));
   }
@@ -316,10 +348,15 @@ MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, c
   auto session = SubgraphSession(graph, context, nodes, infos, {mask}, "attention_mask_probe");
   if (!session.ok()) return Fail("the mask's subgraph does not run on its own");
   const std::optional<CacheInterface> cache = FindCacheInterface(graph.proto());
-  MatchResult<std::vector<ProbeCase>> cases = ProbeCases(graph, nodes, cache.has_value());
+  const std::set<int64_t> constants = IntegerConstants(graph, nodes);
+  MatchResult<std::vector<ProbeCase>> cases = ProbeCases(constants, cache.has_value());
   if (!cases) return cases.failure();
+  std::set<int64_t> windows;
+  for (int64_t c : constants) {
+    if (c >= 1) windows.insert({c, c + 1});
+  }
   std::mt19937 random(20261123);
-  Agreement agreement(*inputs);
+  Agreement agreement(*inputs, windows);
   try {
     for (const ProbeCase& probe_case : *cases) {
       auto tensors = MakeProbeInputs(*inputs, probe_case, cache, &random);

@@ -11,10 +11,14 @@
 //                 mask ONNX Runtime's Attention takes as mask_index;
 //   kCausal       mask[b, h, q, t] == (t <= q + P), the queries the last S = T - P of the keys' tokens
 //                 (P = 0 without a cache; a decoder without padding): Attention's unidirectional;
-//   kCausalKeyPadding  both at once (a decoder with a padded batch).
+//   kCausalKeyPadding  both at once (a decoder with a padded batch);
+//   kSlidingWindow     mask[b, h, q, t] == (t <= q + P && q + P - t < W): causal within the last W keys
+//                      (Mistral, Phi-3, Gemma's local layers), GroupQueryAttention's local_window_size;
+//   kSlidingWindowKeyPadding  that and key padding.
 // The probe covers batch sizes 1-3 and lengths 1-40 (with a key/value cache (cache_interface.h) also
 // a decode step and a chunk after a past, its dims bound by role), and one length past the largest integer constant
-// the mask's nodes read (so a sliding window of W is probed at W + 2; past 4096 the mask is unknown),
+// the mask's nodes read (so a sliding window of W is probed at W + 2, and its W is one of those
+// constants or one more; past a window of 4096 the mask is unknown),
 // with every input filled with small random numbers 0-3 (a mask must read != 0, as Attention's raw
 // mask does, not == 1; a padding id other than 0 shows). Left padding leaves whole rows of a causal +
 // padding mask masked, where the original's NaN guard gives 0 and the fused operator the mean of V:
@@ -32,8 +36,17 @@
 namespace onnxopt {
 
 struct MaskMeaning {
-  enum class Kind { kUnknown, kAllTrue, kKeyPadding, kCausal, kCausalKeyPadding } kind = Kind::kUnknown;
+  enum class Kind {
+    kUnknown,
+    kAllTrue,
+    kKeyPadding,
+    kCausal,
+    kCausalKeyPadding,
+    kSlidingWindow,
+    kSlidingWindowKeyPadding
+  } kind = Kind::kUnknown;
   std::string padding_input;  // k*KeyPadding: the graph input holding the [B, T] mask
+  int64_t window = 0;         // kSlidingWindow*: W, the keys a query sees counting itself
   std::string why;            // kUnknown: what the probe found
   // The mask was [B or 1, 1, L, L] on every probe of length L: fit as an attention bias as it is.
   bool bias_shaped = false;

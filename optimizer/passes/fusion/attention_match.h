@@ -128,6 +128,11 @@ struct MaskPlan {
   // zero_masked_rows: the boolean condition [B|1, 1, S, T] that tells the rows (bias_condition, or the
   // causal + padding mask whose left padding masks a row entirely).
   std::string row_condition;
+  // A sliding window (MaskMeaning::kSlidingWindow*): each query sees its last `window` keys counting
+  // itself, and the keys `window_padding` (a [B, T] input, or "" for none) keeps. GroupQueryAttention
+  // takes that as local_window_size and the padding's bias; the other operators take bias_condition.
+  int64_t window = 0;
+  std::string window_padding;
 };
 
 // What one pass run builds once and every attention block of the graph reuses.

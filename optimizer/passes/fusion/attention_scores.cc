@@ -188,6 +188,12 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
       plan.raw_mask = meaning.padding_input;
       plan.filter = std::isinf(fill) ? std::numeric_limits<float>::lowest() : fill;
       return plan;
+    case MaskMeaning::Kind::kSlidingWindow:
+    case MaskMeaning::Kind::kSlidingWindowKeyPadding:
+      plan.window = meaning.window;
+      plan.window_padding = meaning.padding_input;
+      plan.filter = std::isinf(fill) ? std::numeric_limits<float>::lowest() : fill;
+      break;  // and the condition as a bias, for the operators without a window
     case MaskMeaning::Kind::kUnknown:
       break;
   }

@@ -8,7 +8,8 @@
 // seqlens_k[b] + 1 valid tokens from the start; here every row is taken whole (seqlens_k = S - 1,
 // total_sequence_length = S) and whatever else the original's mask masks goes in as attention_bias:
 // the key padding of a causal + padding mask as Where(mask[b, t] != 0, 0, filter) [B, 1, S, T] (made
-// once per mask input and shared by the layers), another mask as Where(cond, 0, lowest). Exact where
+// once per mask input and shared by the layers), a sliding window of W keys as local_window_size = W
+// beside that padding bias, another mask as Where(cond, 0, lowest). Exact where
 // the mask never lets a query see a later key (MaskPlan::within_causal: the probe checks it), so the
 // kernel's own causal masking removes nothing the original kept; left padding included. A float bias
 // (T5's) and head sizes the CPU kernel does not take (multiples of 8 only) keep MultiHeadAttention.
@@ -271,10 +272,15 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     rows_source = query;
   }
   const MaskPlan& mask = match.mask;
-  std::string attention_bias = AttentionBias(graph, mask, state, &chain);
-  if (!mask.raw_mask.empty()) {
-    std::string& shared = state->padding_biases[mask.raw_mask];
-    if (shared.empty()) shared = PaddingBias(graph, mask.raw_mask, mask.filter, rows_source, &chain);
+  // A sliding window the kernel applies itself: ONNX Runtime 1.29's CPU kernel keeps the query's last
+  // local_window_size keys, itself included (FuseAttentionTest.ASlidingWindowBecomes... pins it: W - 1
+  // gives other outputs).
+  const bool local_window = mask.window >= 1;
+  std::string attention_bias = local_window ? "" : AttentionBias(graph, mask, state, &chain);
+  const std::string& padding = local_window ? mask.window_padding : mask.raw_mask;
+  if (!padding.empty()) {
+    std::string& shared = state->padding_biases[padding];
+    if (shared.empty()) shared = PaddingBias(graph, padding, mask.filter, rows_source, &chain);
     attention_bias = shared;
   }
   // B and S of the query [B,S,H] (rows_source): seqlens_k = S - 1 per row (int32 [B]), total_sequence_length
@@ -321,6 +327,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   *gqa.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   *gqa.add_attribute() = MakeIntAttribute("kv_num_heads", match.num_heads / match.kv_repeat());
   *gqa.add_attribute() = MakeFloatAttribute("scale", match.scores.scale);
+  if (local_window) *gqa.add_attribute() = MakeIntAttribute("local_window_size", mask.window);
   if (rotates_inside) {
     *gqa.add_attribute() = MakeIntAttribute("do_rotary", 1);
     *gqa.add_attribute() = MakeIntAttribute("rotary_interleaved", match.q_rotation->interleaved ? 1 : 0);

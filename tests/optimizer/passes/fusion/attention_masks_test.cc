@@ -84,13 +84,23 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   EXPECT_EQ(decoder.padding_input, "attention_mask");
 
   // A sliding window wider than the default probe lengths (64 positions back) is probed past its
-  // width and not taken for causal.
+  // width: not taken for causal, but for the window it is.
   *graph.add_initializer() = MakeInt64Tensor("window", {64});
   *graph.add_node() = MakeNode("Sub", {"q", "t"}, {"distance"});
   *graph.add_node() = MakeNode("Less", {"distance", "window"}, {"near"});
   *graph.add_node() = MakeNode("And", {"causal_mask", "near"}, {"window_mask"});
   MaskMeaning window = Probe(graph, "window_mask");
-  EXPECT_EQ(window.kind, MaskMeaning::Kind::kUnknown) << "a 64-wide window is not causal";
+  EXPECT_EQ(window.kind, MaskMeaning::Kind::kSlidingWindow) << window.why;
+  EXPECT_EQ(window.window, 64);
+  EXPECT_TRUE(window.within_causal);
+  // With padding, and spelled distance <= 64: a window of 65.
+  *graph.add_node() = MakeNode("LessOrEqual", {"distance", "window"}, {"near_or_at"});
+  *graph.add_node() = MakeNode("And", {"causal_mask", "near_or_at"}, {"wider_mask"});
+  *graph.add_node() = MakeNode("And", {"wider_mask", "padding"}, {"padded_window_mask"});
+  MaskMeaning padded_window = Probe(graph, "padded_window_mask");
+  EXPECT_EQ(padded_window.kind, MaskMeaning::Kind::kSlidingWindowKeyPadding) << padded_window.why;
+  EXPECT_EQ(padded_window.window, 65);
+  EXPECT_EQ(padded_window.padding_input, "attention_mask");
 
   // Anything else (here: each position sees only itself and later ones) is not taken for one of these.
   *graph.add_node() = MakeNode("GreaterOrEqual", {"t", "q"}, {"later"});

@@ -238,6 +238,39 @@ TEST(FuseAttentionTest, GroupQueryAttentionReadsQKeyAndValuePackedIntoOneProject
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
+// A sliding window the graph's positions reach (each query sees itself and one key before): the probe
+// tells its width, and GroupQueryAttention applies it itself (local_window_size = W) with only the
+// key padding as attention_bias; exact, padded. MultiHeadAttention takes the whole mask as its bias.
+TEST(FuseAttentionTest, ASlidingWindowBecomesGroupQueryAttentionsLocalWindow) {
+  testing::AttentionGraphOptions options;
+  options.rotary = true;
+  options.grouped = true;
+  options.causal_mask = true;
+  options.padding_mask = true;
+  options.window = 2;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  for (const char* grouped : {"group_query", "multi_head"}) {
+    PassRun run = RunConfig(absl::StrCat(R"({"passes": [{"name": "fuse_rotary_embedding"}, {"name": "fuse_attention",
+                                             "params": {"grouped_query": ")", grouped, R"("}}, {"name": "eliminate_dead_nodes"}]})"),
+                            original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    std::map<std::string, int> ops = OpCounts(run.model);
+    EXPECT_EQ(ops.count("Softmax"), 0u) << grouped;
+    const bool gqa = std::string(grouped) == "group_query";
+    EXPECT_EQ(ops["GroupQueryAttention"], gqa ? 1 : 0) << grouped;
+    for (const auto& node : run.model.graph().node()) {
+      if (node.op_type() != "GroupQueryAttention") continue;
+      int64_t local_window = -1;
+      for (const auto& attribute : node.attribute()) {
+        if (attribute.name() == "local_window_size") local_window = attribute.i();
+      }
+      EXPECT_EQ(local_window, 2) << "the query's last two keys, itself included";
+      EXPECT_EQ(ops.count("Greater"), 0u) << "the window's comparison went with the condition";
+    }
+    ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+  }
+}
+
 // Mistral's sliding window (4096) is wider than the mask probe can check, so the mask's meaning stays
 // unknown; but it is an And with a conjunct the probe shows causal, so no query ever sees a later key:
 // GroupQueryAttention takes the whole mask as its attention_bias, exactly.
