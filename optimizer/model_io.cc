@@ -549,6 +549,105 @@ absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes)
   return status;
 }
 
+namespace {
+
+// A top-level field of a serialized ModelProto: where it lies in the file.
+struct FieldSpan {
+  int number;
+  int64_t begin, end;  // [begin, end): its tag, length and payload
+};
+
+// Reads a varint at `*at` from `in`; false at the end of the file or on a malformed varint.
+bool ReadVarint(std::istream& in, int64_t* at, uint64_t* value) {
+  *value = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    const int byte = in.get();
+    if (byte == std::char_traits<char>::eof()) return false;
+    ++*at;
+    *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// The top-level fields of the model file, scanned by their tags and lengths (nothing parsed).
+absl::StatusOr<std::vector<FieldSpan>> ScanModelFields(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
+  const int64_t size = static_cast<int64_t>(fs::file_size(path));
+  std::vector<FieldSpan> fields;
+  int64_t at = 0;
+  while (at < size) {
+    const int64_t begin = at;
+    uint64_t tag = 0, length = 0;
+    if (!ReadVarint(in, &at, &tag)) break;
+    switch (tag & 7) {
+      case 0:
+        if (!ReadVarint(in, &at, &length)) at = size + 1;
+        length = 0;
+        break;
+      case 1: length = 8; break;
+      case 2:
+        if (!ReadVarint(in, &at, &length)) at = size + 1;
+        break;
+      case 5: length = 4; break;
+      default: at = size + 1;  // groups: not in an ONNX model
+    }
+    if (at > size || length > static_cast<uint64_t>(size - at)) {
+      return absl::DataLossError(absl::StrCat(path.string(), " is not a well-formed model file"));
+    }
+    at += static_cast<int64_t>(length);
+    in.seekg(at);
+    fields.push_back({static_cast<int>(tag >> 3), begin, at});
+  }
+  if (at != size) return absl::DataLossError(absl::StrCat(path.string(), " is not a well-formed model file"));
+  return fields;
+}
+
+// The fields that hold the model's bulk: copied byte for byte, never parsed.
+bool IsBulkField(int number) {
+  return number == onnx::ModelProto::kGraphFieldNumber || number == onnx::ModelProto::kFunctionsFieldNumber ||
+         number == onnx::ModelProto::kTrainingInfoFieldNumber;
+}
+
+}  // namespace
+
+absl::Status RewriteModelHeader(const fs::path& path, const std::function<void(onnx::ModelProto*)>& edit) {
+  absl::StatusOr<std::vector<FieldSpan>> fields = ScanModelFields(path);
+  if (!fields.ok()) return fields.status();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
+  // The small fields parse as a model of their own (a message is the concatenation of its fields).
+  std::string small;
+  for (const FieldSpan& field : *fields) {
+    if (IsBulkField(field.number)) continue;
+    const size_t offset = small.size();
+    small.resize(offset + static_cast<size_t>(field.end - field.begin));
+    in.seekg(field.begin);
+    if (!in.read(small.data() + offset, field.end - field.begin)) return absl::DataLossError("cannot read the model");
+  }
+  onnx::ModelProto header;
+  if (!header.ParseFromString(small)) return absl::DataLossError(absl::StrCat(path.string(), " does not parse"));
+  edit(&header);
+  std::string header_bytes;
+  if (!header.SerializeToString(&header_bytes)) return absl::InternalError("the model's header does not serialize");
+  AtomicFileWriter file(path);
+  if (absl::Status opened = file.Open(); !opened.ok()) return opened;
+  if (absl::Status written = file.Append(header_bytes.data(), header_bytes.size()); !written.ok()) return written;
+  std::vector<char> buffer(size_t{8} << 20);
+  for (const FieldSpan& field : *fields) {
+    if (!IsBulkField(field.number)) continue;
+    in.seekg(field.begin);
+    for (int64_t left = field.end - field.begin; left > 0;) {
+      const int64_t chunk = std::min<int64_t>(left, static_cast<int64_t>(buffer.size()));
+      if (!in.read(buffer.data(), chunk)) return absl::DataLossError("cannot read the model");
+      if (absl::Status written = file.Append(buffer.data(), static_cast<size_t>(chunk)); !written.ok()) return written;
+      left -= chunk;
+    }
+  }
+  return file.Commit();
+}
+
 absl::Status RelocateExternalData(const fs::path& path, const std::string& from, const std::string& to) {
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(path);
   if (!model.ok()) return model.status();

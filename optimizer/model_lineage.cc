@@ -49,12 +49,8 @@ void StampLineage(const MetadataProps& props, onnx::ModelProto* model) {
 }
 
 absl::Status StampLineageFile(const MetadataProps& props, const std::filesystem::path& model_file) {
-  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_file);
-  if (!model.ok()) return model.status();
-  StampLineage(props, &*model);
-  std::string bytes;
-  if (!model->SerializeToString(&bytes)) return absl::InternalError("the stamped model does not serialize");
-  return WriteFileAtomically(model_file, bytes);
+  // Only the header changes: the graph is copied as it lies in the file, never parsed.
+  return RewriteModelHeader(model_file, [&](onnx::ModelProto* header) { StampLineage(props, header); });
 }
 
 }  // namespace onnxopt
