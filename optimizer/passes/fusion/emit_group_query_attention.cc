@@ -81,16 +81,17 @@ bool IsPlainProjection(const Projection& p) {
   return p.reshape->input(0) == last->output(0);
 }
 
-// The bytes of a 2-D weight or 1-D bias `name` as rows of `row_bytes`, or nullopt.
-std::optional<std::string> ConstantBytes(const Graph& graph, const std::string& name, int32_t type,
-                                         std::string* scratch) {
+// The raw bytes of the constant `name` of `type`: its own when inline, else read (by reference) or
+// converted (float typed fields) into `scratch`; nullptr when it has none.
+const std::string* ConstantBytes(const Graph& graph, const std::string& name, int32_t type, std::string* scratch) {
   const onnx::TensorProto* tensor = graph.Initializer(name);
-  if (tensor == nullptr || tensor->data_type() != type) return std::nullopt;
-  if (const std::string* raw = RawBytes(*tensor, scratch)) return *raw;
-  if (type != onnx::TensorProto::FLOAT) return std::nullopt;
+  if (tensor == nullptr || tensor->data_type() != type) return nullptr;
+  if (const std::string* raw = RawBytes(*tensor, scratch)) return raw;
+  if (type != onnx::TensorProto::FLOAT) return nullptr;
   const std::optional<std::vector<float>> floats = TensorFloats(*tensor);
-  if (!floats) return std::nullopt;
-  return std::string(reinterpret_cast<const char*>(floats->data()), floats->size() * sizeof(float));
+  if (!floats) return nullptr;
+  scratch->assign(reinterpret_cast<const char*>(floats->data()), floats->size() * sizeof(float));
+  return scratch;
 }
 
 // The projections' [H_in, w_i] weights side by side as one [H_in, sum w_i] tensor, or nullopt.
@@ -101,16 +102,15 @@ std::optional<onnx::TensorProto> ConcatenateColumns(const Graph& graph, const Pr
   const int32_t type = first->data_type();
   const size_t element = ElementSize(type);
   const int64_t rows = first->dims(0);
-  std::string parts[3];
+  std::string scratch[3];
+  const std::string* parts[3];
   int64_t widths[3], total = 0;
   for (int i = 0; i < 3; ++i) {
     const onnx::TensorProto* w = graph.Initializer(projections[i]->weight);
     if (w == nullptr || w->dims_size() != 2 || w->dims(0) != rows || element == 0) return std::nullopt;
-    std::string scratch;
-    std::optional<std::string> bytes = ConstantBytes(graph, projections[i]->weight, type, &scratch);
+    parts[i] = ConstantBytes(graph, projections[i]->weight, type, &scratch[i]);
     widths[i] = w->dims(1);
-    if (!bytes || bytes->size() != static_cast<size_t>(rows * widths[i]) * element) return std::nullopt;
-    parts[i] = *std::move(bytes);
+    if (parts[i] == nullptr || parts[i]->size() != static_cast<size_t>(rows * widths[i]) * element) return std::nullopt;
     total += widths[i];
   }
   onnx::TensorProto packed;
@@ -123,7 +123,7 @@ std::optional<onnx::TensorProto> ConcatenateColumns(const Graph& graph, const Pr
   for (int64_t row = 0; row < rows; ++row) {
     for (int i = 0; i < 3; ++i) {
       const size_t width_bytes = static_cast<size_t>(widths[i]) * element;
-      out->append(parts[i], static_cast<size_t>(row) * width_bytes, width_bytes);
+      out->append(*parts[i], static_cast<size_t>(row) * width_bytes, width_bytes);
     }
   }
   return packed;
@@ -146,8 +146,8 @@ std::optional<onnx::TensorProto> ConcatenateBiases(const Graph& graph, const Pro
       continue;
     }
     std::string scratch;
-    std::optional<std::string> bias = ConstantBytes(graph, p->bias, type, &scratch);
-    if (!bias || bias->size() != bytes) return std::nullopt;
+    const std::string* bias = ConstantBytes(graph, p->bias, type, &scratch);
+    if (bias == nullptr || bias->size() != bytes) return std::nullopt;
     out->append(*bias);
   }
   packed.add_dims(total);

@@ -364,8 +364,8 @@ std::optional<std::string> FirstHalfOfDuplicatedAngles(Graph& graph, const Shape
   const std::optional<int> rank = shapes.Rank(angles);
   const int64_t axis = concat->GetAttributeInt("axis", 0);
   if (!rank || (axis != -1 && axis != *rank - 1) || shapes.DimValue(angles, -1) != half) return std::nullopt;
-  return chain->Add(std::string(trig->op_type()), {angles}, absl::StrCat("rotary_", absl::AsciiStrToLower(trig->op_type()),
-                                                            "_of_angles"));
+  const std::string op(trig->op_type());
+  return chain->Add(op, {angles}, absl::StrCat("rotary_", absl::AsciiStrToLower(op), "_of_angles"));
 }
 
 // RotaryEmbedding's inputs for stored tables: their first halves as constants, the Gather's ids.
