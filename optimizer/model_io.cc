@@ -615,16 +615,22 @@ bool IsBulkField(int number) {
 absl::Status RewriteModelHeader(const fs::path& path, const std::function<void(onnx::ModelProto*)>& edit) {
   absl::StatusOr<std::vector<FieldSpan>> fields = ScanModelFields(path);
   if (!fields.ok()) return fields.status();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path.string(), ": ", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   // The small fields parse as a model of their own (a message is the concatenation of its fields).
   std::string small;
   for (const FieldSpan& field : *fields) {
     if (IsBulkField(field.number)) continue;
     const size_t offset = small.size();
     small.resize(offset + static_cast<size_t>(field.end - field.begin));
-    in.seekg(field.begin);
-    if (!in.read(small.data() + offset, field.end - field.begin)) return absl::DataLossError("cannot read the model");
+    if (absl::Status read = PreadAll(fd, field.begin, field.end - field.begin, small.data() + offset, path.string());
+        !read.ok()) {
+      return read;
+    }
   }
   onnx::ModelProto header;
   if (!header.ParseFromString(small)) return absl::DataLossError(absl::StrCat(path.string(), " does not parse"));
@@ -637,12 +643,11 @@ absl::Status RewriteModelHeader(const fs::path& path, const std::function<void(o
   std::vector<char> buffer(size_t{8} << 20);
   for (const FieldSpan& field : *fields) {
     if (!IsBulkField(field.number)) continue;
-    in.seekg(field.begin);
-    for (int64_t left = field.end - field.begin; left > 0;) {
-      const int64_t chunk = std::min<int64_t>(left, static_cast<int64_t>(buffer.size()));
-      if (!in.read(buffer.data(), chunk)) return absl::DataLossError("cannot read the model");
+    for (int64_t at = field.begin; at < field.end;) {
+      const int64_t chunk = std::min<int64_t>(field.end - at, static_cast<int64_t>(buffer.size()));
+      if (absl::Status read = PreadAll(fd, at, chunk, buffer.data(), path.string()); !read.ok()) return read;
       if (absl::Status written = file.Append(buffer.data(), static_cast<size_t>(chunk)); !written.ok()) return written;
-      left -= chunk;
+      at += chunk;
     }
   }
   return file.Commit();

@@ -214,6 +214,14 @@ MatchResult<Ort::Value> RunProbe(Ort::Session& session, const std::vector<onnx::
   return std::move(results[0]);
 }
 
+// The probe input named `name`, or nullptr.
+const onnx::TensorProto* TensorNamed(const std::vector<onnx::TensorProto>& tensors, const std::string& name) {
+  for (const auto& tensor : tensors) {
+    if (tensor.name() == name) return &tensor;
+  }
+  return nullptr;
+}
+
 // The meanings every probe so far agrees with; a padding meaning per candidate input.
 class Agreement {
  public:
@@ -254,10 +262,7 @@ class Agreement {
     for (std::set<std::string>* kept : {&padding_, &causal_padding_}) {
       const bool with_causal = kept == &causal_padding_;
       for (auto it = kept->begin(); it != kept->end();) {
-        const onnx::TensorProto* candidate = nullptr;
-        for (const auto& tensor : tensors) {
-          if (tensor.name() == *it) candidate = &tensor;
-        }
+        const onnx::TensorProto* candidate = TensorNamed(tensors, *it);
         bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || past >= 0);
         for (size_t i = 0; i < count && same; ++i) {
           const int64_t t = static_cast<int64_t>(i) % keys;
@@ -271,10 +276,7 @@ class Agreement {
     // mask[b, h, q, t] == (t <= q + past && q + past - t < W), with a candidate's padding or without.
     for (auto it = windows_.begin(); it != windows_.end();) {
       const auto& [window, input] = *it;
-      const onnx::TensorProto* candidate = nullptr;
-      for (const auto& tensor : tensors) {
-        if (tensor.name() == input) candidate = &tensor;
-      }
+      const onnx::TensorProto* candidate = TensorNamed(tensors, input);
       bool same = past >= 0 && (candidate == nullptr || (candidate->dims(0) == shape[0] && candidate->dims(1) == keys));
       for (size_t i = 0; i < count && same; ++i) {
         const int64_t t = static_cast<int64_t>(i) % keys;

@@ -250,17 +250,14 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   const bool rotates_inside = RotatesInside(graph, match);
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   std::string query, key, value;
-  // What B and S are read from: the query [B, S, H], or for a packed query the projections' input
-  // (whose dims shape inference has named, so that the layers' shape arithmetic is one after CSE).
-  std::string rows_source;
+  // The projections' input, read before packing removes their MatMuls.
+  const std::string x = match.q.matmul != nullptr ? match.q.matmul->input(0) : "";
   std::optional<std::string> packed;
   if (rotates_inside || (!match.q_rotation && !match.k_rotation)) {
-    rows_source = match.q.matmul != nullptr && match.q.part == nullptr ? match.q.matmul->input(0) : "";
     packed = PackedQueryKeyValue(graph, match, state, &chain, context);
   }
   if (packed) {
     query = *packed;
-    if (rows_source.empty()) rows_source = query;
   } else {
     if (rotates_inside) {
       query = ProjectedValue(graph, match.q, &chain);
@@ -269,8 +266,10 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
       std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);
     }
     value = ProjectedValue(graph, match.v, &chain);
-    rows_source = query;
   }
+  // What B and S are read from: the query [B, S, H], or for three projections packed here their input
+  // (whose dims shape inference has named, so that the layers' shape arithmetic is one after CSE).
+  const std::string& rows_source = packed && match.q.part == nullptr ? x : query;
   const MaskPlan& mask = match.mask;
   // A sliding window the kernel applies itself: ONNX Runtime 1.29's CPU kernel keeps the query's last
   // local_window_size keys, itself included (FuseAttentionTest.ASlidingWindowBecomes... pins it: W - 1
