@@ -85,6 +85,8 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeFuseMatMulAddIntoGemmPass()));
     must(built->Register(MakeFuseConvAddMulPass()));
     must(built->Register(MakeFuseHardSwishPass()));
+    must(built->Register(MakeFoldActivationScaleIntoConvPass()));
+    must(built->Register(MakeFoldAffineIntoConvPass()));
     must(built->Register(MakeConvertOpsetPass()));
     must(built->Register(MakeUpstreamSlicePass()));
     must(built->Register(MakeFuseTransposeIntoGemmPass()));
@@ -117,6 +119,7 @@ const PassRegistry& DefaultPassRegistry() {
         "fold_constants",             "eliminate_common_subexpressions", "eliminate_duplicate_initializers",
         "eliminate_dead_nodes",       "eliminate_unused_initializers"};
     std::vector<std::string> extended = {"eliminate_initializer_inputs", "fuse_conv_batchnorm", "fuse_conv_add_mul", "fuse_hard_swish",
+                                         "fold_activation_scale_into_conv", "fold_affine_into_conv",
                                          "fuse_matmul_add_into_gemm", "fuse_transpose_into_gemm", "fuse_consecutive_transposes",
                                          "fuse_reshape_chains", "gather_range_to_slice", "fold_relative_position_buckets",
                                          "upstream_slice"};

@@ -40,8 +40,10 @@ apt_packages=(
 )
 # Only the tests use these: the ONNX conformance data, a browser to render the HTML report in, the
 # PostgreSQL server the job store and replica tests start throwaway clusters of, YAML for the Helm
-# chart check, and a venv to install the Python client into (python3-wheel: pip builds its wheel offline).
-((test_deps)) && apt_packages+=(libonnx-testdata chromium postgresql-15 python3-yaml python3-venv python3-wheel)
+# chart check, a venv to install the Python client into (python3-wheel: pip builds its wheel offline), and
+# torch 1.13 and onnx for the tests that export their models (the spelling grid, the deepened decoder).
+((test_deps)) && apt_packages+=(libonnx-testdata chromium postgresql-15 python3-yaml python3-venv python3-wheel
+                                  python3-torch python3-onnx)
 
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -56,6 +56,20 @@ std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor) 
   return std::vector<float>(tensor.float_data().begin(), tensor.float_data().end());
 }
 
+std::optional<std::vector<float>> ChannelFloats(const onnx::TensorProto& tensor, int64_t channels, int rank) {
+  std::optional<std::vector<float>> values = TensorFloats(tensor);
+  if (!values) return std::nullopt;
+  if (values->size() == 1) return std::vector<float>(static_cast<size_t>(channels), (*values)[0]);
+  if (static_cast<int64_t>(values->size()) != channels) return std::nullopt;
+  const int dims = tensor.dims_size();
+  const int channel_axis = dims == rank ? 1 : (dims == rank - 1 ? 0 : -1);
+  if (channel_axis < 0) return std::nullopt;
+  for (int d = 0; d < dims; ++d) {
+    if (d != channel_axis && tensor.dims(d) != 1) return std::nullopt;
+  }
+  return values;
+}
+
 std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::string& value) {
   const onnx::TensorProto* tensor = ConstantTensor(graph, value);
   return tensor == nullptr ? std::nullopt : TensorInts(*tensor);

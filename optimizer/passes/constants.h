@@ -21,6 +21,10 @@ std::optional<std::vector<int64_t>> ConstantInts(const Graph& graph, const std::
 std::optional<std::vector<float>> ConstantFloats(const Graph& graph, const std::string& value);
 std::optional<std::vector<int64_t>> TensorInts(const onnx::TensorProto& tensor);
 std::optional<std::vector<float>> TensorFloats(const onnx::TensorProto& tensor);
+// The values of a float constant that broadcasts along the channel axis of a rank-`rank` NCHW-style
+// tensor with `channels` channels, one per channel: shaped [C, 1, ...] (rank - 1 dims), [1, C, 1, ...]
+// (rank dims), or one element ([1] or a scalar, repeated). nullopt for any other shape.
+std::optional<std::vector<float>> ChannelFloats(const onnx::TensorProto& tensor, int64_t channels, int rank);
 // The axes of an Unsqueeze (or a node like it): its constant second input (opset 13 on), else its
 // "axes" attribute.
 std::optional<std::vector<int64_t>> ConstantAxes(const Graph& graph, const Node& node);

@@ -26,6 +26,8 @@ std::unique_ptr<Pass> MakeFuseReshapeChainsPass();
 std::unique_ptr<Pass> MakeFuseMatMulAddIntoGemmPass();
 std::unique_ptr<Pass> MakeFuseConvAddMulPass();
 std::unique_ptr<Pass> MakeFuseHardSwishPass();
+std::unique_ptr<Pass> MakeFoldActivationScaleIntoConvPass();
+std::unique_ptr<Pass> MakeFoldAffineIntoConvPass();
 std::unique_ptr<Pass> MakeConvertOpsetPass();
 std::unique_ptr<Pass> MakeUpstreamSlicePass();
 std::unique_ptr<Pass> MakeFuseTransposeIntoGemmPass();

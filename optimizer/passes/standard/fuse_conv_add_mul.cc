@@ -12,22 +12,6 @@
 namespace onnxopt {
 namespace {
 
-// Per-output-channel values of K for `channels` channels and a Conv of `rank` (data rank), or nullopt.
-std::optional<std::vector<float>> PerChannel(const onnx::TensorProto& tensor, int64_t channels, int rank) {
-  auto values = TensorFloats(tensor);
-  if (!values) return std::nullopt;
-  if (values->size() == 1) return std::vector<float>(static_cast<size_t>(channels), (*values)[0]);
-  if (static_cast<int64_t>(values->size()) != channels) return std::nullopt;
-  // Shape must be [C, 1...] with rank-1 dims, or [1, C, 1...] with rank dims.
-  const int dims = tensor.dims_size();
-  const int channel_axis = dims == rank ? 1 : (dims == rank - 1 ? 0 : -1);
-  if (channel_axis < 0) return std::nullopt;
-  for (int d = 0; d < dims; ++d) {
-    if (d != channel_axis && tensor.dims(d) != 1) return std::nullopt;
-  }
-  return values;
-}
-
 class FuseConvAddMulPass final : public Pass {
  public:
   absl::string_view name() const override { return "fuse_conv_add_mul"; }
@@ -47,7 +31,7 @@ class FuseConvAddMulPass final : public Pass {
       if (weight == nullptr || operand == nullptr || weight->dims_size() < 3) continue;
       const int64_t channels = weight->dims(0);
       auto w = TensorFloats(*weight);
-      auto k = PerChannel(*operand, channels, weight->dims_size());
+      auto k = ChannelFloats(*operand, channels, weight->dims_size());
       const bool has_bias = conv->input_size() > 2 && !conv->input(2).empty();
       std::optional<std::vector<float>> b = has_bias ? ConstantFloats(graph, conv->input(2))
                                                      : std::optional<std::vector<float>>(std::vector<float>(channels, 0));
