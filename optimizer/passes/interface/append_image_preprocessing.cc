@@ -16,7 +16,9 @@
 // fixed-point sums the other way). Families give the defaults (their processors' configs at a 224 crop, scaled to the
 // model's H x W); explicit parameters override them. Resize's antialias and axes need opset 18: an older
 // model (13..17) is moved to 18, its Reduce* axes attributes becoming inputs (the only operators whose
-// form changed).
+// form changed). With neither a family nor the steps given, the family the job's report detects in the
+// model (vit, deit, dinov2; a ViT with QuickGELU is CLIP's vision tower) gives them, and the pass's
+// note says so; a model no family is detected in needs them given.
 #include <cmath>
 
 #include "absl/strings/match.h"
@@ -28,6 +30,7 @@
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/passes.h"
 #include "optimizer/passes/rewrite.h"
+#include "optimizer/transformer_report.h"
 
 namespace onnxopt {
 namespace {
@@ -40,6 +43,13 @@ struct Preprocessing {
   double rescale = 1.0 / 255;
   std::vector<float> mean = {0, 0, 0}, std = {1, 1, 1};
 };
+
+// The image family the model's structure tells (the transformer report's detection), or "".
+std::string DetectedImageFamily(const onnx::ModelProto& model) {
+  const std::string family = DetectTransformer(model).family;
+  if (family == "vit" && ReadTransformerEvidence(model).sigmoid_gelu) return "clip";  // CLIP's vision tower
+  return family == "vit" || family == "deit" || family == "dinov2" ? family : "";
+}
 
 // Hugging Face's processors at a 224 crop, scaled to the model's input size.
 std::optional<Preprocessing> FamilyDefaults(const std::string& family, int64_t height, int64_t width) {
@@ -136,7 +146,8 @@ class AppendImagePreprocessingPass final : public Pass {
            "transposes them itself, as its image processor did (changes the interface; opset 18)";
   }
   std::vector<ParamSpec> params() const override {
-    return {{"family", ParamType::kString, "", "vit, deit, dinov2 or clip: their processors' defaults"},
+    return {{"family", ParamType::kString, "",
+             "vit, deit, dinov2 or clip: their processors' defaults (default: the family detected in the model)"},
             {"input", ParamType::kString, "", "the model's image input (default: its only float input of rank 4)"},
             {"image_input", ParamType::kString, "image", "the name of the uint8 input it gets"},
             {"layout", ParamType::kString, "NHWC", "NHWC (a batch of images) or HWC (one image)"},
@@ -197,7 +208,17 @@ class AppendImagePreprocessingPass final : public Pass {
       return absl::InvalidArgumentError(absl::StrCat("append_image_preprocessing: opset ", opset,
                                                      " is older than 13; convert_opset the model first"));
     }
-    absl::StatusOr<Preprocessing> steps = Resolve(params, shape.dim(2).dim_value(), shape.dim(3).dim_value());
+    std::string family = params.GetString("family");
+    if (family.empty() && params.GetString("resize").empty() && params.GetString("mean").empty()) {
+      family = DetectedImageFamily(*model);
+      if (family.empty()) {
+        return absl::InvalidArgumentError(
+            "append_image_preprocessing: no image family (vit, deit, dinov2, clip) is detected in the model; give a "
+            "family or the steps (resize, mean, std...)");
+      }
+      context.Note(absl::StrCat("no family given: the model's detected family '", family, "' gives the steps"));
+    }
+    absl::StatusOr<Preprocessing> steps = Resolve(params, family, shape.dim(2).dim_value(), shape.dim(3).dim_value());
     if (!steps.ok()) return steps.status();
     if (opset < 18) {
       int counter = 0;
@@ -218,15 +239,11 @@ class AppendImagePreprocessingPass final : public Pass {
   }
 
  private:
-  static absl::StatusOr<Preprocessing> Resolve(const PassParams& params, int64_t height, int64_t width) {
-    const std::string& family = params.GetString("family");
+  // The steps: `family`'s defaults (none: the pass's), overridden by the explicit parameters.
+  static absl::StatusOr<Preprocessing> Resolve(const PassParams& params, const std::string& family, int64_t height,
+                                               int64_t width) {
     Preprocessing p;
-    if (!family.empty()) {
-      p = *FamilyDefaults(family, height, width);
-    } else if (params.GetString("resize").empty() && params.GetString("mean").empty()) {
-      return absl::InvalidArgumentError(
-          "append_image_preprocessing: give a family (vit, deit, dinov2, clip) or the steps (resize, mean, std...)");
-    }
+    if (!family.empty()) p = *FamilyDefaults(family, height, width);
     if (!params.GetString("resize").empty()) p.resize = params.GetString("resize");
     if (params.GetInt("resize_height") > 0) p.height = params.GetInt("resize_height");
     if (params.GetInt("resize_width") > 0) p.width = params.GetInt("resize_width");

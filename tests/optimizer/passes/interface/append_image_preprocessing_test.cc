@@ -197,7 +197,6 @@ TEST(ImagePreprocessingParams, ExplicitStepsAndClearErrors) {
       {R"({"family": "vit", "mean": "0.5,0.5"})", "is not three comma-separated numbers"},
       {R"({"family": "vit", "layout": "CHW"})", "layout 'CHW' is not one of NHWC, HWC"},
       {R"({"family": "vit", "input": "pixels"})", "no input 'pixels'"},
-      {R"({"resample": "cubic"})", "give a family"},
   };
   auto classifier = LoadModel(testing::FixturePath("roberta_cls.onnx"));
   ASSERT_TRUE(classifier.ok());
@@ -219,6 +218,35 @@ TEST(ImagePreprocessingParams, ExplicitStepsAndClearErrors) {
     ASSERT_FALSE(bad.status.ok()) << params;
     EXPECT_NE(bad.status.message().find(reason), std::string::npos) << bad.status;
   }
+}
+
+// Without a family or steps, the family the report detects gives the steps (and the note says which);
+// a model no image family is detected in is refused with the reason.
+TEST(ImagePreprocessingParams, WithoutAFamilyTheDetectedOneGivesTheSteps) {
+  for (const auto& [model, family] : std::vector<std::pair<std::string, std::string>>{
+           {"deit_dynamo", "deit"}, {"vit_torchscript", "vit"}}) {
+    auto original = LoadModel(testing::FixturePath(absl::StrCat("hf/", model, ".onnx")));
+    ASSERT_TRUE(original.ok());
+    testing::PassRun run = testing::RunConfig(
+        R"({"passes": [{"name": "append_image_preprocessing", "params": {"layout": "HWC"}}]})", *original);
+    ASSERT_TRUE(run.status.ok()) << model << ": " << run.status;
+    ASSERT_EQ(run.report.notes_size(), 2) << model;
+    EXPECT_NE(run.report.notes(0).find(absl::StrCat("detected family '", family, "'")), std::string::npos)
+        << run.report.notes(0);
+    const std::vector<float> expected = Softmax(
+        RunModel(*original, Normalized(LoadTensor(absl::StrCat("image_400x300.", family)), kFamilies.at(family)))
+            .begin()
+            ->second);
+    const std::vector<float> got = Softmax(RunModel(run.model, LoadTensor("image_400x300")).begin()->second);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-4) << model;
+  }
+  auto cnn = LoadModel(testing::FixturePath("cnn_tiny.onnx"));
+  ASSERT_TRUE(cnn.ok());
+  testing::PassRun refused =
+      testing::RunConfig(R"({"passes": [{"name": "append_image_preprocessing"}]})", *cnn);
+  EXPECT_NE(refused.status.message().find("no image family (vit, deit, dinov2, clip) is detected"), std::string::npos)
+      << refused.status;
 }
 
 // In a job: the pipeline's model is validated and timed against the original on its own inputs, then
