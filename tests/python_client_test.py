@@ -359,6 +359,12 @@ class PythonClientTest(unittest.TestCase):
             # The files where the CLI puts them, each verified.
             self.assertEqual(result.model, out)
             self.assertTrue(result.report["parity"]["passed"], result.report)
+            # Printed, the result reads like the CLI's summary, not the report's samples.
+            shown = repr(result)
+            self.assertIn(f"nodes {job.result.nodes_before} -> {job.result.nodes_after}, parity passed", shown)
+            self.assertIn(out, shown)
+            self.assertLess(len(shown), 400, shown)
+            self.assertEqual(str(result), shown)
             self.assertEqual(result.files["report.json"], out + ".report.json")
             artifacts = {a.name: a for a in job.result.artifacts}
             for name, path in result.files.items():

@@ -69,16 +69,25 @@ class UploadResult:
     resumed_from: int  # bytes the server already held for this upload session (0: a fresh upload)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class OptimizeResult:
     job: service_pb2.Job      # the finished job (labels, result: nodes, parity, speedup, artifacts)
     model: str                # the optimized model: `out`
     files: Dict[str, str]     # every artifact's name -> the path it was written to
-    report: Dict              # report.json, parsed
+    report: Dict              # report.json, parsed (the benchmark's raw latency samples included)
 
     @property
     def report_path(self) -> str:
         return self.files["report.json"]
+
+    def __repr__(self) -> str:
+        # What the CLI prints after `onnxopt submit`; the report (possibly 100,000 latency samples) stays
+        # one attribute away.
+        result = self.job.result
+        parity = "passed" if result.parity_passed else "not checked"
+        return (f"OptimizeResult({self.job.name}: {self.model}, report {self.files.get('report.json', '-')}, "
+                f"nodes {result.nodes_before} -> {result.nodes_after}, parity {parity}, "
+                f"speedup {result.speedup:.3f}x)")
 
 
 def sha256_of_file(path: str) -> str:
