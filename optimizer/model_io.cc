@@ -512,7 +512,7 @@ class AtomicFileWriter {
       ::unlink(temporary_.c_str());
       return absl::InternalError(absl::StrCat("cannot rename to ", path_.string(), ": ", std::strerror(rename_error)));
     }
-    return absl::OkStatus();
+    return durable_ ? SyncDirectory(path_.has_parent_path() ? path_.parent_path() : fs::path(".")) : absl::OkStatus();
   }
 
   int64_t size() const { return size_; }
@@ -540,6 +540,15 @@ absl::Status WriteModelFile(const onnx::ModelProto& model, size_t bytes, const f
 }
 
 }  // namespace
+
+absl::Status SyncDirectory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", dir.string(), ": ", std::strerror(errno)));
+  const int error = ::fsync(fd) != 0 ? errno : 0;
+  ::close(fd);
+  if (error != 0) return WriteError(error, absl::StrCat("cannot flush the folder ", dir.string()));
+  return absl::OkStatus();
+}
 
 absl::Status WriteFileAtomically(const fs::path& path, const std::string& bytes) {
   AtomicFileWriter file(path);

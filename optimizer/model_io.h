@@ -110,6 +110,9 @@ absl::Status RewriteModelHeader(const std::filesystem::path& path, const std::fu
 // Writes bytes to `path` through a temporary file and a rename, so readers never see half a file.
 absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& bytes);
 absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path);
+// fsyncs the folder `dir` itself, so that names a rename or create put in it survive a crash (the files'
+// own bytes need their own fsync first).
+absl::Status SyncDirectory(const std::filesystem::path& dir);
 
 }  // namespace onnxopt
 

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
@@ -128,12 +129,20 @@ absl::Status BlobUpload::Finish() {
     return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: received data hashes to ", *actual, ", not the declared ",
                                             sha256_, "; the upload was discarded"));
   }
+  // Durable before it is named: the bytes, then (after the rename) the folder's entry, so a blob a job
+  // record names survives a crash whole or not at all.
+  if (::fsync(fd_) != 0) {
+    const int failure = errno;
+    return absl::InternalError(absl::StrCat("cannot flush the upload: ", std::strerror(failure),
+                                            "; the partial upload is kept for resuming"));
+  }
   // Another session may have published the same bytes meanwhile; replacing them with an identical,
   // verified copy is harmless, and rename is atomic for readers.
-  fs::rename(partial_, store_->PathOf(sha256_), error);
+  const fs::path blob = store_->PathOf(sha256_);
+  fs::rename(partial_, blob, error);
   Close();
   if (error) return absl::InternalError(absl::StrCat("cannot publish blob: ", error.message()));
-  return absl::OkStatus();
+  return SyncDirectory(blob.parent_path());
 }
 
 BlobStore::BlobStore(fs::path root, int64_t max_blob_bytes, int64_t max_stored_bytes)

@@ -897,7 +897,9 @@ absl::Status JobManager::PublishOutput(const std::string& name, const fs::path& 
   fs::remove_all(output, error);
   fs::rename(attempt_output, output, error);
   if (error) return absl::InternalError(absl::StrCat("cannot publish the job's output: ", error.message()));
-  return absl::OkStatus();
+  // The worker wrote (and fsynced) each file; the rename is durable once the jobs folder is, before the
+  // job record names the artifacts.
+  return SyncDirectory(output.parent_path());
 }
 
 void JobManager::RunJob(const v1::Job& job) {
