@@ -106,6 +106,7 @@ std::optional<onnxopt::v1::Device> ParseDevice(const std::string& name) {
 }
 
 // --dim: NAME=N with N >= 0 (0: an empty dim, such as a decoder's past before its first step).
+constexpr char kDimUsage[] = "use NAME=N with N >= 0";
 std::optional<std::pair<std::string, int64_t>> ParseDim(const std::string& dim) {
   const size_t equals = dim.find('=');
   int64_t value = 0;
@@ -206,7 +207,7 @@ absl::StatusOr<onnxopt::v1::OptimizationConfig> ConfigFrom(const Args& args) {
   }
   for (const std::string& dim : args.dims) {
     const auto parsed = ParseDim(dim);
-    if (!parsed) return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": use NAME=N with N >= 0"));
+    if (!parsed) return absl::InvalidArgumentError(absl::StrCat("--dim ", dim, ": ", kDimUsage));
     (*config.mutable_validation()->mutable_dim_values())[parsed->first] = parsed->second;
   }
   return config;
@@ -867,7 +868,7 @@ int ParseCommandLine(int argc, char** argv, Args* args) {
                             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
                             ->check(CLI::Validator(
                                 [](std::string& dim) -> std::string {
-                                  return ParseDim(dim) ? "" : "use NAME=N with N >= 1";
+                                  return ParseDim(dim) ? "" : kDimUsage;
                                 },
                                 ""));
     given.push_back({"--dim", dims});

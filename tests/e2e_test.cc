@@ -112,7 +112,10 @@ TEST_F(E2eTest, DefaultsFuseAndFlagsAndJsonWorkForPipelines) {
 
   Result queued = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--json", "--dim", "batch=x"});
   EXPECT_EQ(queued.code, 2) << "a malformed --dim is a usage error, before anything is uploaded";
-  EXPECT_TRUE(absl::StrContains(queued.err, "--dim: use NAME=N")) << queued.err;
+  EXPECT_TRUE(absl::StrContains(queued.err, "--dim: use NAME=N with N >= 0")) << queued.err;
+  Result negative = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--json", "--dim", "batch=-1"});
+  EXPECT_EQ(negative.code, 2) << negative.err;
+  EXPECT_TRUE(absl::StrContains(negative.err, "N >= 0")) << "one rule, one message: " << negative.err;
   Result download = Cli({"download", job, "-o", (dir_ / "again.onnx").string(), "--json"});
   ASSERT_EQ(download.code, 0) << download.err;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(download.out, &document).ok()) << download.out;
