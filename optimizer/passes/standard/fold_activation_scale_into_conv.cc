@@ -74,6 +74,10 @@ MatchResult<ScaledActivation> MatchScaledActivation(const Graph& graph, Node* sc
   const bool has_bias = conv->input_size() > 2 && !conv->input(2).empty();
   std::optional<std::vector<float>> bias = has_bias ? ConstantFloats(graph, conv->input(2)) : std::vector<float>();
   if (!w || !bias || weight->dims_size() < 3) return Fail("the Conv's weights or bias are not float constants");
+  // A one-element constant of higher rank than the Conv's output would broadcast it to that rank.
+  const int scaled_index = scale->input(0) == scaled->second ? 0 : 1;
+  const onnx::TensorProto* constant = ConstantTensor(graph, OtherInput(*scale, scaled_index));
+  if (constant == nullptr || constant->dims_size() > weight->dims_size()) return Fail("the scale raises the rank");
   match->weight = *std::move(w);
   match->bias = *std::move(bias);
   return match;

@@ -10,7 +10,8 @@
 //
 // Exact only where every position the Conv reads is an input position: with padding the border reads
 // zeros the affine map would have moved to T, so any non-zero pads (or auto_pad SAME_*) keep the
-// map. W, B, S and T float32 constants; nothing but the next node reads the Mul's or the Add's output.
+// map. W, B, S and T float32 constants; nothing but the next node reads the Mul's or the Add's output;
+// x of the Conv's rank and channels (inferred shapes), so that the map broadcasts nothing.
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ std::optional<std::pair<std::vector<float>, std::string>> ChannelOperand(const G
   return std::nullopt;
 }
 
-MatchResult<InputAffine> MatchInputAffine(const Graph& graph, Node* conv) {
+MatchResult<InputAffine> MatchInputAffine(const Graph& graph, const ShapeInfo& shapes, Node* conv) {
   if (conv->op_type() != "Conv" || !conv->domain().empty() || conv->input_size() < 2) return Fail();
   const onnx::TensorProto* weight = ConstantTensor(graph, conv->input(1));
   if (weight == nullptr || weight->dims_size() < 3 || weight->data_type() != onnx::TensorProto::FLOAT) return Fail();
@@ -87,6 +88,10 @@ MatchResult<InputAffine> MatchInputAffine(const Graph& graph, Node* conv) {
     match.x = scale->second;
   }
   if (match.add == nullptr && match.mul == nullptr) return Fail();
+  // The map must not broadcast x to another shape: x is already what the Conv reads, channels included.
+  if (shapes.Rank(match.x) != rank || shapes.DimValue(match.x, 1) != channels) {
+    return Fail("the input's rank or channels are not known to be the Conv's");
+  }
   if (!PadsNothing(*conv)) return Fail("the Conv pads its input, so its border would read the map's shift");
   std::optional<std::vector<float>> w = TensorFloats(*weight);
   const bool has_bias = conv->input_size() > 2 && !conv->input(2).empty();
@@ -144,7 +149,7 @@ void Rewrite(Graph& graph, PassContext& context, const InputAffine& match) {
   context.CountRewrite();
 }
 
-class FoldAffineIntoConvPass final : public Pass {
+class FoldAffineIntoConvPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fold_affine_into_conv"; }
   ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
@@ -153,9 +158,9 @@ class FoldAffineIntoConvPass final : public Pass {
            "bias where it pads nothing";
   }
 
-  absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+  absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     RewriteEachMatch(
-        graph, context, "fold_affine_into_conv: ", [&](Node* node) { return MatchInputAffine(graph, node); },
+        graph, context, "fold_affine_into_conv: ", [&](Node* node) { return MatchInputAffine(graph, shapes, node); },
         [&](const InputAffine& match) { Rewrite(graph, context, match); });
     return absl::OkStatus();
   }

@@ -59,9 +59,10 @@ TEST(FoldAffineIntoConvTest, AScalarShiftFoldsIntoAStridedConvWithoutBias) {
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
-TEST(FoldAffineIntoConvTest, APaddedConvOrAMapReadElsewhereKeepsIt) {
+TEST(FoldAffineIntoConvTest, APaddedConvAMapReadElsewhereOrABroadcastKeepsIt) {
   // a = x * s + t before a Conv padding 1 (its border would read zeros, not t); c = x * s + t before
-  // a pointwise Conv, but c is also an output.
+  // a pointwise Conv, but c is also an output; e = one-channel g times 4 channels' scales (the Mul
+  // broadcasts g to the 4 channels the Conv reads).
   onnx::GraphProto graph;
   *graph.add_node() = MakeNode("Mul", {"x", "scale"}, {"scaled"});
   *graph.add_node() = MakeNode("Add", {"scaled", "shift"}, {"a"});
@@ -69,6 +70,11 @@ TEST(FoldAffineIntoConvTest, APaddedConvOrAMapReadElsewhereKeepsIt) {
   *graph.add_node() = MakeNode("Mul", {"x", "scale"}, {"scaled2"});
   *graph.add_node() = MakeNode("Add", {"scaled2", "shift"}, {"c"});
   *graph.add_node() = MakeNode("Conv", {"c", "w1"}, {"z"});
+  *graph.add_node() = MakeNode("Mul", {"g", "scales"}, {"e"});
+  *graph.add_node() = MakeNode("Conv", {"e", "w1"}, {"v"});
+  *graph.add_initializer() = FloatTensor("scales", {1, 4, 1, 1}, RandomFloats(4, 8));
+  *graph.add_input() = FloatValue("g", {1, 1, 5, 5});
+  *graph.add_output() = FloatValue("v", {1, 2, 5, 5});
   *graph.add_initializer() = FloatTensor("scale", {}, {1.5f});
   *graph.add_initializer() = FloatTensor("shift", {}, {0.5f});
   *graph.add_initializer() = FloatTensor("w", {2, 4, 3, 3}, RandomFloats(72, 6));
@@ -81,7 +87,8 @@ TEST(FoldAffineIntoConvTest, APaddedConvOrAMapReadElsewhereKeepsIt) {
   PassRun run = RunPass("fold_affine_into_conv", original);
   EXPECT_EQ(run.report.rewrites(), 0);
   EXPECT_EQ(SkipCount(run.report, "pads its input"), 1);
-  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 2}, {"Conv", 2}, {"Mul", 2}}));
+  EXPECT_EQ(SkipCount(run.report, "channels are not known to be the Conv's"), 1);
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Add", 2}, {"Conv", 3}, {"Mul", 3}}));
 }
 
 }  // namespace
