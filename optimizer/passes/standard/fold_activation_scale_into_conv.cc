@@ -12,6 +12,7 @@
 // activation's values by nothing but the pattern.
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optimizer/passes/constants.h"
@@ -138,7 +139,7 @@ class FoldActivationScaleIntoConvPass final : public Pass {
     RewriteEachMatch(
         graph, context, "fold_activation_scale_into_conv: ",
         [&](Node* node) { return MatchScaledActivation(graph, node); },
-        [&](const ScaledActivation& match) { Rewrite(graph, context, match); });
+        [&](ScaledActivation match) { Rewrite(graph, context, std::move(match)); });
     return absl::OkStatus();
   }
 };

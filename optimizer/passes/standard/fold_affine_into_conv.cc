@@ -13,6 +13,7 @@
 // map. W, B, S and T float32 constants; nothing but the next node reads the Mul's or the Add's output;
 // x of the Conv's rank and channels (inferred shapes), so that the map broadcasts nothing.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -105,17 +106,17 @@ MatchResult<InputAffine> MatchInputAffine(const Graph& graph, const ShapeInfo& s
   return match;
 }
 
-void Rewrite(Graph& graph, PassContext& context, const InputAffine& match) {
+void Rewrite(Graph& graph, PassContext& context, InputAffine match) {
   Node* conv = match.conv;
   const onnx::TensorProto& weight = *ConstantTensor(graph, conv->input(1));
-  std::vector<float> w = match.weight;
+  std::vector<float>& w = match.weight;
   const int64_t outputs = weight.dims(0);
   const int64_t group_inputs = weight.dims(1);
   const int64_t per_output = static_cast<int64_t>(w.size()) / outputs;
   const int64_t kernel = per_output / group_inputs;
   const int64_t outputs_per_group = outputs / conv->GetAttributeInt("group", 1);
   const bool has_bias = conv->input_size() > 2 && !conv->input(2).empty();
-  std::vector<float> bias = match.bias;
+  std::vector<float>& bias = match.bias;
   for (int64_t o = 0; o < outputs; ++o) {
     double shifted = 0.0;
     for (int64_t i = 0; i < group_inputs; ++i) {
@@ -161,7 +162,7 @@ class FoldAffineIntoConvPass final : public ShapedPass {
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
     RewriteEachMatch(
         graph, context, "fold_affine_into_conv: ", [&](Node* node) { return MatchInputAffine(graph, shapes, node); },
-        [&](const InputAffine& match) { Rewrite(graph, context, match); });
+        [&](InputAffine match) { Rewrite(graph, context, std::move(match)); });
     return absl::OkStatus();
   }
 };
