@@ -16,13 +16,6 @@
 namespace onnxopt::client {
 namespace {
 
-std::string Bytes(int64_t bytes) {
-  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
-  if (bytes >= (1 << 20)) return absl::StrFormat("%.2f MiB", bytes / double(1 << 20));
-  if (bytes >= (1 << 10)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
-  return absl::StrCat(bytes, " B");
-}
-
 std::string PhaseName(v1::JobPhase phase) {
   std::string name(absl::StripPrefix(v1::JobPhase_Name(phase), "PHASE_"));
   return absl::AsciiStrToLower(name);
@@ -31,7 +24,7 @@ std::string PhaseName(v1::JobPhase phase) {
 std::string Latency(const v1::LatencyStats& stats) {
   return absl::StrFormat("%9.3f %9.3f %9.3f %9.3f %9.3f %8.3f %6d %10s", stats.p50_ms(), stats.p90_ms(), stats.p95_ms(),
                          stats.p99_ms(), stats.mean_ms(), stats.stddev_ms(), stats.runs(),
-                         stats.peak_memory_bytes() > 0 ? Bytes(stats.peak_memory_bytes()) : "-");
+                         stats.peak_memory_bytes() > 0 ? FormatBytes(stats.peak_memory_bytes()) : "-");
 }
 
 std::string Shapes(const google::protobuf::Map<std::string, std::string>& shapes) {
@@ -115,10 +108,10 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
     }
     if (phase.optimized_bytes_per_step() > 0 && phase.original().runs() == 0) {
       absl::StrAppend(out, absl::StrFormat("  roofline %3.0f%% (%s a step)", 100 * phase.optimized_roofline_fraction(),
-                                           Bytes(phase.optimized_bytes_per_step())));
+                                           FormatBytes(phase.optimized_bytes_per_step())));
     } else if (phase.optimized_bytes_per_step() > 0) {
       absl::StrAppend(out, absl::StrFormat("  roofline %3.0f%% -> %3.0f%% (%s a step)", 100 * phase.original_roofline_fraction(),
-                                           100 * phase.optimized_roofline_fraction(), Bytes(phase.optimized_bytes_per_step())));
+                                           100 * phase.optimized_roofline_fraction(), FormatBytes(phase.optimized_bytes_per_step())));
     }
     absl::StrAppend(out, "\n");
   }
@@ -145,11 +138,11 @@ void AppendGeneration(const v1::GenerationReport& generation, std::string* out) 
 
 // The job's peak resident memory stage by stage, against the model's bytes.
 void AppendMemory(const v1::MemoryReport& memory, std::string* out) {
-  absl::StrAppend(out, "\nmemory: peak ", Bytes(memory.peak_resident_bytes()),
-                  absl::StrFormat(" resident, %.2fx the model's %s\n", memory.peak_over_model(), Bytes(memory.model_bytes())));
+  absl::StrAppend(out, "\nmemory: peak ", FormatBytes(memory.peak_resident_bytes()),
+                  absl::StrFormat(" resident, %.2fx the model's %s\n", memory.peak_over_model(), FormatBytes(memory.model_bytes())));
   for (const auto& stage : memory.stages()) {
     absl::StrAppend(out, absl::StrFormat("  %-10s peak %12s  after %12s  %8.2f s\n", stage.stage(),
-                                         Bytes(stage.peak_resident_bytes()), Bytes(stage.resident_bytes_after()),
+                                         FormatBytes(stage.peak_resident_bytes()), FormatBytes(stage.resident_bytes_after()),
                                          stage.seconds()));
   }
   if (!memory.benchmark_sessions().empty()) absl::StrAppend(out, "  benchmark sessions: ", memory.benchmark_sessions(), "\n");
@@ -226,10 +219,17 @@ std::string FormatJob(const v1::Job& job) {
       absl::StrAppend(&out, "left out ", absl::StrJoin(result.excluded_passes(), ", "), " (they broke parity)\n");
     }
     for (const auto& artifact : result.artifacts()) {
-      absl::StrAppend(&out, "artifact ", absl::StrFormat("%-20s %12s", artifact.name(), Bytes(artifact.size())), "\n");
+      absl::StrAppend(&out, "artifact ", absl::StrFormat("%-20s %12s", artifact.name(), FormatBytes(artifact.size())), "\n");
     }
   }
   return out;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
+  if (bytes >= (1 << 20)) return absl::StrFormat("%.2f MiB", bytes / double(1 << 20));
+  if (bytes >= (1 << 10)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  return absl::StrCat(bytes, " B");
 }
 
 std::string FormatReport(const v1::Report& report) {
@@ -241,8 +241,8 @@ std::string FormatReport(const v1::Report& report) {
   absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "nodes", report.original().nodes(), report.optimized().nodes()));
   absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "initializers", report.original().initializers(),
                                         report.optimized().initializers()));
-  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "size", Bytes(report.original().model_bytes()),
-                                        Bytes(report.optimized().model_bytes())));
+  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "size", FormatBytes(report.original().model_bytes()),
+                                        FormatBytes(report.optimized().model_bytes())));
 
   std::set<std::string> ops;
   for (const auto& op : report.original().op_histogram()) ops.insert(op.first);
@@ -345,15 +345,15 @@ std::string FormatReport(const v1::Report& report) {
   if (report.has_precision()) {
     const v1::PrecisionReport& precision = report.precision();
     absl::StrAppend(&out, "\nprecision: ", precision.mode(), " -> ", precision.precision().empty() ? "?" : precision.precision(),
-                    absl::StrFormat(", size %s -> %s (%.2fx)", Bytes(precision.size_before_bytes()),
-                                    Bytes(precision.size_after_bytes()),
+                    absl::StrFormat(", size %s -> %s (%.2fx)", FormatBytes(precision.size_before_bytes()),
+                                    FormatBytes(precision.size_after_bytes()),
                                     precision.size_before_bytes() > 0
                                         ? static_cast<double>(precision.size_after_bytes()) / precision.size_before_bytes()
                                         : 0.0),
                     ", ", precision.converted_nodes(), " node(s) converted");
     if (precision.quantized_weights() > 0) {
       absl::StrAppend(&out, absl::StrFormat(", %d weight(s) %s -> %s", precision.quantized_weights(),
-                                            Bytes(precision.weight_bytes_before()), Bytes(precision.weight_bytes_after())));
+                                            FormatBytes(precision.weight_bytes_before()), FormatBytes(precision.weight_bytes_after())));
     }
     if (precision.clamped_weights() > 0) absl::StrAppend(&out, ", ", precision.clamped_weights(), " weight value(s) clamped");
     if (precision.auto_mixed_attempts() > 0) {

@@ -2,6 +2,7 @@
 #ifndef ONNXOPT_CLIENT_REPORT_FORMAT_H_
 #define ONNXOPT_CLIENT_REPORT_FORMAT_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,8 @@
 
 namespace onnxopt::client {
 
+// "1.50 MiB", "12 B": binary units, as the CLI and the HTML report print sizes.
+std::string FormatBytes(int64_t bytes);
 std::string FormatReport(const v1::Report& report);
 std::string FormatJob(const v1::Job& job);
 // One line, e.g. "RUNNING  optimizing  pass 2/4 eliminate_dropout".

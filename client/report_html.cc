@@ -44,13 +44,7 @@ window.addEventListener('load', function () {
 
 std::string Number(double value, int digits = 3) { return absl::StrFormat("%.*f", digits, value); }
 
-std::string Bytes(int64_t bytes) {
-  if (bytes <= 0) return "-";
-  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30));
-  if (bytes >= (1 << 20)) return absl::StrFormat("%.2f MiB", bytes / double(1 << 20));
-  if (bytes >= (1 << 10)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
-  return absl::StrCat(bytes, " B");
-}
+std::string BytesOrDash(int64_t bytes) { return bytes <= 0 ? "-" : FormatBytes(bytes); }
 
 std::string Badge(bool ok, const std::string& text) {
   return absl::StrCat("<span class=\"badge ", ok ? "ok" : "bad", "\">", HtmlEscape(text), "</span>");
@@ -216,7 +210,7 @@ std::string LatencyRow(const char* name, const v1::LatencyStats& s) {
   return absl::StrCat("<tr><td class=\"text\">", name, "</td><td>", Number(s.p50_ms()), "</td><td>", Number(s.p90_ms()),
                       "</td><td>", Number(s.p95_ms()), "</td><td>", Number(s.p99_ms()), "</td><td>", Number(s.mean_ms()),
                       "</td><td>", Number(s.stddev_ms()), "</td><td>", Number(s.throughput_per_second(), 1), "</td><td>",
-                      s.runs(), "</td><td>", Bytes(s.peak_memory_bytes()), "</td></tr>");
+                      s.runs(), "</td><td>", BytesOrDash(s.peak_memory_bytes()), "</td></tr>");
 }
 
 }  // namespace
@@ -261,7 +255,7 @@ std::string RenderReportHtml(const v1::Report& report) {
                   "<tr><td class=\"text\">nodes</td><td>", report.original().nodes(), "</td><td>", report.optimized().nodes(),
                   "</td></tr><tr><td class=\"text\">initializers</td><td>", report.original().initializers(), "</td><td>",
                   report.optimized().initializers(), "</td></tr><tr><td class=\"text\">size</td><td>",
-                  Bytes(report.original().model_bytes()), "</td><td>", Bytes(report.optimized().model_bytes()),
+                  BytesOrDash(report.original().model_bytes()), "</td><td>", BytesOrDash(report.optimized().model_bytes()),
                   "</td></tr></table>\n");
   for (const auto& runtime : report.runtimes()) absl::StrAppend(&html, "<p>Runs on: ", HtmlEscape(runtime), "</p>\n");
 

@@ -3,6 +3,7 @@
 #define ONNXOPT_TESTS_PARITY_MATCHERS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,24 @@
 #include "optimizer/validation/input_generator.h"
 
 namespace onnxopt::testing {
+
+// A CPU session of `model`; null (and a test failure) when it cannot be made. ORT_DISABLE_ALL runs the
+// graph as written, without ONNX Runtime's own fusions.
+inline std::unique_ptr<Ort::Session> SessionOf(const onnx::ModelProto& model,
+                                               GraphOptimizationLevel level = ORT_ENABLE_ALL) {
+  SessionSettings settings;
+  settings.optimization_level = level;
+  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
+  EXPECT_TRUE(session.ok()) << session.status();
+  return session.ok() ? *std::move(session) : nullptr;
+}
+
+// A 1-D float tensor over `data` (which must outlive it).
+inline Ort::Value FloatTensorValue(std::vector<float>& data) {
+  static Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  const int64_t shape[] = {static_cast<int64_t>(data.size())};
+  return Ort::Value::CreateTensor<float>(memory, data.data(), data.size(), shape, 1);
+}
 
 // Fails the test unless `optimized` reproduces `original`'s outputs within atol/rtol.
 inline void ExpectSameOutputs(const onnx::ModelProto& original, const onnx::ModelProto& optimized,

@@ -9,7 +9,7 @@ namespace onnxopt {
 namespace {
 
 // A node's identity across two versions of a graph: what it is and what it makes.
-std::string NodeKey(const onnx::NodeProto& node) {
+std::string NodeIdentity(const onnx::NodeProto& node) {
   return absl::StrCat(node.domain(), "::", node.op_type(), "(", absl::StrJoin(node.output(), ","), ")");
 }
 
@@ -34,7 +34,7 @@ absl::StatusOr<onnx::ModelProto> Replay(const onnx::ModelProto& original, const 
 }
 
 // The output that fails worst in a parity report.
-const v1::OutputParity* WorstOutput(const v1::ParityReport& parity) {
+const v1::OutputParity* WorstFailingOutput(const v1::ParityReport& parity) {
   const v1::OutputParity* worst = nullptr;
   for (const auto& output : parity.outputs()) {
     if (output.passed()) continue;
@@ -47,10 +47,10 @@ const v1::OutputParity* WorstOutput(const v1::ParityReport& parity) {
 
 std::vector<std::string> RemovedNodes(const onnx::GraphProto& before, const onnx::GraphProto& after, size_t limit) {
   std::set<std::string> kept;
-  for (const auto& node : after.node()) kept.insert(NodeKey(node));
+  for (const auto& node : after.node()) kept.insert(NodeIdentity(node));
   std::vector<std::string> removed;
   for (const auto& node : before.node()) {
-    if (kept.count(NodeKey(node)) > 0) continue;
+    if (kept.count(NodeIdentity(node)) > 0) continue;
     if (removed.size() == limit) {
       removed.push_back("...");
       break;
@@ -111,7 +111,7 @@ absl::StatusOr<BisectionResult> BisectAndRecover(const onnx::ModelProto& origina
     culprit->set_position(static_cast<int32_t>(high));
     for (auto& node : RemovedNodes(passing.graph(), failing.graph())) culprit->add_removed_nodes(std::move(node));
     for (auto& node : RemovedNodes(failing.graph(), passing.graph())) culprit->add_added_nodes(std::move(node));
-    if (const v1::OutputParity* worst = WorstOutput(failing_parity)) {
+    if (const v1::OutputParity* worst = WorstFailingOutput(failing_parity)) {
       culprit->set_worst_output(worst->name());
       culprit->set_max_abs_error(worst->max_abs_error());
     }

@@ -17,6 +17,7 @@
 #include "optimizer/transformer_report.h"
 #include "optimizer/validation/generation.h"
 #include "optimizer/validation/parity.h"
+#include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"
 
@@ -37,14 +38,6 @@ const CacheFixture kFixtures[] = {
 };
 
 void PrintTo(const CacheFixture& f, std::ostream* os) { *os << f.path; }
-
-std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;  // the graphs as written
-  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
-  EXPECT_TRUE(session.ok()) << session.status();
-  return session.ok() ? *std::move(session) : nullptr;
-}
 
 // The fixture `path` (under tests/fixtures, without ".onnx") and what the transformer preset makes of it.
 void LoadAndOptimize(const std::string& path, onnx::ModelProto* original, onnx::ModelProto* optimized) {
@@ -122,8 +115,8 @@ TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndP
 // left (0, 2) and on the right (1) by up to 40% of the total length: left padding longer than the past
 // masks the first rows entirely, which the original's NaN guard turns to zeros.
 TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecode) {
-  auto a = Session(original_);
-  auto b = Session(optimized_);
+  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
+  auto b = testing::SessionOf(optimized_, ORT_DISABLE_ALL);
   ASSERT_TRUE(a && b);
   v1::ValidationConfig config;
   config.set_atol(1e-4);
@@ -148,8 +141,8 @@ TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecod
 }
 
 TEST_P(CacheDecoderTest, GreedyGenerationPicksTheSameTokens) {
-  auto a = Session(original_);
-  auto b = Session(optimized_);
+  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
+  auto b = testing::SessionOf(optimized_, ORT_DISABLE_ALL);
   ASSERT_TRUE(a && b);
   const std::optional<CacheInterface> cache = FindCacheInterface(original_.graph());
   ASSERT_TRUE(cache.has_value());
@@ -183,8 +176,8 @@ INSTANTIATE_TEST_SUITE_P(Decoders, CacheDecoderTest, ::testing::ValuesIn(kFixtur
 TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
   onnx::ModelProto original, optimized;
   ASSERT_NO_FATAL_FAILURE(LoadAndOptimize("cache/cache_decoder_gqa3", &original, &optimized));
-  auto a = Session(original);
-  auto b = Session(optimized);
+  auto a = testing::SessionOf(original, ORT_DISABLE_ALL);
+  auto b = testing::SessionOf(optimized, ORT_DISABLE_ALL);
   ASSERT_TRUE(a && b);
   v1::GenerationConfig settings;
   settings.add_batch_sizes(1);
@@ -237,8 +230,8 @@ TEST(LeftPaddingTest, OneShotDecodersMatchOnLeftPaddedPrompts) {
                            "hf/mistral_torchscript", "hf/phi3_torchscript"}) {
     onnx::ModelProto original, optimized;
     ASSERT_NO_FATAL_FAILURE(LoadAndOptimize(name, &original, &optimized));
-    auto a = Session(original);
-    auto b = Session(optimized);
+    auto a = testing::SessionOf(original, ORT_DISABLE_ALL);
+    auto b = testing::SessionOf(optimized, ORT_DISABLE_ALL);
     ASSERT_TRUE(a && b);
     constexpr int64_t kLength = 16, kPadded = 6;
     SuppliedSample sample;

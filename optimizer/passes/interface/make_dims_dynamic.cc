@@ -30,7 +30,7 @@
 namespace onnxopt {
 namespace {
 
-absl::StatusOr<std::vector<FreedDim>> ParseDims(const std::string& text) {
+absl::StatusOr<std::vector<FreedDim>> ParseFreedDims(const std::string& text) {
   std::vector<FreedDim> dims;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     std::vector<std::string> named = absl::StrSplit(item, '=');
@@ -61,7 +61,7 @@ class MakeDimsDynamicPass final : public Pass {
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
     if (!graph.is_main()) return absl::OkStatus();
-    absl::StatusOr<std::vector<FreedDim>> dims = ParseDims(context.params().GetString("dims"));
+    absl::StatusOr<std::vector<FreedDim>> dims = ParseFreedDims(context.params().GetString("dims"));
     if (!dims.ok()) return dims.status();
     for (FreedDim& dim : *dims) {
       onnx::TensorShapeProto* shape = InputShape(graph, dim.input);

@@ -8,34 +8,29 @@
 #include "gtest/gtest.h"
 #include "optimizer/optimize.h"
 #include "optimizer/validation/parity.h"
+#include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
 namespace {
-
-Ort::Value FloatTensorValue(std::vector<float>& data) {
-  static Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-  const int64_t shape[] = {static_cast<int64_t>(data.size())};
-  return Ort::Value::CreateTensor<float>(memory, data.data(), data.size(), shape, 1);
-}
 
 TEST(DeviceParityTest, AnElementOutsideToleranceIsJudgedByTheDeviceNoiseBound) {
   std::vector<float> expected = {1, 2, 3, 4};
   std::vector<float> exact = {1, 2, 3, 4};
   std::vector<float> drifted = {1, 2, 3, 4.01f};
   v1::OutputParity strict;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(drifted), 1e-4, 0, &strict);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(drifted), 1e-4, 0, &strict);
   EXPECT_FALSE(strict.passed()) << "no device noise: the tolerance alone judges";
   v1::OutputParity noisy;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(drifted), 1e-4, 0, &noisy, 0, 0.02);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(drifted), 1e-4, 0, &noisy, 0, 0.02);
   EXPECT_TRUE(noisy.passed());
   EXPECT_EQ(noisy.judged_by(), "device noise");
   EXPECT_DOUBLE_EQ(noisy.noise_bound(), 0.02);
   v1::OutputParity beyond;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(drifted), 1e-4, 0, &beyond, 0, 0.005);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(drifted), 1e-4, 0, &beyond, 0, 0.005);
   EXPECT_FALSE(beyond.passed()) << "0.01 off, the device strays 0.005";
   v1::OutputParity within;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(exact), 1e-4, 0, &within, 0, 0.02);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(exact), 1e-4, 0, &within, 0, 0.02);
   EXPECT_EQ(within.judged_by(), "tolerance");
 }
 

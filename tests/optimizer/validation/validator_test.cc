@@ -10,18 +10,13 @@
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/transformer_report.h"
+#include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
 namespace {
 
 using testing::FixturePath;
-
-Ort::Value FloatTensorValue(std::vector<float>& data) {
-  static Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-  const int64_t shape[] = {static_cast<int64_t>(data.size())};
-  return Ort::Value::CreateTensor<float>(memory, data.data(), data.size(), shape, 1);
-}
 
 TEST(AllCloseTest, FollowsTheAllcloseRule) {
   EXPECT_TRUE(AllClose(1.0, 1.0, 0, 0));
@@ -41,18 +36,18 @@ TEST(CompareOutputTest, MeasuresErrorsAndFlagsIntroducedNaN) {
   std::vector<float> close = {1, 2, 3, 4.0001f};
   std::vector<float> broken = {1, std::nanf(""), 3, 5};
   v1::OutputParity ok;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(close), 1e-3, 0, &ok);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(close), 1e-3, 0, &ok);
   EXPECT_TRUE(ok.passed());
   EXPECT_NEAR(ok.max_abs_error(), 1e-4, 1e-5);
   v1::OutputParity bad;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(broken), 1e-3, 0, &bad);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(broken), 1e-3, 0, &bad);
   EXPECT_FALSE(bad.passed());
   EXPECT_TRUE(bad.nan_or_inf_introduced());
   EXPECT_DOUBLE_EQ(bad.mismatch_fraction(), 0.5);
   EXPECT_DOUBLE_EQ(bad.max_abs_error(), 1.0);
   std::vector<float> shorter = {1, 2, 3};
   v1::OutputParity shape;
-  CompareOutput(FloatTensorValue(expected), FloatTensorValue(shorter), 1, 1, &shape);
+  CompareOutput(testing::FloatTensorValue(expected), testing::FloatTensorValue(shorter), 1, 1, &shape);
   EXPECT_FALSE(shape.passed());
   EXPECT_NE(shape.note().find("shape"), std::string::npos);
 }

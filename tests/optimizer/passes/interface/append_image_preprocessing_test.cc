@@ -101,16 +101,16 @@ std::vector<float> Softmax(const std::vector<float>& logits) {
   return out;
 }
 
-struct Case {
+struct FamilyCase {
   const char* model;
   const char* family;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << "+" << c.family; }
+void PrintTo(const FamilyCase& c, std::ostream* os) { *os << c.model << "+" << c.family; }
 
-class ImagePreprocessingTest : public ::testing::TestWithParam<Case> {};
+class ImagePreprocessingTest : public ::testing::TestWithParam<FamilyCase> {};
 
 TEST_P(ImagePreprocessingTest, TakesUint8ImagesAndMatchesTheReferencePipeline) {
-  const Case& c = GetParam();
+  const FamilyCase& c = GetParam();
   auto original = LoadModel(testing::FixturePath(absl::StrCat("hf/", c.model, ".onnx")));
   ASSERT_TRUE(original.ok());
   testing::PassRun run = testing::RunConfig(
@@ -168,9 +168,9 @@ TEST_P(ImagePreprocessingTest, TakesUint8ImagesAndMatchesTheReferencePipeline) {
 // Every family's defaults on the ViT model (the preprocessing does not depend on the model), and the
 // DeiT model with its own from the other exporter.
 INSTANTIATE_TEST_SUITE_P(Fixtures, ImagePreprocessingTest,
-                         ::testing::Values(Case{"vit_torchscript", "vit"}, Case{"vit_torchscript", "deit"},
-                                           Case{"vit_dynamo", "dinov2"}, Case{"vit_dynamo", "clip"},
-                                           Case{"deit_dynamo", "deit"}, Case{"deit_torchscript", "clip"}));
+                         ::testing::Values(FamilyCase{"vit_torchscript", "vit"}, FamilyCase{"vit_torchscript", "deit"},
+                                           FamilyCase{"vit_dynamo", "dinov2"}, FamilyCase{"vit_dynamo", "clip"},
+                                           FamilyCase{"deit_dynamo", "deit"}, FamilyCase{"deit_torchscript", "clip"}));
 
 TEST(ImagePreprocessingParams, ExplicitStepsAndClearErrors) {
   auto original = LoadModel(testing::FixturePath("hf/vit_torchscript.onnx"));

@@ -18,6 +18,7 @@
 #include "optimizer/pass_manager.h"
 #include "optimizer/peft_adapter.h"
 #include "optimizer/validation/parity.h"
+#include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"
 
@@ -44,14 +45,6 @@ void PrintTo(const LoraFixture& f, std::ostream* os) { *os << f.path; }
 
 constexpr char kExtractThenTransformer[] =
     R"({"preset": "transformer", "passesBefore": [{"name": "extract_adapters"}]})";
-
-std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
-  SessionSettings settings;
-  settings.optimization_level = ORT_DISABLE_ALL;
-  auto session = CreateSession({model.SerializeAsString(), {}}, settings);
-  EXPECT_TRUE(session.ok()) << session.status();
-  return session.ok() ? *std::move(session) : nullptr;
-}
 
 // ONNX Runtime's fused operators in `model`, by type.
 std::map<std::string, int> FusedOps(const onnx::ModelProto& model) {
@@ -83,8 +76,8 @@ Delivered Deliver(onnx::ModelProto model) {
 v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelProto& candidate,
                          const std::string& adapter) {
   v1::ParityReport report;
-  auto original = Session(reference);
-  auto optimized = Session(candidate);
+  auto original = testing::SessionOf(reference, ORT_DISABLE_ALL);
+  auto optimized = testing::SessionOf(candidate, ORT_DISABLE_ALL);
   if (original == nullptr || optimized == nullptr) return report;
   std::optional<Ort::LoraAdapter> lora;
   Ort::RunOptions options;

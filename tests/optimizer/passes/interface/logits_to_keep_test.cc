@@ -14,17 +14,12 @@
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/generation.h"
 #include "optimizer/validation/input_generator.h"
+#include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"
 
 namespace onnxopt {
 namespace {
-
-std::unique_ptr<Ort::Session> Session(const onnx::ModelProto& model) {
-  auto session = CreateSession({model.SerializeAsString(), {}}, SessionSettings());
-  EXPECT_TRUE(session.ok()) << session.status();
-  return session.ok() ? *std::move(session) : nullptr;
-}
 
 onnx::ModelProto Fixture(const std::string& path) {
   auto loaded = LoadModel(testing::FixturePath(absl::StrCat(path, ".onnx")));
@@ -79,8 +74,8 @@ TEST_P(LogitsToKeepTest, FedNothingEveryPositionFedKTheLastK) {
   EXPECT_EQ(run.report.rewrites(), 1);
   const std::optional<CacheInterface> cache = FindCacheInterface(original.graph());
   ASSERT_TRUE(cache.has_value());
-  auto a = Session(original);
-  auto b = Session(run.model);
+  auto a = testing::SessionOf(original);
+  auto b = testing::SessionOf(run.model);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(a->GetInputCount(), b->GetInputCount());  // optional: callers need not feed it
   ASSERT_EQ(b->GetOverridableInitializerCount(), 1u);
@@ -108,8 +103,8 @@ TEST_P(LogitsToKeepTest, FusedDecoderKeepsItThroughTheTransformerPresetAndGenera
   bool declared = false;
   for (const auto& input : run.model.graph().input()) declared |= input.name() == kLogitsToKeepInput;
   EXPECT_TRUE(declared) << "eliminate_initializer_inputs must leave logits_to_keep an input";
-  auto a = Session(original);
-  auto b = Session(run.model);
+  auto a = testing::SessionOf(original);
+  auto b = testing::SessionOf(run.model);
   ASSERT_TRUE(a && b);
   const std::optional<CacheInterface> cache = FindCacheInterface(original.graph());
   ASSERT_TRUE(cache.has_value());
@@ -179,7 +174,7 @@ TEST(LogitsToKeepLimitsTest, StepsThatMixPositionsAreLeftAloneWithTheReason) {
                                            {testing::FloatTensor("scale", {1, 1, 6}, testing::RandomFloats(6, 3))});
   run = testing::RunPass("logits_to_keep", scaled);
   EXPECT_EQ(run.report.rewrites(), 1);
-  auto session = Session(run.model);
+  auto session = testing::SessionOf(run.model);
   ASSERT_TRUE(session);
   EXPECT_EQ(run.model.graph().output(0).type().tensor_type().shape().dim(1).dim_param(), "logits_positions");
 }
