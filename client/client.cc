@@ -14,6 +14,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "optimizer/model_io.h"
+#include "optimizer/result_files.h"
 #include "optimizer/sha256.h"
 
 namespace onnxopt::client {
@@ -426,7 +427,7 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
   // resumes within this call only.
   absl::StatusOr<v1::Job> job = GetJob(name);
   if (!job.ok()) return job.status();
-  const std::string wanted = artifact.empty() ? "model.onnx" : artifact;
+  const std::string wanted = artifact.empty() ? kModelFileName : artifact;
   int64_t size = -1;
   std::string digest;
   for (const auto& entry : job->result().artifacts()) {

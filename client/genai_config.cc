@@ -19,6 +19,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "client/deploy_settings.h"
+#include "optimizer/result_files.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
 
@@ -116,7 +117,7 @@ void AppendJson(std::string* out, const Value& value, int indent) {
   }
 }
 
-Value Number(double number) {
+Value JsonNumber(double number) {
   Value value;
   value.set_number_value(number);
   return value;
@@ -402,7 +403,7 @@ Struct SessionOptions(const v1::Report& report) {
     *providers.mutable_list_value()->add_values()->mutable_struct_value() = entry;
   }
   if (deploy.measured) {
-    if (deploy.intra_op_threads > 0) Field(&options, "intra_op_num_threads") = Number(deploy.intra_op_threads);
+    if (deploy.intra_op_threads > 0) Field(&options, "intra_op_num_threads") = JsonNumber(deploy.intra_op_threads);
     static const auto* levels = new std::map<std::string, std::string>{
         {"basic", "ORT_ENABLE_BASIC"}, {"extended", "ORT_ENABLE_EXTENDED"}, {"disabled", "ORT_DISABLE_ALL"},
         {"none", "ORT_DISABLE_ALL"}};
@@ -448,7 +449,7 @@ std::string ModelType(const GenaiOptions& options, const HfFiles& hf, std::vecto
 // eos (as GenAI's model builder does). Ids nothing says are left out, and noted.
 void TokenIds(const HfFiles& hf, Struct* model, std::vector<std::string>* notes) {
   if (auto bos = Setting(hf, "bos_token_id")) {
-    Field(model, "bos_token_id") = Number(bos->first);
+    Field(model, "bos_token_id") = JsonNumber(bos->first);
   } else {
     notes->push_back("bos_token_id left out: no config.json or generation_config.json names it");
   }
@@ -461,9 +462,9 @@ void TokenIds(const HfFiles& hf, Struct* model, std::vector<std::string>* notes)
     notes->push_back("eos_token_id left out: generation stops at search.max_length only");
   }
   if (auto pad = Setting(hf, "pad_token_id")) {
-    Field(model, "pad_token_id") = Number(pad->first);
+    Field(model, "pad_token_id") = JsonNumber(pad->first);
   } else if (first_eos) {
-    Field(model, "pad_token_id") = Number(*first_eos);
+    Field(model, "pad_token_id") = JsonNumber(*first_eos);
     notes->push_back("pad_token_id: the first eos_token_id (nothing names a pad token)");
   }
 }
@@ -476,15 +477,15 @@ Struct Search(const HfFiles& hf, int64_t context_length) {
   Field(&search, "do_sample") =
       Flag(sample != hf.generation.fields().end() && sample->second.kind_case() == Value::kBoolValue &&
            sample->second.bool_value());
-  Field(&search, "max_length") = Number(static_cast<double>(context_length));
-  Field(&search, "min_length") = Number(0);
-  Field(&search, "num_beams") = Number(1);
-  Field(&search, "num_return_sequences") = Number(1);
+  Field(&search, "max_length") = JsonNumber(static_cast<double>(context_length));
+  Field(&search, "min_length") = JsonNumber(0);
+  Field(&search, "num_beams") = JsonNumber(1);
+  Field(&search, "num_return_sequences") = JsonNumber(1);
   Field(&search, "past_present_share_buffer") = Flag(false);
   for (const auto& [key, fallback] : {std::pair("repetition_penalty", 1.0), std::pair("temperature", 1.0),
                                       std::pair("top_k", 50.0), std::pair("top_p", 1.0)}) {
     const std::optional<double> value = NumberIn(hf.generation, key);
-    Field(&search, key) = Number(value.value_or(fallback));
+    Field(&search, key) = JsonNumber(value.value_or(fallback));
   }
   return search;
 }
@@ -575,19 +576,19 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   Struct root;
   Struct* model_json = Object(&root, "model");
   Field(model_json, "type") = Text(ModelType(options, *hf, &result.notes));
-  Field(model_json, "context_length") = Number(static_cast<double>(*context_length));
+  Field(model_json, "context_length") = JsonNumber(static_cast<double>(*context_length));
   TokenIds(*hf, model_json, &result.notes);
 
   Struct* decoder = Object(model_json, "decoder");
   *Object(decoder, "session_options") = SessionOptions(report);
-  Field(decoder, "filename") = Text("model.onnx");
-  Field(decoder, "num_hidden_layers") = Number(past->layers);
-  Field(decoder, "num_key_value_heads") = Number(static_cast<double>(shape->kv_heads));
-  Field(decoder, "head_size") = Number(static_cast<double>(shape->head_size));
+  Field(decoder, "filename") = Text(kModelFileName);  // WriteGenaiFolder places the model under it
+  Field(decoder, "num_hidden_layers") = JsonNumber(past->layers);
+  Field(decoder, "num_key_value_heads") = JsonNumber(static_cast<double>(shape->kv_heads));
+  Field(decoder, "head_size") = JsonNumber(static_cast<double>(shape->head_size));
   if (auto heads = FusedQueryHeads(graph)) {
-    Field(decoder, "num_attention_heads") = Number(static_cast<double>(*heads));
+    Field(decoder, "num_attention_heads") = JsonNumber(static_cast<double>(*heads));
   } else if (auto configured = NumberIn(hf->config, "num_attention_heads")) {
-    Field(decoder, "num_attention_heads") = Number(*configured);
+    Field(decoder, "num_attention_heads") = JsonNumber(*configured);
     result.notes.push_back("num_attention_heads from config.json (no fused attention names it)");
   } else {
     result.notes.push_back("num_attention_heads left out: no fused attention or config.json names it (GenAI reads "
@@ -595,9 +596,9 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   }
   const onnx::TensorProto* table = EmbeddingTable(graph, cache->ids_input);
   if (auto hidden = NumberIn(hf->config, "hidden_size")) {
-    Field(decoder, "hidden_size") = Number(*hidden);
+    Field(decoder, "hidden_size") = JsonNumber(*hidden);
   } else if (table != nullptr) {
-    Field(decoder, "hidden_size") = Number(static_cast<double>(table->dims(1)));
+    Field(decoder, "hidden_size") = JsonNumber(static_cast<double>(table->dims(1)));
   } else {
     result.notes.push_back("hidden_size left out: no embedding table or config.json names it");
   }
@@ -621,9 +622,9 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   if (logits_shape != nullptr && logits_shape->dim_size() > 0) vocab = StaticDim(*logits, logits_shape->dim_size() - 1);
   if (!vocab && table != nullptr) vocab = table->dims(0);
   if (vocab) {
-    Field(model_json, "vocab_size") = Number(static_cast<double>(*vocab));
+    Field(model_json, "vocab_size") = JsonNumber(static_cast<double>(*vocab));
   } else if (auto configured = NumberIn(hf->config, "vocab_size")) {
-    Field(model_json, "vocab_size") = Number(*configured);
+    Field(model_json, "vocab_size") = JsonNumber(*configured);
     result.notes.push_back("vocab_size from config.json (the logits name it symbolically)");
   } else {
     return absl::FailedPreconditionError(
@@ -638,13 +639,13 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   return result;
 }
 
-absl::StatusOr<std::vector<fs::path>> WriteGenaiFolder(const std::vector<fs::path>& files, const v1::Report& report,
+absl::StatusOr<std::vector<fs::path>> WriteGenaiFolder(const std::vector<ResultFile>& files, const v1::Report& report,
                                                        const GenaiOptions& options, const fs::path& folder,
                                                        std::vector<std::string>* notes) {
   if (absl::Status valid = CheckGenaiOptions(options); !valid.ok()) return valid;
-  auto model_file = std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx"; });
-  if (model_file == files.end()) return absl::NotFoundError("the result has no model.onnx");
-  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(*model_file);  // the graph: names, dims, attributes
+  const ResultFile* model_file = FindRole(files, v1::ARTIFACT_MODEL);
+  if (model_file == nullptr) return absl::NotFoundError("the result has no model");
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_file->path);  // the graph: names, dims, attributes
   if (!model.ok()) return model.status();
   absl::StatusOr<GenaiConfig> config = GenaiConfigFor(*model, report, options);
   if (!config.ok()) return config.status();
@@ -662,10 +663,12 @@ absl::StatusOr<std::vector<fs::path>> WriteGenaiFolder(const std::vector<fs::pat
     fs::remove_all(staging, error);
     return absl::InternalError(why);
   };
-  for (const fs::path& file : files) {
-    const fs::path to = staging / (file.filename() == "report.json" ? fs::path("onnxopt_report.json") : file.filename());
-    fs::rename(file, to, error);
-    if (error) return fail(absl::StrCat("cannot move ", file.string(), " into ", staging.string()));
+  for (const ResultFile& file : files) {
+    const fs::path to = staging / (file.role == v1::ARTIFACT_REPORT  ? fs::path("onnxopt_report.json")
+                                   : file.role == v1::ARTIFACT_MODEL ? fs::path(kModelFileName)
+                                                                     : file.path.filename());
+    fs::rename(file.path, to, error);
+    if (error) return fail(absl::StrCat("cannot move ", file.path.string(), " into ", staging.string()));
   }
   for (const char* name : kTokenizerFiles) {
     const fs::path from = options.tokenizer_dir / name;

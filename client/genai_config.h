@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "client/result_file.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "onnx/onnx_pb.h"
@@ -55,7 +56,7 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
 // report.json as onnxopt_report.json, ...), moved, with genai_config.json and the tokenizer's files.
 // The folder is filled beside it and renamed into place, so it appears whole. Returns the paths
 // written; `notes` receives GenaiConfig's.
-absl::StatusOr<std::vector<std::filesystem::path>> WriteGenaiFolder(const std::vector<std::filesystem::path>& files,
+absl::StatusOr<std::vector<std::filesystem::path>> WriteGenaiFolder(const std::vector<ResultFile>& files,
                                                                     const v1::Report& report,
                                                                     const GenaiOptions& options,
                                                                     const std::filesystem::path& folder,

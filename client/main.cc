@@ -24,6 +24,7 @@
 #include "client/model_repository.h"
 #include "client/report_format.h"
 #include "client/report_html.h"
+#include "optimizer/result_files.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/peft_adapter.h"
@@ -36,6 +37,8 @@
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/generation.h"
 
+using onnxopt::client::FindRole;
+using onnxopt::client::ResultFile;
 namespace fs = std::filesystem;
 using onnxopt::client::Client;
 
@@ -239,31 +242,35 @@ class ProgressLine {
   std::string last_;
 };
 
-// Renames a result (model.onnx, its model.onnx.data, other files) from where it was made to `out`,
-// the data file to OUT.data (the model rewritten to say so) and an extracted adapter to
-// OUT-without-extension.onnx_adapter so that results in one folder do not clash, other files beside `out`.
-absl::Status MoveResult(const std::vector<fs::path>& files, const fs::path& out) {
+// Renames a result's files from where they were made to where their roles put them: the model to
+// `out`, its data file to OUT.data (the model rewritten to say so), an extracted adapter to
+// OUT-without-extension.onnx_adapter so that results in one folder do not clash, other files beside
+// `out` under their own names.
+absl::Status MoveResult(const std::vector<ResultFile>& files, const fs::path& out) {
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const std::string data_name = out.filename().string() + ".data";
-  const bool has_data =
-      std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx.data"; }) !=
-      files.end();
+  const ResultFile* data = FindRole(files, onnxopt::v1::ARTIFACT_MODEL_DATA);
   std::error_code error;
-  for (const auto& file : files) {
-    if (file.filename() == "model.onnx") {
-      if (has_data) {
-        absl::Status relocated = onnxopt::RelocateExternalData(file, "model.onnx.data", data_name);
-        if (!relocated.ok()) return relocated;
-      }
-      fs::rename(file, out, error);
-    } else if (file.filename() == "model.onnx.data") {
-      fs::rename(file, dir / data_name, error);
-    } else if (file.filename() == onnxopt::kAdapterFileName) {  // OUT.onnx_adapter, as ONNX Runtime GenAI names them
-      fs::rename(file, dir / (out.stem().string() + ".onnx_adapter"), error);
-    } else {
-      fs::rename(file, dir / file.filename(), error);
+  for (const ResultFile& file : files) {
+    switch (file.role) {
+      case onnxopt::v1::ARTIFACT_MODEL:
+        if (data != nullptr) {
+          absl::Status relocated =
+              onnxopt::RelocateExternalData(file.path, data->path.filename().string(), data_name);
+          if (!relocated.ok()) return relocated;
+        }
+        fs::rename(file.path, out, error);
+        break;
+      case onnxopt::v1::ARTIFACT_MODEL_DATA:
+        fs::rename(file.path, dir / data_name, error);
+        break;
+      case onnxopt::v1::ARTIFACT_ADAPTER:  // OUT.onnx_adapter, as ONNX Runtime GenAI names them
+        fs::rename(file.path, dir / (out.stem().string() + ".onnx_adapter"), error);
+        break;
+      default:
+        fs::rename(file.path, dir / file.path.filename(), error);
     }
-    if (error) return absl::InternalError(absl::StrCat("cannot move ", file.string(), ": ", error.message()));
+    if (error) return absl::InternalError(absl::StrCat("cannot move ", file.path.string(), ": ", error.message()));
   }
   return absl::OkStatus();
 }
@@ -284,7 +291,7 @@ struct Destination {
 // Moves a finished result's files (model.onnx, its data, report.json, ...) to `to`: OUT and beside it
 // (OUT.report.json), or into the model repository. Returns what to print: the model (or the
 // repository) and the report.
-absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<fs::path> files, const onnxopt::v1::Report& report,
+absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<ResultFile> files, const onnxopt::v1::Report& report,
                                                       const Destination& to) {
   if (to.repository) {
     std::vector<std::string> notes;
@@ -298,10 +305,11 @@ absl::StatusOr<std::pair<fs::path, fs::path>> Deliver(std::vector<fs::path> file
   }
   fs::path report_path = to.out;
   report_path += ".report.json";
-  auto report_file = std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "report.json"; });
+  auto report_file = std::find_if(files.begin(), files.end(),
+                                  [](const ResultFile& f) { return f.role == onnxopt::v1::ARTIFACT_REPORT; });
   if (report_file != files.end()) {
     std::error_code error;
-    fs::rename(*report_file, report_path, error);
+    fs::rename(report_file->path, report_path, error);
     if (error) return absl::InternalError(absl::StrCat("cannot write ", report_path.string(), ": ", error.message()));
     files.erase(report_file);
   }
@@ -321,11 +329,11 @@ absl::StatusOr<std::pair<fs::path, fs::path>> DownloadResult(Client& client, con
   fs::create_directories(dir, error);
   const fs::path staging = dir / absl::StrCat(".onnxopt-download-", absl::StripPrefix(job.name(), "jobs/"));
   fs::create_directories(staging, error);
-  std::vector<fs::path> files;
+  std::vector<ResultFile> files;
   for (const auto& artifact : job.result().artifacts()) {
-    files.push_back(staging / artifact.name());
+    files.push_back({staging / artifact.name(), artifact.role()});
     ProgressLine line;
-    absl::Status status = client.Download(job.name(), artifact.name(), files.back(), [&](int64_t done, int64_t total) {
+    absl::Status status = client.Download(job.name(), artifact.name(), files.back().path, [&](int64_t done, int64_t total) {
       if (total >= (int64_t{16} << 20)) {
         line.Show(absl::StrFormat("downloading %s %.1f / %.1f MiB", artifact.name(), done / 1048576.0, total / 1048576.0));
       }
@@ -505,9 +513,10 @@ int Local(const Args& args) {
     if (result.ok()) {
       // The data file is named after the output, as the model now says; the report goes beside it (or
       // into the repository), as a job's does.
-      std::vector<fs::path> files = result->files;
-      files.push_back(staging / "report.json");
-      absl::Status written = onnxopt::WriteFileAtomically(files.back(), onnxopt::client::ToJson(report));
+      std::vector<fs::path> made = result->files;
+      made.push_back(staging / onnxopt::kReportFileName);
+      const std::vector<ResultFile> files = onnxopt::client::LocalResultFiles(made);
+      absl::Status written = onnxopt::WriteFileAtomically(made.back(), onnxopt::client::ToJson(report));
       auto moved = written.ok() ? Deliver(files, report, Destination{out, *repository})
                                 : absl::StatusOr<std::pair<fs::path, fs::path>>(written);
       if (moved.ok()) {

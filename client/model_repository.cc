@@ -13,6 +13,7 @@
 #include "client/deploy_settings.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
+#include "optimizer/result_files.h"
 #include "optimizer/runtime_requirements.h"
 
 namespace onnxopt::client {
@@ -253,15 +254,15 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
   return config;
 }
 
-absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<fs::path>& files, const v1::Report& report,
+absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<ResultFile>& files, const v1::Report& report,
                                                            const RepositoryOptions& options, const fs::path& repo,
                                                            std::vector<std::string>* notes) {
   if (absl::Status valid = CheckRepositoryOptions(options); !valid.ok()) return valid;
   if (options.layout == RepositoryLayout::kGenai) return WriteGenaiFolder(files, report, options.genai, repo, notes);
-  auto model_file = std::find_if(files.begin(), files.end(), [](const fs::path& f) { return f.filename() == "model.onnx"; });
-  if (model_file == files.end()) return absl::NotFoundError("the result has no model.onnx");
+  const ResultFile* model_file = FindRole(files, v1::ARTIFACT_MODEL);
+  if (model_file == nullptr) return absl::NotFoundError("the result has no model");
   // The graph only: config.pbtxt needs its inputs and outputs, not its weights.
-  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(*model_file);
+  absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_file->path);
   if (!model.ok()) return model.status();
   if (absl::Status fits = InterfaceFitsTriton(*model); !fits.ok()) return fits;
   if (absl::Status free = CheckVersionFree(options, repo); !free.ok()) return free;
@@ -275,12 +276,16 @@ absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<fs:
   fs::remove_all(staging, error);
   fs::create_directories(staging, error);
   std::vector<fs::path> written;
-  for (const fs::path& file : files) {
-    const bool report_file = file.filename() == "report.json";
-    fs::rename(file, (report_file ? model_dir / "onnxopt_report.json" : staging / file.filename()), error);
+  for (const ResultFile& file : files) {
+    // Triton and KServe look for the model as model.onnx; the report goes beside the versions.
+    const bool report_file = file.role == v1::ARTIFACT_REPORT;
+    const fs::path to = report_file                        ? model_dir / "onnxopt_report.json"
+                        : file.role == v1::ARTIFACT_MODEL ? staging / kModelFileName
+                                                           : staging / file.path.filename();
+    fs::rename(file.path, to, error);
     if (error) {
       fs::remove_all(staging, error);
-      return absl::InternalError(absl::StrCat("cannot move ", file.string(), " into ", repo.string()));
+      return absl::InternalError(absl::StrCat("cannot move ", file.path.string(), " into ", repo.string()));
     }
     if (report_file) written.push_back(model_dir / "onnxopt_report.json");
   }

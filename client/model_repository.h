@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "client/result_file.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/genai_config.h"
@@ -58,7 +59,7 @@ std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& r
 // repository at `repo` and writes config.pbtxt (and the KServe manifest). An existing version folder
 // is refused (ALREADY_EXISTS): a repository's versions are immutable once served. Returns the paths
 // written; `notes` (genai) receives how genai_config.json's figures that the graph does not hold were found.
-absl::StatusOr<std::vector<std::filesystem::path>> WriteModelRepository(const std::vector<std::filesystem::path>& files,
+absl::StatusOr<std::vector<std::filesystem::path>> WriteModelRepository(const std::vector<ResultFile>& files,
                                                                         const v1::Report& report,
                                                                         const RepositoryOptions& options,
                                                                         const std::filesystem::path& repo,

@@ -21,6 +21,7 @@
 #include "optimizer/pass_manager.h"
 #include "optimizer/passes/precision/precision_common.h"
 #include "optimizer/precision.h"
+#include "optimizer/result_files.h"
 #include "optimizer/runtime_requirements.h"
 #include "optimizer/runtime_source.h"
 #include "optimizer/validation/benchmark.h"
@@ -431,7 +432,7 @@ absl::Status OptimizeJob::Save() {
   std::error_code error;
   fs::create_directories(request_.output_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", request_.output_dir.string()));
-  output_path_ = request_.output_dir / "model.onnx";
+  output_path_ = request_.output_dir / kModelFileName;
   if (absl::Status saved = SaveResult(optimized_, AllRuns(precision_runs_)); !saved.ok()) return saved;
   report_.mutable_parity()->set_skipped(config_.validation().skip());
   report_.mutable_benchmark()->set_skipped(config_.benchmark().skip());
@@ -643,7 +644,7 @@ absl::Status OptimizeJob::RunBenchmark() {
         TuneSession(*optimized_source, *device, inputs->front(), TimeBudget(config_.benchmark()), request_.cancelled);
     if (!tuning.ok()) return tuning.status();
     *benchmark->mutable_tuning() = *tuning;
-    const fs::path path = output_path_.parent_path() / "ort_session.json";
+    const fs::path path = output_path_.parent_path() / kSessionSettingsFileName;
     absl::Status written = WriteFileAtomically(path, TunedSettingsJson(*tuning, benchmark->execution_provider()));
     if (!written.ok()) return written;
     result_.files.push_back(path);

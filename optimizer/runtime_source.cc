@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/model_io.h"
+#include "optimizer/result_files.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -50,7 +51,7 @@ absl::StatusOr<ModelSource> RuntimeSource(const onnx::ModelProto& model, int64_t
   SaveOptions options;
   options.durable = false;  // read once by this process, then removed
   options.link_by_reference = true;
-  const fs::path path = **folder / "model.onnx";
+  const fs::path path = **folder / kModelFileName;
   absl::StatusOr<std::vector<fs::path>> saved = SaveModel(model, path, options);
   if (!saved.ok()) return saved.status();
   ModelSource source{"", path};

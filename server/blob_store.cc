@@ -188,23 +188,7 @@ int64_t BlobStore::CommittedSize(const std::string& sha256, const std::string& u
   return error ? 0 : static_cast<int64_t>(size);
 }
 
-absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::string& sha256, int64_t total_size,
-                                                                   const std::string& upload_id) {
-  if (!IsValidSha256(sha256)) {
-    return absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits");
-  }
-  if (absl::Status id = CheckUploadId(upload_id); !id.ok()) return id;
-  if (total_size < 0) return absl::InvalidArgumentError("BAD_SIZE: total_size must be >= 0");
-  if (total_size > max_blob_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size,
-                                                     " bytes is over this server's limit of ", max_blob_bytes_,
-                                                     " bytes per file"));
-  }
-  const std::string session = upload_id.empty() ? AnonymousUploadId() : upload_id;
-  const fs::path partial = PartialPathOf(sha256, session);
-  std::error_code error;
-  auto held = fs::file_size(partial, error);
-  int64_t committed = error ? 0 : static_cast<int64_t>(held);
+absl::Status BlobStore::AdmitUpload(const fs::path& partial, int64_t total_size, int64_t committed) {
   // Stored bytes are counted outside the lock (a directory scan); what other sessions may still add
   // is taken under it, together with this session's own reservation.
   const int64_t stored = max_stored_bytes_ > 0 ? StoredBytes() : 0;
@@ -226,6 +210,27 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
     }
     active_uploads_[partial] = total_size - committed;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::string& sha256, int64_t total_size,
+                                                                   const std::string& upload_id) {
+  if (!IsValidSha256(sha256)) {
+    return absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits");
+  }
+  if (absl::Status id = CheckUploadId(upload_id); !id.ok()) return id;
+  if (total_size < 0) return absl::InvalidArgumentError("BAD_SIZE: total_size must be >= 0");
+  if (total_size > max_blob_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size,
+                                                     " bytes is over this server's limit of ", max_blob_bytes_,
+                                                     " bytes per file"));
+  }
+  const std::string session = upload_id.empty() ? AnonymousUploadId() : upload_id;
+  const fs::path partial = PartialPathOf(sha256, session);
+  std::error_code error;
+  auto held = fs::file_size(partial, error);
+  int64_t committed = error ? 0 : static_cast<int64_t>(held);
+  if (absl::Status admitted = AdmitUpload(partial, total_size, committed); !admitted.ok()) return admitted;
   // The session's partial, locked for as long as this upload lasts: a replica sharing the folder that
   // resumes the same session meanwhile is refused, as a second writer here is above.
   const int fd = OpenLocked(partial, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC);

@@ -101,6 +101,9 @@ class BlobStore {
   BlobStore(std::filesystem::path root, int64_t max_blob_bytes, int64_t max_stored_bytes);
   std::filesystem::path PartialPathOf(const std::string& sha256, const std::string& upload_id) const;
   void EndUpload(const std::filesystem::path& partial);
+  // Registers the upload session `partial` (its `committed` bytes already there) as writing, within the
+  // tenant's quota of stored bytes; ABORTED when the session is already writing here.
+  absl::Status AdmitUpload(const std::filesystem::path& partial, int64_t total_size, int64_t committed);
   void Reserve(const std::filesystem::path& partial, int64_t remaining);
 
   std::filesystem::path root_;

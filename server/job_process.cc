@@ -63,86 +63,79 @@ int64_t WorkerAddressSpaceBytes(int64_t memory_limit_mb, int64_t model_bytes) {
   return (memory_limit_mb << 20) + 2 * std::max<int64_t>(0, model_bytes);
 }
 
-absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
-                       const std::function<void(const WorkerLine&)>& on_line) {
-  if (::access(limits.binary.c_str(), X_OK) != 0) {
-    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
-  }
-  const fs::path tmp_dir = run.folder / "tmp";
-  std::error_code error;
-  fs::create_directories(tmp_dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir.string(), ": ", error.message()));
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe calls.
-  std::vector<std::string> args = {limits.binary.string()};
-  args.insert(args.end(), run.args.begin(), run.args.end());
-  std::vector<char*> argv = NullTerminated(args);
-  std::vector<std::string> environment = ChildEnvironment(tmp_dir);
-  std::vector<char*> envp = NullTerminated(environment);
-  const std::string folder = run.folder.string();
-  const std::string log_path = run.log.empty() ? std::string("/dev/null") : run.log.string();
-  const rlim_t memory_bytes = static_cast<rlim_t>(WorkerAddressSpaceBytes(limits.memory_limit_mb, run.mapped_bytes));
-  const pid_t parent = ::getpid();
+namespace {
 
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    return absl::ResourceExhaustedError(absl::StrCat("WORKER_SPAWN_FAILED: fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the server
-    if (::getppid() != parent) ::_exit(126);
-    ::setpgid(0, 0);                      // a terminal's Ctrl-C goes to the server, which decides
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM; the worker must not
-    ::dup2(pipe_fds[1], STDOUT_FILENO);
-    // stderr (ONNX Runtime's and onnx's own messages, which quote the model's raw names) goes to the
-    // run's log file, not into the server's log.
-    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log >= 0) ::dup2(log, STDERR_FILENO);
-    // Nothing else of the server's (open uploads, sockets, the job database) reaches the worker.
-    if (::close_range(3, ~0U, 0) != 0) {
-      for (int fd = 3; fd < 65536; ++fd) ::close(fd);
-    }
-    if (::chdir(folder.c_str()) != 0) ::_exit(kExecFailed);
-    if (memory_bytes > 0) {
-      struct rlimit limit = {memory_bytes, memory_bytes};
-      ::setrlimit(RLIMIT_AS, &limit);
-    }
-    struct rlimit no_core = {0, 0};
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(kExecFailed);
-  }
-  ::close(pipe_fds[1]);
-  const int fd = pipe_fds[0];
+// What the child needs, prepared before fork: between fork and exec only async-signal-safe calls.
+struct ChildSpec {
+  std::vector<std::string> args;
+  std::vector<std::string> environment;
+  std::string folder;
+  std::string log_path;
+  rlim_t memory_bytes = 0;
+  pid_t parent = 0;
+};
 
+// The child's side of fork: `argv` and `envp` point into `spec`, built before the fork.
+[[noreturn]] void ExecWorkerChild(const ChildSpec& spec, char* const argv[], char* const envp[], int pipe_write) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the server
+  if (::getppid() != spec.parent) ::_exit(126);
+  ::setpgid(0, 0);                      // a terminal's Ctrl-C goes to the server, which decides
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM; the worker must not
+  ::dup2(pipe_write, STDOUT_FILENO);
+  // stderr (ONNX Runtime's and onnx's own messages, which quote the model's raw names) goes to the
+  // run's log file, not into the server's log.
+  const int log = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log >= 0) ::dup2(log, STDERR_FILENO);
+  // Nothing else of the server's (open uploads, sockets, the job database) reaches the worker.
+  if (::close_range(3, ~0U, 0) != 0) {
+    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
+  }
+  if (::chdir(spec.folder.c_str()) != 0) ::_exit(kExecFailed);
+  if (spec.memory_bytes > 0) {
+    struct rlimit limit = {spec.memory_bytes, spec.memory_bytes};
+    ::setrlimit(RLIMIT_AS, &limit);
+  }
+  struct rlimit no_core = {0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  ::execve(argv[0], argv, envp);
+  ::_exit(kExecFailed);
+}
+
+// How a worker ended, as its parent watched it.
+struct WorkerExit {
+  bool timed_out = false;
+  bool cancelled = false;
+  bool overlong = false;  // it wrote a line longer than the protocol allows
+  std::optional<absl::Status> reported;
+  int wait_status = 0;
+};
+
+// Reads the worker's lines from `fd` until it closes, stopping the worker (SIGTERM, then SIGKILL after
+// the grace) when `cancel` is set or the run's timeout passes; then reaps it.
+WorkerExit WatchWorker(pid_t pid, int fd, const WorkerLimits& limits, const WorkerRun& run,
+                       const std::atomic<bool>& cancel, const std::function<void(const WorkerLine&)>& on_line) {
+  WorkerExit exit;
   const auto started = Clock::now();
   std::optional<Clock::time_point> terminated_at;
-  bool timed_out = false, cancelled = false, killed = false, overlong = false;
-  std::optional<absl::Status> reported;
+  bool killed = false;
   std::string buffer;
   char chunk[4096];
-  bool open = true;
-  while (open) {
+  for (bool open = true; open;) {
     struct pollfd poll_fd = {fd, POLLIN, 0};
-    const int ready = ::poll(&poll_fd, 1, 100);
-    if (ready > 0) {
+    if (::poll(&poll_fd, 1, 100) > 0) {
       const ssize_t n = ::read(fd, chunk, sizeof(chunk));
       if (n > 0) {
         buffer.append(chunk, static_cast<size_t>(n));
-        size_t newline;
-        while ((newline = buffer.find('\n')) != std::string::npos) {
+        for (size_t newline; (newline = buffer.find('\n')) != std::string::npos;) {
           WorkerLine line = ParseWorkerLine(buffer.substr(0, newline));
           buffer.erase(0, newline + 1);
-          if (line.kind == WorkerLine::Kind::kStatus) reported = line.status;
+          if (line.kind == WorkerLine::Kind::kStatus) exit.reported = line.status;
           if (on_line) on_line(line);
         }
-        if (buffer.size() > kMaxWorkerLineBytes && !overlong) {  // not the protocol: stop reading it
-          overlong = true;
+        if (buffer.size() > kMaxWorkerLineBytes && !exit.overlong) {  // not the protocol: stop reading it
+          exit.overlong = true;
           ::kill(pid, SIGKILL);
           buffer.clear();
         }
@@ -152,8 +145,8 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
     }
     const auto now = Clock::now();
     if (!terminated_at && (cancel.load() || now - started > run.timeout)) {
-      timed_out = !cancel.load();
-      cancelled = !timed_out;
+      exit.timed_out = !cancel.load();
+      exit.cancelled = !exit.timed_out;
       ::kill(pid, SIGTERM);
       terminated_at = now;
     }
@@ -163,38 +156,73 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
     }
   }
   ::close(fd);
-  int wait_status = 0;
-  while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &exit.wait_status, 0) < 0 && errno == EINTR) {
   }
+  return exit;
+}
 
-  if (overlong) {
+// The run's status: what the worker reported, or why it has none.
+absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, const WorkerRun& run) {
+  if (exit.overlong) {
     return absl::InternalError(absl::StrCat("WORKER_CRASHED: the worker wrote a line of over ", kMaxWorkerLineBytes,
                                             " bytes, which is not its protocol"));
   }
-  if (timed_out) {
+  if (exit.timed_out) {
     return absl::DeadlineExceededError(absl::StrCat("JOB_TIMEOUT: the job ran past the server's limit of ",
                                                     run.timeout.count(), " s"));
   }
-  if (reported) return *reported;
-  if (cancelled) return absl::CancelledError("CANCELLED: the worker was stopped");
-  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExecFailed) {
+  if (exit.reported) return *exit.reported;
+  if (exit.cancelled) return absl::CancelledError("CANCELLED: the worker was stopped");
+  const int status = exit.wait_status;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kExecFailed) {
     return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot execute ", limits.binary.string()));
   }
-  if (WIFSIGNALED(wait_status)) {
-    const int signal = WTERMSIG(wait_status);
-    std::string message = absl::StrCat("the worker died with signal ", signal, " (", strsignal(signal),
-                                       ") while working on this model");
-    if (limits.memory_limit_mb > 0) {
-      absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
-    }
-    return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+  std::string message;
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    message = absl::StrCat("the worker died with signal ", signal, " (", strsignal(signal), ") while working on this model");
+  } else {
+    message = absl::StrCat("the worker exited with code ", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                           " without reporting a result");
   }
-  std::string message = absl::StrCat("the worker exited with code ", WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1,
-                                     " without reporting a result");
   if (limits.memory_limit_mb > 0) {
     absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
   }
   return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+}
+
+}  // namespace
+
+absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
+                       const std::function<void(const WorkerLine&)>& on_line) {
+  if (::access(limits.binary.c_str(), X_OK) != 0) {
+    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
+  }
+  const fs::path tmp_dir = run.folder / "tmp";
+  std::error_code error;
+  fs::create_directories(tmp_dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir.string(), ": ", error.message()));
+  ChildSpec spec;
+  spec.args = {limits.binary.string()};
+  spec.args.insert(spec.args.end(), run.args.begin(), run.args.end());
+  spec.environment = ChildEnvironment(tmp_dir);
+  spec.folder = run.folder.string();
+  spec.log_path = run.log.empty() ? std::string("/dev/null") : run.log.string();
+  spec.memory_bytes = static_cast<rlim_t>(WorkerAddressSpaceBytes(limits.memory_limit_mb, run.mapped_bytes));
+  spec.parent = ::getpid();
+  std::vector<char*> argv = NullTerminated(spec.args);
+  std::vector<char*> envp = NullTerminated(spec.environment);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("WORKER_SPAWN_FAILED: fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) ExecWorkerChild(spec, argv.data(), envp.data(), pipe_fds[1]);
+  ::close(pipe_fds[1]);
+  return WorkerOutcome(WatchWorker(pid, pipe_fds[0], limits, run, cancel, on_line), limits, run);
 }
 
 absl::Status RunWorkerProcess(const WorkerLimits& limits, const WorkerJob& job, const std::atomic<bool>& cancel,

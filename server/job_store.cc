@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/result_files.h"
 #include "server/job_labels.h"
 #include "server/postgres_job_store.h"
 #include "server/sqlite_job_store.h"
@@ -87,6 +88,13 @@ void ExpireLease(v1::Job& job, int max_attempts) {
   job.clear_progress();
   job.clear_start_time();
   job.clear_worker();
+}
+
+void UpgradeRecord(v1::Job& job) {
+  if (!job.has_result()) return;  // result and error are a oneof: asking for a result would drop the error
+  for (v1::Artifact& artifact : *job.mutable_result()->mutable_artifacts()) {
+    if (artifact.role() == v1::ARTIFACT_ROLE_UNSPECIFIED) artifact.set_role(ResultFileRole(artifact.name()));
+  }
 }
 
 v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state,

@@ -141,6 +141,9 @@ void MarkClaimed(v1::Job& job, const std::string& owner);
 // A RUNNING job whose lease expired: CANCELLED if cancelling was asked, FAILED (LEASE_EXPIRED) after
 // `max_attempts` starts, else QUEUED again.
 void ExpireLease(v1::Job& job, int max_attempts);
+// Brings a record an earlier version wrote to the current shape: artifacts listed before they had roles
+// get theirs from their file names. Both stores call it on every record they read.
+void UpgradeRecord(v1::Job& job);
 // What is left of a job whose stored record does not parse (written by an older version, or
 // damaged): one that had not finished cannot be run again without its request, so it is failed.
 v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1::JobState state,

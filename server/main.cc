@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,17 +149,17 @@ int Fail(const std::string& what, const absl::Status& status) {
   return 1;
 }
 
-}  // namespace
+namespace srv = onnxopt::server;
 
-int main(int argc, char** argv) {
+// Parses the dashed flags (abseil wants underscores); an exit code when the program should stop here
+// (--help printed).
+std::optional<int> ParseFlags(int argc, char** argv) {
   absl::SetProgramUsageMessage("the onnxopt model optimization gRPC service");
   // abseil's --help lists the flags of files named like the program; ours live in server/main.cc.
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
-  namespace srv = onnxopt::server;
-  // Flags are spelled with dashes, as the CLI spells them; abseil wants underscores.
   srv::SpelledArguments spelled = srv::ToAbseilSpelling(std::vector<std::string>(argv + 1, argv + argc));
   for (const std::string& argument : spelled.arguments) {
     if (argument == "--help" || argument == "-help" || argument == "-h") {
@@ -171,20 +172,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(abseil_argv.size()), abseil_argv.data());
   if (absl::Status format = srv::SetLogFormat(absl::GetFlag(FLAGS_log_format)); !format.ok()) return Fail("flags", format);
   for (const std::string& note : spelled.notes) srv::Log(srv::LogLevel::kWarning, note);
+  return std::nullopt;
+}
 
-  // Block the shutdown signals in every thread; the main thread waits for them with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  // Absolute: each job's worker runs in its own job folder, so relative paths would not reach the files.
-  std::error_code error;
-  const std::filesystem::path data_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), error);
-  std::filesystem::create_directories(data_dir, error);
-  if (error) return Fail("data_dir", absl::InternalError(error.message()));
+absl::Status CheckFlagRanges() {
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_queue_capacity) < 1 ||
       absl::GetFlag(FLAGS_max_upload_bytes) < 1 || absl::GetFlag(FLAGS_drain_grace_seconds) < 0 ||
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
@@ -192,25 +183,27 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0) ||
       absl::GetFlag(FLAGS_lease_seconds) < 2 || absl::GetFlag(FLAGS_max_attempts) < 1 ||
       absl::GetFlag(FLAGS_poll_interval_ms) < 10 || absl::GetFlag(FLAGS_job_store_connections) < 2) {
-    return Fail("flags", absl::InvalidArgumentError(
-                             "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
-                             ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
-                             "drain_grace_seconds, "
-                             "job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
-                             "upload_expiry_hours > 0"));
+    return absl::InvalidArgumentError(
+        "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
+        ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
+        "drain_grace_seconds, "
+        "job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
+        "upload_expiry_hours > 0");
   }
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role != "all" && role != "api" && role != "worker") {
-    return Fail("flags", absl::InvalidArgumentError(absl::StrCat("role must be all, api or worker, not '", role, "'")));
+    return absl::InvalidArgumentError(absl::StrCat("role must be all, api or worker, not '", role, "'"));
   }
-  absl::StatusOr<srv::WorkerDevice> device = srv::ParseWorkerDevice(absl::GetFlag(FLAGS_worker_device));
-  if (!device.ok()) return Fail("flags", device.status());
-  const bool shared_store = srv::IsSharedJobStore(absl::GetFlag(FLAGS_job_store));
-  if (role != "all" && !shared_store) {
-    return Fail("flags", absl::InvalidArgumentError(absl::StrCat(
-                             "--role=", role, " needs a job store other replicas share (--job-store=postgresql://...); "
-                             "the embedded SQLite store serves one server")));
+  if (role != "all" && !srv::IsSharedJobStore(absl::GetFlag(FLAGS_job_store))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--role=", role, " needs a job store other replicas share (--job-store=postgresql://...); "
+        "the embedded SQLite store serves one server"));
   }
+  return absl::OkStatus();
+}
+
+// --replica-id, or host-pid.
+absl::StatusOr<std::string> ReplicaId() {
   std::string replica_id = absl::GetFlag(FLAGS_replica_id);
   if (replica_id.empty()) {
     char host[256] = {};
@@ -220,17 +213,127 @@ int main(int argc, char** argv) {
   if (replica_id.size() > 128 || !std::all_of(replica_id.begin(), replica_id.end(), [](char c) {
         return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
       })) {
-    return Fail("flags", absl::InvalidArgumentError("replica_id must be 1 to 128 characters of A-Z, a-z, 0-9, '.', '-', '_'"));
+    return absl::InvalidArgumentError("replica_id must be 1 to 128 characters of A-Z, a-z, 0-9, '.', '-', '_'");
   }
-  // The server's own temporary files (ONNX Runtime's telemetry folder) stay inside the data folder
-  // too; what a killed server left there is cleared at start. Each job's worker has its own TMPDIR.
-  // Replicas share the data folder, so each keeps its temporary files in a local folder of its own.
-  const std::filesystem::path temp_dir =
-      shared_store ? std::filesystem::temp_directory_path(error) / absl::StrCat("onnxopt-", replica_id) : data_dir / "tmp";
+  return replica_id;
+}
+
+// The server's own temporary files (ONNX Runtime's telemetry folder) stay inside the data folder too;
+// what a killed server left there is cleared at start. Each job's worker has its own TMPDIR. Replicas
+// share the data folder, so each keeps its temporary files in a local folder of its own.
+absl::Status UsePrivateTempDir(const std::filesystem::path& data_dir, const std::string& replica_id) {
+  std::error_code error;
+  const std::filesystem::path temp_dir = srv::IsSharedJobStore(absl::GetFlag(FLAGS_job_store))
+                                             ? std::filesystem::temp_directory_path(error) / absl::StrCat("onnxopt-", replica_id)
+                                             : data_dir / "tmp";
   std::filesystem::remove_all(temp_dir, error);
   std::filesystem::create_directories(temp_dir, error);
-  if (error) return Fail("data_dir", absl::InternalError(absl::StrCat("cannot create ", temp_dir.string())));
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", temp_dir.string()));
   ::setenv("TMPDIR", temp_dir.c_str(), 1);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<srv::JobManagerOptions> JobManagerOptionsFromFlags(const std::filesystem::path& data_dir,
+                                                                  const std::string& replica_id) {
+  absl::StatusOr<srv::WorkerDevice> device = srv::ParseWorkerDevice(absl::GetFlag(FLAGS_worker_device));
+  if (!device.ok()) return device.status();
+  std::error_code error;
+  srv::JobManagerOptions options;
+  options.data_dir = data_dir;
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  options.max_active_jobs_per_tenant = absl::GetFlag(FLAGS_tenant_max_active_jobs);
+  options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty()
+                              ? srv::DefaultWorkerBinary()
+                              : std::filesystem::absolute(absl::GetFlag(FLAGS_worker_binary), error);
+  options.worker.memory_limit_mb = absl::GetFlag(FLAGS_job_memory_limit_mb);
+  options.worker.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
+  options.run_jobs = absl::GetFlag(FLAGS_role) != "api";
+  options.replica_id = replica_id;
+  options.device = *device;
+  options.lease = std::chrono::seconds(absl::GetFlag(FLAGS_lease_seconds));
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.poll = std::chrono::milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
+  return options;
+}
+
+// Builds and starts the gRPC server on --listen; its port in `port`.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(srv::OptimizerService* service,
+                                                        const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                                        int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  const bool serves_api = absl::GetFlag(FLAGS_role) != "worker";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, port);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  if (serves_api) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  if (serves_api) server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+std::string Banner(const srv::JobManagerOptions& options, const srv::JobStore& store, const srv::Authenticator& auth,
+                   int port, int metrics_port) {
+  std::string banner = absl::StrCat(
+      "onnxopt-server ", onnxopt::kOptimizerVersion, " (ONNX Runtime ", onnxopt::OrtVersion(), ") replica ",
+      options.replica_id, ", role ", absl::GetFlag(FLAGS_role), ", listening on port ", port, ", data in ",
+      options.data_dir.string(), ", jobs in ", store.Describe(), ", ",
+      options.run_jobs ? absl::StrCat(options.workers, " workers") : std::string("no workers"), ", queue of ",
+      options.queue_capacity,
+      absl::GetFlag(FLAGS_tls_cert).empty()          ? ", plaintext"
+      : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS"
+                                                     : ", mutual TLS");
+  if (metrics_port > 0) absl::StrAppend(&banner, ", metrics on port ", metrics_port);
+  if (auth.enabled()) absl::StrAppend(&banner, ", bearer tokens of ", auth.tokens(), " caller(s)");
+  return banner;
+}
+
+// Blocks the shutdown signals in every thread (those started later inherit the mask); the main thread
+// waits for them with sigwait.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, signal);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// Serves until SIGTERM or SIGINT; SIGHUP reloads the bearer tokens.
+int WaitForShutdown(const sigset_t& signals, srv::Authenticator& auth) {
+  int received = 0;
+  while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
+    absl::Status reloaded = auth.Reload();
+    if (reloaded.ok()) {
+      srv::Log(srv::LogLevel::kInfo, absl::StrCat("SIGHUP, ", auth.tokens(), " token(s) loaded"));
+    } else {
+      srv::Log(srv::LogLevel::kError, absl::StrCat("SIGHUP, tokens kept as they were: ", reloaded.ToString()));
+    }
+  }
+  return received;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::optional<int> exit_code = ParseFlags(argc, argv)) return *exit_code;
+  const sigset_t signals = BlockShutdownSignals();
+  // Absolute: each job's worker runs in its own job folder, so relative paths would not reach the files.
+  std::error_code error;
+  const std::filesystem::path data_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_data_dir), error);
+  std::filesystem::create_directories(data_dir, error);
+  if (error) return Fail("data_dir", absl::InternalError(error.message()));
+  if (absl::Status ranges = CheckFlagRanges(); !ranges.ok()) return Fail("flags", ranges);
+  absl::StatusOr<srv::JobManagerOptions> options = JobManagerOptionsFromFlags(data_dir, "");
+  if (!options.ok()) return Fail("flags", options.status());
+  absl::StatusOr<std::string> replica_id = ReplicaId();
+  if (!replica_id.ok()) return Fail("flags", replica_id.status());
+  options->replica_id = *replica_id;
+  if (absl::Status temp = UsePrivateTempDir(data_dir, *replica_id); !temp.ok()) return Fail("data_dir", temp);
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes),
                                     absl::GetFlag(FLAGS_tenant_max_stored_bytes));
@@ -243,81 +346,33 @@ int main(int argc, char** argv) {
   srv::Metrics metrics;
   absl::StatusOr<int> metrics_port = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics_port.ok()) return Fail("metrics", metrics_port.status());
-
-  srv::JobManagerOptions options;
-  options.data_dir = data_dir;
-  options.workers = absl::GetFlag(FLAGS_workers);
-  options.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
-  options.max_active_jobs_per_tenant = absl::GetFlag(FLAGS_tenant_max_active_jobs);
-  options.worker.binary = absl::GetFlag(FLAGS_worker_binary).empty()
-                              ? srv::DefaultWorkerBinary()
-                              : std::filesystem::absolute(absl::GetFlag(FLAGS_worker_binary), error);
-  options.worker.memory_limit_mb = absl::GetFlag(FLAGS_job_memory_limit_mb);
-  options.worker.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
-  options.run_jobs = role != "api";
-  options.replica_id = replica_id;
-  options.device = *device;
-  options.lease = std::chrono::seconds(absl::GetFlag(FLAGS_lease_seconds));
-  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
-  options.poll = std::chrono::milliseconds(absl::GetFlag(FLAGS_poll_interval_ms));
-  if (::access(options.worker.binary.c_str(), X_OK) != 0) {
-    return Fail("worker", absl::NotFoundError(absl::StrCat("cannot execute ", options.worker.binary.string())));
+  if (::access(options->worker.binary.c_str(), X_OK) != 0) {
+    return Fail("worker", absl::NotFoundError(absl::StrCat("cannot execute ", options->worker.binary.string())));
   }
-  srv::JobManager jobs(options, store->get(), &tenant_blobs, &metrics);
-  absl::Status started = jobs.Start();
-  if (!started.ok()) return Fail("job manager", started);
+  srv::JobManager jobs(*options, store->get(), &tenant_blobs, &metrics);
+  if (absl::Status started = jobs.Start(); !started.ok()) return Fail("job manager", started);
   Janitor janitor(&tenant_blobs, &jobs,
                   std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)),
                   std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_job_retention_hours) * 3600)));
 
   srv::OptimizerService service(&tenant_blobs, store->get(), &jobs, &metrics, auth->get());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      srv::ServerCredentialsFromFiles(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                                      absl::GetFlag(FLAGS_tls_client_ca));
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = srv::ServerCredentialsFromFiles(
+      absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_client_ca));
   if (!credentials.ok()) return Fail("tls", credentials.status());
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  if (role != "worker") builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail("listen", absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
-  }
-  server->GetHealthCheckService()->SetServingStatus(true);
-  if (role != "worker") server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-  std::string banner = absl::StrCat(
-      "onnxopt-server ", onnxopt::kOptimizerVersion, " (ONNX Runtime ", onnxopt::OrtVersion(), ") replica ", replica_id,
-      ", role ", role, ", listening on port ", port, ", data in ", data_dir.string(), ", jobs in ", (*store)->Describe(),
-      ", ", options.run_jobs ? absl::StrCat(options.workers, " workers") : std::string("no workers"), ", queue of ",
-      options.queue_capacity,
-      absl::GetFlag(FLAGS_tls_cert).empty()          ? ", plaintext"
-      : absl::GetFlag(FLAGS_tls_client_ca).empty() ? ", TLS"
-                                                     : ", mutual TLS");
-  if (*metrics_port > 0) absl::StrAppend(&banner, ", metrics on port ", *metrics_port);
-  if ((*auth)->enabled()) absl::StrAppend(&banner, ", bearer tokens of ", (*auth)->tokens(), " caller(s)");
-  srv::Log(srv::LogLevel::kInfo, banner);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartGrpc(&service, *credentials, &port);
+  if (!server.ok()) return Fail("listen", server.status());
+  srv::Log(srv::LogLevel::kInfo, Banner(*options, **store, **auth, port, *metrics_port));
   // The port file comes last: whoever waits for it finds the server serving and its banner logged.
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     absl::Status written = onnxopt::WriteFileAtomically(absl::GetFlag(FLAGS_port_file), std::to_string(port));
     if (!written.ok()) return Fail("port_file", written);
   }
-
-  int received = 0;
-  while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
-    absl::Status reloaded = (*auth)->Reload();
-    if (reloaded.ok()) {
-      srv::Log(srv::LogLevel::kInfo, absl::StrCat("SIGHUP, ", (*auth)->tokens(), " token(s) loaded"));
-    } else {
-      srv::Log(srv::LogLevel::kError, absl::StrCat("SIGHUP, tokens kept as they were: ", reloaded.ToString()));
-    }
-  }
+  const int received = WaitForShutdown(signals, **auth);
   srv::Log(srv::LogLevel::kInfo, absl::StrCat(received == SIGTERM ? "SIGTERM" : "SIGINT", ", draining"));
-  server->GetHealthCheckService()->SetServingStatus(false);
+  (*server)->GetHealthCheckService()->SetServingStatus(false);
   jobs.Drain(std::chrono::seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   srv::Log(srv::LogLevel::kInfo, absl::StrCat("stopped; ", jobs.queue_length(), " queued job(s) kept for the next start"));
   return 0;
 }

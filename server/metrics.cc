@@ -17,66 +17,38 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 }  // namespace
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
-  jobs_total_ = &prometheus::BuildCounter()
-                     .Name("onnxopt_jobs_total")
-                     .Help("Jobs finished, by result and, for failures and cancellations, the stable reason")
-                     .Register(*registry_);
-  jobs_created_ = &prometheus::BuildCounter()
-                       .Name("onnxopt_jobs_created_total")
-                       .Help("Jobs accepted into the queue")
-                       .Register(*registry_)
-                       .Add({});
-  cache_hits_ = &prometheus::BuildCounter()
-                     .Name("onnxopt_result_cache_hits_total")
-                     .Help("Jobs answered from the result cache without running")
-                     .Register(*registry_)
-                     .Add({});
-  lease_expirations_ = &prometheus::BuildCounter()
-                            .Name("onnxopt_job_lease_expirations_total")
-                            .Help("Running jobs taken back because their replica stopped renewing the lease, by "
-                                  "what became of them (requeued, failed after the last attempt, cancelled)")
-                            .Register(*registry_);
-  queue_length_ = &prometheus::BuildGauge()
-                       .Name("onnxopt_job_queue_length")
-                       .Help("Jobs waiting in the queue")
-                       .Register(*registry_)
-                       .Add({});
-  jobs_running_ = &prometheus::BuildGauge()
-                       .Name("onnxopt_jobs_running")
-                       .Help("Jobs being worked on")
-                       .Register(*registry_)
-                       .Add({});
-  job_duration_ = &prometheus::BuildHistogram()
-                       .Name("onnxopt_job_duration_seconds")
-                       .Help("Wall time of a job from start to end")
-                       .Register(*registry_)
+  auto counter = [this](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
+  };
+  auto gauge = [this](const char* name, const char* help) -> prometheus::Family<prometheus::Gauge>& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+  };
+  auto histogram = [this](const char* name, const char* help) -> prometheus::Family<prometheus::Histogram>& {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
+  };
+  jobs_total_ = &counter("onnxopt_jobs_total",
+                         "Jobs finished, by result and, for failures and cancellations, the stable reason");
+  jobs_created_ = &counter("onnxopt_jobs_created_total", "Jobs accepted into the queue").Add({});
+  cache_hits_ = &counter("onnxopt_result_cache_hits_total", "Jobs answered from the result cache without running").Add({});
+  lease_expirations_ = &counter("onnxopt_job_lease_expirations_total",
+                                "Running jobs taken back because their replica stopped renewing the lease, by "
+                                "what became of them (requeued, failed after the last attempt, cancelled)");
+  queue_length_ = &gauge("onnxopt_job_queue_length", "Jobs waiting in the queue").Add({});
+  jobs_running_ = &gauge("onnxopt_jobs_running", "Jobs being worked on").Add({});
+  job_duration_ = &histogram("onnxopt_job_duration_seconds", "Wall time of a job from start to end")
                        .Add({}, SecondsBuckets());
-  queue_wait_ = &prometheus::BuildHistogram()
-                     .Name("onnxopt_job_queue_wait_seconds")
-                     .Help("Time a job waited in the queue, from CreateJob to its first start on a worker")
-                     .Register(*registry_)
+  queue_wait_ = &histogram("onnxopt_job_queue_wait_seconds",
+                           "Time a job waited in the queue, from CreateJob to its first start on a worker")
                      .Add({}, SecondsBuckets());
-  pass_duration_ = &prometheus::BuildHistogram()
-                        .Name("onnxopt_pass_duration_seconds")
-                        .Help("Wall time of one pass run over a model")
-                        .Register(*registry_);
-  upload_bytes_ = &prometheus::BuildCounter()
-                       .Name("onnxopt_upload_bytes_total")
-                       .Help("Bytes received by UploadBlob")
-                       .Register(*registry_)
-                       .Add({});
-  prometheus::BuildGauge()
-      .Name("onnxopt_build_info")
-      .Help("Build information (always 1)")
-      .Register(*registry_)
+  pass_duration_ = &histogram("onnxopt_pass_duration_seconds", "Wall time of one pass run over a model");
+  upload_bytes_ = &counter("onnxopt_upload_bytes_total", "Bytes received by UploadBlob").Add({});
+  gauge("onnxopt_build_info", "Build information (always 1)")
       .Add({{"version", kOptimizerVersion}, {"onnxruntime_version", OrtVersion()}})
       .Set(1);
   jobs_total_->Add({{"result", "succeeded"}, {"reason", ""}});
-  auto& providers = prometheus::BuildGauge()
-                        .Name("onnxopt_execution_provider_usable")
-                        .Help("1 if the execution provider runs on this machine, 0 if the build has it but it cannot "
-                              "load here (GetServerInfo says why)")
-                        .Register(*registry_);
+  auto& providers = gauge("onnxopt_execution_provider_usable",
+                          "1 if the execution provider runs on this machine, 0 if the build has it but it cannot "
+                          "load here (GetServerInfo says why)");
   for (const ProviderStatus& provider : ProviderStatuses()) {
     providers.Add({{"provider", provider.name}}).Set(provider.usable ? 1 : 0);
   }

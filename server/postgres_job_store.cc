@@ -36,6 +36,7 @@ Row ReadRow(const pg::Result& result, int row) {
     read.job = UnreadableJob(ValidUtf8(result.Text(row, 6)), ValidUtf8(result.Text(row, 2)),
                              static_cast<v1::JobState>(result.Int(row, 3)), ValidUtf8(result.Text(row, 4)));
   }
+  UpgradeRecord(read.job);
   return read;
 }
 

@@ -10,6 +10,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_catalog.h"
 #include "optimizer/pass_registry.h"
+#include "optimizer/result_files.h"
 #include "optimizer/utf8.h"
 #include "server/job_labels.h"
 
@@ -217,7 +218,7 @@ grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const 
                                             grpc::ServerWriter<v1::DownloadChunk>* writer) {
   absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
   if (!job.ok()) return ToGrpc(job.status());
-  const std::string artifact = request->artifact().empty() ? "model.onnx" : request->artifact();
+  const std::string artifact = request->artifact().empty() ? kModelFileName : request->artifact();
   // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
   std::string digest;
   bool listed = false;
@@ -229,7 +230,7 @@ grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const 
   }
   const fs::path path = jobs_->OutputDir(job->name()) / artifact;
   std::error_code error;
-  if (!listed && !(artifact == "report.json" && IsTerminal(job->state()) && fs::exists(path, error))) {
+  if (!listed && !(artifact == kReportFileName && IsTerminal(job->state()) && fs::exists(path, error))) {
     if (!IsTerminal(job->state())) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
                                                                v1::JobState_Name(job->state()), "; wait for it to finish")));
@@ -271,7 +272,7 @@ grpc::Status OptimizerService::GetReport(grpc::ServerContext* context, const v1:
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
                                                                v1::JobState_Name(job->state()))));
     }
-    absl::StatusOr<std::string> bytes = ReadFile(jobs_->OutputDir(job->name()) / "report.pb");
+    absl::StatusOr<std::string> bytes = ReadFile(jobs_->OutputDir(job->name()) / kReportProtoName);
     if (!bytes.ok() || !response->ParseFromString(*bytes)) {
       return ToGrpc(absl::NotFoundError(absl::StrCat("REPORT_NOT_FOUND: ", job->name(), " ended before it had a report")));
     }

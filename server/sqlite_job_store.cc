@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                                 static_cast<v1::JobState>(sqlite3_column_int(statement, 3)), ColumnText(statement, 5));
       unreadable.push_back(entry);
     }
+    UpgradeRecord(entry.job);
     if (entry.job.name().empty() || store->jobs_.count(entry.job.name()) > 0) continue;
     const std::string name = entry.job.name();
     store->by_sequence_[entry.sequence] = name;

@@ -211,6 +211,36 @@ TEST_F(E2eTest, VisionAndExternalDataModels) {
   EXPECT_FALSE(fs::exists(dir_ / "model.onnx.data"));
 }
 
+// A finished job lists each artifact with its role, which is what both clients place files by: the
+// status a pipeline reads says which file is the model, its data, the report and the session settings.
+TEST_F(E2eTest, EveryArtifactIsListedWithItsRole) {
+  StartServer();
+  const fs::path config = WriteFile("tuned.json", R"({"benchmark": {"iterations": 5, "tune_session": true}})");
+  const fs::path out = dir_ / "mlp.onnx";
+  Result submit = Cli({"submit", FixturePath("mlp_external/model.onnx").string(), "--config", config.string(), "--wait",
+                       "--json", "-o", out.string()});
+  ASSERT_EQ(submit.code, 0) << submit.err << submit.out;
+  const size_t at = submit.out.find("jobs/");
+  ASSERT_NE(at, std::string::npos) << submit.out;
+  const std::string job = submit.out.substr(at, submit.out.find('"', at) - at);
+  Result status = Cli({"status", job, "--json"});
+  ASSERT_EQ(status.code, 0) << status.err;
+  v1::Job parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(status.out, &parsed).ok()) << status.out;
+  std::map<std::string, v1::ArtifactRole> roles;
+  for (const auto& artifact : parsed.result().artifacts()) roles[artifact.name()] = artifact.role();
+  const std::map<std::string, v1::ArtifactRole> expected = {{"model.onnx", v1::ARTIFACT_MODEL},
+                                                            {"model.onnx.data", v1::ARTIFACT_MODEL_DATA},
+                                                            {"report.json", v1::ARTIFACT_REPORT},
+                                                            {"ort_session.json", v1::ARTIFACT_SESSION_SETTINGS}};
+  EXPECT_EQ(roles, expected) << status.out;
+  // Placed by role: the model at OUT, its data as OUT.data, the report as OUT.report.json.
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_TRUE(fs::exists(dir_ / "mlp.onnx.data"));
+  EXPECT_TRUE(fs::exists(dir_ / "mlp.onnx.report.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "ort_session.json"));
+}
+
 // A decoder exported with a key/value cache: the job fuses its cached attention, times prefill and decode
 // steps, runs a greedy generation with both models and reports it; compare does the same locally.
 TEST_F(E2eTest, CacheDecoderJobReportsGeneration) {

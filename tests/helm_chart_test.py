@@ -650,7 +650,7 @@ def check_schema_covers_values(schema, values, path="values"):
 def queue_gauge_exported():
     """The queue-length gauge the KEDA query reads must be what the server exports."""
     with open(METRICS_SOURCE) as f:
-        check('.Name("onnxopt_job_queue_length")' in f.read(),
+        check('"onnxopt_job_queue_length"' in f.read(),
               f"{METRICS_SOURCE} no longer exports onnxopt_job_queue_length, which the chart's KEDA query reads")
 
 

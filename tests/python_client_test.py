@@ -320,7 +320,7 @@ class DownloadResumeTest(unittest.TestCase):
                     self.assertEqual(f.read(), content)
                 self.assertEqual(os.listdir(folder), ["model.onnx"], "no partial file left")
                 # A stale partial file (another artifact's bytes) is detected and replaced.
-                with open(os.path.join(folder, ".again.onnx.part"), "wb") as f:
+                with open(os.path.join(folder, ".again.onnx.unlisted.partial"), "wb") as f:
                     f.write(b"x" * 5000)
                 client._stub = _FlakyDownloads(content)
                 client._stub.broken = True
@@ -388,6 +388,40 @@ class PythonClientTest(unittest.TestCase):
             self.assertNotEqual(with_inputs.job.name, job.name)
             self.assertEqual([(t.sample, t.name) for t in with_inputs.job.inputs], [(0, "x")])
             self.assertTrue(with_inputs.report["parity"]["supplied_inputs"])
+
+    def test_both_clients_send_a_request_as_one_job_and_place_its_files_alike(self):
+        """The CLI and the Python client against one server: the same request (model with external
+        data, config, labels) under their default request ids is one job, and each delivers it the same
+        way (files by role, same names, no partial files left)."""
+        cli = os.path.join(os.path.dirname(os.path.dirname(SERVER)), "client", "onnxopt")
+        self.assertTrue(os.access(cli, os.X_OK), cli)
+        model = mlp_with_external_data(os.path.join(self.dir, "both"))
+        config = {"preset": "extended", "benchmark": {"iterations": 5, "tune_session": True}}
+        config_path = os.path.join(self.dir, "both.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        by_cli = os.path.join(self.dir, "both-cli", "model.opt.onnx")
+        run = subprocess.run([cli, "submit", model, "--config", config_path, "--label", "team=search", "--wait",
+                              "--json", "-o", by_cli, "--server", self.address],
+                             capture_output=True, text=True, timeout=600)
+        self.assertEqual(run.returncode, 0, run.stderr + run.stdout)
+        cli_job = json.loads(run.stdout)["job"]
+        by_python = os.path.join(self.dir, "both-python", "model.opt.onnx")
+        with Client(self.address) as client:
+            result = client.optimize(model, by_python, config, labels={"team": "search"}, timeout=120)
+        self.assertEqual(result.job.name, cli_job["name"], "one request, one job, whichever client sent it")
+        self.assertEqual(result.job.request_id, cli_job["request_id"])
+        self.assertTrue(result.job.request_id.startswith("auto-"), result.job.request_id)
+        placed = sorted(os.listdir(os.path.dirname(by_cli)))
+        self.assertEqual(placed, sorted(os.listdir(os.path.dirname(by_python))))
+        self.assertEqual(placed, ["model.opt.onnx", "model.opt.onnx.data", "model.opt.onnx.report.json",
+                                  "ort_session.json"])
+        for name in placed:
+            if name != "model.opt.onnx":  # each client rewrites the model to name its data file its own way
+                self.assertEqual(sha256(os.path.join(os.path.dirname(by_cli), name)),
+                                 sha256(os.path.join(os.path.dirname(by_python), name)), name)
+        check_written_model(self, by_cli)
+        check_written_model(self, by_python)
 
     def test_a_failed_job_raises_with_its_reason(self):
         folder = os.path.join(self.dir, "bad")

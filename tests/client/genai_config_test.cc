@@ -331,7 +331,7 @@ class GenaiFolderTest : public ::testing::Test {
 TEST_F(GenaiFolderTest, WritesTheFolderGenaiLoadsWholeAndNeverIntoAFullOne) {
   const fs::path out = dir_ / "qwen-int4";
   std::vector<std::string> notes;
-  absl::StatusOr<std::vector<fs::path>> written = WriteGenaiFolder(Download(), TunedCpuReport(), WithHfFiles(), out, &notes);
+  absl::StatusOr<std::vector<fs::path>> written = WriteGenaiFolder(LocalResultFiles(Download()), TunedCpuReport(), WithHfFiles(), out, &notes);
   ASSERT_TRUE(written.ok()) << written.status();
   for (const char* file : {"model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json",
                            "onnxopt_report.json"}) {
@@ -345,12 +345,12 @@ TEST_F(GenaiFolderTest, WritesTheFolderGenaiLoadsWholeAndNeverIntoAFullOne) {
   for (const auto& entry : fs::directory_iterator(dir_)) {
     EXPECT_NE(entry.path().filename().string().rfind(".onnxopt-", 0), 0u) << "staging left behind";
   }
-  absl::StatusOr<std::vector<fs::path>> again = WriteGenaiFolder(Download(), TunedCpuReport(), WithHfFiles(), out, &notes);
+  absl::StatusOr<std::vector<fs::path>> again = WriteGenaiFolder(LocalResultFiles(Download()), TunedCpuReport(), WithHfFiles(), out, &notes);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(absl::StrContains(again.status().message(), "GENAI_FOLDER_EXISTS")) << again.status();
   // An empty folder is taken.
   fs::create_directories(dir_ / "empty");
-  EXPECT_TRUE(WriteGenaiFolder(Download(), TunedCpuReport(), WithHfFiles(), dir_ / "empty", &notes).ok());
+  EXPECT_TRUE(WriteGenaiFolder(LocalResultFiles(Download()), TunedCpuReport(), WithHfFiles(), dir_ / "empty", &notes).ok());
 }
 
 // A decoder past protobuf's 2 GiB (its embedding table in a sparse 2 GiB model.onnx.data, so the test
@@ -386,7 +386,7 @@ TEST_F(GenaiFolderTest, ADecoderPastTwoGibibytesIsMovedNotRead) {
   const fs::path out = dir_ / "big";
   std::vector<std::string> notes;
   absl::StatusOr<std::vector<fs::path>> written = WriteGenaiFolder(
-      {folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"}, v1::Report(), GenaiOptions(), out,
+      LocalResultFiles({folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"}), v1::Report(), GenaiOptions(), out,
       &notes);
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(fs::file_size(out / "model.onnx.data"), uintmax_t{131072} * 4096 * 4);

@@ -169,7 +169,7 @@ TEST_F(ModelRepositoryTest, WritesTritonsLayoutAndNeverOverwritesAVersion) {
   RepositoryOptions options;
   options.model_name = "bert";
   const fs::path repo = dir_ / "models";
-  auto written = WriteModelRepository(Download(), CpuReport(), options, repo);
+  auto written = WriteModelRepository(LocalResultFiles(Download()), CpuReport(), options, repo);
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_TRUE(fs::exists(repo / "bert" / "config.pbtxt"));
   EXPECT_TRUE(fs::exists(repo / "bert" / "1" / "model.onnx"));
@@ -180,11 +180,11 @@ TEST_F(ModelRepositoryTest, WritesTritonsLayoutAndNeverOverwritesAVersion) {
     EXPECT_NE(entry.path().filename().string().rfind(".onnxopt-", 0), 0u) << "staging left behind";
   }
 
-  auto again = WriteModelRepository(Download(), CpuReport(), options, repo);
+  auto again = WriteModelRepository(LocalResultFiles(Download()), CpuReport(), options, repo);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_NE(again.status().message().find("--version 2"), absl::string_view::npos) << again.status();
   options.version = 2;
-  ASSERT_TRUE(WriteModelRepository(Download(), CpuReport(), options, repo).ok());
+  ASSERT_TRUE(WriteModelRepository(LocalResultFiles(Download()), CpuReport(), options, repo).ok());
   EXPECT_TRUE(fs::exists(repo / "bert" / "2" / "model.onnx"));
   EXPECT_TRUE(fs::exists(repo / "bert" / "1" / "model.onnx")) << "the earlier version stays";
 }
@@ -194,7 +194,7 @@ TEST_F(ModelRepositoryTest, KServeAddsAnInferenceServiceWithAKubernetesName) {
   options.layout = RepositoryLayout::kKServe;
   options.model_name = "My_Bert.v2";
   options.storage_uri = "s3://models/it's \"bert\"";
-  auto written = WriteModelRepository(Download(), CpuReport(), options, dir_ / "models");
+  auto written = WriteModelRepository(LocalResultFiles(Download()), CpuReport(), options, dir_ / "models");
   ASSERT_TRUE(written.ok()) << written.status();
   absl::StatusOr<std::string> manifest = ReadFile(dir_ / "models" / "inferenceservice.yaml");
   ASSERT_TRUE(manifest.ok());
@@ -234,7 +234,7 @@ TEST_F(ModelRepositoryTest, AResultPastTwoGibibytesIsMovedNotRead) {
   options.model_name = "big";
   const fs::path repo = dir_ / "models";
   EXPECT_TRUE(CheckModelFitsLayout(folder / "model.onnx", options).ok());
-  auto written = WriteModelRepository({folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"},
+  auto written = WriteModelRepository(LocalResultFiles({folder / "model.onnx", folder / "model.onnx.data", folder / "report.json"}),
                                       CpuReport(), options, repo);
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(fs::file_size(repo / "big" / "1" / "model.onnx.data"), static_cast<uintmax_t>(kRows * kCols * 4));

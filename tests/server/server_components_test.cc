@@ -33,6 +33,28 @@ class TempDir {
   fs::path path_;
 };
 
+// A record written before artifacts had roles reads back with them, so clients place its files alike.
+TEST(JobStoreTest, RecordsOfEarlierVersionsGetTheirArtifactsRoles) {
+  v1::Job job;
+  for (const char* name : {"model.onnx", "model.onnx.data", "report.json", "ort_session.json", "extra.bin"}) {
+    job.mutable_result()->add_artifacts()->set_name(name);
+  }
+  job.mutable_result()->mutable_artifacts(4)->set_role(v1::ARTIFACT_REPORT);  // a role given is kept
+  UpgradeRecord(job);
+  const auto& artifacts = job.result().artifacts();
+  EXPECT_EQ(artifacts[0].role(), v1::ARTIFACT_MODEL);
+  EXPECT_EQ(artifacts[1].role(), v1::ARTIFACT_MODEL_DATA);
+  EXPECT_EQ(artifacts[2].role(), v1::ARTIFACT_REPORT);
+  EXPECT_EQ(artifacts[3].role(), v1::ARTIFACT_SESSION_SETTINGS);
+  EXPECT_EQ(artifacts[4].role(), v1::ARTIFACT_REPORT);
+  // A failed job's error stays (result and error are a oneof).
+  v1::Job failed;
+  failed.mutable_error()->set_reason("LEASE_EXPIRED");
+  UpgradeRecord(failed);
+  EXPECT_EQ(failed.error().reason(), "LEASE_EXPIRED");
+  EXPECT_FALSE(failed.has_result());
+}
+
 TEST(BlobStoreTest, VerifiedUploadInChunksWithResume) {
   TempDir dir;
   auto store = BlobStore::Open(dir.path(), 1 << 20);

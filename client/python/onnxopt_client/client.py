@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import grpc
 from google.protobuf import json_format
 
-from onnxopt.v1 import config_pb2, service_pb2, service_pb2_grpc
+from onnxopt.v1 import config_pb2, report_pb2, service_pb2, service_pb2_grpc
 from onnxopt_client import onnx_wire
 
 try:  # where it exists: one process at a time resumes a partial download
@@ -41,8 +41,6 @@ MAX_RESUBMISSIONS = 100  # a request that failed is run again under the next id 
 # Without an overall timeout, calls that reconnect give up after the server was unreachable this long.
 RECONNECT_PATIENCE_S = 300.0
 TERMINAL = (service_pb2.SUCCEEDED, service_pb2.FAILED, service_pb2.CANCELLED)
-DATA_FILE = "model.onnx.data"               # the data file a job's model names
-ADAPTER_FILE = "model.onnx_adapter"         # an extracted LoRA adapter
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # google.rpc.Code -> "NOT_FOUND"
 
 # What optimize()'s `inputs` takes: a folder as the CLI's --inputs reads it, one sample as a dict,
@@ -283,11 +281,13 @@ class Client:
             reason = f"{job.error.reason}: {job.error.message}" if job.HasField("error") else f"the job ended {state}"
             raise OnnxoptError(code, f"{job.name} {state}: {reason}", job=job)
         files = self._download_result(job, out, retry)
+        by_role = {artifact.role: files[artifact.name] for artifact in job.result.artifacts}
         report: Dict = {}
-        if "report.json" in files:
-            with open(files["report.json"], encoding="utf-8") as f:
+        if report_pb2.ARTIFACT_REPORT in by_role:
+            with open(by_role[report_pb2.ARTIFACT_REPORT], encoding="utf-8") as f:
                 report = json.load(f)
-        return OptimizeResult(job=job, model=files.get("model.onnx", os.path.abspath(out)), files=files, report=report)
+        return OptimizeResult(job=job, model=by_role.get(report_pb2.ARTIFACT_MODEL, os.path.abspath(out)), files=files,
+                              report=report)
 
     # Uploads ---------------------------------------------------------------------------------------
 
@@ -516,38 +516,41 @@ class Client:
                 retry.wait(e, (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
 
     def _download_result(self, job: service_pb2.Job, out: str, retry: _Retry) -> Dict[str, str]:
-        """The job's artifacts where the CLI puts them (see optimize), every one verified before any
-        is renamed into place, the model last."""
+        """The job's artifacts where the CLI puts them (see optimize), placed by role, every one verified
+        before any is renamed into place, the model last. Returns each artifact's name -> its path."""
         out = os.path.abspath(out)
         folder, base = os.path.dirname(out), os.path.basename(out)
         os.makedirs(folder, exist_ok=True)
+        placed = {
+            report_pb2.ARTIFACT_MODEL: out,
+            report_pb2.ARTIFACT_MODEL_DATA: os.path.join(folder, base + ".data"),
+            report_pb2.ARTIFACT_ADAPTER: os.path.join(folder, os.path.splitext(base)[0] + ".onnx_adapter"),
+            report_pb2.ARTIFACT_REPORT: out + ".report.json",
+        }
         targets: Dict[str, str] = {}
         for artifact in job.result.artifacts:
             if artifact.name != os.path.basename(artifact.name) or artifact.name in ("", ".", ".."):
                 raise OnnxoptError("DATA_LOSS", f"{job.name} lists an artifact with a path: '{artifact.name}'")
-            targets[artifact.name] = {
-                "model.onnx": out,
-                DATA_FILE: os.path.join(folder, base + ".data"),
-                ADAPTER_FILE: os.path.join(folder, os.path.splitext(base)[0] + ".onnx_adapter"),
-                "report.json": out + ".report.json",
-            }.get(artifact.name, os.path.join(folder, artifact.name))
+            targets[artifact.name] = placed.get(artifact.role, os.path.join(folder, artifact.name))
         parts = {}
         for artifact in job.result.artifacts:
             part = _part_path(targets[artifact.name], artifact.sha256)
             self._fetch(job.name, artifact.name, part, artifact.size, artifact.sha256, retry)
             parts[artifact.name] = part
+        by_role = {artifact.role: artifact.name for artifact in job.result.artifacts}
+        model = by_role.get(report_pb2.ARTIFACT_MODEL)
         for name, part in parts.items():
-            if name != "model.onnx":
+            if name != model:
                 os.replace(part, targets[name])
-        if "model.onnx" in parts:
-            data_name = os.path.basename(targets.get(DATA_FILE, DATA_FILE))
-            if DATA_FILE in parts and data_name != DATA_FILE:
+        if model is not None:
+            data = by_role.get(report_pb2.ARTIFACT_MODEL_DATA)
+            if data is not None and os.path.basename(targets[data]) != data:
                 # The model names its data file; the data file was renamed, so the model is rewritten.
-                with open(parts["model.onnx"], "rb") as f:
-                    relocated = onnx_wire.relocate_external_data(f.read(), DATA_FILE, data_name)
-                with open(parts["model.onnx"], "wb") as f:
+                with open(parts[model], "rb") as f:
+                    relocated = onnx_wire.relocate_external_data(f.read(), data, os.path.basename(targets[data]))
+                with open(parts[model], "wb") as f:
                     f.write(relocated)
-            os.replace(parts["model.onnx"], out)
+            os.replace(parts[model], out)
         return targets
 
     def server_info(self) -> service_pb2.ServerInfo:
@@ -562,24 +565,34 @@ class Client:
 
 
 def _part_path(target: str, sha256: str) -> str:
-    """Where a download of `target` collects (hidden, beside it, so the rename stays on one disk); the
-    artifact's digest in the name keeps partial files of different contents apart."""
+    """Where a download of `target` collects (hidden, beside it, so the rename stays on one disk), named
+    as the CLI names it (client.cc's PartialDownloadPath): the artifact's digest in the name keeps
+    partial files of different contents apart; one whose digest is not known yet is "unlisted"."""
     folder, base = os.path.split(os.path.abspath(target))
-    return os.path.join(folder, f".{base}.{sha256[:16]}.part" if sha256 else f".{base}.part")
+    return os.path.join(folder, f".{base}.{(sha256 or 'unlisted')[:16]}.partial")
 
 
 def _request_id(model: service_pb2.ModelRef, config: config_pb2.OptimizationConfig,
                 inputs: Sequence[service_pb2.InputTensor], labels: Dict[str, str]) -> str:
-    """The same request gives the same id: the server then returns the job it made the first time.
-    The config in canonical JSON (sorted keys, defaults left out), so how a dict was written does not matter."""
-    canonical = json.dumps({
-        "model": model.sha256,
-        "external_data": sorted([f.name, f.sha256] for f in model.external_data),
-        "inputs": sorted([t.sample, t.name, t.sha256] for t in inputs),
-        "config": json_format.MessageToDict(config),
-        "labels": labels,
-    }, sort_keys=True, separators=(",", ":"))
-    return "py-optimize-" + hashlib.sha256(canonical.encode()).hexdigest()
+    """The same request gives the same id: the server then returns the job it made the first time. The
+    CLI's own scheme (client.cc's DefaultRequestId), byte for byte, so that the CLI and this client
+    sending the same request get the same job: length-prefixed fields, the config in protobuf's
+    deterministic encoding (how a dict was written does not matter)."""
+    material = bytearray()
+
+    def add(field: bytes) -> None:
+        material.extend(b"%d:%s;" % (len(field), field))
+
+    add(b"onnxopt-request-v1")
+    add(model.sha256.encode())
+    for name, digest in sorted({(f.name.encode(), f.sha256.encode()) for f in model.external_data}):
+        material.extend(b"d%d:%s%s;" % (len(name), name, digest))
+    for sample, name, digest in sorted({(t.sample, t.name.encode(), t.sha256.encode()) for t in inputs}):
+        material.extend(b"i%d:%d:%s%s;" % (sample, len(name), name, digest))
+    for key, value in sorted((k.encode(), v.encode()) for k, v in labels.items()):
+        material.extend(b"l%d:%s%d:%s;" % (len(key), key, len(value), value))
+    add(config.SerializeToString(deterministic=True))
+    return "auto-" + hashlib.sha256(bytes(material)).hexdigest()[:32]
 
 
 def _input_sets(inputs: Inputs) -> List[Dict[str, bytes]]:

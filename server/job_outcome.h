@@ -1,0 +1,24 @@
+// How a job ends in its record: the state, and for a failure the reason and message its status carries.
+#ifndef ONNXOPT_SERVER_JOB_OUTCOME_H_
+#define ONNXOPT_SERVER_JOB_OUTCOME_H_
+
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "onnxopt/v1/service.pb.h"
+
+namespace onnxopt::server {
+
+// Splits "REASON: text" status messages into (reason, text); reason falls back to the code's name.
+std::pair<std::string, std::string> SplitReason(const absl::Status& status);
+
+// Ends `job`: SUCCEEDED with `result` when `status` is OK, else CANCELLED or FAILED with the reason.
+void SetOutcome(v1::Job& job, const absl::Status& status, const v1::JobResult* result);
+
+// "succeeded", "cancelled", "failed" (the metrics' and logs' word for a terminal state), else "requeued".
+const char* OutcomeName(v1::JobState state);
+
+}  // namespace onnxopt::server
+
+#endif  // ONNXOPT_SERVER_JOB_OUTCOME_H_
