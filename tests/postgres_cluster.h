@@ -36,8 +36,12 @@ class PostgresCluster {
     return "/usr/lib/postgresql/15/bin";
   }
 
-  // FAILED_PRECONDITION when PostgreSQL is not installed (scripts/setup.sh installs it).
-  static absl::StatusOr<std::unique_ptr<PostgresCluster>> Start(const std::filesystem::path& dir) {
+  // FAILED_PRECONDITION when PostgreSQL is not installed (scripts/setup.sh installs it). By default
+  // commits return before their WAL is written (synchronous_commit=off, fast for tests); `durable`
+  // commits as production does, so that a crash of the server (Stop) loses no acknowledged commit:
+  // what the chaos tests need.
+  static absl::StatusOr<std::unique_ptr<PostgresCluster>> Start(const std::filesystem::path& dir,
+                                                                bool durable = false) {
     namespace fs = std::filesystem;
     if (::access((BinDir() / "initdb").c_str(), X_OK) != 0) {
       return absl::FailedPreconditionError(absl::StrCat("no PostgreSQL server programs in ", BinDir().string(),
@@ -68,12 +72,11 @@ class PostgresCluster {
                              "--no-sync", "--no-instructions"});
     if (code != 0) return cluster->Failure("initdb", code);
     const std::string options = absl::StrCat("-p ", cluster->port_, " -k ", dir.string(),
-                                             " -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
+                                             " -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=",
+                                             durable ? "on" : "off", " "
                                              "-c full_page_writes=off -c max_connections=300");
-    code = cluster->Run({(BinDir() / "pg_ctl").string(), "-D", data, "-l", (dir / "server.log").string(), "-w", "-t",
-                         "60", "-o", options, "start"});
-    if (code != 0) return cluster->Failure("pg_ctl start", code);
-    cluster->running_ = true;
+    cluster->options_ = options;
+    if (absl::Status started = cluster->StartServer(); !started.ok()) return started;
     return cluster;
   }
 
@@ -83,10 +86,50 @@ class PostgresCluster {
     std::filesystem::remove_all(dir_, ignored);
   }
 
+  // Stops the server at once (immediate shutdown: what a crash or a lost host looks like to clients).
   void Stop() {
     if (!running_) return;
     running_ = false;
     Run({(BinDir() / "pg_ctl").string(), "-D", (dir_ / "data").string(), "-m", "immediate", "-w", "stop"});
+  }
+
+  // Starts the server again after Stop (the same port and data).
+  absl::Status StartServer() {
+    if (running_) return absl::OkStatus();
+    const int code = Run({(BinDir() / "pg_ctl").string(), "-D", (dir_ / "data").string(), "-l",
+                          (dir_ / "server.log").string(), "-w", "-t", "60", "-o", options_, "start"});
+    if (code != 0) return Failure("pg_ctl start", code);
+    running_ = true;
+    return absl::OkStatus();
+  }
+
+  // Restarts the server: "fast" (connections are cut and open transactions rolled back) or "smart"
+  // (waits for clients to disconnect, bounded by `timeout_seconds`). With the options it started with.
+  absl::Status Restart(const std::string& mode, int timeout_seconds = 60) {
+    const int code = Run({(BinDir() / "pg_ctl").string(), "-D", (dir_ / "data").string(), "-m", mode, "-w", "-t",
+                          std::to_string(timeout_seconds), "restart"});
+    if (code != 0) return Failure(absl::StrCat("pg_ctl restart -m ", mode), code);
+    return absl::OkStatus();
+  }
+  // Cuts every other connection to `database` (pg_terminate_backend); how many it cut.
+  absl::StatusOr<int> TerminateConnections(const std::string& database) const {
+    PGconn* connection = PQconnectdb(Uri("postgres").c_str());
+    absl::StatusOr<int> cut = 0;
+    if (PQstatus(connection) != CONNECTION_OK) {
+      cut = absl::UnavailableError(PQerrorMessage(connection));
+    } else {
+      PGresult* result = PQexec(connection, absl::StrCat("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                                         "WHERE pid <> pg_backend_pid() AND datname = '",
+                                                         database, "'").c_str());
+      if (PQresultStatus(result) != PGRES_TUPLES_OK) {
+        cut = absl::InternalError(PQresultErrorMessage(result));
+      } else {
+        cut = std::atoi(PQgetvalue(result, 0, 0));
+      }
+      PQclear(result);
+    }
+    PQfinish(connection);
+    return cut;
   }
 
   int port() const { return port_; }
@@ -161,6 +204,7 @@ class PostgresCluster {
   uid_t uid_ = 0;
   gid_t gid_ = 0;
   int port_ = 0;
+  std::string options_;  // the server's command-line options (port, socket folder, settings)
   bool running_ = false;
 };
 

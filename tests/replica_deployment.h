@@ -58,6 +58,11 @@ class ReplicaDeployment {
     pids_[name] = -1;
   }
   std::string Address(const std::string& name) const { return addresses_.at(name); }
+  // Whether the replica's process is still alive (it was not killed, and has not exited).
+  bool Running(const std::string& name) const {
+    const pid_t pid = pids_.at(name);
+    return pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0;
+  }
   // What the replica wrote to stderr and stdout.
   std::string Log(const std::string& name) const {
     return Slurp(dir_ / (name + ".err")) + Slurp(dir_ / (name + ".out"));

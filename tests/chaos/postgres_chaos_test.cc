@@ -1,0 +1,246 @@
+// Chaos, the database side: the job store's PostgreSQL fails while jobs run. Two API replicas and two
+// worker replicas share one throwaway PostgreSQL cluster (tests/postgres_cluster.h) and a data folder;
+// jobs are pushed through both APIs with request ids; each scenario injects one kind of fault, then
+// checks what the service promises (docs/reliability.md):
+//   - every accepted job ends SUCCEEDED, or FAILED with a reason, within a bound: none stays QUEUED or
+//     RUNNING;
+//   - a retried CreateJob (the same request id, through either API) gets the same job;
+//   - every artifact of a SUCCEEDED job downloads whole and matches the SHA-256 its job records;
+//   - after the fault, a new job is accepted within 10 s.
+#include <chrono>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "optimizer/sha256.h"
+#include "tests/e2e_harness.h"
+#include "tests/postgres_cluster.h"
+#include "tests/replica_deployment.h"
+
+namespace onnxopt {
+namespace {
+namespace fs = std::filesystem;
+using client::Client;
+using Clock = std::chrono::steady_clock;
+using testing::FixturePath;
+using testing::PostgresCluster;
+using testing::ReplicaDeployment;
+
+// Jobs that benchmark for about two seconds, so that faults land while they run.
+constexpr char kBusyJob[] =
+    R"({"cache": false, "benchmark": {"time_budget_seconds": 2, "stability": 1e-9, "warmup_runs": 1}})";
+constexpr std::chrono::seconds kJobBound{180};
+
+bool Ended(const v1::Job& job) {
+  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
+}
+
+class PostgresChaosTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Commits durable as in production: a crash of the database must not take back what it acknowledged.
+    auto started = PostgresCluster::Start(fs::temp_directory_path() / absl::StrCat("onnxopt_chaos_pg_", ::getpid()),
+                                          /*durable=*/true);
+    if (!started.ok()) {
+      std::cerr << started.status() << std::endl;
+      return;
+    }
+    cluster_ = started->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr) << "no PostgreSQL cluster (scripts/setup.sh installs postgresql-15)";
+    dir_ = fs::temp_directory_path() / absl::StrCat("onnxopt_chaos_", ::getpid(), "_",
+                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    database_ = absl::StrCat("chaos_", ++databases_);
+    ASSERT_TRUE(cluster_->CreateDatabase(database_).ok());
+    replicas_ = std::make_unique<ReplicaDeployment>(
+        dir_, cluster_->Uri(database_),
+        std::vector<std::string>{"--lease-seconds=3", "--poll-interval-ms=100", "--drain-grace-seconds=0"});
+    for (const char* api : {"api-a", "api-b"}) {
+      ASSERT_FALSE(replicas_->Start(api, {"--role=api"}).empty()) << replicas_->Log(api);
+    }
+    for (const char* worker : {"worker-a", "worker-b"}) {
+      ASSERT_FALSE(replicas_->Start(worker, {"--role=worker", "--workers=1"}).empty()) << replicas_->Log(worker);
+    }
+    apis_.push_back(std::make_unique<Client>(replicas_->Address("api-a")));
+    apis_.push_back(std::make_unique<Client>(replicas_->Address("api-b")));
+    for (auto& api : apis_) api->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+    auto model = apis_[0]->UploadModel(FixturePath("cnn_tiny.onnx"));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *model;
+  }
+  void TearDown() override {
+    apis_.clear();
+    replicas_.reset();
+    fs::remove_all(dir_);
+  }
+
+  struct Pushed {
+    v1::CreateJobRequest request;
+    std::string name;
+    Client* via = nullptr;
+  };
+
+  // `count` jobs through the two APIs in turn, each with its own request id.
+  std::vector<Pushed> Push(int count, const std::string& tag) {
+    std::vector<Pushed> pushed;
+    auto config = client::ParseConfigJson(kBusyJob);
+    EXPECT_TRUE(config.ok()) << config.status();
+    for (int i = 0; i < count; ++i) {
+      Pushed job;
+      *job.request.mutable_model() = model_;
+      *job.request.mutable_config() = *config;
+      job.request.set_request_id(absl::StrCat(tag, "-", i));
+      job.via = apis_[i % apis_.size()].get();
+      auto created = job.via->CreateJob(job.request);
+      EXPECT_TRUE(created.ok()) << created.status();
+      if (created.ok()) job.name = created->name();
+      pushed.push_back(std::move(job));
+    }
+    return pushed;
+  }
+
+  // Waits until one of `jobs` runs, so the fault lands mid-job.
+  void WaitForARunningJob(const std::vector<Pushed>& jobs) {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline) {
+      for (const Pushed& job : jobs) {
+        auto got = job.via->GetJob(job.name);
+        if (got.ok() && got->state() == v1::RUNNING) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "no job started within 60 s";
+  }
+
+  // Seconds until a new job is accepted (through the first API), bounded by a minute.
+  double SecondsUntilAccepted(const std::string& tag) {
+    const auto start = Clock::now();
+    auto config = client::ParseConfigJson(R"({"cache": false, "validation": {"skip": true}, "benchmark": {"skip": true}})");
+    v1::CreateJobRequest request;
+    *request.mutable_model() = model_;
+    *request.mutable_config() = *config;
+    request.set_request_id(tag);
+    while (Clock::now() - start < std::chrono::minutes(1)) {
+      if (apis_[0]->CreateJob(request).ok()) return std::chrono::duration<double>(Clock::now() - start).count();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 60;
+  }
+
+  // The promises, checked on every pushed job; prints what became of them.
+  void CheckInvariants(const std::vector<Pushed>& jobs) {
+    std::map<std::string, int> outcomes;
+    for (const Pushed& pushed : jobs) {
+      ASSERT_FALSE(pushed.name.empty());
+      const auto deadline = Clock::now() + kJobBound;
+      v1::Job job;
+      absl::Status last = absl::OkStatus();
+      while (Clock::now() < deadline) {
+        auto got = pushed.via->GetJob(pushed.name);
+        last = got.status();
+        if (got.ok()) job = *got;
+        if (got.ok() && Ended(job)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      ASSERT_TRUE(Ended(job)) << pushed.name << " is stuck: " << job.ShortDebugString() << " (last answer: " << last
+                              << ")";
+      ++outcomes[v1::JobState_Name(job.state())];
+      EXPECT_NE(job.state(), v1::CANCELLED) << "nobody cancelled " << pushed.name;
+      if (job.state() == v1::FAILED) {
+        EXPECT_FALSE(job.error().reason().empty()) << job.ShortDebugString();
+      }
+      // A retry through the other API is the same job.
+      Client* other = pushed.via == apis_[0].get() ? apis_[1].get() : apis_[0].get();
+      auto retried = other->CreateJob(pushed.request);
+      ASSERT_TRUE(retried.ok()) << retried.status();
+      EXPECT_EQ(retried->name(), pushed.name);
+      if (job.state() != v1::SUCCEEDED) continue;
+      for (const v1::Artifact& artifact : job.result().artifacts()) {
+        const fs::path path = dir_ / "downloads" / std::string(absl::StripPrefix(job.name(), "jobs/")) / artifact.name();
+        absl::Status downloaded = pushed.via->Download(job.name(), artifact.name(), path);
+        ASSERT_TRUE(downloaded.ok()) << downloaded;
+        auto digest = Sha256OfFile(path);
+        ASSERT_TRUE(digest.ok());
+        EXPECT_EQ(*digest, artifact.sha256()) << job.name() << " " << artifact.name();
+      }
+    }
+    std::cout << "outcomes:";
+    for (const auto& [state, count] : outcomes) std::cout << " " << state << " " << count;
+    std::cout << std::endl;
+  }
+
+  static inline PostgresCluster* cluster_ = nullptr;
+  static inline int databases_ = 0;
+  fs::path dir_;
+  std::string database_;
+  std::unique_ptr<ReplicaDeployment> replicas_;
+  std::vector<std::unique_ptr<Client>> apis_;
+  v1::ModelRef model_;
+};
+
+TEST_F(PostgresChaosTest, AFastRestartWhileJobsRunLosesNoJob) {
+  const std::vector<Pushed> jobs = Push(6, "restart");
+  WaitForARunningJob(jobs);
+  ASSERT_TRUE(cluster_->Restart("fast").ok());
+  const double accepted = SecondsUntilAccepted("after-restart");
+  std::cout << "a new job accepted " << accepted << " s after PostgreSQL came back" << std::endl;
+  EXPECT_LT(accepted, 10);
+  CheckInvariants(jobs);
+}
+
+TEST_F(PostgresChaosTest, ConnectionsCutAgainAndAgainLoseNoJob) {
+  const std::vector<Pushed> jobs = Push(6, "cut");
+  WaitForARunningJob(jobs);
+  int cut = 0;
+  const auto until = Clock::now() + std::chrono::seconds(6);
+  while (Clock::now() < until) {
+    absl::StatusOr<int> terminated = cluster_->TerminateConnections(database_);
+    ASSERT_TRUE(terminated.ok()) << terminated.status();
+    cut += *terminated;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  std::cout << cut << " connections cut in 6 s" << std::endl;
+  EXPECT_GT(cut, 0);
+  const double accepted = SecondsUntilAccepted("after-cuts");
+  EXPECT_LT(accepted, 10);
+  CheckInvariants(jobs);
+}
+
+// PostgreSQL gone for twice a lease: the running jobs cannot renew their leases, new requests are
+// refused with UNAVAILABLE (no replica crashes), and when it returns the jobs end and new ones are
+// accepted within 10 s.
+TEST_F(PostgresChaosTest, AnOutageLongerThanALeaseEndsEveryJobAndServiceResumes) {
+  const std::vector<Pushed> jobs = Push(4, "outage");
+  WaitForARunningJob(jobs);
+  cluster_->Stop();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  Client impatient(replicas_->Address("api-b"));
+  impatient.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  const absl::StatusCode refused = impatient.GetJob(jobs[0].name).status().code();
+  EXPECT_TRUE(refused == absl::StatusCode::kUnavailable || refused == absl::StatusCode::kDeadlineExceeded)
+      << absl::StatusCodeToString(refused);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // 6 s down: twice the 3 s lease
+  for (const char* replica : {"api-a", "api-b", "worker-a", "worker-b"}) {
+    EXPECT_TRUE(replicas_->Running(replica)) << replica << " exited while the database was away:\n"
+                                             << replicas_->Log(replica);
+  }
+  ASSERT_TRUE(cluster_->StartServer().ok());
+  const double accepted = SecondsUntilAccepted("after-outage");
+  std::cout << "a new job accepted " << accepted << " s after PostgreSQL came back" << std::endl;
+  EXPECT_LT(accepted, 10);
+  CheckInvariants(jobs);
+}
+
+}  // namespace
+}  // namespace onnxopt
