@@ -328,11 +328,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail("data_dir", absl::InternalError(error.message()));
   if (absl::Status ranges = CheckFlagRanges(); !ranges.ok()) return Fail("flags", ranges);
-  absl::StatusOr<srv::JobManagerOptions> options = JobManagerOptionsFromFlags(data_dir, "");
-  if (!options.ok()) return Fail("flags", options.status());
   absl::StatusOr<std::string> replica_id = ReplicaId();
   if (!replica_id.ok()) return Fail("flags", replica_id.status());
-  options->replica_id = *replica_id;
+  absl::StatusOr<srv::JobManagerOptions> options = JobManagerOptionsFromFlags(data_dir, *replica_id);
+  if (!options.ok()) return Fail("flags", options.status());
   if (absl::Status temp = UsePrivateTempDir(data_dir, *replica_id); !temp.ok()) return Fail("data_dir", temp);
 
   auto blobs = srv::BlobStore::Open(data_dir, absl::GetFlag(FLAGS_max_upload_bytes),
