@@ -733,13 +733,13 @@ int Run(const Args& args) {
     // download
     auto job = client.GetJob(*name);
     if (!job.ok()) return Report(job.status());
-    const std::string artifact = args.Get("--artifact", "model.onnx");
+    const std::string artifact = args.Get("--artifact", onnxopt::kModelFileName);
     auto repository = RepositoryFrom(args);
     if (!repository.ok()) return Report(repository.status());
-    if (*repository && artifact != "model.onnx") {
+    if (*repository && artifact != onnxopt::kModelFileName) {
       return Report(absl::InvalidArgumentError("--layout delivers the whole result: leave out --artifact"));
     }
-    if (artifact == "model.onnx") {
+    if (artifact == onnxopt::kModelFileName) {
       if (job->state() != onnxopt::v1::SUCCEEDED) {
         return Report(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", *name, " is ",
                                                                  onnxopt::v1::JobState_Name(job->state()))));

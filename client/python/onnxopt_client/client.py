@@ -41,6 +41,7 @@ MAX_RESUBMISSIONS = 100  # a request that failed is run again under the next id 
 # Without an overall timeout, calls that reconnect give up after the server was unreachable this long.
 RECONNECT_PATIENCE_S = 300.0
 TERMINAL = (service_pb2.SUCCEEDED, service_pb2.FAILED, service_pb2.CANCELLED)
+MODEL_FILE = "model.onnx"  # the optimized model's artifact: what download() fetches by default
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # google.rpc.Code -> "NOT_FOUND"
 
 # What optimize()'s `inputs` takes: a folder as the CLI's --inputs reads it, one sample as a dict,
@@ -438,7 +439,7 @@ class Client:
 
     # Downloads --------------------------------------------------------------------------------------
 
-    def download(self, name: str, path: str, artifact: str = "model.onnx", timeout: Optional[float] = None) -> str:
+    def download(self, name: str, path: str, artifact: str = MODEL_FILE, timeout: Optional[float] = None) -> str:
         """Writes one artifact of a finished job to `path` and returns its SHA-256. The bytes go to a
         hidden file beside `path`, resumed from where it stopped after a lost connection (also by a
         later call), renamed to `path` once size and SHA-256 match."""
