@@ -58,6 +58,7 @@ class ReplicaDeployment {
     pids_[name] = -1;
   }
   std::string Address(const std::string& name) const { return addresses_.at(name); }
+  pid_t Pid(const std::string& name) const { return pids_.at(name); }
   // Whether the replica's process is still alive (it was not killed, and has not exited).
   bool Running(const std::string& name) const {
     const pid_t pid = pids_.at(name);
