@@ -4,12 +4,16 @@
 
 namespace onnxopt {
 
+const ResultFileEntry kResultFiles[5] = {{kModelFileName, v1::ARTIFACT_MODEL},
+                                    {kModelDataFileName, v1::ARTIFACT_MODEL_DATA},
+                                    {kReportFileName, v1::ARTIFACT_REPORT},
+                                    {kSessionSettingsFileName, v1::ARTIFACT_SESSION_SETTINGS},
+                                    {kAdapterFileName, v1::ARTIFACT_ADAPTER}};
+
 v1::ArtifactRole ResultFileRole(absl::string_view file_name) {
-  if (file_name == kModelFileName) return v1::ARTIFACT_MODEL;
-  if (file_name == kModelDataFileName) return v1::ARTIFACT_MODEL_DATA;
-  if (file_name == kReportFileName) return v1::ARTIFACT_REPORT;
-  if (file_name == kSessionSettingsFileName) return v1::ARTIFACT_SESSION_SETTINGS;
-  if (file_name == kAdapterFileName) return v1::ARTIFACT_ADAPTER;
+  for (const ResultFileEntry& file : kResultFiles) {
+    if (file_name == file.name) return file.role;
+  }
   return v1::ARTIFACT_ROLE_UNSPECIFIED;
 }
 

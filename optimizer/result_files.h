@@ -17,6 +17,13 @@ inline constexpr char kReportFileName[] = "report.json";
 inline constexpr char kSessionSettingsFileName[] = "ort_session.json";
 // kAdapterFileName (lora_adapter.h): the LoRA adapter extract_adapters writes.
 
+struct ResultFileEntry {
+  const char* name;
+  v1::ArtifactRole role;
+};
+// Every file a job's output folder may hold, in the order a job lists them.
+extern const ResultFileEntry kResultFiles[5];
+
 // The role of the result file named `file_name`; ARTIFACT_ROLE_UNSPECIFIED for a name of none.
 v1::ArtifactRole ResultFileRole(absl::string_view file_name);
 

@@ -34,10 +34,6 @@ bool Holds(const v1::Job& stored, const std::string& token) {
   return stored.state() == v1::RUNNING && LeaseToken(stored) == token;
 }
 
-// What a worker may leave in its output folder, in the order the result lists them.
-constexpr const char* kArtifactFiles[] = {kModelFileName, kModelDataFileName, kReportFileName, kSessionSettingsFileName,
-                                          kAdapterFileName};
-
 }  // namespace
 
 JobAttempt::JobAttempt(const JobServices& services, v1::Job job, AttemptFlags flags,
@@ -174,9 +170,9 @@ JobAttempt::Next JobAttempt::IngestReport() {
 
 JobAttempt::Next JobAttempt::HashArtifacts() {
   std::error_code ignored;
-  for (const char* artifact : kArtifactFiles) {
+  for (const ResultFileEntry& artifact : kResultFiles) {
     if (!outcome_.ok()) break;
-    const fs::path file = output_dir_ / artifact;
+    const fs::path file = output_dir_ / artifact.name;
     if (!fs::exists(file, ignored)) continue;
     absl::StatusOr<std::string> digest = Sha256OfFile(file);
     if (!digest.ok()) {
@@ -184,8 +180,8 @@ JobAttempt::Next JobAttempt::HashArtifacts() {
       break;
     }
     v1::Artifact* entry = result_.add_artifacts();
-    entry->set_name(artifact);
-    entry->set_role(ResultFileRole(artifact));
+    entry->set_name(artifact.name);
+    entry->set_role(artifact.role);
     entry->set_size(static_cast<int64_t>(fs::file_size(file, ignored)));
     entry->set_sha256(*digest);
   }
