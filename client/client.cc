@@ -1,11 +1,11 @@
 #include "client/client.h"
 
 #include <fstream>
-#include <set>
-#include <tuple>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +13,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/result_files.h"
 #include "optimizer/sha256.h"
@@ -36,7 +37,9 @@ absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json) 
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
   auto status = google::protobuf::util::JsonStringToMessage(json, &config, options);
-  if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", status.message().as_string()));
+  if (!status.ok())
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID,
+                   absl::StrCat(status.message().as_string()));
   return config;
 }
 
@@ -153,6 +156,50 @@ std::string NewUploadId() {
 
 }  // namespace
 
+absl::StatusOr<v1::UploadStatus> Client::QueryUploadStatus(const std::string& sha256,
+                                                           const std::string& upload_id) const {
+  v1::UploadStatus status;
+  v1::GetUploadStatusRequest status_request;
+  status_request.set_sha256(sha256);
+  status_request.set_upload_id(upload_id);
+  absl::Status rpc =
+      Retrying([&](grpc::ClientContext* context) { return stub_->GetUploadStatus(context, status_request, &status); });
+  if (!rpc.ok()) return rpc;
+  return status;
+}
+
+absl::Status Client::StreamUploadFrom(const fs::path& path, const v1::Blob& blob, const std::string& upload_id,
+                                      int64_t offset, const Progress& progress) const {
+  const int64_t total = blob.size();
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(offset);
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::Blob response;
+  auto writer = stub_->UploadBlob(&context, &response);
+  std::string buffer(kChunkBytes, '\0');
+  bool first = true;
+  do {
+    in.read(buffer.data(), kChunkBytes);
+    const std::streamsize got = in.gcount();
+    v1::UploadBlobRequest chunk;
+    if (first) {
+      chunk.set_sha256(blob.sha256());
+      chunk.set_total_size(total);
+      chunk.set_upload_id(upload_id);
+      first = false;
+    }
+    chunk.set_offset(offset);
+    chunk.set_data(buffer.data(), static_cast<size_t>(got));
+    offset += got;
+    chunk.set_finish_write(offset >= total);
+    if (!writer->Write(chunk)) break;  // the server ended the stream; Finish() says why
+    if (progress) progress(offset, total);
+  } while (offset < total && in);
+  writer->WritesDone();
+  return Answered(FromGrpc(writer->Finish()));
+}
+
 absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress& progress) {
   std::error_code error;
   const auto size = fs::file_size(path, error);
@@ -168,49 +215,18 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
   RetryState retry;
   int64_t last_committed = 0;
   while (true) {
-    v1::UploadStatus status;
-    v1::GetUploadStatusRequest status_request;
-    status_request.set_sha256(*digest);
-    status_request.set_upload_id(upload_id);
-    absl::Status rpc =
-        Retrying([&](grpc::ClientContext* context) { return stub_->GetUploadStatus(context, status_request, &status); });
-    if (!rpc.ok()) return rpc;
-    if (status.committed_size() > last_committed) {  // progress: a long upload's later breaks start afresh
-      last_committed = status.committed_size();
+    absl::StatusOr<v1::UploadStatus> status = QueryUploadStatus(*digest, upload_id);
+    if (!status.ok()) return status.status();
+    if (status->committed_size() > last_committed) {  // progress: a long upload's later breaks start afresh
+      last_committed = status->committed_size();
       retry = RetryState();
     }
-    if (status.complete()) {
+    if (status->complete()) {
       if (progress) progress(total, total);
       return blob;
     }
-    int64_t offset = status.committed_size() <= total ? status.committed_size() : 0;  // resume
-    std::ifstream in(path, std::ios::binary);
-    in.seekg(offset);
-    grpc::ClientContext context;
-    Prepare(&context);
-    v1::Blob response;
-    auto writer = stub_->UploadBlob(&context, &response);
-    std::string buffer(kChunkBytes, '\0');
-    bool first = true;
-    do {
-      in.read(buffer.data(), kChunkBytes);
-      const std::streamsize got = in.gcount();
-      v1::UploadBlobRequest chunk;
-      if (first) {
-        chunk.set_sha256(*digest);
-        chunk.set_total_size(total);
-        chunk.set_upload_id(upload_id);
-        first = false;
-      }
-      chunk.set_offset(offset);
-      chunk.set_data(buffer.data(), static_cast<size_t>(got));
-      offset += got;
-      chunk.set_finish_write(offset >= total);
-      if (!writer->Write(chunk)) break;  // the server ended the stream; Finish() says why
-      if (progress) progress(offset, total);
-    } while (offset < total && in);
-    writer->WritesDone();
-    finished = Answered(FromGrpc(writer->Finish()));
+    const int64_t offset = status->committed_size() <= total ? status->committed_size() : 0;  // resume
+    finished = StreamUploadFrom(path, blob, upload_id, offset, progress);
     // Connection lost (the server restarting), or the server still holds the broken stream of this
     // session: wait, then resume from what it committed (partial uploads survive a restart).
     if (finished.code() != absl::StatusCode::kUnavailable && finished.code() != absl::StatusCode::kAborted) break;
@@ -222,7 +238,11 @@ absl::StatusOr<v1::Blob> Client::UploadFile(const fs::path& path, const Progress
 
 absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, const Progress& progress) {
   absl::StatusOr<onnx::ModelProto> model = ParseModelFile(model_path);
-  if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(model_path.string(), ": ", model.status().message()));
+  if (!model.ok()) {
+    return WithReason(
+        absl::Status(model.status().code(), absl::StrCat(model_path.string(), ": ", model.status().message())),
+        ReasonOf(model.status()));
+  }
   v1::ModelRef reference;
   reference.set_display_name(model_path.filename().string());
   const fs::path folder = model_path.has_parent_path() ? model_path.parent_path() : fs::path(".");
@@ -230,9 +250,10 @@ absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, con
     // Only regular files inside the model's folder go up: a link could point anywhere (/etc/passwd).
     std::error_code error;
     if (fs::is_symlink(fs::symlink_status(folder / location, error))) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model's external data '", location,
-                                                     "' is a symbolic link; onnxopt uploads only regular files "
-                                                     "inside the model's folder"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+                     absl::StrCat("the model's external data '", location,
+                                  "' is a symbolic link; onnxopt uploads only regular files "
+                                  "inside the model's folder"));
     }
     absl::StatusOr<fs::path> file = ResolveExternalDataPath(folder, location);
     if (!file.ok()) return file.status();
@@ -251,7 +272,8 @@ absl::StatusOr<v1::ModelRef> Client::UploadModel(const fs::path& model_path, con
 absl::StatusOr<std::vector<std::map<std::string, fs::path>>> FindInputFiles(const fs::path& dir) {
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: ", dir.string(), " is not a folder"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                   absl::StrCat(dir.string(), " is not a folder"));
   }
   // The tensor's own name, else the stem of a file given directly.
   auto input_name = [](const fs::path& file, bool stem_allowed) -> absl::StatusOr<std::string> {
@@ -259,12 +281,13 @@ absl::StatusOr<std::vector<std::map<std::string, fs::path>>> FindInputFiles(cons
     if (!bytes.ok()) return bytes.status();
     onnx::TensorProto tensor;
     if (!tensor.ParseFromString(*bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: ", file.string(), " is not an ONNX TensorProto"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                     absl::StrCat(file.string(), " is not an ONNX TensorProto"));
     }
     if (!tensor.name().empty()) return tensor.name();
     if (stem_allowed) return file.stem().string();
-    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: the tensor in ", file.string(),
-                                                   " has no name, so it matches no input"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                   absl::StrCat("the tensor in ", file.string(), " has no name, so it matches no input"));
   };
   auto sorted_entries = [&](const fs::path& folder) {
     std::vector<fs::path> entries;
@@ -292,8 +315,8 @@ absl::StatusOr<std::vector<std::map<std::string, fs::path>>> FindInputFiles(cons
   }
   if (!loose.empty()) sets.insert(sets.begin(), std::move(loose));
   if (sets.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: no .pb tensors in ", dir.string(),
-                                                   " (nor test_data_set_N/input_K.pb)"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                   absl::StrCat("no .pb tensors in ", dir.string(), " (nor test_data_set_N/input_K.pb)"));
   }
   return sets;
 }
@@ -419,6 +442,96 @@ fs::path PartialDownloadPath(const fs::path& path, const std::string& sha256) {
   return dir / absl::StrCat(".", path.filename().string(), ".", sha256.substr(0, 16), ".partial");
 }
 
+namespace {
+
+// Whether `path` already holds the listed artifact (delivered by an earlier run).
+bool AlreadyDownloaded(const fs::path& path, int64_t size, const std::string& digest) {
+  std::error_code error;
+  if (digest.empty() || static_cast<int64_t>(fs::file_size(path, error)) != size || error) return false;
+  absl::StatusOr<std::string> existing = Sha256OfFile(path);
+  return existing.ok() && *existing == digest;
+}
+
+// Where the download resumes: the bytes an earlier try left in `partial` when the artifact is listed (its
+// digest names the file) and they do not exceed its size; else 0, and the file is written afresh.
+int64_t ResumeOffsetOfPartial(const fs::path& partial, const std::string& digest, int64_t size) {
+  std::error_code error;
+  int64_t held =
+      !digest.empty() && fs::exists(partial, error) ? static_cast<int64_t>(fs::file_size(partial, error)) : 0;
+  if (error || held > size) held = 0;
+  return held;
+}
+
+}  // namespace
+
+struct Client::DownloadState {
+  std::string wanted;  // the artifact's name
+  int64_t size = -1;   // -1 until the job's listing or the first chunk says
+  std::string digest;  // the artifact's SHA-256; "" until known
+  fs::path partial;    // PartialDownloadPath: where the bytes go until verified
+  std::ofstream out;   // the partial file
+  int64_t held = 0;    // the bytes in it
+};
+
+absl::Status Client::DownloadAttempt(const std::string& name, DownloadState* state, RetryState* retry,
+                                     const Progress& progress) const {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::DownloadRequest request;
+  request.set_name(name);
+  request.set_artifact(state->wanted);
+  request.set_offset(state->held);
+  auto reader = stub_->Download(&context, request);
+  v1::DownloadChunk chunk;
+  bool in_order = true;
+  while (reader->Read(&chunk)) {
+    if (state->size < 0) {
+      state->size = chunk.total_size();
+      state->digest = chunk.sha256();
+    }
+    if (chunk.offset() != state->held || state->held + static_cast<int64_t>(chunk.data().size()) > state->size) {
+      in_order = false;
+      context.TryCancel();
+      break;
+    }
+    state->out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    state->held += static_cast<int64_t>(chunk.data().size());
+    reached_ = true;
+    *retry = RetryState();
+    if (progress) progress(state->held, state->size);
+  }
+  absl::Status status = Answered(FromGrpc(reader->Finish()));
+  if (!in_order) return absl::DataLossError(absl::StrCat("download of ", state->wanted, ": chunks out of order"));
+  state->out.flush();
+  if (!state->out) return absl::InternalError(absl::StrCat("cannot write ", state->partial.string()));
+  if (status.ok() && state->size < 0) state->size = 0;  // an empty artifact sends no chunk
+  if (status.ok() && state->held < state->size) {
+    return absl::DataLossError(
+        absl::StrCat("download of ", state->wanted, " ended after ", state->held, " of ", state->size, " bytes"));
+  }
+  // A stream broken by a restart: UNAVAILABLE, or CANCELLED when the server shut down with it open.
+  if (!status.ok() && (!Restarting(status) || !Backoff(retry))) return status;
+  return absl::OkStatus();
+}
+
+absl::Status Client::FinishDownload(DownloadState* state, const fs::path& path) {
+  state->out.close();
+  absl::StatusOr<std::string> received = Sha256OfFile(state->partial);
+  if (!received.ok()) return received.status();
+  std::error_code error;
+  if (!state->digest.empty() && *received != state->digest) {
+    fs::remove(state->partial, error);  // a corrupt copy must not be resumed
+    return Failure(absl::StatusCode::kDataLoss, v1::ErrorReason::CHECKSUM_MISMATCH,
+                   absl::StrCat("downloaded ", state->wanted, " does not match its SHA-256"));
+  }
+  fs::rename(state->partial, path, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot move ", state->partial.string(), " to ", path.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Client::Download(const std::string& name, const std::string& artifact, const fs::path& path,
                               const Progress& progress) {
   // The job's listing gives the artifact's size and SHA-256 before the first byte: the partial file
@@ -427,75 +540,26 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
   // resumes within this call only.
   absl::StatusOr<v1::Job> job = GetJob(name);
   if (!job.ok()) return job.status();
-  const std::string wanted = artifact.empty() ? kModelFileName : artifact;
-  int64_t size = -1;
-  std::string digest;
+  DownloadState state;
+  state.wanted = artifact.empty() ? kModelFileName : artifact;
   for (const auto& entry : job->result().artifacts()) {
-    if (entry.name() == wanted) {
-      size = entry.size();
-      digest = entry.sha256();
+    if (entry.name() == state.wanted) {
+      state.size = entry.size();
+      state.digest = entry.sha256();
     }
   }
   std::error_code error;
   if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
-  if (!digest.empty() && static_cast<int64_t>(fs::file_size(path, error)) == size && !error) {
-    absl::StatusOr<std::string> existing = Sha256OfFile(path);
-    if (existing.ok() && *existing == digest) return absl::OkStatus();  // delivered by an earlier run
-  }
-  error.clear();
-  const fs::path partial = PartialDownloadPath(path, digest.empty() ? "unlisted" : digest);
-  int64_t held = !digest.empty() && fs::exists(partial, error) ? static_cast<int64_t>(fs::file_size(partial, error)) : 0;
-  if (error || held > size) held = 0;
-  std::ofstream out(partial, held > 0 ? std::ios::binary | std::ios::app : std::ios::binary | std::ios::trunc);
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
+  if (AlreadyDownloaded(path, state.size, state.digest)) return absl::OkStatus();  // delivered by an earlier run
+  state.partial = PartialDownloadPath(path, state.digest.empty() ? "unlisted" : state.digest);
+  state.held = ResumeOffsetOfPartial(state.partial, state.digest, state.size);
+  state.out.open(state.partial, state.held > 0 ? std::ios::binary | std::ios::app : std::ios::binary | std::ios::trunc);
+  if (!state.out) return absl::InternalError(absl::StrCat("cannot write ", state.partial.string()));
   RetryState retry;
-  while (size < 0 || held < size) {
-    grpc::ClientContext context;
-    Prepare(&context);
-    v1::DownloadRequest request;
-    request.set_name(name);
-    request.set_artifact(wanted);
-    request.set_offset(held);
-    auto reader = stub_->Download(&context, request);
-    v1::DownloadChunk chunk;
-    bool in_order = true;
-    while (reader->Read(&chunk)) {
-      if (size < 0) {
-        size = chunk.total_size();
-        digest = chunk.sha256();
-      }
-      if (chunk.offset() != held || held + static_cast<int64_t>(chunk.data().size()) > size) {
-        in_order = false;
-        context.TryCancel();
-        break;
-      }
-      out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
-      held += static_cast<int64_t>(chunk.data().size());
-      reached_ = true;
-      retry = RetryState();
-      if (progress) progress(held, size);
-    }
-    absl::Status status = Answered(FromGrpc(reader->Finish()));
-    if (!in_order) return absl::DataLossError(absl::StrCat("download of ", wanted, ": chunks out of order"));
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", partial.string()));
-    if (status.ok() && size < 0) size = 0;  // an empty artifact sends no chunk
-    if (status.ok() && held < size) {
-      return absl::DataLossError(absl::StrCat("download of ", wanted, " ended after ", held, " of ", size, " bytes"));
-    }
-    // A stream broken by a restart: UNAVAILABLE, or CANCELLED when the server shut down with it open.
-    if (!status.ok() && (!Restarting(status) || !Backoff(&retry))) return status;
+  while (state.size < 0 || state.held < state.size) {
+    if (absl::Status attempt = DownloadAttempt(name, &state, &retry, progress); !attempt.ok()) return attempt;
   }
-  out.close();
-  absl::StatusOr<std::string> received = Sha256OfFile(partial);
-  if (!received.ok()) return received.status();
-  if (!digest.empty() && *received != digest) {
-    fs::remove(partial, error);  // a corrupt copy must not be resumed
-    return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: downloaded ", wanted, " does not match its SHA-256"));
-  }
-  fs::rename(partial, path, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot move ", partial.string(), " to ", path.string(), ": ", error.message()));
-  return absl::OkStatus();
+  return FinishDownload(&state, path);
 }
 
 absl::StatusOr<v1::Report> Client::GetReport(const std::string& name) {

@@ -125,6 +125,19 @@ class Client {
   // Sleeps the next backoff step; false when the deadline leaves no time for another try (or, without
   // one, after five minutes without an answer).
   bool Backoff(RetryState* retry) const;
+  // The server's status of upload session `upload_id` of the blob `sha256` (retried while UNAVAILABLE).
+  absl::StatusOr<v1::UploadStatus> QueryUploadStatus(const std::string& sha256, const std::string& upload_id) const;
+  // One UploadBlob stream of `path` from byte `offset` to the end; returns how the server finished it.
+  absl::Status StreamUploadFrom(const std::filesystem::path& path, const v1::Blob& blob, const std::string& upload_id,
+                                int64_t offset, const Progress& progress) const;
+  // A download in progress: the artifact, its size and SHA-256 once known, and its partial file (client.cc).
+  struct DownloadState;
+  // One Download stream from the bytes held: OK to go on (it ended, or broke and the backoff allows another
+  // try), else the error that ends the download.
+  absl::Status DownloadAttempt(const std::string& name, DownloadState* state, RetryState* retry,
+                               const Progress& progress) const;
+  // Verifies the complete partial file against the SHA-256 (removing a corrupt one) and moves it to `path`.
+  static absl::Status FinishDownload(DownloadState* state, const std::filesystem::path& path);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Optimizer::Stub> stub_;

@@ -16,12 +16,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "client/deploy_settings.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "client/deploy_settings.h"
-#include "optimizer/result_files.h"
 #include "optimizer/cache_interface.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
+#include "optimizer/result_files.h"
 
 namespace onnxopt::client {
 namespace fs = std::filesystem;
@@ -46,7 +47,9 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json",  "tokenizer_config.
                                            "merges.txt",        "vocab.txt",           "spiece.model",
                                            "chat_template.jinja"};
 
-std::string Unsupported(const std::string& why) { return absl::StrCat("GENAI_UNSUPPORTED: ", why); }
+absl::Status Unsupported(const std::string& why) {
+  return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::GENAI_UNSUPPORTED, why);
+}
 
 // ---- JSON out: keys sorted, integers as integers, two-space indents -------------------------------
 
@@ -329,19 +332,18 @@ absl::StatusOr<CacheShape> CacheShapeOf(const onnx::GraphProto& graph, const Cac
     const onnx::TensorShapeProto* dims = ShapeOf(past);
     const int type = past.type().tensor_type().elem_type();
     if (dims == nullptr || dims->dim_size() != 4 || entry.axis != 2) {
-      return absl::FailedPreconditionError(Unsupported(absl::StrCat(
-          "'", entry.past, "' is no [batch, kv_heads, past_sequence, head_size] tensor; GenAI's cache is laid out so")));
+      return Unsupported(absl::StrCat(
+          "'", entry.past, "' is no [batch, kv_heads, past_sequence, head_size] tensor; GenAI's cache is laid out so"));
     }
     if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16) {
-      return absl::FailedPreconditionError(
-          Unsupported(absl::StrCat("'", entry.past, "' is neither float nor float16; GenAI's cache is one of those")));
+      return Unsupported(
+          absl::StrCat("'", entry.past, "' is neither float nor float16; GenAI's cache is one of those"));
     }
     for (auto [axis, field] : {std::pair(1, &shape.kv_heads), std::pair(3, &shape.head_size)}) {
       const std::optional<int64_t> dim = StaticDim(past, axis);
       if (!dim) continue;
       if (*field != 0 && *field != *dim) {
-        return absl::FailedPreconditionError(
-            Unsupported(absl::StrCat("the cache's layers differ in shape ('", entry.past, "'); GenAI's have one")));
+        return Unsupported(absl::StrCat("the cache's layers differ in shape ('", entry.past, "'); GenAI's have one"));
       }
       *field = *dim;
     }
@@ -359,8 +361,8 @@ absl::StatusOr<CacheShape> CacheShapeOf(const onnx::GraphProto& graph, const Cac
     }
   }
   if (shape.kv_heads <= 0 || shape.head_size <= 0) {
-    return absl::FailedPreconditionError(Unsupported(
-        "the past tensors' heads and head size are symbolic and no config.json beside the tokenizer says them"));
+    return Unsupported(
+        "the past tensors' heads and head size are symbolic and no config.json beside the tokenizer says them");
   }
   return shape;
 }
@@ -373,16 +375,15 @@ absl::Status CheckFedInputs(const onnx::GraphProto& graph, const CacheInterface&
   for (const auto& tensor : graph.initializer()) initializers.insert(tensor.name());
   for (const auto& input : graph.input()) {
     if (initializers.count(input.name()) > 0 || fed.count(input.name()) > 0) continue;
-    return absl::FailedPreconditionError(Unsupported(absl::StrCat(
-        "input '", input.name(), "' is none GenAI feeds (it feeds token ids, attention_mask, position_ids and the "
-        "key/value cache)")));
+    return Unsupported(absl::StrCat("input '", input.name(),
+                                    "' is none GenAI feeds (it feeds token ids, attention_mask, position_ids and the "
+                                    "key/value cache)"));
   }
   for (const auto& input : graph.input()) {
     const bool index_input = input.name() == cache.ids_input || input.name() == cache.mask_input ||
                              input.name() == cache.position_input;
     if (index_input && !IsIntegerInput(input)) {
-      return absl::FailedPreconditionError(
-          Unsupported(absl::StrCat("'", input.name(), "' is neither int64 nor int32, as GenAI feeds it")));
+      return Unsupported(absl::StrCat("'", input.name(), "' is neither int64 nor int32, as GenAI feeds it"));
     }
   }
   return absl::OkStatus();
@@ -426,9 +427,9 @@ absl::StatusOr<int64_t> ContextLength(const onnx::GraphProto& graph, const Genai
     notes->push_back(absl::StrCat("context_length ", *rows, ": the rows of the rotary cache stored in the model"));
     return *rows;
   }
-  return absl::InvalidArgumentError(
-      "GENAI_CONTEXT_LENGTH: nothing says how many positions the model takes (no config.json with "
-      "max_position_embeddings beside the tokenizer, no stored rotary table): pass --context-length N");
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::GENAI_CONTEXT_LENGTH,
+                 "nothing says how many positions the model takes (no config.json with "
+                 "max_position_embeddings beside the tokenizer, no stored rotary table): pass --context-length N");
 }
 
 // model.type: the flag, else config.json's model_type where GenAI knows it, else "decoder".
@@ -490,6 +491,111 @@ Struct Search(const HfFiles& hf, int64_t context_length) {
   return search;
 }
 
+// The cache's past and present names as GenAI's printf patterns (past_key_values.%d.key).
+struct CachePatterns {
+  LayerPatterns past, present;
+};
+
+// The cache's patterns: one key and one value per layer numbered 0..L-1, each past fed back from the
+// present of its layer and kind.
+absl::StatusOr<CachePatterns> PairedCachePatterns(const CacheInterface& cache) {
+  std::vector<std::string> pasts, presents;
+  for (const auto& entry : cache.entries) {
+    pasts.push_back(entry.past);
+    presents.push_back(entry.present);
+  }
+  const std::optional<LayerPatterns> past = FindLayerPatterns(pasts);
+  const std::optional<LayerPatterns> present = FindLayerPatterns(presents);
+  if (!past || !present || past->layers != present->layers) {
+    return Unsupported(absl::StrCat("the cache's names (", pasts.front(),
+                                    ", ...) are not one key and one value per layer numbered 0..L-1, "
+                                    "which GenAI's printf patterns (past_key_values.%d.key) need"));
+  }
+  for (int layer = 0; layer < past->layers; ++layer) {
+    for (const auto& [from, to] : {std::pair(past->keys, present->keys), std::pair(past->values, present->values)}) {
+      const std::string in = Written(from, layer), out = Written(to, layer);
+      const bool paired = std::any_of(cache.entries.begin(), cache.entries.end(),
+                                      [&](const auto& e) { return e.past == in && e.present == out; });
+      if (!paired) {
+        return Unsupported(absl::StrCat("'", in, "' is not fed back from '", out, "' as GenAI pairs them"));
+      }
+    }
+  }
+  return CachePatterns{*past, *present};
+}
+
+// num_attention_heads: the fused attention's, else config.json's, else left out (with a note).
+void AddAttentionHeads(const onnx::GraphProto& graph, const Struct& config, Struct* decoder,
+                       std::vector<std::string>* notes) {
+  if (auto heads = FusedQueryHeads(graph)) {
+    Field(decoder, "num_attention_heads") = JsonNumber(static_cast<double>(*heads));
+  } else if (auto configured = NumberIn(config, "num_attention_heads")) {
+    Field(decoder, "num_attention_heads") = JsonNumber(*configured);
+    notes->push_back("num_attention_heads from config.json (no fused attention names it)");
+  } else {
+    notes->push_back(
+        "num_attention_heads left out: no fused attention or config.json names it (GenAI reads "
+        "it only where num_key_value_heads is missing)");
+  }
+}
+
+// hidden_size: config.json's, else the embedding table's width, else left out (with a note).
+void AddHiddenSize(const Struct& config, const onnx::TensorProto* table, Struct* decoder,
+                   std::vector<std::string>* notes) {
+  if (auto hidden = NumberIn(config, "hidden_size")) {
+    Field(decoder, "hidden_size") = JsonNumber(*hidden);
+  } else if (table != nullptr) {
+    Field(decoder, "hidden_size") = JsonNumber(static_cast<double>(table->dims(1)));
+  } else {
+    notes->push_back("hidden_size left out: no embedding table or config.json names it");
+  }
+}
+
+// The decoder's inputs and outputs by name, the cache's as patterns.
+void AddDecoderNames(const CacheInterface& cache, const CachePatterns& patterns, Struct* decoder) {
+  Struct* inputs = Object(decoder, "inputs");
+  Field(inputs, "input_ids") = Text(cache.ids_input);
+  if (!cache.mask_input.empty()) Field(inputs, "attention_mask") = Text(cache.mask_input);
+  if (!cache.position_input.empty()) Field(inputs, "position_ids") = Text(cache.position_input);
+  Field(inputs, "past_key_names") = Text(patterns.past.keys);
+  Field(inputs, "past_value_names") = Text(patterns.past.values);
+  Struct* outputs = Object(decoder, "outputs");
+  Field(outputs, "logits") = Text(cache.logits_output);
+  Field(outputs, "present_key_names") = Text(patterns.present.keys);
+  Field(outputs, "present_value_names") = Text(patterns.present.values);
+}
+
+// The vocabulary's size as the graph says it: the logits' last dim, else the embedding table's rows.
+std::optional<int64_t> GraphVocabSize(const onnx::GraphProto& graph, const std::string& logits_output,
+                                      const onnx::TensorProto* table) {
+  const onnx::ValueInfoProto* logits = nullptr;
+  for (const auto& output : graph.output()) {
+    if (output.name() == logits_output) logits = &output;
+  }
+  const onnx::TensorShapeProto* logits_shape = logits != nullptr ? ShapeOf(*logits) : nullptr;
+  std::optional<int64_t> vocab;
+  if (logits_shape != nullptr && logits_shape->dim_size() > 0) {
+    vocab = StaticDim(*logits, logits_shape->dim_size() - 1);
+  }
+  if (!vocab && table != nullptr) vocab = table->dims(0);
+  return vocab;
+}
+
+// vocab_size: the graph's, else config.json's (with a note); GENAI_UNSUPPORTED where neither says it.
+absl::Status AddVocabSize(const onnx::GraphProto& graph, const std::string& logits_output,
+                          const onnx::TensorProto* table, const Struct& config, Struct* model_json,
+                          std::vector<std::string>* notes) {
+  if (std::optional<int64_t> vocab = GraphVocabSize(graph, logits_output, table)) {
+    Field(model_json, "vocab_size") = JsonNumber(static_cast<double>(*vocab));
+  } else if (auto configured = NumberIn(config, "vocab_size")) {
+    Field(model_json, "vocab_size") = JsonNumber(*configured);
+    notes->push_back("vocab_size from config.json (the logits name it symbolically)");
+  } else {
+    return Unsupported("the vocabulary's size is symbolic in the logits and no config.json says it");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HfFiles> ReadHfFiles(const fs::path& folder) {
   HfFiles hf;
   if (folder.empty()) return hf;
@@ -527,9 +633,10 @@ absl::Status CheckGenaiFolderFree(const fs::path& folder) {
   std::error_code error;
   if (!fs::exists(folder, error)) return absl::OkStatus();
   if (fs::is_directory(folder, error) && fs::is_empty(folder, error)) return absl::OkStatus();
-  return absl::AlreadyExistsError(absl::StrCat("GENAI_FOLDER_EXISTS: ", folder.string(),
-                                               " exists and is not empty; a delivered model folder is never written "
-                                               "into: choose a new folder"));
+  return Failure(absl::StatusCode::kAlreadyExists, v1::ErrorReason::GENAI_FOLDER_EXISTS,
+                 absl::StrCat(folder.string(),
+                              " exists and is not empty; a delivered model folder is never written "
+                              "into: choose a new folder"));
 }
 
 absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const v1::Report& report,
@@ -537,34 +644,13 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   const onnx::GraphProto& graph = model.graph();
   const std::optional<CacheInterface> cache = FindCacheInterface(graph);
   if (!cache || cache->logits_output.empty()) {
-    return absl::FailedPreconditionError(Unsupported(
+    return Unsupported(
         "the model has no key/value cache (past inputs fed back from present outputs) and logits; GenAI drives "
-        "decoders exported with one (transformers' use_cache, make_cache_decoder.py)"));
+        "decoders exported with one (transformers' use_cache, make_cache_decoder.py)");
   }
   if (absl::Status fed = CheckFedInputs(graph, *cache); !fed.ok()) return fed;
-  std::vector<std::string> pasts, presents;
-  for (const auto& entry : cache->entries) {
-    pasts.push_back(entry.past);
-    presents.push_back(entry.present);
-  }
-  const std::optional<LayerPatterns> past = FindLayerPatterns(pasts);
-  const std::optional<LayerPatterns> present = FindLayerPatterns(presents);
-  if (!past || !present || past->layers != present->layers) {
-    return absl::FailedPreconditionError(Unsupported(absl::StrCat(
-        "the cache's names (", pasts.front(), ", ...) are not one key and one value per layer numbered 0..L-1, "
-        "which GenAI's printf patterns (past_key_values.%d.key) need")));
-  }
-  for (int layer = 0; layer < past->layers; ++layer) {
-    for (const auto& [from, to] : {std::pair(past->keys, present->keys), std::pair(past->values, present->values)}) {
-      const std::string in = Written(from, layer), out = Written(to, layer);
-      const bool paired = std::any_of(cache->entries.begin(), cache->entries.end(),
-                                      [&](const auto& e) { return e.past == in && e.present == out; });
-      if (!paired) {
-        return absl::FailedPreconditionError(
-            Unsupported(absl::StrCat("'", in, "' is not fed back from '", out, "' as GenAI pairs them")));
-      }
-    }
-  }
+  absl::StatusOr<CachePatterns> patterns = PairedCachePatterns(*cache);
+  if (!patterns.ok()) return patterns.status();
   absl::StatusOr<HfFiles> hf = ReadHfFiles(options.tokenizer_dir);
   if (!hf.ok()) return hf.status();
   GenaiConfig result;
@@ -582,54 +668,16 @@ absl::StatusOr<GenaiConfig> GenaiConfigFor(const onnx::ModelProto& model, const 
   Struct* decoder = Object(model_json, "decoder");
   *Object(decoder, "session_options") = SessionOptions(report);
   Field(decoder, "filename") = Text(kModelFileName);  // WriteGenaiFolder places the model under it
-  Field(decoder, "num_hidden_layers") = JsonNumber(past->layers);
+  Field(decoder, "num_hidden_layers") = JsonNumber(patterns->past.layers);
   Field(decoder, "num_key_value_heads") = JsonNumber(static_cast<double>(shape->kv_heads));
   Field(decoder, "head_size") = JsonNumber(static_cast<double>(shape->head_size));
-  if (auto heads = FusedQueryHeads(graph)) {
-    Field(decoder, "num_attention_heads") = JsonNumber(static_cast<double>(*heads));
-  } else if (auto configured = NumberIn(hf->config, "num_attention_heads")) {
-    Field(decoder, "num_attention_heads") = JsonNumber(*configured);
-    result.notes.push_back("num_attention_heads from config.json (no fused attention names it)");
-  } else {
-    result.notes.push_back("num_attention_heads left out: no fused attention or config.json names it (GenAI reads "
-                           "it only where num_key_value_heads is missing)");
-  }
+  AddAttentionHeads(graph, hf->config, decoder, &result.notes);
   const onnx::TensorProto* table = EmbeddingTable(graph, cache->ids_input);
-  if (auto hidden = NumberIn(hf->config, "hidden_size")) {
-    Field(decoder, "hidden_size") = JsonNumber(*hidden);
-  } else if (table != nullptr) {
-    Field(decoder, "hidden_size") = JsonNumber(static_cast<double>(table->dims(1)));
-  } else {
-    result.notes.push_back("hidden_size left out: no embedding table or config.json names it");
-  }
-  Struct* inputs = Object(decoder, "inputs");
-  Field(inputs, "input_ids") = Text(cache->ids_input);
-  if (!cache->mask_input.empty()) Field(inputs, "attention_mask") = Text(cache->mask_input);
-  if (!cache->position_input.empty()) Field(inputs, "position_ids") = Text(cache->position_input);
-  Field(inputs, "past_key_names") = Text(past->keys);
-  Field(inputs, "past_value_names") = Text(past->values);
-  Struct* outputs = Object(decoder, "outputs");
-  Field(outputs, "logits") = Text(cache->logits_output);
-  Field(outputs, "present_key_names") = Text(present->keys);
-  Field(outputs, "present_value_names") = Text(present->values);
+  AddHiddenSize(hf->config, table, decoder, &result.notes);
+  AddDecoderNames(*cache, *patterns, decoder);
 
-  const onnx::ValueInfoProto* logits = nullptr;
-  for (const auto& output : graph.output()) {
-    if (output.name() == cache->logits_output) logits = &output;
-  }
-  const onnx::TensorShapeProto* logits_shape = logits != nullptr ? ShapeOf(*logits) : nullptr;
-  std::optional<int64_t> vocab;
-  if (logits_shape != nullptr && logits_shape->dim_size() > 0) vocab = StaticDim(*logits, logits_shape->dim_size() - 1);
-  if (!vocab && table != nullptr) vocab = table->dims(0);
-  if (vocab) {
-    Field(model_json, "vocab_size") = JsonNumber(static_cast<double>(*vocab));
-  } else if (auto configured = NumberIn(hf->config, "vocab_size")) {
-    Field(model_json, "vocab_size") = JsonNumber(*configured);
-    result.notes.push_back("vocab_size from config.json (the logits name it symbolically)");
-  } else {
-    return absl::FailedPreconditionError(
-        Unsupported("the vocabulary's size is symbolic in the logits and no config.json says it"));
-  }
+  absl::Status vocab = AddVocabSize(graph, cache->logits_output, table, hf->config, model_json, &result.notes);
+  if (!vocab.ok()) return vocab;
   *Object(&root, "search") = Search(*hf, *context_length);
 
   Value whole;

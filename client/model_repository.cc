@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "client/deploy_settings.h"
 #include "optimizer/cache_interface.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/result_files.h"
 #include "optimizer/runtime_requirements.h"
@@ -151,12 +152,72 @@ absl::Status InterfaceFitsTriton(const onnx::ModelProto& model) {
   for (const onnx::ValueInfoProto* value : interface) {
     const onnx::TypeProto::Tensor* tensor = TensorType(*value);
     if (tensor == nullptr || TritonType(tensor->elem_type()).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("REPOSITORY_UNSUPPORTED: '", value->name(),
-                                                     "' is no tensor of a type Triton has (sequences, maps, "
-                                                     "8- and 4-bit types have none)"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::REPOSITORY_UNSUPPORTED,
+                     absl::StrCat("'", value->name(),
+                                  "' is no tensor of a type Triton has (sequences, maps, "
+                                  "8- and 4-bit types have none)"));
     }
   }
   return absl::OkStatus();
+}
+
+// Moves the result's files into the new version folder `version_dir` (the report into `model_dir`, beside the
+// versions); returns the paths written.
+absl::StatusOr<std::vector<fs::path>> FillVersionFolder(const std::vector<ResultFile>& files, const fs::path& repo,
+                                                        const fs::path& model_dir, const fs::path& version_dir) {
+  std::error_code error;
+  // The version folder appears whole: filled beside it, then renamed into place.
+  const fs::path staging = model_dir / absl::StrCat(".onnxopt-", ::getpid());
+  fs::remove_all(staging, error);
+  fs::create_directories(staging, error);
+  std::vector<fs::path> written;
+  for (const ResultFile& file : files) {
+    // Triton and KServe look for the model as model.onnx; the report goes beside the versions.
+    const bool report_file = file.role == v1::ARTIFACT_REPORT;
+    const fs::path to = report_file                       ? model_dir / "onnxopt_report.json"
+                        : file.role == v1::ARTIFACT_MODEL ? staging / kModelFileName
+                                                          : staging / file.path.filename();
+    fs::rename(file.path, to, error);
+    if (error) {
+      fs::remove_all(staging, error);
+      return absl::InternalError(absl::StrCat("cannot move ", file.path.string(), " into ", repo.string()));
+    }
+    if (report_file) written.push_back(model_dir / "onnxopt_report.json");
+  }
+  fs::rename(staging, version_dir, error);
+  if (error) {
+    const std::string why = error.message();  // before the cleanup reuses `error`
+    fs::remove_all(staging, error);
+    return absl::InternalError(absl::StrCat("cannot create ", version_dir.string(), ": ", why));
+  }
+  for (const auto& entry : fs::directory_iterator(version_dir, error)) written.push_back(entry.path());
+  return written;
+}
+
+// inferenceservice.yaml at the repository's root: a KServe InferenceService that serves the model from storageUri
+// (--storage-uri, else a PVC named after the repository's folder) with the Triton runtime; returns its path.
+absl::StatusOr<fs::path> WriteKServeManifest(const v1::Report& report, const RepositoryOptions& options,
+                                             const fs::path& repo) {
+  std::error_code error;
+  fs::path folder = fs::absolute(repo, error).lexically_normal();
+  if (folder.filename().empty()) folder = folder.parent_path();  // "models/" names "models"
+  const std::string uri = options.storage_uri.empty()
+                              ? absl::StrCat("pvc://onnxopt-models/", KubernetesName(folder.filename().string()))
+                              : options.storage_uri;
+  std::string service = absl::StrCat(
+      "# KServe: serves ", options.model_name, " from the model repository at storageUri with the Triton runtime.\n",
+      "# Copy the folder there (the repository root, holding ", options.model_name,
+      "/config.pbtxt), then kubectl apply.\n",
+      "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: ",
+      YamlQuoted(KubernetesName(options.model_name)),
+      "\n  annotations:\n    onnxopt.dev/job: ", YamlQuoted(report.job()),
+      "\nspec:\n  predictor:\n    model:\n      modelFormat:\n        name: onnx\n"
+      "      runtime: kserve-tritonserver\n",
+      "      storageUri: ", YamlQuoted(uri), "\n      args:\n        - --strict-model-config=true\n");
+  const fs::path manifest = repo / "inferenceservice.yaml";
+  absl::Status status = WriteFileAtomically(manifest, service);
+  if (!status.ok()) return status;
+  return manifest;
 }
 
 }  // namespace
@@ -197,9 +258,9 @@ absl::Status CheckVersionFree(const RepositoryOptions& options, const fs::path& 
   const fs::path version_dir = repo / options.model_name / absl::StrCat(options.version);
   std::error_code error;
   if (!fs::exists(version_dir, error)) return absl::OkStatus();
-  return absl::AlreadyExistsError(absl::StrCat("REPOSITORY_VERSION_EXISTS: ", version_dir.string(),
-                                               " exists; a served version is never overwritten: pass --version ",
-                                               options.version + 1, " or another repository"));
+  return Failure(absl::StatusCode::kAlreadyExists, v1::ErrorReason::REPOSITORY_VERSION_EXISTS,
+                 absl::StrCat(version_dir.string(), " exists; a served version is never overwritten: pass --version ",
+                              options.version + 1, " or another repository"));
 }
 
 std::string TritonModelConfig(const onnx::ModelProto& model, const v1::Report& report, const std::string& name,
@@ -271,52 +332,17 @@ absl::StatusOr<std::vector<fs::path>> WriteModelRepository(const std::vector<Res
   std::error_code error;
   fs::create_directories(model_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", model_dir.string(), ": ", error.message()));
-  // The version folder appears whole: filled beside it, then renamed into place.
-  const fs::path staging = model_dir / absl::StrCat(".onnxopt-", ::getpid());
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  std::vector<fs::path> written;
-  for (const ResultFile& file : files) {
-    // Triton and KServe look for the model as model.onnx; the report goes beside the versions.
-    const bool report_file = file.role == v1::ARTIFACT_REPORT;
-    const fs::path to = report_file                        ? model_dir / "onnxopt_report.json"
-                        : file.role == v1::ARTIFACT_MODEL ? staging / kModelFileName
-                                                           : staging / file.path.filename();
-    fs::rename(file.path, to, error);
-    if (error) {
-      fs::remove_all(staging, error);
-      return absl::InternalError(absl::StrCat("cannot move ", file.path.string(), " into ", repo.string()));
-    }
-    if (report_file) written.push_back(model_dir / "onnxopt_report.json");
-  }
-  fs::rename(staging, version_dir, error);
-  if (error) {
-    fs::remove_all(staging, error);
-    return absl::InternalError(absl::StrCat("cannot create ", version_dir.string(), ": ", error.message()));
-  }
-  for (const auto& entry : fs::directory_iterator(version_dir, error)) written.push_back(entry.path());
+  absl::StatusOr<std::vector<fs::path>> written = FillVersionFolder(files, repo, model_dir, version_dir);
+  if (!written.ok()) return written.status();
   const fs::path config_path = model_dir / "config.pbtxt";
   absl::Status status = WriteFileAtomically(
       config_path, TritonModelConfig(*model, report, options.model_name, options.max_batch_size));
   if (!status.ok()) return status;
-  written.push_back(config_path);
+  written->push_back(config_path);
   if (options.layout == RepositoryLayout::kKServe) {
-    fs::path folder = fs::absolute(repo, error).lexically_normal();
-    if (folder.filename().empty()) folder = folder.parent_path();  // "models/" names "models"
-    const std::string uri = options.storage_uri.empty()
-                                ? absl::StrCat("pvc://onnxopt-models/", KubernetesName(folder.filename().string()))
-                                : options.storage_uri;
-    std::string service = absl::StrCat(
-        "# KServe: serves ", options.model_name, " from the model repository at storageUri with the Triton runtime.\n",
-        "# Copy the folder there (the repository root, holding ", options.model_name, "/config.pbtxt), then kubectl apply.\n",
-        "apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\nmetadata:\n  name: ",
-        YamlQuoted(KubernetesName(options.model_name)), "\n  annotations:\n    onnxopt.dev/job: ", YamlQuoted(report.job()),
-        "\nspec:\n  predictor:\n    model:\n      modelFormat:\n        name: onnx\n      runtime: kserve-tritonserver\n",
-        "      storageUri: ", YamlQuoted(uri), "\n      args:\n        - --strict-model-config=true\n");
-    const fs::path manifest = repo / "inferenceservice.yaml";
-    status = WriteFileAtomically(manifest, service);
-    if (!status.ok()) return status;
-    written.push_back(manifest);
+    absl::StatusOr<fs::path> manifest = WriteKServeManifest(report, options, repo);
+    if (!manifest.ok()) return manifest.status();
+    written->push_back(*manifest);
   }
   return written;
 }

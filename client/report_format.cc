@@ -68,6 +68,323 @@ void AppendBisection(const v1::Bisection& bisection, std::string* out) {
   }
 }
 
+// "Report for <job> (onnxopt <version>, <seconds>)" and the pipeline the job ran.
+void AppendReportTitle(const v1::Report& report, std::string* out) {
+  absl::StrAppend(out, "Report for ", report.job().empty() ? "local run" : report.job(), " (onnxopt ",
+                  report.optimizer_version(), ", ", absl::StrFormat("%.2f s", report.total_seconds()), ")\n");
+  if (!report.pipeline().empty()) absl::StrAppend(out, "pipeline: ", report.pipeline(), "\n");
+}
+
+// Nodes, initializers and bytes of both models, side by side.
+void AppendModelSizes(const v1::Report& report, std::string* out) {
+  absl::StrAppend(out, "\n", absl::StrFormat("%-12s %10s %10s\n", "model", "original", "optimized"));
+  absl::StrAppend(out,
+                  absl::StrFormat("%-12s %10d %10d\n", "nodes", report.original().nodes(), report.optimized().nodes()));
+  absl::StrAppend(out, absl::StrFormat("%-12s %10d %10d\n", "initializers", report.original().initializers(),
+                                       report.optimized().initializers()));
+  absl::StrAppend(out, absl::StrFormat("%-12s %10s %10s\n", "size", FormatBytes(report.original().model_bytes()),
+                                       FormatBytes(report.optimized().model_bytes())));
+}
+
+// "op changes   Add 4->2, ..." for every operator whose count changed, in name order.
+void AppendOpChanges(const v1::Report& report, std::string* out) {
+  std::set<std::string> ops;
+  for (const auto& op : report.original().op_histogram()) ops.insert(op.first);
+  for (const auto& op : report.optimized().op_histogram()) ops.insert(op.first);
+  std::vector<std::string> changed;
+  for (const auto& op : ops) {
+    const auto b = report.original().op_histogram().find(op);
+    const auto a = report.optimized().op_histogram().find(op);
+    const int64_t before = b == report.original().op_histogram().end() ? 0 : b->second;
+    const int64_t after = a == report.optimized().op_histogram().end() ? 0 : a->second;
+    if (before != after) changed.push_back(absl::StrCat(op, " ", before, "->", after));
+  }
+  if (!changed.empty()) absl::StrAppend(out, "op changes   ", absl::StrJoin(changed, ", "), "\n");
+}
+
+// A row per pass run: its time, the node counts around it, its rewrites and what it left alone.
+void AppendPassesTable(const v1::Report& report, std::string* out) {
+  if (report.passes_size() == 0) return;
+  absl::StrAppend(out, "\n", absl::StrFormat("%-32s %4s %10s %14s %8s  %s\n", "pass", "iter", "time ms", "nodes",
+                                             "rewrites", "skipped"));
+  for (const auto& pass : report.passes()) {
+    std::vector<std::string> skipped;
+    for (const auto& skip : pass.skipped()) skipped.push_back(absl::StrCat(skip.count(), "x ", skip.reason()));
+    absl::StrAppend(out, absl::StrFormat("%-32s %4d %10.3f %6d -> %-6d %8d  %s\n", pass.name(), pass.iteration(),
+                                         pass.duration_seconds() * 1000, pass.nodes_before(), pass.nodes_after(),
+                                         pass.rewrites(), absl::StrJoin(skipped, "; ")));
+  }
+}
+
+// The verdict and how the inputs were made, then the input shapes compared.
+void AppendParityHeader(const v1::ParityReport& parity, std::string* out) {
+  absl::StrAppend(out, parity.passed() ? "PASSED" : "FAILED", " (",
+                  parity.precision().empty() ? "fp32" : parity.precision(), ", ",
+                  parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
+                  PaddedMasks(parity),
+                  parity.valid_positions_of().empty()
+                      ? ""
+                      : absl::StrCat(", compared where ", parity.valid_positions_of(), " is not 0 (remove_padding)"),
+                  ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
+                  parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
+  for (int i = 0; i < parity.shape_sets_size(); ++i) {
+    absl::StrAppend(out, "shape ", i, ": ", Shapes(parity.shape_sets(i).shapes()), "\n");
+  }
+  if (parity.shape_sets_size() == 0 && parity.input_shapes_size() > 0) {
+    absl::StrAppend(out, "inputs: ", Shapes(parity.input_shapes()), "\n");
+  }
+}
+
+// A row per output and sample: its errors against the tolerances, and the verdict.
+void AppendParityOutputs(const v1::ParityReport& parity, std::string* out) {
+  absl::StrAppend(out, absl::StrFormat("%-24s %5s %6s %12s %12s %10s %9s %9s  %s\n", "output", "shape", "sample",
+                                       "max abs err", "max rel err", "mismatch", "atol", "rtol", "verdict"));
+  for (const auto& output : parity.outputs()) {
+    absl::StrAppend(out, absl::StrFormat("%-24s %5d %6d %12.3e %12.3e %9.4f%% %9.1e %9.1e  %s%s\n", output.name(),
+                                         output.shape_set(), output.sample(), output.max_abs_error(),
+                                         output.max_rel_error(), output.mismatch_fraction() * 100, output.atol(),
+                                         output.rtol(), output.passed() ? "ok" : "FAIL",
+                                         output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
+  }
+}
+
+// Compared on another device than the reference: each output's bound from the original's own deviation there.
+void AppendParityDeviceJudgement(const v1::ParityReport& parity, std::string* out) {
+  if (parity.device() == parity.reference()) return;
+  absl::StrAppend(out, "reference: ", parity.reference(), "; compared on: ", parity.device(),
+                  absl::StrFormat("; an output may stray %gx the original's own deviation there\n",
+                                  parity.noise_factor()));
+  for (const auto& output : parity.outputs()) {
+    absl::StrAppend(out, absl::StrFormat("  %-22s device deviation %.3e, bound %.3e, judged by %s\n", output.name(),
+                                         output.device_deviation(), output.noise_bound(),
+                                         output.judged_by().empty() ? "-" : output.judged_by()));
+  }
+}
+
+// A line per length the model ran at besides the exported one, and what could be compared there.
+void AppendParityLengths(const v1::ParityReport& parity, std::string* out) {
+  for (const auto& check : parity.lengths()) {
+    absl::StrAppend(out, absl::StrFormat(
+                             "%s at %d (exported %d): %s%s%s%s\n", check.dim(), check.length(), check.exported(),
+                             !check.ran() ? "did not run" : check.passed() ? "ok" : "FAIL",
+                             check.compared_outputs().empty()
+                                 ? ""
+                                 : absl::StrFormat(", compared %s on the first %d positions, max abs err %.3e",
+                                                   absl::StrJoin(check.compared_outputs(), ", "), check.length(),
+                                                   check.max_abs_error()),
+                             check.uncompared_outputs().empty()
+                                 ? ""
+                                 : absl::StrCat(check.length() < check.exported() ? ", not comparable: " : ", ran: ",
+                                                absl::StrJoin(check.uncompared_outputs(), ", ")),
+                             check.note().empty() ? "" : absl::StrCat(" (", check.note(), ")")));
+  }
+}
+
+// Cosine and top-1 agreement per output, shown for a reduced precision only (and only where measured).
+void AppendParityAgreement(const v1::ParityReport& parity, std::string* out) {
+  bool agreement = false;
+  for (const auto& output : parity.outputs()) agreement |= output.cosine_similarity() != 0;
+  if (!agreement || parity.precision() == "fp32" || parity.precision().empty()) return;
+  absl::StrAppend(out, absl::StrFormat("%-24s %6s %12s %10s\n", "output", "sample", "cosine", "top-1"));
+  for (const auto& output : parity.outputs()) {
+    absl::StrAppend(out, absl::StrFormat("%-24s %6d %12.6f %10s\n", output.name(), output.sample(),
+                                         output.cosine_similarity(),
+                                         output.top1_agreement() < 0
+                                             ? "-"
+                                             : absl::StrFormat("%.2f%%", 100 * output.top1_agreement())));
+  }
+}
+
+void AppendParity(const v1::ParityReport& parity, std::string* out) {
+  absl::StrAppend(out, "\nparity: ");
+  if (parity.skipped()) {
+    absl::StrAppend(out, "skipped\n");
+    return;
+  }
+  AppendParityHeader(parity, out);
+  AppendParityOutputs(parity, out);
+  if (parity.has_perplexity()) {
+    absl::StrAppend(out, "supplied tokens: ", parity.perplexity().note(), "\n");
+  }
+  if (parity.generation().ran()) {
+    absl::StrAppend(out, "judged by greedy generation: ", parity.generation().passed() ? "PASSED" : "FAILED", " (",
+                    parity.generation().note(), ")\n");
+  }
+  AppendParityDeviceJudgement(parity, out);
+  AppendParityLengths(parity, out);
+  AppendParityAgreement(parity, out);
+  AppendBisection(parity.bisection(), out);
+}
+
+// The conversion's line (mode, sizes, nodes and weights converted), its note and the nodes kept in float32.
+void AppendPrecisionSummary(const v1::PrecisionReport& precision, std::string* out) {
+  const double ratio = precision.size_before_bytes() > 0
+                           ? static_cast<double>(precision.size_after_bytes()) / precision.size_before_bytes()
+                           : 0.0;
+  absl::StrAppend(out, "\nprecision: ", precision.mode(), " -> ",
+                  precision.precision().empty() ? "?" : precision.precision(),
+                  absl::StrFormat(", size %s -> %s (%.2fx)", FormatBytes(precision.size_before_bytes()),
+                                  FormatBytes(precision.size_after_bytes()), ratio),
+                  ", ", precision.converted_nodes(), " node(s) converted");
+  if (precision.quantized_weights() > 0) {
+    absl::StrAppend(out, absl::StrFormat(", %d weight(s) %s -> %s", precision.quantized_weights(),
+                                         FormatBytes(precision.weight_bytes_before()),
+                                         FormatBytes(precision.weight_bytes_after())));
+  }
+  if (precision.clamped_weights() > 0) {
+    absl::StrAppend(out, ", ", precision.clamped_weights(), " weight value(s) clamped");
+  }
+  if (precision.auto_mixed_attempts() > 0) {
+    absl::StrAppend(out, ", automatic mixed precision judged ", precision.auto_mixed_attempts(), " candidate(s)");
+  }
+  absl::StrAppend(out, "\n");
+  if (!precision.note().empty()) absl::StrAppend(out, "note: ", precision.note(), "\n");
+  for (const auto& kept : precision.kept_nodes()) {
+    absl::StrAppend(out, "  kept in float32: ", kept.node(), " (", kept.op_type(), "): ", kept.reason(), "\n");
+  }
+}
+
+// The int4 projections' mean error, then the worst few (against round-to-nearest when another method ran).
+void AppendProjectionErrors(const v1::PrecisionReport& precision, std::string* out) {
+  if (precision.projections_size() == 0) return;
+  const bool other_method = precision.method() != "rtn";
+  auto figure = [](double value) { return value < 0 ? std::string("-") : absl::StrFormat("%.4f", value); };
+  absl::StrAppend(out, "  int4 error (", precision.method(), "), mean over ", precision.projections_size(),
+                  " projection(s): weight ", figure(precision.mean_weight_error()), ", output ",
+                  figure(precision.mean_output_error()),
+                  other_method ? absl::StrCat("; round-to-nearest: weight ", figure(precision.rtn_mean_weight_error()),
+                                              ", output ", figure(precision.rtn_mean_output_error()))
+                               : "",
+                  "\n");
+  if (!precision.projections_note().empty()) absl::StrAppend(out, "  ", precision.projections_note(), "\n");
+  constexpr int kWorstShown = 5;
+  for (int i = 0; i < precision.projections_size() && i < kWorstShown; ++i) {
+    const v1::ProjectionError& projection = precision.projections(i);
+    absl::StrAppend(out, absl::StrFormat("    %-48s %5dx%-6d int%d  weight %s  output %s", projection.node(),
+                                         projection.k(), projection.n(), projection.bits(),
+                                         figure(projection.weight_error()), figure(projection.output_error())),
+                    other_method ? absl::StrCat("  (rtn ", figure(projection.rtn_weight_error()), ", ",
+                                                figure(projection.rtn_output_error()), ")")
+                                 : "",
+                    "\n");
+  }
+}
+
+// The precisions automatic mixed precision tried, and which one it chose.
+void AppendPrecisionCandidates(const v1::PrecisionReport& precision, std::string* out) {
+  for (const auto& candidate : precision.candidates()) {
+    absl::StrAppend(out,
+                    absl::StrFormat("  candidate %-5s %s", candidate.mode(), candidate.passed() ? "passed" : "failed"),
+                    candidate.p50_ms() > 0 ? absl::StrFormat(", p50 %.3f ms, %.3fx float32", candidate.p50_ms(),
+                                                             candidate.speedup())
+                                           : "",
+                    candidate.chosen() ? " [chosen]" : "",
+                    candidate.note().empty() ? "" : absl::StrCat(" (", candidate.note(), ")"), "\n");
+  }
+}
+
+void AppendPrecision(const v1::PrecisionReport& precision, std::string* out) {
+  AppendPrecisionSummary(precision, out);
+  AppendProjectionErrors(precision, out);
+  AppendPrecisionCandidates(precision, out);
+}
+
+// Where and how the benchmark ran: device, provider, ONNX Runtime and its session options.
+void AppendBenchmarkSettings(const v1::BenchmarkReport& benchmark, std::string* out) {
+  absl::StrAppend(out, benchmark.device(), ", ", benchmark.execution_provider(), ", ONNX Runtime ",
+                  benchmark.onnxruntime_version(), " (optimizations ", benchmark.ort_optimization_level(), ", ",
+                  benchmark.execution_mode(), ", ",
+                  benchmark.intra_op_threads() > 0 ? absl::StrCat(benchmark.intra_op_threads(), " threads")
+                                                   : "default threads",
+                  benchmark.thread_spinning() ? "" : ", no thread spinning", "), warm-up ", benchmark.warmup_runs(),
+                  "\n");
+  if (!benchmark.fallback().empty()) absl::StrAppend(out, "FALLBACK: ", benchmark.fallback(), "\n");
+}
+
+// Both models' latency statistics; `alone`: the result was timed without the original, which has no row.
+void AppendLatencyTable(const v1::LatencyStats& original, const v1::LatencyStats& optimized, bool alone,
+                        std::string* out) {
+  absl::StrAppend(out, absl::StrFormat("%-10s %9s %9s %9s %9s %9s %8s %6s %10s\n", "model", "p50 ms", "p90 ms",
+                                       "p95 ms", "p99 ms", "mean ms", "std ms", "runs", "peak mem"));
+  if (!alone) absl::StrAppend(out, absl::StrFormat("%-10s %s\n", "original", Latency(original)));
+  absl::StrAppend(out, absl::StrFormat("%-10s %s\n", "optimized", Latency(optimized)));
+}
+
+// A latency table per input shape (one for the whole run before shapes were reported), each with its speedup.
+void AppendShapeLatencies(const v1::BenchmarkReport& benchmark, bool alone, std::string* out) {
+  const bool several = benchmark.shapes_size() > 1;
+  if (benchmark.shapes_size() == 0) AppendLatencyTable(benchmark.original(), benchmark.optimized(), alone, out);
+  for (int i = 0; i < benchmark.shapes_size(); ++i) {
+    const v1::ShapeBenchmark& shape = benchmark.shapes(i);
+    if (several) absl::StrAppend(out, "shape ", i, ": ", Shapes(shape.input_shapes()), "\n");
+    AppendLatencyTable(shape.original(), shape.optimized(), alone, out);
+    if (alone) continue;
+    absl::StrAppend(out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized; side-by-side runs "
+                                         "%.3fx-%.3fx, 10th-90th percentile), %s after %d windows (drift %.1f%%)\n",
+                                         shape.speedup(), shape.speedup_p10(), shape.speedup_p90(),
+                                         shape.stable() ? "stable" : "NOT stable", shape.windows(),
+                                         shape.median_drift() * 100));
+  }
+  if (alone) {
+    absl::StrAppend(out, "original not timed: ", benchmark.original_not_timed(), "\n");
+  } else if (benchmark.shapes_size() == 0) {
+    absl::StrAppend(out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
+  }
+}
+
+void AppendCudaGraphTiming(const v1::CudaGraphTiming& graph, std::string* out) {
+  if (!graph.tried()) return;
+  absl::StrAppend(out, graph.qualified() ? absl::StrFormat("CUDA graph: optimized p50 %.3f ms, %.3fx over its plain "
+                                                           "device-resident runs\n",
+                                                           graph.optimized().p50_ms(), graph.gain())
+                                         : absl::StrCat("CUDA graph: does not qualify: ", graph.reason(), "\n"));
+}
+
+// The session options tuning found fastest, against the defaults.
+void AppendSessionTuning(const v1::SessionTuning& tuning, std::string* out) {
+  const auto& best = tuning.best();
+  absl::StrAppend(out, absl::StrFormat("session tuning (%d trials): best %s threads, %s, optimizations %s: "
+                                       "p50 %.3f ms, %.3fx over the defaults\n",
+                                       tuning.trials_size(),
+                                       best.intra_op_threads() > 0 ? absl::StrCat(best.intra_op_threads()) : "default",
+                                       best.execution_mode(), best.optimization_level(), best.p50_ms(), tuning.gain()));
+}
+
+// Device-resident timings with host copies, CUDA graphs, the settings to deploy with, a regression, tuning.
+void AppendBenchmarkExtras(const v1::BenchmarkReport& benchmark, bool alone, std::string* out) {
+  if (benchmark.device_resident()) {
+    absl::StrAppend(out, "device-resident: inputs and outputs bound on the GPU; with host copies:\n");
+    AppendLatencyTable(benchmark.original_with_copies(), benchmark.optimized_with_copies(), alone, out);
+  }
+  AppendCudaGraphTiming(benchmark.cuda_graph(), out);
+  if (benchmark.deploy_settings_size() > 0) {
+    std::map<std::string, std::string> sorted(benchmark.deploy_settings().begin(), benchmark.deploy_settings().end());
+    absl::StrAppend(out, "deploy with: ", absl::StrJoin(sorted, ", ", absl::PairFormatter("=")), "\n");
+  }
+  if (benchmark.regression()) absl::StrAppend(out, "REGRESSION: the optimized model is slower beyond the noise\n");
+  if (benchmark.has_tuning()) AppendSessionTuning(benchmark.tuning(), out);
+}
+
+void AppendBenchmark(const v1::BenchmarkReport& benchmark, std::string* out) {
+  absl::StrAppend(out, "\nbenchmark: ");
+  const bool alone = !benchmark.original_not_timed().empty();  // the result timed without the original
+  if (benchmark.skipped() || (benchmark.original().runs() == 0 && !alone)) {
+    absl::StrAppend(out, benchmark.skipped() ? "skipped\n" : "not run\n");
+    return;
+  }
+  AppendBenchmarkSettings(benchmark, out);
+  AppendShapeLatencies(benchmark, alone, out);
+  AppendBenchmarkExtras(benchmark, alone, out);
+}
+
+// Whether the original came back, the runtimes the result runs on, and the warnings.
+void AppendReportEnding(const v1::Report& report, std::string* out) {
+  if (report.returned_original()) absl::StrAppend(out, "\nreturned: the ORIGINAL model (see warnings)\n");
+  for (const auto& runtime : report.runtimes()) absl::StrAppend(out, "\nruns on: ", runtime);
+  if (report.runtimes_size() > 0) absl::StrAppend(out, "\n");
+  for (const auto& warning : report.warnings()) absl::StrAppend(out, "warning: ", warning, "\n");
+}
+
 }  // namespace
 
 // The LoRA adapter taken out of the model, and how the model ran with it.
@@ -207,7 +524,8 @@ std::string FormatJob(const v1::Job& job) {
                     "\n");
   }
   if (job.has_error()) {
-    absl::StrAppend(&out, "error    ", job.error().reason(), ": ", job.error().message(), "\n");
+    absl::StrAppend(&out, "error    ", v1::ErrorReason::Reason_Name(job.error().reason()), ": ", job.error().message(),
+                    "\n");
   }
   if (job.has_result()) {
     const auto& result = job.result();
@@ -234,239 +552,18 @@ std::string FormatBytes(int64_t bytes) {
 
 std::string FormatReport(const v1::Report& report) {
   std::string out;
-  absl::StrAppend(&out, "Report for ", report.job().empty() ? "local run" : report.job(), " (onnxopt ",
-                  report.optimizer_version(), ", ", absl::StrFormat("%.2f s", report.total_seconds()), ")\n");
-  if (!report.pipeline().empty()) absl::StrAppend(&out, "pipeline: ", report.pipeline(), "\n");
-  absl::StrAppend(&out, "\n", absl::StrFormat("%-12s %10s %10s\n", "model", "original", "optimized"));
-  absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "nodes", report.original().nodes(), report.optimized().nodes()));
-  absl::StrAppend(&out, absl::StrFormat("%-12s %10d %10d\n", "initializers", report.original().initializers(),
-                                        report.optimized().initializers()));
-  absl::StrAppend(&out, absl::StrFormat("%-12s %10s %10s\n", "size", FormatBytes(report.original().model_bytes()),
-                                        FormatBytes(report.optimized().model_bytes())));
-
-  std::set<std::string> ops;
-  for (const auto& op : report.original().op_histogram()) ops.insert(op.first);
-  for (const auto& op : report.optimized().op_histogram()) ops.insert(op.first);
-  std::vector<std::string> changed;
-  for (const auto& op : ops) {
-    const auto b = report.original().op_histogram().find(op);
-    const auto a = report.optimized().op_histogram().find(op);
-    const int64_t before = b == report.original().op_histogram().end() ? 0 : b->second;
-    const int64_t after = a == report.optimized().op_histogram().end() ? 0 : a->second;
-    if (before != after) changed.push_back(absl::StrCat(op, " ", before, "->", after));
-  }
-  if (!changed.empty()) absl::StrAppend(&out, "op changes   ", absl::StrJoin(changed, ", "), "\n");
-
-  if (report.passes_size() > 0) {
-    absl::StrAppend(&out, "\n", absl::StrFormat("%-32s %4s %10s %14s %8s  %s\n", "pass", "iter", "time ms", "nodes",
-                                                "rewrites", "skipped"));
-    for (const auto& pass : report.passes()) {
-      std::vector<std::string> skipped;
-      for (const auto& skip : pass.skipped()) skipped.push_back(absl::StrCat(skip.count(), "x ", skip.reason()));
-      absl::StrAppend(&out, absl::StrFormat("%-32s %4d %10.3f %6d -> %-6d %8d  %s\n", pass.name(), pass.iteration(),
-                                            pass.duration_seconds() * 1000, pass.nodes_before(), pass.nodes_after(),
-                                            pass.rewrites(), absl::StrJoin(skipped, "; ")));
-    }
-  }
-
-  absl::StrAppend(&out, "\nparity: ");
-  if (report.parity().skipped()) {
-    absl::StrAppend(&out, "skipped\n");
-  } else {
-    const auto& parity = report.parity();
-    absl::StrAppend(&out, parity.passed() ? "PASSED" : "FAILED", " (", parity.precision().empty() ? "fp32" : parity.precision(),
-                    ", ", parity.supplied_inputs() ? "supplied inputs" : absl::StrCat("generated inputs, seed ", parity.seed()),
-                    PaddedMasks(parity),
-                    parity.valid_positions_of().empty()
-                        ? ""
-                        : absl::StrCat(", compared where ", parity.valid_positions_of(), " is not 0 (remove_padding)"),
-                    ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
-                    parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
-    for (int i = 0; i < parity.shape_sets_size(); ++i) {
-      absl::StrAppend(&out, "shape ", i, ": ", Shapes(parity.shape_sets(i).shapes()), "\n");
-    }
-    if (parity.shape_sets_size() == 0 && parity.input_shapes_size() > 0) {
-      absl::StrAppend(&out, "inputs: ", Shapes(parity.input_shapes()), "\n");
-    }
-    absl::StrAppend(&out, absl::StrFormat("%-24s %5s %6s %12s %12s %10s %9s %9s  %s\n", "output", "shape", "sample",
-                                          "max abs err", "max rel err", "mismatch", "atol", "rtol", "verdict"));
-    for (const auto& output : parity.outputs()) {
-      absl::StrAppend(&out, absl::StrFormat("%-24s %5d %6d %12.3e %12.3e %9.4f%% %9.1e %9.1e  %s%s\n", output.name(),
-                                            output.shape_set(), output.sample(), output.max_abs_error(),
-                                            output.max_rel_error(), output.mismatch_fraction() * 100, output.atol(),
-                                            output.rtol(), output.passed() ? "ok" : "FAIL",
-                                            output.note().empty() ? "" : absl::StrCat(" (", output.note(), ")")));
-    }
-    if (parity.has_perplexity()) {
-      absl::StrAppend(&out, "supplied tokens: ", parity.perplexity().note(), "\n");
-    }
-    if (parity.generation().ran()) {
-      absl::StrAppend(&out, "judged by greedy generation: ", parity.generation().passed() ? "PASSED" : "FAILED", " (",
-                      parity.generation().note(), ")\n");
-    }
-    if (parity.device() != parity.reference()) {
-      absl::StrAppend(&out, "reference: ", parity.reference(), "; compared on: ", parity.device(),
-                      absl::StrFormat("; an output may stray %gx the original's own deviation there\n", parity.noise_factor()));
-      for (const auto& output : parity.outputs()) {
-        absl::StrAppend(&out, absl::StrFormat("  %-22s device deviation %.3e, bound %.3e, judged by %s\n", output.name(),
-                                              output.device_deviation(), output.noise_bound(),
-                                              output.judged_by().empty() ? "-" : output.judged_by()));
-      }
-    }
-    for (const auto& check : parity.lengths()) {
-      absl::StrAppend(&out, absl::StrFormat(
-                                "%s at %d (exported %d): %s%s%s%s\n", check.dim(), check.length(), check.exported(),
-                                !check.ran() ? "did not run" : check.passed() ? "ok" : "FAIL",
-                                check.compared_outputs().empty()
-                                    ? ""
-                                    : absl::StrFormat(", compared %s on the first %d positions, max abs err %.3e",
-                                                      absl::StrJoin(check.compared_outputs(), ", "), check.length(),
-                                                      check.max_abs_error()),
-                                check.uncompared_outputs().empty()
-                                    ? ""
-                                    : absl::StrCat(check.length() < check.exported() ? ", not comparable: " : ", ran: ",
-                                                   absl::StrJoin(check.uncompared_outputs(), ", ")),
-                                check.note().empty() ? "" : absl::StrCat(" (", check.note(), ")")));
-    }
-    bool agreement = false;
-    for (const auto& output : parity.outputs()) agreement |= output.cosine_similarity() != 0;
-    if (agreement && parity.precision() != "fp32" && !parity.precision().empty()) {
-      absl::StrAppend(&out, absl::StrFormat("%-24s %6s %12s %10s\n", "output", "sample", "cosine", "top-1"));
-      for (const auto& output : parity.outputs()) {
-        absl::StrAppend(&out, absl::StrFormat("%-24s %6d %12.6f %10s\n", output.name(), output.sample(),
-                                              output.cosine_similarity(),
-                                              output.top1_agreement() < 0 ? "-"
-                                                                          : absl::StrFormat("%.2f%%", 100 * output.top1_agreement())));
-      }
-    }
-    AppendBisection(parity.bisection(), &out);
-  }
-
-  if (report.has_precision()) {
-    const v1::PrecisionReport& precision = report.precision();
-    absl::StrAppend(&out, "\nprecision: ", precision.mode(), " -> ", precision.precision().empty() ? "?" : precision.precision(),
-                    absl::StrFormat(", size %s -> %s (%.2fx)", FormatBytes(precision.size_before_bytes()),
-                                    FormatBytes(precision.size_after_bytes()),
-                                    precision.size_before_bytes() > 0
-                                        ? static_cast<double>(precision.size_after_bytes()) / precision.size_before_bytes()
-                                        : 0.0),
-                    ", ", precision.converted_nodes(), " node(s) converted");
-    if (precision.quantized_weights() > 0) {
-      absl::StrAppend(&out, absl::StrFormat(", %d weight(s) %s -> %s", precision.quantized_weights(),
-                                            FormatBytes(precision.weight_bytes_before()), FormatBytes(precision.weight_bytes_after())));
-    }
-    if (precision.clamped_weights() > 0) absl::StrAppend(&out, ", ", precision.clamped_weights(), " weight value(s) clamped");
-    if (precision.auto_mixed_attempts() > 0) {
-      absl::StrAppend(&out, ", automatic mixed precision judged ", precision.auto_mixed_attempts(), " candidate(s)");
-    }
-    absl::StrAppend(&out, "\n");
-    if (!precision.note().empty()) absl::StrAppend(&out, "note: ", precision.note(), "\n");
-    for (const auto& kept : precision.kept_nodes()) {
-      absl::StrAppend(&out, "  kept in float32: ", kept.node(), " (", kept.op_type(), "): ", kept.reason(), "\n");
-    }
-    if (precision.projections_size() > 0) {
-      const bool other_method = precision.method() != "rtn";
-      auto figure = [](double value) { return value < 0 ? std::string("-") : absl::StrFormat("%.4f", value); };
-      absl::StrAppend(&out, "  int4 error (", precision.method(), "), mean over ", precision.projections_size(),
-                      " projection(s): weight ", figure(precision.mean_weight_error()), ", output ",
-                      figure(precision.mean_output_error()),
-                      other_method ? absl::StrCat("; round-to-nearest: weight ", figure(precision.rtn_mean_weight_error()),
-                                                  ", output ", figure(precision.rtn_mean_output_error()))
-                                   : "",
-                      "\n");
-      if (!precision.projections_note().empty()) absl::StrAppend(&out, "  ", precision.projections_note(), "\n");
-      constexpr int kWorstShown = 5;
-      for (int i = 0; i < precision.projections_size() && i < kWorstShown; ++i) {
-        const v1::ProjectionError& projection = precision.projections(i);
-        absl::StrAppend(&out, absl::StrFormat("    %-48s %5dx%-6d int%d  weight %s  output %s", projection.node(),
-                                              projection.k(), projection.n(), projection.bits(),
-                                              figure(projection.weight_error()), figure(projection.output_error())),
-                        other_method ? absl::StrCat("  (rtn ", figure(projection.rtn_weight_error()), ", ",
-                                                    figure(projection.rtn_output_error()), ")")
-                                     : "",
-                        "\n");
-      }
-    }
-    for (const auto& candidate : precision.candidates()) {
-      absl::StrAppend(&out, absl::StrFormat("  candidate %-5s %s", candidate.mode(), candidate.passed() ? "passed" : "failed"),
-                      candidate.p50_ms() > 0 ? absl::StrFormat(", p50 %.3f ms, %.3fx float32", candidate.p50_ms(),
-                                                               candidate.speedup())
-                                             : "",
-                      candidate.chosen() ? " [chosen]" : "",
-                      candidate.note().empty() ? "" : absl::StrCat(" (", candidate.note(), ")"), "\n");
-    }
-  }
-
-  absl::StrAppend(&out, "\nbenchmark: ");
-  const auto& benchmark = report.benchmark();
-  const bool alone = !benchmark.original_not_timed().empty();  // the result timed without the original
-  if (benchmark.skipped() || (benchmark.original().runs() == 0 && !alone)) {
-    absl::StrAppend(&out, benchmark.skipped() ? "skipped\n" : "not run\n");
-  } else {
-    absl::StrAppend(&out, benchmark.device(), ", ", benchmark.execution_provider(), ", ONNX Runtime ",
-                    benchmark.onnxruntime_version(), " (optimizations ", benchmark.ort_optimization_level(), ", ",
-                    benchmark.execution_mode(), ", ",
-                    benchmark.intra_op_threads() > 0 ? absl::StrCat(benchmark.intra_op_threads(), " threads") : "default threads",
-                    benchmark.thread_spinning() ? "" : ", no thread spinning", "), warm-up ", benchmark.warmup_runs(), "\n");
-    if (!benchmark.fallback().empty()) absl::StrAppend(&out, "FALLBACK: ", benchmark.fallback(), "\n");
-    auto table = [&](const v1::LatencyStats& original, const v1::LatencyStats& optimized) {
-      absl::StrAppend(&out, absl::StrFormat("%-10s %9s %9s %9s %9s %9s %8s %6s %10s\n", "model", "p50 ms", "p90 ms",
-                                            "p95 ms", "p99 ms", "mean ms", "std ms", "runs", "peak mem"));
-      if (!alone) absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "original", Latency(original)));
-      absl::StrAppend(&out, absl::StrFormat("%-10s %s\n", "optimized", Latency(optimized)));
-    };
-    const bool several = benchmark.shapes_size() > 1;
-    if (benchmark.shapes_size() == 0) table(benchmark.original(), benchmark.optimized());
-    for (int i = 0; i < benchmark.shapes_size(); ++i) {
-      const v1::ShapeBenchmark& shape = benchmark.shapes(i);
-      if (several) absl::StrAppend(&out, "shape ", i, ": ", Shapes(shape.input_shapes()), "\n");
-      table(shape.original(), shape.optimized());
-      if (alone) continue;
-      absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized; side-by-side runs %.3fx-%.3fx, "
-                                            "10th-90th percentile), %s after %d windows (drift %.1f%%)\n",
-                                            shape.speedup(), shape.speedup_p10(), shape.speedup_p90(),
-                                            shape.stable() ? "stable" : "NOT stable", shape.windows(),
-                                            shape.median_drift() * 100));
-    }
-    if (alone) {
-      absl::StrAppend(&out, "original not timed: ", benchmark.original_not_timed(), "\n");
-    } else if (benchmark.shapes_size() == 0) {
-      absl::StrAppend(&out, absl::StrFormat("speedup    %.3fx (p50 original / p50 optimized)\n", benchmark.speedup()));
-    }
-    if (benchmark.device_resident()) {
-      absl::StrAppend(&out, "device-resident: inputs and outputs bound on the GPU; with host copies:\n");
-      table(benchmark.original_with_copies(), benchmark.optimized_with_copies());
-    }
-    if (benchmark.cuda_graph().tried()) {
-      const v1::CudaGraphTiming& graph = benchmark.cuda_graph();
-      absl::StrAppend(&out, graph.qualified() ? absl::StrFormat("CUDA graph: optimized p50 %.3f ms, %.3fx over its plain "
-                                                                "device-resident runs\n",
-                                                                graph.optimized().p50_ms(), graph.gain())
-                                              : absl::StrCat("CUDA graph: does not qualify: ", graph.reason(), "\n"));
-    }
-    if (benchmark.deploy_settings_size() > 0) {
-      std::map<std::string, std::string> sorted(benchmark.deploy_settings().begin(), benchmark.deploy_settings().end());
-      absl::StrAppend(&out, "deploy with: ", absl::StrJoin(sorted, ", ", absl::PairFormatter("=")), "\n");
-    }
-    if (benchmark.regression()) absl::StrAppend(&out, "REGRESSION: the optimized model is slower beyond the noise\n");
-    if (benchmark.has_tuning()) {
-      const auto& best = benchmark.tuning().best();
-      absl::StrAppend(&out, absl::StrFormat("session tuning (%d trials): best %s threads, %s, optimizations %s: p50 %.3f ms, "
-                                            "%.3fx over the defaults\n",
-                                            benchmark.tuning().trials_size(),
-                                            best.intra_op_threads() > 0 ? absl::StrCat(best.intra_op_threads()) : "default",
-                                            best.execution_mode(), best.optimization_level(), best.p50_ms(),
-                                            benchmark.tuning().gain()));
-    }
-  }
+  AppendReportTitle(report, &out);
+  AppendModelSizes(report, &out);
+  AppendOpChanges(report, &out);
+  AppendPassesTable(report, &out);
+  AppendParity(report.parity(), &out);
+  if (report.has_precision()) AppendPrecision(report.precision(), &out);
+  AppendBenchmark(report.benchmark(), &out);
   if (report.has_generation()) AppendGeneration(report.generation(), &out);
   if (report.has_adapter()) AppendAdapter(report.adapter(), &out);
   if (report.has_memory()) AppendMemory(report.memory(), &out);
   AppendTransformer(report.transformer(), &out);
-  if (report.returned_original()) absl::StrAppend(&out, "\nreturned: the ORIGINAL model (see warnings)\n");
-  for (const auto& runtime : report.runtimes()) absl::StrAppend(&out, "\nruns on: ", runtime);
-  if (report.runtimes_size() > 0) absl::StrAppend(&out, "\n");
-  for (const auto& warning : report.warnings()) absl::StrAppend(&out, "warning: ", warning, "\n");
+  AppendReportEnding(report, &out);
   return out;
 }
 

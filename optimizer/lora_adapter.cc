@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "optimizer/failure.h"
 #include "optimizer/tensor_convert.h"
 
 namespace onnxopt {
@@ -78,8 +79,8 @@ class FlatBufferReader {
     absl::StatusOr<uint32_t> offset = Get<uint32_t>(at);
     if (!offset.ok()) return offset.status();
     if (*offset == 0 || at + *offset >= bytes_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ADAPTER_INVALID: an offset at byte ", at, " points outside the file"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     absl::StrCat("an offset at byte ", at, " points outside the file"));
     }
     return at + *offset;
   }
@@ -89,7 +90,8 @@ class FlatBufferReader {
     if (!back.ok()) return back.status();
     const int64_t vtable = static_cast<int64_t>(table) - *back;
     if (vtable < 0 || static_cast<uint64_t>(vtable) >= bytes_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: the table at byte ", table, " has no vtable"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     absl::StrCat("the table at byte ", table, " has no vtable"));
     }
     absl::StatusOr<uint16_t> vtable_size = Get<uint16_t>(vtable);
     absl::StatusOr<uint16_t> table_size = Get<uint16_t>(vtable + 2);
@@ -100,8 +102,8 @@ class FlatBufferReader {
     if (!offset.ok()) return offset.status();
     if (*offset == 0) return 0;
     if (*offset + 4u > *table_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ADAPTER_INVALID: a field of the table at byte ", table, " lies outside it"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     absl::StrCat("a field of the table at byte ", table, " lies outside it"));
     }
     return table + *offset;
   }
@@ -116,8 +118,9 @@ class FlatBufferReader {
 
  private:
   absl::Status Truncated(size_t at) const {
-    return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: the file ends at byte ", bytes_.size(),
-                                                   ", inside what byte ", at, " begins (truncated?)"));
+    return Failure(
+        absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+        absl::StrCat("the file ends at byte ", bytes_.size(), ", inside what byte ", at, " begins (truncated?)"));
   }
   absl::string_view bytes_;
 };
@@ -238,7 +241,8 @@ absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto
     out.PutBytes(*data);
     // FlatBuffers' offsets are 32-bit, and ONNX Runtime's verifier stops at 2 GiB.
     if (out.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-      return absl::InvalidArgumentError("ADAPTER_TOO_LARGE: an .onnx_adapter file holds at most 2 GiB");
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_TOO_LARGE,
+                     "an .onnx_adapter file holds at most 2 GiB");
     }
   }
   return out.Take();
@@ -246,7 +250,8 @@ absl::StatusOr<std::string> SerializeAdapter(const std::vector<onnx::TensorProto
 
 absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view bytes) {
   if (bytes.size() < 8 || bytes.substr(4, 4) != kIdentifier) {
-    return absl::InvalidArgumentError("ADAPTER_INVALID: not an .onnx_adapter file (no \"TORT\" identifier at byte 4)");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                   "not an .onnx_adapter file (no \"TORT\" identifier at byte 4)");
   }
   FlatBufferReader in(bytes);
   absl::StatusOr<size_t> adapter = in.Follow(0);
@@ -256,8 +261,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
   absl::StatusOr<int32_t> version = *version_field == 0 ? 0 : in.Get<int32_t>(*version_field);
   if (!version.ok()) return version.status();
   if (*version != kFormatVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ADAPTER_INVALID: adapter format version ", *version, "; ONNX Runtime reads version 1"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                   absl::StrCat("adapter format version ", *version, "; ONNX Runtime reads version 1"));
   }
   absl::StatusOr<size_t> parameters_field = in.Field(*adapter, 3);
   if (!parameters_field.ok()) return parameters_field.status();
@@ -274,9 +279,9 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
     auto field = [&](int slot) -> absl::StatusOr<size_t> {
       absl::StatusOr<size_t> at = in.Field(*table, slot);
       if (at.ok() && *at == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ADAPTER_INVALID: parameter ", i, " lacks its ",
-                         std::vector<std::string>{"name", "dims", "data type", "data"}[slot]));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                       absl::StrCat("parameter ", i, " lacks its ",
+                                    std::vector<std::string>{"name", "dims", "data type", "data"}[slot]));
       }
       return at;
     };
@@ -304,17 +309,18 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ParseAdapter(absl::string_view by
     if (!data.ok()) return data.status();
     const std::optional<uint64_t> expected = DataSize(shape, *type);
     if (shape.empty() || !expected || *expected != data->first) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ADAPTER_INVALID: parameter '", tensor.name(), "' [", absl::StrJoin(shape, ", "), "] of type ",
-                       *type, " holds ", data->first, " bytes",
-                       expected ? absl::StrCat(", not ", *expected) : " (unsupported type or dims)"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     absl::StrCat("parameter '", tensor.name(), "' [", absl::StrJoin(shape, ", "), "] of type ", *type,
+                                  " holds ", data->first, " bytes",
+                                  expected ? absl::StrCat(", not ", *expected) : " (unsupported type or dims)"));
     }
     tensor.set_data_type(*type);
     for (int64_t dim : shape) tensor.add_dims(dim);
     // Each parameter's data is its own: tables pointing at one payload would multiply what is copied.
     copied += data->first;
     if (copied > bytes.size()) {
-      return absl::InvalidArgumentError("ADAPTER_INVALID: parameters share their data (the file repeats a payload)");
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     "parameters share their data (the file repeats a payload)");
     }
     tensor.set_raw_data(std::string(in.Slice(data->second, data->first)));
     parameters.push_back(std::move(tensor));
@@ -337,7 +343,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
   for (const std::string& name : order) {
     char which = 0;
     if (!ParseAdapterParameterName(name, &which)) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: '", name, "' is no LoRA matrix's name"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                     absl::StrCat("'", name, "' is no LoRA matrix's name"));
     }
     const std::vector<const onnx::TensorProto*>& pieces = parts[name];
     const onnx::TensorProto& first = *pieces.front();
@@ -352,10 +359,10 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConcatenateAdapters(
       const std::vector<int64_t> dims(piece->dims().begin(), piece->dims().end());
       if (piece->data_type() != first.data_type() || dims.size() != 2 || first.dims_size() != 2 ||
           dims[kept_axis] != first.dims(kept_axis)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ADAPTER_MISMATCH: '", name, "' is [", absl::StrJoin(dims, ", "), "] of type ",
-                         piece->data_type(), " in one adapter and [", absl::StrJoin(first.dims(), ", "), "] of type ",
-                         first.data_type(), " in another"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                       absl::StrCat("'", name, "' is [", absl::StrJoin(dims, ", "), "] of type ", piece->data_type(),
+                                    " in one adapter and [", absl::StrJoin(first.dims(), ", "), "] of type ",
+                                    first.data_type(), " in another"));
       }
       rank += dims[1 - kept_axis];
       bytes.push_back(*data);
@@ -389,30 +396,31 @@ absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& paramet
   for (const onnx::TensorProto& tensor : parameters) {
     auto it = inputs.find(tensor.name());
     if (it == inputs.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(),
-                                                     "' is no adapter input of the model (it has ", inputs.size(),
-                                                     inputs.empty() ? "; extract_adapters makes them)" : ")"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("'", tensor.name(), "' is no adapter input of the model (it has ", inputs.size(),
+                                  inputs.empty() ? "; extract_adapters makes them)" : ")"));
     }
     const auto& type = it->second->type().tensor_type();
     if (tensor.dims_size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' has rank ",
-                                                     tensor.dims_size(), "; LoRA matrices have 2"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("'", tensor.name(), "' has rank ", tensor.dims_size(), "; LoRA matrices have 2"));
     }
     if (type.elem_type() != tensor.data_type()) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' is of element type ",
-                                                     tensor.data_type(), "; the model takes ", type.elem_type()));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("'", tensor.name(), "' is of element type ", tensor.data_type(), "; the model takes ",
+                                  type.elem_type()));
     }
     if (type.shape().dim_size() != tensor.dims_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' has rank ",
-                                                     tensor.dims_size(), "; the model takes ",
-                                                     type.shape().dim_size()));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("'", tensor.name(), "' has rank ", tensor.dims_size(), "; the model takes ",
+                                  type.shape().dim_size()));
     }
     for (int d = 0; d < tensor.dims_size(); ++d) {
       const auto& dim = type.shape().dim(d);
       if (dim.has_dim_value() && dim.dim_value() != tensor.dims(d)) {
-        return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: '", tensor.name(), "' is [",
-                                                       absl::StrJoin(tensor.dims(), ", "), "]; the model takes ",
-                                                       dim.dim_value(), " along axis ", d));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                       absl::StrCat("'", tensor.name(), "' is [", absl::StrJoin(tensor.dims(), ", "),
+                                    "]; the model takes ", dim.dim_value(), " along axis ", d));
       }
     }
     char which = 0;
@@ -422,14 +430,14 @@ absl::Status CheckAdapterFitsModel(const std::vector<onnx::TensorProto>& paramet
   }
   for (const auto& [module, matrices] : ranks) {
     if (matrices.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: module '", module, "' has lora_",
-                                                     std::string(1, matrices.begin()->first),
-                                                     " but not the other matrix"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("module '", module, "' has lora_", std::string(1, matrices.begin()->first),
+                                  " but not the other matrix"));
     }
     if (matrices.at('A') != matrices.at('B')) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: module '", module, "' has rank ",
-                                                     matrices.at('A'), " in lora_A and ", matrices.at('B'),
-                                                     " in lora_B"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("module '", module, "' has rank ", matrices.at('A'), " in lora_A and ",
+                                  matrices.at('B'), " in lora_B"));
     }
   }
   return absl::OkStatus();

@@ -15,9 +15,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/io/zero_copy_stream_impl.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "optimizer/failure.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -77,12 +78,13 @@ std::string ExternalField(const onnx::TensorProto& tensor, const std::string& ke
 absl::StatusOr<fs::path> ResolveExternalDataPath(const fs::path& folder, const std::string& location) {
   const fs::path relative(location);
   if (location.empty() || relative.is_absolute() || location.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: bad external data location '", location, "'"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+                   absl::StrCat("bad external data location '", location, "'"));
   }
   for (const auto& part : relative) {
     if (part == "..") {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: external data location '", location,
-                                                     "' leaves the model's folder"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+                     absl::StrCat("external data location '", location, "' leaves the model's folder"));
     }
   }
   std::error_code error;
@@ -90,13 +92,14 @@ absl::StatusOr<fs::path> ResolveExternalDataPath(const fs::path& folder, const s
   if (error) return absl::NotFoundError(absl::StrCat("model folder ", folder.string(), ": ", error.message()));
   const fs::path resolved = fs::canonical(root / relative, error);
   if (error) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: external data file '", location,
-                                                   "' not found next to the model"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_MISSING,
+                   absl::StrCat("external data file '", location, "' not found next to the model"));
   }
   const std::string root_text = root.string() + "/";
   if (resolved.string().compare(0, root_text.size(), root_text) != 0 || !fs::is_regular_file(resolved)) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: external data location '", location,
-                                                   "' is not a regular file inside the model's folder"));
+    return Failure(
+        absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+        absl::StrCat("external data location '", location, "' is not a regular file inside the model's folder"));
   }
   return resolved;
 }
@@ -109,10 +112,14 @@ absl::StatusOr<onnx::ModelProto> ParseModelFrom(google::protobuf::io::ZeroCopyIn
   google::protobuf::io::CodedInputStream coded(raw);
   coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
   if (!model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage()) {
-    return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the file is not a serialized ONNX ModelProto");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
+                   "the file is not a serialized ONNX ModelProto");
   }
-  if (!model.has_graph()) return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the model has no graph");
-  if (model.ir_version() <= 0) return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the model has no ir_version");
+  if (!model.has_graph())
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED, "the model has no graph");
+  if (model.ir_version() <= 0)
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
+                   "the model has no ir_version");
   return model;
 }
 
@@ -120,7 +127,8 @@ absl::StatusOr<onnx::ModelProto> ParseModelFrom(google::protobuf::io::ZeroCopyIn
 
 absl::StatusOr<onnx::ModelProto> ParseModel(const std::string& bytes) {
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError("MODEL_PARSE_FAILED: the file is not a serialized ONNX ModelProto");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
+                   "the file is not a serialized ONNX ModelProto");
   }
   google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
   return ParseModelFrom(&raw);
@@ -132,8 +140,8 @@ absl::StatusOr<onnx::ModelProto> ParseModelFile(const fs::path& path) {
   struct stat info;
   if (::fstat(fd, &info) != 0 || info.st_size > std::numeric_limits<int>::max()) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("MODEL_PARSE_FAILED: ", path.filename().string(),
-                                                   " is over the 2 GiB a serialized ModelProto can be"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
+                   absl::StrCat(path.filename().string(), " is over the 2 GiB a serialized ModelProto can be"));
   }
   // Read in 1 MiB blocks rather than the default 8 KiB: 13k reads fewer for a 100 MB model, 5% of
   // its parse.
@@ -161,9 +169,10 @@ absl::Status CheckTensorsVisible(const onnx::ModelProto& model) {
     const auto& unknown = function.GetReflection()->GetUnknownFields(function);
     for (int i = 0; i < unknown.field_count(); ++i) {
       if (unknown.field(i).number() == kFunctionAttributeProto) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "MODEL_UNSUPPORTED: function '", function.name(),
-            "' declares attribute defaults (ONNX IR 9), which this onnxopt cannot read or check"));
+        return Failure(
+            absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_UNSUPPORTED,
+            absl::StrCat("function '", function.name(),
+                         "' declares attribute defaults (ONNX IR 9), which this onnxopt cannot read or check"));
       }
     }
   }
@@ -230,8 +239,8 @@ absl::StatusOr<ExternalRange> ResolveExternalRange(const fs::path& folder, const
   const std::string length_text = ExternalField(tensor, "length");
   if ((!offset_text.empty() && !absl::SimpleAtoi(offset_text, &range.offset)) ||
       (!length_text.empty() && !absl::SimpleAtoi(length_text, &range.length))) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: tensor '", tensor.name(),
-                                                   "' has a malformed offset or length"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_RANGE,
+                   absl::StrCat("tensor '", tensor.name(), "' has a malformed offset or length"));
   }
   auto known = sizes->find(*file);
   if (known == sizes->end()) {
@@ -243,9 +252,9 @@ absl::StatusOr<ExternalRange> ResolveExternalRange(const fs::path& folder, const
   const int64_t size = known->second;
   if (range.length < 0 && range.offset >= 0) range.length = size - range.offset;
   if (range.offset < 0 || range.length < 0 || range.offset > size || range.length > size - range.offset) {
-    return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_RANGE: offset ", range.offset, " + length ",
-                                                   range.length, " is outside ", file->filename().string(), " (",
-                                                   size, " bytes)"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_RANGE,
+                   absl::StrCat("offset ", range.offset, " + length ", range.length, " is outside ",
+                                file->filename().string(), " (", size, " bytes)"));
   }
   return range;
 }
@@ -394,7 +403,8 @@ namespace {
 // A write that failed for want of space is RESOURCE_EXHAUSTED (DISK_FULL), anything else INTERNAL.
 absl::Status WriteError(int error, const std::string& what) {
   if (error == ENOSPC || error == EDQUOT) {
-    return absl::ResourceExhaustedError(absl::StrCat("DISK_FULL: ", what, ": ", std::strerror(error)));
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL,
+                   absl::StrCat(what, ": ", std::strerror(error)));
   }
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(error)));
 }
@@ -529,8 +539,9 @@ class AtomicFileWriter {
 // its last edit of the model: serialization writes by the sizes that call cached.
 absl::Status WriteModelFile(const onnx::ModelProto& model, size_t bytes, const fs::path& path, bool durable = true) {
   if (bytes > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError("MODEL_TOO_LARGE: the model does not fit a protobuf message even with "
-                                      "external data");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_TOO_LARGE,
+                   "the model does not fit a protobuf message even with "
+                   "external data");
   }
   AtomicFileWriter file(path, durable);
   absl::Status status = file.Open();

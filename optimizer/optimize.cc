@@ -14,9 +14,11 @@
 #include "onnx/checker.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/contrib_schemas.h"
+#include "optimizer/failure.h"
 #include "optimizer/graph.h"
 #include "optimizer/memory_usage.h"
 #include "optimizer/model_io.h"
+#include "optimizer/optimize_job.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass_manager.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -24,16 +26,15 @@
 #include "optimizer/result_files.h"
 #include "optimizer/runtime_requirements.h"
 #include "optimizer/runtime_source.h"
+#include "optimizer/transformer_report.h"
+#include "optimizer/utf8.h"
 #include "optimizer/validation/benchmark.h"
-#include "optimizer/validation/generation.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/calibration.h"
+#include "optimizer/validation/generation.h"
 #include "optimizer/validation/length_check.h"
 #include "optimizer/validation/parity.h"
 #include "optimizer/validation/roofline.h"
-#include "optimizer/optimize_job.h"
-#include "optimizer/transformer_report.h"
-#include "optimizer/utf8.h"
 
 namespace onnxopt {
 namespace fs = std::filesystem;
@@ -54,7 +55,7 @@ std::vector<std::string> Runtimes(const onnx::ModelProto& model, bool cuda) {
 }
 
 absl::Status ConfigInvalid(const absl::Status& status) {
-  return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: ", status.message()));
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID, absl::StrCat(status.message()));
 }
 
 // Everything of a config but its pipeline (which needs the model for the auto preset).
@@ -186,7 +187,7 @@ absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>*
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("MODEL_CHECK_FAILED: ", e.what()));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_CHECK_FAILED, absl::StrCat(e.what()));
   }
   return absl::OkStatus();
 }
@@ -267,7 +268,7 @@ void OptimizeJob::Progress(Phase phase, const std::string& step) const {
 
 PassManagerOptions OptimizeJob::PassOptions() const {
   PassManagerOptions options;
-  options.cancelled = request_.cancelled;
+  options.run = request_.run;
   options.on_pass_start = [this](const std::string& pass, int done, int total) {
     if (request_.on_progress) request_.on_progress(Phase::kOptimizing, pass, done, total);
   };
@@ -359,7 +360,7 @@ absl::Status OptimizeJob::ApplyPrecision() {
     cpu = ForOriginal(cpu);
     std::string warning;
     absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateActivations(
-        fp32_model_, *original_, precision, config_.validation(), supplied_, cpu, request_.cancelled, &warning);
+        fp32_model_, *original_, precision, config_.validation(), supplied_, cpu, request_.run, &warning);
     if (!ranges.ok()) return ranges.status();
     calibrated_.activation_ranges = *std::move(ranges);
     if (!warning.empty()) report_.add_warnings(warning);
@@ -383,7 +384,7 @@ absl::Status OptimizeJob::ApplyPrecision() {
           "%.2f GiB", model_bytes / kGiB, held / kGiB, target / kGiB));
     };
     DescribeInt4Errors(fp32_model_, optimized_, *original_, precision, config_.validation(), supplied_, cpu,
-                       request_.cancelled, activations_fit, report_.mutable_precision());
+                       request_.run, activations_fit, report_.mutable_precision());
   }
   // keep_io_types off: the result reads and writes float16; parity and the benchmark use it behind
   // Casts to the original's interface (the report says so).
@@ -473,14 +474,13 @@ absl::Status OptimizeJob::TimeOnDevice(Ort::Session& original, Ort::Session& opt
   v1::BenchmarkReport with_copies;
   TimingMode host_bound = TimingOn(settings.device);
   host_bound.residence = Residence::kHost;
-  absl::Status timed =
-      Benchmark(original, optimized, inputs, copies_config, request_.cancelled, &with_copies, host_bound);
+  absl::Status timed = Benchmark(original, optimized, inputs, copies_config, request_.run, &with_copies, host_bound);
   if (!timed.ok()) return timed;
   *benchmark->mutable_original_with_copies() = with_copies.original();
   *benchmark->mutable_optimized_with_copies() = with_copies.optimized();
   Progress(Phase::kBenchmarking, "CUDA graph");
   absl::StatusOr<v1::CudaGraphTiming> graph =
-      TimeCudaGraph(optimized_source, optimized, settings, inputs.front(), budget, request_.cancelled);
+      TimeCudaGraph(optimized_source, optimized, settings, inputs.front(), budget, request_.run);
   if (!graph.ok()) return graph.status();
   *benchmark->mutable_cuda_graph() = *graph;
   return absl::OkStatus();
@@ -534,8 +534,8 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeSideBySide(const M
   if (!inputs.ok()) return inputs.status();
   // On CUDA the figures are device-resident; the host copies and CUDA graphs are timed after.
   const TimingMode mode = TimingOn(settings.device);
-  absl::Status timed = Benchmark(**original_session, **optimized_session, *inputs, config_.benchmark(),
-                                 request_.cancelled, benchmark, mode);
+  absl::Status timed =
+      Benchmark(**original_session, **optimized_session, *inputs, config_.benchmark(), request_.run, benchmark, mode);
   if (!timed.ok()) return timed;
   if (mode.bound) {
     absl::Status device_timed =
@@ -543,9 +543,9 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeSideBySide(const M
     if (!device_timed.ok()) return device_timed;
   }
   Progress(Phase::kBenchmarking, "generation");
-  absl::Status generation = ReportGeneration(**original_session, **optimized_session, *original_,
-                                             ModelPrecision(optimized_) == "fp32", config_.benchmark(), mode,
-                                             request_.cancelled, &report_);
+  absl::Status generation =
+      ReportGeneration(**original_session, **optimized_session, *original_, ModelPrecision(optimized_) == "fp32",
+                       config_.benchmark(), mode, request_.run, &report_);
   if (!generation.ok()) return generation;
   return inputs;
 }
@@ -564,7 +564,7 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
   if (!inputs.ok()) return inputs.status();
   const TimingMode mode = TimingOn(settings.device);
   absl::Status timed = BenchmarkAlternating(OriginalSource(), optimized_source, settings, *inputs, config_.benchmark(),
-                                            request_.cancelled, benchmark, mode);
+                                            request_.run, benchmark, mode);
   if (!timed.ok()) return timed;
   if (mode.bound) {
     report_.add_warnings("the benchmark's sessions alternated (see memory.benchmark_sessions): CUDA's timings with "
@@ -572,8 +572,8 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
   }
   Progress(Phase::kBenchmarking, "generation");
   absl::Status generation = ReportGenerationAlternating(OriginalSource(), optimized_source, settings, *original_,
-                                                        ModelPrecision(optimized_) == "fp32", config_.benchmark(),
-                                                        mode, request_.cancelled, &report_);
+                                                        ModelPrecision(optimized_) == "fp32", config_.benchmark(), mode,
+                                                        request_.run, &report_);
   if (!generation.ok()) return generation;
   return inputs;
 }
@@ -596,7 +596,7 @@ absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, c
       BenchmarkInputs(**session, *original_, config_.validation(), supplied_);
   if (!inputs.ok()) return inputs.status();
   const TimingMode mode = TimingOn(settings.device);
-  absl::Status timed = BenchmarkAlone(**session, *inputs, config_.benchmark(), request_.cancelled, benchmark, mode);
+  absl::Status timed = BenchmarkAlone(**session, *inputs, config_.benchmark(), request_.run, benchmark, mode);
   if (!timed.ok()) return timed;
   Progress(Phase::kBenchmarking, "generation");
   const OriginalOpener open_original = [&]() {
@@ -604,7 +604,7 @@ absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, c
     return CreateSession(OriginalSource(), ForOriginal(settings));
   };
   return ReportGenerationOfResult(**session, *original_, ModelPrecision(optimized_) == "fp32", config_.benchmark(),
-                                  mode, request_.cancelled, open_original, &report_);
+                                  mode, request_.run, open_original, &report_);
 }
 
 // Times the original against the result (the file just written), measures both sessions' peak
@@ -641,7 +641,7 @@ absl::Status OptimizeJob::RunBenchmark() {
   MeasurePeaks(OriginalSource(), *optimized_source, settings, inputs->front(), benchmark);  // one session at a time
   if (config_.benchmark().tune_session()) {
     absl::StatusOr<v1::SessionTuning> tuning =
-        TuneSession(*optimized_source, *device, inputs->front(), TimeBudget(config_.benchmark()), request_.cancelled);
+        TuneSession(*optimized_source, *device, inputs->front(), TimeBudget(config_.benchmark()), request_.run);
     if (!tuning.ok()) return tuning.status();
     *benchmark->mutable_tuning() = *tuning;
     const fs::path path = output_path_.parent_path() / kSessionSettingsFileName;

@@ -5,7 +5,6 @@
 #ifndef ONNXOPT_OPTIMIZER_OPTIMIZE_H_
 #define ONNXOPT_OPTIMIZER_OPTIMIZE_H_
 
-#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -18,6 +17,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/run_context.h"
 
 namespace onnxopt {
 
@@ -34,7 +34,7 @@ struct OptimizeRequest {
   v1::OptimizationConfig config;
   // Inputs supplied with the job: per input set, model input name -> TensorProto file.
   std::vector<std::map<std::string, std::filesystem::path>> input_files;
-  const std::atomic<bool>* cancelled = nullptr;
+  RunContext run;  // stops the run when the job is cancelled
   std::function<void(Phase phase, const std::string& pass, int done, int total)> on_progress;
   // The saved model is on the disk when Optimize returns (SaveOptions::durable). The server's jobs
   // need it; `onnxopt optimize` on a local file leaves the write-back to the kernel.

@@ -129,7 +129,7 @@ absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* ca
     }
     v1::PrecisionCandidate* described = (*candidates)[i].described;
     absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
-        TimeInTurns(runners, kWarmupPairs, kMinPairs, budget, request_.cancelled);
+        TimeInTurns(runners, kWarmupPairs, kMinPairs, budget, request_.run);
     if (!latencies.ok()) {
       if (latencies.status().code() == absl::StatusCode::kCancelled) return latencies.status();
       described->set_passed(false);

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/model_lineage.h"
@@ -99,11 +100,11 @@ absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std:
   Ort::RunOptions with_adapter;
   with_adapter.AddActiveLoraAdapter(*lora);
   absl::Status compared = CompareWithReference(**session, ModelPrecision(model), *reference_, config_.validation(),
-                                               request_.cancelled, parity, &with_adapter);
+                                               request_.run, parity, &with_adapter);
   if (!compared.ok()) return compared;
   if (!parity->passed()) {
-    return absl::AbortedError(
-        "PARITY_FAILED: the returned model with its extracted adapter active does not match the original");
+    return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
+                   "the returned model with its extracted adapter active does not match the original");
   }
   // No adapter: the base model, defined by the empty defaults; how far it lies from the original (which
   // the adapted model matches).

@@ -77,7 +77,7 @@ class OptimizeJob {
 
   // The stage's peak and final resident size into the report's memory section.
   void RecordStageMemory(const char* stage, double seconds);
-  bool Cancelled() const { return request_.cancelled != nullptr && request_.cancelled->load(); }
+  bool Cancelled() const { return request_.run.Cancelled(); }
   void Progress(Phase phase, const std::string& step = "") const;
   // Cancellation and per-pass progress for the pass manager.
   PassManagerOptions PassOptions() const;

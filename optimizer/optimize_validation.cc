@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/cache_interface.h"
+#include "optimizer/failure.h"
 #include "optimizer/graph.h"
 #include "optimizer/memory_usage.h"
 #include "optimizer/model_io.h"
@@ -116,7 +117,7 @@ absl::StatusOr<bool> OptimizeJob::Judge(const onnx::ModelProto& model, const Mod
   auto session = CreateSession(source, settings);
   if (!session.ok()) return broken("the optimized model does not load in ONNX Runtime: ", session.status());
   absl::Status compared =
-      CompareWithReference(**session, precision, *reference_, config_.validation(), request_.cancelled, into);
+      CompareWithReference(**session, precision, *reference_, config_.validation(), request_.run, into);
   if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
   if (!compared.ok()) return compared;
   const bool traced = greedy_reference_.has_value() || (original_exceeds_memory_ && cache_.has_value());
@@ -280,8 +281,8 @@ absl::Status OptimizeJob::Validate() {
     const auto reference_start = std::chrono::steady_clock::now();
     auto original_session = CreateSession(OriginalSource(), ForOriginal(reference_settings_));
     if (!original_session.ok()) return original_session.status();
-    absl::StatusOr<ParityReference> reference = BuildParityReference(**original_session, *original_, config_.validation(),
-                                                                     supplied_, request_.cancelled, parity);
+    absl::StatusOr<ParityReference> reference =
+        BuildParityReference(**original_session, *original_, config_.validation(), supplied_, request_.run, parity);
     if (!reference.ok()) return reference.status();
     if (original_exceeds_memory_) {
       v1::MemoryReport* memory = report_.mutable_memory();
@@ -325,7 +326,7 @@ absl::Status OptimizeJob::MeasureDeviceNoise() {
   Progress(Phase::kValidating, "device noise");
   auto device_original = CreateSession(OriginalSource(), ForOriginal(parity_settings_));
   if (!device_original.ok()) return device_original.status();
-  return MeasureDeviceDeviation(**device_original, request_.cancelled, &*reference_);
+  return MeasureDeviceDeviation(**device_original, request_.run, &*reference_);
 }
 
 absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
@@ -373,9 +374,10 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
         absl::StrCat(described->note(), "; automatic mixed precision found nothing: ", search_failure));
   }
   if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
-    return absl::AbortedError(absl::StrCat("PARITY_FAILED: precision mode '", precision.mode(), "' broke parity",
-                                           described->note().empty() ? "" : absl::StrCat(" (", described->note(), ")"),
-                                           "; see the report's parity and precision sections"));
+    return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
+                   absl::StrCat("precision mode '", precision.mode(), "' broke parity",
+                                described->note().empty() ? "" : absl::StrCat(" (", described->note(), ")"),
+                                "; see the report's parity and precision sections"));
   }
   // Recover: give the lower precision up, keep the float32 pipeline output if it passes.
   described->set_note(absl::StrCat(described->note().empty() ? "" : absl::StrCat(described->note(), "; "),
@@ -401,15 +403,15 @@ absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
     return Judge(candidate, *source, into);
   };
   absl::StatusOr<BisectionResult> bisected =
-      BisectAndRecover(*original_, *pipeline_, optimized_, pass_reports_, probe, request_.cancelled);
+      BisectAndRecover(*original_, *pipeline_, optimized_, pass_reports_, probe, request_.run);
   if (!bisected.ok()) return bisected.status();
   const std::string culprits = CulpritList(bisected->bisection);
   if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
     *parity->mutable_bisection() = bisected->bisection;
-    return absl::AbortedError(absl::StrCat(
-        "PARITY_FAILED: the optimized model's outputs differ from the original's beyond the tolerance",
-        culprits.empty() ? "" : absl::StrCat("; the first pass to break parity: ", culprits),
-        "; see the report's parity section"));
+    return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
+                   absl::StrCat("the optimized model's outputs differ from the original's beyond the tolerance",
+                                culprits.empty() ? "" : absl::StrCat("; the first pass to break parity: ", culprits),
+                                "; see the report's parity section"));
   }
   // Recover: the best model that passes becomes the result.
   *parity = bisected->parity;
@@ -442,8 +444,9 @@ absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
   for (const auto& check : parity->lengths()) {
     if (!check.passed()) {
       parity->set_passed(false);
-      return absl::AbortedError(absl::StrCat("PARITY_FAILED: with '", check.dim(), "' at ", check.length(),
-                                             " instead of the exported ", check.exported(), ": ", check.note()));
+      return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
+                     absl::StrCat("with '", check.dim(), "' at ", check.length(), " instead of the exported ",
+                                  check.exported(), ": ", check.note()));
     }
     if (!check.note().empty()) {
       report_.add_warnings(absl::StrCat("'", check.dim(), "' at ", check.length(), ": ", check.note()));

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "optimizer/failure.h"
 
 namespace onnxopt {
 
@@ -174,9 +175,11 @@ absl::StatusOr<std::string> ProviderFor(v1::Device device) {
   for (const ProviderStatus& provider : ProviderStatuses()) {
     if (provider.name != "CUDAExecutionProvider") continue;
     if (provider.usable) return provider.name;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA_UNAVAILABLE: the job asks for CUDA but it cannot run on this server: ", provider.reason,
-        "; set benchmark.device to DEVICE_CPU (or benchmark.allow_cpu_fallback) or run the job on a GPU server"));
+    return Failure(
+        absl::StatusCode::kFailedPrecondition, v1::ErrorReason::CUDA_UNAVAILABLE,
+        absl::StrCat(
+            "the job asks for CUDA but it cannot run on this server: ", provider.reason,
+            "; set benchmark.device to DEVICE_CPU (or benchmark.allow_cpu_fallback) or run the job on a GPU server"));
   }
   return absl::InternalError("no CUDA provider status");  // ProviderStatuses always lists CUDA
 }
@@ -231,7 +234,8 @@ absl::StatusOr<std::unique_ptr<Ort::Session>> CreateSession(const ModelSource& m
     }
     return std::make_unique<Ort::Session>(OrtEnvironment(), model.bytes.data(), model.bytes.size(), options);
   } catch (const Ort::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("ORT_SESSION_FAILED: ONNX Runtime cannot load the model: ", e.what()));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ORT_SESSION_FAILED,
+                   absl::StrCat("ONNX Runtime cannot load the model: ", e.what()));
   }
 }
 
@@ -239,7 +243,8 @@ absl::StatusOr<Ort::LoraAdapter> LoadLoraAdapter(const std::string& bytes) {
   try {
     return Ort::LoraAdapter::CreateLoraAdapterFromArray(bytes.data(), bytes.size(), nullptr);
   } catch (const Ort::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("ADAPTER_INVALID: ONNX Runtime refuses the adapter: ", e.what()));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_INVALID,
+                   absl::StrCat("ONNX Runtime refuses the adapter: ", e.what()));
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/failure.h"
 #include "optimizer/graph.h"
 #include "optimizer/transformer_report.h"
 
@@ -215,7 +216,10 @@ class HeldGraph {
 };
 
 absl::Status Named(const PassInvocation& invocation, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat("pass '", invocation.pass->name(), "': ", status.message()));
+  // The reason stays with the status (the job's error names it), the pass before the text.
+  return WithReason(
+      absl::Status(status.code(), absl::StrCat("pass '", invocation.pass->name(), "': ", status.message())),
+      ReasonOf(status));
 }
 
 // The one place a pass's declared shape effect is read: a model pass invalidates, whatever it says.
@@ -376,9 +380,7 @@ absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
       if (iteration > 1) total += static_cast<int>(step.passes.size());
       for (const auto& invocation : step.passes) {
         if (options_.stop_after_changes >= 0 && changes >= options_.stop_after_changes) return absl::OkStatus();
-        if (options_.cancelled != nullptr && options_.cancelled->load()) {
-          return absl::CancelledError("cancelled between passes");
-        }
+        if (absl::Status stop = options_.run.CheckNotCancelled("between passes"); !stop.ok()) return stop;
         const std::string name(invocation.pass->name());
         if (options_.excluded_passes.count(name) > 0) {
           --total;

@@ -5,7 +5,6 @@
 #ifndef ONNXOPT_OPTIMIZER_PASS_MANAGER_H_
 #define ONNXOPT_OPTIMIZER_PASS_MANAGER_H_
 
-#include <atomic>
 #include <functional>
 #include <optional>
 #include <set>
@@ -18,6 +17,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/pass_registry.h"
+#include "optimizer/run_context.h"
 #include "optimizer/shape_info.h"
 
 namespace onnxopt {
@@ -55,7 +55,7 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
                                        const onnx::ModelProto* model = nullptr);
 
 struct PassManagerOptions {
-  const std::atomic<bool>* cancelled = nullptr;
+  RunContext run;  // stops the run when the job is cancelled
   // Called before each pass run with its name, how many runs came before and how many the pipeline
   // makes as far as is known (the passes once, plus each repeated sweep of a fixed-point group).
   std::function<void(const std::string& pass, int done, int total)> on_pass_start;

@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "optimizer/failure.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -27,7 +28,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;        // what safetensors' ow
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53: JSON numbers arrive as doubles
 
 absl::Status Invalid(absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("SAFETENSORS_INVALID: ", what));
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::SAFETENSORS_INVALID, absl::StrCat(what));
 }
 
 size_t DtypeSize(const std::string& dtype) {
@@ -71,8 +72,8 @@ absl::StatusOr<std::vector<float>> Floats(const std::string& key, const SafeTens
       }
     }
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PEFT_UNSUPPORTED: '", key, "' is ", tensor.dtype, "; LoRA matrices must be F32, F16 or BF16"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_UNSUPPORTED,
+                   absl::StrCat("'", key, "' is ", tensor.dtype, "; LoRA matrices must be F32, F16 or BF16"));
   }
   return values;
 }
@@ -122,7 +123,8 @@ absl::StatusOr<std::optional<double>> PatternValue(const Struct& patterns, const
     if (!matched) continue;
     const Value& value = patterns.fields().at(pattern);
     if (value.kind_case() != Value::kNumberValue) {
-      return absl::InvalidArgumentError(absl::StrCat("PEFT_INVALID: ", what, "['", pattern, "'] is not a number"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                     absl::StrCat(what, "['", pattern, "'] is not a number"));
     }
     return std::optional<double>(value.number_value());
   }
@@ -147,19 +149,19 @@ absl::StatusOr<PeftConfig> ReadPeftConfig(const std::filesystem::path& path) {
     return it == fields.end() || it->second.kind_case() == Value::kNullValue ? nullptr : &it->second;
   };
   if (const Value* type = field("peft_type"); type != nullptr && type->string_value() != "LORA") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PEFT_UNSUPPORTED: peft_type '", type->string_value(), "'; only LORA adapters convert"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_UNSUPPORTED,
+                   absl::StrCat("peft_type '", type->string_value(), "'; only LORA adapters convert"));
   }
   if (const Value* dora = field("use_dora"); dora != nullptr && dora->bool_value()) {
-    return absl::InvalidArgumentError(
-        "PEFT_UNSUPPORTED: use_dora: DoRA's magnitude vectors have no inputs in the model");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_UNSUPPORTED,
+                   "use_dora: DoRA's magnitude vectors have no inputs in the model");
   }
   PeftConfig config;
   const Value* r = field("r");
   const Value* alpha = field("lora_alpha");
   if (r == nullptr || r->number_value() <= 0 || alpha == nullptr || alpha->kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PEFT_INVALID: ", path.filename().string(), " needs a positive `r` and a numeric `lora_alpha`"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                   absl::StrCat(path.filename().string(), " needs a positive `r` and a numeric `lora_alpha`"));
   }
   config.r = r->number_value();
   config.alpha = alpha->number_value();
@@ -250,8 +252,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
   std::map<std::string, const onnx::ValueInfoProto*> inputs;
   for (const onnx::ValueInfoProto* input : AdapterInputs(model)) inputs[input->name()] = input;
   if (inputs.empty()) {
-    return absl::InvalidArgumentError(
-        "ADAPTER_MISMATCH: the model takes no adapter inputs; optimize it with the extract_adapters pass first");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                   "the model takes no adapter inputs; optimize it with the extract_adapters pass first");
   }
   std::vector<onnx::TensorProto> parameters;
   std::set<std::string> converted;
@@ -260,23 +262,23 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     char which = 0;
     std::string prefix;
     if (!ParseAdapterParameterName(key, &which, &prefix)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEFT_UNSUPPORTED: '", key,
-                       "' is not a LoRA matrix of a Linear layer (embedding adapters, DoRA, biases "
-                       "and modules_to_save have no inputs in the model)"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_UNSUPPORTED,
+                     absl::StrCat("'", key,
+                                  "' is not a LoRA matrix of a Linear layer (embedding adapters, DoRA, biases "
+                                  "and modules_to_save have no inputs in the model)"));
     }
     auto partner = tensors->find(AdapterParameterName(prefix, which == 'A' ? 'B' : 'A'));
     if (partner == tensors->end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEFT_INVALID: '", key, "' has no lora_", which == 'A' ? "B" : "A", " beside it"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                     absl::StrCat("'", key, "' has no lora_", which == 'A' ? "B" : "A", " beside it"));
     }
     if (which == 'B') continue;  // converted with its A
     const auto b_entry = partner;
     const SafeTensor& b = b_entry->second;
     if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] != b.shape[1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEFT_INVALID: '", prefix, "': lora_A is [", absl::StrJoin(a.shape, ", "), "] and lora_B [",
-                       absl::StrJoin(b.shape, ", "), "]; peft writes [r, in] and [out, r]"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                     absl::StrCat("'", prefix, "': lora_A is [", absl::StrJoin(a.shape, ", "), "] and lora_B [",
+                                  absl::StrJoin(b.shape, ", "), "]; peft writes [r, in] and [out, r]"));
     }
     const int64_t rank = a.shape[0];
     const std::string peft_module(absl::StripPrefix(prefix, "base_model.model."));
@@ -285,8 +287,8 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     if (!rank_override.ok()) return rank_override.status();
     const double expected_rank = rank_override->value_or(config->r);
     if (static_cast<double>(rank) != expected_rank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEFT_INVALID: '", prefix, "' has rank ", rank, "; adapter_config.json says ", expected_rank));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                     absl::StrCat("'", prefix, "' has rank ", rank, "; adapter_config.json says ", expected_rank));
     }
     absl::StatusOr<std::optional<double>> alpha_override =
         PatternValue(config->alpha_pattern, peft_module, "alpha_pattern");
@@ -297,19 +299,20 @@ absl::StatusOr<std::vector<onnx::TensorProto>> ConvertPeftCheckpoint(const std::
     const std::string a_name = AdapterParameterName(module, 'A'), b_name = AdapterParameterName(module, 'B');
     auto a_input = inputs.find(a_name);
     if (a_input == inputs.end() || inputs.count(b_name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: the checkpoint adapts '", module,
-                                                     "', which the model does not take an adapter for (it takes ",
-                                                     inputs.size() / 2, " modules, e.g. '", inputs.begin()->first,
-                                                     "')"));
+      return Failure(
+          absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+          absl::StrCat("the checkpoint adapts '", module, "', which the model does not take an adapter for (it takes ",
+                       inputs.size() / 2, " modules, e.g. '", inputs.begin()->first, "')"));
     }
     if (!converted.insert(a_name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEFT_INVALID: two of the checkpoint's modules are both '", module, "' without the wrappers"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::PEFT_INVALID,
+                     absl::StrCat("two of the checkpoint's modules are both '", module, "' without the wrappers"));
     }
     const int32_t type = a_input->second->type().tensor_type().elem_type();
     if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16) {
-      return absl::InvalidArgumentError(absl::StrCat("ADAPTER_MISMATCH: the model's '", a_name, "' is of element type ",
-                                                     type, "; float32 and float16 adapters convert"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ADAPTER_MISMATCH,
+                     absl::StrCat("the model's '", a_name, "' is of element type ", type,
+                                  "; float32 and float16 adapters convert"));
     }
     absl::StatusOr<std::vector<float>> a_values = Floats(key, a);
     if (!a_values.ok()) return a_values.status();

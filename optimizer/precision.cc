@@ -195,7 +195,7 @@ absl::Status ApplyPrecision(const v1::PrecisionConfig& precision, const Precisio
 absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
     const onnx::ModelProto& fp32_model, const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
     const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
-    const SessionSettings& device, const std::atomic<bool>* cancelled, std::string* warning) {
+    const SessionSettings& device, const RunContext& run, std::string* warning) {
   std::vector<std::string> values;
   {
     onnx::ModelProto copy = fp32_model;
@@ -225,13 +225,13 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
                             "match real inputs; supply real inputs with the job for a calibration you can trust");
   }
   const std::string method = precision.calibration().method().empty() ? "minmax" : precision.calibration().method();
-  return CalibrateRanges(fp32_model, values, make_samples, method, device, cancelled);
+  return CalibrateRanges(fp32_model, values, make_samples, method, device, run);
 }
 
 void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& converted,
                         const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
                         const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
-                        const SessionSettings& device, const std::atomic<bool>* cancelled,
+                        const SessionSettings& device, const RunContext& run,
                         const std::function<absl::Status()>& activations_fit, v1::PrecisionReport* report) {
   const BlockMethod method =
       precision.int4().method() == "hqq" ? BlockMethod::kHalfQuadratic : BlockMethod::kRoundToNearest;
@@ -245,7 +245,7 @@ void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelPro
           return supplied.empty() ? GenerateInputs(session, original, validation, shape_sets.front(), 0)
                                   : GenerateInputs(session, original, validation, shape_sets.front(), 0, &supplied[0]);
         },
-        device, cancelled,
+        device, run,
         [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
           (*out)[name] = ProjectionRows(shape, data);
         });
@@ -386,9 +386,7 @@ class MixedPrecisionSearch {
   // not a mixed model); the search's sanity check (keeping everything) sets it.
   absl::StatusOr<bool> Passes(const std::set<std::string>& nodes, bool nothing_converted_passes = false) {
     for (int retry = 0; retry <= kMaxMissingKernelRetries; ++retry) {
-      if (options_.cancelled != nullptr && options_.cancelled->load()) {
-        return absl::CancelledError("cancelled during automatic mixed precision");
-      }
+      if (absl::Status stop = options_.run.CheckNotCancelled("during automatic mixed precision"); !stop.ok()) return stop;
       PrecisionExtras extras = base_;
       extras.keep_nodes.insert(nodes.begin(), nodes.end());
       extras.keep_ops.insert(kernel_ops_.begin(), kernel_ops_.end());

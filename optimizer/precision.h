@@ -13,7 +13,6 @@
 #ifndef ONNXOPT_OPTIMIZER_PRECISION_H_
 #define ONNXOPT_OPTIMIZER_PRECISION_H_
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <optional>
@@ -28,6 +27,7 @@
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/pass_manager.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/run_context.h"
 #include "optimizer/validation/bisect.h"
 #include "optimizer/validation/calibration.h"
 #include "optimizer/validation/input_generator.h"
@@ -63,7 +63,7 @@ struct PrecisionExtras {
 absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
     const onnx::ModelProto& fp32_model, const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
     const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
-    const SessionSettings& device, const std::atomic<bool>* cancelled, std::string* warning);
+    const SessionSettings& device, const RunContext& run, std::string* warning);
 
 // int4: report->projections and the means (projection_error.h) for `converted` against `fp32_model`,
 // the activations captured by running the float32 model on the job's first supplied input set (else a
@@ -72,7 +72,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
 void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& converted,
                         const onnx::ModelProto& original, const v1::PrecisionConfig& precision,
                         const v1::ValidationConfig& validation, const std::vector<SuppliedSample>& supplied,
-                        const SessionSettings& device, const std::atomic<bool>* cancelled,
+                        const SessionSettings& device, const RunContext& run,
                         const std::function<absl::Status()>& activations_fit, v1::PrecisionReport* report);
 
 // The mode's passes then the cleanups they need; an empty pipeline for fp32.

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 
 namespace onnxopt::server {
@@ -63,7 +64,8 @@ bool IsValidUploadId(const std::string& upload_id) {
 
 absl::Status CheckUploadId(const std::string& upload_id) {
   if (upload_id.empty() || IsValidUploadId(upload_id)) return absl::OkStatus();
-  return absl::InvalidArgumentError("BAD_UPLOAD_ID: upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_UPLOAD_ID,
+                 "upload_id must be 1 to 128 characters of A-Z, a-z, 0-9, '-' and '_'");
 }
 
 BlobUpload::BlobUpload(BlobStore* store, std::string sha256, fs::path partial, int fd, int64_t total_size,
@@ -84,12 +86,13 @@ void BlobUpload::Close() {
 absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
   if (finished_) return absl::FailedPreconditionError("upload already finished");
   if (offset != committed_) {
-    return absl::InvalidArgumentError(absl::StrCat("OFFSET_MISMATCH: write at offset ", offset,
-                                                   " but the server holds ", committed_, " bytes; resume from there"));
+    return Failure(
+        absl::StatusCode::kInvalidArgument, v1::ErrorReason::OFFSET_MISMATCH,
+        absl::StrCat("write at offset ", offset, " but the server holds ", committed_, " bytes; resume from there"));
   }
   if (committed_ + static_cast<int64_t>(data.size()) > total_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("SIZE_EXCEEDED: data passes the declared size of ", total_size_,
-                                                   " bytes"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::SIZE_EXCEEDED,
+                   absl::StrCat("data passes the declared size of ", total_size_, " bytes"));
   }
   int error = 0;
   for (size_t written = 0; written < data.size() && error == 0;) {
@@ -104,7 +107,8 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
     std::error_code ignored;
     fs::remove(partial_, ignored);
     if (error == ENOSPC || error == EDQUOT) {
-      return absl::ResourceExhaustedError("DISK_FULL: the server's disk is full; the partial upload was discarded");
+      return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL,
+                     "the server's disk is full; the partial upload was discarded");
     }
     return absl::InternalError(absl::StrCat("cannot write upload data: ",
                                             error != 0 ? std::strerror(error) : "the partial file could not be opened"));
@@ -117,17 +121,18 @@ absl::Status BlobUpload::Append(int64_t offset, const std::string& data) {
 absl::Status BlobUpload::Finish() {
   finished_ = true;
   if (committed_ != total_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("SIZE_MISMATCH: upload finished after ", committed_,
-                                                   " bytes but declared ", total_size_,
-                                                   "; the partial upload is kept for resuming"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::SIZE_MISMATCH,
+                   absl::StrCat("upload finished after ", committed_, " bytes but declared ", total_size_,
+                                "; the partial upload is kept for resuming"));
   }
   absl::StatusOr<std::string> actual = Sha256OfFile(partial_);
   if (!actual.ok()) return actual.status();
   std::error_code error;
   if (*actual != sha256_) {
     fs::remove(partial_, error);
-    return absl::DataLossError(absl::StrCat("CHECKSUM_MISMATCH: received data hashes to ", *actual, ", not the declared ",
-                                            sha256_, "; the upload was discarded"));
+    return Failure(absl::StatusCode::kDataLoss, v1::ErrorReason::CHECKSUM_MISMATCH,
+                   absl::StrCat("received data hashes to ", *actual, ", not the declared ", sha256_,
+                                "; the upload was discarded"));
   }
   // Durable before it is named: the bytes, then (after the rename) the folder's entry, so a blob a job
   // record names survives a crash whole or not at all.
@@ -172,7 +177,8 @@ bool BlobStore::Exists(const std::string& sha256) const {
 absl::StatusOr<int64_t> BlobStore::SizeOf(const std::string& sha256) const {
   std::error_code error;
   const auto size = fs::file_size(PathOf(sha256), error);
-  if (error) return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no blob ", sha256));
+  if (error)
+    return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND, absl::StrCat("no blob ", sha256));
   return static_cast<int64_t>(size);
 }
 
@@ -195,17 +201,18 @@ absl::Status BlobStore::AdmitUpload(const fs::path& partial, int64_t total_size,
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (active_uploads_.count(partial) > 0) {
-      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is already writing; retry later");
+      return Failure(absl::StatusCode::kAborted, v1::ErrorReason::UPLOAD_IN_PROGRESS,
+                     "this upload session is already writing; retry later");
     }
     if (committed > total_size) committed = 0;  // a stale partial of another declared size: started over below
     if (max_stored_bytes_ > 0) {
       int64_t reserved = 0;
       for (const auto& [other, remaining] : active_uploads_) reserved += remaining;
       if (stored + reserved + (total_size - committed) > max_stored_bytes_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "QUOTA_EXCEEDED: this tenant stores ", stored, " bytes and has ", reserved, " more on the way; ",
-            total_size - committed, " more would pass its quota of ", max_stored_bytes_,
-            " bytes (--tenant-max-stored-bytes)"));
+        return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::QUOTA_EXCEEDED,
+                       absl::StrCat("this tenant stores ", stored, " bytes and has ", reserved, " more on the way; ",
+                                    total_size - committed, " more would pass its quota of ", max_stored_bytes_,
+                                    " bytes (--tenant-max-stored-bytes)"));
       }
     }
     active_uploads_[partial] = total_size - committed;
@@ -216,14 +223,16 @@ absl::Status BlobStore::AdmitUpload(const fs::path& partial, int64_t total_size,
 absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::string& sha256, int64_t total_size,
                                                                    const std::string& upload_id) {
   if (!IsValidSha256(sha256)) {
-    return absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_DIGEST,
+                   "sha256 must be 64 lowercase hexadecimal digits");
   }
   if (absl::Status id = CheckUploadId(upload_id); !id.ok()) return id;
-  if (total_size < 0) return absl::InvalidArgumentError("BAD_SIZE: total_size must be >= 0");
+  if (total_size < 0)
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_SIZE, "total_size must be >= 0");
   if (total_size > max_blob_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("UPLOAD_TOO_LARGE: ", total_size,
-                                                     " bytes is over this server's limit of ", max_blob_bytes_,
-                                                     " bytes per file"));
+    return Failure(
+        absl::StatusCode::kResourceExhausted, v1::ErrorReason::UPLOAD_TOO_LARGE,
+        absl::StrCat(total_size, " bytes is over this server's limit of ", max_blob_bytes_, " bytes per file"));
   }
   const std::string session = upload_id.empty() ? AnonymousUploadId() : upload_id;
   const fs::path partial = PartialPathOf(sha256, session);
@@ -238,7 +247,8 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
     const int failure = errno;
     EndUpload(partial);
     if (failure == EWOULDBLOCK) {
-      return absl::AbortedError("UPLOAD_IN_PROGRESS: this upload session is writing on another replica; retry later");
+      return Failure(absl::StatusCode::kAborted, v1::ErrorReason::UPLOAD_IN_PROGRESS,
+                     "this upload session is writing on another replica; retry later");
     }
     return absl::InternalError(absl::StrCat("cannot open the partial upload: ", std::strerror(failure)));
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -23,7 +24,8 @@ namespace fs = std::filesystem;
 namespace {
 
 absl::Status Draining() {
-  return absl::UnavailableError("DRAINING: the server is shutting down; retry on another replica");
+  return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::DRAINING,
+                 "the server is shutting down; retry on another replica");
 }
 
 // `existing`, the job of `request`'s request id, if `request` repeats the one that made it.
@@ -105,10 +107,11 @@ absl::Status CheckRetry(const v1::Job& existing, const v1::CreateJobRequest& req
   const std::string difference = RequestDifference(existing, request);
   if (difference.empty()) return absl::OkStatus();
   // The other job is not named: whoever reused the id need not learn anything about it.
-  return absl::AlreadyExistsError(absl::StrCat("REQUEST_ID_REUSED: request_id '", request.request_id(),
-                                               "' was used before for a different request (", difference,
-                                               "); a retry must repeat the request exactly, a new request needs a "
-                                               "new request_id"));
+  return Failure(
+      absl::StatusCode::kAlreadyExists, v1::ErrorReason::REQUEST_ID_REUSED,
+      absl::StrCat("request_id '", request.request_id(), "' was used before for a different request (", difference,
+                   "); a retry must repeat the request exactly, a new request needs a "
+                   "new request_id"));
 }
 
 bool IsReservedStagingName(const std::string& name) {
@@ -132,7 +135,8 @@ JobAdmission::JobAdmission(const JobServices& services, std::mutex& blob_lock, c
     : services_(services), blob_lock_(blob_lock), draining_(draining), on_queued_(std::move(on_queued)) {}
 
 absl::StatusOr<v1::Job> JobAdmission::Submit(const v1::CreateJobRequest& request, const std::string& tenant) {
-  if (request.request_id().size() > 256) return absl::InvalidArgumentError("BAD_REQUEST_ID: request_id is too long");
+  if (request.request_id().size() > 256)
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_REQUEST_ID, "request_id is too long");
   absl::StatusOr<BlobStore*> blobs = services_.blobs->For(tenant);
   if (!blobs.ok()) return blobs.status();
   // A retry of a request that already made a job gets that job, whatever happened since; the same id
@@ -178,9 +182,10 @@ absl::StatusOr<int> JobAdmission::CheckRoom(const std::string& tenant, bool cach
     const absl::StatusOr<int> active = services_.store->CountActive(tenant);
     if (!active.ok()) return active.status();
     if (*active >= quota) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "QUOTA_EXCEEDED: this tenant has ", *active, " queued or running jobs, its quota (--tenant-max-active-jobs); "
-          "retry when one has finished"));
+      return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::QUOTA_EXCEEDED,
+                     absl::StrCat("this tenant has ", *active,
+                                  " queued or running jobs, its quota (--tenant-max-active-jobs); "
+                                  "retry when one has finished"));
     }
   }
   // Workers only take jobs out, so a free slot seen here is still free when the job is stored (on
@@ -189,8 +194,8 @@ absl::StatusOr<int> JobAdmission::CheckRoom(const std::string& tenant, bool cach
   if (!queued.ok()) return queued.status();
   const size_t capacity = services_.options.queue_capacity;
   if (!cached && *queued >= static_cast<int>(capacity)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("QUEUE_FULL: all ", capacity, " queue slots are taken; retry with backoff"));
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::QUEUE_FULL,
+                   absl::StrCat("all ", capacity, " queue slots are taken; retry with backoff"));
   }
   return queued;
 }
@@ -277,8 +282,8 @@ absl::Status JobAdmission::ValidateRequest(const v1::CreateJobRequest& request, 
   if (absl::Status model = ValidateModelRef(request.model(), blobs); !model.ok()) return model;
   const int32_t priority = request.config().priority();
   if (priority < kMinPriority || priority > kMaxPriority) {
-    return absl::InvalidArgumentError(absl::StrCat("CONFIG_INVALID: priority ", priority, " is outside ", kMinPriority,
-                                                   "..", kMaxPriority));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID,
+                   absl::StrCat("priority ", priority, " is outside ", kMinPriority, "..", kMaxPriority));
   }
   if (absl::Status labels = ValidateLabels(request.labels(), "labels"); !labels.ok()) return labels;
   if (absl::Status config = CheckConfig(request.config()); !config.ok()) return config;
@@ -288,23 +293,28 @@ absl::Status JobAdmission::ValidateRequest(const v1::CreateJobRequest& request, 
 
 absl::Status JobAdmission::ValidateModelRef(const v1::ModelRef& model, const BlobStore& blobs) const {
   if (!IsValidSha256(model.sha256())) {
-    return absl::InvalidArgumentError("BAD_DIGEST: model.sha256 must be 64 lowercase hexadecimal digits");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_DIGEST,
+                   "model.sha256 must be 64 lowercase hexadecimal digits");
   }
   if (!blobs.Exists(model.sha256())) {
-    return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob ", model.sha256(), "; upload the model first"));
+    return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND,
+                   absl::StrCat("no uploaded blob ", model.sha256(), "; upload the model first"));
   }
   std::set<std::string> provided;
   for (const auto& file : model.external_data()) {
     if (!IsSafeRelativeName(file.name()) || IsReservedStagingName(file.name())) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", ValidUtf8(file.name()),
-                                                     "' is not a safe relative file name, or one onnxopt reserves "
-                                                     "(model.onnx, digests.tsv, inputs/)"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+                     absl::StrCat("'", ValidUtf8(file.name()),
+                                  "' is not a safe relative file name, or one onnxopt reserves "
+                                  "(model.onnx, digests.tsv, inputs/)"));
     }
     if (!provided.insert(file.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: '", file.name(), "' is listed twice"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_PATH,
+                     absl::StrCat("'", file.name(), "' is listed twice"));
     }
     if (!blobs.Exists(file.sha256())) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for external data file '", file.name(), "'"));
+      return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND,
+                     absl::StrCat("no uploaded blob for external data file '", file.name(), "'"));
     }
   }
   return absl::OkStatus();
@@ -313,29 +323,33 @@ absl::Status JobAdmission::ValidateModelRef(const v1::ModelRef& model, const Blo
 absl::Status JobAdmission::ValidateInputs(const google::protobuf::RepeatedPtrField<v1::InputTensor>& inputs,
                                           const BlobStore& blobs) const {
   if (inputs.size() > kMaxSuppliedTensors) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: at most ", kMaxSuppliedTensors, " input tensors per job"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                   absl::StrCat("at most ", kMaxSuppliedTensors, " input tensors per job"));
   }
   std::set<std::pair<int, std::string>> seen;
   std::set<int> samples;
   for (const auto& input : inputs) {
     if (input.sample() < 0 || input.sample() >= kMaxSuppliedTensors) {
-      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: sample ", input.sample(), " is out of range"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                     absl::StrCat("sample ", input.sample(), " is out of range"));
     }
     const bool printable = std::all_of(input.name().begin(), input.name().end(),
                                        [](char c) { return static_cast<unsigned char>(c) >= 0x20 && c != 0x7f; });
     if (input.name().empty() || input.name().size() > 1024 || !printable) {
-      return absl::InvalidArgumentError("INPUTS_INVALID: an input name is empty, too long or has control characters");
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                     "an input name is empty, too long or has control characters");
     }
     if (!IsValidSha256(input.sha256())) {
-      return absl::InvalidArgumentError("BAD_DIGEST: inputs[].sha256 must be 64 lowercase hexadecimal digits");
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_DIGEST,
+                     "inputs[].sha256 must be 64 lowercase hexadecimal digits");
     }
     if (!blobs.Exists(input.sha256())) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: no uploaded blob for input '", input.name(), "' of sample ",
-                                              input.sample()));
+      return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND,
+                     absl::StrCat("no uploaded blob for input '", input.name(), "' of sample ", input.sample()));
     }
     if (!seen.insert({input.sample(), input.name()}).second) {
-      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: input '", input.name(), "' is given twice in sample ",
-                                                     input.sample()));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                     absl::StrCat("input '", input.name(), "' is given twice in sample ", input.sample()));
     }
     samples.insert(input.sample());
   }
@@ -343,8 +357,8 @@ absl::Status JobAdmission::ValidateInputs(const google::protobuf::RepeatedPtrFie
   int expected = 0;
   for (int sample : samples) {
     if (sample != expected) {
-      return absl::InvalidArgumentError(absl::StrCat("INPUTS_INVALID: samples must be numbered from 0 without gaps; ",
-                                                     expected, " is missing"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUTS_INVALID,
+                     absl::StrCat("samples must be numbered from 0 without gaps; ", expected, " is missing"));
     }
     ++expected;
   }
@@ -355,13 +369,14 @@ absl::Status JobAdmission::CheckModelParses(const v1::ModelRef& model, BlobStore
   // Parse now so that a file that is no model is refused at once rather than failing a job later; in a
   // worker process, under the job limits, so the server never holds an uploaded model in its memory.
   absl::StatusOr<std::vector<std::string>> locations = InspectModelBounded(blobs.PathOf(model.sha256()));
-  const std::string reason = locations.ok() ? "" : SplitReason(locations.status()).first;
-  if (reason == "MODEL_PARSE_FAILED" && blobs.RemoveIfCorrupt(model.sha256())) {
+  const Reason reason = ReasonOf(locations.status());
+  if (reason == v1::ErrorReason::MODEL_PARSE_FAILED && blobs.RemoveIfCorrupt(model.sha256())) {
     // Not the upload's fault: the stored copy was altered. Dropped, so the next submit uploads it again.
-    return absl::DataLossError("BLOB_CORRUPT: the server's stored copy of the model no longer matches its SHA-256; "
-                               "it was removed, so submitting again uploads it anew");
+    return Failure(absl::StatusCode::kDataLoss, v1::ErrorReason::BLOB_CORRUPT,
+                   "the server's stored copy of the model no longer matches its SHA-256; "
+                   "it was removed, so submitting again uploads it anew");
   }
-  if (reason == "WORKER_CRASHED") {
+  if (reason == v1::ErrorReason::WORKER_CRASHED) {
     // A model that crashes the parser or needs more than the job's memory fails its own job, with the
     // job's own report of why; the worker checks its external data again when it loads it.
     return absl::OkStatus();
@@ -371,8 +386,9 @@ absl::Status JobAdmission::CheckModelParses(const v1::ModelRef& model, BlobStore
   for (const auto& file : model.external_data()) provided.insert(file.name());
   for (const std::string& location : *locations) {
     if (provided.count(location) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_MISSING: the model keeps tensors in '", ValidUtf8(location),
-                                                     "'; upload that file and list it in model.external_data"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EXTERNAL_DATA_MISSING,
+                     absl::StrCat("the model keeps tensors in '", ValidUtf8(location),
+                                  "'; upload that file and list it in model.external_data"));
     }
   }
   return absl::OkStatus();
@@ -384,7 +400,8 @@ absl::StatusOr<std::vector<std::string>> JobAdmission::InspectModelBounded(const
   {
     std::unique_lock<std::mutex> lock(inspect_mutex_);
     if (!inspect_slot_free_.wait_for(lock, kInspectWait, [&] { return inspections_ < MaxInspections(); })) {
-      return absl::ResourceExhaustedError("INSPECT_BUSY: every model check slot is taken; retry with backoff");
+      return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::INSPECT_BUSY,
+                     "every model check slot is taken; retry with backoff");
     }
     ++inspections_;
   }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/failure.h"
 #include "optimizer/lora_adapter.h"
 #include "optimizer/model_io.h"
 #include "optimizer/result_files.h"
@@ -126,7 +127,7 @@ JobAttempt::Next JobAttempt::Keep() {
         {job_.name(), job_.tenant()});
     return Next::kStop;
   }
-  if (SplitReason(outcome_).first == "BLOB_CORRUPT") RemoveCorruptBlobs();
+  if (ReasonOf(outcome_) == v1::ErrorReason::BLOB_CORRUPT) RemoveCorruptBlobs();
   if (outcome_.code() == absl::StatusCode::kCancelled && interrupting_) {
     Requeue();
     return Next::kStop;
@@ -140,7 +141,10 @@ void JobAttempt::Requeue() {
   RemoveAttemptFolder();
   ModifyIfHeld([&](v1::Job& job) {
     if (job.cancel_requested()) {
-      SetOutcome(job, absl::CancelledError("CANCELLED: cancelled while the server shut down"), nullptr);
+      SetOutcome(
+          job,
+          Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "cancelled while the server shut down"),
+          nullptr);
       return;
     }
     job.set_state(v1::QUEUED);
@@ -157,9 +161,12 @@ JobAttempt::Next JobAttempt::IngestReport() {
   absl::StatusOr<std::string> bytes = ReadFile(output_dir_ / kReportProtoName);
   if (bytes.ok() && !report_.ParseFromString(*bytes)) {
     report_.Clear();
-    if (outcome_.ok()) outcome_ = absl::InternalError("WORKER_REPORT_CORRUPT: the worker's report does not parse");
+    if (outcome_.ok())
+      outcome_ = Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_REPORT_CORRUPT,
+                         "the worker's report does not parse");
   } else if (!bytes.ok() && outcome_.ok()) {
-    outcome_ = absl::InternalError("WORKER_REPORT_MISSING: the worker succeeded without writing its report");
+    outcome_ = Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_REPORT_MISSING,
+                       "the worker succeeded without writing its report");
   }
   report_.set_job(job_.name());
   *report_.mutable_time() = TimestampNow();
@@ -245,7 +252,7 @@ JobAttempt::Next JobAttempt::Finish() {
         if (!Holds(job, flags_.token)) return false;
         SetOutcome(job, outcome_, outcome_.ok() ? &result_ : nullptr);
         outcome = OutcomeName(job.state());
-        reason = job.error().reason();
+        if (job.has_error()) reason = ReasonName(job.error().reason());
         return true;
       },
       &applied);

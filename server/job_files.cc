@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 
 namespace onnxopt::server {
@@ -26,7 +27,8 @@ std::vector<std::string> BlobsOf(const v1::Job& job) {
 absl::Status BlobsPresent(const v1::Job& job, const BlobStore& blobs, absl::string_view advice) {
   for (const std::string& digest : BlobsOf(job)) {
     if (!blobs.Exists(digest)) {
-      return absl::NotFoundError(absl::StrCat("BLOB_NOT_FOUND: blob ", digest, " was deleted", advice));
+      return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND,
+                     absl::StrCat("blob ", digest, " was deleted", advice));
     }
   }
   return absl::OkStatus();

@@ -3,6 +3,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 #include "optimizer/utf8.h"
 
 namespace onnxopt::server {
@@ -13,7 +14,7 @@ bool IsKeyCharacter(char c) {
 }
 
 absl::Status BadLabel(const std::string& what, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat("BAD_LABEL: ", what, ": ", message));
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_LABEL, absl::StrCat(what, ": ", message));
 }
 
 }  // namespace

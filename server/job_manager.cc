@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/failure.h"
 #include "server/log.h"
 
 namespace onnxopt::server {
@@ -71,7 +72,8 @@ void JobManager::RecoverExpiredLeases() {
 void JobManager::CountRecovered(const v1::Job& job) {
   const char* outcome = OutcomeName(job.state());
   metrics_->LeaseExpired(outcome);
-  if (IsTerminal(job.state())) metrics_->JobFinished(outcome, job.error().reason(), 0);
+  if (IsTerminal(job.state()))
+    metrics_->JobFinished(outcome, job.has_error() ? ReasonName(job.error().reason()) : "", 0);
 }
 
 void JobManager::WakeWorkers(bool all) {
@@ -144,7 +146,8 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& name) {
       name,
       [&](v1::Job& job) {
         if (job.state() == v1::QUEUED) {
-          SetOutcome(job, absl::CancelledError("CANCELLED: cancelled while queued"), nullptr);
+          SetOutcome(job, Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "cancelled while queued"),
+                     nullptr);
           cancelled_queued = true;
           return true;
         }

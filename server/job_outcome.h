@@ -10,10 +10,8 @@
 
 namespace onnxopt::server {
 
-// Splits "REASON: text" status messages into (reason, text); reason falls back to the code's name.
-std::pair<std::string, std::string> SplitReason(const absl::Status& status);
-
-// Ends `job`: SUCCEEDED with `result` when `status` is OK, else CANCELLED or FAILED with the reason.
+// Ends `job`: SUCCEEDED with `result` when `status` is OK, else CANCELLED or FAILED with the reason the
+// status carries (ReasonOf: its own, else its code's) and the text after it.
 void SetOutcome(v1::Job& job, const absl::Status& status, const v1::JobResult* result);
 
 // "succeeded", "cancelled", "failed" (the metrics' and logs' word for a terminal state), else "requeued".

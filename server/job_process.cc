@@ -1,7 +1,6 @@
 #include "server/job_process.h"
 
 #include <fcntl.h>
-#include <optional>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,10 +10,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 
 extern char** environ;
 
@@ -164,18 +165,21 @@ WorkerExit WatchWorker(pid_t pid, int fd, const WorkerLimits& limits, const Work
 // The run's status: what the worker reported, or why it has none.
 absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, const WorkerRun& run) {
   if (exit.overlong) {
-    return absl::InternalError(absl::StrCat("WORKER_CRASHED: the worker wrote a line of over ", kMaxWorkerLineBytes,
-                                            " bytes, which is not its protocol"));
+    return Failure(
+        absl::StatusCode::kInternal, v1::ErrorReason::WORKER_CRASHED,
+        absl::StrCat("the worker wrote a line of over ", kMaxWorkerLineBytes, " bytes, which is not its protocol"));
   }
   if (exit.timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat("JOB_TIMEOUT: the job ran past the server's limit of ",
-                                                    run.timeout.count(), " s"));
+    return Failure(absl::StatusCode::kDeadlineExceeded, v1::ErrorReason::JOB_TIMEOUT,
+                   absl::StrCat("the job ran past the server's limit of ", run.timeout.count(), " s"));
   }
   if (exit.reported) return *exit.reported;
-  if (exit.cancelled) return absl::CancelledError("CANCELLED: the worker was stopped");
+  if (exit.cancelled)
+    return Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "the worker was stopped");
   const int status = exit.wait_status;
   if (WIFEXITED(status) && WEXITSTATUS(status) == kExecFailed) {
-    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot execute ", limits.binary.string()));
+    return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_MISSING,
+                   absl::StrCat("cannot execute ", limits.binary.string()));
   }
   std::string message;
   if (WIFSIGNALED(status)) {
@@ -188,7 +192,7 @@ absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, c
   if (limits.memory_limit_mb > 0) {
     absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
   }
-  return absl::InternalError(absl::StrCat("WORKER_CRASHED: ", message));
+  return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_CRASHED, absl::StrCat(message));
 }
 
 }  // namespace
@@ -196,7 +200,8 @@ absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, c
 absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const std::atomic<bool>& cancel,
                        const std::function<void(const WorkerLine&)>& on_line) {
   if (::access(limits.binary.c_str(), X_OK) != 0) {
-    return absl::InternalError(absl::StrCat("WORKER_MISSING: cannot run ", limits.binary.string()));
+    return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_MISSING,
+                   absl::StrCat("cannot run ", limits.binary.string()));
   }
   const fs::path tmp_dir = run.folder / "tmp";
   std::error_code error;
@@ -218,7 +223,8 @@ absl::Status RunWorker(const WorkerLimits& limits, const WorkerRun& run, const s
   if (pid < 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
-    return absl::ResourceExhaustedError(absl::StrCat("WORKER_SPAWN_FAILED: fork: ", std::strerror(errno)));
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::WORKER_SPAWN_FAILED,
+                   absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) ExecWorkerChild(spec, argv.data(), envp.data(), pipe_fds[1]);
   ::close(pipe_fds[1]);
@@ -258,8 +264,8 @@ absl::StatusOr<std::vector<std::string>> InspectModel(const WorkerLimits& limits
     if (line.kind == WorkerLine::Kind::kExternalData) locations.push_back(line.text);
   });
   if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-    return absl::InvalidArgumentError(absl::StrCat("MODEL_PARSE_FAILED: reading the model took longer than ",
-                                                   run.timeout.count(), " s"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
+                   absl::StrCat("reading the model took longer than ", run.timeout.count(), " s"));
   }
   if (!status.ok()) return status;
   return locations;

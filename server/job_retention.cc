@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/failure.h"
 #include "server/log.h"
 
 namespace onnxopt::server {
@@ -18,8 +19,8 @@ absl::StatusOr<v1::DeleteJobResponse> JobRetention::Delete(const std::string& na
     absl::StatusOr<v1::Job> job = services_.store->Get(name);
     if (!job.ok()) return job.status();
     if (!IsTerminal(job->state())) {
-      return absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", name, " is ",
-                                                        v1::JobState_Name(job->state()), "; cancel it first"));
+      return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
+                     absl::StrCat(name, " is ", v1::JobState_Name(job->state()), "; cancel it first"));
     }
     deleted = DeleteLocked(*job);
   }

@@ -6,7 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/failure.h"
 #include "optimizer/result_files.h"
 #include "server/job_labels.h"
 #include "server/postgres_job_store.h"
@@ -20,7 +22,8 @@ google::protobuf::Timestamp TimestampNow() {
 }
 
 absl::Status JobNotFound(const std::string& name) {
-  return absl::NotFoundError(absl::StrCat("JOB_NOT_FOUND: no job named '", name, "'"));
+  return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::JOB_NOT_FOUND,
+                 absl::StrCat("no job named '", name, "'"));
 }
 
 bool JobFilter::Matches(const v1::Job& job) const {
@@ -77,7 +80,7 @@ void ExpireLease(v1::Job& job, int max_attempts) {
     *job.mutable_end_time() = TimestampNow();
     v1::JobError* error = job.mutable_error();
     error->set_code(static_cast<int>(cancelled ? absl::StatusCode::kCancelled : absl::StatusCode::kUnavailable));
-    error->set_reason(cancelled ? "CANCELLED" : "LEASE_EXPIRED");
+    error->set_reason(cancelled ? v1::ErrorReason::CANCELLED : v1::ErrorReason::LEASE_EXPIRED);
     error->set_message(cancelled ? absl::StrCat("cancelled; ", worker, " stopped before the job ended")
                                  : absl::StrCat(worker, " stopped renewing the job's lease (it died or lost the job "
                                                 "store) on attempt ", job.attempts(), " of ", max_attempts,
@@ -90,7 +93,27 @@ void ExpireLease(v1::Job& job, int max_attempts) {
   job.clear_worker();
 }
 
+namespace {
+
+// A record written while JobError.reason was a string holds the reason's name where the enum now is:
+// field 2 as bytes, which parsing keeps as an unknown field.
+void UpgradeErrorReason(v1::JobError& error) {
+  google::protobuf::UnknownFieldSet* unknown = error.GetReflection()->MutableUnknownFields(&error);
+  for (int i = 0; i < unknown->field_count(); ++i) {
+    const google::protobuf::UnknownField& field = unknown->field(i);
+    if (field.number() != 2 || field.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    Reason reason = v1::ErrorReason::UNKNOWN;
+    if (!v1::ErrorReason::Reason_Parse(field.length_delimited(), &reason)) reason = v1::ErrorReason::UNKNOWN;
+    error.set_reason(reason);
+    unknown->DeleteSubrange(i, 1);
+    return;
+  }
+}
+
+}  // namespace
+
 void UpgradeRecord(v1::Job& job) {
+  if (job.has_error()) UpgradeErrorReason(*job.mutable_error());
   if (!job.has_result()) return;  // result and error are a oneof: asking for a result would drop the error
   for (v1::Artifact& artifact : *job.mutable_result()->mutable_artifacts()) {
     if (artifact.role() == v1::ARTIFACT_ROLE_UNSPECIFIED) artifact.set_role(ResultFileRole(artifact.name()));
@@ -107,7 +130,7 @@ v1::Job UnreadableJob(const std::string& name, const std::string& request_id, v1
   if (state != v1::SUCCEEDED) {
     v1::JobError* error = job.mutable_error();
     error->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
-    error->set_reason("JOB_RECORD_UNREADABLE");
+    error->set_reason(v1::ErrorReason::JOB_RECORD_UNREADABLE);
     error->set_message(absl::StrCat("the job store could not read this job's record (it was ",
                                     v1::JobState_Name(state), "); submit the model again"));
   }

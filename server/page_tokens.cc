@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "optimizer/failure.h"
 #include "optimizer/sha256.h"
 
 namespace onnxopt::server {
@@ -62,7 +63,8 @@ absl::StatusOr<int64_t> PageTokens::Open(const std::string& token, const std::op
   int64_t before = 0;
   if (!block || absl::BytesToHexString(block->substr(8)) != PageScope(tenant) ||
       (std::memcpy(&before, block->data(), 8), before <= 0)) {
-    return absl::InvalidArgumentError("BAD_PAGE_TOKEN: page_token is not one this server handed out for this listing");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_PAGE_TOKEN,
+                   "page_token is not one this server handed out for this listing");
   }
   return before;
 }

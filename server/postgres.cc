@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "optimizer/failure.h"
 
 namespace onnxopt::server::pg {
 namespace {
@@ -66,7 +67,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
   if (connection == nullptr || PQstatus(connection) != CONNECTION_OK) {
     const std::string message = ConnectionError(connection);
     PQfinish(connection);
-    return absl::UnavailableError(absl::StrCat("JOB_STORE_UNAVAILABLE: cannot connect to PostgreSQL: ", message));
+    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE,
+                   absl::StrCat("cannot connect to PostgreSQL: ", message));
   }
   return std::unique_ptr<Connection>(new Connection(connection));
 }
@@ -98,8 +100,8 @@ absl::StatusOr<Result> Connection::Exec(const std::string& sql, const std::vecto
   const ExecStatusType status = raw == nullptr ? PGRES_FATAL_ERROR : PQresultStatus(raw);
   if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return result;
   if (!healthy()) {
-    return absl::UnavailableError(absl::StrCat("JOB_STORE_UNAVAILABLE: lost the PostgreSQL connection: ",
-                                               ConnectionError(connection_)));
+    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE,
+                   absl::StrCat("lost the PostgreSQL connection: ", ConnectionError(connection_)));
   }
   const char* state = raw == nullptr ? nullptr : PQresultErrorField(raw, PG_DIAG_SQLSTATE);
   const std::string code = state == nullptr ? "" : state;
@@ -107,9 +109,12 @@ absl::StatusOr<Result> Connection::Exec(const std::string& sql, const std::vecto
       "postgresql: ", absl::StripTrailingAsciiWhitespace(raw == nullptr ? ConnectionError(connection_)
                                                                         : PQresultErrorMessage(raw)));
   if (code == "40001" || code == "40P01") return absl::AbortedError(message);
-  if (code == "23505") return absl::FailedPreconditionError(absl::StrCat("UNIQUE_VIOLATION: ", message));
-  if (absl::StartsWith(code, "53")) return absl::ResourceExhaustedError(absl::StrCat("DISK_FULL: ", message));
-  if (absl::StartsWith(code, "08")) return absl::UnavailableError(absl::StrCat("JOB_STORE_UNAVAILABLE: ", message));
+  if (code == "23505")
+    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::UNIQUE_VIOLATION, absl::StrCat(message));
+  if (absl::StartsWith(code, "53"))
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL, absl::StrCat(message));
+  if (absl::StartsWith(code, "08"))
+    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE, absl::StrCat(message));
   return absl::InternalError(message);
 }
 
@@ -134,8 +139,8 @@ Pool::Lease::~Lease() {
 absl::StatusOr<Pool::Lease> Pool::Acquire() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!returned_.wait_for(lock, kAcquireTimeout, [&] { return !idle_.empty() || open_ < max_; })) {
-    return absl::UnavailableError(absl::StrCat("JOB_STORE_UNAVAILABLE: all ", max_,
-                                               " database connections stayed busy for 30 s"));
+    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE,
+                   absl::StrCat("all ", max_, " database connections stayed busy for 30 s"));
   }
   if (!idle_.empty()) {
     std::unique_ptr<Connection> connection = std::move(idle_.back());

@@ -1,6 +1,7 @@
 #include "server/postgres_schema.h"
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 
 namespace onnxopt::server {
 namespace {
@@ -59,9 +60,10 @@ absl::Status MigratePostgres(pg::Connection& connection) {
     const int64_t applied = current->Int(0, 0);
     const int latest = PostgresMigrations().back().version;
     if (applied > latest) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "JOB_STORE_SCHEMA_NEWER: the job store's schema is version ", applied, " but this onnxopt knows versions up to ",
-          latest, "; run a newer onnxopt against it"));
+      return Failure(
+          absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_STORE_SCHEMA_NEWER,
+          absl::StrCat("the job store's schema is version ", applied, " but this onnxopt knows versions up to ", latest,
+                       "; run a newer onnxopt against it"));
     }
     for (const PostgresMigration& migration : PostgresMigrations()) {
       if (migration.version <= applied) continue;
@@ -72,8 +74,9 @@ absl::Status MigratePostgres(pg::Connection& connection) {
         return recorded.status();
       });
       if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat("migration ", migration.version, " (", migration.description,
-                                                        "): ", status.message()));
+        return WithReason(absl::Status(status.code(), absl::StrCat("migration ", migration.version, " (",
+                                                                   migration.description, "): ", status.message())),
+                          ReasonOf(status));
       }
     }
     return absl::OkStatus();

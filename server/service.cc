@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "onnx/common/version.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "optimizer/ort_runtime.h"
@@ -60,9 +61,10 @@ absl::StatusOr<v1::Job> OptimizerService::CallersJob(const grpc::ServerContext* 
   absl::StatusOr<v1::Job> job = store_->Get(name);
   if (job.ok() && !caller->MaySee(job->tenant())) return JobNotFound(name);
   if (job.ok() && access == Access::kOwner && job->tenant() != caller->tenant) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "NOT_OWNER: ", name, " belongs to another tenant; admin tokens read every tenant's jobs, only the owner "
-        "cancels or deletes them"));
+    return Failure(absl::StatusCode::kPermissionDenied, v1::ErrorReason::NOT_OWNER,
+                   absl::StrCat(name,
+                                " belongs to another tenant; admin tokens read every tenant's jobs, only the owner "
+                                "cancels or deletes them"));
   }
   return job;
 }
@@ -78,9 +80,12 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   if (!caller.ok()) return ToGrpc(caller.status());
   absl::StatusOr<BlobStore*> blobs = blobs_->For(caller->tenant);
   if (!blobs.ok()) return ToGrpc(blobs.status());
-  if (jobs_->draining()) return ToGrpc(absl::UnavailableError("DRAINING: the server is shutting down"));
+  if (jobs_->draining())
+    return ToGrpc(Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::DRAINING, "the server is shutting down"));
   v1::UploadBlobRequest message;
-  if (!reader->Read(&message)) return ToGrpc(absl::InvalidArgumentError("EMPTY_UPLOAD: the stream had no message"));
+  if (!reader->Read(&message))
+    return ToGrpc(
+        Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EMPTY_UPLOAD, "the stream had no message"));
   const std::string sha256 = message.sha256();
   const int64_t total_size = message.total_size();
   response->set_sha256(sha256);
@@ -92,9 +97,11 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   absl::StatusOr<std::unique_ptr<BlobUpload>> upload = (*blobs)->BeginUpload(sha256, total_size, message.upload_id());
   if (!upload.ok()) return ToGrpc(upload.status());
   do {
-    if (context->IsCancelled()) return ToGrpc(absl::CancelledError("CANCELLED: the client went away"));
+    if (context->IsCancelled())
+      return ToGrpc(Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "the client went away"));
     if (!message.sha256().empty() && message.sha256() != sha256) {
-      return ToGrpc(absl::InvalidArgumentError("DIGEST_CHANGED: every message of one upload must name the same sha256"));
+      return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::DIGEST_CHANGED,
+                            "every message of one upload must name the same sha256"));
     }
     if (!message.data().empty()) {
       absl::Status appended = (*upload)->Append(message.offset(), message.data());
@@ -108,9 +115,9 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
       return grpc::Status::OK;
     }
   } while (reader->Read(&message));
-  return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-      "UPLOAD_INCOMPLETE: the stream ended without finish_write after ", (*upload)->committed_size(), " of ", total_size,
-      " bytes; resume from GetUploadStatus.committed_size")));
+  return ToGrpc(Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::UPLOAD_INCOMPLETE,
+                        absl::StrCat("the stream ended without finish_write after ", (*upload)->committed_size(),
+                                     " of ", total_size, " bytes; resume from GetUploadStatus.committed_size")));
 }
 
 grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
@@ -121,7 +128,8 @@ grpc::Status OptimizerService::GetUploadStatus(grpc::ServerContext* context, con
     absl::StatusOr<BlobStore*> blobs = blobs_->For(caller->tenant);
     if (!blobs.ok()) return ToGrpc(blobs.status());
     if (!IsValidSha256(request->sha256())) {
-      return ToGrpc(absl::InvalidArgumentError("BAD_DIGEST: sha256 must be 64 lowercase hexadecimal digits"));
+      return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_DIGEST,
+                            "sha256 must be 64 lowercase hexadecimal digits"));
     }
     if (absl::Status id = CheckUploadId(request->upload_id()); !id.ok()) return ToGrpc(id);
     response->set_sha256(request->sha256());
@@ -150,8 +158,11 @@ grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::
   return Guarded([&] {
     absl::StatusOr<Caller> caller = CallerOf(context);
     if (!caller.ok()) return ToGrpc(caller.status());
-    if (request->page_size() < 0) return ToGrpc(absl::InvalidArgumentError("BAD_PAGE_SIZE: page_size must be >= 0"));
-    if (!v1::JobState_IsValid(request->state())) return ToGrpc(absl::InvalidArgumentError("BAD_STATE: unknown state"));
+    if (request->page_size() < 0)
+      return ToGrpc(
+          Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_PAGE_SIZE, "page_size must be >= 0"));
+    if (!v1::JobState_IsValid(request->state()))
+      return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_STATE, "unknown state"));
     if (absl::Status labels = ValidateLabels(request->labels(), "label filter"); !labels.ok()) return ToGrpc(labels);
     JobFilter filter(request->state());
     filter.labels = request->labels();
@@ -232,16 +243,21 @@ grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const 
   std::error_code error;
   if (!listed && !(artifact == kReportFileName && IsTerminal(job->state()) && fs::exists(path, error))) {
     if (!IsTerminal(job->state())) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
-                                                               v1::JobState_Name(job->state()), "; wait for it to finish")));
+      return ToGrpc(
+          Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
+                  absl::StrCat(job->name(), " is ", v1::JobState_Name(job->state()), "; wait for it to finish")));
     }
-    return ToGrpc(absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: ", job->name(), " has no artifact '", artifact, "'")));
+    return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
+                          absl::StrCat(job->name(), " has no artifact '", artifact, "'")));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return ToGrpc(absl::NotFoundError(absl::StrCat("ARTIFACT_NOT_FOUND: '", artifact, "' is gone from disk")));
+  if (!in)
+    return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
+                          absl::StrCat("'", artifact, "' is gone from disk")));
   const int64_t total = static_cast<int64_t>(fs::file_size(path, error));
   if (request->offset() < 0 || request->offset() > total) {
-    return ToGrpc(absl::OutOfRangeError(absl::StrCat("BAD_OFFSET: offset must be within 0..", total)));
+    return ToGrpc(Failure(absl::StatusCode::kOutOfRange, v1::ErrorReason::BAD_OFFSET,
+                          absl::StrCat("offset must be within 0..", total)));
   }
   in.seekg(request->offset());
   int64_t offset = request->offset();
@@ -269,12 +285,13 @@ grpc::Status OptimizerService::GetReport(grpc::ServerContext* context, const v1:
     absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
     if (!job.ok()) return ToGrpc(job.status());
     if (!IsTerminal(job->state())) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat("JOB_NOT_DONE: ", job->name(), " is ",
-                                                               v1::JobState_Name(job->state()))));
+      return ToGrpc(Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
+                            absl::StrCat(job->name(), " is ", v1::JobState_Name(job->state()))));
     }
     absl::StatusOr<std::string> bytes = ReadFile(jobs_->OutputDir(job->name()) / kReportProtoName);
     if (!bytes.ok() || !response->ParseFromString(*bytes)) {
-      return ToGrpc(absl::NotFoundError(absl::StrCat("REPORT_NOT_FOUND: ", job->name(), " ended before it had a report")));
+      return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::REPORT_NOT_FOUND,
+                            absl::StrCat(job->name(), " ended before it had a report")));
     }
     return grpc::Status::OK;
   });

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 #include "optimizer/utf8.h"
 #include "server/log.h"
 
@@ -59,6 +60,24 @@ absl::Status Exec(sqlite3* db, const char* sql) {
   return absl::OkStatus();
 }
 
+// The connection's settings, and the tables of schema 1 where the database has none yet.
+absl::Status SetUpJobDatabase(sqlite3* db) {
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=5000",
+                          "CREATE TABLE IF NOT EXISTS jobs (sequence INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, "
+                          "request_id TEXT, state INTEGER NOT NULL, job BLOB NOT NULL)",
+                          "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value BLOB NOT NULL)"}) {
+    if (absl::Status status = Exec(db, sql); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Schema 2 (tenants): the owner in a column of its own, so that a record that cannot be parsed
+// still belongs to its tenant. Databases of earlier versions gain the column (their jobs: tenant "").
+absl::Status AddTenantColumn(sqlite3* db) {
+  if (HasColumn(db, "jobs", "tenant")) return absl::OkStatus();
+  return Exec(db, "ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT ''");
+}
+
 }  // namespace
 
 std::string SqliteJobStore::RequestKey(const std::string& tenant, const std::string& request_id) {
@@ -83,21 +102,10 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
     sqlite3_close(db);
     return status;
   };
-  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=5000",
-                          "CREATE TABLE IF NOT EXISTS jobs (sequence INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, "
-                          "request_id TEXT, state INTEGER NOT NULL, job BLOB NOT NULL)",
-                          "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value BLOB NOT NULL)"}) {
-    if (absl::Status status = Exec(db, sql); !status.ok()) return fail(status);
-  }
+  if (absl::Status status = SetUpJobDatabase(db); !status.ok()) return fail(status);
   absl::StatusOr<std::string> key = PageTokenKey(db);
   if (!key.ok()) return fail(key.status());
-  // Schema 2 (tenants): the owner in a column of its own, so that a record that cannot be parsed
-  // still belongs to its tenant. Databases of earlier versions gain the column (their jobs: tenant "").
-  if (!HasColumn(db, "jobs", "tenant")) {
-    if (absl::Status status = Exec(db, "ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT ''"); !status.ok()) {
-      return fail(status);
-    }
-  }
+  if (absl::Status status = AddTenantColumn(db); !status.ok()) return fail(status);
   std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db, database, *std::move(key)));
   sqlite3_stmt* statement = nullptr;
   sqlite3_prepare_v2(db, "SELECT sequence, name, request_id, state, job, tenant FROM jobs ORDER BY sequence", -1,
@@ -151,7 +159,8 @@ absl::Status SqliteJobStore::Persist(const Entry& entry, bool insert) {
   const int result = sqlite3_step(statement);
   sqlite3_finalize(statement);
   if (result == SQLITE_FULL) {
-    return absl::ResourceExhaustedError(absl::StrCat("DISK_FULL: the job database cannot grow: ", sqlite3_errmsg(db_)));
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL,
+                   absl::StrCat("the job database cannot grow: ", sqlite3_errmsg(db_)));
   }
   if (result != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/sha256.h"
 
@@ -30,7 +31,8 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
     if (line.empty() || line.front() == '#') continue;
     std::vector<std::string> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat("AUTH_TOKENS_INVALID: line ", number, ": ", why));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::AUTH_TOKENS_INVALID,
+                     absl::StrCat("line ", number, ": ", why));
     };
     if (fields.size() < 2 || fields.size() > 3) return bad("expected 'sha256 tenant [admin]'");
     if (!IsValidSha256(fields[0])) return bad("the token digest must be 64 lowercase hexadecimal digits");
@@ -60,8 +62,8 @@ absl::Status Authenticator::Reload() {
   if (!enabled()) return absl::OkStatus();
   absl::StatusOr<std::string> text = ReadFile(path_);
   if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat("AUTH_TOKENS_UNREADABLE: cannot read ", path_.string(), ": ",
-                                            text.status().message()));
+    return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::AUTH_TOKENS_UNREADABLE,
+                   absl::StrCat("cannot read ", path_.string(), ": ", text.status().message()));
   }
   absl::StatusOr<TokenTable> table = TokenTable::Parse(*text);
   if (!table.ok()) return table.status();
@@ -79,11 +81,13 @@ size_t Authenticator::tokens() const {
 absl::StatusOr<Caller> Authenticator::Authenticate(const std::optional<absl::string_view>& authorization) const {
   if (!enabled()) return Caller{"", true};
   if (!authorization) {
-    return absl::UnauthenticatedError("UNAUTHENTICATED: this server requires 'authorization: Bearer <token>'");
+    return Failure(absl::StatusCode::kUnauthenticated, v1::ErrorReason::UNAUTHENTICATED,
+                   "this server requires 'authorization: Bearer <token>'");
   }
   absl::string_view token = *authorization;
   if (!absl::ConsumePrefix(&token, "Bearer ") || token.empty()) {
-    return absl::UnauthenticatedError("UNAUTHENTICATED: the authorization header must be 'Bearer <token>'");
+    return Failure(absl::StatusCode::kUnauthenticated, v1::ErrorReason::UNAUTHENTICATED,
+                   "the authorization header must be 'Bearer <token>'");
   }
   const std::string digest = Sha256OfBytes(std::string(token));
   std::shared_ptr<const TokenTable> table;
@@ -92,7 +96,8 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const std::optional<absl::str
     table = table_;
   }
   std::optional<Caller> caller = table == nullptr ? std::nullopt : table->Find(digest);
-  if (!caller) return absl::UnauthenticatedError("UNAUTHENTICATED: the token is not valid");
+  if (!caller)
+    return Failure(absl::StatusCode::kUnauthenticated, v1::ErrorReason::UNAUTHENTICATED, "the token is not valid");
   return *caller;
 }
 
@@ -101,7 +106,8 @@ TenantBlobStores::TenantBlobStores(fs::path data_dir, BlobStore* default_store)
 
 absl::StatusOr<BlobStore*> TenantBlobStores::For(const std::string& tenant) {
   if (tenant.empty()) return default_store_;
-  if (!IsValidTenantName(tenant)) return absl::InvalidArgumentError("BAD_TENANT: malformed tenant name");
+  if (!IsValidTenantName(tenant))
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_TENANT, "malformed tenant name");
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = stores_.find(tenant);
   if (it != stores_.end()) return it->second.get();

@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
 #include "server/worker_protocol.h"
@@ -49,13 +50,13 @@ int Inspect(const std::string& path) {
   if (status.ok()) locations = onnxopt::ExternalDataLocations(*model);
   for (const std::string& location : locations) {
     if (location.size() > kMaxLocationBytes) {
-      status = absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: an external data location is longer than ",
-                                                       kMaxLocationBytes, " bytes"));
+      status = onnxopt::Failure(absl::StatusCode::kInvalidArgument, onnxopt::v1::ErrorReason::EXTERNAL_DATA_PATH,
+                                absl::StrCat("an external data location is longer than ", kMaxLocationBytes, " bytes"));
     }
   }
   if (status.ok() && locations.size() > kMaxLocations) {
-    status = absl::InvalidArgumentError(absl::StrCat("EXTERNAL_DATA_PATH: the model names more than ", kMaxLocations,
-                                                     " external data files"));
+    status = onnxopt::Failure(absl::StatusCode::kInvalidArgument, onnxopt::v1::ErrorReason::EXTERNAL_DATA_PATH,
+                              absl::StrCat("the model names more than ", kMaxLocations, " external data files"));
   }
   if (status.ok()) {
     for (const std::string& location : locations) Emit(srv::FormatExternalData(location));
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
   onnxopt::OptimizeRequest request;
   request.model_path = absl::GetFlag(FLAGS_model);
   request.output_dir = absl::GetFlag(FLAGS_output_dir);
-  request.cancelled = &cancelled;
+  request.run = onnxopt::RunContext(&cancelled);
   request.job_name = absl::GetFlag(FLAGS_job_name);
   request.on_progress = [](onnxopt::Phase phase, const std::string& pass, int done, int total) {
     Emit(srv::FormatProgress(phase, done, total, pass));
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
   try {
     if (status.ok()) status = onnxopt::Optimize(request, &report).status();
   } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError("WORKER_OUT_OF_MEMORY: the job needed more memory than the worker may use");
+    status = onnxopt::Failure(absl::StatusCode::kResourceExhausted, onnxopt::v1::ErrorReason::WORKER_OUT_OF_MEMORY,
+                              "the job needed more memory than the worker may use");
   } catch (const std::exception& e) {
     status = absl::InternalError(std::string("unexpected error: ") + e.what());
   }

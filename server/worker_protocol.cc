@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "optimizer/failure.h"
 #include "optimizer/sha256.h"
 #include "optimizer/utf8.h"
 
@@ -26,7 +27,8 @@ std::string FormatStatus(const absl::Status& status) {
     while (!message.empty() && !IsValidUtf8(message)) message.pop_back();  // not in the middle of a character
     message += " [...]";
   }
-  return absl::StrCat("status ", static_cast<int>(status.code()), " ", message, "\n");
+  return absl::StrCat("status ", static_cast<int>(status.code()), " ", static_cast<int>(ReasonOf(status)), " ", message,
+                      "\n");
 }
 
 std::string FormatExternalData(const std::string& location) {
@@ -47,13 +49,17 @@ WorkerLine ParseWorkerLine(const std::string& line) {
     parsed.pass = parts.size() > 4 ? parts[4] : "";
     return parsed;
   }
-  std::vector<std::string> status_parts = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+  std::vector<std::string> status_parts = absl::StrSplit(line, absl::MaxSplits(' ', 3));
   int code = 0;
-  if (status_parts.size() >= 2 && status_parts[0] == "status" && absl::SimpleAtoi(status_parts[1], &code) &&
-      code >= 0 && code <= 16) {
+  int reason = 0;
+  if (status_parts.size() >= 3 && status_parts[0] == "status" && absl::SimpleAtoi(status_parts[1], &code) &&
+      code >= 0 && code <= 16 && absl::SimpleAtoi(status_parts[2], &reason) &&
+      v1::ErrorReason::Reason_IsValid(reason)) {
     parsed.kind = WorkerLine::Kind::kStatus;
-    parsed.status = absl::Status(static_cast<absl::StatusCode>(code),
-                                 ValidUtf8(status_parts.size() > 2 ? status_parts[2] : ""));
+    const absl::Status status(static_cast<absl::StatusCode>(code),
+                              ValidUtf8(status_parts.size() > 3 ? status_parts[3] : ""));
+    parsed.status =
+        reason == v1::ErrorReason::REASON_UNSPECIFIED ? status : WithReason(status, static_cast<Reason>(reason));
     return parsed;
   }
   if (absl::StartsWith(line, "external ") && absl::CUnescape(line.substr(9), &parsed.text)) {
@@ -108,9 +114,10 @@ absl::Status VerifyDigests(const std::vector<FileDigest>& files, const std::file
     absl::StatusOr<std::string> actual = Sha256OfFile(folder / file.file);
     if (!actual.ok()) return actual.status();
     if (*actual != file.sha256) {
-      return absl::DataLossError(absl::StrCat("BLOB_CORRUPT: the server's stored copy of ", file.file, " (blob ",
-                                              file.sha256, ") no longer matches its SHA-256; it was removed, so "
-                                              "submitting again uploads it anew"));
+      return Failure(absl::StatusCode::kDataLoss, v1::ErrorReason::BLOB_CORRUPT,
+                     absl::StrCat("the server's stored copy of ", file.file, " (blob ", file.sha256,
+                                  ") no longer matches its SHA-256; it was removed, so "
+                                  "submitting again uploads it anew"));
     }
   }
   return absl::OkStatus();

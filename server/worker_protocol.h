@@ -2,7 +2,8 @@
 //   progress <phase> <done> <total> <pass>      any number of times
 //   external <location>                         --inspect only: an external data file the model names,
 //                                               C-escaped
-//   status <code> <message>                     once, last; <code> is an absl::StatusCode number and
+//   status <code> <reason> <message>            once, last; <code> is an absl::StatusCode number,
+//                                               <reason> an ErrorReason number (failure.h) and
 //                                               <message> valid UTF-8 on one line
 // The worker also leaves report.pb (complete or partial) and the model files in its output folder.
 // A child that exits without a status line crashed, and its job fails with WORKER_CRASHED.

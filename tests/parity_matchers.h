@@ -48,7 +48,7 @@ inline void ExpectSameOutputs(const onnx::ModelProto& original, const onnx::Mode
   config.set_rtol(rtol);
   config.set_samples(2);
   v1::ParityReport report;
-  absl::Status status = CheckParity(**a, **b, original, config, nullptr, &report);
+  absl::Status status = CheckParity(**a, **b, original, config, RunContext(), &report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report.passed()) << report.DebugString();
 }
@@ -72,7 +72,7 @@ inline void ExpectParityOnPaddedBatches(const onnx::ModelProto& original, const 
   config.set_mask_padding(0.4);
   (*config.mutable_dim_values())["batch"] = batch;
   for (int64_t sequence : sequences) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
-  absl::Status status = CheckParity(**a, **b, original, config, nullptr, report);
+  absl::Status status = CheckParity(**a, **b, original, config, RunContext(), report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report->passed()) << report->DebugString();
 }
@@ -86,8 +86,8 @@ inline void ExpectPaddingChangesTheOutput(const onnx::ModelProto& model, const o
   full.set_mask_padding(0);  // all ones (unset means padded)
   padded.set_mask_padding(0.5);
   v1::ParityReport ignored;
-  auto unmasked = BuildParityReference(**session, original, full, {}, nullptr, &ignored);
-  auto masked = BuildParityReference(**session, original, padded, {}, nullptr, &ignored);
+  auto unmasked = BuildParityReference(**session, original, full, {}, RunContext(), &ignored);
+  auto masked = BuildParityReference(**session, original, padded, {}, RunContext(), &ignored);
   ASSERT_TRUE(unmasked.ok() && masked.ok());
   v1::OutputParity difference;
   CompareOutput(unmasked->sets[0].expected[0], masked->sets[0].expected[0], 1e-6, 0, &difference);

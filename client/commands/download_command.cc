@@ -8,6 +8,7 @@
 #include "client/commands/delivery.h"
 #include "client/commands/server_command.h"
 #include "client/report_format.h"
+#include "optimizer/failure.h"
 #include "optimizer/result_files.h"
 
 namespace onnxopt::cli {
@@ -45,8 +46,8 @@ class DownloadCommand : public ServerCommand {
 
   int DownloadWhole(client::Client& client, const v1::Job& job, const Destination& to) {
     if (job.state() != v1::SUCCEEDED) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("JOB_NOT_DONE: ", job_, " is ", v1::JobState_Name(job.state()))));
+      return Fail(Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
+                          absl::StrCat(job_, " is ", v1::JobState_Name(job.state()))));
     }
     auto delivered = DownloadResult(client, job, to);
     if (!delivered.ok()) return Fail(delivered.status());

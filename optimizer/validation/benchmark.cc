@@ -108,7 +108,7 @@ TimingPlan PlanOf(const v1::BenchmarkConfig& config) {
 // Times both runners on one shape set, in windows of pairs until the windows' medians agree or
 // `share` seconds pass; fills `shape` but its input shapes.
 absl::Status TimeShapeSet(const TimedRunner runners[2], const TimingPlan& plan, double share,
-                          const std::atomic<bool>* cancelled, v1::ShapeBenchmark* shape) {
+                          const RunContext& run, v1::ShapeBenchmark* shape) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share));
   for (int i = 0; i < plan.warmup; ++i) {
     for (int k = 0; k < 2; ++k) {
@@ -126,7 +126,7 @@ absl::Status TimeShapeSet(const TimedRunner runners[2], const TimingPlan& plan, 
   while (runs < plan.target) {
     std::vector<double> window_latencies[2];
     for (int i = 0; i < plan.window && runs < plan.target; ++i, ++runs) {
-      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+      if (absl::Status stop = run.CheckNotCancelled("during the benchmark"); !stop.ok()) return stop;
       double pair[2];
       if (absl::Status timed = TimedPair(runners, runs, pair); !timed.ok()) return timed;
       for (int which = 0; which < 2; ++which) {
@@ -257,13 +257,13 @@ absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInpu
 
 absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
                                                                int min_pairs, double budget_seconds,
-                                                               const std::atomic<bool>* cancelled, int max_pairs) {
+                                                               const RunContext& run, int max_pairs) {
   std::array<std::vector<double>, 2> latencies;
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget_seconds));
   const int most = warmup_pairs + std::min(max_pairs, kMaxTimedRuns);
   for (int i = 0; i < warmup_pairs + min_pairs || (Clock::now() < deadline && i < most); ++i) {
-    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+    if (absl::Status stop = run.CheckNotCancelled("during the benchmark"); !stop.ok()) return stop;
     double pair[2];
     if (absl::Status timed = TimedPair(runners, i, pair); !timed.ok()) return timed;
     if (i < warmup_pairs) continue;
@@ -273,7 +273,7 @@ absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner
 }
 
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
-                       const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                       const v1::BenchmarkConfig& config, const RunContext& run,
                        v1::BenchmarkReport* report, const TimingMode& mode) {
   const TimingPlan plan = PlanOf(config);
   const double budget = TimeBudget(config);
@@ -293,7 +293,7 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
     }
     v1::ShapeBenchmark* shape = report->add_shapes();
     shape->mutable_input_shapes()->insert(inputs[set].shapes.begin(), inputs[set].shapes.end());
-    if (absl::Status timed = TimeShapeSet(runners, plan, share, cancelled, shape); !timed.ok()) return timed;
+    if (absl::Status timed = TimeShapeSet(runners, plan, share, run, shape); !timed.ok()) return timed;
   }
   DescribeBenchmark(plan, config, mode, report);
   return absl::OkStatus();
@@ -301,13 +301,13 @@ absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const st
 
 absl::Status InAlternatingSessions(const ModelSource& original, const ModelSource& optimized,
                                    const SessionSettings& settings, int rounds, const SessionWindow& window,
-                                   const std::atomic<bool>* cancelled) {
+                                   const RunContext& run) {
   const ModelSource* const models[2] = {&original, &optimized};
   std::unique_ptr<Ort::Session> session;
   int open = -1;  // whose session is open
   for (int round = 0; round < rounds; ++round) {
     for (int turn = 0; turn < 2; ++turn) {
-      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+      if (absl::Status stop = run.CheckNotCancelled("during the benchmark"); !stop.ok()) return stop;
       const int which = round % 2 == 0 ? turn : 1 - turn;
       if (which != open) {
         session.reset();  // the other model's session goes before this one opens
@@ -323,7 +323,7 @@ absl::Status InAlternatingSessions(const ModelSource& original, const ModelSourc
 }
 
 absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int warmup, int min_runs, int max_runs,
-                                               double seconds, const std::atomic<bool>* cancelled) {
+                                               double seconds, const RunContext& run) {
   for (int i = 0; i < warmup; ++i) {
     if (absl::StatusOr<double> latency = runner(); !latency.ok()) return latency.status();
   }
@@ -331,7 +331,7 @@ absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int wa
   std::vector<double> latencies;
   while (static_cast<int>(latencies.size()) < max_runs &&
          (static_cast<int>(latencies.size()) < min_runs || Clock::now() < deadline)) {
-    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during the benchmark");
+    if (absl::Status stop = run.CheckNotCancelled("during the benchmark"); !stop.ok()) return stop;
     absl::StatusOr<double> latency = runner();
     if (!latency.ok()) return latency.status();
     latencies.push_back(*latency);
@@ -341,7 +341,7 @@ absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int wa
 
 absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource& optimized,
                                   const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
-                                  const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                                  const v1::BenchmarkConfig& config, const RunContext& run,
                                   v1::BenchmarkReport* report, const TimingMode& mode) {
   const TimingPlan plan = PlanOf(config);
   const int rounds = kAlternatingRounds;
@@ -359,13 +359,13 @@ absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource
       std::unique_ptr<BoundRun> bound;
       absl::StatusOr<TimedRunner> runner = RunnerFor(session, inputs[set], outputs, mode, &bound);
       if (!runner.ok()) return runner.status();
-      absl::StatusOr<std::vector<double>> latencies = TimeWindow(*runner, warmup, min_runs, max_runs, per_set, cancelled);
+      absl::StatusOr<std::vector<double>> latencies = TimeWindow(*runner, warmup, min_runs, max_runs, per_set, run);
       if (!latencies.ok()) return latencies.status();
       timed[set][which][round] = *std::move(latencies);
     }
     return absl::OkStatus();
   };
-  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, cancelled); !ran.ok()) {
+  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, run); !ran.ok()) {
     return ran;
   }
   for (size_t set = 0; set < inputs.size(); ++set) {
@@ -390,7 +390,7 @@ absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource
 }
 
 absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
-                            const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                            const v1::BenchmarkConfig& config, const RunContext& run,
                             v1::BenchmarkReport* report, const TimingMode& mode) {
   const TimingPlan plan = PlanOf(config);
   const double per_set = TimeBudget(config) / static_cast<double>(std::max<size_t>(1, inputs.size()));
@@ -401,7 +401,7 @@ absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<Generated
     absl::StatusOr<TimedRunner> runner = RunnerFor(optimized, set, outputs, mode, &bound);
     if (!runner.ok()) return runner.status();
     absl::StatusOr<std::vector<double>> latencies =
-        TimeWindow(*runner, plan.warmup, std::min(max_runs, 3), max_runs, per_set, cancelled);
+        TimeWindow(*runner, plan.warmup, std::min(max_runs, 3), max_runs, per_set, run);
     if (!latencies.ok()) return latencies.status();
     v1::ShapeBenchmark* shape = report->add_shapes();
     shape->mutable_input_shapes()->insert(set.shapes.begin(), set.shapes.end());
@@ -421,11 +421,11 @@ absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<Generated
 }
 
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                       const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
+                       const v1::OptimizationConfig& config, const RunContext& run,
                        v1::BenchmarkReport* report) {
   absl::StatusOr<std::vector<GeneratedInputs>> inputs = BenchmarkInputs(original, original_model, config.validation(), {});
   if (!inputs.ok()) return inputs.status();
-  return Benchmark(original, optimized, *inputs, config.benchmark(), cancelled, report);
+  return Benchmark(original, optimized, *inputs, config.benchmark(), run, report);
 }
 
 absl::StatusOr<std::vector<GeneratedInputs>> BenchmarkInputs(Ort::Session& original, const onnx::ModelProto& original_model,
@@ -461,7 +461,7 @@ absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const Sessio
 
 absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const SessionSettings& base,
                                               const GeneratedInputs& inputs, double budget_seconds,
-                                              const std::atomic<bool>* cancelled) {
+                                              const RunContext& run) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> threads = {0, 1};
   if (cores / 2 > 1) threads.push_back(cores / 2);
@@ -474,7 +474,7 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   for (GraphOptimizationLevel level : levels) {
     for (int count : threads) {
       for (bool parallel : {false, true}) {
-        if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during session tuning");
+        if (absl::Status stop = run.CheckNotCancelled("during session tuning"); !stop.ok()) return stop;
         v1::TuningTrial* trial = tuning.add_trials();
         trial->set_intra_op_threads(count);
         trial->set_execution_mode(parallel ? "parallel" : "sequential");
@@ -525,7 +525,7 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   const std::vector<std::string> outputs = OutputNames(**best_session);
   const TimedRunner runners[2] = {PlainRunner(**default_session, inputs, outputs),
                                   PlainRunner(**best_session, inputs, outputs)};
-  absl::StatusOr<std::array<std::vector<double>, 2>> latencies = TimeInTurns(runners, 4, 56, 0, cancelled);
+  absl::StatusOr<std::array<std::vector<double>, 2>> latencies = TimeInTurns(runners, 4, 56, 0, run);
   if (!latencies.ok()) return tuning;
   const double gain = Median((*latencies)[0]) / Median((*latencies)[1]);
   if (gain < 1.0) {

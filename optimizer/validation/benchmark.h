@@ -6,7 +6,6 @@
 #define ONNXOPT_OPTIMIZER_VALIDATION_BENCHMARK_H_
 
 #include <array>
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +17,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/run_context.h"
 #include "optimizer/validation/bound_run.h"
 #include "optimizer/validation/input_generator.h"
 
@@ -49,7 +49,7 @@ TimedRunner BoundRunner(BoundRun& run);
 // `min_pairs` and more until `budget_seconds` pass, at most `max_pairs`. Each one's latencies.
 absl::StatusOr<std::array<std::vector<double>, 2>> TimeInTurns(const TimedRunner runners[2], int warmup_pairs,
                                                                int min_pairs, double budget_seconds,
-                                                               const std::atomic<bool>* cancelled,
+                                                               const RunContext& run,
                                                                int max_pairs = kMaxTimedRuns);
 
 // How the benchmark runs each session: plainly (Session::Run on host tensors, the CPU's way), or
@@ -72,13 +72,13 @@ absl::StatusOr<TimedRunner> RunnerFor(Ort::Session& session, const GeneratedInpu
 // Times both sessions on `inputs` (one entry per shape set); fills shapes, the first shape set's
 // figures at the top level, stability and the regression flag. CANCELLED on cancel.
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
-                       const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                       const v1::BenchmarkConfig& config, const RunContext& run,
                        v1::BenchmarkReport* report, const TimingMode& mode = {});
 
 // The optimized model alone on every input set (the original does not fit in memory): its latencies in
 // `report`, the original's left empty, no speedup and no regression.
 absl::Status BenchmarkAlone(Ort::Session& optimized, const std::vector<GeneratedInputs>& inputs,
-                            const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                            const v1::BenchmarkConfig& config, const RunContext& run,
                             v1::BenchmarkReport* report, const TimingMode& mode = {});
 
 // Rounds of alternating sessions (BENCHMARK_SESSIONS_ALTERNATING).
@@ -92,19 +92,19 @@ using SessionWindow = std::function<absl::Status(Ort::Session& session, int whic
 // (A B B A A B: rounds + 1 sessions in all). CANCELLED on cancel.
 absl::Status InAlternatingSessions(const ModelSource& original, const ModelSource& optimized,
                                    const SessionSettings& settings, int rounds, const SessionWindow& window,
-                                   const std::atomic<bool>* cancelled);
+                                   const RunContext& run);
 
 // `runner` in one window: `warmup` untimed runs, then timed runs until `seconds` pass, at least
 // `min_runs` and at most `max_runs`. Its latencies in milliseconds.
 absl::StatusOr<std::vector<double>> TimeWindow(const TimedRunner& runner, int warmup, int min_runs, int max_runs,
-                                               double seconds, const std::atomic<bool>* cancelled);
+                                               double seconds, const RunContext& run);
 
 // Benchmark's figures with the two sessions alternating (InAlternatingSessions) instead of open side by
 // side: every shape set timed in each window; stability across rounds; the speedup quantiles from the
 // k-th runs of the two models' windows of a round.
 absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource& optimized,
                                   const SessionSettings& settings, const std::vector<GeneratedInputs>& inputs,
-                                  const v1::BenchmarkConfig& config, const std::atomic<bool>* cancelled,
+                                  const v1::BenchmarkConfig& config, const RunContext& run,
                                   v1::BenchmarkReport* report, const TimingMode& mode = {});
 
 // The optimized model replayed as a CUDA graph (ONNX Runtime's enable_cuda_graph) timed in turns
@@ -113,11 +113,11 @@ absl::Status BenchmarkAlternating(const ModelSource& original, const ModelSource
 // Runtime's reason) where a node cannot run on CUDA or the capture fails. CANCELLED on cancel.
 absl::StatusOr<v1::CudaGraphTiming> TimeCudaGraph(const ModelSource& optimized, Ort::Session& plain,
                                                   const SessionSettings& settings, const GeneratedInputs& inputs,
-                                                  double budget_seconds, const std::atomic<bool>* cancelled);
+                                                  double budget_seconds, const RunContext& run);
 
 // The same on generated inputs for every shape set of `config.validation()`.
 absl::Status Benchmark(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                       const v1::OptimizationConfig& config, const std::atomic<bool>* cancelled,
+                       const v1::OptimizationConfig& config, const RunContext& run,
                        v1::BenchmarkReport* report);
 
 // One input set per shape set to time on: generated, or from the first supplied set.
@@ -134,7 +134,7 @@ absl::StatusOr<int64_t> MeasurePeakMemory(const ModelSource& model, const Sessio
 // levels (briefly each) and names the fastest; `base` gives the device.
 absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const SessionSettings& base,
                                               const GeneratedInputs& inputs, double budget_seconds,
-                                              const std::atomic<bool>* cancelled);
+                                              const RunContext& run);
 
 }  // namespace onnxopt
 

@@ -21,10 +21,10 @@ std::string Describe(const onnx::NodeProto& node) {
 // The model after the first `changes` graph-changing pass runs of the pipeline, without `excluded`.
 absl::StatusOr<onnx::ModelProto> Replay(const onnx::ModelProto& original, const Pipeline& pipeline,
                                         const std::set<std::string>& excluded, int64_t changes,
-                                        const std::atomic<bool>* cancelled) {
+                                        const RunContext& run) {
   onnx::ModelProto model = original;
   PassManagerOptions options;
-  options.cancelled = cancelled;
+  options.run = run;
   options.stop_after_changes = changes;
   options.excluded_passes = excluded;
   std::vector<v1::PassReport> reports;
@@ -63,7 +63,7 @@ std::vector<std::string> RemovedNodes(const onnx::GraphProto& before, const onnx
 absl::StatusOr<BisectionResult> BisectAndRecover(const onnx::ModelProto& original, const Pipeline& pipeline,
                                                  const onnx::ModelProto& failed,
                                                  const std::vector<v1::PassReport>& failed_run,
-                                                 const ParityProbe& probe, const std::atomic<bool>* cancelled) {
+                                                 const ParityProbe& probe, const RunContext& run) {
   BisectionResult result;
   v1::Bisection& bisection = result.bisection;
   bisection.set_ran(true);
@@ -83,7 +83,7 @@ absl::StatusOr<BisectionResult> BisectAndRecover(const onnx::ModelProto& origina
     v1::ParityReport failing_parity;
     while (high - low > 1) {
       const int64_t middle = low + (high - low) / 2;
-      absl::StatusOr<onnx::ModelProto> probe_model = Replay(original, pipeline, excluded, middle, cancelled);
+      absl::StatusOr<onnx::ModelProto> probe_model = Replay(original, pipeline, excluded, middle, run);
       if (!probe_model.ok()) return probe_model.status();
       v1::ParityReport parity;
       absl::StatusOr<bool> passed = probe(*probe_model, &parity);
@@ -122,7 +122,7 @@ absl::StatusOr<BisectionResult> BisectAndRecover(const onnx::ModelProto& origina
     onnx::ModelProto candidate = original;
     reports.clear();
     PassManagerOptions options;
-    options.cancelled = cancelled;
+    options.run = run;
     options.excluded_passes = excluded;
     absl::Status ran = RunPipeline(pipeline, &candidate, options, &reports);
     if (!ran.ok()) return ran;

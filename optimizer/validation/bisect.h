@@ -7,7 +7,6 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_BISECT_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_BISECT_H_
 
-#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "onnx/onnx_pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/pass_manager.h"
+#include "optimizer/run_context.h"
 
 namespace onnxopt {
 
@@ -34,7 +34,7 @@ struct BisectionResult {
 absl::StatusOr<BisectionResult> BisectAndRecover(const onnx::ModelProto& original, const Pipeline& pipeline,
                                                  const onnx::ModelProto& failed,
                                                  const std::vector<v1::PassReport>& failed_run,
-                                                 const ParityProbe& probe, const std::atomic<bool>* cancelled);
+                                                 const ParityProbe& probe, const RunContext& run);
 
 // The nodes `before` has and `after` lacks, as "OpType name" (at most `limit`).
 std::vector<std::string> RemovedNodes(const onnx::GraphProto& before, const onnx::GraphProto& after, size_t limit = 50);

@@ -38,10 +38,10 @@ bool IsFloatTensor(const Ort::Value& value) {
 // Runs `session` on every sample and hands each fetched float tensor to `visit(index, data, n)`.
 template <typename Visit>
 absl::Status ForEachFetched(Ort::Session& session, const std::vector<const GeneratedInputs*>& samples,
-                            const std::vector<std::string>& fetched, const std::atomic<bool>* cancelled,
+                            const std::vector<std::string>& fetched, const RunContext& run,
                             Visit&& visit) {
   for (const GeneratedInputs* sample : samples) {
-    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during calibration");
+    if (absl::Status stop = run.CheckNotCancelled("during calibration"); !stop.ok()) return stop;
     absl::StatusOr<std::vector<Ort::Value>> outputs = RunOnInputs(session, *sample, fetched);
     if (!outputs.ok()) return outputs.status();
     for (size_t i = 0; i < outputs->size(); ++i) {
@@ -156,14 +156,14 @@ absl::StatusOr<std::map<std::string, ValueRange>> RangesOn(Ort::Session& session
                                                            const std::vector<std::string>& fetched,
                                                            const std::vector<const GeneratedInputs*>& samples,
                                                            const std::string& method,
-                                                           const std::atomic<bool>* cancelled) {
+                                                           const RunContext& run) {
   std::map<std::string, ValueRange> ranges;
   if (samples.empty()) return ranges;
 
   // Pass 1: the range seen.
   std::vector<ValueRange> seen(values.size());
   std::vector<bool> any(values.size(), false);
-  absl::Status status = ForEachFetched(session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
+  absl::Status status = ForEachFetched(session, samples, fetched, run, [&](size_t i, const float* data, size_t n) {
     for (size_t k = 0; k < n; ++k) {
       if (!std::isfinite(data[k])) continue;
       if (!any[i]) {
@@ -186,7 +186,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> RangesOn(Ort::Session& session
       histograms[i].counts.assign(kCalibrationBins, 0.0);
     }
     std::vector<float> absolute;
-    status = ForEachFetched(session, samples, fetched, cancelled, [&](size_t i, const float* data, size_t n) {
+    status = ForEachFetched(session, samples, fetched, run, [&](size_t i, const float* data, size_t n) {
       if (!magnitudes) return histograms[i].Add(data, n);
       absolute.resize(n);
       for (size_t k = 0; k < n; ++k) absolute[k] = std::fabs(data[k]);
@@ -215,13 +215,13 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
                                                                    const std::vector<const GeneratedInputs*>& samples,
                                                                    const std::string& method,
                                                                    const SessionSettings& device,
-                                                                   const std::atomic<bool>* cancelled) {
+                                                                   const RunContext& run) {
   if (absl::Status valid = CheckMethod(method); !valid.ok()) return valid;
   if (values.empty() || samples.empty()) return std::map<std::string, ValueRange>();
   std::vector<std::string> fetched;
   absl::StatusOr<std::unique_ptr<Ort::Session>> session = ProbeSession(model, values, device, &fetched);
   if (!session.ok()) return session.status();
-  return RangesOn(**session, values, fetched, samples, method, cancelled);
+  return RangesOn(**session, values, fetched, samples, method, run);
 }
 
 absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::ModelProto& model,
@@ -229,7 +229,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
                                                                    const CalibrationSamples& make_samples,
                                                                    const std::string& method,
                                                                    const SessionSettings& device,
-                                                                   const std::atomic<bool>* cancelled) {
+                                                                   const RunContext& run) {
   if (absl::Status valid = CheckMethod(method); !valid.ok()) return valid;
   if (values.empty()) return std::map<std::string, ValueRange>();
   std::vector<std::string> fetched;
@@ -239,19 +239,19 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
   if (!samples.ok()) return samples.status();
   std::vector<const GeneratedInputs*> pointers;
   for (const GeneratedInputs& sample : *samples) pointers.push_back(&sample);
-  return RangesOn(**session, values, fetched, pointers, method, cancelled);
+  return RangesOn(**session, values, fetched, pointers, method, run);
 }
 
 absl::Status CaptureValues(const onnx::ModelProto& model, const std::vector<std::string>& values,
                            const CaptureSample& make_sample, const SessionSettings& device,
-                           const std::atomic<bool>* cancelled, const CapturedValue& visit) {
+                           const RunContext& run, const CapturedValue& visit) {
   if (values.empty()) return absl::OkStatus();
   std::vector<std::string> fetched;
   absl::StatusOr<std::unique_ptr<Ort::Session>> session = ProbeSession(model, values, device, &fetched);
   if (!session.ok()) return session.status();
   absl::StatusOr<GeneratedInputs> sample = make_sample(**session);
   if (!sample.ok()) return sample.status();
-  if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled before capturing activations");
+  if (absl::Status stop = run.CheckNotCancelled("before capturing activations"); !stop.ok()) return stop;
   absl::StatusOr<std::vector<Ort::Value>> outputs = RunOnInputs(**session, *sample, fetched);
   if (!outputs.ok()) return outputs.status();
   for (size_t i = 0; i < outputs->size() && i < values.size(); ++i) {

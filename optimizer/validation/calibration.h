@@ -12,7 +12,6 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_CALIBRATION_H_
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <string>
@@ -22,6 +21,7 @@
 #include "onnx/onnx_pb.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/pass.h"
+#include "optimizer/run_context.h"
 #include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
@@ -53,7 +53,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
                                                                    const std::vector<const GeneratedInputs*>& samples,
                                                                    const std::string& method,
                                                                    const SessionSettings& device,
-                                                                   const std::atomic<bool>* cancelled = nullptr);
+                                                                   const RunContext& run = RunContext());
 
 // The same with input sets made by `make_samples` from the session calibration runs in (whose inputs
 // are the model's), so that the model is loaded once for both.
@@ -63,7 +63,7 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateRanges(const onnx::Mo
                                                                    const CalibrationSamples& make_samples,
                                                                    const std::string& method,
                                                                    const SessionSettings& device,
-                                                                   const std::atomic<bool>* cancelled = nullptr);
+                                                                   const RunContext& run = RunContext());
 
 // The float32 values `values` names, as `model` computes them (no ONNX Runtime rewrites) on the one
 // input set `make_sample` makes from the session: each handed to `visit(name, shape, data)` while the
@@ -73,7 +73,7 @@ using CapturedValue =
     std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 absl::Status CaptureValues(const onnx::ModelProto& model, const std::vector<std::string>& values,
                            const CaptureSample& make_sample, const SessionSettings& device,
-                           const std::atomic<bool>* cancelled, const CapturedValue& visit);
+                           const RunContext& run, const CapturedValue& visit);
 
 }  // namespace onnxopt
 

@@ -39,7 +39,7 @@ absl::Status SameOutputs(BoundRun& plain, BoundRun& replayed) {
 
 absl::StatusOr<v1::CudaGraphTiming> TimeCudaGraph(const ModelSource& optimized, Ort::Session& plain,
                                                   const SessionSettings& settings, const GeneratedInputs& inputs,
-                                                  double budget_seconds, const std::atomic<bool>* cancelled) {
+                                                  double budget_seconds, const RunContext& run) {
   v1::CudaGraphTiming timing;
   if (settings.device != v1::DEVICE_CUDA) {
     timing.set_reason("CUDA graphs need the CUDA execution provider");
@@ -65,7 +65,7 @@ absl::StatusOr<v1::CudaGraphTiming> TimeCudaGraph(const ModelSource& optimized, 
   if (!direct.ok()) return direct.status();
   const TimedRunner runners[2] = {BoundRunner(**direct), BoundRunner(**replayed)};
   absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
-      TimeInTurns(runners, kWarmupPairs, kMinPairs, budget_seconds, cancelled);
+      TimeInTurns(runners, kWarmupPairs, kMinPairs, budget_seconds, run);
   if (!latencies.ok()) {
     if (latencies.status().code() == absl::StatusCode::kCancelled) return latencies.status();
     return not_qualified("a captured run failed: ", latencies.status());

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "optimizer/failure.h"
 #include "optimizer/tensor_convert.h"
 #include "optimizer/validation/parity.h"
 
@@ -45,8 +46,8 @@ absl::Status FillNumbers(Ort::Value& tensor, const std::vector<int64_t>& values,
                      [](int64_t v) { return v != 0; });
       return absl::OkStatus();
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("GENERATION_UNSUPPORTED: input '", name, "' has an element type the generation check cannot fill"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::GENERATION_UNSUPPORTED,
+                     absl::StrCat("input '", name, "' has an element type the generation check cannot fill"));
   }
 }
 
@@ -80,7 +81,8 @@ absl::StatusOr<std::vector<std::vector<float>>> LastLogits(const Ort::Value& log
   auto info = logits.GetTensorTypeAndShapeInfo();
   const std::vector<int64_t> shape = info.GetShape();
   if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || (shape.size() != 3 && shape.size() != 2)) {
-    return absl::InvalidArgumentError("GENERATION_UNSUPPORTED: the logits are not float [B, S, V] or [B, V]");
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::GENERATION_UNSUPPORTED,
+                   "the logits are not float [B, S, V] or [B, V]");
   }
   const int64_t rows = shape[0], vocab = shape.back(), length = shape.size() == 3 ? shape[1] : 1;
   const float* data = logits.GetTensorData<float>();
@@ -168,8 +170,9 @@ absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vec
       const auto entry = std::find_if(cache.entries.begin(), cache.entries.end(),
                                       [&](const CacheInterface::Entry& e) { return e.past == name; });
       if (entry == cache.entries.end() || output_index.count(entry->present) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "GENERATION_UNSUPPORTED: input '", name, "' is neither tokens, mask, positions nor a past the check feeds"));
+        return Failure(
+            absl::StatusCode::kInvalidArgument, v1::ErrorReason::GENERATION_UNSUPPORTED,
+            absl::StrCat("input '", name, "' is neither tokens, mask, positions nor a past the check feeds"));
       }
       value = std::move(results[output_index[entry->present]]);
     }
@@ -187,7 +190,7 @@ struct PhaseTiming {
   const CacheInterface& cache;
   int max_runs;
   TimingMode mode;
-  const std::atomic<bool>* cancelled;
+  const RunContext& run;
 };
 
 // One phase: `batch` rows of `new_tokens` after a past of `past`.
@@ -266,7 +269,7 @@ absl::StatusOr<v1::GenerationPhase> TimePhase(const PhaseTiming& timing, const P
   }
   absl::StatusOr<std::array<std::vector<double>, 2>> latencies =
       TimeInTurns(runners, kGenerationWarmupPairs, std::min(kMinGenerationRuns, timing.max_runs), budget_seconds,
-                  timing.cancelled, timing.max_runs);
+                  timing.run, timing.max_runs);
   if (absl::IsCancelled(latencies.status())) return latencies.status();
   if (!latencies.ok()) {
     result.set_error(std::string(latencies.status().message()));
@@ -282,7 +285,7 @@ absl::StatusOr<std::vector<double>> TimePhaseWindow(Ort::Session& session, const
                                                     const CacheInterface& cache, const Phase& phase,
                                                     const std::vector<std::string>& outputs, const TimingMode& mode,
                                                     int warmup, int min_runs, int max_runs, double seconds,
-                                                    const std::atomic<bool>* cancelled) {
+                                                    const RunContext& run) {
   absl::StatusOr<GeneratedInputs> inputs =
       StepInputs(session, model, cache, phase.batch, phase.past, phase.new_tokens, 0);
   if (!inputs.ok()) return inputs.status();
@@ -290,7 +293,7 @@ absl::StatusOr<std::vector<double>> TimePhaseWindow(Ort::Session& session, const
   std::unique_ptr<BoundRun> bound;
   absl::StatusOr<TimedRunner> runner = RunnerFor(session, *inputs, outputs, mode, &bound);
   if (!runner.ok()) return runner.status();
-  return TimeWindow(*runner, warmup, min_runs, max_runs, seconds, cancelled);
+  return TimeWindow(*runner, warmup, min_runs, max_runs, seconds, run);
 }
 
 }  // namespace
@@ -488,9 +491,9 @@ absl::StatusOr<Ort::Value> WholeSequenceLogits(Ort::Session& session, const onnx
   const std::vector<int64_t> shape = info.GetShape();
   if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 3 || shape[0] != rows ||
       shape[1] != length) {
-    return absl::FailedPreconditionError(
-        "GENERATION_UNSUPPORTED: the logits do not cover every position ([batch, sequence, vocabulary]), so one "
-        "pass cannot score a sequence");
+    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::GENERATION_UNSUPPORTED,
+                   "the logits do not cover every position ([batch, sequence, vocabulary]), so one "
+                   "pass cannot score a sequence");
   }
   return std::move((*ran)[0]);
 }
@@ -550,7 +553,8 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
       case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
         return std::vector<int64_t>(value->GetTensorData<int32_t>(), value->GetTensorData<int32_t>() + count);
       default:
-        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", name, "' is not an integer tensor"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                       absl::StrCat("supplied '", name, "' is not an integer tensor"));
     }
   };
   TokenLoss loss;
@@ -561,8 +565,8 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
     any = true;
     const auto& dims = ids_tensor->second.dims();
     if (dims.size() != 2 || dims[0] < 1 || dims[1] < 2) {
-      return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", cache.ids_input,
-                                                     "' must be [batch, sequence] with at least 2 tokens"));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                     absl::StrCat("supplied '", cache.ids_input, "' must be [batch, sequence] with at least 2 tokens"));
     }
     const int64_t batch = dims[0], length = dims[1];
     absl::StatusOr<std::vector<int64_t>> ids = integers(ids_tensor->second, cache.ids_input);
@@ -572,8 +576,8 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
       absl::StatusOr<std::vector<int64_t>> flat = integers(given->second, cache.mask_input);
       if (!flat.ok()) return flat.status();
       if (static_cast<int64_t>(flat->size()) != batch * length) {
-        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied '", cache.mask_input,
-                                                       "' must be as long as the token ids (no past)"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                       absl::StrCat("supplied '", cache.mask_input, "' must be as long as the token ids (no past)"));
       }
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t t = 0; t < length; ++t) mask[b][t] = (*flat)[static_cast<size_t>(b * length + t)] != 0;
@@ -588,8 +592,8 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
         if (mask[b][t] == 0 || mask[b][t + 1] == 0) continue;
         const int64_t next = (*ids)[static_cast<size_t>(b * length + t + 1)];
         if (next < 0 || next >= vocab) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("INPUT_INVALID: supplied token id ", next, " is outside the vocabulary of ", vocab));
+          return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                         absl::StrCat("supplied token id ", next, " is outside the vocabulary of ", vocab));
         }
         const float* row = logits + (b * length + t) * vocab;
         const double top = *std::max_element(row, row + vocab);
@@ -601,8 +605,8 @@ absl::StatusOr<TokenLoss> SuppliedTokenLoss(Ort::Session& session, const onnx::M
     }
   }
   if (!any) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GENERATION_UNSUPPORTED: no supplied input set holds the token ids '", cache.ids_input, "'"));
+    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::GENERATION_UNSUPPORTED,
+                   absl::StrCat("no supplied input set holds the token ids '", cache.ids_input, "'"));
   }
   return loss;
 }
@@ -635,10 +639,10 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
-                                                         const std::atomic<bool>* cancelled) {
+                                                         const RunContext& run) {
   v1::GenerationReport report = CacheDescribed(cache);
   const std::vector<Phase> phases = PhasesOf(config);
-  const PhaseTiming timing{original, optimized, original_model, cache, config.runs(), mode, cancelled};
+  const PhaseTiming timing{original, optimized, original_model, cache, config.runs(), mode, run};
   report.set_optimized_keeps_last_logits(TakesLogitsToKeep(optimized));
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < phases.size(); ++i) {
@@ -658,12 +662,12 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
   return report;
 }
 
-absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized, const onnx::ModelProto& original_model,
+absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized,
+                                                         const onnx::ModelProto& original_model,
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
-                                                         const std::atomic<bool>* cancelled,
-                                                         const OriginalOpener& open_original) {
+                                                         const RunContext& run, const OriginalOpener& open_original) {
   v1::GenerationReport report = CacheDescribed(cache);
   const std::vector<Phase> phases = PhasesOf(config);
   report.set_optimized_keeps_last_logits(TakesLogitsToKeep(optimized));
@@ -677,7 +681,7 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
     const double share = std::max(0.0, budget_seconds - elapsed) / static_cast<double>(phases.size() - i);
     absl::StatusOr<std::vector<double>> timed =
         TimePhaseWindow(optimized, original_model, cache, phase, outputs, mode, kGenerationWarmupPairs,
-                        std::min(kMinGenerationRuns, config.runs()), config.runs(), share, cancelled);
+                        std::min(kMinGenerationRuns, config.runs()), config.runs(), share, run);
     if (absl::IsCancelled(timed.status())) return timed.status();
     if (!timed.ok()) {
       result->set_error(std::string(timed.status().message()));
@@ -710,7 +714,7 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
 absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
     const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
     const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
-    bool exact_tokens, double budget_seconds, const TimingMode& mode, const std::atomic<bool>* cancelled) {
+    bool exact_tokens, double budget_seconds, const TimingMode& mode, const RunContext& run) {
   v1::GenerationReport report = CacheDescribed(cache);
   const std::vector<Phase> phases = PhasesOf(config);
   const int rounds = kAlternatingRounds;
@@ -731,7 +735,7 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
       const Phase& phase = phases[i];
       // What keeps a phase from running (memory, a kernel's refusal) is the phase's error, as side by side.
       absl::StatusOr<std::vector<double>> timed = TimePhaseWindow(session, original_model, cache, phase, outputs, mode,
-                                                                  /*warmup=*/1, min_runs, max_runs, per_phase, cancelled);
+                                                                  /*warmup=*/1, min_runs, max_runs, per_phase, run);
       if (absl::IsCancelled(timed.status())) return timed.status();
       if (!timed.ok()) {
         errors[i] = std::string(timed.status().message());
@@ -751,7 +755,7 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
     }
     return absl::OkStatus();
   };
-  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, cancelled); !ran.ok()) {
+  if (absl::Status ran = InAlternatingSessions(original, optimized, settings, rounds, window, run); !ran.ok()) {
     return ran;
   }
   for (size_t i = 0; i < phases.size(); ++i) {
@@ -799,25 +803,24 @@ absl::Status ReportGenerationWith(const onnx::ModelProto& original_model, const 
 
 absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                               bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                              const std::atomic<bool>* cancelled, v1::Report* report) {
+                              const RunContext& run, v1::Report* report) {
   return ReportGenerationWith(
       original_model, config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
         return BenchmarkGeneration(original, optimized, original_model, cache, resolved, exact_tokens,
-                                   TimeBudget(config), mode, cancelled);
+                                   TimeBudget(config), mode, run);
       },
       report);
 }
 
 absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
                                       bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                      const std::atomic<bool>* cancelled, const OriginalOpener& open_original,
-                                      v1::Report* report) {
+                                      const RunContext& run, const OriginalOpener& open_original, v1::Report* report) {
   return ReportGenerationWith(
       original_model, config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
         return TimeGenerationAlone(optimized, original_model, cache, resolved, exact_tokens, TimeBudget(config), mode,
-                                   cancelled, open_original);
+                                   run, open_original);
       },
       report);
 }
@@ -825,12 +828,12 @@ absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::Model
 absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
                                          const SessionSettings& settings, const onnx::ModelProto& original_model,
                                          bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                         const std::atomic<bool>* cancelled, v1::Report* report) {
+                                         const RunContext& run, v1::Report* report) {
   return ReportGenerationWith(
       original_model, config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
         return BenchmarkGenerationAlternating(original, optimized, settings, original_model, cache, resolved,
-                                              exact_tokens, TimeBudget(config), mode, cancelled);
+                                              exact_tokens, TimeBudget(config), mode, run);
       },
       report);
 }

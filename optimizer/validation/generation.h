@@ -5,7 +5,6 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_GENERATION_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_GENERATION_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +15,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/cache_interface.h"
+#include "optimizer/run_context.h"
 #include "optimizer/validation/benchmark.h"
 #include "optimizer/validation/input_generator.h"
 #include "onnxruntime_cxx_api.h"
@@ -46,7 +46,7 @@ absl::StatusOr<v1::GenerationReport> BenchmarkGeneration(Ort::Session& original,
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
-                                                         const std::atomic<bool>* cancelled);
+                                                         const RunContext& run);
 
 // One model's greedy generation from the comparison's prompt (two rows, the second left-padded): the
 // last position's logits of every row at each step.
@@ -111,7 +111,7 @@ absl::Status CompareGreedyGeneration(Ort::Session& original, Ort::Session& optim
 absl::StatusOr<v1::GenerationReport> BenchmarkGenerationAlternating(
     const ModelSource& original, const ModelSource& optimized, const SessionSettings& settings,
     const onnx::ModelProto& original_model, const CacheInterface& cache, const v1::GenerationConfig& config,
-    bool exact_tokens, double budget_seconds, const TimingMode& mode, const std::atomic<bool>* cancelled);
+    bool exact_tokens, double budget_seconds, const TimingMode& mode, const RunContext& run);
 
 // Opens a session of the original when it is needed (and only then).
 using OriginalOpener = std::function<absl::StatusOr<std::unique_ptr<Ort::Session>>()>;
@@ -123,7 +123,7 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
                                                          const CacheInterface& cache,
                                                          const v1::GenerationConfig& config, bool exact_tokens,
                                                          double budget_seconds, const TimingMode& mode,
-                                                         const std::atomic<bool>* cancelled,
+                                                         const RunContext& run,
                                                          const OriginalOpener& open_original);
 
 // Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
@@ -131,17 +131,17 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
 // with a warning where the greedy check fails. Nothing for other models.
 absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
                               bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                              const std::atomic<bool>* cancelled, v1::Report* report);
+                              const RunContext& run, v1::Report* report);
 // The same for the optimized model alone (TimeGenerationAlone).
 absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
                                       bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                      const std::atomic<bool>* cancelled, const OriginalOpener& open_original,
+                                      const RunContext& run, const OriginalOpener& open_original,
                                       v1::Report* report);
 // The same with the sessions alternating (BenchmarkGenerationAlternating).
 absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
                                          const SessionSettings& settings, const onnx::ModelProto& original_model,
                                          bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                         const std::atomic<bool>* cancelled, v1::Report* report);
+                                         const RunContext& run, v1::Report* report);
 
 }  // namespace onnxopt
 

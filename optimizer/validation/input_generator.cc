@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/cache_interface.h"
+#include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/tensor_convert.h"
 
@@ -99,21 +100,22 @@ bool PadMask(Ort::Value& value, const std::vector<int64_t>& shape, double paddin
 absl::StatusOr<Ort::Value> SuppliedValue(const std::string& name, const onnx::TensorProto& tensor,
                                          const Ort::ConstTensorTypeAndShapeInfo& expected) {
   if (static_cast<int>(tensor.data_type()) != static_cast<int>(expected.GetElementType())) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: supplied input '", name, "' has element type ",
-                                                   tensor.data_type(), ", the model wants ",
-                                                   static_cast<int>(expected.GetElementType())));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_MISMATCH,
+                   absl::StrCat("supplied input '", name, "' has element type ", tensor.data_type(),
+                                ", the model wants ", static_cast<int>(expected.GetElementType())));
   }
   const std::vector<int64_t> want = expected.GetShape();
   bool fits = static_cast<size_t>(tensor.dims_size()) == want.size();
   for (size_t d = 0; fits && d < want.size(); ++d) fits = want[d] < 0 || want[d] == tensor.dims(static_cast<int>(d));
   if (!fits) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: supplied input '", name, "' has shape ",
-                                                   absl::StrJoin(tensor.dims(), "x"), ", the model wants ",
-                                                   absl::StrJoin(want, "x"), " (-1: any)"));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_MISMATCH,
+                   absl::StrCat("supplied input '", name, "' has shape ", absl::StrJoin(tensor.dims(), "x"),
+                                ", the model wants ", absl::StrJoin(want, "x"), " (-1: any)"));
   }
   absl::StatusOr<Ort::Value> value = TensorProtoToOrtValue(tensor);
   if (!value.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: supplied input '", name, "': ", value.status().message()));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                   absl::StrCat("supplied input '", name, "': ", value.status().message()));
   }
   return value;
 }
@@ -196,8 +198,9 @@ absl::StatusOr<std::vector<SuppliedSample>> LoadSuppliedInputs(
       if (!bytes.ok()) return bytes.status();
       onnx::TensorProto tensor;
       if (!tensor.ParseFromString(*bytes) || tensor.data_location() == onnx::TensorProto::EXTERNAL) {
-        return absl::InvalidArgumentError(absl::StrCat("INPUT_INVALID: the file supplied for input '", name,
-                                                       "' is not a serialized ONNX TensorProto with its data"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_INVALID,
+                       absl::StrCat("the file supplied for input '", name,
+                                    "' is not a serialized ONNX TensorProto with its data"));
       }
       sample[name] = std::move(tensor);
     }
@@ -228,7 +231,8 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
     for (size_t i = 0; i < session.GetInputCount(); ++i) known.insert(session.GetInputNameAllocated(i, allocator).get());
     for (const auto& entry : *supplied) {
       if (known.count(entry.first) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("INPUT_MISMATCH: the model has no input '", entry.first, "'"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_MISMATCH,
+                       absl::StrCat("the model has no input '", entry.first, "'"));
       }
     }
   }
@@ -248,8 +252,8 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       const std::string name = session.GetInputNameAllocated(i, allocator).get();
       Ort::TypeInfo type_info = session.GetInputTypeInfo(i);
       if (type_info.GetONNXType() != ONNX_TYPE_TENSOR) {
-        return absl::InvalidArgumentError(absl::StrCat("INPUT_UNSUPPORTED: input '", name,
-                                                       "' is not a tensor; supply inputs with the job"));
+        return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_UNSUPPORTED,
+                       absl::StrCat("input '", name, "' is not a tensor; supply inputs with the job"));
       }
       auto tensor_info = type_info.GetTensorTypeAndShapeInfo();
       if (supplied != nullptr && supplied->count(name) > 0) {
@@ -320,9 +324,9 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           if (is_mask) padded = PadMask<bool>(value, shape, MaskPadding(config), left_padding);
           break;
         default:
-          return absl::InvalidArgumentError(absl::StrCat("INPUT_UNSUPPORTED: input '", name, "' has element type ",
-                                                         tensor_info.GetElementType(),
-                                                         " which onnxopt cannot generate; supply inputs with the job"));
+          return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::INPUT_UNSUPPORTED,
+                         absl::StrCat("input '", name, "' has element type ", tensor_info.GetElementType(),
+                                      " which onnxopt cannot generate; supply inputs with the job"));
       }
       inputs.shapes[name] = absl::StrJoin(shape, "x");
       if (padded) inputs.padded_masks.push_back(name);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/failure.h"
 
 namespace onnxopt {
 namespace {
@@ -356,8 +357,8 @@ absl::Status CheckValidationSettings(const v1::ValidationConfig& config) {
 
 absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, const onnx::ModelProto& original_model,
                                                      const v1::ValidationConfig& config,
-                                                     const std::vector<SuppliedSample>& supplied,
-                                                     const std::atomic<bool>* cancelled, v1::ParityReport* report) {
+                                                     const std::vector<SuppliedSample>& supplied, const RunContext& run,
+                                                     v1::ParityReport* report) {
   ParityReference reference;
   reference.output_names = OutputNames(original);
   report->set_seed(config.seed());
@@ -370,7 +371,7 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
     v1::InputShapes* described = report->add_shape_sets();
     described->mutable_dim_values()->insert(shape_sets[shape_set].begin(), shape_sets[shape_set].end());
     for (int sample = 0; sample < samples; ++sample) {
-      if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+      if (absl::Status stop = run.CheckNotCancelled("during validation"); !stop.ok()) return stop;
       absl::StatusOr<GeneratedInputs> inputs =
           GenerateInputs(original, original_model, config, shape_sets[shape_set], sample,
                          supplied.empty() ? nullptr : &supplied[static_cast<size_t>(sample)]);
@@ -383,23 +384,28 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
       }
       auto expected = RunOnInputs(original, *inputs, reference.output_names);
       if (!expected.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on ",
-                                                       supplied.empty() ? "generated" : "the supplied", " inputs: ",
-                                                       expected.status().message()));
+        return Failure(
+            absl::StatusCode::kInvalidArgument, v1::ErrorReason::ORT_RUN_FAILED,
+            absl::StrCat("ONNX Runtime cannot run the original model on ",
+                         supplied.empty() ? "generated" : "the supplied", " inputs: ", expected.status().message()));
       }
       if (shape_set == 0 && sample == 0) {
         // A model that disagrees with itself (random ops, training-mode Dropout) cannot be judged.
         auto again = RunOnInputs(original, *inputs, reference.output_names);
-        if (!again.ok()) return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ", again.status().message()));
+        if (!again.ok())
+          return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ORT_RUN_FAILED,
+                         absl::StrCat(again.status().message()));
         for (size_t i = 0; i < reference.output_names.size(); ++i) {
           v1::OutputParity self;
           // Loose enough for thread-level reordering, far tighter than what random operators change.
           CompareOutput((*expected)[i], (*again)[i], 1e-6, 1e-5, &self);
           if (!self.passed()) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "NONDETERMINISTIC_MODEL: the original model's output '", reference.output_names[i],
-                "' differs between two runs on the same inputs (random operators or training-mode Dropout?), so "
-                "parity cannot be judged; set validation.skip to optimize it without a parity check"));
+            return Failure(
+                absl::StatusCode::kFailedPrecondition, v1::ErrorReason::NONDETERMINISTIC_MODEL,
+                absl::StrCat(
+                    "the original model's output '", reference.output_names[i],
+                    "' differs between two runs on the same inputs (random operators or training-mode Dropout?), so "
+                    "parity cannot be judged; set validation.skip to optimize it without a parity check"));
           }
         }
       }
@@ -449,15 +455,16 @@ double NoiseFactor(const v1::ValidationConfig& config) {
   return config.noise_factor() > 0 ? config.noise_factor() : kDefaultNoiseFactor;
 }
 
-absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::atomic<bool>* cancelled,
-                                    ParityReference* reference) {
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const RunContext& run, ParityReference* reference) {
   reference->device_deviation.assign(reference->output_names.size(), 0.0);
   for (const auto& set : reference->sets) {
-    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+    if (absl::Status stop = run.CheckNotCancelled("during validation"); !stop.ok()) return stop;
     auto actual = RunOnInputs(device_original, set.inputs, reference->output_names);
     if (!actual.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("ORT_RUN_FAILED: ONNX Runtime cannot run the original model on the "
-                                                     "job's device: ", actual.status().message()));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ORT_RUN_FAILED,
+                     absl::StrCat("ONNX Runtime cannot run the original model on the "
+                                  "job's device: ",
+                                  actual.status().message()));
     }
     for (size_t i = 0; i < reference->output_names.size(); ++i) {
       v1::OutputParity measured;
@@ -470,8 +477,7 @@ absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::at
 
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
-                                  const std::atomic<bool>* cancelled, v1::ParityReport* report,
-                                  const Ort::RunOptions* run_options) {
+                                  const RunContext& run, v1::ParityReport* report, const Ort::RunOptions* run_options) {
   if (OutputNames(candidate) != reference.output_names) {
     return absl::InternalError("the optimized model's outputs differ from the original's");
   }
@@ -479,7 +485,7 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
   report->set_precision(candidate_precision);
   bool passed = true;
   for (const auto& set : reference.sets) {
-    if (cancelled != nullptr && cancelled->load()) return absl::CancelledError("cancelled during validation");
+    if (absl::Status stop = run.CheckNotCancelled("during validation"); !stop.ok()) return stop;
     auto actual = RunOnInputs(candidate, set.inputs, reference.output_names, run_options);
     if (!actual.ok()) {
       return absl::InternalError(absl::StrCat("ONNX Runtime cannot run the optimized model: ", actual.status().message()));
@@ -504,15 +510,13 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
 }
 
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                         const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
-                         v1::ParityReport* report, const std::string& candidate_precision,
-                         const std::vector<SuppliedSample>& supplied,
+                         const v1::ValidationConfig& config, const RunContext& run, v1::ParityReport* report,
+                         const std::string& candidate_precision, const std::vector<SuppliedSample>& supplied,
                          const Ort::RunOptions* optimized_run_options) {
   absl::StatusOr<ParityReference> reference =
-      BuildParityReference(original, original_model, config, supplied, cancelled, report);
+      BuildParityReference(original, original_model, config, supplied, run, report);
   if (!reference.ok()) return reference.status();
-  return CompareWithReference(optimized, candidate_precision, *reference, config, cancelled, report,
-                              optimized_run_options);
+  return CompareWithReference(optimized, candidate_precision, *reference, config, run, report, optimized_run_options);
 }
 
 }  // namespace onnxopt

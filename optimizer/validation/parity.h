@@ -6,7 +6,6 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
 
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
 #include "optimizer/ort_runtime.h"
+#include "optimizer/run_context.h"
 #include "optimizer/validation/input_generator.h"
 
 namespace onnxopt {
@@ -94,7 +94,7 @@ struct ParityReference {
 absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, const onnx::ModelProto& original_model,
                                                      const v1::ValidationConfig& config,
                                                      const std::vector<SuppliedSample>& supplied,
-                                                     const std::atomic<bool>* cancelled, v1::ParityReport* report);
+                                                     const RunContext& run, v1::ParityReport* report);
 
 // ValidationConfig.noise_factor, or its default.
 double NoiseFactor(const v1::ValidationConfig& config);
@@ -102,7 +102,7 @@ double NoiseFactor(const v1::ValidationConfig& config);
 // Runs the original on the job's device (`device_original`, where it is not the reference's session)
 // on every input set and records its deviation from the reference per output; the report's outputs
 // then show it and the bound it gives. INVALID_ARGUMENT when ONNX Runtime cannot run it there.
-absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::atomic<bool>* cancelled,
+absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const RunContext& run,
                                     ParityReference* reference);
 
 // Runs `candidate` on the reference's inputs and compares every output (report.outputs and
@@ -110,12 +110,12 @@ absl::Status MeasureDeviceDeviation(Ort::Session& device_original, const std::at
 // the candidate's (an active LoRA adapter), default none.
 absl::Status CompareWithReference(Ort::Session& candidate, const std::string& candidate_precision,
                                   const ParityReference& reference, const v1::ValidationConfig& config,
-                                  const std::atomic<bool>* cancelled, v1::ParityReport* report,
+                                  const RunContext& run, v1::ParityReport* report,
                                   const Ort::RunOptions* run_options = nullptr);
 
 // Both steps for two sessions: what `onnxopt compare` and the tests use.
 absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                         const v1::ValidationConfig& config, const std::atomic<bool>* cancelled,
+                         const v1::ValidationConfig& config, const RunContext& run,
                          v1::ParityReport* report, const std::string& candidate_precision = "fp32",
                          const std::vector<SuppliedSample>& supplied = {},
                          const Ort::RunOptions* optimized_run_options = nullptr);

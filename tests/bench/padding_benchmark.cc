@@ -166,7 +166,7 @@ int Main(int argc, char** argv) {
     config.set_time_budget_seconds(options.budget);
     config.set_warmup_runs(3);
     v1::BenchmarkReport report;
-    absl::Status timed = Benchmark(**padded_session, **packed_session, inputs, config, nullptr, &report);
+    absl::Status timed = Benchmark(**padded_session, **packed_session, inputs, config, RunContext(), &report);
     if (!timed.ok()) {
       std::cerr << timed << "\n";
       return 1;

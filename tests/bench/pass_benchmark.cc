@@ -41,7 +41,7 @@ absl::StatusOr<double> Ratio(const onnx::ModelProto& original, const onnx::Model
   auto b = CreateSession({optimized.SerializeAsString(), {}}, settings);
   if (!b.ok()) return b.status();
   v1::BenchmarkReport report;
-  absl::Status status = Benchmark(**a, **b, original, config, nullptr, &report);
+  absl::Status status = Benchmark(**a, **b, original, config, RunContext(), &report);
   if (!status.ok()) return status;
   *p50_original = report.original().p50_ms();
   *p50_optimized = report.optimized().p50_ms();

@@ -354,7 +354,7 @@ void Fuzz(Server& server, const Options& options, Figures* figures) {
         ++figures->succeeded;
       } else {
         ++figures->failed;
-        if (job.error().reason().empty() || job.error().message().empty()) {
+        if (job.error().reason() == v1::ErrorReason::REASON_UNSPECIFIED || job.error().message().empty()) {
           ++figures->reasonless;
           std::cerr << "onnxopt-soak: " << name << " failed without a reason\n";
         }

@@ -104,7 +104,7 @@ absl::StatusOr<v1::BenchmarkReport> SideBySide(const onnx::ModelProto& other, co
   auto b = CreateSession({ours.SerializeAsString(), {}}, settings);
   if (!b.ok()) return b.status();
   v1::BenchmarkReport report;
-  absl::Status status = Benchmark(**a, **b, original, config, nullptr, &report);
+  absl::Status status = Benchmark(**a, **b, original, config, RunContext(), &report);
   if (!status.ok()) return status;
   return report;
 }

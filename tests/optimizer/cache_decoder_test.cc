@@ -134,7 +134,7 @@ TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecod
     (*dims)["sequence"] = shape.sequence;
   }
   v1::ParityReport report;
-  absl::Status status = CheckParity(*a, *b, original_, config, nullptr, &report);
+  absl::Status status = CheckParity(*a, *b, original_, config, RunContext(), &report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report.passed()) << report.DebugString();
   EXPECT_EQ(report.outputs_size(), 2 * 5 * (1 + 2 * GetParam().layers)) << "logits and every present, each shape";
@@ -190,7 +190,7 @@ TEST(GenerationBenchmarkTest, TimesPrefillAndDecodePerBatchAndPast) {
   absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<v1::GenerationReport> report = BenchmarkGeneration(
-      *a, *b, original, *FindCacheInterface(original.graph()), *config, true, 0, TimingOn(v1::DEVICE_CPU), nullptr);
+      *a, *b, original, *FindCacheInterface(original.graph()), *config, true, 0, TimingOn(v1::DEVICE_CPU), RunContext());
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->phases_size(), 6);  // per batch: prefill and two decode steps
   EXPECT_EQ(report->phases(0).phase(), "prefill");
@@ -260,7 +260,7 @@ TEST(LeftPaddingTest, OneShotDecodersMatchOnLeftPaddedPrompts) {
     config.set_atol(1e-4);
     config.set_rtol(0);
     v1::ParityReport report;
-    absl::Status status = CheckParity(*a, *b, original, config, nullptr, &report, "fp32", {sample});
+    absl::Status status = CheckParity(*a, *b, original, config, RunContext(), &report, "fp32", {sample});
     ASSERT_TRUE(status.ok()) << name << ": " << status;
     EXPECT_TRUE(report.passed()) << name << ": " << report.DebugString();
   }

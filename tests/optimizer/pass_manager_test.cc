@@ -211,7 +211,7 @@ TEST(RunPipelineTest, CancellationStopsBetweenPasses) {
   ASSERT_TRUE(pipeline.ok());
   std::atomic<bool> cancelled{false};
   PassManagerOptions options;
-  options.cancelled = &cancelled;
+  options.run = RunContext(&cancelled);
   int started = 0;
   options.on_pass_start = [&](const std::string&, int, int) {
     if (++started == 2) cancelled = true;

@@ -159,7 +159,7 @@ TEST_P(JobStoreContractTest, AnExpiredLeaseRequeuesThenFailsAfterMaxAttempts) {
   ASSERT_EQ(recovered->size(), 1u);
   const v1::Job failed = *store_->Get(name);
   EXPECT_EQ(failed.state(), v1::FAILED);
-  EXPECT_EQ(failed.error().reason(), "LEASE_EXPIRED");
+  EXPECT_EQ(failed.error().reason(), v1::ErrorReason::LEASE_EXPIRED);
   EXPECT_NE(failed.error().message().find("attempt 2 of 2"), std::string::npos) << failed.error().message();
   EXPECT_EQ(*store_->QueueLength(), 0);
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "optimizer/failure.h"
 #include "optimizer/sha256.h"
 #include "server/blob_store.h"
 #include "server/job_manager.h"
@@ -49,10 +50,34 @@ TEST(JobStoreTest, RecordsOfEarlierVersionsGetTheirArtifactsRoles) {
   EXPECT_EQ(artifacts[4].role(), v1::ARTIFACT_REPORT);
   // A failed job's error stays (result and error are a oneof).
   v1::Job failed;
-  failed.mutable_error()->set_reason("LEASE_EXPIRED");
+  failed.mutable_error()->set_reason(v1::ErrorReason::LEASE_EXPIRED);
   UpgradeRecord(failed);
-  EXPECT_EQ(failed.error().reason(), "LEASE_EXPIRED");
+  EXPECT_EQ(failed.error().reason(), v1::ErrorReason::LEASE_EXPIRED);
   EXPECT_FALSE(failed.has_result());
+}
+
+// A record written while the reason was a string (field 2 as its name) reads back with the enum, and
+// the bytes of such a record parse as they were written.
+TEST(JobStoreTest, RecordsWithTheReasonAsAStringGetTheEnum) {
+  for (const auto& [written, expected] :
+       std::vector<std::pair<std::string, Reason>>{{"MODEL_PARSE_FAILED", v1::ErrorReason::MODEL_PARSE_FAILED},
+                                                   {"INTERNAL", v1::ErrorReason::INTERNAL},
+                                                   {"SOMETHING_NEWER", v1::ErrorReason::UNKNOWN}}) {
+    v1::Job old;
+    old.set_name("jobs/old");
+    old.set_state(v1::FAILED);
+    v1::JobError* error = old.mutable_error();
+    error->set_code(3);
+    error->set_message("the file is not a model");
+    error->GetReflection()->MutableUnknownFields(error)->AddLengthDelimited(2, written);
+    v1::Job job;
+    ASSERT_TRUE(job.ParseFromString(old.SerializeAsString()));
+    UpgradeRecord(job);
+    EXPECT_EQ(job.error().reason(), expected) << written;
+    EXPECT_EQ(job.error().code(), 3);
+    EXPECT_EQ(job.error().message(), "the file is not a model");
+    EXPECT_TRUE(job.error().GetReflection()->GetUnknownFields(job.error()).empty()) << written;
+  }
 }
 
 TEST(BlobStoreTest, VerifiedUploadInChunksWithResume) {
@@ -301,7 +326,7 @@ TEST(JobStoreTest, AnUnreadableRecordKeepsItsJobAndItsNumber) {
   auto job = (*store)->Get(name);
   ASSERT_TRUE(job.ok()) << "the job is still there";
   EXPECT_EQ(job->state(), v1::FAILED);
-  EXPECT_EQ(job->error().reason(), "JOB_RECORD_UNREADABLE");
+  EXPECT_EQ(job->error().reason(), v1::ErrorReason::JOB_RECORD_UNREADABLE);
   EXPECT_EQ(job->request_id(), "retry-me");
   EXPECT_EQ(job->tenant(), "team-a") << "an unreadable record stays its owner's";
   ASSERT_EQ(*(*store)->QueueLength(), 1) << "only the readable queued job is left to run";
@@ -463,8 +488,19 @@ TEST(WorkerProtocolTest, DigestManifestsAndEscapedLines) {
   WorkerLine external = ParseWorkerLine(line);
   EXPECT_EQ(external.kind, WorkerLine::Kind::kExternalData);
   EXPECT_EQ(external.text, "we\nird\xff.bin");
-  WorkerLine status = ParseWorkerLine("status 3 No Op registered for Bad\xffOp");
+  WorkerLine status = ParseWorkerLine("status 3 0 No Op registered for Bad\xffOp");
   EXPECT_EQ(status.status.message(), "No Op registered for Bad\\xffOp");
+  EXPECT_EQ(ReasonOf(status.status), v1::ErrorReason::INVALID_ARGUMENT);
+  // The reason crosses from the worker beside the message.
+  std::string failed =
+      FormatStatus(Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED, "outputs differ"));
+  failed.pop_back();
+  WorkerLine parity = ParseWorkerLine(failed);
+  ASSERT_EQ(parity.kind, WorkerLine::Kind::kStatus);
+  EXPECT_EQ(parity.status.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ReasonOf(parity.status), v1::ErrorReason::PARITY_FAILED);
+  EXPECT_EQ(TextOf(parity.status), "outputs differ");
+  EXPECT_EQ(ParseWorkerLine("status 3 99999 unknown reason").kind, WorkerLine::Kind::kOther);
 }
 
 TEST(JobManagerHelpersTest, SafeNamesAndReasons) {
@@ -472,9 +508,19 @@ TEST(JobManagerHelpersTest, SafeNamesAndReasons) {
   for (const char* bad : {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./x", "a\\b"}) {
     EXPECT_FALSE(IsSafeRelativeName(bad)) << bad;
   }
-  EXPECT_EQ(SplitReason(absl::InvalidArgumentError("MODEL_PARSE_FAILED: nope")).first, "MODEL_PARSE_FAILED");
-  EXPECT_EQ(SplitReason(absl::InvalidArgumentError("MODEL_PARSE_FAILED: nope")).second, "nope");
-  EXPECT_EQ(SplitReason(absl::InternalError("disk: full")).first, "INTERNAL");
+  // A job's error holds the reason the status carries and the text after it; a status without one is
+  // named after its code, its message whole.
+  v1::Job job;
+  SetOutcome(job, Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED, "nope"), nullptr);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.error().reason(), v1::ErrorReason::MODEL_PARSE_FAILED);
+  EXPECT_EQ(job.error().message(), "nope");
+  SetOutcome(job, absl::InternalError("DISK: full"), nullptr);
+  EXPECT_EQ(job.error().reason(), v1::ErrorReason::INTERNAL);
+  EXPECT_EQ(job.error().message(), "DISK: full") << "a message is not parsed for a reason";
+  SetOutcome(job, absl::CancelledError("stopped"), nullptr);
+  EXPECT_EQ(job.state(), v1::CANCELLED);
+  EXPECT_EQ(job.error().reason(), v1::ErrorReason::CANCELLED);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 """onnxopt_client.Client: the calls an MLOps pipeline makes, over the generated gRPC stubs.
 
     client = Client("127.0.0.1:50051")
-    result = client.optimize("model.onnx", "out/model.onnx", {"preset": "auto"}, labels={"team": "search"})
-    result.report["parity"]["passed"]                      # out/model.onnx(.data, .report.json) written
+    result = client.optimize("bert.onnx", "out/bert.onnx", {"preset": "auto"}, labels={"team": "search"})
+    result.report["parity"]["passed"]                      # out/bert.onnx(.data, .report.json) written
 
 optimize() is the whole round trip, and survives a server restart; the steps it is made of are there too:
 
-    model = client.upload_model("model.onnx")              # and its external data; resumable, SHA-256 checked
+    model = client.upload_model("bert.onnx")               # and its external data; resumable, SHA-256 checked
     job = client.create_job(model, {"preset": "auto"})    # the config as a dict (protobuf JSON names)
     job = client.wait(job.name, on_event=print)            # streams progress until the job ends
     client.download(job.name, "model.optimized.onnx")      # and "report.json"; checked against the job
@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import grpc
 from google.protobuf import json_format
 
-from onnxopt.v1 import config_pb2, report_pb2, service_pb2, service_pb2_grpc
+from onnxopt.v1 import config_pb2, errors_pb2, report_pb2, service_pb2, service_pb2_grpc
 from onnxopt_client import onnx_wire
 
 try:  # where it exists: one process at a time resumes a partial download
@@ -279,7 +279,8 @@ class Client:
         if job.state != service_pb2.SUCCEEDED:
             state = service_pb2.JobState.Name(job.state)
             code = _CODE_NAMES.get(job.error.code, "UNKNOWN") if job.HasField("error") else state
-            reason = f"{job.error.reason}: {job.error.message}" if job.HasField("error") else f"the job ended {state}"
+            reason = (f"{errors_pb2.ErrorReason.Reason.Name(job.error.reason)}: {job.error.message}"
+                      if job.HasField("error") else f"the job ended {state}")
             raise OnnxoptError(code, f"{job.name} {state}: {reason}", job=job)
         files = self._download_result(job, out, retry)
         by_role = {artifact.role: files[artifact.name] for artifact in job.result.artifacts}

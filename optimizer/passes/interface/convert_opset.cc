@@ -6,6 +6,7 @@
 // The converter rebuilds the graph, so doc strings and value_info may change; outputs do not.
 #include "absl/strings/str_cat.h"
 #include "onnx/version_converter/convert.h"
+#include "optimizer/failure.h"
 #include "optimizer/passes/passes.h"
 
 namespace onnxopt {
@@ -45,8 +46,8 @@ class ConvertOpsetPass final : public Pass {
       onnx::ModelProto converted = onnx::version_conversion::ConvertVersion(*model, static_cast<int>(target));
       *model = std::move(converted);
     } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("OPSET_CONVERSION_FAILED: from ", current, " to ", target, ": ",
-                                                     e.what()));
+      return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::OPSET_CONVERSION_FAILED,
+                     absl::StrCat("from ", current, " to ", target, ": ", e.what()));
     }
     context.CountRewrite();
     return absl::OkStatus();

@@ -107,13 +107,13 @@ TEST(BoundRunTest, TheBenchmarkTimesBoundRunsAndCudaGraphsAreNotTriedOffCuda) {
   TimingMode mode;
   mode.bound = true;
   v1::BenchmarkReport report;
-  ASSERT_TRUE(Benchmark(*fixture.session, *fixture.session, sets, config, nullptr, &report, mode).ok());
+  ASSERT_TRUE(Benchmark(*fixture.session, *fixture.session, sets, config, RunContext(), &report, mode).ok());
   EXPECT_EQ(report.original().runs(), 20);
   EXPECT_GT(report.optimized().p50_ms(), 0);
   EXPECT_FALSE(report.device_resident()) << "bound on the CPU: there is no device to be resident on";
 
   auto graph = TimeCudaGraph({fixture.model.SerializeAsString(), {}}, *fixture.session, SessionSettings(), sets.front(),
-                             1, nullptr);
+                             1, RunContext());
   ASSERT_TRUE(graph.ok());
   EXPECT_FALSE(graph->tried());
   EXPECT_FALSE(graph->qualified());

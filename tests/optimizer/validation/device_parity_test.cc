@@ -54,10 +54,10 @@ TEST(DeviceParityTest, TheMeasuredDeviationWidensTheBoundByTheFactorAndNoMore) {
   ASSERT_TRUE(reference_session.ok()) << reference_session.status();
   v1::ValidationConfig config;
   v1::ParityReport report;
-  auto reference = BuildParityReference(**reference_session, original, config, {}, nullptr, &report);
+  auto reference = BuildParityReference(**reference_session, original, config, {}, RunContext(), &report);
   ASSERT_TRUE(reference.ok()) << reference.status();
   // A device whose original strays 0.05 (set here: the CPU's own deviation is 0).
-  ASSERT_TRUE(MeasureDeviceDeviation(**reference_session, nullptr, &*reference).ok());
+  ASSERT_TRUE(MeasureDeviceDeviation(**reference_session, RunContext(), &*reference).ok());
   ASSERT_EQ(reference->device_deviation.size(), 1u);
   EXPECT_EQ(reference->device_deviation[0], 0) << "the same session deviates by nothing";
   reference->device_deviation[0] = 0.05;
@@ -70,7 +70,7 @@ TEST(DeviceParityTest, TheMeasuredDeviationWidensTheBoundByTheFactorAndNoMore) {
     auto session = CreateSession({candidate.SerializeAsString(), {}}, cpu);
     ASSERT_TRUE(session.ok());
     v1::ParityReport judged;
-    ASSERT_TRUE(CompareWithReference(**session, "fp32", *reference, config, nullptr, &judged).ok());
+    ASSERT_TRUE(CompareWithReference(**session, "fp32", *reference, config, RunContext(), &judged).ok());
     EXPECT_EQ(judged.passed(), passes) << "offset " << offset << ": " << judged.DebugString();
     ASSERT_GT(judged.outputs_size(), 0);
     EXPECT_DOUBLE_EQ(judged.outputs(0).device_deviation(), 0.05);

@@ -106,7 +106,7 @@ TEST(SuppliedInputsTest, RealInputsAreUsedAndCheckedAgainstTheModel) {
   auto supplied = LoadSuppliedInputs({{{"image", dir / "image.pb"}}});
   ASSERT_TRUE(supplied.ok()) << supplied.status();
   v1::ParityReport report;
-  auto reference = BuildParityReference(**session, *model, v1::ValidationConfig(), *supplied, nullptr, &report);
+  auto reference = BuildParityReference(**session, *model, v1::ValidationConfig(), *supplied, RunContext(), &report);
   ASSERT_TRUE(reference.ok()) << reference.status();
   EXPECT_TRUE(report.supplied_inputs());
   EXPECT_EQ(report.input_shapes().at("image"), "2x3x32x32") << "the supplied batch of 2, not a generated 1";
@@ -115,10 +115,10 @@ TEST(SuppliedInputsTest, RealInputsAreUsedAndCheckedAgainstTheModel) {
   ASSERT_TRUE(WriteFileAtomically(dir / "wrong.pb", wrong.SerializeAsString()).ok());
   auto mismatched = LoadSuppliedInputs({{{"image", dir / "wrong.pb"}}});
   ASSERT_TRUE(mismatched.ok());
-  auto refused = BuildParityReference(**session, *model, v1::ValidationConfig(), *mismatched, nullptr, &report);
+  auto refused = BuildParityReference(**session, *model, v1::ValidationConfig(), *mismatched, RunContext(), &report);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("INPUT_MISMATCH"), std::string::npos) << refused.status();
-  auto unknown = BuildParityReference(**session, *model, v1::ValidationConfig(), {{{"pixels", image}}}, nullptr, &report);
+  auto unknown = BuildParityReference(**session, *model, v1::ValidationConfig(), {{{"pixels", image}}}, RunContext(), &report);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(WriteFileAtomically(dir / "junk.pb", "not a tensor \xff\xff\xff").ok());
   EXPECT_EQ(LoadSuppliedInputs({{{"image", dir / "junk.pb"}}}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -192,7 +192,7 @@ TEST(BisectionTest, FindsThePassThatIntroducedWhatTheJudgeRejects) {
     }
     return true;
   };
-  auto result = BisectAndRecover(*original, *pipeline, failed, run, probe, nullptr);
+  auto result = BisectAndRecover(*original, *pipeline, failed, run, probe, RunContext());
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->bisection.culprits_size(), 1);
   EXPECT_EQ(result->bisection.culprits(0).pass(), "fuse_attention");
@@ -238,7 +238,7 @@ TEST(BenchmarkTest, TimesUntilStableReportsTheSpreadAndFlagsARegression) {
   config.mutable_benchmark()->set_stability(0.05);
   v1::BenchmarkReport report;
   // "Optimized" is the slow one: a regression.
-  ASSERT_TRUE(Benchmark(**fast_session, **slow_session, fast, config, nullptr, &report).ok());
+  ASSERT_TRUE(Benchmark(**fast_session, **slow_session, fast, config, RunContext(), &report).ok());
   ASSERT_EQ(report.shapes_size(), 1);
   const v1::ShapeBenchmark& shape = report.shapes(0);
   EXPECT_GE(shape.windows(), 3);
@@ -251,13 +251,13 @@ TEST(BenchmarkTest, TimesUntilStableReportsTheSpreadAndFlagsARegression) {
   EXPECT_LE(shape.original().samples_ms_size(), kMaxLatencySamples);
 
   v1::BenchmarkReport faster;
-  ASSERT_TRUE(Benchmark(**slow_session, **fast_session, slow, config, nullptr, &faster).ok());
+  ASSERT_TRUE(Benchmark(**slow_session, **fast_session, slow, config, RunContext(), &faster).ok());
   EXPECT_GT(faster.speedup(), 2);
   EXPECT_FALSE(faster.regression());
 
   config.mutable_benchmark()->set_iterations(7);
   v1::BenchmarkReport fixed;
-  ASSERT_TRUE(Benchmark(**fast_session, **slow_session, fast, config, nullptr, &fixed).ok());
+  ASSERT_TRUE(Benchmark(**fast_session, **slow_session, fast, config, RunContext(), &fixed).ok());
   EXPECT_EQ(fixed.original().runs(), 7) << "a fixed count is a fixed count";
 }
 

@@ -91,7 +91,7 @@ v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelPro
   v1::ValidationConfig config;
   (*config.mutable_dim_values())["batch"] = 2;
   (*config.mutable_dim_values())["sequence"] = 11;
-  absl::Status checked = CheckParity(*original, *optimized, reference, config, nullptr, &report, "fp32", {},
+  absl::Status checked = CheckParity(*original, *optimized, reference, config, RunContext(), &report, "fp32", {},
                                      adapter.empty() ? nullptr : &options);
   EXPECT_TRUE(checked.ok()) << checked;
   return report;

@@ -126,7 +126,7 @@ TEST_P(LogitsToKeepTest, FusedDecoderKeepsItThroughTheTransformerPresetAndGenera
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<v1::GenerationReport> report =
       BenchmarkGeneration(*a, *b, original, *cache, *config, true, 0,
-                          TimingOn(v1::DEVICE_CPU), nullptr);
+                          TimingOn(v1::DEVICE_CPU), RunContext());
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->optimized_keeps_last_logits());
   for (const auto& phase : report->phases()) EXPECT_TRUE(phase.error().empty()) << phase.error();
