@@ -37,9 +37,10 @@ absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json) 
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
   auto status = google::protobuf::util::JsonStringToMessage(json, &config, options);
-  if (!status.ok())
+  if (!status.ok()) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID,
                    absl::StrCat(status.message().as_string()));
+  }
   return config;
 }
 
@@ -557,7 +558,13 @@ absl::Status Client::Download(const std::string& name, const std::string& artifa
   if (!state.out) return absl::InternalError(absl::StrCat("cannot write ", state.partial.string()));
   RetryState retry;
   while (state.size < 0 || state.held < state.size) {
-    if (absl::Status attempt = DownloadAttempt(name, &state, &retry, progress); !attempt.ok()) return attempt;
+    absl::Status attempt = DownloadAttempt(name, &state, &retry, progress);
+    if (attempt.code() == absl::StatusCode::kDataLoss) {
+      // Bytes the server says are bad (ARTIFACT_CORRUPT) or that arrived out of order: nothing to resume.
+      state.out.close();
+      fs::remove(state.partial, error);
+    }
+    if (!attempt.ok()) return attempt;
   }
   return FinishDownload(&state, path);
 }

@@ -115,11 +115,13 @@ absl::StatusOr<onnx::ModelProto> ParseModelFrom(google::protobuf::io::ZeroCopyIn
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
                    "the file is not a serialized ONNX ModelProto");
   }
-  if (!model.has_graph())
+  if (!model.has_graph()) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED, "the model has no graph");
-  if (model.ir_version() <= 0)
+  }
+  if (model.ir_version() <= 0) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_PARSE_FAILED,
                    "the model has no ir_version");
+  }
   return model;
 }
 

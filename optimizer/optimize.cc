@@ -55,7 +55,7 @@ std::vector<std::string> Runtimes(const onnx::ModelProto& model, bool cuda) {
 }
 
 absl::Status ConfigInvalid(const absl::Status& status) {
-  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID, absl::StrCat(status.message()));
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID, status.message());
 }
 
 // Everything of a config but its pipeline (which needs the model for the auto preset).
@@ -187,7 +187,7 @@ absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>*
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {
-    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_CHECK_FAILED, absl::StrCat(e.what()));
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_CHECK_FAILED, e.what());
   }
   return absl::OkStatus();
 }

@@ -28,7 +28,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;        // what safetensors' ow
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53: JSON numbers arrive as doubles
 
 absl::Status Invalid(absl::string_view what) {
-  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::SAFETENSORS_INVALID, absl::StrCat(what));
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::SAFETENSORS_INVALID, what);
 }
 
 size_t DtypeSize(const std::string& dtype) {
@@ -174,12 +174,14 @@ absl::StatusOr<PeftConfig> ReadPeftConfig(const std::filesystem::path& path) {
 }  // namespace
 
 absl::StatusOr<std::map<std::string, SafeTensor>> ParseSafetensors(absl::string_view bytes) {
-  if (bytes.size() < 8)
+  if (bytes.size() < 8) {
     return Invalid(absl::StrCat("the file has ", bytes.size(), " bytes, fewer than its header size"));
+  }
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), 8);  // little-endian hosts
-  if (header_size > kMaxHeaderBytes)
+  if (header_size > kMaxHeaderBytes) {
     return Invalid(absl::StrCat("a header of ", header_size, " bytes (at most 100 MB)"));
+  }
   if (header_size > bytes.size() - 8) {
     return Invalid(
         absl::StrCat("the header says ", header_size, " bytes; the file has ", bytes.size() - 8, " after it"));

@@ -13,25 +13,19 @@
 
 namespace onnxopt {
 namespace fs = std::filesystem;
-namespace {
 
-class Sha256 {
- public:
-  Sha256() : context_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(context_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(context_); }
-  void Update(const char* data, size_t size) { EVP_DigestUpdate(context_, data, size); }
-  std::string HexDigest() {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> digest;
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(context_, digest.data(), &length);
-    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest.data()), length));
-  }
+Sha256::Sha256() : context_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(context_, EVP_sha256(), nullptr); }
 
- private:
-  EVP_MD_CTX* context_;
-};
+Sha256::~Sha256() { EVP_MD_CTX_free(context_); }
 
-}  // namespace
+void Sha256::Update(const char* data, size_t size) { EVP_DigestUpdate(context_, data, size); }
+
+std::string Sha256::HexDigest() {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest;
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(context_, digest.data(), &length);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest.data()), length));
+}
 
 bool IsValidSha256(const std::string& hex) {
   if (hex.size() != 64) return false;

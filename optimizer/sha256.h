@@ -8,7 +8,24 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/message_lite.h"
 
+typedef struct evp_md_ctx_st EVP_MD_CTX;
+
 namespace onnxopt {
+
+// A digest computed as bytes go by (a download streamed in chunks).
+class Sha256 {
+ public:
+  Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  ~Sha256();
+  void Update(const char* data, size_t size);
+  // Lowercase hex; call once, at the end.
+  std::string HexDigest();
+
+ private:
+  EVP_MD_CTX* context_;
+};
 
 bool IsValidSha256(const std::string& hex);
 absl::StatusOr<std::string> Sha256OfFile(const std::filesystem::path& path);

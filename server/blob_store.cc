@@ -177,8 +177,9 @@ bool BlobStore::Exists(const std::string& sha256) const {
 absl::StatusOr<int64_t> BlobStore::SizeOf(const std::string& sha256) const {
   std::error_code error;
   const auto size = fs::file_size(PathOf(sha256), error);
-  if (error)
+  if (error) {
     return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::BLOB_NOT_FOUND, absl::StrCat("no blob ", sha256));
+  }
   return static_cast<int64_t>(size);
 }
 
@@ -227,8 +228,9 @@ absl::StatusOr<std::unique_ptr<BlobUpload>> BlobStore::BeginUpload(const std::st
                    "sha256 must be 64 lowercase hexadecimal digits");
   }
   if (absl::Status id = CheckUploadId(upload_id); !id.ok()) return id;
-  if (total_size < 0)
+  if (total_size < 0) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_SIZE, "total_size must be >= 0");
+  }
   if (total_size > max_blob_bytes_) {
     return Failure(
         absl::StatusCode::kResourceExhausted, v1::ErrorReason::UPLOAD_TOO_LARGE,

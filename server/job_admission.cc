@@ -135,8 +135,9 @@ JobAdmission::JobAdmission(const JobServices& services, std::mutex& blob_lock, c
     : services_(services), blob_lock_(blob_lock), draining_(draining), on_queued_(std::move(on_queued)) {}
 
 absl::StatusOr<v1::Job> JobAdmission::Submit(const v1::CreateJobRequest& request, const std::string& tenant) {
-  if (request.request_id().size() > 256)
+  if (request.request_id().size() > 256) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_REQUEST_ID, "request_id is too long");
+  }
   absl::StatusOr<BlobStore*> blobs = services_.blobs->For(tenant);
   if (!blobs.ok()) return blobs.status();
   // A retry of a request that already made a job gets that job, whatever happened since; the same id

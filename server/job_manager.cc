@@ -16,7 +16,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, TenantBlobSto
       store_(store),
       metrics_(metrics),
       admission_(services_, blob_lock_, draining_, [this] { WakeWorkers(/*all=*/false); }),
-      retention_(services_, blob_lock_) {}
+      retention_(services_, blob_lock_),
+      scrub_(services_, blob_lock_) {}
 
 JobManager::~JobManager() {
   if (!workers_.empty() || lease_thread_.joinable()) Drain(std::chrono::milliseconds(0));

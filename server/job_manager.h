@@ -3,6 +3,7 @@
 //   JobAdmission  (job_admission.h)  checks and stores new jobs, retries, the result cache, quotas
 //   JobAttempt    (job_attempt.h)    one attempt of a claimed job, as a stage table
 //   JobRetention  (job_retention.h)  deletion and garbage collection
+//   JobScrub      (job_scrub.h)      stored bytes checked against their digests
 // Every job it starts ends SUCCEEDED, FAILED or CANCELLED, or, when shutdown interrupts it, goes back to
 // QUEUED to run again (here at the next start, or on another replica). Workers claim jobs from the store
 // under a lease they renew while the job runs; a job whose replica died is taken back when its lease
@@ -27,6 +28,7 @@
 #include "server/job_attempt.h"
 #include "server/job_outcome.h"
 #include "server/job_retention.h"
+#include "server/job_scrub.h"
 #include "server/job_services.h"
 
 namespace onnxopt::server {
@@ -51,6 +53,12 @@ class JobManager {
   // upload is used by the job it was made for within that time), then job folders without a job that
   // nobody wrote for `orphan_age`.
   Collected CollectGarbage(std::chrono::seconds retention, std::chrono::seconds orphan_age);
+  // Reads every stored blob and succeeded job's artifact against its SHA-256 (job_scrub.h).
+  JobScrub::Findings Scrub() { return scrub_.Scrub(); }
+  // Marks an artifact whose bytes no longer match; its downloads are refused.
+  absl::Status MarkArtifactCorrupt(const std::string& job_name, const std::string& artifact) {
+    return scrub_.MarkArtifactCorrupt(job_name, artifact);
+  }
   // Stops taking jobs, lets running ones finish within `grace`, then interrupts the rest (they return
   // to QUEUED) and joins the workers. Jobs still queued stay queued for the next start or for others.
   void Drain(std::chrono::milliseconds grace);
@@ -85,6 +93,7 @@ class JobManager {
   std::atomic<bool> interrupting_{false};
   JobAdmission admission_;
   JobRetention retention_;
+  JobScrub scrub_;
   std::vector<std::thread> workers_;
   std::thread lease_thread_;
   std::mutex work_mutex_;

@@ -174,8 +174,9 @@ absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, c
                    absl::StrCat("the job ran past the server's limit of ", run.timeout.count(), " s"));
   }
   if (exit.reported) return *exit.reported;
-  if (exit.cancelled)
+  if (exit.cancelled) {
     return Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "the worker was stopped");
+  }
   const int status = exit.wait_status;
   if (WIFEXITED(status) && WEXITSTATUS(status) == kExecFailed) {
     return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_MISSING,
@@ -192,7 +193,7 @@ absl::Status WorkerOutcome(const WorkerExit& exit, const WorkerLimits& limits, c
   if (limits.memory_limit_mb > 0) {
     absl::StrAppend(&message, "; it may have run out of its ", limits.memory_limit_mb, " MiB memory limit");
   }
-  return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_CRASHED, absl::StrCat(message));
+  return Failure(absl::StatusCode::kInternal, v1::ErrorReason::WORKER_CRASHED, message);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <condition_variable>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
@@ -67,6 +69,9 @@ ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle: require client certifi
 ABSL_FLAG(double, job_retention_hours, 720,
           "finished jobs (record, artifacts, blobs no other job uses) are deleted this long after they ended; "
           "0 keeps them (checked at start and hourly)");
+ABSL_FLAG(double, scrub_interval_hours, 24,
+          "every stored blob and artifact is read back against its SHA-256 at start and then this often: a corrupt "
+          "blob is deleted, a corrupt artifact marked and never served; 0: no scrub (downloads still check)");
 ABSL_FLAG(int, tenant_max_active_jobs, 0, "queued + running jobs one tenant may have; 0: no quota beyond the queue");
 ABSL_FLAG(int64_t, tenant_max_stored_bytes, 0,
           "bytes of blobs and partial uploads one tenant may store (checked when an upload starts); 0: no quota");
@@ -96,14 +101,13 @@ namespace {
 
 constexpr char kServiceName[] = "onnxopt.v1.Optimizer";
 
-// Now and then every hour, until destroyed: deletes abandoned partial uploads, finished jobs past
-// their retention, blobs no job uses and stray job folders.
-class Janitor {
+// Runs `work` now and then every `interval` on its own thread, until destroyed (which waits for a run
+// in progress to end).
+class PeriodicTask {
  public:
-  Janitor(onnxopt::server::TenantBlobStores* blobs, onnxopt::server::JobManager* jobs, std::chrono::seconds upload_age,
-          std::chrono::seconds retention)
-      : blobs_(blobs), jobs_(jobs), max_age_(upload_age), retention_(retention), thread_([this] { Run(); }) {}
-  ~Janitor() {
+  PeriodicTask(std::chrono::seconds interval, std::function<void()> work)
+      : interval_(interval), work_(std::move(work)), thread_([this] { Run(); }) {}
+  ~PeriodicTask() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -116,32 +120,73 @@ class Janitor {
   void Run() {
     std::unique_lock<std::mutex> lock(mutex_);
     do {
-      int removed = 0;
-      blobs_->ForEach([&](const std::string&, onnxopt::server::BlobStore& store) {
-        removed += store.ExpireStaleUploads(max_age_);
-      });
-      if (removed > 0) {
-        onnxopt::server::Log(onnxopt::server::LogLevel::kInfo,
-                             absl::StrCat("removed ", removed, " abandoned partial upload(s)"));
-      }
-      const auto collected = jobs_->CollectGarbage(retention_, max_age_);
-      if (collected.jobs + collected.blobs + collected.folders > 0) {
-        onnxopt::server::Log(onnxopt::server::LogLevel::kInfo,
-                             absl::StrCat("deleted ", collected.jobs, " expired job(s), ", collected.blobs,
-                                          " unused blob(s), ", collected.folders, " stray job folder(s); ",
-                                          collected.bytes, " bytes freed"));
-      }
-    } while (!wake_.wait_for(lock, std::chrono::hours(1), [this] { return stopping_; }));
+      lock.unlock();
+      work_();
+      lock.lock();
+    } while (!wake_.wait_for(lock, interval_, [this] { return stopping_; }));
   }
 
-  onnxopt::server::TenantBlobStores* const blobs_;
-  onnxopt::server::JobManager* const jobs_;
-  const std::chrono::seconds max_age_;
-  const std::chrono::seconds retention_;
+  const std::chrono::seconds interval_;
+  const std::function<void()> work_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once the rest is set
+};
+
+// The hourly tidy-up: abandoned partial uploads, then finished jobs past their retention, blobs no job
+// uses and stray job folders.
+void Tidy(onnxopt::server::TenantBlobStores& blobs, onnxopt::server::JobManager& jobs, std::chrono::seconds upload_age,
+          std::chrono::seconds retention) {
+  int removed = 0;
+  blobs.ForEach([&](const std::string&, onnxopt::server::BlobStore& store) {
+    removed += store.ExpireStaleUploads(upload_age);
+  });
+  if (removed > 0) {
+    onnxopt::server::Log(onnxopt::server::LogLevel::kInfo, absl::StrCat("removed ", removed, " abandoned partial upload(s)"));
+  }
+  const auto collected = jobs.CollectGarbage(retention, upload_age);
+  if (collected.jobs + collected.blobs + collected.folders > 0) {
+    onnxopt::server::Log(onnxopt::server::LogLevel::kInfo,
+                         absl::StrCat("deleted ", collected.jobs, " expired job(s), ", collected.blobs,
+                                      " unused blob(s), ", collected.folders, " stray job folder(s); ",
+                                      collected.bytes, " bytes freed"));
+  }
+}
+
+// A scrub of the stored bytes (job_scrub.h), logged.
+void ScrubStoredBytes(onnxopt::server::JobManager& jobs) {
+  const auto started = std::chrono::steady_clock::now();
+  const onnxopt::server::JobScrub::Findings findings = jobs.Scrub();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const bool clean = findings.corrupt_blobs.empty() && findings.corrupt_artifacts.empty();
+  onnxopt::server::Log(clean ? onnxopt::server::LogLevel::kInfo : onnxopt::server::LogLevel::kError,
+                       absl::StrFormat("scrub: %d blob(s) and %d artifact(s), %.1f MiB in %.1f s: %d corrupt blob(s) "
+                                       "deleted, %d corrupt artifact(s) marked",
+                                       findings.blobs_checked, findings.artifacts_checked,
+                                       findings.bytes_read / 1048576.0, seconds, findings.corrupt_blobs.size(),
+                                       findings.corrupt_artifacts.size()));
+}
+
+// The replica's background work, from its start until it stops: the hourly tidy-up and, unless
+// --scrub-interval-hours is 0, the scrub.
+class Housekeeping {
+ public:
+  Housekeeping(onnxopt::server::TenantBlobStores& blobs, onnxopt::server::JobManager& jobs)
+      : janitor_(std::chrono::hours(1), [&blobs, &jobs, upload_age = Hours(absl::GetFlag(FLAGS_upload_expiry_hours)),
+                                         retention = Hours(absl::GetFlag(FLAGS_job_retention_hours))] {
+          Tidy(blobs, jobs, upload_age, retention);
+        }) {
+    if (const double hours = absl::GetFlag(FLAGS_scrub_interval_hours); hours > 0) {
+      scrubber_.emplace(std::max(std::chrono::seconds(1), Hours(hours)), [&jobs] { ScrubStoredBytes(jobs); });
+    }
+  }
+
+ private:
+  static std::chrono::seconds Hours(double hours) { return std::chrono::seconds(static_cast<int64_t>(hours * 3600)); }
+
+  PeriodicTask janitor_;
+  std::optional<PeriodicTask> scrubber_;
 };
 
 int Fail(const std::string& what, const absl::Status& status) {
@@ -181,13 +226,14 @@ absl::Status CheckFlagRanges() {
       absl::GetFlag(FLAGS_job_memory_limit_mb) < 0 || absl::GetFlag(FLAGS_job_timeout_seconds) < 1 ||
       !(absl::GetFlag(FLAGS_upload_expiry_hours) > 0) || absl::GetFlag(FLAGS_tenant_max_active_jobs) < 0 ||
       absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0) ||
+      !(absl::GetFlag(FLAGS_scrub_interval_hours) >= 0) ||
       absl::GetFlag(FLAGS_lease_seconds) < 2 || absl::GetFlag(FLAGS_max_attempts) < 1 ||
       absl::GetFlag(FLAGS_poll_interval_ms) < 10 || absl::GetFlag(FLAGS_job_store_connections) < 2) {
     return absl::InvalidArgumentError(
         "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
         ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
         "drain_grace_seconds, "
-        "job_memory_limit_mb, job_retention_hours and the tenant quotas >= 0, "
+        "job_memory_limit_mb, job_retention_hours, scrub_interval_hours and the tenant quotas >= 0, "
         "upload_expiry_hours > 0");
   }
   const std::string role = absl::GetFlag(FLAGS_role);
@@ -350,9 +396,7 @@ int main(int argc, char** argv) {
   }
   srv::JobManager jobs(*options, store->get(), &tenant_blobs, &metrics);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail("job manager", started);
-  Janitor janitor(&tenant_blobs, &jobs,
-                  std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_upload_expiry_hours) * 3600)),
-                  std::chrono::seconds(static_cast<int64_t>(absl::GetFlag(FLAGS_job_retention_hours) * 3600)));
+  const Housekeeping housekeeping(tenant_blobs, jobs);
 
   srv::OptimizerService service(&tenant_blobs, store->get(), &jobs, &metrics, auth->get());
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = srv::ServerCredentialsFromFiles(

@@ -33,6 +33,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   lease_expirations_ = &counter("onnxopt_job_lease_expirations_total",
                                 "Running jobs taken back because their replica stopped renewing the lease, by "
                                 "what became of them (requeued, failed after the last attempt, cancelled)");
+  corrupt_found_ = &counter("onnxopt_corrupt_found_total",
+                            "Stored bytes found no longer matching their SHA-256, by kind (blob: deleted; "
+                            "artifact: marked, its downloads refused)");
   queue_length_ = &gauge("onnxopt_job_queue_length", "Jobs waiting in the queue").Add({});
   jobs_running_ = &gauge("onnxopt_jobs_running", "Jobs being worked on").Add({});
   job_duration_ = &histogram("onnxopt_job_duration_seconds", "Wall time of a job from start to end")

@@ -35,6 +35,8 @@ class Metrics {
   void SetRunning(double running) { jobs_running_->Set(running); }
   // `outcome`: requeued, failed or cancelled.
   void LeaseExpired(const std::string& outcome) { lease_expirations_->Add({{"outcome", outcome}}).Increment(); }
+  // `kind`: blob or artifact, found corrupt (by a scrub or a download that read it whole).
+  void CorruptFound(const std::string& kind) { corrupt_found_->Add({{"kind", kind}}).Increment(); }
   prometheus::Registry& registry() { return *registry_; }
 
  private:
@@ -44,6 +46,7 @@ class Metrics {
   prometheus::Counter* jobs_created_;
   prometheus::Counter* cache_hits_;
   prometheus::Family<prometheus::Counter>* lease_expirations_;
+  prometheus::Family<prometheus::Counter>* corrupt_found_;
   prometheus::Gauge* queue_length_;
   prometheus::Gauge* jobs_running_;
   prometheus::Histogram* job_duration_;

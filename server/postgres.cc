@@ -109,12 +109,15 @@ absl::StatusOr<Result> Connection::Exec(const std::string& sql, const std::vecto
       "postgresql: ", absl::StripTrailingAsciiWhitespace(raw == nullptr ? ConnectionError(connection_)
                                                                         : PQresultErrorMessage(raw)));
   if (code == "40001" || code == "40P01") return absl::AbortedError(message);
-  if (code == "23505")
-    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::UNIQUE_VIOLATION, absl::StrCat(message));
-  if (absl::StartsWith(code, "53"))
-    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL, absl::StrCat(message));
-  if (absl::StartsWith(code, "08"))
-    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE, absl::StrCat(message));
+  if (code == "23505") {
+    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::UNIQUE_VIOLATION, message);
+  }
+  if (absl::StartsWith(code, "53")) {
+    return Failure(absl::StatusCode::kResourceExhausted, v1::ErrorReason::DISK_FULL, message);
+  }
+  if (absl::StartsWith(code, "08")) {
+    return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE, message);
+  }
   return absl::InternalError(message);
 }
 

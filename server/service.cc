@@ -12,8 +12,10 @@
 #include "optimizer/pass_catalog.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/result_files.h"
+#include "optimizer/sha256.h"
 #include "optimizer/utf8.h"
 #include "server/job_labels.h"
+#include "server/log.h"
 
 namespace onnxopt::server {
 namespace fs = std::filesystem;
@@ -80,12 +82,14 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   if (!caller.ok()) return ToGrpc(caller.status());
   absl::StatusOr<BlobStore*> blobs = blobs_->For(caller->tenant);
   if (!blobs.ok()) return ToGrpc(blobs.status());
-  if (jobs_->draining())
+  if (jobs_->draining()) {
     return ToGrpc(Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::DRAINING, "the server is shutting down"));
+  }
   v1::UploadBlobRequest message;
-  if (!reader->Read(&message))
+  if (!reader->Read(&message)) {
     return ToGrpc(
         Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::EMPTY_UPLOAD, "the stream had no message"));
+  }
   const std::string sha256 = message.sha256();
   const int64_t total_size = message.total_size();
   response->set_sha256(sha256);
@@ -97,8 +101,9 @@ grpc::Status OptimizerService::UploadBlobImpl(grpc::ServerContext* context,
   absl::StatusOr<std::unique_ptr<BlobUpload>> upload = (*blobs)->BeginUpload(sha256, total_size, message.upload_id());
   if (!upload.ok()) return ToGrpc(upload.status());
   do {
-    if (context->IsCancelled())
+    if (context->IsCancelled()) {
       return ToGrpc(Failure(absl::StatusCode::kCancelled, v1::ErrorReason::CANCELLED, "the client went away"));
+    }
     if (!message.sha256().empty() && message.sha256() != sha256) {
       return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::DIGEST_CHANGED,
                             "every message of one upload must name the same sha256"));
@@ -158,11 +163,13 @@ grpc::Status OptimizerService::ListJobs(grpc::ServerContext* context, const v1::
   return Guarded([&] {
     absl::StatusOr<Caller> caller = CallerOf(context);
     if (!caller.ok()) return ToGrpc(caller.status());
-    if (request->page_size() < 0)
+    if (request->page_size() < 0) {
       return ToGrpc(
           Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_PAGE_SIZE, "page_size must be >= 0"));
-    if (!v1::JobState_IsValid(request->state()))
+    }
+    if (!v1::JobState_IsValid(request->state())) {
       return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_STATE, "unknown state"));
+    }
     if (absl::Status labels = ValidateLabels(request->labels(), "label filter"); !labels.ok()) return ToGrpc(labels);
     JobFilter filter(request->state());
     filter.labels = request->labels();
@@ -225,58 +232,87 @@ grpc::Status OptimizerService::Download(grpc::ServerContext* context, const v1::
   return Guarded([&] { return DownloadImpl(context, request, writer); });
 }
 
+namespace {
+
+absl::Status ArtifactCorrupt(const std::string& job_name, const std::string& artifact) {
+  return Failure(absl::StatusCode::kDataLoss, v1::ErrorReason::ARTIFACT_CORRUPT,
+                 absl::StrCat("the server's copy of ", job_name, "/", artifact,
+                              " no longer matches its SHA-256; it is not served (submit the model again)"));
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerService::ServedArtifact> OptimizerService::ArtifactToServe(const v1::Job& job,
+                                                                                  const std::string& name) const {
+  ServedArtifact served{name, "", jobs_->OutputDir(job.name()) / name};
+  // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
+  bool listed = false;
+  for (const auto& entry : job.result().artifacts()) {
+    if (entry.name() != name) continue;
+    if (entry.corrupt()) return ArtifactCorrupt(job.name(), name);
+    listed = true;
+    served.sha256 = entry.sha256();
+  }
+  std::error_code error;
+  if (listed || (name == kReportFileName && IsTerminal(job.state()) && fs::exists(served.path, error))) return served;
+  if (!IsTerminal(job.state())) {
+    return Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
+                   absl::StrCat(job.name(), " is ", v1::JobState_Name(job.state()), "; wait for it to finish"));
+  }
+  return Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
+                 absl::StrCat(job.name(), " has no artifact '", name, "'"));
+}
+
 grpc::Status OptimizerService::DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
                                             grpc::ServerWriter<v1::DownloadChunk>* writer) {
   absl::StatusOr<v1::Job> job = CallersJob(context, request->name());
   if (!job.ok()) return ToGrpc(job.status());
-  const std::string artifact = request->artifact().empty() ? kModelFileName : request->artifact();
-  // Only files the job lists (or its report, which failed jobs keep too) can be fetched.
-  std::string digest;
-  bool listed = false;
-  for (const auto& entry : job->result().artifacts()) {
-    if (entry.name() == artifact) {
-      listed = true;
-      digest = entry.sha256();
-    }
+  absl::StatusOr<ServedArtifact> served =
+      ArtifactToServe(*job, request->artifact().empty() ? kModelFileName : request->artifact());
+  if (!served.ok()) return ToGrpc(served.status());
+  std::ifstream in(served->path, std::ios::binary);
+  if (!in) {
+    return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
+                          absl::StrCat("'", served->name, "' is gone from disk")));
   }
-  const fs::path path = jobs_->OutputDir(job->name()) / artifact;
   std::error_code error;
-  if (!listed && !(artifact == kReportFileName && IsTerminal(job->state()) && fs::exists(path, error))) {
-    if (!IsTerminal(job->state())) {
-      return ToGrpc(
-          Failure(absl::StatusCode::kFailedPrecondition, v1::ErrorReason::JOB_NOT_DONE,
-                  absl::StrCat(job->name(), " is ", v1::JobState_Name(job->state()), "; wait for it to finish")));
-    }
-    return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
-                          absl::StrCat(job->name(), " has no artifact '", artifact, "'")));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return ToGrpc(Failure(absl::StatusCode::kNotFound, v1::ErrorReason::ARTIFACT_NOT_FOUND,
-                          absl::StrCat("'", artifact, "' is gone from disk")));
-  const int64_t total = static_cast<int64_t>(fs::file_size(path, error));
+  const int64_t total = static_cast<int64_t>(fs::file_size(served->path, error));
   if (request->offset() < 0 || request->offset() > total) {
     return ToGrpc(Failure(absl::StatusCode::kOutOfRange, v1::ErrorReason::BAD_OFFSET,
                           absl::StrCat("offset must be within 0..", total)));
   }
   in.seekg(request->offset());
-  int64_t offset = request->offset();
+  return StreamArtifact(context, job->name(), *served, in, request->offset(), total, writer);
+}
+
+grpc::Status OptimizerService::StreamArtifact(grpc::ServerContext* context, const std::string& job_name,
+                                              const ServedArtifact& served, std::ifstream& in, int64_t offset,
+                                              int64_t total, grpc::ServerWriter<v1::DownloadChunk>* writer) {
+  // Read whole, the bytes are checked against the recorded digest as they go: a copy that rotted since
+  // the last scrub ends the stream with DATA_LOSS (the client discards it too) and is marked.
+  const bool whole = offset == 0 && !served.sha256.empty();
+  Sha256 streamed;
   std::string buffer(kChunkBytes, '\0');
   bool first = true;
   do {
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED: client went away");
     in.read(buffer.data(), kChunkBytes);
     const std::streamsize got = in.gcount();
+    if (whole) streamed.Update(buffer.data(), static_cast<size_t>(got));
     v1::DownloadChunk chunk;
     chunk.set_offset(offset);
     chunk.set_data(buffer.data(), static_cast<size_t>(got));
     chunk.set_total_size(total);
-    if (first) chunk.set_sha256(digest);
+    if (first) chunk.set_sha256(served.sha256);
     first = false;
     if (!writer->Write(chunk)) return grpc::Status::OK;
     offset += got;
   } while (offset < total && in);
-  return grpc::Status::OK;
+  if (!whole || streamed.HexDigest() == served.sha256) return grpc::Status::OK;
+  if (absl::Status marked = jobs_->MarkArtifactCorrupt(job_name, served.name); !marked.ok()) {
+    Log(LogLevel::kError, absl::StrCat("cannot mark ", job_name, "/", served.name, " corrupt: ", marked.ToString()));
+  }
+  return ToGrpc(ArtifactCorrupt(job_name, served.name));
 }
 
 grpc::Status OptimizerService::GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,

@@ -6,6 +6,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "onnxopt/v1/service.grpc.pb.h"
 #include "server/blob_store.h"
@@ -48,6 +51,17 @@ class OptimizerService final : public v1::Optimizer::Service {
                               v1::Blob* response);
   grpc::Status DownloadImpl(grpc::ServerContext* context, const v1::DownloadRequest* request,
                             grpc::ServerWriter<v1::DownloadChunk>* writer);
+  // An artifact a download may fetch: listed by the job (or its report) and not marked corrupt.
+  struct ServedArtifact {
+    std::string name;
+    std::string sha256;  // recorded; empty for a failed job's report
+    std::filesystem::path path;
+  };
+  absl::StatusOr<ServedArtifact> ArtifactToServe(const v1::Job& job, const std::string& name) const;
+  // Streams `served` from `offset`; a whole read whose bytes miss the digest marks it and ends DATA_LOSS.
+  grpc::Status StreamArtifact(grpc::ServerContext* context, const std::string& job_name, const ServedArtifact& served,
+                              std::ifstream& in, int64_t offset, int64_t total,
+                              grpc::ServerWriter<v1::DownloadChunk>* writer);
   // The caller, from the request's "authorization" metadata (UNAUTHENTICATED without a valid token
   // when authentication is on).
   absl::StatusOr<Caller> CallerOf(const grpc::ServerContext* context) const;

@@ -96,8 +96,9 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const std::optional<absl::str
     table = table_;
   }
   std::optional<Caller> caller = table == nullptr ? std::nullopt : table->Find(digest);
-  if (!caller)
+  if (!caller) {
     return Failure(absl::StatusCode::kUnauthenticated, v1::ErrorReason::UNAUTHENTICATED, "the token is not valid");
+  }
   return *caller;
 }
 
@@ -106,8 +107,9 @@ TenantBlobStores::TenantBlobStores(fs::path data_dir, BlobStore* default_store)
 
 absl::StatusOr<BlobStore*> TenantBlobStores::For(const std::string& tenant) {
   if (tenant.empty()) return default_store_;
-  if (!IsValidTenantName(tenant))
+  if (!IsValidTenantName(tenant)) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::BAD_TENANT, "malformed tenant name");
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = stores_.find(tenant);
   if (it != stores_.end()) return it->second.get();

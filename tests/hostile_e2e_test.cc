@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "client/client.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -327,6 +328,69 @@ TEST_F(E2eTest, AnAlteredBlobFailsItsJobAndIsStoredAgain) {
   EXPECT_TRUE(absl::StrContains(corrupt.err, "BLOB_CORRUPT")) << corrupt.err;
   EXPECT_FALSE(fs::exists(stored));
   Result again = Cli({"submit", model.string(), "--config", config.string(), "--wait"});
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
+// Bytes that rot on disk are found and never served (issue 45). A download that reads an artifact
+// whole checks it against its recorded SHA-256: the stream ends DATA_LOSS (ARTIFACT_CORRUPT) and the
+// artifact is marked, so later downloads are refused at once. The scrub at start reads every blob and
+// artifact: it deletes a corrupt blob (the next upload stores it again) and marks a corrupt artifact.
+TEST_F(E2eTest, RottenBytesAreFoundByDownloadsAndTheScrubAndNeverServed) {
+  StartServer();
+  const fs::path config = WriteFile("config.json", R"({"benchmark": {"skip": true}})");
+  auto flip_a_byte = [](const fs::path& path) {
+    std::string bytes = Slurp(path);
+    ASSERT_FALSE(bytes.empty()) << path;
+    bytes[bytes.size() / 2] ^= 0x01;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto job_of = [&](const char* fixture) {
+    Result submitted = Cli({"submit", FixturePath(fixture).string(), "--config", config.string(), "--wait", "-o",
+                            (dir_ / (std::string(fixture) + ".out")).string()});
+    EXPECT_EQ(submitted.code, 0) << submitted.err;
+    return std::string(absl::StripTrailingAsciiWhitespace(submitted.out.substr(0, submitted.out.find('\n'))));
+  };
+  auto model_of = [&](const std::string& job) {
+    return dir_ / "data" / "jobs" / std::string(absl::StripPrefix(job, "jobs/")) / "output" / "model.onnx";
+  };
+  auto refused = [&](const std::string& job) {
+    const fs::path out = dir_ / "fetched.onnx";
+    Result download = Cli({"download", job, "-o", out.string()});
+    EXPECT_EQ(download.code, 5) << download.out << download.err;
+    EXPECT_TRUE(absl::StrContains(download.err, "ARTIFACT_CORRUPT")) << download.err;
+    EXPECT_FALSE(fs::exists(out));
+    return absl::StrContains(Cli({"status", job, "--json"}).out, "\"corrupt\": true");
+  };
+
+  // Found by a download.
+  const std::string read_whole = job_of("cnn_tiny.onnx");
+  flip_a_byte(model_of(read_whole));
+  EXPECT_TRUE(refused(read_whole)) << "the download marks it";
+  EXPECT_TRUE(refused(read_whole)) << "and the next is refused before a byte is sent";
+
+  // Found by the scrub at the next start: an artifact and the blob of the model it was made from.
+  const std::string scrubbed = job_of("cnn_bn.onnx");
+  const fs::path blob = dir_ / "data" / "blobs" / *Sha256OfFile(FixturePath("cnn_bn.onnx"));
+  ASSERT_TRUE(fs::exists(blob));
+  EXPECT_EQ(StopServer(), 0);
+  flip_a_byte(model_of(scrubbed));
+  flip_a_byte(blob);
+  StartServer();
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (fs::exists(blob) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(fs::exists(blob)) << "the scrub deletes a corrupt blob";
+  bool marked = false;
+  while (!marked && Clock::now() < deadline) {
+    marked = absl::StrContains(Cli({"status", scrubbed, "--json"}).out, "\"corrupt\": true");
+    if (!marked) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(marked) << "the scrub marks a corrupt artifact";
+  EXPECT_TRUE(refused(scrubbed));
+  EXPECT_TRUE(absl::StrContains(Slurp(dir_ / "server.err"), "scrub: ")) << "the scrub logs what it read";
+  // The model uploads again and runs: nothing of the rot is left in its way.
+  const fs::path rerun = WriteFile("rerun.json", R"({"benchmark": {"skip": true}, "cache": false})");
+  Result again = Cli({"submit", FixturePath("cnn_bn.onnx").string(), "--config", rerun.string(), "--wait", "-o",
+                      (dir_ / "again.onnx").string()});
   EXPECT_EQ(again.code, 0) << again.err;
 }
 

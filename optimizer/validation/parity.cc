@@ -392,9 +392,10 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
       if (shape_set == 0 && sample == 0) {
         // A model that disagrees with itself (random ops, training-mode Dropout) cannot be judged.
         auto again = RunOnInputs(original, *inputs, reference.output_names);
-        if (!again.ok())
+        if (!again.ok()) {
           return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::ORT_RUN_FAILED,
                          absl::StrCat(again.status().message()));
+        }
         for (size_t i = 0; i < reference.output_names.size(); ++i) {
           v1::OutputParity self;
           // Loose enough for thread-level reordering, far tighter than what random operators change.

@@ -515,6 +515,8 @@ class Client:
                 f.flush()
                 if e.code() == grpc.StatusCode.OUT_OF_RANGE and held > 0:
                     return announced  # more bytes held than the artifact has: the caller starts over
+                if e.code() == grpc.StatusCode.DATA_LOSS:
+                    f.truncate(0)  # the server says these bytes are bad (ARTIFACT_CORRUPT): nothing to resume
                 retry.wait(e, (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
 
     def _download_result(self, job: service_pb2.Job, out: str, retry: _Retry) -> Dict[str, str]:
