@@ -31,7 +31,9 @@ void JobScrub::ScrubBlobs(Findings& findings) {
       absl::StatusOr<std::string> actual = Sha256OfFile(store.PathOf(digest));
       if (!actual.ok()) continue;  // removed meanwhile
       ++findings.blobs_checked;
-      findings.bytes_read += static_cast<int64_t>(fs::file_size(store.PathOf(digest)));
+      std::error_code error;
+      const auto size = fs::file_size(store.PathOf(digest), error);
+      if (!error) findings.bytes_read += static_cast<int64_t>(size);
       if (*actual == digest) continue;
       std::lock_guard<std::mutex> lock(blob_lock_);
       if (!store.RemoveIfCorrupt(digest)) continue;

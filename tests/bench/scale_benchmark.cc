@@ -1,9 +1,12 @@
-// A long queue on PostgreSQL: how fast an API replica takes 10,000 jobs, how fast it lists and reads
-// them with that many queued, and whether its memory grows with the jobs the store holds. One API
-// replica (--role=api: nothing runs, so every job stays queued), a throwaway postgresql-15 cluster
-// (tests/postgres_cluster.h), the client library; figures in docs/reliability.md.
+// A long queue: how fast a replica takes 10,000 jobs, how fast it lists and reads them with that many
+// there, and whether its memory grows with the jobs the store holds. Figures in docs/reliability.md.
+//   --store=postgresql (default): one API replica (--role=api: nothing runs, every job stays queued) on a
+//     throwaway postgresql-15 cluster (tests/postgres_cluster.h);
+//   --store=sqlite: one replica with two workers on SQLite, which run the jobs as they come: also the
+//     time the two workers take to drain the queue, and the replica's memory after 100, 1,000 and 5,000
+//     finished jobs.
 //
-//   onnxopt-scale-benchmark [--jobs=10000] [--threads=4]
+//   onnxopt-scale-benchmark [--jobs=10000] [--threads=4] [--store=postgresql|sqlite]
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -57,40 +60,47 @@ std::vector<double> TimeCalls(int count, Call call) {
   return ms;
 }
 
-int Main(int argc, char** argv) {
-  int jobs = 10000, threads = 4;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* flag, int* out) {
-      const std::string prefix = absl::StrCat(flag, "=");
-      return arg.rfind(prefix, 0) == 0 && absl::SimpleAtoi(arg.substr(prefix.size()), out) && *out > 0;
-    };
-    if (!value("--jobs", &jobs) && !value("--threads", &threads)) {
-      std::fprintf(stderr, "usage: onnxopt-scale-benchmark [--jobs=10000] [--threads=4]\n");
-      return 2;
-    }
+// Whether every job of `names` up to `count` has ended (they run in the order they were queued).
+bool FinishedUpTo(Client& client, const std::vector<std::string>& names, int count) {
+  for (int i = count - 1; i >= 0; --i) {
+    if (names[i].empty()) continue;
+    auto job = client.GetJob(names[i]);
+    return job.ok() && (job->state() == v1::SUCCEEDED || job->state() == v1::FAILED);
   }
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("onnxopt_scale_bench_", ::getpid());
-  auto cluster = PostgresCluster::Start(dir / "pg");
-  if (!cluster.ok() || !(*cluster)->CreateDatabase("scale").ok()) {
-    std::fprintf(stderr, "no PostgreSQL cluster: %s\n", cluster.status().ToString().c_str());
-    return 1;
+  return true;
+}
+
+// SQLite: waits for the workers to end every job, printing the replica's memory after 100, 1,000 and
+// 5,000 finished ones; the seconds from the end of the submissions to the last job's end.
+double Drain(Client& client, const std::vector<std::string>& names, pid_t replica) {
+  const auto start = Clock::now();
+  for (int mark : {100, 1000, 5000, static_cast<int>(names.size())}) {
+    if (mark > static_cast<int>(names.size())) continue;
+    while (!FinishedUpTo(client, names, mark)) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::printf("  after %5d finished jobs: RSS %.1f MiB\n", mark, ResidentMiB(replica));
+    if (mark == static_cast<int>(names.size())) break;
   }
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int Run(int jobs, int threads, bool sqlite, const std::string& job_store, const fs::path& dir) {
   int failures = 0;
   {
-    ReplicaDeployment deployment(dir / "replicas", (*cluster)->Uri("scale"),
+    ReplicaDeployment deployment(dir / "replicas", job_store,
                                  {"--drain-grace-seconds=0", absl::StrCat("--queue-capacity=", jobs + 100)});
-    const std::string address = deployment.Start("api", {"--role=api"});
+    const std::string address =
+        deployment.Start("api", sqlite ? std::vector<std::string>{"--workers=2"} : std::vector<std::string>{"--role=api"});
     if (address.empty()) {
-      std::fprintf(stderr, "the API replica did not start: %s\n", deployment.Log("api").c_str());
+      std::fprintf(stderr, "the replica did not start: %s\n", deployment.Log("api").c_str());
       return 1;
     }
     Client api(address);
     auto model = api.UploadModel(FixturePath("cnn_tiny.onnx"));
     auto config = client::ParseConfigJson(kTinyJob);
     if (!model.ok() || !config.ok()) return 1;
-    std::printf("%d jobs queued on PostgreSQL through one API replica (--role=api), %d client threads:\n", jobs,
-                threads);
+    std::printf(sqlite ? "%d jobs on SQLite through one replica with two workers running them, %d client threads:\n"
+                       : "%d jobs queued on PostgreSQL through one API replica (--role=api), %d client threads:\n",
+                jobs, threads);
     std::printf("  API replica's RSS: %.1f MiB before the first job\n", ResidentMiB(deployment.Pid("api")));
     // Submitted in stages, the replica's memory read after each.
     std::vector<std::string> names(jobs);
@@ -148,10 +158,46 @@ int Main(int argc, char** argv) {
                 Quantile(first_pages, 0.5), Quantile(first_pages, 0.99), Quantile(filtered, 0.5),
                 Quantile(filtered, 0.99), Quantile(deep, 0.5), Quantile(deep, 0.99), deep.size());
     std::printf("  GetJob: p50 %.2f ms, p99 %.2f ms (1000 random jobs)\n", Quantile(gets, 0.5), Quantile(gets, 0.99));
+    if (sqlite) {
+      const double seconds = Drain(api, names, deployment.Pid("api"));
+      std::printf("  two workers ended the rest %.0f s after the last submission (%.1f jobs/s overall)\n", seconds,
+                  jobs / (submit_seconds + seconds));
+    }
   }
+  return failures == 0 ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  int jobs = 10000, threads = 4;
+  std::string store = "postgresql";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag, int* out) {
+      const std::string prefix = absl::StrCat(flag, "=");
+      return arg.rfind(prefix, 0) == 0 && absl::SimpleAtoi(arg.substr(prefix.size()), out) && *out > 0;
+    };
+    if (arg == "--store=sqlite" || arg == "--store=postgresql") {
+      store = arg.substr(8);
+    } else if (!value("--jobs", &jobs) && !value("--threads", &threads)) {
+      std::fprintf(stderr, "usage: onnxopt-scale-benchmark [--jobs=10000] [--threads=4] [--store=postgresql|sqlite]\n");
+      return 2;
+    }
+  }
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("onnxopt_scale_bench_", ::getpid());
+  if (store == "sqlite") {
+    const int result = Run(jobs, threads, /*sqlite=*/true, "sqlite", dir);
+    fs::remove_all(dir);
+    return result;
+  }
+  auto cluster = PostgresCluster::Start(dir / "pg");
+  if (!cluster.ok() || !(*cluster)->CreateDatabase("scale").ok()) {
+    std::fprintf(stderr, "no PostgreSQL cluster: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  const int result = Run(jobs, threads, /*sqlite=*/false, (*cluster)->Uri("scale"), dir);
   cluster->reset();
   fs::remove_all(dir);
-  return failures == 0 ? 0 : 1;
+  return result;
 }
 
 }  // namespace
