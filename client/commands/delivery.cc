@@ -81,10 +81,13 @@ absl::StatusOr<Delivered> Deliver(std::vector<ResultFile> files, const v1::Repor
   return Delivered{to.out, report_path};
 }
 
-absl::StatusOr<Delivered> DownloadResult(client::Client& client, const v1::Job& job, const Destination& to) {
-  // A repository gathers them inside; a file, and a GenAI folder (which appears whole), beside.
+fs::path WorkFolder(const Destination& to) {
   const bool inside = to.repository && to.repository->layout != client::RepositoryLayout::kGenai;
-  const fs::path dir = inside ? to.out : FolderOf(to.out);
+  return inside ? to.out : FolderOf(to.out);
+}
+
+absl::StatusOr<Delivered> DownloadResult(client::Client& client, const v1::Job& job, const Destination& to) {
+  const fs::path dir = WorkFolder(to);
   std::error_code error;
   fs::create_directories(dir, error);
   const fs::path staging = dir / absl::StrCat(".onnxopt-download-", absl::StripPrefix(job.name(), "jobs/"));

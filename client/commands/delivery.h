@@ -28,6 +28,10 @@ struct Delivered {
   std::filesystem::path report;
 };
 
+// Where a result's files gather before they are delivered to `to`: inside a model repository, beside a
+// model file or a GenAI folder (which appears whole).
+std::filesystem::path WorkFolder(const Destination& to);
+
 // Moves a result's files (the model, its data, the report, ...) to `to`, each where its role puts it.
 absl::StatusOr<Delivered> Deliver(std::vector<client::ResultFile> files, const v1::Report& report,
                                   const Destination& to);

@@ -30,18 +30,24 @@ class JobCommand : public ServerCommand {
   bool json_ = false;
 };
 
-class StatusCommand : public JobCommand {
+// `status` and `cancel`: one call that answers with the job, which is printed.
+class JobCallCommand : public JobCommand {
  public:
-  StatusCommand(CLI::App& app, const ConnectionOptions& connection)
-      : JobCommand(app, "status", "show a job", connection) {}
+  using Call = absl::StatusOr<v1::Job> (client::Client::*)(const std::string& name);
+  JobCallCommand(CLI::App& app, const std::string& name, const std::string& description,
+                 const ConnectionOptions& connection, Call call)
+      : JobCommand(app, name, description, connection), call_(call) {}
 
  protected:
   int RunWith(client::Client& client) override {
-    auto found = client.GetJob(job());
-    if (!found.ok()) return Fail(found.status());
-    std::cout << (json() ? client::ToJson(*found) : client::FormatJob(*found));
+    auto answered = (client.*call_)(job());
+    if (!answered.ok()) return Fail(answered.status());
+    std::cout << (json() ? client::ToJson(*answered) : client::FormatJob(*answered));
     return kOk;
   }
+
+ private:
+  const Call call_;
 };
 
 class WatchCommand : public JobCommand {
@@ -56,20 +62,6 @@ class WatchCommand : public JobCommand {
     });
     if (!final_job.ok()) return Fail(final_job.status());
     return ExitForJob(*final_job);
-  }
-};
-
-class CancelCommand : public JobCommand {
- public:
-  CancelCommand(CLI::App& app, const ConnectionOptions& connection)
-      : JobCommand(app, "cancel", "cancel a queued or running job", connection) {}
-
- protected:
-  int RunWith(client::Client& client) override {
-    auto cancelled = client.CancelJob(job());
-    if (!cancelled.ok()) return Fail(cancelled.status());
-    std::cout << (json() ? client::ToJson(*cancelled) : client::FormatJob(*cancelled));
-    return kOk;
   }
 };
 
@@ -132,13 +124,14 @@ class ListCommand : public ServerCommand {
 }  // namespace
 
 std::unique_ptr<Command> NewStatusCommand(CLI::App& app, const ConnectionOptions& connection) {
-  return std::make_unique<StatusCommand>(app, connection);
+  return std::make_unique<JobCallCommand>(app, "status", "show a job", connection, &client::Client::GetJob);
 }
 std::unique_ptr<Command> NewWatchCommand(CLI::App& app, const ConnectionOptions& connection) {
   return std::make_unique<WatchCommand>(app, connection);
 }
 std::unique_ptr<Command> NewCancelCommand(CLI::App& app, const ConnectionOptions& connection) {
-  return std::make_unique<CancelCommand>(app, connection);
+  return std::make_unique<JobCallCommand>(app, "cancel", "cancel a queued or running job", connection,
+                                          &client::Client::CancelJob);
 }
 std::unique_ptr<Command> NewDeleteCommand(CLI::App& app, const ConnectionOptions& connection) {
   return std::make_unique<DeleteCommand>(app, connection);

@@ -65,12 +65,11 @@ class OptimizeCommand : public Command {
   }
 
  private:
-  // Runs the optimizer into a staging folder (inside a repository, beside a file or a GenAI folder,
-  // which appears whole) and delivers what it made with the report, as a job's files are.
+  // Runs the optimizer into a staging folder in WorkFolder(to) and delivers what it made with the
+  // report, as a job's files are.
   absl::StatusOr<Delivered> OptimizeAndDeliver(const v1::OptimizationConfig& config, const Destination& to,
                                                v1::Report* report) {
-    const bool inside = to.repository && to.repository->layout != client::RepositoryLayout::kGenai;
-    const fs::path work = inside ? to.out : to.out.parent_path().empty() ? fs::path(".") : to.out.parent_path();
+    const fs::path work = WorkFolder(to);
     std::error_code error;
     fs::create_directories(work, error);
     const fs::path staging = work / (".onnxopt-" + std::to_string(::getpid()));

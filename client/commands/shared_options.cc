@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -30,30 +31,24 @@ std::string FlagOrEnvironment(const Flag<std::string>& flag, const char* variabl
   return flag.given() ? *flag : FromEnvironment(variable);
 }
 
-constexpr const char* kTritonFlags[] = {"--model-name", "--version", "--max-batch-size", "--storage-uri"};
-constexpr const char* kGenaiFlags[] = {"--tokenizer", "--context-length", "--genai-type"};
-
-const Flag<std::string>* RepositoryFlagNamed(const RepositoryFlags& flags, std::string_view name) {
-  if (name == "--model-name") return &flags.model_name;
-  if (name == "--version") return &flags.version;
-  if (name == "--max-batch-size") return &flags.max_batch_size;
-  if (name == "--storage-uri") return &flags.storage_uri;
-  if (name == "--tokenizer") return &flags.tokenizer;
-  if (name == "--context-length") return &flags.context_length;
-  return &flags.genai_type;
+// The name of the first of `flags` given ("--version"), or "".
+std::string FirstGiven(std::initializer_list<const Flag<std::string>*> flags) {
+  for (const Flag<std::string>* flag : flags) {
+    if (flag->given()) return flag->option->get_name();
+  }
+  return "";
 }
 
-// The first of `names` given, or nullptr.
-template <size_t N>
-const char* FirstGiven(const RepositoryFlags& flags, const char* const (&names)[N]) {
-  for (const char* name : names) {
-    if (RepositoryFlagNamed(flags, name)->given()) return name;
-  }
-  return nullptr;
+// The flags only --layout triton or kserve take, and those only --layout genai takes.
+std::string FirstServingFlagGiven(const RepositoryFlags& flags) {
+  return FirstGiven({&flags.model_name, &flags.version, &flags.max_batch_size, &flags.storage_uri});
+}
+std::string FirstGenaiFlagGiven(const RepositoryFlags& flags) {
+  return FirstGiven({&flags.tokenizer, &flags.context_length, &flags.genai_type});
 }
 
 absl::Status ReadGenaiFlags(const RepositoryFlags& flags, client::RepositoryOptions* options) {
-  if (const char* flag = FirstGiven(flags, kTritonFlags)) {
+  if (const std::string flag = FirstServingFlagGiven(flags); !flag.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " is for --layout triton or kserve"));
   }
   options->genai.tokenizer_dir = *flags.tokenizer;
@@ -66,7 +61,7 @@ absl::Status ReadGenaiFlags(const RepositoryFlags& flags, client::RepositoryOpti
 }
 
 absl::Status ReadServingFlags(const RepositoryFlags& flags, client::RepositoryOptions* options) {
-  if (const char* flag = FirstGiven(flags, kGenaiFlags)) {
+  if (const std::string flag = FirstGenaiFlagGiven(flags); !flag.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " is for --layout genai"));
   }
   options->model_name = *flags.model_name;
@@ -236,10 +231,10 @@ void AddRepositoryOptions(CLI::App* command, RepositoryFlags* flags) {
 absl::StatusOr<std::optional<client::RepositoryOptions>> RepositoryFrom(const RepositoryFlags& flags,
                                                                         const Flag<std::string>& out) {
   if (!flags.layout.given()) {
-    if (const char* flag = FirstGiven(flags, kTritonFlags)) {
+    if (const std::string flag = FirstServingFlagGiven(flags); !flag.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " needs --layout triton or kserve"));
     }
-    if (const char* flag = FirstGiven(flags, kGenaiFlags)) {
+    if (const std::string flag = FirstGenaiFlagGiven(flags); !flag.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " needs --layout genai"));
     }
     return std::nullopt;
