@@ -142,14 +142,14 @@ bool IsSharedJobStore(const std::string& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
-                                                       int max_connections) {
+                                                       const pg::PoolOptions& connections) {
   auto widen = [](auto store) -> absl::StatusOr<std::unique_ptr<JobStore>> {
     if (!store.ok()) return store.status();
     return std::unique_ptr<JobStore>(std::move(*store));
   };
   if (spec.empty() || spec == "sqlite") return widen(SqliteJobStore::Open(data_dir / "jobs.sqlite3"));
   if (absl::StartsWith(spec, "sqlite:") && spec.size() > 7) return widen(SqliteJobStore::Open(spec.substr(7)));
-  if (IsSharedJobStore(spec)) return widen(PostgresJobStore::Open(spec, max_connections));
+  if (IsSharedJobStore(spec)) return widen(PostgresJobStore::Open(spec, connections));
   return absl::InvalidArgumentError(
       "job_store must be \"sqlite\" (the default), \"sqlite:<path>\" or a postgresql:// connection URI");
 }

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "onnxopt/v1/service.pb.h"
+#include "server/postgres.h"
 
 namespace onnxopt::server {
 
@@ -120,10 +121,10 @@ class JobStore {
 
 // Opens the store `spec` names: "" or "sqlite" for <data_dir>/jobs.sqlite3, "sqlite:<path>", or a
 // libpq connection URI ("postgresql://user@host:5432/db?sslmode=require"; a password is better given
-// in PGPASSWORD or ~/.pgpass). INVALID_ARGUMENT for anything else. `max_connections`: the most
-// PostgreSQL connections the store opens for requests (lease renewals have two more of their own).
+// in PGPASSWORD or ~/.pgpass). INVALID_ARGUMENT for anything else. `connections`: how a PostgreSQL store holds
+// the connections it opens for requests (lease renewals have two more of their own, as old at most).
 absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& spec, const std::filesystem::path& data_dir,
-                                                       int max_connections = 8);
+                                                       const pg::PoolOptions& connections = {});
 // Whether `spec` names a store that replicas share (PostgreSQL), rather than one server's own.
 bool IsSharedJobStore(const std::string& spec);
 

@@ -81,6 +81,9 @@ ABSL_FLAG(std::string, job_store, "sqlite",
 ABSL_FLAG(int, job_store_connections, 8,
           "PostgreSQL connections one replica opens for requests, at most (two more renew leases); replicas x "
           "(this + 2) must stay under the database's max_connections");
+ABSL_FLAG(int, job_store_connection_max_age_seconds, 30,
+          "a PostgreSQL connection this old is closed (when returned, or while idle) and another opened on need: "
+          "a smart shutdown of the database waits for every session, and a failover's new primary gets them all");
 ABSL_FLAG(std::string, role, "all",
           "all: serve the API and run jobs; api: serve the API only; worker: run jobs only (serves gRPC health and "
           "metrics). api and worker need a shared job store");
@@ -228,10 +231,11 @@ absl::Status CheckFlagRanges() {
       absl::GetFlag(FLAGS_tenant_max_stored_bytes) < 0 || !(absl::GetFlag(FLAGS_job_retention_hours) >= 0) ||
       !(absl::GetFlag(FLAGS_scrub_interval_hours) >= 0) ||
       absl::GetFlag(FLAGS_lease_seconds) < 2 || absl::GetFlag(FLAGS_max_attempts) < 1 ||
-      absl::GetFlag(FLAGS_poll_interval_ms) < 10 || absl::GetFlag(FLAGS_job_store_connections) < 2) {
+      absl::GetFlag(FLAGS_poll_interval_ms) < 10 || absl::GetFlag(FLAGS_job_store_connections) < 2 ||
+      absl::GetFlag(FLAGS_job_store_connection_max_age_seconds) < 1) {
     return absl::InvalidArgumentError(
         "workers, queue_capacity, max_upload_bytes, job_timeout_seconds and max_attempts must be "
-        ">= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
+        ">= 1, job_store_connection_max_age_seconds >= 1, lease_seconds >= 2, poll_interval_ms >= 10, job_store_connections >= 2, "
         "drain_grace_seconds, "
         "job_memory_limit_mb, job_retention_hours, scrub_interval_hours and the tenant quotas >= 0, "
         "upload_expiry_hours > 0");
@@ -386,7 +390,9 @@ int main(int argc, char** argv) {
   srv::TenantBlobStores tenant_blobs(data_dir, blobs->get());
   auto auth = srv::Authenticator::Open(absl::GetFlag(FLAGS_auth_tokens_file));
   if (!auth.ok()) return Fail("auth_tokens_file", auth.status());
-  auto store = srv::OpenJobStore(absl::GetFlag(FLAGS_job_store), data_dir, absl::GetFlag(FLAGS_job_store_connections));
+  const srv::pg::PoolOptions connections{absl::GetFlag(FLAGS_job_store_connections),
+                                         std::chrono::seconds(absl::GetFlag(FLAGS_job_store_connection_max_age_seconds))};
+  auto store = srv::OpenJobStore(absl::GetFlag(FLAGS_job_store), data_dir, connections);
   if (!store.ok()) return Fail("job store", store.status());
   srv::Metrics metrics;
   absl::StatusOr<int> metrics_port = metrics.Serve(absl::GetFlag(FLAGS_metrics_listen));

@@ -133,7 +133,47 @@ absl::Status Connection::Transaction(const std::function<absl::Status()>& work) 
   return status;
 }
 
-Pool::~Pool() = default;
+Pool::Pool(std::string uri, PoolOptions options)
+    : uri_(std::move(uri)), options_(options), sweeper_([this] { SweepIdle(); }) {}
+
+Pool::~Pool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+  }
+  sweep_.notify_all();
+  sweeper_.join();
+}
+
+bool Pool::TooOld(const Connection* connection, std::chrono::steady_clock::time_point now) const {
+  auto opened = opened_at_.find(connection);
+  return opened != opened_at_.end() && now - opened->second >= options_.max_age;
+}
+
+void Pool::SweepIdle() {
+  const auto period = std::max(std::chrono::milliseconds(100),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_age) / 4);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!sweep_.wait_for(lock, period, [&] { return closing_; })) {
+    std::vector<std::unique_ptr<Connection>> expired;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if (!TooOld(it->get(), now)) {
+        ++it;
+        continue;
+      }
+      opened_at_.erase(it->get());
+      expired.push_back(std::move(*it));
+      it = idle_.erase(it);
+    }
+    if (expired.empty()) continue;
+    open_ -= static_cast<int>(expired.size());
+    returned_.notify_all();
+    lock.unlock();
+    expired.clear();  // closed outside the lock
+    lock.lock();
+  }
+}
 
 Pool::Lease::~Lease() {
   if (pool_ != nullptr && connection_ != nullptr) pool_->Return(std::move(connection_));
@@ -141,33 +181,41 @@ Pool::Lease::~Lease() {
 
 absl::StatusOr<Pool::Lease> Pool::Acquire() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!returned_.wait_for(lock, kAcquireTimeout, [&] { return !idle_.empty() || open_ < max_; })) {
+  if (!returned_.wait_for(lock, kAcquireTimeout,
+                          [&] { return !idle_.empty() || open_ < options_.max_connections; })) {
     return Failure(absl::StatusCode::kUnavailable, v1::ErrorReason::JOB_STORE_UNAVAILABLE,
-                   absl::StrCat("all ", max_, " database connections stayed busy for 30 s"));
+                   absl::StrCat("all ", options_.max_connections, " database connections stayed busy for 30 s"));
   }
-  if (!idle_.empty()) {
+  while (!idle_.empty()) {
     std::unique_ptr<Connection> connection = std::move(idle_.back());
     idle_.pop_back();
-    return Lease(this, std::move(connection));
+    if (!TooOld(connection.get(), std::chrono::steady_clock::now())) return Lease(this, std::move(connection));
+    opened_at_.erase(connection.get());  // past its age between two sweeps: closed, not handed out
+    --open_;
   }
   ++open_;
   lock.unlock();
   absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Open(uri_);
+  lock.lock();
   if (!connection.ok()) {
-    lock.lock();
     --open_;
     returned_.notify_one();
     return connection.status();
   }
+  opened_at_[connection->get()] = std::chrono::steady_clock::now();
   return Lease(this, *std::move(connection));
 }
 
 void Pool::Return(std::unique_ptr<Connection> connection) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (connection->reusable()) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (connection->reusable() && !TooOld(connection.get(), std::chrono::steady_clock::now())) {
     idle_.push_back(std::move(connection));
   } else {
-    --open_;  // a broken connection is closed; the next Acquire opens a fresh one
+    // Broken, or old enough to make way for a fresh one: closed; the next Acquire opens another.
+    opened_at_.erase(connection.get());
+    --open_;
+    lock.unlock();
+    connection.reset();
   }
   returned_.notify_one();
 }

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -86,9 +88,18 @@ class Connection {
   pg_conn* connection_;
 };
 
+// How many connections a pool opens, and how long one lives.
+struct PoolOptions {
+  int max_connections = 8;
+  // A connection this old is closed when it is returned, or by the pool's sweep while it sits idle: PostgreSQL's
+  // smart shutdown waits for every session to end, so a pool that kept its connections for ever would hold a
+  // restart up until pg_ctl gave up; a failover's new primary likewise gets every connection within this time.
+  std::chrono::seconds max_age{30};
+};
+
 class Pool {
  public:
-  Pool(std::string uri, int max_connections) : uri_(std::move(uri)), max_(max_connections) {}
+  Pool(std::string uri, PoolOptions options);
   ~Pool();
 
   // A connection for one thread; back to the pool when it goes (or closed when it broke).
@@ -107,16 +118,24 @@ class Pool {
   // Waits for a free connection (UNAVAILABLE after kAcquireTimeout), opening one while fewer than the
   // maximum are open.
   absl::StatusOr<Lease> Acquire();
+  const PoolOptions& options() const { return options_; }
   static constexpr std::chrono::seconds kAcquireTimeout{30};
 
  private:
   void Return(std::unique_ptr<Connection> connection);
+  bool TooOld(const Connection* connection, std::chrono::steady_clock::time_point now) const;
+  // Closes idle connections past max_age until the pool goes.
+  void SweepIdle();
   const std::string uri_;
-  const int max_;
+  const PoolOptions options_;
   std::mutex mutex_;
   std::condition_variable returned_;
   std::vector<std::unique_ptr<Connection>> idle_;
+  std::unordered_map<const Connection*, std::chrono::steady_clock::time_point> opened_at_;
   int open_ = 0;
+  bool closing_ = false;
+  std::condition_variable sweep_;
+  std::thread sweeper_;
 };
 
 }  // namespace onnxopt::server::pg

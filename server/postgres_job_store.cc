@@ -49,12 +49,15 @@ void LogError(const char* what, const absl::Status& status) {
 PostgresJobStore::PostgresJobStore(std::unique_ptr<pg::Pool> pool, std::string uri, std::string page_key,
                                    std::string description)
     : pool_(std::move(pool)),
-      lease_pool_(std::make_unique<pg::Pool>(std::move(uri), 2)),
+      lease_pool_(std::make_unique<pg::Pool>(std::move(uri), pg::PoolOptions{2, pool_->options().max_age})),
       page_tokens_(std::move(page_key)),
       description_(std::move(description)) {}
 
-absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const std::string& uri, int max_connections) {
-  auto pool = std::make_unique<pg::Pool>(uri, std::max(2, max_connections));
+absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const std::string& uri,
+                                                                         const pg::PoolOptions& connections) {
+  pg::PoolOptions requests = connections;
+  requests.max_connections = std::max(2, connections.max_connections);
+  auto pool = std::make_unique<pg::Pool>(uri, requests);
   std::string key, description;
   {
     absl::StatusOr<pg::Pool::Lease> connection = pool->Acquire();

@@ -18,7 +18,8 @@ class PostgresJobStore : public JobStore {
  public:
   static constexpr std::chrono::milliseconds kWatchPoll{200};
   // Connects (UNAVAILABLE when the database cannot be reached), applies missing migrations.
-  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(const std::string& uri, int max_connections = 8);
+  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(const std::string& uri,
+                                                                 const pg::PoolOptions& connections = {});
 
   absl::StatusOr<v1::Job> Create(v1::Job job, bool* created) override;
   absl::StatusOr<v1::Job> Get(const std::string& name) const override;

@@ -381,6 +381,8 @@ def check_manifests(docs, v, chart, release, namespace):
                              ("data-dir", DATA_DIR), ("lease-seconds", str(int(v["server"]["leaseSeconds"]))),
                              ("max-upload-bytes", str(int(v["server"]["maxUploadBytes"]))),
                              ("job-store-connections", str(int(v["server"]["jobStoreConnections"]))),
+                             ("job-store-connection-max-age-seconds",
+                              str(int(v["server"]["jobStoreConnectionMaxAgeSeconds"]))),
                              ("drain-grace-seconds", str(int(drain)))):
             check(_flag(args, flag) == expect, f"{where}: --{flag}={_flag(args, flag)}, expected {expect}")
         for extra in extras:

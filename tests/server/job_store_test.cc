@@ -289,5 +289,44 @@ TEST(PostgresSchemaTest, AnUnreachableDatabaseIsUnavailable) {
   EXPECT_EQ(OpenJobStore("mysql://x", "/tmp").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A connection past its age is closed when returned and, idle, by the sweep: what lets a smart shutdown of
+// the database (which waits for every session to end) complete while replicas run.
+TEST(PostgresPoolTest, ConnectionsAreClosedOnceTheyAreMaxAgeOldReturnedOrIdle) {
+  const std::string database = absl::StrCat("pool_test_", ::getpid());
+  ASSERT_TRUE(Cluster().CreateDatabase(database).ok());
+  pg::Pool pool(Cluster().Uri(database), pg::PoolOptions{4, std::chrono::seconds(1)});
+  auto backend = [&]() -> int64_t {
+    auto lease = pool.Acquire();
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return -1;
+    auto pid = (*lease)->Exec("SELECT pg_backend_pid()");
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    return pid.ok() ? pid->Int(0, 0) : -1;
+  };
+  auto observer = pg::Connection::Open(Cluster().Uri(database));
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  // The pool's sessions once they number `expected` (a closed backend leaves pg_stat_activity soon, not at once).
+  auto pool_sessions = [&](int64_t expected) -> int64_t {
+    int64_t sessions = -1;
+    for (int tries = 0; tries < 30 && sessions != expected; ++tries) {
+      if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      auto count = (*observer)->Exec(
+          "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()");
+      EXPECT_TRUE(count.ok()) << count.status();
+      sessions = count.ok() ? count->Int(0, 0) : -1;
+    }
+    return sessions;
+  };
+  const int64_t first = backend();
+  EXPECT_EQ(backend(), first) << "a young connection is reused";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const int64_t second = backend();
+  EXPECT_NE(second, first) << "a connection past its age is not reused";
+  EXPECT_EQ(pool_sessions(1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // past its age, then a sweep (a quarter of it)
+  EXPECT_EQ(pool_sessions(0), 0) << "the idle connection was closed without anyone asking the pool";
+  EXPECT_GT(backend(), 0) << "and the pool opens another on need";
+}
+
 }  // namespace
 }  // namespace onnxopt::server

@@ -136,6 +136,7 @@ are float64 and would print as 8.589934592e+09. */}}
 - --lease-seconds={{ .Values.server.leaseSeconds | int64 }}
 - --max-attempts={{ .Values.server.maxAttempts | int64 }}
 - --job-store-connections={{ .Values.server.jobStoreConnections | int64 }}
+- --job-store-connection-max-age-seconds={{ .Values.server.jobStoreConnectionMaxAgeSeconds | int64 }}
 - --drain-grace-seconds={{ .Values.server.drainGraceSeconds | int64 }}
 - --job-timeout-seconds={{ .Values.server.jobTimeoutSeconds | int64 }}
 - --queue-capacity={{ .Values.server.queueCapacity | int64 }}
