@@ -13,6 +13,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "optimizer/config_enums.h"
 #include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/result_files.h"
@@ -36,6 +37,10 @@ absl::StatusOr<v1::OptimizationConfig> ParseConfigJson(const std::string& json) 
   v1::OptimizationConfig config;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
+  // Before the parser, whose error for a name an enum lacks names neither the field nor the choices.
+  if (absl::Status names = CheckEnumNamesInJson(json, v1::OptimizationConfig::descriptor()); !names.ok()) {
+    return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID, names.message());
+  }
   auto status = google::protobuf::util::JsonStringToMessage(json, &config, options);
   if (!status.ok()) {
     return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID,

@@ -52,7 +52,7 @@ std::string FormatMlflow(const v1::Report& report, const v1::Job* job) {
   Put(params, "onnxopt_version", report.optimizer_version());
   Put(params, "onnxruntime_version", report.benchmark().onnxruntime_version());
   if (job != nullptr) {
-    Put(params, "preset", job->config().preset().empty() ? "auto" : job->config().preset());
+    Put(params, "preset", v1::Pipelines::Preset_Name(job->config().preset()));
     Put(params, "config_cache_key", job->cache_key());
   }
 

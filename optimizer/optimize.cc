@@ -63,7 +63,7 @@ absl::Status CheckSettings(const v1::OptimizationConfig& config) {
   absl::Status status = CheckValidationSettings(config.validation());
   if (status.ok()) status = CheckBenchmarkSettings(config.benchmark());
   if (status.ok()) status = CheckPrecisionConfig(config.precision());
-  if (status.ok() && config.precision().mode() == kAutoPrecision && config.validation().skip()) {
+  if (status.ok() && config.precision().mode() == v1::PrecisionConfig::auto_ && config.validation().skip()) {
     status = absl::InvalidArgumentError("precision.mode 'auto' validates every candidate: validation.skip cannot be set");
   }
   return status.ok() ? status : ConfigInvalid(status);
@@ -207,7 +207,6 @@ v1::ModelSummary Summarize(const onnx::ModelProto& model, int64_t model_bytes) {
   return summary;
 }
 
-
 OptimizeJob::OptimizeJob(const OptimizeRequest& request)
     : request_(request), config_(request.config), start_(std::chrono::steady_clock::now()) {
   report_.set_optimizer_version(kOptimizerVersion);
@@ -233,9 +232,10 @@ absl::StatusOr<OptimizeResult> OptimizeJob::Run(v1::Report* partial_report) {
     if (!status.ok()) break;
   }
   if (status.ok()) {
-    report_.set_returned_original(returned_original_);
-    if (precision_requested_) {
-      report_.mutable_precision()->set_precision(returned_original_ ? "fp32" : ModelPrecision(optimized_));
+    report_.set_returned_original(validation_.returned_original);
+    if (rewritten_.precision_requested) {
+      report_.mutable_precision()->set_precision(
+          validation_.returned_original ? "fp32" : ModelPrecision(rewritten_.optimized));
     }
   }
   report_.set_total_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
@@ -276,7 +276,7 @@ PassManagerOptions OptimizeJob::PassOptions() const {
 }
 
 std::vector<v1::PassReport> OptimizeJob::AllRuns(const std::vector<v1::PassReport>& lower) const {
-  std::vector<v1::PassReport> runs = pass_reports_;
+  std::vector<v1::PassReport> runs = rewritten_.pass_reports;
   runs.insert(runs.end(), lower.begin(), lower.end());
   return runs;
 }
@@ -288,23 +288,24 @@ absl::Status OptimizeJob::LoadAndCheck() {
   // is written file to file, so a model costs memory for its graph and what passes make.
   absl::StatusOr<onnx::ModelProto> original = LoadModelByReference(request_.model_path);
   if (!original.ok()) return original.status();
-  original_ = *std::move(original);
-  // For the delivered model's lineage: original_ may be released before then.
-  source_producer_ = absl::StrCat(original_->producer_name(), original_->producer_version().empty() ? "" : " ",
-                                  original_->producer_version());
+  loaded_.original = *std::move(original);
+  // For the delivered model's lineage: loaded_.original may be released before then.
+  loaded_.source_producer =
+      absl::StrCat(loaded_.original->producer_name(), loaded_.original->producer_version().empty() ? "" : " ",
+                   loaded_.original->producer_version());
   // Built before the model is checked (its errors are reported after the check's), so that the shapes
   // the pipeline starts from can be inferred on another thread while this one checks and describes
   // the model: all of it only reads the model, and the inference is 15% of a 100k-node run.
-  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config_, DefaultPassRegistry(), &*original_);
-  initial_shapes_ =
-      std::make_unique<BackgroundShapes>(*original_, pipeline.ok() && InfersShapesFirst(*pipeline, {}));
+  absl::StatusOr<Pipeline> pipeline = BuildPipeline(config_, DefaultPassRegistry(), &*loaded_.original);
+  loaded_.initial_shapes =
+      std::make_unique<BackgroundShapes>(*loaded_.original, pipeline.ok() && InfersShapesFirst(*pipeline, {}));
   std::vector<std::string> warnings;
-  absl::Status check = CheckModel(*original_, &warnings);
+  absl::Status check = CheckModel(*loaded_.original, &warnings);
   for (auto& warning : warnings) report_.add_warnings(std::move(warning));
   if (!check.ok()) return check;
-  *report_.mutable_original() = Summarize(*original_, ModelBytes(*original_));
+  *report_.mutable_original() = Summarize(*loaded_.original, ModelBytes(*loaded_.original));
   if (const int64_t bytes = report_.original().model_bytes(); ModelExceedsMemory(bytes)) {
-    original_exceeds_memory_ = true;
+    loaded_.exceeds_memory = true;
     constexpr double kGiB = 1 << 30;
     report_.mutable_memory()->set_original_from_disk(absl::StrFormat(
         "the original (%.2f GiB) does not fit in the %.2f GiB this job may hold: its sessions run from the "
@@ -313,10 +314,10 @@ absl::Status OptimizeJob::LoadAndCheck() {
   }
   absl::StatusOr<std::vector<SuppliedSample>> supplied = LoadSuppliedInputs(request_.input_files);
   if (!supplied.ok()) return supplied.status();
-  supplied_ = *std::move(supplied);
+  loaded_.supplied = *std::move(supplied);
   if (!pipeline.ok()) return ConfigInvalid(pipeline.status());
-  pipeline_ = *std::move(pipeline);
-  report_.set_pipeline(pipeline_->preset);
+  loaded_.pipeline = *std::move(pipeline);
+  report_.set_pipeline(loaded_.pipeline->preset);
   return absl::OkStatus();
 }
 
@@ -325,57 +326,64 @@ absl::Status OptimizeJob::RunPasses() {
   // Past the pipeline the original is read by validation, the benchmark and calibration; the report
   // needs only what detection reads from it. Without those the pipeline takes the original itself:
   // copying a 100k-node graph cost 0.13 s and the memory of a second graph.
-  original_evidence_ = ReadTransformerEvidence(*original_);
-  if (initial_shapes_->started()) OrtEnvironment();  // made here, where the inference hides it, not in fold_constants
-  std::optional<InitialShapes> shapes = initial_shapes_->Take();  // before the model moves
-  precision_requested_ = PrecisionRequested(config_.precision());
-  const bool original_needed = !config_.validation().skip() || !config_.benchmark().skip() || precision_requested_;
+  rewritten_.original_evidence = ReadTransformerEvidence(*loaded_.original);
+  if (loaded_.initial_shapes->started()) {
+    OrtEnvironment();  // made here, where the inference hides it, not in fold_constants
+  }
+  std::optional<InitialShapes> shapes = loaded_.initial_shapes->Take();  // before the model moves
+  rewritten_.precision_requested = PrecisionRequested(config_.precision());
+  const bool original_needed =
+      !config_.validation().skip() || !config_.benchmark().skip() || rewritten_.precision_requested;
   if (original_needed) {
-    optimized_ = *original_;
+    rewritten_.optimized = *loaded_.original;
   } else {
-    optimized_ = *std::move(original_);
-    original_.reset();
+    rewritten_.optimized = *std::move(loaded_.original);
+    loaded_.original.reset();
   }
   // CUDA asked for but falling back to the CPU (allow_cpu_fallback): device-specific forms
   // (remove_padding's) are the CPU's.
-  if (pipeline_->hints.device == v1::DEVICE_CUDA) {
-    if (absl::StatusOr<SessionSettings> device = Device(); device.ok()) pipeline_->hints.device = device->device;
+  if (loaded_.pipeline->hints.device == v1::DEVICE_CUDA) {
+    if (absl::StatusOr<SessionSettings> device = Device(); device.ok()) loaded_.pipeline->hints.device = device->device;
   }
-  absl::Status passes = RunPipeline(*pipeline_, &optimized_, PassOptions(), &pass_reports_, std::move(shapes));
-  for (const auto& pass_report : pass_reports_) *report_.add_passes() = pass_report;
+  absl::Status passes =
+      RunPipeline(*loaded_.pipeline, &rewritten_.optimized, PassOptions(), &rewritten_.pass_reports, std::move(shapes));
+  for (const auto& pass_report : rewritten_.pass_reports) *report_.add_passes() = pass_report;
   return passes;
 }
 
 // Lower precision comes after the pipeline, its runs reported with it but kept apart for the
 // bisection (which replays the pipeline alone).
 absl::Status OptimizeJob::ApplyPrecision() {
-  if (!precision_requested_) return absl::OkStatus();
+  if (!rewritten_.precision_requested) return absl::OkStatus();
   const v1::PrecisionConfig& precision = config_.precision();
-  fp32_model_ = optimized_;
-  if (precision.mode() == kAutoPrecision) return absl::OkStatus();  // chosen in validation: ChoosePrecision
-  if (precision.mode() == "int8_static") {
+  rewritten_.fp32_model = rewritten_.optimized;
+  if (precision.mode() == v1::PrecisionConfig::auto_) return absl::OkStatus();  // chosen in validation: ChoosePrecision
+  if (precision.mode() == v1::PrecisionConfig::int8_static) {
     Progress(Phase::kOptimizing, "calibration");
     SessionSettings cpu;
     cpu.intra_op_threads = config_.benchmark().intra_op_threads();
     cpu = ForOriginal(cpu);
     std::string warning;
-    absl::StatusOr<std::map<std::string, ValueRange>> ranges = CalibrateActivations(
-        fp32_model_, *original_, precision, config_.validation(), supplied_, cpu, request_.run, &warning);
+    absl::StatusOr<std::map<std::string, ValueRange>> ranges =
+        CalibrateActivations(rewritten_.fp32_model, Original(), precision, config_.validation(), loaded_.supplied, cpu,
+                             request_.run, &warning);
     if (!ranges.ok()) return ranges.status();
-    calibrated_.activation_ranges = *std::move(ranges);
+    rewritten_.calibrated.activation_ranges = *std::move(ranges);
     if (!warning.empty()) report_.add_warnings(warning);
   }
-  absl::Status converted = onnxopt::ApplyPrecision(precision, calibrated_, PassOptions(), &optimized_, &precision_runs_);
-  for (const auto& pass_report : precision_runs_) *report_.add_passes() = pass_report;
+  absl::Status converted = onnxopt::ApplyPrecision(precision, rewritten_.calibrated, PassOptions(),
+                                                   &rewritten_.optimized, &rewritten_.precision_runs);
+  for (const auto& pass_report : rewritten_.precision_runs) *report_.add_passes() = pass_report;
   if (!converted.ok()) return converted;
-  DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, report_.mutable_precision());
-  if (precision.mode() == "int4_weight_only") {
+  DescribePrecision(precision, rewritten_.fp32_model, rewritten_.optimized, rewritten_.precision_runs,
+                    report_.mutable_precision());
+  if (precision.mode() == v1::PrecisionConfig::int4_weight_only) {
     Progress(Phase::kOptimizing, "int4 error per projection");
     SessionSettings cpu;
     cpu.intra_op_threads = config_.benchmark().intra_op_threads();
     // The float32 model's session holds about its bytes again: only where that fits the job's target.
     auto activations_fit = [&]() -> absl::Status {
-      const int64_t model_bytes = ModelBytes(fp32_model_), held = ResidentBytes().value_or(0);
+      const int64_t model_bytes = ModelBytes(rewritten_.fp32_model), held = ResidentBytes().value_or(0);
       const int64_t target = JobMemoryTarget(report_.original().model_bytes());
       if (held + model_bytes <= target) return absl::OkStatus();
       constexpr double kGiB = 1 << 30;
@@ -383,15 +391,16 @@ absl::Status OptimizeJob::ApplyPrecision() {
           "the float32 model's session (%.2f GiB) beside the %.2f GiB held would pass the job's memory target of "
           "%.2f GiB", model_bytes / kGiB, held / kGiB, target / kGiB));
     };
-    DescribeInt4Errors(fp32_model_, optimized_, *original_, precision, config_.validation(), supplied_, cpu,
-                       request_.run, activations_fit, report_.mutable_precision());
+    DescribeInt4Errors(rewritten_.fp32_model, rewritten_.optimized, Original(), precision, config_.validation(),
+                       loaded_.supplied, cpu, request_.run, activations_fit, report_.mutable_precision());
   }
   // keep_io_types off: the result reads and writes float16; parity and the benchmark use it behind
   // Casts to the original's interface (the report says so).
-  interface_changed_ = ChangesFloatInterface(precision, precision.mode());
-  if (interface_changed_) {
+  rewritten_.interface_changed = ChangesFloatInterface(precision, precision.mode());
+  if (rewritten_.interface_changed) {
     report_.add_warnings("precision.keep_io_types is off: the model's float inputs and outputs are now " +
-                         precision.mode() + "; parity and the benchmark ran it behind Casts from and to float32");
+                         v1::PrecisionConfig::Mode_Name(precision.mode()) +
+                         "; parity and the benchmark ran it behind Casts from and to float32");
   }
   return absl::OkStatus();
 }
@@ -399,13 +408,13 @@ absl::Status OptimizeJob::ApplyPrecision() {
 absl::Status OptimizeJob::SaveResult(const onnx::ModelProto& model, const std::vector<v1::PassReport>& runs) {
   SaveOptions save;
   save.durable = request_.durable_output;
-  absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, output_path_, save);
+  absl::StatusOr<std::vector<fs::path>> files = SaveModel(model, saved_.output_path, save);
   if (!files.ok()) return files.status();
   std::error_code error;
   auto is_model_file = [&](const fs::path& file) {
-    return std::find(model_files_.begin(), model_files_.end(), file) != model_files_.end();
+    return std::find(saved_.model_files.begin(), saved_.model_files.end(), file) != saved_.model_files.end();
   };
-  for (const auto& stale : model_files_) {
+  for (const auto& stale : saved_.model_files) {
     if (std::find(files->begin(), files->end(), stale) == files->end()) fs::remove(stale, error);
   }
   // The model's files first, then what was written beside it (ort_session.json, the adapter).
@@ -413,17 +422,18 @@ absl::Status OptimizeJob::SaveResult(const onnx::ModelProto& model, const std::v
   for (const auto& file : result_.files) {
     if (!is_model_file(file)) beside.push_back(file);
   }
-  model_files_ = *files;
+  saved_.model_files = *files;
   result_.files = *files;
   result_.files.insert(result_.files.end(), beside.begin(), beside.end());
   int64_t saved_bytes = 0;
-  for (const auto& file : model_files_) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
+  for (const auto& file : saved_.model_files) saved_bytes += static_cast<int64_t>(fs::file_size(file, error));
   *report_.mutable_optimized() = Summarize(model, saved_bytes);
   report_.clear_runtimes();
   for (auto& runtime : Runtimes(model, config_.benchmark().device() == v1::DEVICE_CUDA)) {
     report_.add_runtimes(std::move(runtime));
   }
-  *report_.mutable_transformer() = JudgeTransformerFusion(original_evidence_, model, runs, pipeline_->hints);
+  *report_.mutable_transformer() =
+      JudgeTransformerFusion(rewritten_.original_evidence, model, runs, loaded_.pipeline->hints);
   return absl::OkStatus();
 }
 
@@ -433,33 +443,35 @@ absl::Status OptimizeJob::Save() {
   std::error_code error;
   fs::create_directories(request_.output_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", request_.output_dir.string()));
-  output_path_ = request_.output_dir / kModelFileName;
-  if (absl::Status saved = SaveResult(optimized_, AllRuns(precision_runs_)); !saved.ok()) return saved;
+  saved_.output_path = request_.output_dir / kModelFileName;
+  if (absl::Status saved = SaveResult(rewritten_.optimized, AllRuns(rewritten_.precision_runs)); !saved.ok()) {
+    return saved;
+  }
   report_.mutable_parity()->set_skipped(config_.validation().skip());
   report_.mutable_benchmark()->set_skipped(config_.benchmark().skip());
   return absl::OkStatus();
 }
 
 absl::StatusOr<ModelSource> OptimizeJob::SourceOf(const onnx::ModelProto& model, bool saved) const {
-  if (saved && !interface_changed_) return SourceFor(output_path_);
-  return RuntimeSource(interface_changed_ ? WithOriginalInterface(model, *original_) : model);
+  if (saved && !rewritten_.interface_changed) return SourceFor(saved_.output_path);
+  return RuntimeSource(rewritten_.interface_changed ? WithOriginalInterface(model, Original()) : model);
 }
 
 absl::StatusOr<SessionSettings> OptimizeJob::Device() {
-  if (!device_) device_ = DeviceSettings(config_, &report_);
-  return *device_;
+  if (!saved_.device) saved_.device = DeviceSettings(config_, &report_);
+  return *saved_.device;
 }
 
 SessionSettings OptimizeJob::ForOriginal(SessionSettings settings) const {
-  if (original_exceeds_memory_) settings.prepack_weights = false;
+  if (loaded_.exceeds_memory) settings.prepack_weights = false;
   return settings;
 }
 
 const ModelSource& OptimizeJob::OriginalSource() {
   // By path, ONNX Runtime reading the file (and its external data) itself: a serialized copy held for
   // the whole job would cost the model's bytes once more.
-  if (!original_source_) original_source_ = ModelSource{"", request_.model_path};
-  return *original_source_;
+  if (!saved_.original_source) saved_.original_source = ModelSource{"", request_.model_path};
+  return *saved_.original_source;
 }
 
 // CUDA, after the device-resident benchmark: both models with host copies (a caller with host tensors
@@ -530,7 +542,7 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeSideBySide(const M
                                             optimized_session.status().message()));
   }
   absl::StatusOr<std::vector<GeneratedInputs>> inputs =
-      BenchmarkInputs(**original_session, *original_, config_.validation(), supplied_);
+      BenchmarkInputs(**original_session, Original(), config_.validation(), loaded_.supplied);
   if (!inputs.ok()) return inputs.status();
   // On CUDA the figures are device-resident; the host copies and CUDA graphs are timed after.
   const TimingMode mode = TimingOn(settings.device);
@@ -543,9 +555,9 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeSideBySide(const M
     if (!device_timed.ok()) return device_timed;
   }
   Progress(Phase::kBenchmarking, "generation");
-  absl::Status generation =
-      ReportGeneration(**original_session, **optimized_session, *original_, ModelPrecision(optimized_) == "fp32",
-                       config_.benchmark(), mode, request_.run, &report_);
+  absl::Status generation = ReportGeneration(
+      **original_session, **optimized_session,
+      {Original(), config_.benchmark(), mode, ExactTokensFor(rewritten_.optimized)}, request_.run, &report_);
   if (!generation.ok()) return generation;
   return inputs;
 }
@@ -559,7 +571,7 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
   {
     auto original_session = CreateSession(OriginalSource(), settings);
     if (!original_session.ok()) return original_session.status();
-    inputs = BenchmarkInputs(**original_session, *original_, config_.validation(), supplied_);
+    inputs = BenchmarkInputs(**original_session, Original(), config_.validation(), loaded_.supplied);
   }
   if (!inputs.ok()) return inputs.status();
   const TimingMode mode = TimingOn(settings.device);
@@ -571,9 +583,9 @@ absl::StatusOr<std::vector<GeneratedInputs>> OptimizeJob::TimeAlternating(const 
                          "host copies and as a CUDA graph need both open and were left out");
   }
   Progress(Phase::kBenchmarking, "generation");
-  absl::Status generation = ReportGenerationAlternating(OriginalSource(), optimized_source, settings, *original_,
-                                                        ModelPrecision(optimized_) == "fp32", config_.benchmark(), mode,
-                                                        request_.run, &report_);
+  absl::Status generation = ReportGenerationAlternating(
+      OriginalSource(), optimized_source, settings,
+      {Original(), config_.benchmark(), mode, ExactTokensFor(rewritten_.optimized)}, request_.run, &report_);
   if (!generation.ok()) return generation;
   return inputs;
 }
@@ -593,7 +605,7 @@ absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, c
         absl::StrCat("the optimized model does not load in ONNX Runtime: ", session.status().message()));
   }
   absl::StatusOr<std::vector<GeneratedInputs>> inputs =
-      BenchmarkInputs(**session, *original_, config_.validation(), supplied_);
+      BenchmarkInputs(**session, Original(), config_.validation(), loaded_.supplied);
   if (!inputs.ok()) return inputs.status();
   const TimingMode mode = TimingOn(settings.device);
   absl::Status timed = BenchmarkAlone(**session, *inputs, config_.benchmark(), request_.run, benchmark, mode);
@@ -603,8 +615,9 @@ absl::Status OptimizeJob::TimeResultAlone(const ModelSource& optimized_source, c
     Progress(Phase::kBenchmarking, "the original scoring the greedy generation (from the disk)");
     return CreateSession(OriginalSource(), ForOriginal(settings));
   };
-  return ReportGenerationOfResult(**session, *original_, ModelPrecision(optimized_) == "fp32", config_.benchmark(),
-                                  mode, request_.run, open_original, &report_);
+  return ReportGenerationOfResult(**session, open_original,
+                                  {Original(), config_.benchmark(), mode, ExactTokensFor(rewritten_.optimized)},
+                                  request_.run, &report_);
 }
 
 // Times the original against the result (the file just written), measures both sessions' peak
@@ -617,18 +630,20 @@ absl::Status OptimizeJob::RunBenchmark() {
   if (!device.ok()) return device.status();
   v1::BenchmarkReport* benchmark = report_.mutable_benchmark();
   const SessionSettings settings = BenchmarkSettings(config_, *device, benchmark);
-  absl::StatusOr<ModelSource> optimized_source = SourceOf(optimized_, /*saved=*/true);
+  absl::StatusOr<ModelSource> optimized_source = SourceOf(rewritten_.optimized, /*saved=*/true);
   if (!optimized_source.ok()) return optimized_source.status();
   // A decoder's decode steps on the CPU are judged against the memory roofline (host memory's: on CUDA it
   // would be the device's, which this probe does not measure). Measured before any session opens, the
   // probe's buffer adds nothing to the job's peak.
-  const bool decoder = FindCacheInterface(original_->graph()).has_value() && !config_.benchmark().generation().skip();
+  const bool decoder = FindCacheInterface(Original().graph()).has_value() && !config_.benchmark().generation().skip();
   const double bandwidth =
       decoder && settings.device == v1::DEVICE_CPU ? MemoryReadBandwidth(settings.intra_op_threads) : 0;
-  if (original_exceeds_memory_) {
+  if (loaded_.exceeds_memory) {
     absl::Status timed = TimeResultAlone(*optimized_source, settings);
     if (!timed.ok()) return timed;
-    if (report_.has_generation()) DescribeRoofline(*original_, optimized_, bandwidth, report_.mutable_generation());
+    if (report_.has_generation()) {
+      DescribeRoofline(Original(), rewritten_.optimized, bandwidth, report_.mutable_generation());
+    }
     DescribeDeployment(settings, benchmark);
     return absl::OkStatus();
   }
@@ -636,7 +651,9 @@ absl::Status OptimizeJob::RunBenchmark() {
                                                             ? TimeSideBySide(*optimized_source, settings)
                                                             : TimeAlternating(*optimized_source, settings);
   if (!inputs.ok()) return inputs.status();
-  if (report_.has_generation()) DescribeRoofline(*original_, optimized_, bandwidth, report_.mutable_generation());
+  if (report_.has_generation()) {
+    DescribeRoofline(Original(), rewritten_.optimized, bandwidth, report_.mutable_generation());
+  }
   DescribeDeployment(settings, benchmark);
   MeasurePeaks(OriginalSource(), *optimized_source, settings, inputs->front(), benchmark);  // one session at a time
   if (config_.benchmark().tune_session()) {
@@ -644,7 +661,7 @@ absl::Status OptimizeJob::RunBenchmark() {
         TuneSession(*optimized_source, *device, inputs->front(), TimeBudget(config_.benchmark()), request_.run);
     if (!tuning.ok()) return tuning.status();
     *benchmark->mutable_tuning() = *tuning;
-    const fs::path path = output_path_.parent_path() / kSessionSettingsFileName;
+    const fs::path path = saved_.output_path.parent_path() / kSessionSettingsFileName;
     absl::Status written = WriteFileAtomically(path, TunedSettingsJson(*tuning, benchmark->execution_provider()));
     if (!written.ok()) return written;
     result_.files.push_back(path);
@@ -655,12 +672,12 @@ absl::Status OptimizeJob::RunBenchmark() {
       "the optimized model is slower than the original beyond the noise (speedup %.3fx, 90%% of side-by-side "
       "runs below %.3fx)%s",
       benchmark->speedup(), benchmark->speedup_p90(), return_original ? "; the original model is returned" : ""));
-  if (!return_original || returned_original_) return absl::OkStatus();
-  returned_original_ = true;
+  if (!return_original || validation_.returned_original) return absl::OkStatus();
+  validation_.returned_original = true;
   report_.add_warnings(absl::StrCat("the pipeline's output (", report_.optimized().nodes(),
                                     " nodes) was slower; the report's model sections describe the returned "
                                     "original, its benchmark section the pipeline's output"));
-  absl::Status resaved = SaveResult(*original_, {});  // the report now describes the file returned
+  absl::Status resaved = SaveResult(Original(), {});  // the report now describes the file returned
   if (!resaved.ok()) return resaved;
   report_.mutable_benchmark()->clear_tuning();  // it tuned the model that is not returned
   return absl::OkStatus();

@@ -23,18 +23,18 @@ absl::Status OptimizeJob::ChoosePrecision() {
   Progress(Phase::kValidating, "precision candidates");
   v1::PrecisionReport* described = report_.mutable_precision();
   std::vector<PrecisionTrial> candidates(1);
-  candidates[0].mode = "fp32";
-  candidates[0].model = fp32_model_;
-  std::vector<std::string> lower = {"fp16"};
-  if (parity_settings_.device == v1::DEVICE_CUDA) lower.push_back("bf16");
-  for (const std::string& mode : lower) {
-    PrecisionTrial candidate{mode, fp32_model_, {}, nullptr};
+  candidates[0].mode = v1::PrecisionConfig::fp32;
+  candidates[0].model = rewritten_.fp32_model;
+  std::vector<PrecisionMode> lower = {v1::PrecisionConfig::fp16};
+  if (validation_.parity_settings.device == v1::DEVICE_CUDA) lower.push_back(v1::PrecisionConfig::bf16);
+  for (const PrecisionMode mode : lower) {
+    PrecisionTrial candidate{mode, rewritten_.fp32_model, {}, nullptr};
     v1::PrecisionConfig converting = config_.precision();
     converting.set_mode(mode);
     absl::Status converted = onnxopt::ApplyPrecision(converting, {}, PassOptions(), &candidate.model, &candidate.runs);
     if (!converted.ok()) {
       v1::PrecisionCandidate* failed = described->add_candidates();
-      failed->set_mode(mode);
+      failed->set_mode(v1::PrecisionConfig::Mode_Name(mode));
       failed->set_note(absl::StrCat("conversion failed: ", converted.message()));
       continue;
     }
@@ -42,7 +42,7 @@ absl::Status OptimizeJob::ChoosePrecision() {
   }
   for (PrecisionTrial& candidate : candidates) {
     candidate.described = described->add_candidates();
-    candidate.described->set_mode(candidate.mode);
+    candidate.described->set_mode(v1::PrecisionConfig::Mode_Name(candidate.mode));
   }
   absl::Status timed = JudgeAndTimeCandidates(&candidates);
   if (!timed.ok()) return timed;
@@ -53,23 +53,25 @@ absl::Status OptimizeJob::ChoosePrecision() {
     }
   }
   chosen->described->set_chosen(true);
-  interface_changed_ = ChangesFloatInterface(config_.precision(), chosen->mode);
-  if (chosen->mode != "fp32") {
-    optimized_ = std::move(chosen->model);
-    precision_runs_ = std::move(chosen->runs);
+  rewritten_.interface_changed = ChangesFloatInterface(config_.precision(), chosen->mode);
+  if (chosen->mode != v1::PrecisionConfig::fp32) {
+    rewritten_.optimized = std::move(chosen->model);
+    rewritten_.precision_runs = std::move(chosen->runs);
     report_.clear_passes();
-    for (const auto& pass_report : AllRuns(precision_runs_)) *report_.add_passes() = pass_report;
-    if (absl::Status saved = SaveResult(optimized_, AllRuns(precision_runs_)); !saved.ok()) return saved;
+    for (const auto& pass_report : AllRuns(rewritten_.precision_runs)) *report_.add_passes() = pass_report;
+    if (absl::Status saved = SaveResult(rewritten_.optimized, AllRuns(rewritten_.precision_runs)); !saved.ok()) {
+      return saved;
+    }
   }
   v1::PrecisionConfig chosen_config = config_.precision();
   chosen_config.set_mode(chosen->mode);
   const auto candidates_described = described->candidates();
   described->Clear();
-  DescribePrecision(chosen_config, fp32_model_, optimized_, precision_runs_, described);
+  DescribePrecision(chosen_config, rewritten_.fp32_model, rewritten_.optimized, rewritten_.precision_runs, described);
   *described->mutable_candidates() = candidates_described;
-  described->set_mode(kAutoPrecision);
+  described->set_mode(v1::PrecisionConfig::Mode_Name(v1::PrecisionConfig::auto_));
   described->set_note(absl::StrFormat("auto chose %s: %.2fx the float32 model's speed on the job's device",
-                                      chosen->mode, chosen->described->speedup()));
+                                      v1::PrecisionConfig::Mode_Name(chosen->mode), chosen->described->speedup()));
   return absl::OkStatus();
 }
 
@@ -80,9 +82,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> OptimizeJob::JudgeCan
   std::vector<std::unique_ptr<Ort::Session>> sessions(candidates->size());
   for (size_t i = 0; i < candidates->size(); ++i) {
     PrecisionTrial& candidate = (*candidates)[i];
-    interface_changed_ = ChangesFloatInterface(config_.precision(), candidate.mode);
+    rewritten_.interface_changed = ChangesFloatInterface(config_.precision(), candidate.mode);
     absl::StatusOr<ModelSource> source = SourceOf(candidate.model, /*saved=*/false);
-    interface_changed_ = false;
+    rewritten_.interface_changed = false;
     if (!source.ok()) return source.status();
     v1::ParityReport parity = report_.parity();
     absl::StatusOr<bool> passed = Judge(candidate.model, *source, &parity);
@@ -107,12 +109,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> OptimizeJob::JudgeCan
 // of the benchmark budget shared among them.
 absl::Status OptimizeJob::JudgeAndTimeCandidates(std::vector<PrecisionTrial>* candidates) {
   v1::BenchmarkReport scratch;
-  const SessionSettings settings = BenchmarkSettings(config_, parity_settings_, &scratch);
+  const SessionSettings settings = BenchmarkSettings(config_, validation_.parity_settings, &scratch);
   absl::StatusOr<std::vector<std::unique_ptr<Ort::Session>>> sessions = JudgeCandidates(candidates, settings);
   if (!sessions.ok()) return sessions.status();
   if (sessions->front() == nullptr) return absl::OkStatus();  // float32 failed: nothing to time against
   const TimingMode mode = TimingOn(settings.device);
-  const GeneratedInputs& inputs = reference_->sets.front().inputs;
+  const GeneratedInputs& inputs = validation_.reference->sets.front().inputs;
   const std::vector<std::string> outputs = OutputNames(*sessions->front());
   const double budget = TimeBudget(config_.benchmark()) / 3 / static_cast<double>(candidates->size());
   v1::PrecisionCandidate* fp32 = candidates->front().described;

@@ -28,7 +28,7 @@ namespace onnxopt {
 namespace fs = std::filesystem;
 
 absl::Status OptimizeJob::Deliver() {
-  onnx::ModelProto* returned = returned_original_ ? &*original_ : &optimized_;
+  onnx::ModelProto* returned = validation_.returned_original ? &*loaded_.original : &rewritten_.optimized;
   // The adapter first, checked on the model validation compared (the original's interface).
   std::vector<onnx::TensorProto> adapter = TakeAdapterDefaults(returned);
   std::optional<std::string> adapter_bytes;
@@ -55,7 +55,7 @@ absl::Status OptimizeJob::Deliver() {
     absl::StatusOr<std::vector<PipelineStep>> steps = PassListSteps(config_.passes_after(), DefaultPassRegistry());
     if (!steps.ok()) return steps.status();  // BuildPipeline checked them: not expected
     after.steps = *std::move(steps);
-    after.hints = pipeline_->hints;
+    after.hints = loaded_.pipeline->hints;
     absl::Status ran = RunPipeline(after, returned, PassOptions(), &runs);
     for (const auto& run : runs) *report_.add_passes() = run;
     if (!ran.ok()) return ran;
@@ -67,19 +67,20 @@ absl::Status OptimizeJob::Deliver() {
   // Last, when the verdict and the speedup are known: only the .onnx file is rewritten.
   absl::StatusOr<std::string> source_sha256 = Sha256OfFile(request_.model_path);
   if (!source_sha256.ok()) return source_sha256.status();
-  report_.set_returned_original(returned_original_);  // what the lineage says of the file returned
-  return StampLineageFile(LineageProps(report_, config_, request_.job_name, *source_sha256, source_producer_),
-                          output_path_);
+  report_.set_returned_original(validation_.returned_original);  // what the lineage says of the file returned
+  return StampLineageFile(LineageProps(report_, config_, request_.job_name, *source_sha256, loaded_.source_producer),
+                          saved_.output_path);
 }
 
 absl::Status OptimizeJob::SaveDelivered(const onnx::ModelProto& returned, const std::vector<v1::PassReport>& runs,
                                         const std::optional<std::string>& adapter_bytes) {
   if (adapter_bytes) {
-    const fs::path path = output_path_.parent_path() / kAdapterFileName;
+    const fs::path path = saved_.output_path.parent_path() / kAdapterFileName;
     if (absl::Status written = WriteFileAtomically(path, *adapter_bytes); !written.ok()) return written;
     result_.files.push_back(path);
   }
-  std::vector<v1::PassReport> all_runs = returned_original_ ? std::vector<v1::PassReport>() : AllRuns(precision_runs_);
+  std::vector<v1::PassReport> all_runs =
+      validation_.returned_original ? std::vector<v1::PassReport>() : AllRuns(rewritten_.precision_runs);
   all_runs.insert(all_runs.end(), runs.begin(), runs.end());
   return SaveResult(returned, all_runs);
 }
@@ -89,18 +90,18 @@ absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std:
   absl::StatusOr<Ort::LoraAdapter> lora = LoadLoraAdapter(adapter);  // ONNX Runtime reads it, validation or not
   if (!lora.ok()) return lora.status();
   v1::ParityReport* parity = report->mutable_parity();
-  if (!reference_ || reference_->sets.empty()) {
+  if (!validation_.reference || validation_.reference->sets.empty()) {
     parity->set_skipped(true);
     return absl::OkStatus();
   }
   absl::StatusOr<ModelSource> source = SourceOf(model, /*saved=*/false);
   if (!source.ok()) return source.status();
-  absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(*source, parity_settings_);
+  absl::StatusOr<std::unique_ptr<Ort::Session>> session = CreateSession(*source, validation_.parity_settings);
   if (!session.ok()) return session.status();
   Ort::RunOptions with_adapter;
   with_adapter.AddActiveLoraAdapter(*lora);
-  absl::Status compared = CompareWithReference(**session, ModelPrecision(model), *reference_, config_.validation(),
-                                               request_.run, parity, &with_adapter);
+  absl::Status compared = CompareWithReference(**session, ModelPrecision(model), *validation_.reference,
+                                               config_.validation(), request_.run, parity, &with_adapter);
   if (!compared.ok()) return compared;
   if (!parity->passed()) {
     return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
@@ -108,8 +109,9 @@ absl::Status OptimizeJob::CheckAdapter(const onnx::ModelProto& model, const std:
   }
   // No adapter: the base model, defined by the empty defaults; how far it lies from the original (which
   // the adapted model matches).
-  const ParityReference::InputSet& first = reference_->sets.front();
-  absl::StatusOr<std::vector<Ort::Value>> base = RunOnInputs(**session, first.inputs, reference_->output_names);
+  const ParityReference::InputSet& first = validation_.reference->sets.front();
+  absl::StatusOr<std::vector<Ort::Value>> base =
+      RunOnInputs(**session, first.inputs, validation_.reference->output_names);
   if (!base.ok()) {
     return absl::InternalError(
         absl::StrCat("ONNX Runtime cannot run the model without an adapter: ", base.status().message()));

@@ -1,7 +1,7 @@
 // Optimize (optimize.h) as named stages over the state they hand on: load and check, run the passes,
-// apply precision, save, validate, benchmark. OptimizeJob::Run takes them in order and fails in one
-// place, with the report filled as far as the job got. Private to optimize.cc and
-// optimize_validation.cc.
+// apply precision, save, validate, benchmark, deliver. OptimizeJob::Run takes them in order and fails in
+// one place, with the report filled as far as the job got; each stage's results are a struct of their own.
+// Private to optimize.cc, optimize_validation.cc, optimize_auto_precision.cc and optimize_deliver.cc.
 #ifndef ONNXOPT_OPTIMIZER_OPTIMIZE_JOB_H_
 #define ONNXOPT_OPTIMIZER_OPTIMIZE_JOB_H_
 
@@ -68,7 +68,7 @@ class OptimizeJob {
                                                               const SessionSettings& settings);
   absl::StatusOr<std::vector<GeneratedInputs>> TimeAlternating(const ModelSource& optimized_source,
                                                                const SessionSettings& settings);
-  // The original does not fit in memory (original_exceeds_memory_): the result timed alone.
+  // The original does not fit in memory (loaded_.exceeds_memory): the result timed alone.
   absl::Status TimeResultAlone(const ModelSource& optimized_source, const SessionSettings& settings);
   // CUDA's figures beyond the device-resident ones: with host copies, and as a CUDA graph.
   absl::Status TimeOnDevice(Ort::Session& original, Ort::Session& optimized, const ModelSource& optimized_source,
@@ -91,6 +91,9 @@ class OptimizeJob {
   // Where validation and the benchmark run: the config's device, resolved once (a fallback warns once).
   absl::StatusOr<SessionSettings> Device();
   const ModelSource& OriginalSource();
+  // The original, for the stages past the passes: RunPasses lets the pipeline take it only when none of them
+  // reads it (no validation, benchmark or precision), so whichever of them runs may call this.
+  const onnx::ModelProto& Original() const { return *loaded_.original; }
   // `settings` for a session of the original: without prepacked weights where it does not fit in memory.
   SessionSettings ForOriginal(SessionSettings settings) const;
 
@@ -114,7 +117,7 @@ class OptimizeJob {
   absl::Status RecoverByBisection(v1::ParityReport* parity);
   // precision.mode "auto" (optimize_auto_precision.cc): the candidates, the fastest that passes kept.
   struct PrecisionTrial {
-    std::string mode;
+    PrecisionMode mode;
     onnx::ModelProto model;
     std::vector<v1::PassReport> runs;
     v1::PrecisionCandidate* described = nullptr;
@@ -138,40 +141,51 @@ class OptimizeJob {
   OptimizeResult result_;
   v1::Report& report_ = result_.report;
 
-  // LoadAndCheck. The original is gone (moved into the pipeline) when nothing after the passes reads it.
-  std::optional<onnx::ModelProto> original_;
-  std::string source_producer_;  // the input's "producer_name producer_version"
-  // The original is bigger than what the job may hold (ModelExceedsMemory): it runs from its mapped files.
-  bool original_exceeds_memory_ = false;
-  std::optional<Pipeline> pipeline_;
-  std::unique_ptr<BackgroundShapes> initial_shapes_;
-  std::vector<SuppliedSample> supplied_;
-  TransformerEvidence original_evidence_;
-  // RunPasses and ApplyPrecision.
-  onnx::ModelProto optimized_;
-  std::vector<v1::PassReport> pass_reports_, precision_runs_;
-  bool precision_requested_ = false;
-  onnx::ModelProto fp32_model_;  // the pipeline's output, when precision is requested
-  PrecisionExtras calibrated_;
-  bool interface_changed_ = false;  // keep_io_types off: the result's float interface is float16/bfloat16
-  // Save, Validate, RunBenchmark.
-  std::filesystem::path output_path_;
-  std::vector<std::filesystem::path> model_files_;  // what SaveResult wrote last: model.onnx (and its data)
-  std::optional<ModelSource> original_source_;
-  std::optional<absl::StatusOr<SessionSettings>> device_;
-  // Validate.
-  SessionSettings reference_settings_;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
-  SessionSettings parity_settings_;     // the job's device: candidates (and the original's noise) run here
-  std::optional<ParityReference> reference_;
-  // A quantized decoder's second judge: the original's greedy generation (JudgeByGeneration).
-  std::optional<GreedyTrace> greedy_reference_;
-  // The original's loss on supplied token ids (ScoreSuppliedTokens), or why there is none.
-  std::optional<TokenLoss> original_loss_;
-  std::optional<CacheInterface> scored_cache_;  // the interface the supplied tokens were fed through
-  std::string loss_note_;
-  std::optional<CacheInterface> cache_;
-  v1::GenerationConfig greedy_config_;
-  bool returned_original_ = false;
+  // Made by LoadAndCheck; read by every later stage.
+  struct Loaded {
+    // The original is gone (moved into the pipeline) when nothing after the passes reads it: see Original().
+    std::optional<onnx::ModelProto> original;
+    std::string source_producer;  // the input's "producer_name producer_version"
+    // The original is bigger than what the job may hold (ModelExceedsMemory): it runs from its mapped files.
+    bool exceeds_memory = false;
+    std::optional<Pipeline> pipeline;  // its hints' device settled by RunPasses
+    std::unique_ptr<BackgroundShapes> initial_shapes;
+    std::vector<SuppliedSample> supplied;
+  } loaded_;
+  // Made by RunPasses and ApplyPrecision (Validate's recovery remakes it): the model returned and how it was made.
+  struct Rewritten {
+    TransformerEvidence original_evidence;
+    onnx::ModelProto optimized;
+    std::vector<v1::PassReport> pass_reports, precision_runs;
+    bool precision_requested = false;
+    onnx::ModelProto fp32_model;  // the pipeline's output, when precision is requested
+    PrecisionExtras calibrated;
+    bool interface_changed = false;  // keep_io_types off: the result's float interface is float16/bfloat16
+  } rewritten_;
+  // Made by Save and on first use (OriginalSource(), Device()); read by Validate, RunBenchmark and Deliver.
+  struct Saved {
+    std::filesystem::path output_path;
+    std::vector<std::filesystem::path> model_files;  // what SaveResult wrote last: model.onnx (and its data)
+    std::optional<ModelSource> original_source;
+    std::optional<absl::StatusOr<SessionSettings>> device;  // first resolved by RunPasses where hints ask for CUDA
+  } saved_;
+  // Made by Validate (returned_original by RunBenchmark too); read by its judges, ChoosePrecision and Deliver.
+  struct Validation {
+    SessionSettings reference_settings;  // CPU fp32, ONNX Runtime's rewrites off: the original's reference run
+    SessionSettings parity_settings;     // the job's device: candidates (and the original's noise) run here
+    std::optional<ParityReference> reference;
+    // A quantized decoder's second judge: the original's greedy generation (JudgeByGeneration).
+    std::optional<GreedyTrace> greedy_reference;
+    // The original's loss on supplied token ids (ScoreSuppliedTokens), or why there is none.
+    std::optional<TokenLoss> original_loss;
+    std::optional<CacheInterface> scored_cache;  // the interface the supplied tokens were fed through
+    std::string loss_note;
+    std::optional<CacheInterface> cache;
+    v1::GenerationConfig greedy_config;
+    // The job returns the original: set by RecoverByBisection or, on a regression, by RunBenchmark; read by
+    // Run and Deliver.
+    bool returned_original = false;
+  } validation_;
 };
 
 }  // namespace onnxopt

@@ -110,18 +110,19 @@ absl::StatusOr<bool> OptimizeJob::Judge(const onnx::ModelProto& model, const Mod
     output->set_note(absl::StrCat(what, status.message()));
     return false;
   };
-  SessionSettings settings = parity_settings_;
+  SessionSettings settings = validation_.parity_settings;
   // A candidate that keeps most of a model larger than memory in float32 (the float32 fallback, a bisection's
   // probe) runs from its mapped files too; one that fits runs as it is deployed, weights prepacked.
   settings.prepack_weights = !ModelExceedsMemory(ModelBytes(model));
   auto session = CreateSession(source, settings);
   if (!session.ok()) return broken("the optimized model does not load in ONNX Runtime: ", session.status());
   absl::Status compared =
-      CompareWithReference(**session, precision, *reference_, config_.validation(), request_.run, into);
+      CompareWithReference(**session, precision, *validation_.reference, config_.validation(), request_.run, into);
   if (compared.code() == absl::StatusCode::kInternal) return broken("", compared);
   if (!compared.ok()) return compared;
-  const bool traced = greedy_reference_.has_value() || (original_exceeds_memory_ && cache_.has_value());
-  if (!into->passed() && traced && original_ && (precision == "int8" || precision == "int4")) {
+  const bool traced =
+      validation_.greedy_reference.has_value() || (loaded_.exceeds_memory && validation_.cache.has_value());
+  if (!into->passed() && traced && loaded_.original && (precision == "int8" || precision == "int4")) {
     if (absl::Status judged = JudgeByGeneration(**session, precision, into); !judged.ok()) return judged;
   }
   if (absl::Status judged = JudgePerplexity(**session, into); !judged.ok()) return judged;
@@ -129,19 +130,19 @@ absl::StatusOr<bool> OptimizeJob::Judge(const onnx::ModelProto& model, const Mod
 }
 
 absl::Status OptimizeJob::ScoreSuppliedTokens(Ort::Session& original) {
-  const std::optional<CacheInterface> cache = FindCacheInterface(original_->graph());
-  if (!cache || supplied_.empty()) return absl::OkStatus();
+  const std::optional<CacheInterface> cache = FindCacheInterface(Original().graph());
+  if (!cache || loaded_.supplied.empty()) return absl::OkStatus();
   bool has_ids = false;
-  for (const auto& sample : supplied_) has_ids |= sample.count(cache->ids_input) > 0;
+  for (const auto& sample : loaded_.supplied) has_ids |= sample.count(cache->ids_input) > 0;
   if (!has_ids) return absl::OkStatus();
   Progress(Phase::kValidating, "the original's perplexity on the supplied tokens");
-  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(original, *original_, *cache, supplied_);
+  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(original, Original(), *cache, loaded_.supplied);
   if (absl::IsInvalidArgument(loss.status())) return loss.status();  // the user's ids: their error
   if (loss.ok()) {
-    original_loss_ = *loss;
-    scored_cache_ = cache;
+    validation_.original_loss = *loss;
+    validation_.scored_cache = cache;
   } else {
-    loss_note_ = absl::StrCat("not scored: ", loss.status().message());
+    validation_.loss_note = absl::StrCat("not scored: ", loss.status().message());
   }
   return absl::OkStatus();
 }
@@ -149,15 +150,16 @@ absl::Status OptimizeJob::ScoreSuppliedTokens(Ort::Session& original) {
 absl::Status OptimizeJob::JudgePerplexity(Ort::Session& candidate, v1::ParityReport* into) {
   v1::PerplexityReport* perplexity = into->mutable_perplexity();
   perplexity->Clear();
-  if (!original_loss_) {
-    if (loss_note_.empty()) {
+  if (!validation_.original_loss) {
+    if (validation_.loss_note.empty()) {
       into->clear_perplexity();
     } else {
-      perplexity->set_note(loss_note_);
+      perplexity->set_note(validation_.loss_note);
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<TokenLoss> loss = SuppliedTokenLoss(candidate, *original_, *scored_cache_, supplied_);
+  absl::StatusOr<TokenLoss> loss =
+      SuppliedTokenLoss(candidate, Original(), *validation_.scored_cache, loaded_.supplied);
   if (!loss.ok()) {
     perplexity->set_note(absl::StrCat("the result could not be scored: ", loss.status().message()));
     perplexity->set_passed(false);
@@ -166,7 +168,7 @@ absl::Status OptimizeJob::JudgePerplexity(Ort::Session& candidate, v1::ParityRep
   }
   const double max_ratio = config_.validation().max_perplexity_ratio();
   perplexity->set_tokens(loss->tokens);
-  perplexity->set_original(original_loss_->Perplexity());
+  perplexity->set_original(validation_.original_loss->Perplexity());
   perplexity->set_optimized(loss->Perplexity());
   perplexity->set_ratio(perplexity->original() > 0 ? perplexity->optimized() / perplexity->original() : 0);
   perplexity->set_max_ratio_allowed(max_ratio);
@@ -182,18 +184,21 @@ absl::Status OptimizeJob::JudgePerplexity(Ort::Session& candidate, v1::ParityRep
 
 absl::Status OptimizeJob::TraceGreedyReference(Ort::Session& original) {
   const v1::PrecisionConfig& precision = config_.precision();
-  const bool quantizing = absl::StartsWith(precision.mode(), "int") || precision.mode() == kAutoPrecision;
+  const PrecisionMode mode = precision.mode();
+  const bool quantizing = mode == v1::PrecisionConfig::int8_dynamic || mode == v1::PrecisionConfig::int8_static ||
+                          mode == v1::PrecisionConfig::int4_weight_only || mode == v1::PrecisionConfig::auto_;
   const v1::ValidationConfig& validation = config_.validation();
-  if (!precision_requested_ || !quantizing || (validation.has_judge_generation() && !validation.judge_generation()) ||
+  if (!rewritten_.precision_requested || !quantizing ||
+      (validation.has_judge_generation() && !validation.judge_generation()) ||
       config_.benchmark().generation().skip()) {
     return absl::OkStatus();
   }
-  cache_ = FindCacheInterface(original_->graph());
-  if (!cache_) return absl::OkStatus();
+  validation_.cache = FindCacheInterface(Original().graph());
+  if (!validation_.cache) return absl::OkStatus();
   absl::StatusOr<v1::GenerationConfig> resolved = ResolveGenerationConfig(config_.benchmark().generation());
   if (!resolved.ok()) return resolved.status();
-  greedy_config_ = *resolved;
-  if (original_exceeds_memory_) {
+  validation_.greedy_config = *resolved;
+  if (loaded_.exceeds_memory) {
     v1::MemoryReport* memory = report_.mutable_memory();
     memory->set_original_from_disk(absl::StrCat(
         memory->original_from_disk(), "; its greedy generation (every weight read from the disk for each token) was "
@@ -202,9 +207,10 @@ absl::Status OptimizeJob::TraceGreedyReference(Ort::Session& original) {
     return absl::OkStatus();
   }
   Progress(Phase::kValidating, "the original's greedy generation");
-  absl::StatusOr<GreedyTrace> trace = TraceOriginalGreedy(original, *original_, *cache_, greedy_config_);
+  absl::StatusOr<GreedyTrace> trace =
+      TraceOriginalGreedy(original, Original(), *validation_.cache, validation_.greedy_config);
   // A model the generation loop cannot drive is judged on its outputs alone, as before.
-  if (trace.ok()) greedy_reference_ = *std::move(trace);
+  if (trace.ok()) validation_.greedy_reference = *std::move(trace);
   return absl::OkStatus();
 }
 
@@ -213,22 +219,25 @@ absl::Status OptimizeJob::JudgeByGeneration(Ort::Session& candidate, const std::
   v1::GenerationVerdict* verdict = into->mutable_generation();
   verdict->Clear();
   verdict->set_ran(true);
-  const Tolerance tolerance = ToleranceFor(config_.validation(), cache_->logits_output, precision);
+  const Tolerance tolerance = ToleranceFor(config_.validation(), validation_.cache->logits_output, precision);
   verdict->set_max_kl_allowed(tolerance.max_kl);
   verdict->set_min_cosine_allowed(tolerance.min_cosine);
   v1::GenerationReport greedy;
   absl::Status compared = absl::OkStatus();
-  if (greedy_reference_) {
-    compared = CompareToGreedyTrace(candidate, *original_, *cache_, greedy_config_, *greedy_reference_, &greedy);
+  if (validation_.greedy_reference) {
+    compared = CompareToGreedyTrace(candidate, Original(), *validation_.cache, validation_.greedy_config,
+                                    *validation_.greedy_reference, &greedy);
   } else {
     // The original larger than memory: the candidate's own picks, scored by the original in one pass.
-    absl::StatusOr<GreedyTrace> own = TraceOwnGreedy(candidate, *original_, *cache_, greedy_config_);
+    absl::StatusOr<GreedyTrace> own =
+        TraceOwnGreedy(candidate, Original(), *validation_.cache, validation_.greedy_config);
     absl::StatusOr<GreedyTrace> scored = absl::InternalError("not scored");
     if (own.ok()) {
       Progress(Phase::kValidating, "the original scoring the greedy generation (from the disk)");
-      auto original = CreateSession(OriginalSource(), ForOriginal(reference_settings_));
-      scored = original.ok() ? ScoreGreedyTrace(**original, *original_, *cache_, greedy_config_, *own)
-                             : absl::StatusOr<GreedyTrace>(original.status());
+      auto original = CreateSession(OriginalSource(), ForOriginal(validation_.reference_settings));
+      scored = original.ok()
+                   ? ScoreGreedyTrace(**original, Original(), *validation_.cache, validation_.greedy_config, *own)
+                   : absl::StatusOr<GreedyTrace>(original.status());
     } else {
       scored = own.status();
     }
@@ -250,8 +259,9 @@ absl::Status OptimizeJob::JudgeByGeneration(Ort::Session& candidate, const std::
   verdict->set_note(absl::StrFormat(
       "%d greedy steps teacher-forced on the %s picks: mean KL %.5f (%s %.4g), min logits cosine %.5f "
       "(%s %.4g), top-1 %.3f", greedy.steps_size(),
-      greedy_reference_ ? "original's" : "candidate's own (the original scoring them in one pass)", greedy.mean_kl_divergence(), close ? "<=" : ">", tolerance.max_kl,
-      greedy.min_logits_cosine(), aligned ? ">=" : "<", tolerance.min_cosine, greedy.top1_agreement()));
+      validation_.greedy_reference ? "original's" : "candidate's own (the original scoring them in one pass)",
+      greedy.mean_kl_divergence(), close ? "<=" : ">", tolerance.max_kl, greedy.min_logits_cosine(),
+      aligned ? ">=" : "<", tolerance.min_cosine, greedy.top1_agreement()));
   if (verdict->passed()) into->set_passed(true);
   return absl::OkStatus();
 }
@@ -263,52 +273,53 @@ absl::Status OptimizeJob::Validate() {
   if (!device.ok()) return device.status();
   // The reference is CPU fp32 arithmetic: the original on the CPU, ONNX Runtime's rewrites off. The
   // compared models run on the job's device (TF32 off on CUDA unless the job deploys with it).
-  reference_settings_ = *device;
-  reference_settings_.device = v1::DEVICE_CPU;
-  reference_settings_.optimization_level = ORT_DISABLE_ALL;
-  parity_settings_ = *device;
-  parity_settings_.optimization_level = OrtLevel(config_.validation().ort_optimization_level(), ORT_DISABLE_ALL);
-  parity_settings_.cuda_tf32 = config_.validation().allow_tf32();
+  validation_.reference_settings = *device;
+  validation_.reference_settings.device = v1::DEVICE_CPU;
+  validation_.reference_settings.optimization_level = ORT_DISABLE_ALL;
+  validation_.parity_settings = *device;
+  validation_.parity_settings.optimization_level =
+      OrtLevel(config_.validation().ort_optimization_level(), ORT_DISABLE_ALL);
+  validation_.parity_settings.cuda_tf32 = config_.validation().allow_tf32();
   v1::ParityReport* parity = report_.mutable_parity();
-  parity->set_ort_optimization_level(OrtLevelName(parity_settings_.optimization_level));
-  parity->set_reference(DescribeSettings(reference_settings_));
-  parity->set_device(DescribeSettings(parity_settings_));
-  parity->set_tf32(parity_settings_.device == v1::DEVICE_CUDA && parity_settings_.cuda_tf32);
+  parity->set_ort_optimization_level(OrtLevelName(validation_.parity_settings.optimization_level));
+  parity->set_reference(DescribeSettings(validation_.reference_settings));
+  parity->set_device(DescribeSettings(validation_.parity_settings));
+  parity->set_tf32(validation_.parity_settings.device == v1::DEVICE_CUDA && validation_.parity_settings.cuda_tf32);
   Progress(Phase::kValidating, "reference outputs");
   {
     // The original's session lives only while it computes the reference: the outputs are kept, and
     // every candidate judged later opens its own session without the original's beside it.
     const auto reference_start = std::chrono::steady_clock::now();
-    auto original_session = CreateSession(OriginalSource(), ForOriginal(reference_settings_));
+    auto original_session = CreateSession(OriginalSource(), ForOriginal(validation_.reference_settings));
     if (!original_session.ok()) return original_session.status();
-    absl::StatusOr<ParityReference> reference =
-        BuildParityReference(**original_session, *original_, config_.validation(), supplied_, request_.run, parity);
+    absl::StatusOr<ParityReference> reference = BuildParityReference(
+        **original_session, Original(), config_.validation(), loaded_.supplied, request_.run, parity);
     if (!reference.ok()) return reference.status();
-    if (original_exceeds_memory_) {
+    if (loaded_.exceeds_memory) {
       v1::MemoryReport* memory = report_.mutable_memory();
       memory->set_original_from_disk(absl::StrFormat(
           "%s; its reference outputs (%d input set(s)) took %.1f s, disk-bound", memory->original_from_disk(),
           reference->sets.size(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - reference_start).count()));
     }
-    reference_ = *std::move(reference);
+    validation_.reference = *std::move(reference);
     if (absl::Status scored = ScoreSuppliedTokens(**original_session); !scored.ok()) return scored;
     if (absl::Status traced = TraceGreedyReference(**original_session); !traced.ok()) return traced;
   }
   if (absl::Status measured = MeasureDeviceNoise(); !measured.ok()) return measured;
   parity->set_noise_factor(NoiseFactor(config_.validation()));
-  reference_->valid_positions_of = PaddingMaskInput(pass_reports_, optimized_);
-  parity->set_valid_positions_of(reference_->valid_positions_of);
-  const bool auto_precision = config_.precision().mode() == kAutoPrecision;
+  validation_.reference->valid_positions_of = PaddingMaskInput(rewritten_.pass_reports, rewritten_.optimized);
+  parity->set_valid_positions_of(validation_.reference->valid_positions_of);
+  const bool auto_precision = config_.precision().mode() == v1::PrecisionConfig::auto_;
   if (auto_precision) {
     if (absl::Status chosen = ChoosePrecision(); !chosen.ok()) return chosen;
   }
-  absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
+  absl::StatusOr<ModelSource> source = SourceOf(rewritten_.optimized, /*saved=*/true);
   if (!source.ok()) return source.status();
   Progress(Phase::kValidating, "comparing outputs");
-  absl::StatusOr<bool> passed = Judge(optimized_, *source, parity);
+  absl::StatusOr<bool> passed = Judge(rewritten_.optimized, *source, parity);
   if (!passed.ok()) return passed.status();
-  if (!*passed && precision_requested_ && !auto_precision) {
+  if (!*passed && rewritten_.precision_requested && !auto_precision) {
     passed = RecoverPrecision(parity);
     if (!passed.ok()) return passed.status();
   }
@@ -322,17 +333,18 @@ absl::Status OptimizeJob::Validate() {
 // Where the compared models run otherwise than the reference, the original's own deviation there
 // bounds how far a correct rewrite may stray (ValidationConfig.noise_factor).
 absl::Status OptimizeJob::MeasureDeviceNoise() {
-  if (SameArithmetic(parity_settings_, reference_settings_)) return absl::OkStatus();
+  if (SameArithmetic(validation_.parity_settings, validation_.reference_settings)) return absl::OkStatus();
   Progress(Phase::kValidating, "device noise");
-  auto device_original = CreateSession(OriginalSource(), ForOriginal(parity_settings_));
+  auto device_original = CreateSession(OriginalSource(), ForOriginal(validation_.parity_settings));
   if (!device_original.ok()) return device_original.status();
-  return MeasureDeviceDeviation(**device_original, request_.run, &*reference_);
+  return MeasureDeviceDeviation(**device_original, request_.run, &*validation_.reference);
 }
 
 absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
   const v1::PrecisionConfig& precision = config_.precision();
+  const std::string mode = v1::PrecisionConfig::Mode_Name(precision.mode());
   v1::PrecisionReport* described = report_.mutable_precision();
-  described->set_note(absl::StrCat("the ", precision.mode(), " model failed parity: ", WorstOutput(*parity)));
+  described->set_note(absl::StrCat("the ", mode, " model failed parity: ", WorstOutput(*parity)));
   ParityProbe probe = [&](const onnx::ModelProto& candidate, v1::ParityReport* into) -> absl::StatusOr<bool> {
     *into = *parity;
     absl::StatusOr<ModelSource> source = SourceOf(candidate, /*saved=*/false);
@@ -342,32 +354,34 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
   if (!precision.has_auto_mixed() || precision.auto_mixed()) {
     Progress(Phase::kValidating, "automatic mixed precision");
     ActivationMagnitudes magnitudes = [&](const onnx::ModelProto& model) {
-      return MaxAbsActivations(model, reference_->sets.front().inputs, parity_settings_);
+      return MaxAbsActivations(model, validation_.reference->sets.front().inputs, validation_.parity_settings);
     };
     std::string search_failure;
     const v1::PrecisionReport measured = *described;  // int4: every projection's error, worst first
     absl::StatusOr<std::optional<MixedPrecisionResult>> mixed =
-        SearchMixedPrecision(fp32_model_, precision, calibrated_, probe, magnitudes, PassOptions(), &search_failure,
-                             WorstProjections(measured));
+        SearchMixedPrecision(rewritten_.fp32_model, precision, rewritten_.calibrated, probe, magnitudes, PassOptions(),
+                             &search_failure, WorstProjections(measured));
     if (!mixed.ok()) return mixed.status();
     if (mixed->has_value()) {
       MixedPrecisionResult& found = **mixed;
-      optimized_ = std::move(found.model);
-      precision_runs_ = std::move(found.runs);
+      rewritten_.optimized = std::move(found.model);
+      rewritten_.precision_runs = std::move(found.runs);
       *parity = found.parity;
       report_.clear_passes();
-      for (const auto& pass_report : AllRuns(precision_runs_)) *report_.add_passes() = pass_report;
+      for (const auto& pass_report : AllRuns(rewritten_.precision_runs)) *report_.add_passes() = pass_report;
       const std::string first_failure = described->note();
       described->Clear();
       described->set_note(first_failure);
-      DescribePrecision(precision, fp32_model_, optimized_, precision_runs_, described);
+      DescribePrecision(precision, rewritten_.fp32_model, rewritten_.optimized, rewritten_.precision_runs, described);
       KeepProjectionsStillQuantized(measured, found.kept, described);
       described->clear_kept_nodes();
       for (const auto& kept : found.kept) *described->add_kept_nodes() = kept;
       described->set_auto_mixed_attempts(found.attempts);
-      report_.add_warnings(absl::StrCat(precision.mode(), " alone failed parity; automatic mixed precision kept ",
+      report_.add_warnings(absl::StrCat(mode, " alone failed parity; automatic mixed precision kept ",
                                         found.kept.size(), " node(s) in float32 (see precision.kept_nodes)"));
-      if (absl::Status resaved = SaveResult(optimized_, AllRuns(precision_runs_)); !resaved.ok()) return resaved;
+      if (absl::Status resaved = SaveResult(rewritten_.optimized, AllRuns(rewritten_.precision_runs)); !resaved.ok()) {
+        return resaved;
+      }
       return true;
     }
     described->set_note(
@@ -375,24 +389,24 @@ absl::StatusOr<bool> OptimizeJob::RecoverPrecision(v1::ParityReport* parity) {
   }
   if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
     return Failure(absl::StatusCode::kAborted, v1::ErrorReason::PARITY_FAILED,
-                   absl::StrCat("precision mode '", precision.mode(), "' broke parity",
+                   absl::StrCat("precision mode '", mode, "' broke parity",
                                 described->note().empty() ? "" : absl::StrCat(" (", described->note(), ")"),
                                 "; see the report's parity and precision sections"));
   }
   // Recover: give the lower precision up, keep the float32 pipeline output if it passes.
   described->set_note(absl::StrCat(described->note().empty() ? "" : absl::StrCat(described->note(), "; "),
-                                   precision.mode(), " broke parity, so the float32 model is returned"));
+                                   mode, " broke parity, so the float32 model is returned"));
   report_.add_warnings(
-      absl::StrCat("precision mode '", precision.mode(), "' broke parity; the returned model stays in float32"));
-  optimized_ = fp32_model_;
-  interface_changed_ = false;
-  precision_runs_.clear();
+      absl::StrCat("precision mode '", mode, "' broke parity; the returned model stays in float32"));
+  rewritten_.optimized = rewritten_.fp32_model;
+  rewritten_.interface_changed = false;
+  rewritten_.precision_runs.clear();
   report_.clear_passes();
-  for (const auto& pass_report : pass_reports_) *report_.add_passes() = pass_report;
-  if (absl::Status resaved = SaveResult(optimized_, pass_reports_); !resaved.ok()) return resaved;
-  absl::StatusOr<ModelSource> fp32_source = SourceOf(optimized_, /*saved=*/true);
+  for (const auto& pass_report : rewritten_.pass_reports) *report_.add_passes() = pass_report;
+  if (absl::Status resaved = SaveResult(rewritten_.optimized, rewritten_.pass_reports); !resaved.ok()) return resaved;
+  absl::StatusOr<ModelSource> fp32_source = SourceOf(rewritten_.optimized, /*saved=*/true);
   if (!fp32_source.ok()) return fp32_source.status();
-  return Judge(optimized_, *fp32_source, parity);
+  return Judge(rewritten_.optimized, *fp32_source, parity);
 }
 
 absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
@@ -402,8 +416,8 @@ absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
     if (!source.ok()) return source.status();
     return Judge(candidate, *source, into);
   };
-  absl::StatusOr<BisectionResult> bisected =
-      BisectAndRecover(*original_, *pipeline_, optimized_, pass_reports_, probe, request_.run);
+  absl::StatusOr<BisectionResult> bisected = BisectAndRecover(Original(), *loaded_.pipeline, rewritten_.optimized,
+                                                              rewritten_.pass_reports, probe, request_.run);
   if (!bisected.ok()) return bisected.status();
   const std::string culprits = CulpritList(bisected->bisection);
   if (config_.validation().on_parity_failure() == v1::ON_PARITY_FAILURE_FAIL) {
@@ -416,30 +430,31 @@ absl::Status OptimizeJob::RecoverByBisection(v1::ParityReport* parity) {
   // Recover: the best model that passes becomes the result.
   *parity = bisected->parity;
   *parity->mutable_bisection() = bisected->bisection;
-  returned_original_ = bisected->bisection.returned_original();
-  report_.add_warnings(absl::StrCat("the full pipeline broke parity", culprits.empty() ? "" : absl::StrCat(" (", culprits, ")"),
-                                    returned_original_ ? "; the original model is returned"
-                                                       : "; the returned model was optimized without the culprit passes"));
-  optimized_ = std::move(bisected->model);
+  validation_.returned_original = bisected->bisection.returned_original();
+  report_.add_warnings(
+      absl::StrCat("the full pipeline broke parity", culprits.empty() ? "" : absl::StrCat(" (", culprits, ")"),
+                   validation_.returned_original ? "; the original model is returned"
+                                                 : "; the returned model was optimized without the culprit passes"));
+  rewritten_.optimized = std::move(bisected->model);
   report_.clear_passes();
   for (const auto& pass_report : bisected->passes) *report_.add_passes() = pass_report;
-  return SaveResult(optimized_, bisected->passes);
+  return SaveResult(rewritten_.optimized, bisected->passes);
 }
 
 // Dims the pipeline freed: the result at other lengths, which parity at the exported shapes does not
 // see (validation/length_check.h).
 absl::Status OptimizeJob::CheckFreedDims(v1::ParityReport* parity) {
-  if (returned_original_ || FreedDims(*original_, optimized_).empty()) return absl::OkStatus();
+  if (validation_.returned_original || FreedDims(Original(), rewritten_.optimized).empty()) return absl::OkStatus();
   Progress(Phase::kValidating, "other lengths");
-  absl::StatusOr<ModelSource> source = SourceOf(optimized_, /*saved=*/true);
+  absl::StatusOr<ModelSource> source = SourceOf(rewritten_.optimized, /*saved=*/true);
   if (!source.ok()) return source.status();
   // Both on the job's device, which the result may need (packed attention runs on CUDA only).
-  auto original_session = CreateSession(OriginalSource(), ForOriginal(parity_settings_));
+  auto original_session = CreateSession(OriginalSource(), ForOriginal(validation_.parity_settings));
   if (!original_session.ok()) return original_session.status();
-  auto optimized_session = CreateSession(*source, parity_settings_);
+  auto optimized_session = CreateSession(*source, validation_.parity_settings);
   if (!optimized_session.ok()) return optimized_session.status();
-  absl::Status checked = CheckFreedLengths(**original_session, *original_, **optimized_session, optimized_,
-                                           ModelPrecision(optimized_), config_.validation(), parity);
+  absl::Status checked = CheckFreedLengths(**original_session, Original(), **optimized_session, rewritten_.optimized,
+                                           ModelPrecision(rewritten_.optimized), config_.validation(), parity);
   if (!checked.ok()) return checked;
   for (const auto& check : parity->lengths()) {
     if (!check.passed()) {

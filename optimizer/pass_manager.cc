@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/config_enums.h"
 #include "optimizer/failure.h"
 #include "optimizer/graph.h"
 #include "optimizer/transformer_report.h"
@@ -131,7 +132,7 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
     return after.status();
   }
   if (config.passes_size() > 0) {
-    if (!config.preset().empty()) {
+    if (config.has_preset()) {
       return absl::InvalidArgumentError("give either a preset or an explicit pass list, not both");
     }
     absl::StatusOr<std::vector<PipelineStep>> listed = PassListSteps(config.passes(), registry);
@@ -140,7 +141,11 @@ absl::StatusOr<Pipeline> BuildPipeline(const v1::OptimizationConfig& config, con
     pipeline.preset = "passes";
     return pipeline;
   }
-  std::string preset_name = config.preset().empty() ? kAutoPreset : config.preset();
+  if (absl::Status known = CheckEnumValue(v1::Pipelines::Preset_descriptor(), config.preset(), "preset");
+      !known.ok()) {
+    return known;
+  }
+  std::string preset_name = v1::Pipelines::Preset_Name(config.preset());
   pipeline.preset = preset_name;
   std::set<std::string> left_out;
   if (preset_name == kAutoPreset) {

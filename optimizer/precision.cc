@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "optimizer/config_enums.h"
 #include "optimizer/model_io.h"
 #include "optimizer/pass_registry.h"
 #include "optimizer/passes/precision/precision_common.h"
@@ -30,15 +32,18 @@ constexpr int kMaxCalibrationSamples = 1000;
 // Generated calibration inputs are numbered from here, apart from the parity check's samples.
 constexpr int kFirstCalibrationSample = 1000;
 
-const char* PassFor(const std::string& mode) {
-  if (mode == "fp16" || mode == "bf16") return "convert_float_precision";
-  if (mode == "int8_dynamic") return "quantize_dynamic_int8";
-  if (mode == "int8_static") return "quantize_static_int8";
-  if (mode == "int4_weight_only") return "quantize_weights_int4";
-  return nullptr;
+const char* PassFor(PrecisionMode mode) {
+  switch (mode) {
+    case v1::PrecisionConfig::fp16:
+    case v1::PrecisionConfig::bf16: return "convert_float_precision";
+    case v1::PrecisionConfig::int8_dynamic: return "quantize_dynamic_int8";
+    case v1::PrecisionConfig::int8_static: return "quantize_static_int8";
+    case v1::PrecisionConfig::int4_weight_only: return "quantize_weights_int4";
+    default: return nullptr;
+  }
 }
 
-bool IsFloatMode(const std::string& mode) { return mode == "fp16" || mode == "bf16"; }
+bool IsFloatMode(PrecisionMode mode) { return mode == v1::PrecisionConfig::fp16 || mode == v1::PrecisionConfig::bf16; }
 
 google::protobuf::Value StringValue(const std::string& text) {
   google::protobuf::Value value;
@@ -62,26 +67,36 @@ std::string JoinSet(const std::set<std::string>& items) { return absl::StrJoin(i
 
 }  // namespace
 
-bool ChangesFloatInterface(const v1::PrecisionConfig& precision, const std::string& mode) {
-  return !KeepsIoTypes(precision) && (mode == "fp16" || mode == "bf16");
+bool ChangesFloatInterface(const v1::PrecisionConfig& precision, PrecisionMode mode) {
+  return !KeepsIoTypes(precision) && IsFloatMode(mode);
 }
 
-bool PrecisionRequested(const v1::PrecisionConfig& precision) {
-  return !precision.mode().empty() && precision.mode() != "fp32";
+bool PrecisionRequested(const v1::PrecisionConfig& precision) { return precision.mode() != v1::PrecisionConfig::fp32; }
+
+v1::Int4Config::Storage LmHeadStorage(const v1::Int4Config& int4) {
+  return int4.has_lm_head() ? int4.lm_head() : v1::Int4Config::int4;
+}
+
+v1::Int4Config::Storage EmbeddingStorage(const v1::Int4Config& int4) {
+  return int4.has_embeddings() ? int4.embeddings() : v1::Int4Config::float_;
 }
 
 absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
-  const std::string& mode = precision.mode();
-  if (!mode.empty() && mode != "fp32" && mode != kAutoPrecision && PassFor(mode) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("precision.mode '", mode,
-                                                   "' is unknown (known: fp32, fp16, bf16, int8_dynamic, "
-                                                   "int8_static, int4_weight_only, auto)"));
+  const v1::Int4Config& int4 = precision.int4();
+  for (const auto& [type, value, what] :
+       {std::tuple{v1::PrecisionConfig::Mode_descriptor(), static_cast<int>(precision.mode()), "precision.mode"},
+        std::tuple{v1::CalibrationConfig::Method_descriptor(), static_cast<int>(precision.calibration().method()),
+                   "precision.calibration.method"},
+        std::tuple{v1::Int4Config::Method_descriptor(), static_cast<int>(int4.method()), "precision.int4.method"},
+        std::tuple{v1::Int4Config::Storage_descriptor(), static_cast<int>(int4.lm_head()), "precision.int4.lm_head"},
+        std::tuple{v1::Int4Config::Storage_descriptor(), static_cast<int>(int4.embeddings()),
+                   "precision.int4.embeddings"}}) {
+    if (absl::Status status = CheckEnumValue(type, value, what); !status.ok()) return status;
   }
   if (precision.calibration().samples() < 0 || precision.calibration().samples() > kMaxCalibrationSamples) {
     return absl::InvalidArgumentError(
         absl::StrCat("precision.calibration.samples must be 0 (default 16) to ", kMaxCalibrationSamples));
   }
-  const v1::Int4Config& int4 = precision.int4();
   if (int4.block_size() != 0 &&
       (int4.block_size() < 16 || int4.block_size() > 256 || (int4.block_size() & (int4.block_size() - 1)) != 0)) {
     return absl::InvalidArgumentError("precision.int4.block_size must be 16, 32, 64, 128 or 256");
@@ -89,25 +104,9 @@ absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision) {
   if (int4.accuracy_level() < 0 || int4.accuracy_level() > 4) {
     return absl::InvalidArgumentError("precision.int4.accuracy_level must be 0..4");
   }
-  if (!int4.method().empty() && int4.method() != "rtn" && int4.method() != "hqq") {
-    return absl::InvalidArgumentError(absl::StrCat("precision.int4.method '", int4.method(), "' is unknown (rtn, hqq)"));
-  }
-  if (int4.method() == "hqq" && int4.has_symmetric() && int4.symmetric()) {
+  if (int4.method() == v1::Int4Config::hqq && int4.has_symmetric() && int4.symmetric()) {
     return absl::InvalidArgumentError(
         "precision.int4.method hqq solves a zero point per block: it cannot be combined with symmetric true");
-  }
-  if (!int4.lm_head().empty() && int4.lm_head() != "int4" && int4.lm_head() != "int8" && int4.lm_head() != "float") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("precision.int4.lm_head '", int4.lm_head(), "' is unknown (int4, int8, float)"));
-  }
-  if (!int4.embeddings().empty() && int4.embeddings() != "float" && int4.embeddings() != "int8" &&
-      int4.embeddings() != "int4") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("precision.int4.embeddings '", int4.embeddings(), "' is unknown (float, int8, int4)"));
-  }
-  const std::string& method = precision.calibration().method();
-  if (!method.empty() && method != "minmax" && method != "percentile" && method != "entropy") {
-    return absl::InvalidArgumentError("precision.calibration.method must be minmax, percentile or entropy");
   }
   for (const auto* names : {&precision.op_block_list(), &precision.node_block_list()}) {
     for (const auto& name : *names) {
@@ -123,7 +122,7 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
                                                 const PrecisionExtras& extras) {
   if (!PrecisionRequested(precision)) return Pipeline{};
   if (absl::Status status = CheckPrecisionConfig(precision); !status.ok()) return status;
-  const std::string& mode = precision.mode();
+  const PrecisionMode mode = precision.mode();
   std::set<std::string> ops(precision.op_block_list().begin(), precision.op_block_list().end());
   ops.insert(extras.keep_ops.begin(), extras.keep_ops.end());
   std::set<std::string> nodes(precision.node_block_list().begin(), precision.node_block_list().end());
@@ -135,14 +134,14 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
   auto& params = *spec->mutable_params();
   params["node_block_list"] = StringValue(JoinSet(nodes));
   if (IsFloatMode(mode)) {
-    params["to"] = StringValue(mode);
+    params["to"] = StringValue(v1::PrecisionConfig::Mode_Name(mode));
     params["keep_io_types"] = BoolValue(KeepsIoTypes(precision));
     params["op_block_list"] = StringValue(JoinSet(ops));
   } else {
     std::set<std::string> forms = {"MatMul", "Gemm", "Attention"};
     for (const auto& op : ops) forms.erase(op);
     params["op_types"] = StringValue(JoinSet(forms));
-    if (mode == "int8_dynamic" || mode == "int8_static") {
+    if (mode == v1::PrecisionConfig::int8_dynamic || mode == v1::PrecisionConfig::int8_static) {
       params["per_channel"] = BoolValue(!precision.has_per_channel() || precision.per_channel());
       std::set<std::string> tables = {"EmbedLayerNormalization", "Gather"};
       for (const auto& op : ops) tables.erase(op);
@@ -154,21 +153,22 @@ absl::StatusOr<Pipeline> BuildPrecisionPipeline(const v1::PrecisionConfig& preci
       }
     } else {
       const v1::Int4Config& int4 = precision.int4();
-      const std::string method = int4.method().empty() ? "rtn" : int4.method();
+      const v1::Int4Config::Method method = int4.method();
       params["block_size"] = NumberValue(int4.block_size() > 0 ? int4.block_size() : 32);
       // hqq solves zero points, so it defaults to asymmetric blocks (an explicit true was refused above).
-      params["symmetric"] = BoolValue(method == "hqq" ? false : !int4.has_symmetric() || int4.symmetric());
-      params["method"] = StringValue(method);
-      params["lm_head"] = StringValue(int4.lm_head().empty() ? "int4" : int4.lm_head());
+      params["symmetric"] =
+          BoolValue(method == v1::Int4Config::hqq ? false : !int4.has_symmetric() || int4.symmetric());
+      params["method"] = StringValue(v1::Int4Config::Method_Name(method));
+      params["lm_head"] = StringValue(v1::Int4Config::Storage_Name(LmHeadStorage(int4)));
       // Unset: int8 compute (4), the fastest on the CPU (tests/bench/generation_benchmark.py: a decode step
       // 3.3x the float32 original against 1.7x with float32 compute); other devices ignore it.
       params["accuracy_level"] = NumberValue(int4.accuracy_level() > 0 ? int4.accuracy_level() : 4);
-      if (int4.embeddings() == "int8" && ops.count("Gather") == 0) {
+      if (EmbeddingStorage(int4) == v1::Int4Config::int8 && ops.count("Gather") == 0) {
         v1::PassSpec* embeddings = config.add_passes();
         embeddings->set_name("quantize_embeddings_int8");
         (*embeddings->mutable_params())["op_types"] = StringValue("Gather");
         (*embeddings->mutable_params())["node_block_list"] = StringValue(JoinSet(nodes));
-      } else if (int4.embeddings() == "int4" && ops.count("Gather") == 0) {
+      } else if (EmbeddingStorage(int4) == v1::Int4Config::int4 && ops.count("Gather") == 0) {
         v1::PassSpec* embeddings = config.add_passes();
         embeddings->set_name("quantize_embeddings_int4");
         (*embeddings->mutable_params())["block_size"] = params["block_size"];
@@ -224,8 +224,8 @@ absl::StatusOr<std::map<std::string, ValueRange>> CalibrateActivations(
                             " generated input sets: generated data is a poor calibration set, so the ranges may not "
                             "match real inputs; supply real inputs with the job for a calibration you can trust");
   }
-  const std::string method = precision.calibration().method().empty() ? "minmax" : precision.calibration().method();
-  return CalibrateRanges(fp32_model, values, make_samples, method, device, run);
+  return CalibrateRanges(fp32_model, values, make_samples,
+                         v1::CalibrationConfig::Method_Name(precision.calibration().method()), device, run);
 }
 
 void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelProto& converted,
@@ -234,7 +234,7 @@ void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelPro
                         const SessionSettings& device, const RunContext& run,
                         const std::function<absl::Status()>& activations_fit, v1::PrecisionReport* report) {
   const BlockMethod method =
-      precision.int4().method() == "hqq" ? BlockMethod::kHalfQuadratic : BlockMethod::kRoundToNearest;
+      precision.int4().method() == v1::Int4Config::hqq ? BlockMethod::kHalfQuadratic : BlockMethod::kRoundToNearest;
   CaptureActivations capture = [&](const std::vector<std::string>& values,
                                    std::map<std::string, ActivationRows>* out) -> absl::Status {
     if (absl::Status fits = activations_fit(); !fits.ok()) return fits;
@@ -256,7 +256,7 @@ void DescribeInt4Errors(const onnx::ModelProto& fp32_model, const onnx::ModelPro
 void DescribePrecision(const v1::PrecisionConfig& precision, const onnx::ModelProto& fp32_model,
                        const onnx::ModelProto& converted, const std::vector<v1::PassReport>& runs,
                        v1::PrecisionReport* report) {
-  report->set_mode(precision.mode());
+  report->set_mode(v1::PrecisionConfig::Mode_Name(precision.mode()));
   report->set_size_before_bytes(ModelBytes(fp32_model));
   report->set_size_after_bytes(ModelBytes(converted));
   const char* pass = PassFor(precision.mode());
@@ -549,7 +549,8 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
     if (failure != nullptr) {
       *failure = why;
       if (!search.kernel_ops().empty()) {
-        absl::StrAppend(failure, "; ONNX Runtime on this device has no ", precision.mode(), " kernel for ",
+        absl::StrAppend(failure, "; ONNX Runtime on this device has no ", v1::PrecisionConfig::Mode_Name(precision.mode()),
+                        " kernel for ",
                         absl::StrJoin(search.kernel_ops(), ", "));
       }
     }
@@ -574,7 +575,7 @@ absl::StatusOr<std::optional<MixedPrecisionResult>> SearchMixedPrecision(
 
   // (1) Float16's range: nodes making or reading values beyond it stay float32.
   std::set<std::string> overflow;
-  if (precision.mode() == "fp16" && ranges) {
+  if (precision.mode() == v1::PrecisionConfig::fp16 && ranges) {
     absl::StatusOr<std::map<std::string, double>> largest = ranges(fp32_model);
     if (!largest.ok()) return largest.status();
     std::map<std::string, double> beyond;

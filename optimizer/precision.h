@@ -34,18 +34,21 @@
 
 namespace onnxopt {
 
-// precision.mode "auto": float32, float16 and (on CUDA) bfloat16 validated and timed, the fastest
-// that passes returned (OptimizeJob::ChoosePrecision).
-inline constexpr char kAutoPrecision[] = "auto";
+using PrecisionMode = v1::PrecisionConfig::Mode;
 
 // Whether `mode` under `precision` makes the model's float inputs and outputs float16/bfloat16
 // (keep_io_types off, mode fp16 or bf16).
-bool ChangesFloatInterface(const v1::PrecisionConfig& precision, const std::string& mode);
+bool ChangesFloatInterface(const v1::PrecisionConfig& precision, PrecisionMode mode);
 
 // Whether the config asks for anything but float32.
 bool PrecisionRequested(const v1::PrecisionConfig& precision);
 
-// INVALID_ARGUMENT (with the known modes) for an unknown mode or settings out of range.
+// How int4 stores the output projection (unset: int4) and the token embedding tables (unset: float).
+v1::Int4Config::Storage LmHeadStorage(const v1::Int4Config& int4);
+v1::Int4Config::Storage EmbeddingStorage(const v1::Int4Config& int4);
+
+// INVALID_ARGUMENT (with the known names) for a value none of its enum's (a binary request's number) or
+// settings out of range.
 absl::Status CheckPrecisionConfig(const v1::PrecisionConfig& precision);
 
 // What to keep in higher precision beyond the config's own lists.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/time_util.h"
+#include "optimizer/config_enums.h"
 #include "optimizer/failure.h"
 #include "optimizer/result_files.h"
 #include "server/job_labels.h"
@@ -114,6 +115,8 @@ void UpgradeErrorReason(v1::JobError& error) {
 
 void UpgradeRecord(v1::Job& job) {
   if (job.has_error()) UpgradeErrorReason(*job.mutable_error());
+  // Its config was checked when it was accepted: every legacy name is known.
+  if (job.has_config()) UpgradeLegacyConfig(*job.mutable_config()).IgnoreError();
   if (!job.has_result()) return;  // result and error are a oneof: asking for a result would drop the error
   for (v1::Artifact& artifact : *job.mutable_result()->mutable_artifacts()) {
     if (artifact.role() == v1::ARTIFACT_ROLE_UNSPECIFIED) artifact.set_role(ResultFileRole(artifact.name()));

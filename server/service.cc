@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "onnx/common/version.h"
+#include "optimizer/config_enums.h"
 #include "optimizer/failure.h"
 #include "optimizer/model_io.h"
 #include "optimizer/optimize.h"
@@ -150,7 +151,11 @@ grpc::Status OptimizerService::CreateJob(grpc::ServerContext* context, const v1:
   return Guarded([&] {
     absl::StatusOr<Caller> caller = CallerOf(context);
     if (!caller.ok()) return ToGrpc(caller.status());
-    return Respond(jobs_->Submit(*request, caller->tenant), response);
+    v1::CreateJobRequest current = *request;
+    if (absl::Status upgraded = UpgradeLegacyConfig(*current.mutable_config()); !upgraded.ok()) {
+      return ToGrpc(Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::CONFIG_INVALID, upgraded.message()));
+    }
+    return Respond(jobs_->Submit(current, caller->tenant), response);
   });
 }
 

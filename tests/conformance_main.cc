@@ -188,7 +188,12 @@ int main(int argc, char** argv) {
     if (arg == "--verbose") {
       verbose = true;
     } else if (absl::StartsWith(arg, "--preset=")) {
-      config.set_preset(arg.substr(9));
+      onnxopt::v1::Pipelines::Preset preset;
+      if (!onnxopt::v1::Pipelines::Preset_Parse(arg.substr(9), &preset)) {
+        std::cerr << "unknown preset " << arg.substr(9) << "\n";
+        return 2;
+      }
+      config.set_preset(preset);
     } else {
       roots.emplace_back(arg);
     }

@@ -38,7 +38,7 @@ TEST_P(GpuTest, ACudaJobValidatesAndTimesOnTheGpu) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath(GetParam());
   request.output_dir = std::filesystem::temp_directory_path() / ("onnxopt_gpu_" + std::to_string(::getpid()));
-  request.config.set_preset("transformer");
+  request.config.set_preset(v1::Pipelines::transformer);
   request.config.mutable_benchmark()->set_device(v1::DEVICE_CUDA);
   request.config.mutable_benchmark()->set_time_budget_seconds(5);
   auto result = Optimize(request);
@@ -74,7 +74,7 @@ class GpuJobTest : public ::testing::Test {
     OptimizeRequest request;
     request.model_path = fixture.front() == '/' ? fixture : testing::FixturePath(fixture).string();
     request.output_dir = testing::TempDir("gpu_" + name);
-    request.config.set_preset("transformer");
+    request.config.set_preset(v1::Pipelines::transformer);
     request.config.mutable_benchmark()->set_device(v1::DEVICE_CUDA);
     request.config.mutable_benchmark()->set_time_budget_seconds(4);
     if (configure) configure(&request.config);
@@ -128,7 +128,7 @@ TEST_F(GpuJobTest, TimingIsDeviceResidentWithCopiesAndCudaGraphsBesideIt) {
 // Item 3: fp32, fp16 and bf16 each validated and timed; the fastest that passes is returned.
 TEST_F(GpuJobTest, AutoPrecisionReturnsTheFastestCandidateThatPasses) {
   const v1::Report report = Run("hf/bert_torchscript.onnx", "auto_precision", [](v1::OptimizationConfig* config) {
-    config->mutable_precision()->set_mode("auto");
+    config->mutable_precision()->set_mode(v1::PrecisionConfig::auto_);
   });
   const v1::PrecisionReport& precision = report.precision();
   ASSERT_EQ(precision.candidates_size(), 3) << precision.DebugString();
@@ -152,7 +152,7 @@ TEST_F(GpuJobTest, PackedPaddingRemovalMatchesOnValidPositions) {
   auto exported = LoadModel(testing::FixturePath("hf/bert_torchscript.onnx"));
   ASSERT_TRUE(exported.ok());
   v1::OptimizationConfig transformer;
-  transformer.set_preset("transformer");
+  transformer.set_preset(v1::Pipelines::transformer);
   auto pipeline = BuildPipeline(transformer, DefaultPassRegistry(), &*exported);
   ASSERT_TRUE(pipeline.ok());
   onnx::ModelProto fused = *exported;

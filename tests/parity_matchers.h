@@ -48,7 +48,7 @@ inline void ExpectSameOutputs(const onnx::ModelProto& original, const onnx::Mode
   config.set_rtol(rtol);
   config.set_samples(2);
   v1::ParityReport report;
-  absl::Status status = CheckParity(**a, **b, original, config, RunContext(), &report);
+  absl::Status status = CheckParity({**a, original, **b}, config, {}, RunContext(), &report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report.passed()) << report.DebugString();
 }
@@ -72,7 +72,7 @@ inline void ExpectParityOnPaddedBatches(const onnx::ModelProto& original, const 
   config.set_mask_padding(0.4);
   (*config.mutable_dim_values())["batch"] = batch;
   for (int64_t sequence : sequences) (*config.add_shapes()->mutable_dim_values())["sequence"] = sequence;
-  absl::Status status = CheckParity(**a, **b, original, config, RunContext(), report);
+  absl::Status status = CheckParity({**a, original, **b}, config, {}, RunContext(), report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report->passed()) << report->DebugString();
 }

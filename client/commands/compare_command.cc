@@ -42,7 +42,7 @@ absl::Status CompareLatency(const onnx::ModelProto& original, const onnx::ModelP
   const TimingMode mode;  // plain runs on host tensors, as compare has always timed
   absl::Status timed = Benchmark(**a, **b, *inputs, config.benchmark(), RunContext(), report->mutable_benchmark(), mode);
   if (!timed.ok()) return timed;
-  return ReportGeneration(**a, **b, original, ModelPrecision(optimized) == "fp32", config.benchmark(), mode, RunContext(),
+  return ReportGeneration(**a, **b, {original, config.benchmark(), mode, ExactTokensFor(optimized)}, RunContext(),
                           report);
 }
 
@@ -105,9 +105,9 @@ class CompareCommand : public Command {
       adapter = *std::move(loaded);
       adapter_options.AddActiveLoraAdapter(*adapter);
     }
-    absl::Status parity = CheckParity(**original_session, **optimized_session, original, config.validation(), RunContext(),
-                                      report->mutable_parity(), ModelPrecision(optimized), *supplied,
-                                      adapter ? &adapter_options : nullptr);
+    const ParityPair pair{**original_session, original, **optimized_session, ModelPrecision(optimized),
+                          adapter ? &adapter_options : nullptr};
+    absl::Status parity = CheckParity(pair, config.validation(), *supplied, RunContext(), report->mutable_parity());
     if (!parity.ok()) return parity;
     if (config.benchmark().skip() || adapter) {  // the timing binds inputs, which adapters do not reach
       report->mutable_benchmark()->set_skipped(true);

@@ -7,8 +7,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "optimizer/pass_catalog.h"
-#include "optimizer/pass_registry.h"
+#include "absl/strings/str_join.h"
+#include "optimizer/config_enums.h"
 
 namespace onnxopt::cli {
 namespace {
@@ -165,18 +165,21 @@ void AddRunOptions(CLI::App* command, ConfigFlags* flags) {
 
 void AddConfigOptions(CLI::App* command, ConfigFlags* flags) {
   AddRunOptions(command, flags);
-  std::vector<std::string> presets;
-  for (const Preset* preset : DefaultPassRegistry().presets()) presets.push_back(preset->name);
+  // The choices are the config's enum names; the help's first one is the default.
+  const auto choices = [](const google::protobuf::EnumDescriptor* type) {
+    return absl::StrJoin(EnumNames(type), ", ");
+  };
   Bind(command, "--preset", &flags->preset, "NAME",
-       "auto (the default: the best pipeline for what the model is), basic, extended, transformer, none")
-      ->check(CLI::IsMember(presets));
+       absl::StrCat(choices(v1::Pipelines::Preset_descriptor()),
+                    " (auto: the best pipeline for what the model is)"))
+      ->check(CLI::IsMember(EnumNames(v1::Pipelines::Preset_descriptor())));
   Bind(command, "--precision", &flags->precision, "MODE",
-       "fp32 (default), fp16, bf16, int8_dynamic, int8_static, int4_weight_only, or auto (the fastest float "
-       "precision that passes parity on the job's device)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16", "int8_dynamic", "int8_static", "int4_weight_only", "auto"}));
+       absl::StrCat(choices(v1::PrecisionConfig::Mode_descriptor()),
+                    " (auto: the fastest float precision that passes parity on the job's device)"))
+      ->check(CLI::IsMember(EnumNames(v1::PrecisionConfig::Mode_descriptor())));
   Bind(command, "--calibration", &flags->calibration, "METHOD",
-       "int8_static's calibration: minmax (default), percentile or entropy")
-      ->check(CLI::IsMember({"minmax", "percentile", "entropy"}));
+       absl::StrCat("int8_static's calibration: ", choices(v1::CalibrationConfig::Method_descriptor())))
+      ->check(CLI::IsMember(EnumNames(v1::CalibrationConfig::Method_descriptor())));
 }
 
 absl::StatusOr<v1::OptimizationConfig> ConfigFrom(const ConfigFlags& flags) {
@@ -187,12 +190,21 @@ absl::StatusOr<v1::OptimizationConfig> ConfigFrom(const ConfigFlags& flags) {
     config = *std::move(loaded);
   }
   if (flags.preset.given()) {
-    if (flags.preset->empty()) return absl::InvalidArgumentError("--preset needs a name");
-    config.set_preset(*flags.preset);
+    v1::Pipelines::Preset preset;
+    v1::Pipelines::Preset_Parse(*flags.preset, &preset);  // CLI11 checked the names against the enums
+    config.set_preset(preset);
     config.clear_passes();  // the flag wins over a pass list in the file
   }
-  if (flags.precision.given()) config.mutable_precision()->set_mode(*flags.precision);
-  if (flags.calibration.given()) config.mutable_precision()->mutable_calibration()->set_method(*flags.calibration);
+  if (flags.precision.given()) {
+    v1::PrecisionConfig::Mode mode;
+    v1::PrecisionConfig::Mode_Parse(*flags.precision, &mode);
+    config.mutable_precision()->set_mode(mode);
+  }
+  if (flags.calibration.given()) {
+    v1::CalibrationConfig::Method method;
+    v1::CalibrationConfig::Method_Parse(*flags.calibration, &method);
+    config.mutable_precision()->mutable_calibration()->set_method(method);
+  }
   if (flags.device.given()) {
     const std::optional<v1::Device> device = ParseDevice(*flags.device);
     if (!device) return absl::InvalidArgumentError(absl::StrCat("--device ", *flags.device, ": use cpu or cuda"));

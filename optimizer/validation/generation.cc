@@ -801,39 +801,38 @@ absl::Status ReportGenerationWith(const onnx::ModelProto& original_model, const 
 
 }  // namespace
 
-absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+bool ExactTokensFor(const onnx::ModelProto& result) { return ModelPrecision(result) == "fp32"; }
+
+absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const GenerationCheck& check,
                               const RunContext& run, v1::Report* report) {
   return ReportGenerationWith(
-      original_model, config,
+      check.original_model, check.config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
-        return BenchmarkGeneration(original, optimized, original_model, cache, resolved, exact_tokens,
-                                   TimeBudget(config), mode, run);
+        return BenchmarkGeneration(original, optimized, check.original_model, cache, resolved, check.exact_tokens,
+                                   TimeBudget(check.config), check.mode, run);
       },
       report);
 }
 
-absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
-                                      bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                      const RunContext& run, const OriginalOpener& open_original, v1::Report* report) {
+absl::Status ReportGenerationOfResult(Ort::Session& optimized, const OriginalOpener& open_original,
+                                      const GenerationCheck& check, const RunContext& run, v1::Report* report) {
   return ReportGenerationWith(
-      original_model, config,
+      check.original_model, check.config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
-        return TimeGenerationAlone(optimized, original_model, cache, resolved, exact_tokens, TimeBudget(config), mode,
-                                   run, open_original);
+        return TimeGenerationAlone(optimized, check.original_model, cache, resolved, check.exact_tokens,
+                                   TimeBudget(check.config), check.mode, run, open_original);
       },
       report);
 }
 
 absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
-                                         const SessionSettings& settings, const onnx::ModelProto& original_model,
-                                         bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                         const SessionSettings& settings, const GenerationCheck& check,
                                          const RunContext& run, v1::Report* report) {
   return ReportGenerationWith(
-      original_model, config,
+      check.original_model, check.config,
       [&](const CacheInterface& cache, const v1::GenerationConfig& resolved) {
-        return BenchmarkGenerationAlternating(original, optimized, settings, original_model, cache, resolved,
-                                              exact_tokens, TimeBudget(config), mode, run);
+        return BenchmarkGenerationAlternating(original, optimized, settings, check.original_model, cache, resolved,
+                                              check.exact_tokens, TimeBudget(check.config), check.mode, run);
       },
       report);
 }

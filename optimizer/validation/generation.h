@@ -126,21 +126,32 @@ absl::StatusOr<v1::GenerationReport> TimeGenerationAlone(Ort::Session& optimized
                                                          const RunContext& run,
                                                          const OriginalOpener& open_original);
 
-// Where `original_model` has a cache and `config.generation()` is not skipped: BenchmarkGeneration
-// into report->generation (the phases on the benchmark's time budget, config.time_budget_seconds),
-// with a warning where the greedy check fails. Nothing for other models.
-absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                              bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+// What a generation report needs beside the sessions it times: the original model (its cache interface and
+// inputs), the job's benchmark settings (the generation config, the time budget), how runs are timed, and how
+// strictly the result's greedy tokens must follow the original's.
+struct GenerationCheck {
+  const onnx::ModelProto& original_model;
+  const v1::BenchmarkConfig& config;
+  TimingMode mode;
+  // A float32 result's greedy tokens must match the original's exactly; a lower precision's are scored by the
+  // original instead (ExactTokensFor).
+  bool exact_tokens = true;
+};
+
+// GenerationCheck.exact_tokens for `result`: whether it computes in float32 (ModelPrecision).
+bool ExactTokensFor(const onnx::ModelProto& result);
+
+// Where `check.original_model` has a cache and the generation is not skipped: BenchmarkGeneration into
+// report->generation (the phases on the benchmark's time budget, time_budget_seconds), with a warning where the
+// greedy check fails. Nothing for other models.
+absl::Status ReportGeneration(Ort::Session& original, Ort::Session& optimized, const GenerationCheck& check,
                               const RunContext& run, v1::Report* report);
 // The same for the optimized model alone (TimeGenerationAlone).
-absl::Status ReportGenerationOfResult(Ort::Session& optimized, const onnx::ModelProto& original_model,
-                                      bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
-                                      const RunContext& run, const OriginalOpener& open_original,
-                                      v1::Report* report);
+absl::Status ReportGenerationOfResult(Ort::Session& optimized, const OriginalOpener& open_original,
+                                      const GenerationCheck& check, const RunContext& run, v1::Report* report);
 // The same with the sessions alternating (BenchmarkGenerationAlternating).
 absl::Status ReportGenerationAlternating(const ModelSource& original, const ModelSource& optimized,
-                                         const SessionSettings& settings, const onnx::ModelProto& original_model,
-                                         bool exact_tokens, const v1::BenchmarkConfig& config, const TimingMode& mode,
+                                         const SessionSettings& settings, const GenerationCheck& check,
                                          const RunContext& run, v1::Report* report);
 
 }  // namespace onnxopt

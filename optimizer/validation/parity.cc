@@ -510,14 +510,13 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
   return absl::OkStatus();
 }
 
-absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                         const v1::ValidationConfig& config, const RunContext& run, v1::ParityReport* report,
-                         const std::string& candidate_precision, const std::vector<SuppliedSample>& supplied,
-                         const Ort::RunOptions* optimized_run_options) {
+absl::Status CheckParity(const ParityPair& pair, const v1::ValidationConfig& config,
+                         const std::vector<SuppliedSample>& supplied, const RunContext& run, v1::ParityReport* report) {
   absl::StatusOr<ParityReference> reference =
-      BuildParityReference(original, original_model, config, supplied, run, report);
+      BuildParityReference(pair.original, pair.original_model, config, supplied, run, report);
   if (!reference.ok()) return reference.status();
-  return CompareWithReference(optimized, candidate_precision, *reference, config, run, report, optimized_run_options);
+  return CompareWithReference(pair.candidate, pair.candidate_precision, *reference, config, run, report,
+                              pair.candidate_run_options);
 }
 
 }  // namespace onnxopt

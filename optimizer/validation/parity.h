@@ -113,12 +113,21 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
                                   const RunContext& run, v1::ParityReport* report,
                                   const Ort::RunOptions* run_options = nullptr);
 
-// Both steps for two sessions: what `onnxopt compare` and the tests use.
-absl::Status CheckParity(Ort::Session& original, Ort::Session& optimized, const onnx::ModelProto& original_model,
-                         const v1::ValidationConfig& config, const RunContext& run,
-                         v1::ParityReport* report, const std::string& candidate_precision = "fp32",
-                         const std::vector<SuppliedSample>& supplied = {},
-                         const Ort::RunOptions* optimized_run_options = nullptr);
+// The two models CheckParity compares: the original, which makes the reference (and, without supplied
+// inputs, the inputs), and the candidate.
+struct ParityPair {
+  Ort::Session& original;
+  const onnx::ModelProto& original_model;
+  Ort::Session& candidate;
+  // The candidate's precision (ModelPrecision): it picks the default tolerances.
+  std::string candidate_precision = "fp32";
+  const Ort::RunOptions* candidate_run_options = nullptr;  // an active LoRA adapter's, else none
+};
+
+// Both steps for two sessions: what `onnxopt compare` and the tests use. `supplied`: the job's input
+// sets (none: generated ones).
+absl::Status CheckParity(const ParityPair& pair, const v1::ValidationConfig& config,
+                         const std::vector<SuppliedSample>& supplied, const RunContext& run, v1::ParityReport* report);
 
 
 }  // namespace onnxopt

@@ -91,12 +91,14 @@ int Main(int argc, char** argv) {
     config.mutable_benchmark()->set_time_budget_seconds(60);
     v1::OptimizationConfig baseline_config = config;
     if (c.whole_preset != nullptr) {
-      config.set_preset(c.whole_preset);
-      baseline_config.set_preset("none");
+      v1::Pipelines::Preset preset = v1::Pipelines::auto_;
+      v1::Pipelines::Preset_Parse(c.whole_preset, &preset);
+      config.set_preset(preset);
+      baseline_config.set_preset(v1::Pipelines::none);
     } else if (c.basic_vs_extended) {
-      config.set_preset("extended");
+      config.set_preset(v1::Pipelines::extended);
       config.set_max_iterations(30);
-      baseline_config.set_preset("basic");
+      baseline_config.set_preset(v1::Pipelines::basic);
     } else {
       // Baseline: the cleanups the pass needs, without the pass; candidate: with it.
       baseline_config.mutable_passes()->RemoveLast();

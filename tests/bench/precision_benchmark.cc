@@ -54,8 +54,10 @@ absl::StatusOr<Figures> RunMode(const fs::path& model, const std::string& mode, 
   OptimizeRequest request;
   request.model_path = model;
   request.output_dir = out;
-  request.config.set_preset("none");
-  request.config.mutable_precision()->set_mode(mode);
+  request.config.set_preset(v1::Pipelines::none);
+  v1::PrecisionConfig::Mode parsed;
+  if (!v1::PrecisionConfig::Mode_Parse(mode, &parsed)) return absl::InvalidArgumentError("unknown mode " + mode);
+  request.config.mutable_precision()->set_mode(parsed);
   (*request.config.mutable_validation()->mutable_dim_values())["sequence"] = options.sequence;
   (*request.config.mutable_validation()->mutable_dim_values())["batch"] = 1;
   request.config.mutable_validation()->set_samples(options.samples);
@@ -150,7 +152,7 @@ int Main(int argc, char** argv) {
     OptimizeRequest request;
     request.model_path = fs::path(ONNXOPT_SOURCE_DIR) / "tests/fixtures/transformers/gpt2_opset17.onnx";
     request.output_dir = dir / "gpt2";
-    request.config.set_preset("transformer");
+    request.config.set_preset(v1::Pipelines::transformer);
     request.config.mutable_validation()->set_skip(true);
     request.config.mutable_benchmark()->set_skip(true);
     auto result = Optimize(request);

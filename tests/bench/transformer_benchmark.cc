@@ -52,7 +52,7 @@ int Repeat(int times, const std::string& fixture, int64_t sequence, double budge
     OptimizeRequest request;
     request.model_path = Fixture(fixture);
     request.output_dir = out;
-    request.config.set_preset("transformer");
+    request.config.set_preset(v1::Pipelines::transformer);
     (*request.config.mutable_validation()->mutable_dim_values())["sequence"] = sequence;
     request.config.mutable_benchmark()->set_time_budget_seconds(budget);
     request.config.mutable_benchmark()->set_intra_op_threads(threads);
@@ -83,7 +83,7 @@ int Repeat(int times, const std::string& fixture, int64_t sequence, double budge
 // The transformer preset's output for `original`.
 absl::StatusOr<onnx::ModelProto> TransformerPreset(onnx::ModelProto model) {
   v1::OptimizationConfig config;
-  config.set_preset("transformer");
+  config.set_preset(v1::Pipelines::transformer);
   auto pipeline = BuildPipeline(config, DefaultPassRegistry());
   if (!pipeline.ok()) return pipeline.status();
   std::vector<v1::PassReport> reports;
@@ -136,7 +136,7 @@ int HfExports(const fs::path& folder, double budget, int threads, const std::vec
       continue;
     }
     v1::OptimizationConfig config;
-    config.set_preset("transformer");
+    config.set_preset(v1::Pipelines::transformer);
     absl::StatusOr<onnx::ModelProto> transformed = TransformerPreset(*original);
     if (!transformed.ok()) {
       failed(name, transformed.status());

@@ -134,7 +134,7 @@ TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecod
     (*dims)["sequence"] = shape.sequence;
   }
   v1::ParityReport report;
-  absl::Status status = CheckParity(*a, *b, original_, config, RunContext(), &report);
+  absl::Status status = CheckParity({*a, original_, *b}, config, {}, RunContext(), &report);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(report.passed()) << report.DebugString();
   EXPECT_EQ(report.outputs_size(), 2 * 5 * (1 + 2 * GetParam().layers)) << "logits and every present, each shape";
@@ -260,7 +260,7 @@ TEST(LeftPaddingTest, OneShotDecodersMatchOnLeftPaddedPrompts) {
     config.set_atol(1e-4);
     config.set_rtol(0);
     v1::ParityReport report;
-    absl::Status status = CheckParity(*a, *b, original, config, RunContext(), &report, "fp32", {sample});
+    absl::Status status = CheckParity({*a, original, *b}, config, {sample}, RunContext(), &report);
     ASSERT_TRUE(status.ok()) << name << ": " << status;
     EXPECT_TRUE(report.passed()) << name << ": " << report.DebugString();
   }

@@ -26,7 +26,7 @@ absl::StatusOr<OptimizeResult> QuantizeTrained(const std::string& dir_name, cons
   OptimizeRequest request;
   request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
   request.output_dir = testing::TempDir(absl::StrCat("int4_quality_", dir_name)) / "out";
-  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   *request.config.mutable_precision()->mutable_int4() = int4;
   // A stricter KL bound than the default makes the all-int4 model fail, so the mixed search runs.
   request.config.mutable_precision()->set_auto_mixed(max_kl > 0);
@@ -79,7 +79,7 @@ TEST(Int4QualityTest, ReportsEveryProjectionsWeightAndOutputError) {
 
 TEST(Int4QualityTest, HalfQuadraticBeatsRoundToNearestOnTheSameWeights) {
   v1::Int4Config int4;
-  int4.set_method("hqq");
+  int4.set_method(v1::Int4Config::hqq);
   auto result = QuantizeTrained("hqq", int4);
   ASSERT_TRUE(result.ok()) << result.status();
   const v1::PrecisionReport& precision = result->report.precision();
@@ -95,7 +95,7 @@ TEST(Int4QualityTest, HalfQuadraticBeatsRoundToNearestOnTheSameWeights) {
   EXPECT_GT(result->report.parity().outputs_size(), 0) << "ONNX Runtime ran the asymmetric blocks";
 
   v1::Int4Config refused;
-  refused.set_method("hqq");
+  refused.set_method(v1::Int4Config::hqq);
   refused.set_symmetric(true);
   auto bad = QuantizeTrained("hqq_symmetric", refused);
   ASSERT_FALSE(bad.ok());
@@ -105,7 +105,7 @@ TEST(Int4QualityTest, HalfQuadraticBeatsRoundToNearestOnTheSameWeights) {
 
 TEST(Int4QualityTest, OutputProjectionInEightBitsOrFloat) {
   v1::Int4Config int8_head;
-  int8_head.set_lm_head("int8");
+  int8_head.set_lm_head(v1::Int4Config::int8);
   auto eight = QuantizeTrained("lm_head_int8", int8_head);
   ASSERT_TRUE(eight.ok()) << eight.status();
   const v1::ProjectionError* head = Find(eight->report.precision(), 8);
@@ -118,7 +118,7 @@ TEST(Int4QualityTest, OutputProjectionInEightBitsOrFloat) {
   for (const auto& output : eight->report.parity().outputs()) EXPECT_GT(output.cosine_similarity(), 0.9) << output.name();
 
   v1::Int4Config float_head;
-  float_head.set_lm_head("float");
+  float_head.set_lm_head(v1::Int4Config::float_);
   auto kept = QuantizeTrained("lm_head_float", float_head);
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_EQ(kept->report.precision().projections_size(), kLayers * kProjectionsPerLayer);
@@ -132,8 +132,8 @@ TEST(Int4QualityTest, GreedyGenerationGivesTheKlDivergenceOfEveryStep) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
   request.output_dir = testing::TempDir("int4_quality_generation") / "out";
-  request.config.mutable_precision()->set_mode("int4_weight_only");
-  request.config.mutable_precision()->mutable_int4()->set_method("hqq");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
+  request.config.mutable_precision()->mutable_int4()->set_method(v1::Int4Config::hqq);
   v1::BenchmarkConfig* benchmark = request.config.mutable_benchmark();
   benchmark->set_time_budget_seconds(2);
   v1::GenerationConfig* generation = benchmark->mutable_generation();
@@ -160,7 +160,7 @@ TEST(Int4QualityTest, GreedyGenerationGivesTheKlDivergenceOfEveryStep) {
 
 TEST(Int4QualityTest, EmbeddingsInInt8OrInt4Blocks) {
   v1::Int4Config int4;
-  int4.set_embeddings("int8");
+  int4.set_embeddings(v1::Int4Config::int8);
   auto result = QuantizeTrained("embeddings_int8", int4);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_GE(OpCount(result->report, "DequantizeLinear"), 1) << "the token table dequantized per looked-up row";
@@ -170,14 +170,14 @@ TEST(Int4QualityTest, EmbeddingsInInt8OrInt4Blocks) {
   EXPECT_LT(result->report.precision().size_after_bytes(), plain->report.precision().size_after_bytes());
 
   v1::Int4Config blocks;
-  blocks.set_embeddings("int4");
+  blocks.set_embeddings(v1::Int4Config::int4);
   auto four = QuantizeTrained("embeddings_int4", blocks);
   ASSERT_TRUE(four.ok()) << four.status();
   EXPECT_EQ(OpCount(four->report, "com.microsoft::GatherBlockQuantized"), 1) << "the token table in 4-bit blocks";
   EXPECT_LT(four->report.precision().size_after_bytes(), result->report.precision().size_after_bytes());
 
   v1::Int4Config unknown;
-  unknown.set_embeddings("int2");
+  unknown.set_embeddings(static_cast<v1::Int4Config::Storage>(42));  // a binary request's number
   auto bad = QuantizeTrained("embeddings_bad", unknown);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
@@ -208,7 +208,7 @@ TEST(Int4QualityTest, ADecoderFailingThePrefillIsJudgedOnItsGreedyGeneration) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
   request.output_dir = testing::TempDir("int4_quality_prefill_only") / "out";
-  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   *request.config.mutable_precision()->mutable_int4() = asymmetric;
   request.config.mutable_precision()->set_auto_mixed(false);
   request.config.mutable_validation()->set_judge_generation(false);

@@ -81,8 +81,8 @@ TEST(LargeModelTest, AutomaticMixedPrecisionRunsOnAModelPastTwoGibibytes) {
   ASSERT_GT(fs::file_size(dir / "in" / "weights.bin"), uint64_t{2} << 30);
   request.output_dir = dir / "out";
   request.durable_output = false;
-  request.config.set_preset("basic");
-  request.config.mutable_precision()->set_mode("fp16");
+  request.config.set_preset(v1::Pipelines::basic);
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::fp16);
   request.config.mutable_benchmark()->set_skip(true);
   v1::Report report;
   auto result = Optimize(request, &report);

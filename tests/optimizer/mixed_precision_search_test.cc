@@ -25,7 +25,7 @@ class MixedPrecisionSearchTest : public ::testing::Test {
     absl::StatusOr<onnx::ModelProto> model = LoadModel(testing::FixturePath("cache/trained_decoder.onnx"));
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = *std::move(model);
-    precision_.set_mode("int4_weight_only");
+    precision_.set_mode(v1::PrecisionConfig::int4_weight_only);
     for (const auto& node : model_.graph().node()) {
       if (node.op_type() == "MatMul" && node.name().find("_proj") != std::string::npos) projections_.push_back(node.name());
     }

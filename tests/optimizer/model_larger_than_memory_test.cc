@@ -35,7 +35,7 @@ OptimizeRequest Int4Request(const std::string& dir_name) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath("cache/trained_decoder.onnx");
   request.output_dir = testing::TempDir(dir_name) / "out";
-  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   request.config.mutable_precision()->set_auto_mixed(false);
   v1::BenchmarkConfig& benchmark = *request.config.mutable_benchmark();
   benchmark.set_iterations(5);

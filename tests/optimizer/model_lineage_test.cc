@@ -20,7 +20,7 @@ TEST(ModelLineageTest, PropsSayWhatMadeTheModelAndHowItWasJudged) {
   report.mutable_benchmark()->set_speedup(1.23456);
   report.mutable_benchmark()->set_onnxruntime_version("1.29.0");
   v1::OptimizationConfig config;
-  config.set_preset("transformer");
+  config.set_preset(v1::Pipelines::transformer);
   MetadataProps props = LineageProps(report, config, "jobs/7", "ab12", "pytorch 2.11");
   onnx::ModelProto model;
   model.set_producer_name("pytorch");
@@ -43,7 +43,7 @@ TEST(ModelLineageTest, PropsSayWhatMadeTheModelAndHowItWasJudged) {
   EXPECT_EQ(stamped.at("onnxopt.onnxruntime_version"), "1.29.0");
   EXPECT_EQ(stamped.at("onnxopt.config_sha256"), ConfigDigest(config));
   v1::OptimizationConfig other = config;
-  other.set_preset("basic");
+  other.set_preset(v1::Pipelines::basic);
   EXPECT_NE(ConfigDigest(other), ConfigDigest(config));
 }
 

@@ -13,8 +13,8 @@ TEST(AutoPrecisionTest, EveryCandidateIsReportedAndTheFastestPassingOneIsReturne
   OptimizeRequest request;
   request.model_path = testing::FixturePath("bert_tiny.onnx");
   request.output_dir = testing::TempDir("auto_precision");
-  request.config.set_preset("transformer");
-  request.config.mutable_precision()->set_mode("auto");
+  request.config.set_preset(v1::Pipelines::transformer);
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::auto_);
   request.config.mutable_benchmark()->set_time_budget_seconds(3);
   auto result = Optimize(request);
   ASSERT_TRUE(result.ok()) << result.status();
@@ -51,7 +51,7 @@ TEST(AutoPrecisionTest, ItNeedsValidation) {
   OptimizeRequest request;
   request.model_path = testing::FixturePath("bert_tiny.onnx");
   request.output_dir = testing::TempDir("auto_precision_unvalidated");
-  request.config.mutable_precision()->set_mode("auto");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::auto_);
   request.config.mutable_validation()->set_skip(true);
   auto result = Optimize(request);
   ASSERT_FALSE(result.ok());

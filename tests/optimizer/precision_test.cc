@@ -32,7 +32,9 @@ absl::StatusOr<OptimizeResult> OptimizeModel(const fs::path& model, const std::s
   OptimizeRequest request;
   request.model_path = model;
   request.output_dir = testing::TempDir(absl::StrCat("precision_", dir_name)) / "out";
-  request.config.mutable_precision()->set_mode(mode);
+  v1::PrecisionConfig::Mode parsed = v1::PrecisionConfig::fp32;
+  EXPECT_TRUE(v1::PrecisionConfig::Mode_Parse(mode, &parsed)) << mode;
+  request.config.mutable_precision()->set_mode(parsed);
   request.config.mutable_benchmark()->set_skip(true);
   if (adjust) adjust(request.config);
   return Optimize(request);
@@ -50,7 +52,7 @@ absl::StatusOr<OptimizeResult> OptimizeGraph(const onnx::GraphProto& graph, cons
   absl::Status saved = SaveModel(testing::MakeModel(graph), model).status();
   if (!saved.ok()) return saved;
   return OptimizeModel(model, mode, dir_name, [&](v1::OptimizationConfig& config) {
-    config.set_preset("none");
+    config.set_preset(v1::Pipelines::none);
     if (adjust) adjust(config);
   });
 }
@@ -91,20 +93,20 @@ TEST(Float16Test, RoundsToNearestEvenAndClampsIntoRange) {
 
 TEST(PrecisionConfigTest, UnknownAndUnbuiltModesAreRefused) {
   v1::OptimizationConfig config;
-  config.mutable_precision()->set_mode("fp8");
+  config.mutable_precision()->set_mode(static_cast<v1::PrecisionConfig::Mode>(42));  // a binary request's number
   absl::Status status = CheckConfig(config);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("int4_weight_only"), std::string::npos) << status << ": names the known modes";
-  config.mutable_precision()->set_mode("int8_static");
+  config.mutable_precision()->set_mode(v1::PrecisionConfig::int8_static);
   EXPECT_TRUE(CheckConfig(config).ok());
   config.mutable_precision()->mutable_calibration()->set_samples(5000);
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
   config.mutable_precision()->mutable_calibration()->set_samples(8);
-  config.mutable_precision()->mutable_calibration()->set_method("kl");
+  config.mutable_precision()->mutable_calibration()->set_method(static_cast<v1::CalibrationConfig::Method>(42));
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
-  config.mutable_precision()->mutable_calibration()->set_method("entropy");
+  config.mutable_precision()->mutable_calibration()->set_method(v1::CalibrationConfig::entropy);
   EXPECT_TRUE(CheckConfig(config).ok());
-  config.mutable_precision()->set_mode("int4_weight_only");
+  config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   config.mutable_precision()->mutable_int4()->set_block_size(48);
   EXPECT_EQ(CheckConfig(config).code(), absl::StatusCode::kInvalidArgument);
   config.mutable_precision()->mutable_int4()->set_block_size(128);
@@ -260,7 +262,7 @@ TEST(PrecisionTest, Int8QuantizesTheEmbeddingTablesOfAFusedHfEncoder) {
   }
   // Unfused (the basic preset), the word table is read by a Gather whose rows are dequantized.
   auto unfused = OptimizeWith("hf/bert_torchscript.onnx", "int8_dynamic", "int8_hf_bert_basic",
-                              [](v1::OptimizationConfig& c) { c.set_preset("basic"); });
+                              [](v1::OptimizationConfig& c) { c.set_preset(v1::Pipelines::basic); });
   ASSERT_TRUE(unfused.ok()) << unfused.status();
   EXPECT_TRUE(unfused->report.parity().passed()) << unfused->report.precision().note();
   EXPECT_GE(OpCount(unfused->report, "DequantizeLinear"), 1);
@@ -289,7 +291,9 @@ TEST(PrecisionTest, Int8StaticWritesQdqWithCalibratedRangesByEveryMethod) {
   for (const std::string method : {"minmax", "percentile", "entropy"}) {
     auto result = OptimizeWith("transformers/bert_opset17.onnx", "int8_static", "int8_static_" + method,
                                [&](v1::OptimizationConfig& c) {
-                                 c.mutable_precision()->mutable_calibration()->set_method(method);
+                                 v1::CalibrationConfig::Method parsed;
+                                 ASSERT_TRUE(v1::CalibrationConfig::Method_Parse(method, &parsed)) << method;
+                                 c.mutable_precision()->mutable_calibration()->set_method(parsed);
                                  c.mutable_precision()->mutable_calibration()->set_samples(4);
                                });
     ASSERT_TRUE(result.ok()) << method << ": " << result.status();
@@ -317,7 +321,7 @@ TEST(PrecisionTest, Int8StaticTakesTheRangesOfAnyValueName) {
     *graph.add_output() = testing::FloatValue("y", {2, 8});
     onnx::ModelProto model = testing::MakeModel(graph, 13);
     v1::PrecisionConfig precision;
-    precision.set_mode("int8_static");
+    precision.set_mode(v1::PrecisionConfig::int8_static);
     PrecisionExtras extras;
     extras.activation_ranges[name] = {-2.0f, 3.0f};
     std::vector<v1::PassReport> runs;
@@ -385,7 +389,7 @@ TEST(PrecisionTest, Int8StaticCalibratesOnSuppliedInputs) {
   request.model_path = FixturePath("transformers/bert_opset17.onnx");
   request.output_dir = dir / "out";
   request.input_files = files;
-  request.config.mutable_precision()->set_mode("int8_static");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int8_static);
   request.config.mutable_benchmark()->set_skip(true);
   auto result = Optimize(request);
   ASSERT_TRUE(result.ok()) << result.status();

@@ -43,7 +43,7 @@ TEST(ExtendedPresetTest, KeepsTheConformanceFixturesExact) {
     auto original = LoadModel(testing::FixturePath(name));
     ASSERT_TRUE(original.ok());
     v1::OptimizationConfig config;
-    config.set_preset("extended");
+    config.set_preset(v1::Pipelines::extended);
     auto pipeline = BuildPipeline(config, DefaultPassRegistry());
     ASSERT_TRUE(pipeline.ok());
     onnx::ModelProto model = *original;

@@ -96,7 +96,7 @@ TEST(SuppliedPerplexityTest, RandomTextIsLessLikelyThanTheLanguage) {
 
 TEST(SuppliedPerplexityTest, Int4IsJudgedOnItsPerplexityWhereABoundIsSet) {
   OptimizeRequest request = Request("perplexity_int4", kText);
-  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   request.config.mutable_precision()->set_auto_mixed(false);
   request.config.mutable_validation()->set_max_perplexity_ratio(1.5);
   absl::StatusOr<OptimizeResult> result = Optimize(request);
@@ -109,7 +109,7 @@ TEST(SuppliedPerplexityTest, Int4IsJudgedOnItsPerplexityWhereABoundIsSet) {
 
   // A bound no quantized model meets fails it: the float32 model is returned.
   request = Request("perplexity_int4_strict", kText);
-  request.config.mutable_precision()->set_mode("int4_weight_only");
+  request.config.mutable_precision()->set_mode(v1::PrecisionConfig::int4_weight_only);
   request.config.mutable_precision()->set_auto_mixed(false);
   request.config.mutable_validation()->set_max_perplexity_ratio(1.0 + 1e-9);
   request.config.mutable_validation()->set_max_kl_divergence(1.0);  // the logits pass: only perplexity decides

@@ -453,7 +453,7 @@ TEST(JobStoreTest, WatchersWakeOnChange) {
 TEST(JobManagerHelpersTest, ARetryMustRepeatTheRequest) {
   v1::Job existing;
   existing.mutable_model()->set_sha256(std::string(64, 'a'));
-  existing.mutable_config()->set_preset("basic");
+  existing.mutable_config()->set_preset(v1::Pipelines::basic);
   v1::CreateJobRequest retry;
   *retry.mutable_model() = existing.model();
   *retry.mutable_config() = existing.config();
@@ -466,7 +466,7 @@ TEST(JobManagerHelpersTest, ARetryMustRepeatTheRequest) {
   other_data.mutable_model()->add_external_data()->set_name("w.bin");
   EXPECT_EQ(RequestDifference(existing, other_data), "other external data files");
   v1::CreateJobRequest other_config = retry;
-  other_config.mutable_config()->set_preset("none");
+  other_config.mutable_config()->set_preset(v1::Pipelines::none);
   EXPECT_EQ(RequestDifference(existing, other_config), "another config");
   v1::CreateJobRequest other_inputs = retry;
   other_inputs.add_inputs()->set_name("x");

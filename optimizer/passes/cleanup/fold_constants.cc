@@ -39,8 +39,6 @@ bool FoldableOp(const Node& node) {
          !kNever->contains(node.op_type());
 }
 
-int64_t TensorBytes(const onnx::TensorProto& tensor) { return TensorDataBytes(tensor); }
-
 // Shape/Size of a value whose shape shape inference knows completely.
 std::optional<onnx::TensorProto> FoldShape(const Node& node, const ShapeInfo& shapes, int64_t opset) {
   if (node.input_size() != 1 || node.output_size() != 1) return std::nullopt;
@@ -227,7 +225,7 @@ std::vector<std::string> ConstantsToInitializers(Graph& graph, PassContext& cont
     const onnx::AttributeProto& value = node->proto().attribute(0);
     const std::string& output = node->output(0);
     if (value.name() != "value" || !value.has_t() || output.empty() || graph.IsGraphOutput(output) ||
-        TensorBytes(value.t()) > max_bytes) {
+        TensorDataBytes(value.t()) > max_bytes) {
       continue;
     }
     const bool read = graph.HasConsumers(output);
@@ -332,9 +330,9 @@ class FoldConstantsPass final : public ShapedPass {
     auto input_bytes = [&](const Node& node) {
       int64_t bytes = 0;
       for (int i = 0; i < node.input_size(); ++i) {
-        if (const onnx::TensorProto* init = graph.Initializer(node.input(i))) bytes += TensorBytes(*init);
+        if (const onnx::TensorProto* init = graph.Initializer(node.input(i))) bytes += TensorDataBytes(*init);
         auto it = values.find(node.input(i));
-        if (it != values.end()) bytes += TensorBytes(it->second);
+        if (it != values.end()) bytes += TensorDataBytes(it->second);
       }
       return bytes;
     };
@@ -347,8 +345,8 @@ class FoldConstantsPass final : public ShapedPass {
           const std::string& output = node->output(i);
           auto it = values.find(output);
           const bool unknown = !output.empty() && it == values.end();
-          if (unknown || (!output.empty() && consumed_outside(output) && TensorBytes(it->second) > max_bytes &&
-                          TensorBytes(it->second) > input_bytes(*node))) {
+          if (unknown || (!output.empty() && consumed_outside(output) && TensorDataBytes(it->second) > max_bytes &&
+                          TensorDataBytes(it->second) > input_bytes(*node))) {
             context.Skip(unknown ? "result is not a tensor" : "folded value would be larger than the limit");
             folding.erase(node);
             changed = true;

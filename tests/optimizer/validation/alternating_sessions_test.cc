@@ -17,7 +17,7 @@ v1::Report OptimizeCacheDecoder(v1::BenchmarkSessions sessions, const std::strin
   request.model_path = testing::FixturePath("cache/cache_decoder_gqa3.onnx");
   request.output_dir = testing::TempDir(name);
   request.durable_output = false;
-  request.config.set_preset("transformer");
+  request.config.set_preset(v1::Pipelines::transformer);
   v1::BenchmarkConfig& benchmark = *request.config.mutable_benchmark();
   benchmark.set_sessions(sessions);
   benchmark.set_time_budget_seconds(2);

@@ -93,7 +93,7 @@ v1::Report RunBertJob(const std::string& name, const std::function<void(v1::Opti
   OptimizeRequest request;
   request.model_path = testing::FixturePath("hf/bert_torchscript.onnx");
   request.output_dir = testing::TempDir(name);
-  request.config.set_preset("transformer");
+  request.config.set_preset(v1::Pipelines::transformer);
   request.config.mutable_benchmark()->set_skip(true);
   configure(&request.config);
   auto result = Optimize(request);

@@ -132,7 +132,7 @@ TEST(BisectionTest, ATightToleranceNamesTheFusionThatChangedRounding) {
   OptimizeRequest request;
   request.model_path = FixturePath("transformers/bert_opset14.onnx");
   request.output_dir = dir / "out";
-  request.config.set_preset("transformer");
+  request.config.set_preset(v1::Pipelines::transformer);
   request.config.mutable_validation()->set_atol(0);
   request.config.mutable_validation()->set_rtol(0);
   request.config.mutable_benchmark()->set_skip(true);
@@ -175,7 +175,7 @@ TEST(BisectionTest, FindsThePassThatIntroducedWhatTheJudgeRejects) {
   auto original = LoadModel(FixturePath("transformers/gpt2_opset14.onnx"));
   ASSERT_TRUE(original.ok());
   v1::OptimizationConfig config;
-  config.set_preset("transformer");
+  config.set_preset(v1::Pipelines::transformer);
   auto pipeline = BuildPipeline(config, DefaultPassRegistry());
   ASSERT_TRUE(pipeline.ok());
   onnx::ModelProto failed = *original;

@@ -204,7 +204,7 @@ TEST(OptimizeTest, ExternalDataStaysByReferenceAndGivesTheSameResult) {
     OptimizeRequest request;
     request.model_path = model;
     request.output_dir = dir / out;
-    request.config.set_preset("transformer");
+    request.config.set_preset(v1::Pipelines::transformer);
     request.config.mutable_benchmark()->set_iterations(3);
     request.config.mutable_benchmark()->set_warmup_runs(1);
     return Optimize(request);
@@ -303,7 +303,7 @@ TEST(OptimizeTest, WithoutValidationOrBenchmarkTheReportStillJudgesTheFusions) {
   OptimizeRequest request;
   request.model_path = FixturePath("gpt2_tiny.onnx");
   request.output_dir = dir;
-  request.config.set_preset("transformer");
+  request.config.set_preset(v1::Pipelines::transformer);
   request.config.mutable_benchmark()->set_skip(true);
   request.config.mutable_validation()->set_skip(true);
   auto result = Optimize(request);

@@ -91,8 +91,8 @@ v1::ParityReport Compare(const onnx::ModelProto& reference, const onnx::ModelPro
   v1::ValidationConfig config;
   (*config.mutable_dim_values())["batch"] = 2;
   (*config.mutable_dim_values())["sequence"] = 11;
-  absl::Status checked = CheckParity(*original, *optimized, reference, config, RunContext(), &report, "fp32", {},
-                                     adapter.empty() ? nullptr : &options);
+  absl::Status checked = CheckParity({*original, reference, *optimized, "fp32", adapter.empty() ? nullptr : &options},
+                                     config, {}, RunContext(), &report);
   EXPECT_TRUE(checked.ok()) << checked;
   return report;
 }

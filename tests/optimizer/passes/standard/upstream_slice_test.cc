@@ -122,7 +122,7 @@ TEST(UpstreamSliceTest, ShrinksTheDynamicRobertaHead) {
       start = fixed.model;
     }
     v1::OptimizationConfig config;
-    config.set_preset("extended");
+    config.set_preset(v1::Pipelines::extended);
     auto pipeline = BuildPipeline(config, DefaultPassRegistry());
     onnx::ModelProto model = start;
     std::vector<v1::PassReport> reports;
