@@ -1,7 +1,10 @@
 // From result to deployment, through the real server and CLI: a Triton repository in one command,
 // labels and lineage, the default request id, health probes, and retries that survive the server
-// being killed and restarted while the CLI waits and while it downloads.
+// being killed and restarted while the CLI waits and while it downloads, or drained (SIGTERM) while a
+// client uploads or downloads.
 #include <signal.h>
+
+#include <functional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -9,6 +12,7 @@
 #include "client/client.h"
 #include "onnx/onnx_pb.h"
 #include "optimizer/model_io.h"
+#include "optimizer/sha256.h"
 #include "tests/e2e_harness.h"
 
 namespace onnxopt::testing {
@@ -29,6 +33,57 @@ class DeliveryTest : public E2eTest {
     WaitFor(server_, std::chrono::seconds(30));
     server_ = -1;
     StartServer({absl::StrCat("--listen=127.0.0.1:", port)});
+  }
+
+  // SIGTERM: the server drains (a second for running jobs, then two for open streams) and exits 0; then a new one
+  // on the same port and data folder (a rolling update).
+  void DrainAndRestart() {
+    const int port = Port();
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(StopServer(), 0) << Slurp(dir_ / "server.err");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << "a stream held the drain";
+    StartServer({absl::StrCat("--listen=127.0.0.1:", port), "--drain-grace-seconds=1"});
+  }
+
+  // A model of several chunks: a 3 MiB weight.
+  fs::path BigModel() {
+    onnx::GraphProto graph;
+    graph.set_name("big");
+    *graph.add_input() = FloatValue("x", {1, 786432});
+    *graph.add_initializer() = FloatTensor("w", {1, 786432}, RandomFloats(786432, 7));
+    *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
+    *graph.add_output() = FloatValue("y", {1, 786432});
+    return WriteFile("big.onnx", MakeModel(graph).SerializeAsString());
+  }
+
+  // A download that `restart` breaks after its first chunk resumes from the bytes already held.
+  void ExpectADownloadResumesThrough(const std::function<void()>& restart) {
+    const fs::path config = WriteFile("skip.json", R"({"validation": {"skip": true}, "benchmark": {"skip": true}})");
+    Result submitted = Cli({"submit", BigModel().string(), "--config", config.string(), "--wait", "-o",
+                            (dir_ / "first.onnx").string()});
+    ASSERT_EQ(submitted.code, 0) << submitted.err;
+    client::Client client(address_);
+    auto jobs = client.ListJobs(v1::SUCCEEDED, 1, "");
+    ASSERT_TRUE(jobs.ok() && jobs->jobs_size() == 1);
+    const std::string job = jobs->jobs(0).name();
+
+    std::vector<int64_t> progress;
+    bool restarted = false;
+    absl::Status downloaded = client.Download(job, "model.onnx", dir_ / "resumed.onnx", [&](int64_t done, int64_t) {
+      progress.push_back(done);
+      if (!restarted) {  // after the first chunk
+        restarted = true;
+        restart();
+      }
+    });
+    ASSERT_TRUE(downloaded.ok()) << downloaded;
+    EXPECT_TRUE(restarted);
+    ASSERT_GE(progress.size(), 3u);
+    for (size_t i = 1; i < progress.size(); ++i) EXPECT_GT(progress[i], progress[i - 1]) << "never from zero again";
+    EXPECT_EQ(Slurp(dir_ / "resumed.onnx"), Slurp(dir_ / "first.onnx")) << "the same bytes as an unbroken download";
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      EXPECT_FALSE(absl::EndsWith(entry.path().string(), ".partial")) << entry.path();
+    }
   }
 
   std::map<std::string, std::string> MetadataOf(const fs::path& model) {
@@ -243,40 +298,40 @@ TEST_F(DeliveryTest, SubmitWaitFinishesThroughAServerKilledAndRestarted) {
 // A download the server's restart breaks resumes from the bytes already held.
 TEST_F(DeliveryTest, ADownloadResumesWhereTheRestartBrokeIt) {
   StartServer();
-  // A model of several chunks: a 3 MiB weight.
-  onnx::GraphProto graph;
-  graph.set_name("big");
-  *graph.add_input() = FloatValue("x", {1, 786432});
-  *graph.add_initializer() = FloatTensor("w", {1, 786432}, RandomFloats(786432, 7));
-  *graph.add_node() = MakeNode("Add", {"x", "w"}, {"y"});
-  *graph.add_output() = FloatValue("y", {1, 786432});
-  const fs::path model = WriteFile("big.onnx", MakeModel(graph).SerializeAsString());
-  const fs::path config = WriteFile("skip.json", R"({"validation": {"skip": true}, "benchmark": {"skip": true}})");
-  Result submitted = Cli({"submit", model.string(), "--config", config.string(), "--wait", "-o",
-                          (dir_ / "first.onnx").string()});
-  ASSERT_EQ(submitted.code, 0) << submitted.err;
-  client::Client client(address_);
-  auto jobs = client.ListJobs(v1::SUCCEEDED, 1, "");
-  ASSERT_TRUE(jobs.ok() && jobs->jobs_size() == 1);
-  const std::string job = jobs->jobs(0).name();
+  ExpectADownloadResumesThrough([&] { KillAndRestart(); });
+}
 
+// The same through a drain (SIGTERM), which must not wait for a stream whose client has stopped reading.
+TEST_F(DeliveryTest, ADownloadResumesWhereADrainBrokeIt) {
+  StartServer({"--drain-grace-seconds=1"});
+  ExpectADownloadResumesThrough([&] { DrainAndRestart(); });
+}
+
+// An upload a drain breaks after its first chunk resumes from what the server committed, and the blob it
+// stores is the file.
+TEST_F(DeliveryTest, AnUploadResumesWhereADrainBrokeIt) {
+  StartServer({"--drain-grace-seconds=1"});
+  const fs::path model = BigModel();
+  client::Client client(address_);
+  client.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
   std::vector<int64_t> progress;
   bool restarted = false;
-  absl::Status downloaded = client.Download(job, "model.onnx", dir_ / "resumed.onnx", [&](int64_t done, int64_t) {
+  absl::StatusOr<v1::Blob> uploaded = client.UploadFile(model, [&](int64_t done, int64_t) {
     progress.push_back(done);
-    if (!restarted) {  // after the first chunk
+    if (!restarted) {
       restarted = true;
-      KillAndRestart();
+      DrainAndRestart();
     }
   });
-  ASSERT_TRUE(downloaded.ok()) << downloaded;
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status() << Slurp(dir_ / "server.err");
   EXPECT_TRUE(restarted);
-  ASSERT_GE(progress.size(), 3u);
-  for (size_t i = 1; i < progress.size(); ++i) EXPECT_GT(progress[i], progress[i - 1]) << "never from zero again";
-  EXPECT_EQ(Slurp(dir_ / "resumed.onnx"), Slurp(dir_ / "first.onnx")) << "the same bytes as an unbroken download";
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    EXPECT_FALSE(absl::EndsWith(entry.path().string(), ".partial")) << entry.path();
-  }
+  EXPECT_EQ(uploaded->sha256(), *Sha256OfFile(model));
+  ASSERT_GE(progress.size(), 2u);
+  EXPECT_EQ(progress.back(), static_cast<int64_t>(fs::file_size(model)));
+  const fs::path config = WriteFile("skip.json", R"({"validation": {"skip": true}, "benchmark": {"skip": true}})");
+  Result submitted = Cli({"submit", model.string(), "--config", config.string(), "--wait", "-o",
+                          (dir_ / "out.onnx").string()});
+  EXPECT_EQ(submitted.code, 0) << submitted.err;
 }
 
 }  // namespace
