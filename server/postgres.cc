@@ -150,6 +150,11 @@ bool Pool::TooOld(const Connection* connection, std::chrono::steady_clock::time_
   return opened != opened_at_.end() && now - opened->second >= options_.max_age;
 }
 
+void Pool::Forget(const Connection* connection) {
+  opened_at_.erase(connection);
+  --open_;
+}
+
 void Pool::SweepIdle() {
   const auto period = std::max(std::chrono::milliseconds(100),
                                std::chrono::duration_cast<std::chrono::milliseconds>(options_.max_age) / 4);
@@ -162,12 +167,11 @@ void Pool::SweepIdle() {
         ++it;
         continue;
       }
-      opened_at_.erase(it->get());
+      Forget(it->get());
       expired.push_back(std::move(*it));
       it = idle_.erase(it);
     }
     if (expired.empty()) continue;
-    open_ -= static_cast<int>(expired.size());
     returned_.notify_all();
     lock.unlock();
     expired.clear();  // closed outside the lock
@@ -190,8 +194,7 @@ absl::StatusOr<Pool::Lease> Pool::Acquire() {
     std::unique_ptr<Connection> connection = std::move(idle_.back());
     idle_.pop_back();
     if (!TooOld(connection.get(), std::chrono::steady_clock::now())) return Lease(this, std::move(connection));
-    opened_at_.erase(connection.get());  // past its age between two sweeps: closed, not handed out
-    --open_;
+    Forget(connection.get());  // past its age between two sweeps: closed, not handed out
   }
   ++open_;
   lock.unlock();
@@ -212,8 +215,7 @@ void Pool::Return(std::unique_ptr<Connection> connection) {
     idle_.push_back(std::move(connection));
   } else {
     // Broken, or old enough to make way for a fresh one: closed; the next Acquire opens another.
-    opened_at_.erase(connection.get());
-    --open_;
+    Forget(connection.get());
     lock.unlock();
     connection.reset();
   }

@@ -124,6 +124,8 @@ class Pool {
  private:
   void Return(std::unique_ptr<Connection> connection);
   bool TooOld(const Connection* connection, std::chrono::steady_clock::time_point now) const;
+  // `connection` is about to be closed: it no longer counts as open; mutex_ held.
+  void Forget(const Connection* connection);
   // Closes idle connections past max_age until the pool goes.
   void SweepIdle();
   const std::string uri_;

@@ -15,6 +15,14 @@ namespace {
 
 constexpr char kDimUsage[] = "use NAME=N with N >= 0";
 
+// An option whose values are the names of a config enum: they are its choices, and its help lists them, the
+// default first, then `note`.
+void BindEnum(CLI::App* command, const std::string& name, Flag<std::string>* flag, const std::string& type,
+              const google::protobuf::EnumDescriptor* values, const std::string& note) {
+  const std::vector<std::string> names = EnumNames(values);
+  Bind(command, name, flag, type, absl::StrCat(absl::StrJoin(names, ", "), note))->check(CLI::IsMember(names));
+}
+
 // A CLI11 check from a function that returns "" for a good value, else what is wrong.
 template <typename F>
 CLI::Validator Check(F&& check) {
@@ -165,21 +173,12 @@ void AddRunOptions(CLI::App* command, ConfigFlags* flags) {
 
 void AddConfigOptions(CLI::App* command, ConfigFlags* flags) {
   AddRunOptions(command, flags);
-  // The choices are the config's enum names; the help's first one is the default.
-  const auto choices = [](const google::protobuf::EnumDescriptor* type) {
-    return absl::StrJoin(EnumNames(type), ", ");
-  };
-  Bind(command, "--preset", &flags->preset, "NAME",
-       absl::StrCat(choices(v1::Pipelines::Preset_descriptor()),
-                    " (auto: the best pipeline for what the model is)"))
-      ->check(CLI::IsMember(EnumNames(v1::Pipelines::Preset_descriptor())));
-  Bind(command, "--precision", &flags->precision, "MODE",
-       absl::StrCat(choices(v1::PrecisionConfig::Mode_descriptor()),
-                    " (auto: the fastest float precision that passes parity on the job's device)"))
-      ->check(CLI::IsMember(EnumNames(v1::PrecisionConfig::Mode_descriptor())));
-  Bind(command, "--calibration", &flags->calibration, "METHOD",
-       absl::StrCat("int8_static's calibration: ", choices(v1::CalibrationConfig::Method_descriptor())))
-      ->check(CLI::IsMember(EnumNames(v1::CalibrationConfig::Method_descriptor())));
+  BindEnum(command, "--preset", &flags->preset, "NAME", v1::Pipelines::Preset_descriptor(),
+           " (auto: the best pipeline for what the model is)");
+  BindEnum(command, "--precision", &flags->precision, "MODE", v1::PrecisionConfig::Mode_descriptor(),
+           " (auto: the fastest float precision that passes parity on the job's device)");
+  BindEnum(command, "--calibration", &flags->calibration, "METHOD", v1::CalibrationConfig::Method_descriptor(),
+           ": int8_static's calibration");
 }
 
 absl::StatusOr<v1::OptimizationConfig> ConfigFrom(const ConfigFlags& flags) {
