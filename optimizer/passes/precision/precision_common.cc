@@ -3,12 +3,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
 #include <vector>
 
-#include "optimizer/passes/constants.h"
+#include "optimizer/model_io.h"
 
 namespace onnxopt {
 namespace {
@@ -162,31 +163,71 @@ uint16_t FloatToBfloat16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+namespace {
+
+// `value` as float16 (clamped into its finite, normal range; each clamp counted) or bfloat16 bits.
+uint16_t SixteenBits(float value, int32_t to, int64_t* clamped) {
+  if (to != TensorProto::FLOAT16) return FloatToBfloat16(value);
+  const float magnitude = std::fabs(value);
+  if (std::isfinite(value) && magnitude > kFloat16Max) {
+    value = std::copysign(kFloat16Max, value);
+    ++*clamped;
+  } else if (magnitude != 0.0f && magnitude < kFloat16MinPositive) {
+    value = std::copysign(kFloat16MinPositive, value);
+    ++*clamped;
+  }
+  return FloatToHalf(value);
+}
+
+// Converts `count` floats stored at `floats` (native byte order, any alignment) into `out`.
+void ConvertFloats(const char* floats, size_t count, int32_t to, char* out, int64_t* clamped) {
+  for (size_t i = 0; i < count; ++i) {
+    float value;
+    std::memcpy(&value, floats + i * sizeof(float), sizeof(float));
+    const uint16_t bits = SixteenBits(value, to, clamped);
+    std::memcpy(out + i * sizeof(uint16_t), &bits, sizeof(bits));
+  }
+}
+
+// Weights by reference are read and converted this much at a time: a 1 GiB weight used to be read
+// whole and copied into floats, 2 GiB of fresh pages on top of the 512 MiB result.
+constexpr int64_t kConvertChunkBytes = int64_t{16} << 20;
+
+}  // namespace
+
 onnx::TensorProto ConvertFloatTensor(const onnx::TensorProto& tensor, int32_t to, int64_t* clamped) {
-  std::vector<float> values = TensorFloats(tensor).value_or(std::vector<float>());
   onnx::TensorProto converted;
   converted.set_name(tensor.name());
   *converted.mutable_dims() = tensor.dims();
   converted.set_data_type(to);
   if (!tensor.doc_string().empty()) converted.set_doc_string(tensor.doc_string());
-  std::string raw(values.size() * sizeof(uint16_t), '\0');
-  for (size_t i = 0; i < values.size(); ++i) {
-    float value = values[i];
-    uint16_t bits;
-    if (to == TensorProto::FLOAT16) {
-      const float magnitude = std::fabs(value);
-      if (std::isfinite(value) && magnitude > kFloat16Max) {
-        value = std::copysign(kFloat16Max, value);
-        ++*clamped;
-      } else if (magnitude != 0.0f && magnitude < kFloat16MinPositive) {
-        value = std::copysign(kFloat16MinPositive, value);
-        ++*clamped;
+  std::string raw;
+  if (tensor.data_type() != TensorProto::FLOAT) {
+    // No float values: an empty tensor of the new type, as for an unreadable one below.
+  } else if (tensor.data_location() == TensorProto::EXTERNAL) {
+    const int64_t bytes = TensorDataBytes(tensor);
+    raw.resize(static_cast<size_t>(bytes / 4) * sizeof(uint16_t));
+    std::string chunk;
+    int64_t chunk_clamped = 0;
+    for (int64_t offset = 0; offset < bytes; offset += kConvertChunkBytes) {
+      if (!ReadTensorBytes(tensor, offset, std::min(kConvertChunkBytes, bytes - offset), &chunk).ok()) {
+        raw.clear();
+        chunk_clamped = 0;
+        break;
       }
-      bits = FloatToHalf(value);
-    } else {
-      bits = FloatToBfloat16(value);
+      ConvertFloats(chunk.data(), chunk.size() / 4, to, &raw[static_cast<size_t>(offset / 4) * sizeof(uint16_t)],
+                    &chunk_clamped);
     }
-    std::memcpy(&raw[i * sizeof(uint16_t)], &bits, sizeof(bits));
+    *clamped += chunk_clamped;
+  } else if (tensor.has_raw_data()) {
+    raw.resize(tensor.raw_data().size() / 4 * sizeof(uint16_t));
+    ConvertFloats(tensor.raw_data().data(), tensor.raw_data().size() / 4, to, raw.data(), clamped);
+  } else {
+    raw.resize(static_cast<size_t>(tensor.float_data_size()) * sizeof(uint16_t));
+    for (int i = 0; i < tensor.float_data_size(); ++i) {
+      const uint16_t bits = SixteenBits(tensor.float_data(i), to, clamped);
+      std::memcpy(&raw[static_cast<size_t>(i) * sizeof(uint16_t)], &bits, sizeof(bits));
+    }
   }
   converted.set_raw_data(std::move(raw));
   return converted;
