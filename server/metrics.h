@@ -19,6 +19,10 @@ namespace onnxopt::server {
 class Metrics {
  public:
   Metrics();
+  // Stops serving promptly (see StopServing in metrics.cc).
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
   // Serves /metrics on `address` ("host:port", port 0 picks one); empty: kept but not served.
   // Returns the port it listens on (0 when not serving).
   absl::StatusOr<int> Serve(const std::string& address);
@@ -42,6 +46,8 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string serving_address_;  // as given to Serve
+  int serving_port_ = 0;
   prometheus::Family<prometheus::Counter>* jobs_total_;
   prometheus::Counter* jobs_created_;
   prometheus::Counter* cache_hits_;

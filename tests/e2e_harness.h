@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/model_builder.h"
+#include "tests/scrape_metrics.h"
 
 extern char** environ;
 
@@ -82,26 +83,6 @@ inline int WaitFor(pid_t pid, std::chrono::seconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// GET http://127.0.0.1:port/metrics with a plain socket; "" on failure.
-inline std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return response;
 }
 
 // grpc.health.v1's status of `service` at `address` (the CLI's health check): 1 SERVING, 2 NOT_SERVING,

@@ -198,7 +198,7 @@ TEST_F(TenantsTest, QuotasArePerTenantAndNameTheirLimit) {
   // Room for the small CNNs (17-19 KB each), not for bert_tiny (351 KB); one queued or running job each.
   tokens_ = WriteFile("tokens.txt", absl::StrCat(Sha256OfBytes(kAlice), " team-a\n", Sha256OfBytes(kBob), " team-b\n"));
   StartServer({absl::StrCat("--auth-tokens-file=", tokens_.string()), "--tenant-max-active-jobs=1",
-               "--tenant-max-stored-bytes=100000", "--workers=1"});
+               "--tenant-max-stored-bytes=100000", "--workers=1", "--drain-grace-seconds=0"});  // jobs run at the end
   const std::vector<std::string> alice = {absl::StrCat("ONNXOPT_TOKEN=", kAlice)};
   const std::vector<std::string> bob = {absl::StrCat("ONNXOPT_TOKEN=", kBob)};
   Result first = Cli({"submit", FixturePath("cnn_tiny.onnx").string(), "--config", LongJobConfig().string()}, alice);
@@ -275,7 +275,7 @@ TEST_F(TenantsTest, DeletingAJobFreesItsFilesAndTheBlobsOnlyItUsed) {
   StopServer();
   std::this_thread::sleep_for(std::chrono::seconds(2));
   StartServer({absl::StrCat("--auth-tokens-file=", tokens_.string()), "--job-retention-hours=0.0003",
-               "--upload-expiry-hours=0.0003"});
+               "--upload-expiry-hours=0.0003", "--drain-grace-seconds=0"});
   auto gone = [&](const std::string& job) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
