@@ -19,7 +19,7 @@ namespace onnxopt::server {
 class Metrics {
  public:
   Metrics();
-  // Stops serving promptly (see StopServing in metrics.cc).
+  // Stops serving at once: a connection wakes the HTTP server's accept loop (metrics.cc).
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
