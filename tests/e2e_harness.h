@@ -152,9 +152,9 @@ class E2eTest : public ::testing::Test {
     return path;
   }
 
-  // A config that keeps a job in its benchmark phase until cancelled (bounded by its own budget).
-  // A job that runs until cancelled. A test that ends with one running should start its server with
-  // --drain-grace-seconds=0: TearDown's SIGTERM otherwise waits out the 30 s default grace.
+  // A config that keeps a job in its benchmark phase until cancelled (bounded by its own budget). A test
+  // that ends with one running should start its server with --drain-grace-seconds=0: TearDown's SIGTERM
+  // otherwise waits out the 30 s default grace.
   fs::path LongJobConfig() {
     return WriteFile("long.json", R"({"benchmark": {"iterations": 100000, "time_budget_seconds": 600, "warmup_runs": 1}})");
   }
