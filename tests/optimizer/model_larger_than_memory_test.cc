@@ -19,6 +19,7 @@
 #include "optimizer/ort_runtime.h"
 #include "optimizer/validation/generation.h"
 #include "tests/model_builder.h"
+#include "tests/quality_figures.h"
 
 namespace onnxopt {
 namespace {
@@ -46,6 +47,10 @@ OptimizeRequest Int4Request(const std::string& dir_name) {
   generation.add_decode_past(16);
   generation.set_runs(5);
   generation.set_greedy_tokens(8);
+  // The prefill passes on every CPU measured (KL 0.0071 against 0.05, lowest cosine 0.996 against 0.95),
+  // so the int4 result is what is timed; the job's default KL bound (0.01) is too close to decide that.
+  request.config.mutable_validation()->set_max_kl_divergence(testing::kLenientMaxKl);
+  request.config.mutable_validation()->set_min_cosine_similarity(testing::kLenientMinCosine);
   return request;
 }
 
@@ -56,6 +61,8 @@ TEST(ModelLargerThanMemoryTest, TheOriginalRunsFromItsFilesAndTheResultIsTimedAl
   absl::StatusOr<OptimizeResult> result = Optimize(request);
   ASSERT_TRUE(result.ok()) << result.status();
   const v1::Report& report = result->report;
+  testing::PrintParityFigures("int4", report.parity());
+  testing::ExpectAtMost("prefill logits KL", testing::LargestKl(report.parity()), testing::kLenientMaxKl);
 
   const std::string& from_disk = report.memory().original_from_disk();
   EXPECT_TRUE(absl::StrContains(from_disk, "does not fit")) << from_disk;
@@ -82,8 +89,9 @@ TEST(ModelLargerThanMemoryTest, TheOriginalRunsFromItsFilesAndTheResultIsTimedAl
   // The greedy check: the result on its own picks, the original scoring them in one pass.
   EXPECT_TRUE(absl::StrContains(report.generation().note(), "one pass")) << report.generation().note();
   ASSERT_EQ(report.generation().steps_size(), 8);
-  EXPECT_GT(report.generation().min_logits_cosine(), 0.9) << "int4 of a trained decoder stays close";
-  EXPECT_LT(report.generation().mean_kl_divergence(), 0.1);
+  testing::ExpectNearOneAtLeast("generation lowest logits cosine (int4 of a trained decoder stays close)",
+                                report.generation().min_logits_cosine(), 0.9);
+  testing::ExpectAtMost("generation mean KL", report.generation().mean_kl_divergence(), 0.1);
   EXPECT_TRUE(absl::StrContains(report.memory().benchmark_sessions(), "alone"));
 }
 
@@ -92,10 +100,14 @@ TEST(ModelLargerThanMemoryTest, TheOriginalRunsFromItsFilesAndTheResultIsTimedAl
 TEST(ModelLargerThanMemoryTest, AFailingPrefillIsJudgedOnPicksTheOriginalScoresInOnePass) {
   MemoryAvailableSetTo none("0");
   OptimizeRequest request = Int4Request("larger_than_memory_verdict");
-  request.config.mutable_validation()->set_max_kl_divergence(1e-9);  // every prefill fails
+  // Bounds no int4 model meets, whatever its rows pick: the prefill's logits fail on their cosine
+  // (0.9976 measured) as well as on the KL, and so does the generation.
+  request.config.mutable_validation()->set_max_kl_divergence(1e-9);
+  request.config.mutable_validation()->set_min_cosine_similarity(0.99999);
   request.config.mutable_benchmark()->set_skip(true);
   absl::StatusOr<OptimizeResult> result = Optimize(request);
   ASSERT_TRUE(result.ok()) << result.status();
+  testing::PrintParityFigures("int4", result->report.parity());
   const v1::GenerationVerdict& verdict = result->report.parity().generation();
   ASSERT_TRUE(verdict.ran());
   EXPECT_EQ(verdict.steps(), 8);
