@@ -201,6 +201,10 @@ void AppendParity(const v1::ParityReport& parity, std::string* out) {
     absl::StrAppend(out, "skipped\n");
     return;
   }
+  if (!parity.not_run().empty()) {
+    absl::StrAppend(out, "not run: ", parity.not_run(), "\n");
+    return;
+  }
   AppendParityHeader(parity, out);
   AppendParityOutputs(parity, out);
   if (parity.has_perplexity()) {
@@ -383,6 +387,7 @@ void AppendReportEnding(const v1::Report& report, std::string* out) {
   for (const auto& runtime : report.runtimes()) absl::StrAppend(out, "\nruns on: ", runtime);
   if (report.runtimes_size() > 0) absl::StrAppend(out, "\n");
   for (const auto& warning : report.warnings()) absl::StrAppend(out, "warning: ", warning, "\n");
+  for (const auto& line : report.normalizations()) absl::StrAppend(out, "normalized on loading: ", line, "\n");
 }
 
 }  // namespace

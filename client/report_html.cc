@@ -283,6 +283,9 @@ void AppendVerdictAndWarnings(const v1::Report& report, std::string* html) {
   for (const auto& warning : report.warnings()) {
     absl::StrAppend(html, "<p class=\"warning\">", HtmlEscape(warning), "</p>\n");
   }
+  for (const auto& line : report.normalizations()) {
+    absl::StrAppend(html, "<p class=\"note\">normalized on loading: ", HtmlEscape(line), "</p>\n");
+  }
 }
 
 // Nodes, initializers and bytes of both models, and the runtimes the result runs on.

@@ -146,10 +146,11 @@ void PackedAttentionShape(onnx::InferenceContext& ctx) {
   PackedOutput(ctx, tokens, v);
 }
 
-void Register(const std::string& name, std::function<void(onnx::InferenceContext&)> inference) {
+void Register(const std::string& name, std::function<void(onnx::InferenceContext&)> inference,
+              const char* domain = kMicrosoft) {
   onnx::OpSchema schema;
   schema.SetName(name)
-      .SetDomain(kMicrosoft)
+      .SetDomain(domain)
       .SinceVersion(1)
       .AllowUncheckedAttributes()
       .Input(0, "inputs", "", "T", onnx::OpSchema::Variadic, /*is_homogeneous=*/false, /*min_arity=*/1)
@@ -185,6 +186,12 @@ void EnsureContribSchemas() {
     Register("RemovePadding", RemovePaddingShape);
     Register("RestorePadding", RestorePaddingShape);
     Register("PackedAttention", PackedAttentionShape);
+    // ONNX Runtime defines these two in the default domain since version 1 (ONNX's own
+    // LayerNormalization came at 17, and the registry still picks it from opset 17 on); its
+    // transformers optimizer writes them into models of any opset. Output 0 is the input's shape.
+    for (const char* name : {"LayerNormalization", "SimplifiedLayerNormalization"}) {
+      Register(name, same_as_input, "");
+    }
   });
 }
 

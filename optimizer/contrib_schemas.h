@@ -4,6 +4,10 @@
 // restart it node by node: a round per fused layer, 32 rounds at most, so the shapes of deep models
 // ran out after about a dozen layers, and so did the fusions that need them.
 //
+// Also the two operators ONNX Runtime defines in the default domain below opset 17 (LayerNormalization,
+// SimplifiedLayerNormalization), which its transformers optimizer writes: models already optimized by it
+// come in with them (load_normalization.h).
+//
 // The schemas are permissive (any inputs and outputs, any attributes), so the ONNX checker accepts
 // every use ONNX Runtime accepts; only shape inference relies on them, and only for the forms whose
 // output shapes are certain (anything else is left unknown, as before).

@@ -55,6 +55,7 @@ class OptimizeJob {
  private:
   // The stages (optimize.cc, but Validate: optimize_validation.cc).
   absl::Status LoadAndCheck();
+  absl::Status TakeWhatOnnxRuntimeLoads(const absl::Status& checker, std::vector<std::string>* warnings);
   absl::Status RunPasses();
   absl::Status ApplyPrecision();
   absl::Status Save();

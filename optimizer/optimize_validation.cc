@@ -94,6 +94,16 @@ absl::StatusOr<std::map<std::string, double>> MaxAbsActivations(const onnx::Mode
   return largest;
 }
 
+// The original is what every candidate is judged against: where ONNX Runtime does not load it (an
+// operator it has no kernel for, a type it refuses that the onnx checker let pass), the model is the
+// user's to mend, so the job fails as a bad model with ONNX Runtime's words, and the report says why
+// parity did not run instead of listing no outputs as a failure.
+absl::Status OriginalDoesNotLoad(const absl::Status& status, v1::ParityReport* parity) {
+  std::string why = absl::StrCat("the original model does not load in ONNX Runtime: ", TextOf(status));
+  parity->set_not_run(why);
+  return Failure(absl::StatusCode::kInvalidArgument, v1::ErrorReason::MODEL_CHECK_FAILED, why);
+}
+
 }  // namespace
 
 // Judges a candidate in memory (the bisection's probes) or, for the result, from its file. A candidate
@@ -291,7 +301,7 @@ absl::Status OptimizeJob::Validate() {
     // every candidate judged later opens its own session without the original's beside it.
     const auto reference_start = std::chrono::steady_clock::now();
     auto original_session = CreateSession(OriginalSource(), ForOriginal(validation_.reference_settings));
-    if (!original_session.ok()) return original_session.status();
+    if (!original_session.ok()) return OriginalDoesNotLoad(original_session.status(), parity);
     absl::StatusOr<ParityReference> reference = BuildParityReference(
         **original_session, Original(), config_.validation(), loaded_.supplied, request_.run, parity);
     if (!reference.ok()) return reference.status();
