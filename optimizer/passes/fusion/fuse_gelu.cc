@@ -2,18 +2,21 @@
 //
 // Before (erf):   y = x * 0.5 * (1 + Erf(x / sqrt(2)))                    After:  y = Gelu(x)
 // Before (tanh):  y = 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))      y = FastGelu(x)
+//                  (the argument in any spelling of that polynomial: x * 0.79788 * (1 + 0.044715 * x * x)
+//                  as Hugging Face's FastGELU and Megatron write it, constants folded, polynomial.h)
 // Before (quick): y = x * Sigmoid(alpha * x), or SiLU x * Sigmoid(x)              y = QuickGelu(x, alpha)
 // With x = Add(h, bias[N]) read by nothing else, the bias is absorbed: BiasGelu(h, bias) and
 // FastGelu(h, bias), also for a Gelu/FastGelu fused earlier whose bias Add appeared later and for
 // ONNX's Gelu (opset 20; approximate "tanh" as FastGelu) after a bias Add. Operands
-// of Mul/Add may come in either order; x / sqrt(2) may be written x * (1 / sqrt(2)); x^3 as Pow or
-// x * x * x. Constants must match to 1e-4 relative. All emitted operators are in
+// of Mul/Add may come in either order; the arguments of Erf and Tanh are matched as polynomials of x
+// (x / sqrt(2) or x * 0.7071; x^3 as Pow or x * x * x). Constants must match to 1e-4 relative. All emitted operators are in
 // com.microsoft: the result runs on ONNX Runtime.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
+#include "optimizer/passes/polynomial.h"
 #include "optimizer/passes/rewrite.h"
 
 namespace onnxopt {
@@ -62,59 +65,32 @@ MatchResult<GeluMatch> MatchHalfProductTail(const Graph& graph, const std::strin
   return Fail();
 }
 
-// The base x of `value` = x^3: Pow(x, 3), Mul(Mul(x, x), x) or Mul(x, Mul(x, x)); its nodes go to `nodes`.
-std::optional<std::string> CubeOf(const Graph& graph, const std::string& value, std::vector<Node*>* nodes) {
-  Node* node = graph.Producer(value);
-  if (auto base = BesideConstant(graph, node, "Pow", 3.0); base && node->input(0) == *base) {
-    nodes->push_back(node);
-    return base;
-  }
-  auto same_inputs = [](const Graph&, const Node& square, int) { return square.input(0) == square.input(1); };
-  std::optional<PathMatch> cube =
-      MatchPath(graph, value, {{"Mul", kAnyInput}, {"Mul", 0, same_inputs}}, [&](const PathMatch& path) {
-        return path.Other(0) == path.end && SoleConsumer(graph, path.nodes[1]->output(0)) == path.nodes[0];
-      });
-  if (!cube) return std::nullopt;
-  nodes->insert(nodes->end(), {cube->nodes[1], cube->nodes[0]});
-  return cube->end;
-}
-
-// Erf form, anchored at the Erf.
+// Erf form, anchored at the Erf: erf(x / sqrt(2)), its argument in any spelling of 0.7071 x.
 MatchResult<GeluMatch> MatchErfGelu(const Graph& graph, Node* erf) {
-  Node* scale = graph.Producer(erf->input(0));
-  auto divided = BesideConstant(graph, scale, "Div", std::sqrt(2.0));
-  auto multiplied = BesideConstant(graph, scale, "Mul", 1.0 / std::sqrt(2.0));
-  if (!divided && !multiplied) return Fail();
-  if (divided && scale->input(0) != *divided) return Fail();  // x / sqrt(2), not sqrt(2) / x
+  std::optional<Polynomial> argument = PolynomialOf(graph, erf->input(0));
+  if (!argument || !argument->Is({{1, 1.0 / std::sqrt(2.0)}}, 1e-4)) return Fail();
   GeluMatch match;
-  match.x = divided ? *divided : *multiplied;
+  match.x = argument->variable;
   match.op = "Gelu";
   Node* one_plus = SoleConsumer(graph, erf->output(0));
   if (!BesideConstant(graph, one_plus, "Add", 1.0)) return Fail();
-  match.nodes = {scale, erf, one_plus};
+  match.nodes = argument->nodes;
+  match.nodes.insert(match.nodes.end(), {erf, one_plus});
   return MatchHalfProductTail(graph, one_plus->output(0), std::move(match));
 }
 
-// Tanh form, anchored at the Tanh: sqrt(2/pi) * (x + 0.044715 * x^3), operands in any order.
+// Tanh form, anchored at the Tanh: its argument is sqrt(2/pi) (x + 0.044715 x^3) in whatever spelling
+// (polynomial.h: the textbook form with Pow or x*x*x, Hugging Face's and Megatron's
+// x * 0.79788 * (1 + 0.044715 * x * x), their constants folded).
 MatchResult<GeluMatch> MatchTanhGelu(const Graph& graph, Node* tanh) {
-  GeluMatch match;
-  std::vector<Node*> cube_nodes;
   const double sqrt_two_over_pi = std::sqrt(2.0 / M_PI);
-  std::optional<PathMatch> inner = MatchPath(
-      graph, tanh->input(0),
-      {{"Mul", kAnyInput, OtherIsScalar(sqrt_two_over_pi, 1e-4 * sqrt_two_over_pi)},
-       {"Add", kAnyInput},
-       {"Mul", kAnyInput, OtherIsScalar(0.044715, 1e-4 * 0.044715)}},
-      [&](const PathMatch& path) {
-        cube_nodes.clear();
-        const std::optional<std::string> base = CubeOf(graph, path.end, &cube_nodes);
-        return base && *base == path.Other(1);
-      });
-  if (!inner) return Fail();
-  match.x = inner->Other(1);
+  std::optional<Polynomial> argument = PolynomialOf(graph, tanh->input(0));
+  if (!argument || !argument->Is({{1, sqrt_two_over_pi}, {3, sqrt_two_over_pi * 0.044715}}, 1e-4)) return Fail();
+  GeluMatch match;
+  match.x = argument->variable;
   match.op = "FastGelu";
-  match.nodes = cube_nodes;
-  match.nodes.insert(match.nodes.end(), {inner->nodes[2], inner->nodes[1], inner->nodes[0], tanh});
+  match.nodes = argument->nodes;
+  match.nodes.push_back(tanh);
   Node* one_plus = SoleConsumer(graph, tanh->output(0));
   if (!BesideConstant(graph, one_plus, "Add", 1.0)) return Fail();
   match.nodes.push_back(one_plus);
