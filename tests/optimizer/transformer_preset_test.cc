@@ -53,11 +53,7 @@ std::vector<std::tuple<std::string, int>> Fixtures() {
 
 class TransformerFamilyTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
-std::map<std::string, int> OpCounts(const onnx::ModelProto& model) {
-  std::map<std::string, int> ops;
-  for (const auto& node : model.graph().node()) ++ops[node.op_type()];
-  return ops;
-}
+using testing::OpCounts;  // the same count; a second definition clashes in a unity batch with a file using this one
 
 TEST_P(TransformerFamilyTest, EveryFusionFiresAndOutputsMatch) {
   const auto& [name, opset] = GetParam();

@@ -7,11 +7,11 @@
 //                                      beta, , Cast(position_ids, int32), epsilon)
 //          with e itself, where something else reads it (GPT-2's residual stream), as output 2.
 // Without a token type lookup (GPT-2) segment ids and table are left out; a lookup whose ids all hold
-// one constant (transformers 5's RoBERTa reads its all-zero token_type_ids buffer) adds one row
-// everywhere, which goes into a copy of the word table. Position ids that provably
+// one constant (transformers 5's RoBERTa reads its all-zero token_type_ids buffer, older exports fill
+// one with ConstantOfShape) adds one row everywhere, which goes into a copy of the word table. Position ids that provably
 // count 0..S-1 (BERT's position_ids[:, :S] of an arange buffer, GPT-2's Range(0, S)) are left out,
-// which is the kernel's default; others (RoBERTa's cumulative count) are passed as computed, [B,S]
-// or [1,S].
+// which is the kernel's default; others (RoBERTa's cumulative count, position_ids given as an input)
+// are passed as they are, [B,S] or [1,S].
 // Checked: Gathers on axis 0 of constant float tables [*, H] with one H, the word and type ids graph
 // inputs (optionally through a Cast) of one [B,S] shape, position ids [B,S] or [1,S] with that S,
 // gamma/beta 1-D constants of H, normalization over the last axis, and the sum and the lookups read
@@ -75,6 +75,14 @@ std::optional<int64_t> SameConstantEverywhere(const Graph& graph, const std::str
   }
   const Node* producer = graph.Producer(ids);
   if (producer == nullptr || depth > 6 || !producer->domain().empty()) return std::nullopt;
+  // Older exports' token_type_ids = zeros_like(input_ids): ConstantOfShape(Shape(input_ids)) of an
+  // integer value (its default is a float 0, which no Gather reads as ids).
+  if (producer->op_type() == "ConstantOfShape") {
+    const onnx::AttributeProto* value = producer->FindAttribute("value");
+    auto filled = value != nullptr && value->has_t() ? TensorInts(value->t()) : std::nullopt;
+    if (!filled || filled->size() != 1) return std::nullopt;
+    return filled->front();
+  }
   static const std::set<std::string, std::less<>> kReadsElementsOfInput0 = {
       "Gather", "GatherElements", "GatherND", "Expand", "Slice", "Reshape", "Unsqueeze", "Squeeze",
       "Flatten", "Identity", "Cast", "Transpose"};
@@ -140,8 +148,13 @@ MatchResult<std::vector<Lookup>> MatchLookups(const Graph& graph, const std::vec
 
 // Words and token types are looked up with [B,S] graph inputs; the biggest table holds the words.
 // Positions are the lookup whose ids are computed in the graph; a lookup of one constant row (beside
-// two others) is folded into the word table.
-MatchResult<Matched> AssignRoles(const Graph& graph, EmbedMatch* match) {
+// two others) is folded into the word table. Where every lookup reads a graph input (GPT-2 exported with
+// position_ids, a hand-written graph reading one ids input three times), the position ids are passed
+// explicitly, and then which given lookup is which does not change the sum the kernel computes: the
+// words are the biggest table, the token types one whose ids are shaped as the words' (the kernel's only
+// rule for them), the positions the other.
+MatchResult<Matched> AssignRoles(const Graph& graph, const ShapeInfo& shapes, EmbedMatch* match) {
+  std::vector<int> given;  // lookups whose ids are graph inputs
   for (int i = 0; i < static_cast<int>(match->lookups.size()); ++i) {
     const Lookup& lookup = match->lookups[static_cast<size_t>(i)];
     if (lookup.constant_row && match->constant < 0 && match->lookups.size() == 3) {
@@ -149,15 +162,34 @@ MatchResult<Matched> AssignRoles(const Graph& graph, EmbedMatch* match) {
     } else if (!graph.IsGraphInput(lookup.source) || graph.Initializer(lookup.source) != nullptr) {
       if (match->position >= 0) return Fail("more than one lookup uses computed ids");
       match->position = i;
-    } else if (match->word < 0 || lookup.rows > match->lookups[static_cast<size_t>(match->word)].rows) {
-      if (match->word >= 0) match->type = match->word;
-      match->word = i;
     } else {
-      match->type = i;
+      given.push_back(i);
     }
   }
-  if (match->word < 0 || match->position < 0) {
-    return Fail("no word lookup from an input and position lookup from computed ids");
+  auto rows_of = [&](int i) { return match->lookups[static_cast<size_t>(i)].rows; };
+  auto source = [&](int i) -> const std::string& { return match->lookups[static_cast<size_t>(i)].source; };
+  if (given.empty()) return Fail("no word lookup from an input");
+  match->word = given.front();
+  for (int i : given) {
+    if (rows_of(i) > rows_of(match->word)) match->word = i;
+  }
+  std::vector<int> others;
+  for (int i : given) {
+    if (i != match->word) others.push_back(i);
+  }
+  if (match->position < 0) {
+    if (others.empty()) return Fail("no position lookup beside the word lookup");
+    if (others.size() == 1) {
+      match->position = others.front();
+    } else {
+      const bool first_is_type = shapes.SameShape(source(others[0]), source(match->word));
+      match->type = first_is_type ? others[0] : others[1];
+      match->position = first_is_type ? others[1] : others[0];
+    }
+  } else if (others.size() > 1) {
+    return Fail("more than one token type lookup");
+  } else if (others.size() == 1) {
+    match->type = others.front();
   }
   if (match->constant < 0) return Matched{};
   const Lookup& constant = match->lookups[static_cast<size_t>(match->constant)];
@@ -213,7 +245,7 @@ MatchResult<EmbedMatch> MatchEmbedding(const Graph& graph, Node* norm, const Sha
   if (!lookups) return lookups.failure();
   match.lookups = *std::move(lookups);
   match.hidden = ConstantTensor(graph, match.lookups[0].table)->dims(1);
-  if (MatchResult<Matched> roles = AssignRoles(graph, &match); !roles) return roles.failure();
+  if (MatchResult<Matched> roles = AssignRoles(graph, shapes, &match); !roles) return roles.failure();
   const std::string& ids = match.lookups[static_cast<size_t>(match.word)].source;
   const Lookup& position = match.lookups[static_cast<size_t>(match.position)];
   if (shapes.Rank(ids) != 2 ||
