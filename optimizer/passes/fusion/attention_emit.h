@@ -59,8 +59,12 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
 
 // The bias Where(cond, 0, lowest) for a mask whose meaning is a bias (MaskPlan::bias_condition; made
 // once per condition and shared by the layers that read it), or the plan's float bias, or "" for none;
-// added after the chain's last node.
-std::string AttentionBias(Graph& graph, const MaskPlan& mask, FusionState* state, NodeChain* chain);
+// added after the chain's last node. Where the scores were clamped (Scores::clamp, older transformers'
+// max(scores + mask, finfo.min) over a mask that sums to -inf), the float bias is clamped at the lowest
+// float instead, once per bias: ONNX Runtime's fused kernels take no -inf in attention_bias
+// (MultiHeadAttention's CPU kernel then gets the rows that hold it wrong, measured), and the clamp
+// changes nothing else.
+std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState* state, NodeChain* chain);
 
 }  // namespace onnxopt::attention
 

@@ -310,13 +310,15 @@ MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, Att
 }
 
 MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
-                                     AttentionMatch* match) {
+                                     AttentionMatch* match, bool repeated_as_given) {
   if (match->layout != Layout::kBatchFirst) return Fail("the heads are sequence-first");
   Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
   if (k_swap == nullptr || PermOf(k_swap) != Perm{0, 1, 3, 2}) return Fail("K^T is not a transpose of K's last two axes");
   std::string k_value = k_swap->input(0), v_value = match->out.matmul->input(1);
-  match->k_repeat = MatchKvRepeat(graph, shapes, k_value);
-  match->v_repeat = MatchKvRepeat(graph, shapes, v_value);
+  if (!repeated_as_given) {
+    match->k_repeat = MatchKvRepeat(graph, shapes, k_value);
+    match->v_repeat = MatchKvRepeat(graph, shapes, v_value);
+  }
   if (match->k_repeat.has_value() != match->v_repeat.has_value() ||
       (match->k_repeat && (match->k_repeat->rep != match->v_repeat->rep ||
                            match->k_repeat->kv_heads_count != match->v_repeat->kv_heads_count))) {
@@ -326,8 +328,10 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
     k_value = match->k_repeat->kv_heads;
     v_value = match->v_repeat->kv_heads;
   }
-  if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
-    return cache.failure();
+  if (!repeated_as_given) {
+    if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
+      return cache.failure();
+    }
   }
   const std::string& q_value = match->scores.q_heads;
   for (const std::string& heads : {q_value, k_value, v_value}) {
@@ -357,6 +361,21 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
   match->num_heads = *heads;
   match->head_size = *head_size;
   match->hidden = *heads * *head_size;
+  return Matched{};
+}
+
+MatchResult<Matched> OverComputedHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                       const std::string& reason, AttentionMatch* match) {
+  match->q_rotation.reset();
+  match->k_rotation.reset();
+  match->k_repeat.reset();
+  match->v_repeat.reset();
+  match->cache.reset();
+  if (MatchResult<Matched> given = MatchGivenHeads(graph, shapes, context, match, /*repeated_as_given=*/true); !given) {
+    return Fail(absl::StrCat(reason, "; nor over the heads the graph computes: ", given.reason()));
+  }
+  match->kept_neighbour = reason;
+  match->kv_in_heads_layout = true;
   return Matched{};
 }
 

@@ -140,6 +140,7 @@ struct FusionState {
   CastCache int32_masks{onnx::TensorProto::INT32};  // raw mask -> its int32 Cast
   std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
+  std::map<std::string, std::string> finite_biases;     // a clamped float bias -> Max(bias, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
   int64_t packed_projection_bytes = 0;  // the packed Q/K/V weights GroupQueryAttention took so far
@@ -160,6 +161,10 @@ struct AttentionMatch {
   std::optional<Rotation> q_rotation, k_rotation;
   std::optional<KvRepeat> k_repeat, v_repeat;
   std::optional<KvCache> cache;
+  // K and V go to MultiHeadAttention as the graph's heads [B,N,T,D] (its BNSH key and value) instead of
+  // merged back to [B,T,H]: set over a cache's repeated heads (OverComputedHeads), where merging would
+  // copy the whole cache twice more every decode step.
+  bool kv_in_heads_layout = false;
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
   // Given heads (Projection::given_heads): why the pieces that compute them were not taken in.
@@ -194,9 +199,16 @@ MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, Att
 // Q, K and V of a batch-first `match` as the heads [B,N,S,D] the scores and context read (K under its
 // K^T transpose; K and V possibly repeated to the query heads or read from a cache), with N and D from
 // their shapes (N else the configured number of heads): the fallback where MatchHeads does not
-// understand what computes them.
+// understand what computes them. With `repeated_as_given`, K and V are taken as the scores and context
+// read them, after a repeat and a cache's Concat (which then stay outside the fused operator).
 MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
-                                     AttentionMatch* match);
+                                     AttentionMatch* match, bool repeated_as_given = false);
+
+// `match` (fully matched, unmodified by an emitter) again over the heads as the scores and context read
+// them: Q as given, K and V after their repeat and cache, which stay in the graph; `reason` says why
+// (the report's note). For a cache the grouped-query operator cannot take, the core still fuses.
+MatchResult<Matched> OverComputedHeads(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                       const std::string& reason, AttentionMatch* match);
 
 // N and D of the attention: what Q's split shows, else the configured number of heads.
 MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,

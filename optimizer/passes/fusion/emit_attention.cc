@@ -179,7 +179,7 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
       batch_first && !NeedsFinishing(match) ? match.out.output : graph.UniqueName(match.out.output + "_attention");
   const Node* anchor = RemovePattern(graph, match, plan.pattern, plan.shape_nodes);
   NodeChain chain(graph, anchor);
-  const std::string attention_bias = AttentionBias(graph, mask, state, &chain);
+  const std::string attention_bias = AttentionBias(graph, match, state, &chain);
   if (!attention_bias.empty()) {
     if (mask.raw_mask.empty()) inputs.push_back("");  // mask_index
     inputs.insert(inputs.end(), {"", attention_bias});  // past, attention_bias

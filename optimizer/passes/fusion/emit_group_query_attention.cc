@@ -275,7 +275,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
   // local_window_size keys, itself included (FuseAttentionTest.ASlidingWindowBecomes... pins it: W - 1
   // gives other outputs).
   const bool local_window = mask.window >= 1;
-  std::string attention_bias = local_window ? "" : AttentionBias(graph, mask, state, &chain);
+  std::string attention_bias = local_window ? "" : AttentionBias(graph, match, state, &chain);
   const std::string& padding = local_window ? mask.window_padding : mask.raw_mask;
   if (!padding.empty()) {
     std::string& shared = state->padding_biases[padding];

@@ -182,11 +182,19 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
 void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,
                             PassContext& context) {
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
-  auto [query, key] = RotatedQueryAndKey(graph, match, &chain);
-  std::string value = ProjectedValue(graph, match.v, &chain);
-  if (match.kv_repeat() > 1) std::tie(key, value) = RepeatKeyAndValue(graph, match, key, value, &chain);
   const MaskPlan& mask = match.mask;
-  const std::string attention_bias = AttentionBias(graph, mask, state, &chain);
+  std::string query, key, value;
+  if (match.kv_in_heads_layout && match.q.Given() && match.k.Given() && match.v.Given() && match.kv_repeat() == 1 &&
+      mask.raw_mask.empty()) {
+    query = ProjectedValue(graph, match.q, &chain);
+    key = match.k.given_heads;
+    value = match.v.given_heads;
+  } else {
+    std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);
+    value = ProjectedValue(graph, match.v, &chain);
+    if (match.kv_repeat() > 1) std::tie(key, value) = RepeatKeyAndValue(graph, match, key, value, &chain);
+  }
+  const std::string attention_bias = AttentionBias(graph, match, state, &chain);
   std::vector<std::string> inputs = {query, key, value};
   const std::string name = graph.UniqueName("MultiHeadAttention");
   if (!mask.raw_mask.empty() || !attention_bias.empty()) inputs.push_back("");  // bias
@@ -209,8 +217,18 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   context.CountRewrite();
 }
 
-std::string AttentionBias(Graph& graph, const MaskPlan& mask, FusionState* state, NodeChain* chain) {
-  if (mask.bias_condition.empty()) return mask.bias;
+std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState* state, NodeChain* chain) {
+  const MaskPlan& mask = match.mask;
+  if (mask.bias_condition.empty() && (mask.bias.empty() || match.scores.clamp == nullptr)) return mask.bias;
+  if (mask.bias_condition.empty()) {
+    std::string& finite = state->finite_biases[mask.bias];
+    if (finite.empty()) {
+      const std::string lowest = graph.UniqueName("attention_bias_floor");
+      graph.AddInitializer(MakeFloatTensor(lowest, {}, {std::numeric_limits<float>::lowest()}));
+      finite = chain->Add("Max", {mask.bias, lowest}, "attention_bias_finite");
+    }
+    return finite;
+  }
   std::string& shared = state->condition_biases[mask.bias_condition];
   if (!shared.empty()) return shared;
   const std::string zero = graph.UniqueName("attention_bias_zero");

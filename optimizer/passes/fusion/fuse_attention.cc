@@ -128,7 +128,20 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     }
     return fused;
   }
-  if (match.NeedsProjectionsOutside()) return FuseWithProjectionsOutside(graph, match, shapes, context, state);
+  if (match.NeedsProjectionsOutside()) {
+    if (!match.cache) return FuseWithProjectionsOutside(graph, match, shapes, context, state);
+    AttentionMatch over_computed_heads = match;  // before the emitter's planning changes it
+    MatchResult<Matched> fused = FuseWithProjectionsOutside(graph, match, shapes, context, state);
+    if (fused) return fused;
+    // A cache GroupQueryAttention cannot take (a float bias, a mask it cannot express, a head size its
+    // kernel refuses): MultiHeadAttention over the heads the graph computes, the cache's Concats and the
+    // repeat of grouped K/V left as they are (the presents unchanged), the mask as its attention_bias.
+    if (MatchResult<Matched> given = OverComputedHeads(graph, shapes, context, fused.reason(), &over_computed_heads);
+        !given) {
+      return given;
+    }
+    return Fuse(graph, std::move(over_computed_heads), shapes, context, state);
+  }
   MatchResult<AttentionPlan> plan = PlanAttention(graph, shapes, match);
   if (!plan) return plan.failure();
   if (MatchResult<Matched> masked = WithMask(graph, shapes, context, state, &match); !masked) return masked;
