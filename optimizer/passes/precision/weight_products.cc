@@ -154,7 +154,7 @@ WeightProductOptions WeightProductOptionsFrom(const PassParams& params) {
   return options;
 }
 
-std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel) {
+std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel, int levels) {
   const int64_t k = weight.k, n = weight.n;
   Int8Weight quantized;
   quantized.scales.assign(per_channel ? n : 1, 0.0f);
@@ -166,15 +166,25 @@ std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool 
       scale = std::max(scale, magnitude);
     }
   }
-  for (float& scale : quantized.scales) scale = scale > 0 ? scale / 127.0f : 1.0f;
+  const float top = static_cast<float>(levels);
+  for (float& scale : quantized.scales) scale = scale > 0 ? scale / top : 1.0f;
   quantized.values.resize(weight.values.size());
   for (int64_t row = 0; row < k; ++row) {
     for (int64_t col = 0; col < n; ++col) {
       const float q = std::nearbyint(weight.values[row * n + col] / quantized.scales[per_channel ? col : 0]);
-      quantized.values[row * n + col] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+      quantized.values[row * n + col] = static_cast<int8_t>(std::clamp(q, -top, top));
     }
   }
   return quantized;
+}
+
+bool CpuHasInt8DotProducts() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+#else
+  return true;
+#endif
 }
 
 std::set<std::string> WeightProductInputs(const Graph& graph, const std::set<std::string>& op_types) {

@@ -52,13 +52,19 @@ WeightProductOptions WeightProductOptionsFrom(const PassParams& params);
 void QuantizeWeightProducts(Graph& graph, PassContext& context, const ShapeInfo& shapes,
                             const WeightProductOptions& options, const EmitWeightProduct& emit);
 
-// W quantized symmetrically to int8 (zero point 0, range ±127): one scale per output column
-// (per_channel) or one for all, scale = max|W| / 127, q = round(W / scale). nullopt for NaN or Inf.
+// W quantized symmetrically to int8 (zero point 0, range ±levels: 127, or 63 for 7-bit weights): one
+// scale per output column (per_channel) or one for all, scale = max|W| / levels, q = round(W / scale).
+// nullopt for NaN or Inf.
 struct Int8Weight {
   std::vector<int8_t> values;  // [k, n]
   std::vector<float> scales;   // [n] or [1]
 };
-std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel);
+std::optional<Int8Weight> QuantizeSymmetricInt8(const FloatWeight& weight, bool per_channel, int levels = 127);
+
+// Whether this CPU multiplies uint8 by int8 with 32-bit sums (x86's AVX-512 VNNI or AVX-VNNI; every
+// non-x86 CPU ONNX Runtime targets). Without them, x86's u8s8 kernels (AVX2's vpmaddubsw) add pairs of
+// products in 16 bits, which saturates for full-range weights: 2 x 255 x 127 > 32767.
+bool CpuHasInt8DotProducts();
 
 // The activations (first inputs) of the products QuantizeWeightProducts may rewrite: what static
 // quantization calibrates. A superset where a rewrite later declines.
