@@ -17,6 +17,7 @@
 #include "optimizer/transformer_report.h"
 #include "optimizer/validation/generation.h"
 #include "optimizer/validation/parity.h"
+#include "tests/cache_decoder_checks.h"
 #include "tests/parity_matchers.h"
 #include "tests/model_builder.h"
 #include "tests/pass_runner.h"
@@ -115,51 +116,14 @@ TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndP
 // left (0, 2) and on the right (1) by up to 40% of the total length: left padding longer than the past
 // masks the first rows entirely, which the original's NaN guard turns to zeros.
 TEST_P(CacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecode) {
-  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
-  auto b = testing::SessionOf(optimized_, ORT_DISABLE_ALL);
-  ASSERT_TRUE(a && b);
-  v1::ValidationConfig config;
-  config.set_atol(1e-4);
-  config.set_rtol(0);
-  config.set_samples(2);
-  config.set_mask_padding(0.4);
-  struct Shape {
-    int64_t batch, past, sequence;
-  };
   // ONNX Runtime's GroupQueryAttention takes a chunk after a past (sequence > 1) at batch 1 only.
-  for (const Shape& shape : {Shape{3, 0, 16}, Shape{3, 0, 128}, Shape{3, 16, 1}, Shape{3, 130, 1}, Shape{1, 9, 7}}) {
-    auto* dims = config.add_shapes()->mutable_dim_values();
-    (*dims)["batch"] = shape.batch;
-    (*dims)["past_sequence"] = shape.past;
-    (*dims)["sequence"] = shape.sequence;
-  }
-  v1::ParityReport report;
-  absl::Status status = CheckParity({*a, original_, *b}, config, {}, RunContext(), &report);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(report.passed()) << report.DebugString();
-  EXPECT_EQ(report.outputs_size(), 2 * 5 * (1 + 2 * GetParam().layers)) << "logits and every present, each shape";
+  testing::ExpectCacheParityOnPaddedBatches(original_, optimized_, {{3, 0, 16}, {3, 0, 128}, {3, 16, 1}, {3, 130, 1}, {1, 9, 7}},
+                                            GetParam().layers);
 }
 
 TEST_P(CacheDecoderTest, GreedyGenerationPicksTheSameTokens) {
-  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
-  auto b = testing::SessionOf(optimized_, ORT_DISABLE_ALL);
-  ASSERT_TRUE(a && b);
-  const std::optional<CacheInterface> cache = FindCacheInterface(original_.graph());
-  ASSERT_TRUE(cache.has_value());
-  v1::GenerationConfig settings;
-  settings.set_greedy_tokens(24);
-  settings.set_prompt_tokens(12);
-  absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
-  ASSERT_TRUE(config.ok()) << config.status();
-  v1::GenerationReport report;
-  absl::Status status = CompareGreedyGeneration(*a, *b, original_, *cache, *config, /*exact_tokens=*/true, &report);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(report.passed()) << report.DebugString();
-  EXPECT_EQ(report.steps_size(), 24);
-  EXPECT_EQ(report.identical_steps(), 24);
-  EXPECT_GT(report.min_logits_cosine(), 0.99999);
+  const v1::GenerationReport report = testing::ExpectIdenticalGreedyGeneration(original_, optimized_, 24);
   EXPECT_GE(report.mean_kl_divergence(), 0.0);
-  EXPECT_LT(report.max_kl_divergence(), 1e-6) << "the same distributions, token after token";
   // The two rows (one padded on the left) generate different text: the padding is seen.
   bool rows_differ = false;
   for (const auto& step : report.steps()) rows_differ |= step.original_tokens(0) != step.original_tokens(1);

@@ -12,10 +12,8 @@
 #include "gtest/gtest.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/model_io.h"
-#include "optimizer/validation/generation.h"
-#include "optimizer/validation/parity.h"
+#include "tests/cache_decoder_checks.h"
 #include "tests/model_builder.h"
-#include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
 
 namespace onnxopt {
@@ -60,47 +58,12 @@ TEST_F(LegacyCacheDecoderTest, AttentionFusesOverTheHeadsTheGraphComputes) {
 // on the right by up to 40% (left padding longer than the past masks rows entirely, which the original's
 // clamp turns into uniform rows, as the fused operator's finite bias does).
 TEST_F(LegacyCacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecode) {
-  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
-  auto b = testing::SessionOf(run_.model, ORT_DISABLE_ALL);
-  ASSERT_TRUE(a && b);
-  v1::ValidationConfig config;
-  config.set_atol(1e-4);
-  config.set_rtol(0);
-  config.set_samples(2);
-  config.set_mask_padding(0.4);
-  struct Shape {
-    int64_t batch, past, sequence;
-  };
-  for (const Shape& shape : {Shape{3, 0, 16}, Shape{3, 16, 1}, Shape{3, 130, 1}, Shape{2, 9, 7}}) {
-    auto* dims = config.add_shapes()->mutable_dim_values();
-    (*dims)["batch"] = shape.batch;
-    (*dims)["past_sequence"] = shape.past;
-    (*dims)["sequence"] = shape.sequence;
-  }
-  v1::ParityReport report;
-  absl::Status status = CheckParity({*a, original_, *b}, config, {}, RunContext(), &report);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(report.passed()) << report.DebugString();
-  EXPECT_EQ(report.outputs_size(), 2 * 4 * (1 + 2 * kLegacyLayers)) << "logits and every present, each shape";
+  testing::ExpectCacheParityOnPaddedBatches(original_, run_.model, {{3, 0, 16}, {3, 16, 1}, {3, 130, 1}, {2, 9, 7}},
+                                            kLegacyLayers);
 }
 
 TEST_F(LegacyCacheDecoderTest, GreedyGenerationPicksTheSameTokens) {
-  auto a = testing::SessionOf(original_, ORT_DISABLE_ALL);
-  auto b = testing::SessionOf(run_.model, ORT_DISABLE_ALL);
-  ASSERT_TRUE(a && b);
-  const std::optional<CacheInterface> cache = FindCacheInterface(original_.graph());
-  ASSERT_TRUE(cache.has_value());
-  v1::GenerationConfig settings;
-  settings.set_greedy_tokens(24);
-  settings.set_prompt_tokens(12);
-  absl::StatusOr<v1::GenerationConfig> config = ResolveGenerationConfig(settings);
-  ASSERT_TRUE(config.ok()) << config.status();
-  v1::GenerationReport report;
-  absl::Status status = CompareGreedyGeneration(*a, *b, original_, *cache, *config, /*exact_tokens=*/true, &report);
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(report.passed()) << report.DebugString();
-  EXPECT_EQ(report.identical_steps(), 24);
-  EXPECT_LT(report.max_kl_divergence(), 1e-6);
+  testing::ExpectIdenticalGreedyGeneration(original_, run_.model, 24);
 }
 
 }  // namespace
