@@ -170,14 +170,18 @@ struct AttentionMatch {
   // Given heads (Projection::given_heads): why the pieces that compute them were not taken in.
   std::string kept_neighbour;
 
-  // Q and K rotated, K and V repeated, or a projection with a LoRA branch or a head norm (which must
-  // stay as they are): only MultiHeadAttention (projections outside) can take them.
+  // Q and K rotated, K and V repeated, a projection with a LoRA branch or a head norm (which must stay
+  // as they are), or K and V projected from another input than Q: only MultiHeadAttention (projections
+  // outside) can take them.
   bool NeedsProjectionsOutside() const {
     bool kept_parts = false;
     for (const Projection* p : {&q, &k, &v}) {
       kept_parts |= p->lora_add != nullptr || p->head_norm != nullptr || p->projection_norm != nullptr || p->Given();
     }
-    return q_rotation.has_value() || k_repeat.has_value() || cache.has_value() || kept_parts;
+    // Cross-attention (K and V projections of another input than Q's, an encoder's output): only
+    // MultiHeadAttention takes Q, K and V apart; Attention projects one input.
+    const bool cross = !q.Given() && (q.x != k.x || q.x != v.x);
+    return q_rotation.has_value() || k_repeat.has_value() || cache.has_value() || kept_parts || cross;
   }
   int64_t kv_repeat() const { return k_repeat ? k_repeat->rep : 1; }
 };

@@ -1,0 +1,42 @@
+// The decoder of a BART-style encoder-decoder (tests/fixtures/encoder_decoder/bart_decoder.onnx, made by
+// tests/fixtures/make_encoder_decoder.py): causal self-attention and cross-attention, whose keys and
+// values are projections of the encoder's output, both fuse (the cross-attention as MultiHeadAttention:
+// Attention projects one input), with the encoder's padding as the key padding mask, and the result
+// matches the original on padded batches where the decoder and the encoder sequences differ in length.
+#include <map>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "optimizer/model_io.h"
+#include "tests/model_builder.h"
+#include "tests/parity_matchers.h"
+#include "tests/pass_runner.h"
+
+namespace onnxopt {
+namespace {
+
+TEST(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBatches) {
+  auto original = LoadModel(testing::FixturePath("encoder_decoder/bart_decoder.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = testing::OpCounts(run.model);
+  constexpr int kLayers = 2;
+  EXPECT_EQ(ops["Attention"] + ops["MultiHeadAttention"], 2 * kLayers) << "self- and cross-attention in each layer";
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  int cross = 0;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "MultiHeadAttention") continue;
+    ASSERT_GE(node.input_size(), 3);
+    cross += node.input(1) != node.input(0) ? 1 : 0;
+  }
+  EXPECT_EQ(cross, kLayers) << "each cross-attention takes its own keys and values";
+  EXPECT_EQ(ops["SkipLayerNormalization"], 3 * kLayers) << "after self-attention, cross-attention and the MLP";
+  // Decoder sequences of 5 and 12 against the encoder's 16 (a dynamic dim's default), both masks padded.
+  v1::ParityReport report;
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 3, {5, 12}, &report);
+  EXPECT_EQ(report.padded_masks_size(), 2) << "the decoder's and the encoder's masks";
+}
+
+}  // namespace
+}  // namespace onnxopt
