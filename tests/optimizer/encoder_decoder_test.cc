@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
+#include "tests/cache_decoder_checks.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
@@ -36,6 +37,36 @@ TEST(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBa
   v1::ParityReport report;
   testing::ExpectParityOnPaddedBatches(*original, run.model, 3, {5, 12}, &report);
   EXPECT_EQ(report.padded_masks_size(), 2) << "the decoder's and the encoder's masks";
+}
+
+// The same decoder as Optimum exports it for the steps after the first (bart_decoder_with_past.onnx):
+// the self-attention's past concatenated before the new keys (the causal mask offset by it) and the
+// encoder's keys and values given as inputs. Both attentions fuse, as MultiHeadAttention reading the
+// presents and the encoder's keys and values in their [B,N,T,D] layout (merged, they would be copied at
+// every step), and the result matches at prefill, at decode after short and long pasts, and for a chunk.
+TEST(EncoderDecoderTest, WithACacheBothAttentionsFuseOverTheHeadsAsGiven) {
+  auto original = LoadModel(testing::FixturePath("encoder_decoder/bart_decoder_with_past.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  constexpr int kLayers = 2;
+  std::map<std::string, int> ops = testing::OpCounts(run.model);
+  EXPECT_EQ(ops["MultiHeadAttention"], 2 * kLayers);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  int layer = 0;
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "MultiHeadAttention") continue;
+    ASSERT_GE(node.input_size(), 3);
+    const std::string prefix = "past_key_values." + std::to_string(layer / 2) + ".encoder.";
+    if (layer % 2 == 0) {
+      EXPECT_EQ(node.input(1), "present." + std::to_string(layer / 2) + ".decoder.key") << "self-attention on the cache";
+    } else {
+      EXPECT_EQ(node.input(1), prefix + "key") << "cross-attention on the encoder's keys as given";
+      EXPECT_EQ(node.input(2), prefix + "value");
+    }
+    ++layer;
+  }
+  testing::ExpectCacheParityOnPaddedBatches(*original, run.model, {{3, 0, 6}, {3, 9, 1}, {2, 130, 1}, {2, 5, 4}}, kLayers);
 }
 
 }  // namespace

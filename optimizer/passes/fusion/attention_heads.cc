@@ -351,6 +351,9 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
       return Fail("K and V are not known to have the query's head size and heads (after their repeat)");
     }
   }
+  // Keys and values handed in as they are (an encoder's, projected once for every decoding step) go to the
+  // operator in their own layout: merging them would copy them at every step.
+  match->kv_in_heads_layout = !match->k_repeat && graph.IsGraphInput(k_value) && graph.IsGraphInput(v_value);
   match->k_swap = k_swap;
   match->q = Projection{};
   match->k = Projection{};

@@ -162,8 +162,9 @@ struct AttentionMatch {
   std::optional<KvRepeat> k_repeat, v_repeat;
   std::optional<KvCache> cache;
   // K and V go to MultiHeadAttention as the graph's heads [B,N,T,D] (its BNSH key and value) instead of
-  // merged back to [B,T,H]: set over a cache's repeated heads (OverComputedHeads), where merging would
-  // copy the whole cache twice more every decode step.
+  // merged back to [B,T,H]: set over a cache's repeated heads (OverComputedHeads) and for heads that are
+  // graph inputs (an encoder-decoder's encoder keys and values), where merging would copy them at every
+  // decode step.
   bool kv_in_heads_layout = false;
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;

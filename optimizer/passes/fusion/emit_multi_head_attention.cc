@@ -184,8 +184,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   const MaskPlan& mask = match.mask;
   std::string query, key, value;
-  if (match.kv_in_heads_layout && match.q.Given() && match.k.Given() && match.v.Given() && match.kv_repeat() == 1 &&
-      mask.raw_mask.empty()) {
+  if (match.kv_in_heads_layout && match.q.Given() && match.k.Given() && match.v.Given() && match.kv_repeat() == 1) {
     query = ProjectedValue(graph, match.q, &chain);
     key = match.k.given_heads;
     value = match.v.given_heads;

@@ -114,12 +114,31 @@ MatchResult<Matched> FuseWithProjectionsOutside(Graph& graph, AttentionMatch& ma
   return Matched{};
 }
 
+MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& shapes, PassContext& context,
+                          FusionState* state);
+
+// A cache GroupQueryAttention cannot take (a float bias, a mask it cannot express, a head size its
+// kernel refuses, `reason`): MultiHeadAttention over the heads the graph computes, the cache's Concats and
+// the repeat of grouped K/V left as they are (the presents unchanged), the mask as its attention_bias.
+// `match` is as matched, before an emitter planned it.
+MatchResult<Matched> FuseOverComputedHeads(Graph& graph, AttentionMatch match, const ShapeInfo& shapes,
+                                           PassContext& context, FusionState* state, const std::string& reason) {
+  if (MatchResult<Matched> given = OverComputedHeads(graph, shapes, context, reason, &match); !given) return given;
+  return Fuse(graph, std::move(match), shapes, context, state);
+}
+
 // Plans the operator that fits `match`, then its mask, then emits it.
 MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& shapes, PassContext& context,
                           FusionState* state) {
   if (!match.kept_neighbour.empty()) {
+    std::optional<AttentionMatch> over_computed_heads;
+    if (match.cache) over_computed_heads = match;  // before the emitter's planning changes it
     MatchResult<Matched> fused = FuseWithProjectionsOutside(graph, match, shapes, context, state);
-    if (!fused) return Fail(absl::StrCat(match.kept_neighbour, "; over the heads as given: ", fused.reason()));
+    if (!fused) {
+      std::string reason = absl::StrCat(match.kept_neighbour, "; over the heads as given: ", fused.reason());
+      if (!over_computed_heads) return Fail(std::move(reason));
+      return FuseOverComputedHeads(graph, std::move(*over_computed_heads), shapes, context, state, reason);
+    }
     // Counted per block, said once per reason.
     context.Count("fused_over_given_heads");
     if (state->kept_noted.insert(match.kept_neighbour).second) {
@@ -133,14 +152,7 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     AttentionMatch over_computed_heads = match;  // before the emitter's planning changes it
     MatchResult<Matched> fused = FuseWithProjectionsOutside(graph, match, shapes, context, state);
     if (fused) return fused;
-    // A cache GroupQueryAttention cannot take (a float bias, a mask it cannot express, a head size its
-    // kernel refuses): MultiHeadAttention over the heads the graph computes, the cache's Concats and the
-    // repeat of grouped K/V left as they are (the presents unchanged), the mask as its attention_bias.
-    if (MatchResult<Matched> given = OverComputedHeads(graph, shapes, context, fused.reason(), &over_computed_heads);
-        !given) {
-      return given;
-    }
-    return Fuse(graph, std::move(over_computed_heads), shapes, context, state);
+    return FuseOverComputedHeads(graph, std::move(over_computed_heads), shapes, context, state, fused.reason());
   }
   MatchResult<AttentionPlan> plan = PlanAttention(graph, shapes, match);
   if (!plan) return plan.failure();
