@@ -68,17 +68,56 @@ bool IsWeight(const ProducerMap& producers, const InitializerMap& initializers, 
 // True if a MatMul of two activations (Q times K^T) is found walking up from `value` through at most
 // `depth` nodes (scale, mask, causal Where): the Softmax is attention's. A MatMul with a weight is a
 // classifier head's (a recognizer's per-position character scores).
-bool ReachesScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers, const std::string& value,
-                         int depth) {
+// The MatMul of two computed values (Q K^T) that `value` is computed from within `depth` nodes, or null.
+const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers,
+                                    const std::string& value, int depth) {
   auto it = producers.find(value);
-  if (it == producers.end() || depth < 0) return false;
+  if (it == producers.end() || depth < 0) return nullptr;
   const onnx::NodeProto& node = *it->second;
   if (node.op_type() == "MatMul") {
-    return node.input_size() == 2 && !IsWeight(producers, initializers, node.input(0)) &&
-           !IsWeight(producers, initializers, node.input(1));
+    const bool scores = node.input_size() == 2 && !IsWeight(producers, initializers, node.input(0)) &&
+                        !IsWeight(producers, initializers, node.input(1));
+    return scores ? &node : nullptr;
   }
   for (const auto& input : node.input()) {
-    if (ReachesScoresMatMul(producers, initializers, input, depth - 1)) return true;
+    if (const onnx::NodeProto* found = ScoresMatMul(producers, initializers, input, depth - 1)) return found;
+  }
+  return nullptr;
+}
+
+bool ReachesScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers, const std::string& value,
+                         int depth) {
+  return ScoresMatMul(producers, initializers, value, depth) != nullptr;
+}
+
+// The graph inputs `value` is computed from (initializers left out), visiting at most `budget` nodes.
+std::set<std::string> SourceInputs(const ProducerMap& producers, const std::set<std::string>& graph_inputs,
+                                   const std::string& value, int budget = 200000) {
+  std::set<std::string> sources, seen = {value};
+  std::vector<std::string> pending = {value};
+  while (!pending.empty() && budget-- > 0) {
+    const std::string name = std::move(pending.back());
+    pending.pop_back();
+    if (graph_inputs.count(name) > 0) sources.insert(name);
+    auto it = producers.find(name);
+    if (it == producers.end()) continue;
+    for (const std::string& input : it->second->input()) {
+      if (!input.empty() && seen.insert(input).second) pending.push_back(input);
+    }
+  }
+  return sources;
+}
+
+// Cross-attention: Q is computed from a graph input its K^T is not (the decoder's ids, where K comes
+// from an encoder's output or its keys as given). A self-attention's K reads all Q reads, a cache's past
+// besides.
+bool IsCrossAttention(const ProducerMap& producers, const std::set<std::string>& graph_inputs,
+                      const onnx::NodeProto& scores) {
+  const std::set<std::string> q = SourceInputs(producers, graph_inputs, scores.input(0));
+  const std::set<std::string> k = SourceInputs(producers, graph_inputs, scores.input(1));
+  if (k.empty()) return false;
+  for (const std::string& input : q) {
+    if (k.count(input) == 0) return true;
   }
   return false;
 }
@@ -264,8 +303,9 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
   const ProducerMap producers = Producers(graph);
   const InitializerMap initializers = Initializers(graph);
   const ConsumerMap consumers = Consumers(graph);
-  std::set<std::string> integer_inputs;
+  std::set<std::string> integer_inputs, graph_inputs;
   for (const auto& input : graph.input()) {
+    if (initializers.count(input.name()) == 0) graph_inputs.insert(input.name());
     const int32_t type = input.type().tensor_type().elem_type();
     if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
   }
@@ -280,6 +320,7 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesScoresMatMul(producers, initializers, node.input(0), 4)) {
       ++found.layers;
+      found.cross_attention += IsCrossAttention(producers, graph_inputs, *ScoresMatMul(producers, initializers, node.input(0), 4));
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
       found.causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
@@ -321,6 +362,7 @@ namespace {
 TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* optimized) {
   TransformerShape shape;
   shape.layers = found.layers;
+  shape.cross_attention = found.cross_attention;
   if (optimized != nullptr) {
     for (const auto& node : optimized->graph().node()) {
       found.causal |=
@@ -437,12 +479,14 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
     int64_t count;
     std::string pass;
   };
-  const int64_t layers = shape.layers;
+  // A decoder layer of an encoder-decoder holds two attentions (self and cross), three residual norms
+  // and one MLP: each cross-attention adds one SkipLayerNormalization and no Gelu.
+  const int64_t layers = shape.layers, cross = shape.cross_attention;
   std::vector<Expectation> expected = {
       {"Attention", {"Attention", "MultiHeadAttention", "GroupQueryAttention"}, layers, "fuse_attention"},
-      {"SkipLayerNormalization", {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}, 2 * layers,
+      {"SkipLayerNormalization", {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}, 2 * layers - cross,
        "fuse_skip_layer_norm"},
-      {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers, "fuse_gelu"},
+      {"Gelu", {"Gelu", "BiasGelu", "FastGelu", "QuickGelu"}, layers - cross, "fuse_gelu"},
   };
   const std::string& family = report.family();
   const std::string kind = FamilyKind(family);

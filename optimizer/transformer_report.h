@@ -24,6 +24,7 @@ std::string FamilyKind(const std::string& family);
 struct TransformerShape {
   std::string family;  // a KnownFamilies() name, or "" when the graph has no attention
   int layers = 0;      // attention Softmaxes
+  int cross_attention = 0;  // of them, cross-attention (an encoder-decoder's decoder)
   int num_heads = 0;
   int hidden_size = 0;
 };
@@ -48,7 +49,8 @@ TransformerShape DetectTransformer(const onnx::ModelProto& original);
 // What detection reads from the original graph, taken before the pipeline so that the original need
 // not be kept for the report alone.
 struct TransformerEvidence {
-  int layers = 0;
+  int layers = 0;         // attention blocks
+  int cross_attention = 0;  // of them, cross-attention: Q reads a graph input its K does not (an encoder's K)
   bool causal = false, token_lookup = false, convolution = false, rms_norm = false, sine = false, cosine = false,
        log_buckets = false, cumulative_positions = false;
   // What tells the families of a kind apart.

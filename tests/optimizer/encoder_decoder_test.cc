@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
+#include "optimizer/transformer_report.h"
 #include "tests/cache_decoder_checks.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
@@ -33,6 +34,10 @@ TEST(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBa
   }
   EXPECT_EQ(cross, kLayers) << "each cross-attention takes its own keys and values";
   EXPECT_EQ(ops["SkipLayerNormalization"], 3 * kLayers) << "after self-attention, cross-attention and the MLP";
+  // The report counts two attentions, three norms and one MLP a decoder layer: fully fused.
+  const v1::TransformerReport report_section = JudgeTransformerFusion(*original, run.model, run.reports, {});
+  EXPECT_TRUE(report_section.fully_fused()) << report_section.DebugString();
+  EXPECT_EQ(report_section.expected_ops().at("SkipLayerNormalization"), 3 * kLayers);
   // Decoder sequences of 5 and 12 against the encoder's 16 (a dynamic dim's default), both masks padded.
   v1::ParityReport report;
   testing::ExpectParityOnPaddedBatches(*original, run.model, 3, {5, 12}, &report);
