@@ -1,5 +1,6 @@
 #include "optimizer/optimize.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -691,6 +692,12 @@ absl::Status OptimizeJob::RunBenchmark() {
     absl::Status written = WriteFileAtomically(path, TunedSettingsJson(*tuning, benchmark->execution_provider()));
     if (!written.ok()) return written;
     result_.files.push_back(path);
+  }
+  const double band = config_.benchmark().stability() > 0 ? config_.benchmark().stability() : 0.02;
+  if (std::vector<std::string> slower = SlowerPhases(report_, band); !slower.empty()) {
+    report_.add_warnings(absl::StrCat("the optimized model is slower than the original in ", slower.size(),
+                                      slower.size() == 1 ? " phase the benchmark timed: " : " phases the benchmark timed: ",
+                                      absl::StrJoin(slower, "; ")));
   }
   if (!benchmark->regression()) return absl::OkStatus();
   const bool return_original = config_.benchmark().on_regression() == v1::ON_REGRESSION_RETURN_ORIGINAL;

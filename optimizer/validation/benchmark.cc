@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "optimizer/memory_usage.h"
 #include "optimizer/validation/parity.h"
 
@@ -541,5 +543,25 @@ absl::StatusOr<v1::SessionTuning> TuneSession(const ModelSource& model, const Se
   }
   return tuning;
 }
+
+std::vector<std::string> SlowerPhases(const v1::Report& report, double band) {
+  std::vector<std::string> slower;
+  const v1::BenchmarkReport& benchmark = report.benchmark();
+  for (int i = 0; i < benchmark.shapes_size(); ++i) {
+    const v1::ShapeBenchmark& shape = benchmark.shapes(i);
+    if (shape.speedup() <= 0 || shape.speedup() >= 1 - band) continue;
+    std::vector<std::string> dims;
+    for (const auto& [input, dims_text] : shape.input_shapes()) dims.push_back(absl::StrCat(input, "=", dims_text));
+    std::sort(dims.begin(), dims.end());
+    slower.push_back(absl::StrFormat("shape %d (%s) at %.2fx", i + 1, absl::StrJoin(dims, ", "), shape.speedup()));
+  }
+  for (const v1::GenerationPhase& phase : report.generation().phases()) {
+    if (!phase.error().empty() || phase.speedup() <= 0 || phase.speedup() >= 1 - band) continue;
+    slower.push_back(absl::StrFormat("%s at batch %d%s at %.2fx", phase.phase(), phase.batch(),
+                                     phase.past() > 0 ? absl::StrCat(" after ", phase.past()) : "", phase.speedup()));
+  }
+  return slower;
+}
+
 
 }  // namespace onnxopt

@@ -41,6 +41,11 @@ absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config);
 // most kMaxLatencySamples of them, evenly picked).
 v1::LatencyStats Summarize(const std::vector<double>& latencies_ms);
 
+// Every phase a report's benchmark timed (its shape sets, a decoder's generation phases) in which the
+// result is slower than the original by more than `band` (the benchmark's stability, 2% by default),
+// each with its speedup: "shape 2 (input_ids=1x512) at 0.91x", "decode at batch 1 after 512 at 0.66x".
+std::vector<std::string> SlowerPhases(const v1::Report& report, double band);
+
 // One timed run, in milliseconds: a session run plainly on host tensors, or a bound run.
 using TimedRunner = std::function<absl::StatusOr<double>()>;
 TimedRunner BoundRunner(BoundRun& run);

@@ -261,6 +261,34 @@ TEST(BenchmarkTest, TimesUntilStableReportsTheSpreadAndFlagsARegression) {
   EXPECT_EQ(fixed.original().runs(), 7) << "a fixed count is a fixed count";
 }
 
+// A report names every phase its benchmark timed slower than the original beyond the stability band,
+// with its speedup; faster phases, phases within the band and phases that could not run are not named.
+TEST(BenchmarkTest, SlowerPhasesAreNamedWithTheirSpeedup) {
+  v1::Report report;
+  v1::ShapeBenchmark* fast = report.mutable_benchmark()->add_shapes();
+  fast->set_speedup(1.4);
+  v1::ShapeBenchmark* slow = report.mutable_benchmark()->add_shapes();
+  slow->set_speedup(0.91);
+  (*slow->mutable_input_shapes())["input_ids"] = "1x512";
+  (*slow->mutable_input_shapes())["attention_mask"] = "1x512";
+  report.mutable_benchmark()->add_shapes()->set_speedup(0.99);  // within 2%: noise
+  auto phase = [&](const char* name, int batch, int past, double speedup) {
+    v1::GenerationPhase* p = report.mutable_generation()->add_phases();
+    p->set_phase(name);
+    p->set_batch(batch);
+    p->set_past(past);
+    p->set_speedup(speedup);
+    return p;
+  };
+  phase("prefill", 1, 0, 1.2);
+  phase("decode", 1, 512, 0.655);
+  phase("decode", 4, 2048, 0)->set_error("out of memory");
+  EXPECT_EQ(SlowerPhases(report, 0.02),
+            (std::vector<std::string>{"shape 2 (attention_mask=1x512, input_ids=1x512) at 0.91x",
+                                      "decode at batch 1 after 512 at 0.66x"}));
+  EXPECT_TRUE(SlowerPhases(v1::Report(), 0.02).empty());
+}
+
 TEST(BenchmarkTest, PeakMemoryGrowsWithTheModel) {
   SessionSettings settings;
   GeneratedInputs inputs;
