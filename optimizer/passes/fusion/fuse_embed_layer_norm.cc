@@ -2,7 +2,9 @@
 // LayerNorm) become ONNX Runtime's com.microsoft::EmbedLayerNormalization.
 //
 // Before:  e = Gather(word[V,H], ids) + Gather(type[T,H], type_ids) + Gather(pos[P,H], position_ids)
-//          (any grouping and order of the Adds);  Y = LayerNormalization(e, gamma, beta)
+//          (any grouping and order of the Adds);  Y = LayerNormalization(e, gamma, beta), or
+//          Y = SkipLayerNormalization(a, b, gamma, beta) over lookups a, b (and Adds of them) as ONNX
+//          Runtime's optimizer writes it, with e as its output 3
 // After:   Y = EmbedLayerNormalization(Cast(ids, int32), Cast(type_ids, int32), word, pos, type, gamma,
 //                                      beta, , Cast(position_ids, int32), epsilon)
 //          with e itself, where something else reads it (GPT-2's residual stream), as output 2.
@@ -16,6 +18,7 @@
 // inputs (optionally through a Cast) of one [B,S] shape, position ids [B,S] or [1,S] with that S,
 // gamma/beta 1-D constants of H, normalization over the last axis, and the sum and the lookups read
 // by nothing else (the sum may be, see above; a Shape of a lookup shaped like the sum reads Y instead).
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -38,6 +41,10 @@ struct Lookup {
 // What the rewrite needs: the lookups by role, the sum's Adds and what else reads the lookups.
 struct EmbedMatch {
   Node* norm = nullptr;
+  // The pre-norm sum as a value: LayerNormalization's input, or SkipLayerNormalization's output 3 ("" where
+  // it has none); the norm's scale, shift ("" for none) and epsilon.
+  std::string sum, gamma, beta;
+  float epsilon = 1e-5f;
   std::vector<Lookup> lookups;
   std::vector<Node*> adds;
   int word = -1, type = -1, position = -1, constant = -1;  // indexes into lookups; -1: none
@@ -210,13 +217,13 @@ MatchResult<Matched> AssignRoles(const Graph& graph, const ShapeInfo& shapes, Em
 // Only the tree reads the lookups, but for Shape nodes reading one shaped like the sum (GPT-2's
 // input_shape), which read the fused output instead; the sum itself may be read elsewhere (output 2).
 MatchResult<Matched> CheckReaders(const Graph& graph, const ShapeInfo& shapes, EmbedMatch* match) {
-  const std::string& sum = match->norm->input(0);
+  const std::string& normalized = match->norm->output(0);  // shaped as the sum
   for (const Lookup& lookup : match->lookups) {
     const std::string& looked_up = lookup.gather->output(0);
     if (graph.IsGraphOutput(looked_up)) return Fail("an embedding lookup is a graph output");
     int tree_readers = 0;
     for (Node* reader : graph.Consumers(looked_up)) {
-      if (reader->op_type() == "Shape" && reader->domain().empty() && shapes.SameShape(looked_up, sum)) {
+      if (reader->op_type() == "Shape" && reader->domain().empty() && shapes.SameShape(looked_up, normalized)) {
         match->shape_readers.push_back(reader);
       } else {
         ++tree_readers;
@@ -224,23 +231,54 @@ MatchResult<Matched> CheckReaders(const Graph& graph, const ShapeInfo& shapes, E
     }
     if (tree_readers != 1) return Fail("an embedding lookup is read elsewhere");
   }
-  match->sum_read_elsewhere = graph.Consumers(sum).size() > 1 || graph.IsGraphOutput(sum);
+  const size_t norm_reads = match->norm->op_type() == "LayerNormalization" ? 1 : 0;
+  match->sum_read_elsewhere =
+      !match->sum.empty() && (graph.Consumers(match->sum).size() > norm_reads || graph.IsGraphOutput(match->sum));
   return Matched{};
 }
 
-// Anchored at the LayerNormalization.
-MatchResult<EmbedMatch> MatchEmbedding(const Graph& graph, Node* norm, const ShapeInfo& shapes) {
-  if (norm->op_type() != "LayerNormalization" || !norm->domain().empty() || norm->input_size() < 2 ||
-      norm->output_size() != 1) {
+// The norm the sum feeds, and the sum's leaves: ONNX's LayerNormalization over the last axis, or ONNX
+// Runtime's SkipLayerNormalization without a bias, its mean and inverse deviation unread (a graph its
+// transformers optimizer wrote sums two of the lookups inside it: input + skip, the sum as output 3).
+MatchResult<Matched> MatchNorm(const Graph& graph, Node* norm, EmbedMatch* match, std::vector<std::string>* leaves) {
+  match->norm = norm;
+  if (norm->op_type() == "LayerNormalization" && norm->domain().empty() && norm->input_size() >= 2 &&
+      norm->output_size() == 1) {
+    const int64_t axis = norm->GetAttributeInt("axis", -1);
+    if (axis != -1 && axis != 2) return Fail();
+    match->sum = norm->input(0);
+    match->gamma = norm->input(1);
+    match->beta = norm->input_size() > 2 ? norm->input(2) : "";
+    match->epsilon = norm->GetAttributeFloat("epsilon", 1e-5f);
+    CollectSum(graph, match->sum, 0, leaves, &match->adds);
+    if (match->adds.empty()) return Fail();
+    return Matched{};
+  }
+  if (norm->op_type() != "SkipLayerNormalization" || norm->domain() != "com.microsoft" || norm->input_size() < 3 ||
+      norm->input_size() > 4) {
     return Fail();
   }
-  const int64_t axis = norm->GetAttributeInt("axis", -1);
-  if (axis != -1 && axis != 2) return Fail();
+  for (int out = 1; out < std::min(norm->output_size(), 3); ++out) {
+    const std::string& statistic = norm->output(out);
+    if (!statistic.empty() && (!graph.Consumers(statistic).empty() || graph.IsGraphOutput(statistic))) {
+      return Fail("the skip norm's mean or inverse deviation is read");
+    }
+  }
+  match->sum = norm->output_size() > 3 ? norm->output(3) : "";
+  match->gamma = norm->input(2);
+  match->beta = norm->input_size() > 3 ? norm->input(3) : "";
+  match->epsilon = norm->GetAttributeFloat("epsilon", 1e-12f);  // SkipLayerNormalization's default
+  // Each side a lookup or an Add tree of them; the tree's root is read only by the norm.
+  for (int side = 0; side < 2; ++side) CollectSum(graph, norm->input(side), 1, leaves, &match->adds);
+  return Matched{};
+}
+
+// Anchored at the norm (MatchNorm).
+MatchResult<EmbedMatch> MatchEmbedding(const Graph& graph, Node* norm, const ShapeInfo& shapes) {
   EmbedMatch match;
-  match.norm = norm;
   std::vector<std::string> leaves;
-  CollectSum(graph, norm->input(0), 0, &leaves, &match.adds);
-  if (match.adds.empty() || leaves.size() < 2 || leaves.size() > 3) return Fail();
+  if (MatchResult<Matched> anchored = MatchNorm(graph, norm, &match, &leaves); !anchored) return anchored.failure();
+  if (leaves.size() < 2 || leaves.size() > 3) return Fail();
   MatchResult<std::vector<Lookup>> lookups = MatchLookups(graph, leaves);
   if (!lookups) return lookups.failure();
   match.lookups = *std::move(lookups);
@@ -257,10 +295,10 @@ MatchResult<EmbedMatch> MatchEmbedding(const Graph& graph, Node* norm, const Sha
                           !(shapes.DimValue(position.ids, 0) == 1 || shapes.SameDim(position.ids, 0, ids, 0)))) {
     return Fail("the position ids are not 0..S-1 nor known to be [B,S] or [1,S]");
   }
-  const onnx::TensorProto* gamma = ConstantTensor(graph, norm->input(1));
-  const onnx::TensorProto* beta = norm->input_size() > 2 ? ConstantTensor(graph, norm->input(2)) : nullptr;
+  const onnx::TensorProto* gamma = ConstantTensor(graph, match.gamma);
+  const onnx::TensorProto* beta = match.beta.empty() ? nullptr : ConstantTensor(graph, match.beta);
   if (gamma == nullptr || gamma->dims_size() != 1 || gamma->dims(0) != match.hidden ||
-      (norm->input_size() > 2 && (beta == nullptr || beta->dims_size() != 1 || beta->dims(0) != match.hidden))) {
+      (!match.beta.empty() && (beta == nullptr || beta->dims_size() != 1 || beta->dims(0) != match.hidden))) {
     return Fail("gamma and beta are not constants of the embedding width");
   }
   if (MatchResult<Matched> readers = CheckReaders(graph, shapes, &match); !readers) return readers.failure();
@@ -276,7 +314,7 @@ void Rewrite(Graph& graph, const EmbedMatch& match, const ShapeInfo& shapes, Pas
     if (shapes.ElementType(value) == onnx::TensorProto::INT32) return value;
     return AddCast(graph, value, onnx::TensorProto::INT32, norm);
   };
-  std::string beta = norm->input_size() > 2 ? norm->input(2) : "";
+  std::string beta = match.beta;
   if (beta.empty()) {
     beta = graph.UniqueName("embed_layer_norm_beta");
     graph.AddInitializer(MakeFloatTensor(beta, {match.hidden}, std::vector<float>(static_cast<size_t>(match.hidden), 0.0f)));
@@ -291,15 +329,15 @@ void Rewrite(Graph& graph, const EmbedMatch& match, const ShapeInfo& shapes, Pas
   } else {
     inputs.push_back(word.table);
   }
-  inputs.insert(inputs.end(), {position.table, type != nullptr ? type->table : "", norm->input(1), beta,
+  inputs.insert(inputs.end(), {position.table, type != nullptr ? type->table : "", match.gamma, beta,
                                ""});  // mask: Attention takes the raw mask itself
   if (!match.counting) inputs.push_back(to_int32(position.ids));
   // ONNX Runtime's type inference wants mask_index named even when nothing reads it.
   std::vector<std::string> outputs = {norm->output(0), graph.UniqueName(norm->output(0) + "_mask_index")};
-  if (match.sum_read_elsewhere) outputs.push_back(norm->input(0));
+  if (match.sum_read_elsewhere) outputs.push_back(match.sum);
   onnx::NodeProto fused = MakeNode("EmbedLayerNormalization", name, std::move(inputs),
                                    std::move(outputs), "com.microsoft");
-  *fused.add_attribute() = MakeFloatAttribute("epsilon", norm->GetAttributeFloat("epsilon", 1e-5f));
+  *fused.add_attribute() = MakeFloatAttribute("epsilon", match.epsilon);
   for (Node* reader : match.shape_readers) graph.SetInput(reader, 0, norm->output(0));
   graph.RemoveNode(norm);
   for (Node* add : match.adds) graph.RemoveNode(add);

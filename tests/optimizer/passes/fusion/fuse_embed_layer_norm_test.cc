@@ -1,7 +1,7 @@
 // fuse_embed_layer_norm on the spellings other tools write: position ids given as a graph input (GPT-2
 // exported with position_ids, BERT given all three ids), one ids input read by every lookup with the sum
-// a graph output (ONNX Runtime's own GPT-2 embedding test graph), and older exports' token types of
-// ConstantOfShape zeros. Each fuses and matches the original in ONNX Runtime.
+// a graph output (ONNX Runtime's own GPT-2 embedding test graph), the same summed inside ONNX Runtime's
+// SkipLayerNormalization, and older exports' token types of ConstantOfShape zeros. Each fuses and matches the original in ONNX Runtime.
 #include <map>
 #include <string>
 #include <vector>
@@ -83,6 +83,38 @@ TEST(FuseEmbedLayerNormTest, OneIdsInputForEveryLookupAndTheSumAnOutput) {
   const onnx::ModelProto original = testing::MakeModel(graph, 17);
   onnx::ModelProto fused;
   EXPECT_EQ(Fuse(original, &fused)["EmbedLayerNormalization"], 1);
+  for (const auto& node : fused.graph().node()) {
+    if (node.op_type() == "EmbedLayerNormalization") EXPECT_EQ(node.output(2), "embedding_sum");
+  }
+  testing::ExpectSameOutputs(original, fused, 1e-5, 1e-4);
+}
+
+// As ONNX Runtime's optimizer leaves it: two lookups summed inside a SkipLayerNormalization, the sum its
+// output 3 and a graph output (its GPT-2 embedding test graph).
+TEST(FuseEmbedLayerNormTest, LookupsSummedInsideASkipLayerNormalization) {
+  onnx::GraphProto graph = Embeddings({"word", "pos", "token"}, "unused_sum");
+  graph.mutable_node()->Clear();  // the norm is ONNX Runtime's here
+  *graph.add_input() = testing::MakeValue("ids", onnx::TensorProto::INT32, {-1, kSequence});
+  *graph.add_node() = MakeNode("Gather", {"word", "ids"}, {"w"});
+  *graph.add_node() = MakeNode("Gather", {"pos", "ids"}, {"p"});
+  *graph.add_node() = MakeNode("Add", {"w", "p"}, {"a0"});
+  *graph.add_node() = MakeNode("Gather", {"token", "ids"}, {"t"});
+  onnx::NodeProto skip = MakeNode("SkipLayerNormalization", {"a0", "t", "gamma", "beta"}, {"y", "", "", "embedding_sum"});
+  skip.set_domain("com.microsoft");
+  onnx::AttributeProto* epsilon = skip.add_attribute();
+  epsilon->set_name("epsilon");
+  epsilon->set_type(onnx::AttributeProto::FLOAT);
+  epsilon->set_f(1e-5f);
+  *graph.add_node() = skip;
+  *graph.add_output() = testing::FloatValue("embedding_sum", {-1, kSequence, kHidden});
+  onnx::ModelProto original = testing::MakeModel(graph, 17);
+  onnx::OperatorSetIdProto* contrib = original.add_opset_import();
+  contrib->set_domain("com.microsoft");
+  contrib->set_version(1);
+  onnx::ModelProto fused;
+  std::map<std::string, int> ops = Fuse(original, &fused);
+  EXPECT_EQ(ops["EmbedLayerNormalization"], 1);
+  EXPECT_EQ(ops.count("SkipLayerNormalization"), 0u);
   for (const auto& node : fused.graph().node()) {
     if (node.op_type() == "EmbedLayerNormalization") EXPECT_EQ(node.output(2), "embedding_sum");
   }
