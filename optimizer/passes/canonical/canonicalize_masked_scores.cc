@@ -10,6 +10,11 @@
 // for any score below 2^103 in magnitude, and -inf stays -inf). Left alone: Where(c, x, fill) over a
 // constant buffer sliced to the scores (GPT-2's causal `bias[:, :, :S, :S]`), which the fusion reads as a
 // causal mask as it is. One Where (and Not) per condition, shared by every layer that reads it.
+//
+// Also the multiplicative form GPT-2's first release and Megatron write, for a 0/1 float mask m (the
+// masks every fusion here reads hold 0/1):
+// Before:  p = Softmax(Sub(Mul(x, m), Mul(c, Sub(1, m))))      (c >= 1e4; operands of each Mul in any order)
+// After:   p = Softmax(Add(x, Where(Cast(m, bool), 0, -c)))
 #include <map>
 #include <tuple>
 
@@ -31,6 +36,29 @@ bool FeedsSoftmax(const Graph& graph, const std::string& value, int depth = 0) {
   const bool scale = (reader->op_type() == "Mul" || reader->op_type() == "Div") && reader->input(0) == value &&
                      ConstantScalarFloat(graph, reader->input(1)).has_value();
   return (clamp || scale) && FeedsSoftmax(graph, reader->output(0), depth + 1);
+}
+
+// x * m - c * (1 - m) (c >= 1e4): the scores x, the mask m and -c.
+struct MultipliedMask {
+  std::string scores, mask;
+  float fill = 0;
+};
+std::optional<MultipliedMask> MatchMultipliedMask(const Graph& graph, const Node& sub) {
+  if (sub.op_type() != "Sub" || !sub.domain().empty() || sub.input_size() != 2) return std::nullopt;
+  Node* kept = ProducerWithOp(graph, sub.input(0), "Mul");
+  Node* removed = ProducerWithOp(graph, sub.input(1), "Mul");
+  if (kept == nullptr || removed == nullptr || kept->input_size() != 2 || removed->input_size() != 2) return std::nullopt;
+  const std::optional<int> c_side = FindOperand(*removed, [&](const std::string& operand) {
+    const std::optional<float> c = ConstantScalarFloat(graph, operand);
+    return c && *c >= 1e4f;
+  });
+  if (!c_side) return std::nullopt;
+  Node* inverted = ProducerWithOp(graph, OtherInput(*removed, *c_side), "Sub");
+  if (inverted == nullptr || !IsScalarNear(graph, inverted->input(0), 1.0, 0.0)) return std::nullopt;
+  const std::string& mask = inverted->input(1);
+  const std::optional<int> mask_side = FindOperand(*kept, [&](const std::string& operand) { return operand == mask; });
+  if (!mask_side) return std::nullopt;
+  return MultipliedMask{OtherInput(*kept, *mask_side), mask, -*ConstantScalarFloat(graph, removed->input(*c_side))};
 }
 
 // True if `cond` is Slices (and Casts) of a constant: a causal buffer cut to the scores' length.
@@ -90,7 +118,39 @@ class CanonicalizeMaskedScoresPass final : public ShapedPass {
                              {scores, term}, {output}));
       context.CountRewrite();
     }
+    CanonicalizeMultipliedMasks(graph, context, shapes);
     return absl::OkStatus();
+  }
+
+ private:
+  static void CanonicalizeMultipliedMasks(Graph& graph, PassContext& context, const ShapeInfo& shapes) {
+    std::map<std::pair<std::string, float>, std::string> terms;  // (mask, fill) -> Where(Cast(m), 0, fill)
+    for (Node* sub : graph.Nodes()) {
+      if (sub->removed()) continue;
+      const std::optional<MultipliedMask> form = MatchMultipliedMask(graph, *sub);
+      if (!form || ConstantTensor(graph, form->scores) != nullptr ||
+          shapes.ElementType(form->mask).value_or(onnx::TensorProto::FLOAT) != onnx::TensorProto::FLOAT ||
+          !FeedsSoftmax(graph, sub->output(0))) {
+        continue;
+      }
+      NodeChain chain(graph, sub);
+      std::string& term = terms[{form->mask, form->fill}];
+      if (term.empty()) {
+        const std::string allowed = chain.Add("Cast", {form->mask}, "scores_allowed",
+                                              {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
+        const std::string zero = graph.UniqueName("scores_mask_zero");
+        const std::string masked = graph.UniqueName("scores_mask_fill");
+        graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+        graph.AddInitializer(MakeFloatTensor(masked, {}, {form->fill}));
+        term = chain.Add("Where", {allowed, zero, masked}, "scores_mask");
+      }
+      const std::string output = sub->output(0);
+      const std::string name = sub->name();
+      graph.RemoveNode(sub);
+      chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"),
+                             {form->scores, term}, {output}));
+      context.CountRewrite();
+    }
   }
 };
 

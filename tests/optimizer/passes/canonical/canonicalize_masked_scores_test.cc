@@ -97,5 +97,37 @@ TEST(CanonicalizeMaskedScoresTest, OtherSelectionsStay) {
   }
 }
 
+// GPT-2's first release and Megatron: scores * m - 10000 * (1 - m) over a 0/1 float mask m (here a boolean
+// input or'ed with the diagonal, so no row is masked entirely, then cast to float).
+TEST(CanonicalizeMaskedScoresTest, AMultipliedMaskBecomesAnAdditiveMask) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("q", {2, 2, 4, 8});
+  *graph.add_input() = FloatValue("kt", {2, 2, 8, 4});
+  *graph.add_input() = MakeValue("c", onnx::TensorProto::BOOL, {2, 1, 4, 4});
+  onnx::TensorProto diagonal = MakeRawTensor("diagonal", onnx::TensorProto::BOOL, {4, 4}, std::string(16, '\0'));
+  for (int i = 0; i < 4; ++i) (*diagonal.mutable_raw_data())[i * 5] = 1;
+  *graph.add_initializer() = diagonal;
+  *graph.add_initializer() = MakeFloatTensor("one", {}, {1.0f});
+  *graph.add_initializer() = MakeFloatTensor("ten_thousand", {}, {10000.0f});
+  *graph.add_node() = MakeNode("Or", {"c", "diagonal"}, {"allowed"});
+  *graph.add_node() = WithIntAttribute(MakeNode("Cast", {"allowed"}, {"m"}), "to", onnx::TensorProto::FLOAT);
+  *graph.add_node() = MakeNode("MatMul", {"q", "kt"}, {"scores"});
+  *graph.add_node() = MakeNode("Mul", {"scores", "m"}, {"kept"});
+  *graph.add_node() = MakeNode("Sub", {"one", "m"}, {"inverted"});
+  *graph.add_node() = MakeNode("Mul", {"ten_thousand", "inverted"}, {"penalty"});
+  *graph.add_node() = MakeNode("Sub", {"kept", "penalty"}, {"masked"});
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"masked"}, {"probs"}), "axis", -1);
+  *graph.add_output() = FloatValue("probs", {2, 2, 4, 4});
+  const onnx::ModelProto original = MakeModel(graph, 17);
+  PassRun run = testing::RunConfig(
+      R"({"passes": [{"name": "canonicalize_masked_scores"}, {"name": "eliminate_dead_nodes"}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops.count("Sub"), 0u);
+  EXPECT_EQ(ops["Where"], 1);
+  EXPECT_EQ(ops["Add"], 1);
+  ExpectSameOutputs(original, run.model, 1e-7, 0);
+}
+
 }  // namespace
 }  // namespace onnxopt
