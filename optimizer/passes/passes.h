@@ -40,6 +40,7 @@ std::unique_ptr<Pass> MakeUnflattenGemmPass();
 std::unique_ptr<Pass> MakeFuseEmbedLayerNormPass();
 std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
 std::unique_ptr<Pass> MakeCanonicalizePackedHeadSplitPass();
+std::unique_ptr<Pass> MakeCanonicalizeInterleavedQkvPass();
 std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
 std::unique_ptr<Pass> MakeCanonicalizeMaskedScoresPass();
 std::unique_ptr<Pass> MakeInlineKnownBranchesPass();
