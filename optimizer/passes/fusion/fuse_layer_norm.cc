@@ -6,6 +6,8 @@
 // Before:  v = ReduceMean(Pow(X, 2) | Mul(X, X)); n = X / sqrt(v + eps); Y = Mul(n, gamma)   (RMSNorm:
 //          T5, LLaMA)
 // After:   Y = SimplifiedLayerNormalization(X, gamma, axis=-1, epsilon=eps)
+// Before (TensorFlow's batch_normalization, tf2onnx and keras2onnx): inv = Reciprocal(Sqrt(v + eps)) * gamma;
+//          Y = Add(Mul(X, inv), Sub(beta, Mul(mean, inv)))
 // The division may be written Div(d, Sqrt(s)), Mul(d, Reciprocal(Sqrt(s))), Mul(d, Div(1, Sqrt(s))),
 // with Pow(s, 0.5) for Sqrt, or Mul(d, Pow(s, -0.5)); eps may come first in its Add; Mul and Add
 // operands in either order; gamma and beta optional (a missing gamma becomes ones when the last dim
@@ -90,6 +92,28 @@ std::optional<std::string> MatchDivision(const Graph& graph, const std::string& 
   return std::nullopt;
 }
 
+// 1 / sqrt(s): Reciprocal(Sqrt(s)), Div(1, Sqrt(s)) (Sqrt as Pow(s, 0.5) too), or Pow(s, -0.5); its nodes
+// go into `pattern`.
+std::optional<std::string> InverseRoot(const Graph& graph, const std::string& s, std::vector<Node*>* pattern) {
+  Node* next = SoleConsumer(graph, s);
+  if (next == nullptr || !next->domain().empty() || next->input(0) != s) return std::nullopt;
+  if (next->op_type() == "Pow" && IsConstant(graph, next->input(1), -0.5)) {
+    pattern->push_back(next);
+    return next->output(0);
+  }
+  if (!(next->op_type() == "Sqrt" || (next->op_type() == "Pow" && IsConstant(graph, next->input(1), 0.5)))) {
+    return std::nullopt;
+  }
+  Node* after = SoleConsumer(graph, next->output(0));
+  if (after == nullptr || !after->domain().empty() ||
+      !(after->op_type() == "Reciprocal" ||
+        (after->op_type() == "Div" && after->input(1) == next->output(0) && IsConstant(graph, after->input(0), 1.0)))) {
+    return std::nullopt;
+  }
+  pattern->insert(pattern->end(), {next, after});
+  return after->output(0);
+}
+
 // One decomposed normalization: its nodes, input, output and parameters.
 struct NormMatch {
   std::vector<Node*> pattern;
@@ -98,6 +122,47 @@ struct NormMatch {
   float epsilon = 0;
   int64_t width = 0;
 };
+
+// TensorFlow's form from s = var + eps: inv = 1 / sqrt(s) [* gamma]; Y = Add(Mul(x, inv), Sub(beta, Mul(mean,
+// inv))), operands of Mul and Add in either order. `match` holds x and the mean's nodes (pattern[2] is the
+// mean's ReduceMean); fills gamma, beta, output and the pattern.
+MatchResult<Matched> MatchTensorflowForm(const Graph& graph, const std::string& s, std::optional<int64_t> width,
+                                         NormMatch* match) {
+  const std::optional<std::string> inverse = InverseRoot(graph, s, &match->pattern);
+  if (!inverse) return Fail("fuse_layer_norm: the variance is not turned into a division by its square root");
+  const std::string& mean = match->pattern[2]->output(0);
+  std::string inv = *inverse;
+  if (Node* scale = SoleConsumer(graph, inv); scale != nullptr && scale->op_type() == "Mul" &&
+                                               IsWidthConstant(graph, Other(*scale, inv), width)) {
+    match->gamma = Other(*scale, inv);
+    match->pattern.push_back(scale);
+    inv = scale->output(0);
+  }
+  Node *scaled_x = nullptr, *scaled_mean = nullptr;
+  for (Node* reader : graph.Consumers(inv)) {
+    if (reader->op_type() != "Mul" || !reader->domain().empty() || reader->input_size() != 2) continue;
+    if (Other(*reader, inv) == match->x) scaled_x = reader;
+    if (Other(*reader, inv) == mean) scaled_mean = reader;
+  }
+  if (scaled_x == nullptr || scaled_mean == nullptr) {
+    return Fail("fuse_layer_norm: the inverse root does not scale both the input and its mean");
+  }
+  Node* shift = SoleConsumer(graph, scaled_mean->output(0));
+  Node* sum = SoleConsumer(graph, scaled_x->output(0));
+  if (shift == nullptr || shift->op_type() != "Sub" || shift->input(1) != scaled_mean->output(0) ||
+      !IsWidthConstant(graph, shift->input(0), width) || sum == nullptr || sum->op_type() != "Add" ||
+      Other(*sum, scaled_x->output(0)) != shift->output(0)) {
+    return Fail("fuse_layer_norm: not x * inv + (beta - mean * inv)");
+  }
+  match->beta = shift->input(0);
+  match->pattern.insert(match->pattern.end(), {scaled_x, scaled_mean, shift, sum});
+  match->output = sum->output(0);
+  if (match->gamma.empty()) {
+    if (!width || *width <= 0) return Fail("fuse_layer_norm: no constant scale and the last dim is not static");
+    match->width = *width;
+  }
+  return Matched{};
+}
 
 // Anchored at the variance's ReduceMean.
 MatchResult<NormMatch> MatchNorm(const Graph& graph, Node* variance, int64_t opset, const ShapeInfo& shapes) {
@@ -126,10 +191,21 @@ MatchResult<NormMatch> MatchNorm(const Graph& graph, Node* variance, int64_t ops
   if (!epsilon) return Fail("fuse_layer_norm: epsilon is not a scalar constant added to the variance");
   match.epsilon = *epsilon;
   match.pattern.push_back(add_eps);
+  const std::optional<int64_t> width = shapes.DimValue(match.x, -1);
   std::optional<std::string> normalized = MatchDivision(graph, add_eps->output(0), *d, &match.pattern);
+  if (!normalized && !match.simplified) {
+    // TensorFlow's batch_normalization spelling (tf2onnx, keras2onnx): the scale folded into the inverse
+    // root before it meets x and the mean.
+    if (MatchResult<Matched> tensorflow = MatchTensorflowForm(graph, add_eps->output(0), width, &match); !tensorflow) {
+      return tensorflow.failure();
+    }
+    if (!OnlyPatternReads(graph, match.pattern, match.output)) {
+      return Fail("fuse_layer_norm: an intermediate value is read outside the pattern");
+    }
+    return match;
+  }
   if (!normalized) return Fail("fuse_layer_norm: the variance is not turned into a division by its square root");
   // Optional scale and (LayerNorm only) shift.
-  const std::optional<int64_t> width = shapes.DimValue(match.x, -1);
   match.output = *normalized;
   if (Node* scale = SoleConsumer(graph, match.output); scale != nullptr && scale->op_type() == "Mul" &&
                                                         IsWidthConstant(graph, Other(*scale, match.output), width)) {

@@ -73,6 +73,39 @@ TEST(FuseLayerNormTest, LeavesLookalikesAlone) {
   EXPECT_EQ(leak.report.rewrites(), 0) << "the standard deviation is an output";
 }
 
+// TensorFlow's batch_normalization spelling, as tf2onnx and keras2onnx write a LayerNorm:
+// inv = Reciprocal(Sqrt(mean((x - m)^2) + eps)) * gamma;  y = x * inv + (beta - m * inv).
+TEST(FuseLayerNormTest, FusesTensorflowsBatchNormalizationSpelling) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {2, 4, 16});
+  *graph.add_output() = FloatValue("y", {2, 4, 16});
+  *graph.add_initializer() = FloatTensor("eps", {}, {1e-12f});
+  *graph.add_initializer() = FloatTensor("gamma", {16}, RandomFloats(16, 1));
+  *graph.add_initializer() = FloatTensor("beta", {16}, RandomFloats(16, 2));
+  *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {"x"}, {"mean"}), "axes", {2});
+  *graph.add_node() = MakeNode("Sub", {"x", "mean"}, {"d"});
+  *graph.add_node() = MakeNode("Mul", {"d", "d"}, {"squared"});
+  *graph.add_node() = WithIntsAttribute(MakeNode("ReduceMean", {"squared"}, {"variance"}), "axes", {2});
+  *graph.add_node() = MakeNode("Add", {"variance", "eps"}, {"shifted"});
+  *graph.add_node() = MakeNode("Sqrt", {"shifted"}, {"root"});
+  *graph.add_node() = MakeNode("Reciprocal", {"root"}, {"inverse"});
+  *graph.add_node() = MakeNode("Mul", {"inverse", "gamma"}, {"inv"});
+  *graph.add_node() = MakeNode("Mul", {"x", "inv"}, {"scaled"});
+  *graph.add_node() = MakeNode("Mul", {"mean", "inv"}, {"scaled_mean"});
+  *graph.add_node() = MakeNode("Sub", {"beta", "scaled_mean"}, {"offset"});
+  *graph.add_node() = MakeNode("Add", {"scaled", "offset"}, {"y"});
+  const onnx::ModelProto original = MakeModel(graph, 13);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_layer_norm"}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"LayerNormalization", 1}}));
+  for (const auto& node : run.model.graph().node()) {
+    ASSERT_EQ(node.input_size(), 3);
+    EXPECT_EQ(node.input(1), "gamma");
+    EXPECT_EQ(node.input(2), "beta");
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-4);
+}
+
 TEST(FuseLayerNormTest, FusesEveryLayerNormOfTheExportedEncoder) {
   auto original = LoadModel(testing::FixturePath("bert_tiny.onnx"));
   ASSERT_TRUE(original.ok());
