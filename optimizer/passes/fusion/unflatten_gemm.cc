@@ -5,6 +5,8 @@
 // Before:  f = Reshape(x[..., K], [-1, K]); g = Gemm(f, W[K,N] (or [N,K] with transB), b[N]);
 //          y = Reshape(g, <x's leading dims> + [N])
 // After:   y = Add(MatMul(x, W[K,N]), b)
+// The same with g = MatMul(f, W[K,N]) (Keras' Dense on a 3-D input as keras2onnx and tf2onnx write it,
+// its bias added after the second Reshape): y = MatMul(x, W).
 // Checked: x has rank >= 3 with a static last dim K, the flattening target is the constant [-1, K],
 // Gemm has alpha = beta = 1 and no transA, W and b are float constants, g is read only by the second
 // Reshape, and shape inference proves y's leading dims are x's.
@@ -27,7 +29,8 @@ struct UnflattenMatch {
 
 // Anchored at the Gemm.
 MatchResult<UnflattenMatch> MatchUnflatten(const Graph& graph, Node* gemm, const ShapeInfo& shapes) {
-  if (gemm->op_type() != "Gemm" || !gemm->domain().empty() || gemm->output_size() != 1) return Fail();
+  const bool matmul = gemm->op_type() == "MatMul" && gemm->input_size() == 2;
+  if ((gemm->op_type() != "Gemm" && !matmul) || !gemm->domain().empty() || gemm->output_size() != 1) return Fail();
   UnflattenMatch match;
   match.gemm = gemm;
   match.flatten = ProducerWithOp(graph, gemm->input(0), "Reshape");
@@ -41,7 +44,7 @@ MatchResult<UnflattenMatch> MatchUnflatten(const Graph& graph, Node* gemm, const
   const auto k = shapes.DimValue(x, -1);
   const auto target = ConstantInts(graph, match.flatten->input(1));
   if (!rank || *rank < 3 || !k || !target || *target != std::vector<int64_t>{-1, *k}) {
-    return Fail("unflatten_gemm: the Gemm input is not x flattened to [-1, K]");
+    return matmul ? Fail() : Fail("unflatten_gemm: the Gemm input is not x flattened to [-1, K]");
   }
   match.k = *k;
   if (gemm->GetAttributeInt("transA", 0) != 0 || gemm->GetAttributeFloat("alpha", 1.0f) != 1.0f ||
@@ -111,7 +114,8 @@ class UnflattenGemmPass final : public ShapedPass {
   absl::string_view name() const override { return "unflatten_gemm"; }
   ShapeEffect shape_effect() const override { return ShapeEffect::kKeepsValueTypes; }
   absl::string_view description() const override {
-    return "Turn Reshape(-1,K) -> Gemm -> Reshape back (GPT-2's Conv1D) into MatMul + Add on the unflattened input";
+    return "Turn Reshape(-1,K) -> Gemm or MatMul -> Reshape back (GPT-2's Conv1D, Keras' Dense) into MatMul (+ Add) on "
+           "the unflattened input";
   }
 
   absl::Status RunWithShapes(Graph& graph, PassContext& context, const ShapeInfo& shapes) const override {
