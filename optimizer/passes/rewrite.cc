@@ -1,5 +1,7 @@
 #include "optimizer/passes/rewrite.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "optimizer/passes/constants.h"
 
 namespace onnxopt {
@@ -47,6 +49,26 @@ std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std
 
 std::string AddInt64Scalar(Graph& graph, const std::string& hint, int64_t value) {
   return graph.AddInitializer(MakeIntScalar(graph.UniqueName(hint), onnx::TensorProto::INT64, value))->name();
+}
+
+void SplitPartsIntoHeads(Graph& graph, const std::string& x, int64_t part_width, int64_t heads, int64_t head_size,
+                         const std::vector<std::string>& outputs, int64_t opset, const Node* after) {
+  const std::vector<int64_t> part_sizes(outputs.size(), part_width);
+  std::vector<std::string> pieces;
+  for (size_t p = 0; p < outputs.size(); ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
+  onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("packed_part_split"), {x}, pieces);
+  *split_last.add_attribute() = MakeIntAttribute("axis", -1);
+  if (opset >= 13) {
+    split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", part_sizes));
+  } else {
+    *split_last.add_attribute() = MakeIntsAttribute("split", part_sizes);
+  }
+  const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, heads, head_size});
+  const Node* at = graph.AddNode(std::move(split_last), after, /*after=*/true);
+  for (size_t p = 0; p < outputs.size(); ++p) {
+    at = graph.AddNode(MakeNode("Reshape", graph.UniqueName("packed_part_heads"), {pieces[p], head_shape}, {outputs[p]}),
+                       at, /*after=*/true);
+  }
 }
 
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {

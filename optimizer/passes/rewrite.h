@@ -26,6 +26,13 @@ std::string AddInt64Initializer(Graph& graph, const std::string& hint, const std
 // The same for a scalar (Gather's index of one element, a step's constant); returns its unique name.
 std::string AddInt64Scalar(Graph& graph, const std::string& hint, int64_t value);
 
+// Splits the last axis of `x` [B, S, P * part_width] into P equal parts and reshapes each to heads
+// [B, S, heads, head_size] (one of the two may be -1), writing part p to `outputs[p]`: the packed-projection
+// form the attention fusion reads. Adds the Split (a 'split' input from opset 13, an attribute before) and
+// the Reshapes after `after`.
+void SplitPartsIntoHeads(Graph& graph, const std::string& x, int64_t part_width, int64_t heads, int64_t head_size,
+                         const std::vector<std::string>& outputs, int64_t opset, const Node* after);
+
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor);

@@ -110,23 +110,9 @@ void RewriteInterleavedQkv(Graph& graph, PassContext& context, const Interleaved
   if (match.bias_add != nullptr) {
     graph.SetInput(match.bias_add, match.bias_side, reorder(match.bias_add->input(match.bias_side), 1, {3 * part}));
   }
-  const std::string& x = match.reshape->input(0);
-  std::vector<std::string> pieces;
-  for (int p = 0; p < 3; ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
-  onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("qkv_part_split"), {x}, pieces);
-  *split_last.add_attribute() = MakeIntAttribute("axis", -1);
-  if (context.OpsetVersion("") >= 13) {
-    split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", {part, part, part}));
-  } else {
-    *split_last.add_attribute() = MakeIntsAttribute("split", {part, part, part});
-  }
-  const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, match.heads, match.head_size});
-  const Node* at = graph.AddNode(std::move(split_last), match.reshape, /*after=*/true);
-  for (int p = 0; p < 3; ++p) {
-    at = graph.AddNode(MakeNode("Reshape", graph.UniqueName("qkv_part_heads"), {pieces[p], head_shape},
-                                {match.split->output(p)}),
-                       at, /*after=*/true);
-  }
+  const std::vector<std::string> outputs = {match.split->output(0), match.split->output(1), match.split->output(2)};
+  SplitPartsIntoHeads(graph, match.reshape->input(0), part, match.heads, match.head_size, outputs,
+                      context.OpsetVersion(""), match.reshape);
   graph.RemoveNode(match.split);
   graph.RemoveNode(match.reshape);
   context.CountRewrite();

@@ -112,25 +112,11 @@ MatchResult<PackedHeadSplit> MatchPackedHeadSplit(const Graph& graph, const Shap
 }
 
 void RewritePackedHeadSplit(Graph& graph, PassContext& context, const PackedHeadSplit& match) {
-  const std::string& x = match.reshape->input(0);
-  const std::vector<int64_t> part_sizes(match.squeezes.size(), match.part_width);
-  const std::string head_shape = AddInt64Initializer(graph, x + "_part_heads", {0, 0, match.heads, match.head_size});
-  std::vector<std::string> pieces;
-  for (size_t p = 0; p < match.squeezes.size(); ++p) pieces.push_back(graph.UniqueName(absl::StrCat(x, "_part", p)));
-  onnx::NodeProto split_last = MakeNode("Split", graph.UniqueName("packed_part_split"), {x}, pieces);
-  *split_last.add_attribute() = MakeIntAttribute("axis", -1);
-  if (context.OpsetVersion("") >= 13) {
-    split_last.add_input(AddInt64Initializer(graph, x + "_part_sizes", part_sizes));
-  } else {
-    *split_last.add_attribute() = MakeIntsAttribute("split", part_sizes);
-  }
+  std::vector<std::string> outputs;
+  for (Node* squeeze : match.squeezes) outputs.push_back(squeeze->output(0));
   // After the 5-D Reshape, which is before every part's reader.
-  const Node* at = graph.AddNode(std::move(split_last), match.reshape, /*after=*/true);
-  for (size_t p = 0; p < match.squeezes.size(); ++p) {
-    onnx::NodeProto heads_of_part = MakeNode("Reshape", graph.UniqueName("packed_part_heads"),
-                                             {pieces[p], head_shape}, {match.squeezes[p]->output(0)});
-    at = graph.AddNode(std::move(heads_of_part), at, /*after=*/true);
-  }
+  SplitPartsIntoHeads(graph, match.reshape->input(0), match.part_width, match.heads, match.head_size, outputs,
+                      context.OpsetVersion(""), match.reshape);
   for (Node* squeeze : match.squeezes) graph.RemoveNode(squeeze);
   for (Node* cutter : match.cutters) graph.RemoveNode(cutter);
   graph.RemoveNode(match.reshape);
