@@ -1,6 +1,7 @@
 #include "optimizer/transformer_report.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -65,10 +66,9 @@ bool IsWeight(const ProducerMap& producers, const InitializerMap& initializers, 
   return node.input_size() >= 1 && IsWeight(producers, initializers, node.input(0), depth - 1);
 }
 
-// True if a MatMul of two activations (Q times K^T) is found walking up from `value` through at most
-// `depth` nodes (scale, mask, causal Where): the Softmax is attention's. A MatMul with a weight is a
-// classifier head's (a recognizer's per-position character scores).
-// The MatMul of two computed values (Q K^T) that `value` is computed from within `depth` nodes, or null.
+// The MatMul of two activations (Q times K^T) found walking up from `value` through at most `depth`
+// nodes (scale, mask, causal Where), or null: with one, the Softmax is attention's. A MatMul with a
+// weight is a classifier head's (a recognizer's per-position character scores).
 const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers,
                                     const std::string& value, int depth) {
   auto it = producers.find(value);
@@ -85,41 +85,44 @@ const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const Initiali
   return nullptr;
 }
 
-bool ReachesScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers, const std::string& value,
-                         int depth) {
-  return ScoresMatMul(producers, initializers, value, depth) != nullptr;
-}
-
-// The graph inputs `value` is computed from (initializers left out), visiting at most `budget` nodes.
-std::set<std::string> SourceInputs(const ProducerMap& producers, const std::set<std::string>& graph_inputs,
-                                   const std::string& value, int budget = 200000) {
-  std::set<std::string> sources, seen = {value};
-  std::vector<std::string> pending = {value};
-  while (!pending.empty() && budget-- > 0) {
-    const std::string name = std::move(pending.back());
-    pending.pop_back();
-    if (graph_inputs.count(name) > 0) sources.insert(name);
-    auto it = producers.find(name);
-    if (it == producers.end()) continue;
-    for (const std::string& input : it->second->input()) {
-      if (!input.empty() && seen.insert(input).second) pending.push_back(input);
+// Which graph inputs each value is computed from (initializers left out), as a bit per input by its
+// position (from the 256th on they share the last bit), filled in one pass over the nodes in order (loading
+// sorted them; a value read before it is written counts as from no input, which reads as self-attention).
+class InputSources {
+ public:
+  using Bits = std::bitset<256>;
+  InputSources(const onnx::GraphProto& graph, const InitializerMap& initializers) {
+    size_t bit = 0;
+    for (const auto& input : graph.input()) {
+      if (initializers.count(input.name()) > 0) continue;
+      sources_[input.name()].set(std::min(bit++, kLast));
+    }
+    for (const auto& node : graph.node()) {
+      Bits read;
+      for (const std::string& input : node.input()) read |= Of(input);
+      for (const std::string& output : node.output()) {
+        if (!output.empty()) sources_[output] = read;
+      }
     }
   }
-  return sources;
-}
+  const Bits& Of(const std::string& value) const {
+    auto it = sources_.find(value);
+    return it == sources_.end() ? none_ : it->second;
+  }
+
+ private:
+  static constexpr size_t kLast = 255;
+  absl::flat_hash_map<std::string, Bits> sources_;
+  Bits none_;
+};
 
 // Cross-attention: Q is computed from a graph input its K^T is not (the decoder's ids, where K comes
 // from an encoder's output or its keys as given). A self-attention's K reads all Q reads, a cache's past
 // besides.
-bool IsCrossAttention(const ProducerMap& producers, const std::set<std::string>& graph_inputs,
-                      const onnx::NodeProto& scores) {
-  const std::set<std::string> q = SourceInputs(producers, graph_inputs, scores.input(0));
-  const std::set<std::string> k = SourceInputs(producers, graph_inputs, scores.input(1));
-  if (k.empty()) return false;
-  for (const std::string& input : q) {
-    if (k.count(input) == 0) return true;
-  }
-  return false;
+bool IsCrossAttention(const InputSources& sources, const onnx::NodeProto& scores) {
+  const InputSources::Bits& q = sources.Of(scores.input(0));
+  const InputSources::Bits& k = sources.Of(scores.input(1));
+  return k.any() && (q & ~k).any();
 }
 
 // True if `value` is cut (Slice, Identity) out of a lower-triangular square constant [1,1,P,P]: the
@@ -303,9 +306,9 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
   const ProducerMap producers = Producers(graph);
   const InitializerMap initializers = Initializers(graph);
   const ConsumerMap consumers = Consumers(graph);
-  std::set<std::string> integer_inputs, graph_inputs;
+  std::set<std::string> integer_inputs;
+  std::optional<InputSources> sources;  // made at the first attention
   for (const auto& input : graph.input()) {
-    if (initializers.count(input.name()) == 0) graph_inputs.insert(input.name());
     const int32_t type = input.type().tensor_type().elem_type();
     if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
   }
@@ -314,13 +317,16 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
     const onnx::NodeProto& node = graph.node(i);
     const absl::string_view op = node.op_type();
     const bool standard = DefaultDomain(node);
+    const onnx::NodeProto* scores =
+        standard && op == "Softmax" && node.input_size() == 1 ? ScoresMatMul(producers, initializers, node.input(0), 4) : nullptr;
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++found.layers;
       found.causal |= GetAttributeInt(node, "unidirectional", 0) != 0;
       if (first_softmax < 0) first_softmax = i;
-    } else if (standard && op == "Softmax" && node.input_size() == 1 && ReachesScoresMatMul(producers, initializers, node.input(0), 4)) {
+    } else if (scores != nullptr) {
       ++found.layers;
-      found.cross_attention += IsCrossAttention(producers, graph_inputs, *ScoresMatMul(producers, initializers, node.input(0), 4));
+      if (!sources) sources.emplace(graph, initializers);
+      found.cross_attention += IsCrossAttention(*sources, *scores);
       if (first_softmax < 0) first_softmax = i;
     } else if (standard && (op == "Trilu" || (op == "Where" && node.input_size() == 3))) {
       found.causal |= op == "Trilu" || IsCausalBuffer(producers, initializers, node.input(0));
