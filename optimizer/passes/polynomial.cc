@@ -41,7 +41,7 @@ class PolynomialBuilder {
     if (node == nullptr || !node->domain().empty() || !IsArithmetic(*node)) return Variable(value);
     const std::string variable_before = variable_;
     const size_t nodes_before = nodes_.size();
-    if (std::optional<Coefficients> expanded = Expand(*node)) return expanded;
+    if (std::optional<Coefficients> expanded = Expand(node)) return expanded;
     variable_ = variable_before;
     nodes_.resize(nodes_before);
     return Variable(value);
@@ -51,8 +51,7 @@ class PolynomialBuilder {
   std::vector<Node*> TakeNodes() { return std::move(nodes_); }
 
  private:
-  std::optional<Coefficients> Expand(Node& node_ref) {
-    Node* node = &node_ref;
+  std::optional<Coefficients> Expand(Node* node) {
     if (std::find(nodes_.begin(), nodes_.end(), node) == nodes_.end()) {
       if (static_cast<int>(nodes_.size()) >= max_nodes_) return std::nullopt;
       nodes_.push_back(node);
@@ -89,7 +88,8 @@ class PolynomialBuilder {
     return c;
   }
 
-  // The one variable: a value no arithmetic node (or one of another domain) computes.
+  // The one variable: a value no arithmetic node computes, or one whose expansion gave no polynomial
+  // of a single variable.
   std::optional<Coefficients> Variable(const std::string& value) {
     if (!variable_.empty() && variable_ != value) return std::nullopt;
     variable_ = value;

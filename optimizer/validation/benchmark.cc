@@ -563,5 +563,4 @@ std::vector<std::string> SlowerPhases(const v1::Report& report, double band) {
   return slower;
 }
 
-
 }  // namespace onnxopt

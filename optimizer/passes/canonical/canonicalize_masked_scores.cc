@@ -61,6 +61,26 @@ std::optional<MultipliedMask> MatchMultipliedMask(const Graph& graph, const Node
   return MultipliedMask{OtherInput(*kept, *mask_side), mask, -*ConstantScalarFloat(graph, removed->input(*c_side))};
 }
 
+// The additive term Where(allowed, 0, fill), added to `chain`.
+std::string MaskTerm(Graph& graph, NodeChain& chain, const std::string& allowed, float fill) {
+  const std::string zero = graph.UniqueName("scores_mask_zero");
+  const std::string masked = graph.UniqueName("scores_mask_fill");
+  graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+  graph.AddInitializer(MakeFloatTensor(masked, {}, {fill}));
+  return chain.Add("Where", {allowed, zero, masked}, "scores_mask");
+}
+
+// `masked` (the scores' selection or product) replaced by Add(scores, term), writing its output.
+void ReplaceWithAdditive(Graph& graph, NodeChain& chain, Node* masked, const std::string& scores,
+                         const std::string& term, PassContext& context) {
+  const std::string output = masked->output(0);
+  const std::string name = masked->name();
+  graph.RemoveNode(masked);
+  chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"), {scores, term},
+                         {output}));
+  context.CountRewrite();
+}
+
 // True if `cond` is Slices (and Casts) of a constant: a causal buffer cut to the scores' length.
 bool IsSlicedBuffer(const Graph& graph, const std::string& cond) {
   std::string value = cond;
@@ -103,20 +123,8 @@ class CanonicalizeMaskedScoresPass final : public ShapedPass {
       }
       std::string& term = terms[{cond, negated, *fill}];
       NodeChain chain(graph, where);
-      if (term.empty()) {
-        const std::string allowed = negated ? chain.Add("Not", {cond}, "scores_allowed") : cond;
-        const std::string zero = graph.UniqueName("scores_mask_zero");
-        const std::string masked = graph.UniqueName("scores_mask_fill");
-        graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
-        graph.AddInitializer(MakeFloatTensor(masked, {}, {*fill}));
-        term = chain.Add("Where", {allowed, zero, masked}, "scores_mask");
-      }
-      const std::string output = where->output(0);
-      const std::string name = where->name();
-      graph.RemoveNode(where);
-      chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"),
-                             {scores, term}, {output}));
-      context.CountRewrite();
+      if (term.empty()) term = MaskTerm(graph, chain, negated ? chain.Add("Not", {cond}, "scores_allowed") : cond, *fill);
+      ReplaceWithAdditive(graph, chain, where, scores, term, context);
     }
     CanonicalizeMultipliedMasks(graph, context, shapes);
     return absl::OkStatus();
@@ -136,20 +144,11 @@ class CanonicalizeMaskedScoresPass final : public ShapedPass {
       NodeChain chain(graph, sub);
       std::string& term = terms[{form->mask, form->fill}];
       if (term.empty()) {
-        const std::string allowed = chain.Add("Cast", {form->mask}, "scores_allowed",
-                                              {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
-        const std::string zero = graph.UniqueName("scores_mask_zero");
-        const std::string masked = graph.UniqueName("scores_mask_fill");
-        graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
-        graph.AddInitializer(MakeFloatTensor(masked, {}, {form->fill}));
-        term = chain.Add("Where", {allowed, zero, masked}, "scores_mask");
+        const std::string allowed =
+            chain.Add("Cast", {form->mask}, "scores_allowed", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
+        term = MaskTerm(graph, chain, allowed, form->fill);
       }
-      const std::string output = sub->output(0);
-      const std::string name = sub->name();
-      graph.RemoveNode(sub);
-      chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"),
-                             {form->scores, term}, {output}));
-      context.CountRewrite();
+      ReplaceWithAdditive(graph, chain, sub, form->scores, term, context);
     }
   }
 };

@@ -184,7 +184,7 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   NodeChain chain(graph, RemovePattern(graph, match, plan.pattern, plan.shape_nodes));
   const MaskPlan& mask = match.mask;
   std::string query, key, value;
-  if (match.kv_in_heads_layout && match.q.Given() && match.k.Given() && match.v.Given() && match.kv_repeat() == 1) {
+  if (match.kv_in_heads_layout) {  // set only over given heads with K and V un-repeated (attention_match.h)
     query = ProjectedValue(graph, match.q, &chain);
     key = match.k.given_heads;
     value = match.v.given_heads;
@@ -218,8 +218,8 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
 
 std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState* state, NodeChain* chain) {
   const MaskPlan& mask = match.mask;
-  if (mask.bias_condition.empty() && (mask.bias.empty() || match.scores.clamp == nullptr)) return mask.bias;
   if (mask.bias_condition.empty()) {
+    if (mask.bias.empty() || match.scores.clamp == nullptr) return mask.bias;
     std::string& finite = state->finite_biases[mask.bias];
     if (finite.empty()) {
       const std::string lowest = graph.UniqueName("attention_bias_floor");
