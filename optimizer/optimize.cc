@@ -699,12 +699,15 @@ absl::Status OptimizeJob::RunBenchmark() {
                                       slower.size() == 1 ? " phase the benchmark timed: " : " phases the benchmark timed: ",
                                       absl::StrJoin(slower, "; ")));
   }
-  if (!benchmark->regression()) return absl::OkStatus();
-  const bool return_original = config_.benchmark().on_regression() == v1::ON_REGRESSION_RETURN_ORIGINAL;
-  report_.add_warnings(absl::StrFormat(
-      "the optimized model is slower than the original beyond the noise (speedup %.3fx, 90%% of side-by-side "
-      "runs below %.3fx)%s",
-      benchmark->speedup(), benchmark->speedup_p90(), return_original ? "; the original model is returned" : ""));
+  const DecidingPhase decided =
+      JudgeDecidingPhase(report_, config_.benchmark(), ModelPrecision(rewritten_.optimized) == "int4", band);
+  if (!decided.slower) return absl::OkStatus();
+  const bool return_original = config_.benchmark().on_regression() != v1::ON_REGRESSION_REPORT;
+  report_.add_warnings(absl::StrCat("the optimized model is slower than the original beyond the noise in the phase "
+                                    "that decides (",
+                                    decided.name, "): ", decided.described,
+                                    return_original ? "; the original model is returned"
+                                                    : "; returned all the same (on_regression REPORT)"));
   if (!return_original || validation_.returned_original) return absl::OkStatus();
   validation_.returned_original = true;
   report_.add_warnings(absl::StrCat("the pipeline's output (", report_.optimized().nodes(),

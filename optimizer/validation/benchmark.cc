@@ -202,6 +202,11 @@ absl::Status CheckBenchmarkSettings(const v1::BenchmarkConfig& config) {
     return absl::InvalidArgumentError(
         "benchmark.device, benchmark.on_regression, benchmark.ort_optimization_level or benchmark.sessions is unknown");
   }
+  const std::string& deciding = config.deciding_phase();
+  if (!deciding.empty() && deciding != "shape" && deciding != "prefill" && deciding != "decode") {
+    return absl::InvalidArgumentError(absl::StrCat("benchmark.deciding_phase \"", deciding,
+                                                   "\" is unknown: \"shape\", \"prefill\" or \"decode\""));
+  }
   return absl::OkStatus();
 }
 
@@ -561,6 +566,39 @@ std::vector<std::string> SlowerPhases(const v1::Report& report, double band) {
                                      phase.past() > 0 ? absl::StrCat(" after ", phase.past()) : "", phase.speedup()));
   }
   return slower;
+}
+
+namespace {
+
+// A decoder's first timed phase of that name, if the benchmark ran it.
+const v1::GenerationPhase* FirstPhaseNamed(const v1::Report& report, absl::string_view name) {
+  for (const v1::GenerationPhase& phase : report.generation().phases()) {
+    if (phase.phase() == name && phase.error().empty() && phase.speedup() > 0) return &phase;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+DecidingPhase JudgeDecidingPhase(const v1::Report& report, const v1::BenchmarkConfig& config, bool int4_weights,
+                                 double band) {
+  std::string wanted = config.deciding_phase();
+  if (wanted.empty()) wanted = int4_weights && FirstPhaseNamed(report, "decode") ? "decode" : "prefill";
+  DecidingPhase decided;
+  if (const v1::GenerationPhase* phase = wanted == "shape" ? nullptr : FirstPhaseNamed(report, wanted)) {
+    decided.name = wanted;
+    decided.slower = phase->speedup() < 1 - band;
+    decided.described = absl::StrFormat("%s at batch %d%s at %.2fx", phase->phase(), phase->batch(),
+                                        phase->past() > 0 ? absl::StrCat(" after ", phase->past()) : "",
+                                        phase->speedup());
+    return decided;
+  }
+  const v1::BenchmarkReport& benchmark = report.benchmark();
+  decided.name = "shape";
+  decided.slower = benchmark.regression();
+  decided.described = absl::StrFormat("the shape sets at %.3fx (90%% of side-by-side runs below %.3fx)",
+                                      benchmark.speedup(), benchmark.speedup_p90());
+  return decided;
 }
 
 }  // namespace onnxopt

@@ -46,6 +46,17 @@ v1::LatencyStats Summarize(const std::vector<double>& latencies_ms);
 // each with its speedup: "shape 2 (input_ids=1x512) at 0.91x", "decode at batch 1 after 512 at 0.66x".
 std::vector<std::string> SlowerPhases(const v1::Report& report, double band);
 
+// The phase that decides which model a job returns (BenchmarkConfig.deciding_phase, its default
+// resolved against what the benchmark timed and the result's precision), and whether the optimized
+// model is slower there beyond the noise.
+struct DecidingPhase {
+  std::string name;       // "shape", "prefill" or "decode"
+  bool slower = false;
+  std::string described;  // "prefill at batch 1 at 0.86x", "the shape sets at 0.93x (p90 0.97x)"
+};
+DecidingPhase JudgeDecidingPhase(const v1::Report& report, const v1::BenchmarkConfig& config, bool int4_weights,
+                                 double band);
+
 // One timed run, in milliseconds: a session run plainly on host tensors, or a bound run.
 using TimedRunner = std::function<absl::StatusOr<double>()>;
 TimedRunner BoundRunner(BoundRun& run);

@@ -289,6 +289,56 @@ TEST(BenchmarkTest, SlowerPhasesAreNamedWithTheirSpeedup) {
   EXPECT_TRUE(SlowerPhases(v1::Report(), 0.02).empty());
 }
 
+// The phase that decides which model comes back: a decoder's first prefill by default, its first decode
+// when the result holds int4 weights, the named one when the config names it, and the shape sets where the
+// benchmark did not time that phase.
+TEST(BenchmarkTest, TheDecidingPhaseIsTheFirstPrefillUnlessNamedOrInt4) {
+  v1::Report report;
+  report.mutable_benchmark()->add_shapes()->set_speedup(1.3);
+  report.mutable_benchmark()->set_speedup(1.3);
+  report.mutable_benchmark()->set_regression(false);
+  auto phase = [&](const char* name, int past, double speedup) {
+    v1::GenerationPhase* p = report.mutable_generation()->add_phases();
+    p->set_phase(name);
+    p->set_batch(1);
+    p->set_past(past);
+    p->set_speedup(speedup);
+  };
+  phase("prefill", 0, 0.86);
+  phase("decode", 512, 2.4);
+  phase("prefill", 0, 1.5);  // a later batch's prefill does not decide
+  v1::BenchmarkConfig config;
+  DecidingPhase decided = JudgeDecidingPhase(report, config, /*int4_weights=*/false, 0.02);
+  EXPECT_EQ(decided.name, "prefill");
+  EXPECT_TRUE(decided.slower);
+  EXPECT_EQ(decided.described, "prefill at batch 1 at 0.86x");
+  decided = JudgeDecidingPhase(report, config, /*int4_weights=*/true, 0.02);
+  EXPECT_EQ(decided.name, "decode");
+  EXPECT_FALSE(decided.slower) << decided.described;
+  config.set_deciding_phase("shape");
+  EXPECT_FALSE(JudgeDecidingPhase(report, config, false, 0.02).slower);
+  config.set_deciding_phase("decode");
+  EXPECT_EQ(JudgeDecidingPhase(report, config, false, 0.02).described, "decode at batch 1 after 512 at 2.40x");
+  report.mutable_generation()->mutable_phases(0)->set_speedup(0.99);  // within the band
+  config.clear_deciding_phase();
+  EXPECT_FALSE(JudgeDecidingPhase(report, config, false, 0.02).slower);
+
+  v1::Report encoder;  // no phases: the shape sets decide, slower when the regression flag says so
+  encoder.mutable_benchmark()->set_speedup(0.93);
+  encoder.mutable_benchmark()->set_speedup_p90(0.97);
+  encoder.mutable_benchmark()->set_regression(true);
+  config.set_deciding_phase("prefill");
+  decided = JudgeDecidingPhase(encoder, config, false, 0.02);
+  EXPECT_EQ(decided.name, "shape");
+  EXPECT_TRUE(decided.slower);
+  EXPECT_EQ(decided.described, "the shape sets at 0.930x (90% of side-by-side runs below 0.970x)");
+
+  config.set_deciding_phase("first token");
+  EXPECT_EQ(CheckBenchmarkSettings(config).code(), absl::StatusCode::kInvalidArgument);
+  config.set_deciding_phase("decode");
+  EXPECT_TRUE(CheckBenchmarkSettings(config).ok());
+}
+
 TEST(BenchmarkTest, PeakMemoryGrowsWithTheModel) {
   SessionSettings settings;
   GeneratedInputs inputs;
