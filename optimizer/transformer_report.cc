@@ -66,7 +66,7 @@ bool IsWeight(const ProducerMap& producers, const InitializerMap& initializers, 
   return node.input_size() >= 1 && IsWeight(producers, initializers, node.input(0), depth - 1);
 }
 
-// The MatMul of two activations (Q times K^T) found walking up from `value` through at most `depth`
+// The MatMul (or two-operand Einsum) of two activations (Q times K^T) found walking up from `value` through at most `depth`
 // nodes (scale, mask, causal Where), or null: with one, the Softmax is attention's. A MatMul with a
 // weight is a classifier head's (a recognizer's per-position character scores).
 const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers,
@@ -74,7 +74,7 @@ const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const Initiali
   auto it = producers.find(value);
   if (it == producers.end() || depth < 0) return nullptr;
   const onnx::NodeProto& node = *it->second;
-  if (node.op_type() == "MatMul") {
+  if (node.op_type() == "MatMul" || node.op_type() == "Einsum") {  // Keras writes Q K^T as an Einsum
     const bool scores = node.input_size() == 2 && !IsWeight(producers, initializers, node.input(0)) &&
                         !IsWeight(producers, initializers, node.input(1));
     return scores ? &node : nullptr;
