@@ -162,7 +162,9 @@ class Lowering {
     NodeChain chain(graph_, &einsum_);
     // [batch, free_a, contracted] and [batch, contracted, free_b], groups of several axes flattened; 0
     // copies an axis where it stays (the batch axes lead on both sides, free_a kept whole follows them).
-    const bool flatten_a = g_.free_a.size() > 1 && Product(g_.free_a).has_value();
+    // Without batch axes the product broadcasts over free_a's leading axes: they stay (a flattened
+    // [B*S, H] projection would become a Gemm the attention fusion does not read as one).
+    const bool flatten_a = g_.free_a.size() > 1 && !g_.batch.empty() && Product(g_.free_a).has_value();
     std::vector<int64_t> a_shape(g_.batch.size(), 0);
     if (flatten_a) {
       a_shape.push_back(*Product(g_.free_a));

@@ -37,9 +37,13 @@ bool IsLowerTriangular(const onnx::TensorProto& buffer, int64_t n) {
 }
 
 // True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 to the scores'
-// [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]`.
+// [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]` (possibly cast to bool).
 bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond, const std::string& scores) {
   std::string value = cond;
+  // A 0/1 buffer of another type made boolean after its slices (GPT-2's uint8 `bias` in older exports).
+  if (Node* cast = ProducerWithOp(graph, value, "Cast"); cast != nullptr && cast->GetAttributeInt("to", 0) == onnx::TensorProto::BOOL) {
+    value = cast->input(0);
+  }
   std::set<int64_t> sliced_axes;
   // Either shape inference shows the slice is [.., S, S], or every end is the scores' dim.
   bool ends_match = true;

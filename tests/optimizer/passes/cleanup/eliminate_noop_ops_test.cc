@@ -54,5 +54,38 @@ TEST(EliminateNoopOpsTest, KeepsCastsThatConvertAndReshapesThatReshape) {
   EXPECT_EQ(run.model.graph().node_size(), 2);
 }
 
+// tf2onnx writes StridedSlice's "to the end" as 1e9 in int32: a no-op where every end is at least its axis'
+// known size; an end inside the axis slices.
+onnx::TensorProto Int32Tensor(const std::string& name, const std::vector<int32_t>& values) {
+  onnx::TensorProto tensor;
+  tensor.set_name(name);
+  tensor.set_data_type(onnx::TensorProto::INT32);
+  tensor.add_dims(static_cast<int64_t>(values.size()));
+  for (int32_t value : values) tensor.add_int32_data(value);
+  return tensor;
+}
+
+TEST(EliminateNoopOpsTest, ASliceEndingPastEveryKnownSizeIsANoop) {
+  auto model = [](int32_t last_end) {
+    onnx::GraphProto graph;
+    *graph.add_node() = MakeNode("Slice", {"x", "starts", "ends", "axes"}, {"s"});
+    *graph.add_node() = MakeNode("Relu", {"s"}, {"y"});
+    *graph.add_initializer() = Int32Tensor("starts", {0, 0});
+    *graph.add_initializer() = Int32Tensor("ends", {1000000000, last_end});
+    *graph.add_initializer() = Int32Tensor("axes", {0, -1});
+    *graph.add_input() = FloatValue("x", {2, 3});
+    onnx::ValueInfoProto y = FloatValue("y", {});
+    y.mutable_type()->mutable_tensor_type()->clear_shape();
+    *graph.add_output() = y;
+    return MakeModel(graph, 13);
+  };
+  const onnx::ModelProto whole = model(3);
+  PassRun run = RunPass("eliminate_noop_ops", whole);
+  EXPECT_EQ(run.report.rewrites(), 1);
+  EXPECT_EQ(run.model.graph().node_size(), 1);
+  ExpectSameOutputs(whole, run.model);
+  EXPECT_EQ(RunPass("eliminate_noop_ops", model(2)).report.rewrites(), 0) << "ends inside the last axis";
+}
+
 }  // namespace
 }  // namespace onnxopt
