@@ -37,6 +37,7 @@ struct AttentionGraphOptions {
   bool wide_window = false;     // with causal_mask: And a sliding window of 4096 (Mistral's), wider than the
                                 // graph's 4 positions
   int64_t window = 0;           // with causal_mask: And a sliding window of this many keys (t > q - window)
+  int64_t v_head_size = 0;      // V's heads this wide instead of Q's and K's (a pruned model), 0: the same
 };
 
 inline constexpr int64_t kAttentionLength = 4, kAttentionHidden = 16, kAttentionHeads = 2, kAttentionHeadSize = 8;
@@ -54,13 +55,15 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
   onnx::GraphProto graph;
   *graph.add_input() = FloatValue("x", {1, s, h});
   *graph.add_initializer() = MakeInt64Tensor("heads_shape", {1, s, n, d});
-  *graph.add_initializer() = MakeInt64Tensor("merged_shape", {1, s, h});
+  const int64_t vd = options.v_head_size > 0 ? options.v_head_size : d;
+  *graph.add_initializer() = MakeInt64Tensor("merged_shape", {1, s, n * vd});
   *graph.add_initializer() = FloatTensor("scale", {}, {1.0f / std::sqrt(static_cast<float>(d))});
   uint32_t seed = 1;
   const int64_t kv_heads = options.grouped ? 1 : n;
   *graph.add_initializer() = MakeInt64Tensor("kv_heads_shape", {1, s, kv_heads, d});
+  if (vd != d) *graph.add_initializer() = MakeInt64Tensor("v_heads_shape", {1, s, kv_heads, vd});
   auto projection = [&](const std::string& p, bool bias) {
-    const int64_t width = p == "q" ? h : kv_heads * d;
+    const int64_t width = p == "q" ? h : kv_heads * (p == "v" ? vd : d);
     *graph.add_initializer() = FloatTensor("W" + p, {h, width}, RandomFloats(static_cast<size_t>(h * width), seed++));
     *graph.add_node() = MakeNode("MatMul", {"x", "W" + p}, {p + "_xw"});
     std::string projected = p + "_xw";
@@ -96,7 +99,8 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
       return x + "_rms_normed";
     };
     if (options.projection_norm && p != "v") projected = rms_norm(projected, width);
-    *graph.add_node() = MakeNode("Reshape", {projected, p == "q" ? "heads_shape" : "kv_heads_shape"}, {p + "_4d"});
+    *graph.add_node() =
+        MakeNode("Reshape", {projected, p == "q" ? "heads_shape" : p == "v" && vd != d ? "v_heads_shape" : "kv_heads_shape"}, {p + "_4d"});
     std::string split = p + "_4d";
     if (options.head_norm && p != "v") split = rms_norm(split, d);
     *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {split}, {p + "_heads"}), "perm", {0, 2, 1, 3});
@@ -307,7 +311,7 @@ inline onnx::ModelProto AttentionGraph(const AttentionGraphOptions& options) {
   *graph.add_node() = MakeNode("MatMul", {"probs", v}, {"context"});
   *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"context"}, {"context_t"}), "perm", {0, 2, 1, 3});
   *graph.add_node() = MakeNode("Reshape", {"context_t", "merged_shape"}, {"y"});
-  *graph.add_output() = FloatValue("y", {1, s, h});
+  *graph.add_output() = FloatValue("y", {1, s, n * vd});
   // Declared as exporters declare them: a model whose inference stops early still shows its ranks.
   for (const char* value : {"qk", "scores", "probs"}) *graph.add_value_info() = FloatValue(value, {1, n, s, s});
   return MakeModel(graph, 17);

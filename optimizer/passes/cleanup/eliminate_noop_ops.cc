@@ -3,7 +3,7 @@
 // Before:  X -> Cast(to = type of X) -> Y -> Consumer        After:  X -> Consumer
 // Also: Transpose with the identity perm; Reshape or Expand whose output shape is the input's (same
 // numbers or the same symbolic names, from shape inference); Slice over the full range with step 1 (ends
-// INT_MAX-like, or at least the axis' known size);
+// INT_MAX-like, or tf2onnx's 1e9 past the axis' known size);
 // Pad with all pads 0; Concat of one input; Split into one output.
 #include <limits>
 #include <optional>
@@ -76,7 +76,10 @@ MatchResult<Matched> MatchNoop(const Graph& graph, const Node& node, const Shape
     for (size_t i = 0; i < slice->ends->size(); ++i) {
       const int64_t end = (*slice->ends)[i];
       if (end >= std::numeric_limits<int32_t>::max()) continue;  // INT_MAX-style "to the end"
-      // Or past the axis' known size (tf2onnx's StridedSlice writes 1e9).
+      // Or tf2onnx's StridedSlice sentinel 1e9 past the axis' known size. An end at the axis' exact size
+      // stays: such slices (`cos[:S]`) are what the rotary matchers read.
+      constexpr int64_t kToTheEnd = 1000000000;
+      if (end < kToTheEnd) return Fail();
       const int64_t axis = rank && slice->axes[i] < 0 ? slice->axes[i] + *rank : slice->axes[i];
       const std::optional<int64_t> size = shapes.DimValue(node.input(0), static_cast<int>(axis));
       if (!size || end < *size) return Fail();

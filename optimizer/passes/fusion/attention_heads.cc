@@ -397,6 +397,7 @@ MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes
   }
   // Every projection split into those heads (K and V into the key/value heads when repeated).
   if (match->NeedsProjectionsOutside()) {
+    if (match->v_hidden > 0) return Fail("V's projection is another width than Q's and K's, beside what only MultiHeadAttention takes");
     const Rotation* q = match->q_rotation ? &*match->q_rotation : nullptr;
     if (q != nullptr && !q->Whole(match->head_size) && (q->fused == nullptr || q->rotary_dim > match->head_size)) {
       return Fail("rotary attention: a partial rotation only as RotaryEmbedding, within the head");
@@ -407,9 +408,13 @@ MatchResult<Matched> MatchHeadCounts(const Graph& graph, const ShapeInfo& shapes
     }
     return Matched{};
   }
+  // V may be another width (qkv_hidden_sizes), split into as many heads.
+  const int64_t v_width = match->OutputWidth();
+  if (v_width % match->num_heads != 0) return Fail("V's width is not a multiple of the heads");
   for (const Projection* p : {&match->q, &match->k, &match->v}) {
-    if (ShownHeads(graph, shapes, match->layout, *p->reshape, hidden) !=
-        std::make_pair(match->num_heads, match->head_size)) {
+    const int64_t width = p == &match->v ? v_width : hidden;
+    if (ShownHeads(graph, shapes, match->layout, *p->reshape, width) !=
+        std::make_pair(match->num_heads, width / match->num_heads)) {
       return Fail("Q, K and V are not split into the same heads");
     }
   }

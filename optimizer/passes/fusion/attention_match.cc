@@ -76,8 +76,17 @@ MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, co
     MatchResult<int64_t> width = QueryWidth(graph, match);
     if (!width) return width.failure();
     match.hidden = *width;
+    // K as wide as Q and V not: V's heads are another size (grouped K/V narrow both).
+    const onnx::TensorProto* k_weight = ConstantTensor(graph, match.k.weight);
+    const onnx::TensorProto* v_weight = ConstantTensor(graph, match.v.weight);
+    if (match.layout == Layout::kBatchFirst && match.v.part == nullptr && match.v.matmul != match.q.matmul &&
+        !match.k_repeat && !match.v_repeat && k_weight != nullptr && k_weight->dims_size() == 2 &&
+        k_weight->dims(1) == match.hidden && v_weight != nullptr && v_weight->dims_size() == 2 &&
+        v_weight->dims(1) != match.hidden) {
+      match.v_hidden = v_weight->dims(1);
+    }
   }
-  if (match.out.flattened && match.out.flat_width != match.hidden) {
+  if (match.out.flattened && match.out.flat_width != match.OutputWidth()) {
     return Fail("the context is flattened to another width than the attention's");
   }
   if (MatchResult<Matched> counts = MatchHeadCounts(graph, shapes, context, &match); !counts) return counts.failure();
@@ -177,7 +186,7 @@ void FinishAttentionOutput(Graph& graph, const PassContext& context, const Atten
     value = match.out.flattened ? graph.UniqueName(match.out.output + "_guarded") : match.out.output;
     at = chain.AddNode(MakeNode("Mul", graph.UniqueName("zero_masked_rows"), {attended, rows}, {value}));
   }
-  if (match.out.flattened) AddFlatten(graph, value, match.out.output, match.hidden, at);
+  if (match.out.flattened) AddFlatten(graph, value, match.out.output, match.OutputWidth(), at);
 }
 
 }  // namespace onnxopt::attention

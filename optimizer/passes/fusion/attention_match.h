@@ -168,6 +168,11 @@ struct AttentionMatch {
   bool kv_in_heads_layout = false;
   MaskPlan mask;
   int64_t hidden = 0, num_heads = 0, head_size = 0;
+  // V's width where its separate projection differs from Q's and K's (a pruned model; ONNX Runtime's
+  // Attention takes it as qkv_hidden_sizes); 0 when all three are `hidden` wide.
+  int64_t v_hidden = 0;
+  // The context's width: V's.
+  int64_t OutputWidth() const { return v_hidden > 0 ? v_hidden : hidden; }
   // Given heads (Projection::given_heads): why the pieces that compute them were not taken in.
   std::string kept_neighbour;
 

@@ -32,15 +32,16 @@ MatchResult<Matched> CheckPacked(const Graph& graph, const AttentionMatch& match
 MatchResult<Matched> ReadSeparate(const Graph& graph, const AttentionMatch& match, AttentionPlan* plan) {
   const Projection* projections[3] = {&match.q, &match.k, &match.v};
   for (int i = 0; i < 3; ++i) {
+    const int64_t width = i == 2 ? match.OutputWidth() : match.hidden;
     const onnx::TensorProto* w = ConstantTensor(graph, projections[i]->weight);
-    if (w == nullptr || w->dims_size() != 2 || w->dims(0) != plan->input_hidden || w->dims(1) != match.hidden) {
+    if (w == nullptr || w->dims_size() != 2 || w->dims(0) != plan->input_hidden || w->dims(1) != width) {
       return Fail("projection weights are not float constants of one width");
     }
     auto wf = TensorFloats(*w);
     auto bf = projections[i]->bias.empty()
-                  ? std::optional<std::vector<float>>(std::vector<float>(static_cast<size_t>(match.hidden), 0.0f))
+                  ? std::optional<std::vector<float>>(std::vector<float>(static_cast<size_t>(width), 0.0f))
                   : ConstantFloats(graph, projections[i]->bias);
-    if (!wf || !bf || bf->size() != static_cast<size_t>(match.hidden)) {
+    if (!wf || !bf || bf->size() != static_cast<size_t>(width)) {
       return Fail("projection weights are not float constants of one width");
     }
     plan->weights[i] = *std::move(wf);
@@ -107,7 +108,8 @@ void EmitOutputProjection(Graph& graph, const AttentionMatch& match, const Atten
                 matmul, /*after=*/true);
 }
 
-// The packed weight and bias: the projection's own, or the three separate ones packed row by row.
+// The packed weight and bias: the projection's own, or the three separate ones packed row by row (V's
+// part its own width).
 std::pair<std::string, std::string> PackedWeights(Graph& graph, const AttentionMatch& match, const AttentionPlan& plan) {
   const int64_t hidden = match.hidden, input_hidden = plan.input_hidden;
   if (plan.packed) {
@@ -118,19 +120,23 @@ std::pair<std::string, std::string> PackedWeights(Graph& graph, const AttentionM
     }
     return {match.q.weight, bias};
   }
-  std::vector<float> packed_weight(static_cast<size_t>(input_hidden * 3 * hidden));
+  const int64_t widths[3] = {hidden, hidden, match.OutputWidth()};
+  const int64_t packed_width = widths[0] + widths[1] + widths[2];
+  std::vector<float> packed_weight(static_cast<size_t>(input_hidden * packed_width));
   for (int64_t row = 0; row < input_hidden; ++row) {
+    int64_t column = row * packed_width;
     for (int i = 0; i < 3; ++i) {
-      std::copy(plan.weights[i].begin() + row * hidden, plan.weights[i].begin() + (row + 1) * hidden,
-                packed_weight.begin() + row * 3 * hidden + i * hidden);
+      std::copy(plan.weights[i].begin() + row * widths[i], plan.weights[i].begin() + (row + 1) * widths[i],
+                packed_weight.begin() + column);
+      column += widths[i];
     }
   }
   std::vector<float> packed_bias;
   for (int i = 0; i < 3; ++i) packed_bias.insert(packed_bias.end(), plan.biases[i].begin(), plan.biases[i].end());
   const std::string weight = graph.UniqueName("attention_qkv_weight");
   const std::string bias = graph.UniqueName("attention_qkv_bias");
-  graph.AddInitializer(MakeFloatTensor(weight, {input_hidden, 3 * hidden}, packed_weight));
-  graph.AddInitializer(MakeFloatTensor(bias, {3 * hidden}, packed_bias));
+  graph.AddInitializer(MakeFloatTensor(weight, {input_hidden, packed_width}, packed_weight));
+  graph.AddInitializer(MakeFloatTensor(bias, {packed_width}, packed_bias));
   return {weight, bias};
 }
 
@@ -186,6 +192,9 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
   }
   onnx::NodeProto attention = MakeNode("Attention", name, std::move(inputs), {attended}, "com.microsoft");
   *attention.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
+  if (match.v_hidden > 0) {
+    *attention.add_attribute() = MakeIntsAttribute("qkv_hidden_sizes", {match.hidden, match.hidden, match.v_hidden});
+  }
   if (mask.causal) *attention.add_attribute() = MakeIntAttribute("unidirectional", 1);
   if (!mask.raw_mask.empty()) *attention.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
   const float scale = match.scores.scale * match.q.scale * match.k.scale;

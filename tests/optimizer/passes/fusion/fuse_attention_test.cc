@@ -96,6 +96,23 @@ TEST(FuseAttentionTest, AHandBuiltBlockFusesExactly) {
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
+// A pruned model's V heads narrower than Q's and K's (ONNX Runtime's own test of varied Q/K/V sizes): one
+// Attention with qkv_hidden_sizes, its V part of the packed weight its own width; exact.
+TEST(FuseAttentionTest, VHeadsOfAnotherWidthBecomeQkvHiddenSizes) {
+  testing::AttentionGraphOptions options;
+  options.v_head_size = 4;
+  const onnx::ModelProto original = testing::AttentionGraph(options);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_attention"}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model), (std::map<std::string, int>{{"Attention", 1}}));
+  for (const auto& node : run.model.graph().node()) {
+    const onnx::AttributeProto* sizes = FindAttribute(node, "qkv_hidden_sizes");
+    ASSERT_NE(sizes, nullptr);
+    EXPECT_EQ(std::vector<int64_t>(sizes->ints().begin(), sizes->ints().end()), (std::vector<int64_t>{16, 16, 8}));
+  }
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
 // A K "projection" by a rank-0 weight is no projection matrix: the block stays, with the reason. The
 // check once read the weight's last dim before its rank (dims(-1) of a rank-0 tensor).
 TEST(FuseAttentionTest, AScalarWeightIsRefusedWithItsReason) {
