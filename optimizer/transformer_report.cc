@@ -88,6 +88,7 @@ const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const Initiali
 // Which graph inputs each value is computed from (initializers left out), as a bit per input by its
 // position (from the 256th on they share the last bit), filled in one pass over the nodes in order (loading
 // sorted them; a value read before it is written counts as from no input, which reads as self-attention).
+// What a value's shape is computed from does not count.
 class InputSources {
  public:
   using Bits = std::bitset<256>;
@@ -99,7 +100,9 @@ class InputSources {
     }
     for (const auto& node : graph.node()) {
       Bits read;
-      for (const std::string& input : node.input()) read |= Of(input);
+      // A shape is no data: older BART's K flattened by `view(batch * heads, -1, D)` reads Q's batch.
+      const bool shape_only = node.op_type() == "Shape" || node.op_type() == "Size";
+      for (const std::string& input : node.input()) read |= shape_only ? none_ : Of(input);
       for (const std::string& output : node.output()) {
         if (!output.empty()) sources_[output] = read;
       }

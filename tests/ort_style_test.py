@@ -29,9 +29,6 @@ PARITY_LIMIT = 1e-4
 KNOWN_MISSES = {
     "gpt2_attention_past": "the causal Where sliced by past+sequence shapes is not read as a causal mask of [S, S]",
     "gpt2_attention_past_reverse_add": "as gpt2_attention_past",
-    "whisper_encoder_attention_sln": "3-D [B*N,S,h] attention: the context is not merged back to [B,S,H]",
-    "whisper_decoder_attention_sln": "3-D [B*N,S,h] attention with present outputs and the scores reshaped to 4-D "
-                                     "and back: no pattern matches",
     "bart_sdpa_attention_with_mask": "opset 18 (newer than onnx 1.12): no shapes inferred, no pattern matches",
     "bart_sdpa_attention_no_mask": "opset 18 (newer than onnx 1.12): no shapes reach the Softmax, scores' rank "
                                    "unknown",

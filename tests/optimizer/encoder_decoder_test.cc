@@ -3,6 +3,9 @@
 // values are projections of the encoder's output, both fuse (the cross-attention as MultiHeadAttention:
 // Attention projects one input), with the encoder's padding as the key padding mask, and the result
 // matches the original on padded batches where the decoder and the encoder sequences differ in length.
+// Each test runs on two spellings of the same decoder: the heads as 4-D tensors, and flattened into the
+// batch with bmm products as transformers 4.x's BART, Marian and Whisper wrote it (`--flat-heads`).
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -17,8 +20,16 @@
 namespace onnxopt {
 namespace {
 
-TEST(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBatches) {
-  auto original = LoadModel(testing::FixturePath("encoder_decoder/bart_decoder.onnx"));
+class EncoderDecoderTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The fixture `stem` in the spelling under test.
+  std::filesystem::path Fixture(const std::string& stem) const {
+    return testing::FixturePath("encoder_decoder/" + stem + GetParam() + ".onnx");
+  }
+};
+
+TEST_P(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBatches) {
+  auto original = LoadModel(Fixture("bart_decoder"));
   ASSERT_TRUE(original.ok()) << original.status();
   testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
@@ -49,8 +60,8 @@ TEST(EncoderDecoderTest, SelfAndCrossAttentionFuseInEveryLayerAndMatchOnPaddedBa
 // encoder's keys and values given as inputs. Both attentions fuse, as MultiHeadAttention reading the
 // presents and the encoder's keys and values in their [B,N,T,D] layout (merged, they would be copied at
 // every step), and the result matches at prefill, at decode after short and long pasts, and for a chunk.
-TEST(EncoderDecoderTest, WithACacheBothAttentionsFuseOverTheHeadsAsGiven) {
-  auto original = LoadModel(testing::FixturePath("encoder_decoder/bart_decoder_with_past.onnx"));
+TEST_P(EncoderDecoderTest, WithACacheBothAttentionsFuseOverTheHeadsAsGiven) {
+  auto original = LoadModel(Fixture("bart_decoder_with_past"));
   ASSERT_TRUE(original.ok()) << original.status();
   testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
   ASSERT_TRUE(run.status.ok()) << run.status;
@@ -73,6 +84,11 @@ TEST(EncoderDecoderTest, WithACacheBothAttentionsFuseOverTheHeadsAsGiven) {
   }
   testing::ExpectCacheParityOnPaddedBatches(*original, run.model, {{3, 0, 6}, {3, 9, 1}, {2, 130, 1}, {2, 5, 4}}, kLayers);
 }
+
+INSTANTIATE_TEST_SUITE_P(Spellings, EncoderDecoderTest, ::testing::Values("", "_flat_heads"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? std::string("HeadsIn4D") : std::string("FlatHeadsAndBmm");
+                         });
 
 }  // namespace
 }  // namespace onnxopt

@@ -161,6 +161,19 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
   return Matched{};
 }
 
+// Fuse, and where that fails for a block matched with its projections, the core over the heads the graph
+// computes (K and V in their BNSH layout): a Whisper decoder's heads are its presents, read outside
+// the block. The first failure is the one told when both fail.
+MatchResult<Matched> FuseOrOverComputedHeads(Graph& graph, AttentionMatch match, const ShapeInfo& shapes,
+                                             PassContext& context, FusionState* state) {
+  std::optional<AttentionMatch> as_matched;
+  if (!match.cache && !match.q.Given() && match.kept_neighbour.empty()) as_matched = match;
+  MatchResult<Matched> fused = Fuse(graph, std::move(match), shapes, context, state);
+  if (fused || !as_matched || fused.reason().empty()) return fused;
+  MatchResult<Matched> over = FuseOverComputedHeads(graph, *std::move(as_matched), shapes, context, state, fused.reason());
+  return over ? over : fused;
+}
+
 class FuseAttentionPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "fuse_attention"; }
@@ -193,7 +206,8 @@ class FuseAttentionPass final : public ShapedPass {
     for (Node* softmax : graph.Nodes()) {
       if (softmax->removed() || softmax->op_type() != "Softmax" || !softmax->domain().empty()) continue;
       MatchResult<AttentionMatch> match = MatchAttention(graph, softmax, shapes, context);
-      MatchResult<Matched> fused = match ? Fuse(graph, *std::move(match), shapes, context, &state) : match.failure();
+      MatchResult<Matched> fused =
+          match ? FuseOrOverComputedHeads(graph, *std::move(match), shapes, context, &state) : match.failure();
       if (!fused && !fused.reason().empty()) context.Skip(absl::StrCat("fuse_attention: ", fused.reason()));
     }
     context.Count("mask_probes", state.probes.count());
