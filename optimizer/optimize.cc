@@ -29,6 +29,7 @@
 #include "optimizer/result_files.h"
 #include "optimizer/runtime_requirements.h"
 #include "optimizer/runtime_source.h"
+#include "optimizer/shape_inference.h"
 #include "optimizer/transformer_report.h"
 #include "optimizer/utf8.h"
 #include "optimizer/validation/benchmark.h"
@@ -181,9 +182,11 @@ absl::Status CheckConfig(const v1::OptimizationConfig& config) {
 absl::Status CheckModel(const onnx::ModelProto& model, std::vector<std::string>* warnings) {
   const int64_t opset = DefaultOpset(model);
   if (opset > kMaxCheckedOpset) {
-    warnings->push_back(absl::StrCat("model uses opset ", opset, ", newer than the ", kMaxCheckedOpset,
-                                     " onnx 1.12 knows: the ONNX checker was skipped and passes that need shapes "
-                                     "leave such graphs alone"));
+    warnings->push_back(absl::StrCat(
+        "model uses opset ", opset, ", newer than the ", kMaxCheckedOpset, " onnx 1.12 knows: the ONNX checker was skipped",
+        opset <= kLastAdaptedOpset
+            ? "; shapes are inferred with opset 17's rules for the operators whose shapes have not changed since"
+            : " and passes that need shapes leave such graphs alone"));
     return absl::OkStatus();
   }
   EnsureContribSchemas();  // the checker sees the same registry whatever ran before

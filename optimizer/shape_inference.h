@@ -22,6 +22,13 @@
 
 namespace onnxopt {
 
+// The last opset whose schemas onnx 1.12 has, and the last one the sweep reads with them: a node of
+// opset 18 to 24 gets its operator's opset-17 rule where that version's shapes are the same (every
+// operator whose later versions only widened its types), and none where they changed (AdaptedSchema
+// in shape_inference.cc says which). Later opsets get the symbolic rules only (TrackShapeArithmetic).
+inline constexpr int kLastKnownOpset = 17;
+inline constexpr int kLastAdaptedOpset = 24;
+
 struct InferredTypes {
   TypeMap types;         // every main-graph value that has a type: declared, initializer or inferred
   KnownIntValues known;  // node outputs whose values the shapes fix (shape arithmetic)
@@ -35,7 +42,7 @@ bool ReadAsData(const onnx::TensorProto& tensor);
 TypeMap DeclaredTypes(const onnx::GraphProto& graph);
 
 // DeclaredTypes, completed and refined by the sweep.
-// `model`'s default-domain opset must be one onnx 1.12 knows (<= 17): the caller checks.
+// `model`'s default-domain opset must be at most kLastAdaptedOpset: the caller checks.
 InferredTypes InferGraphTypes(const onnx::ModelProto& model);
 // The same for `model`'s main graph while a Graph holds its nodes (between passes, checkpointed, so
 // Nodes() is in topological order); opsets and functions come from `model`.

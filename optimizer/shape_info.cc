@@ -6,12 +6,11 @@
 namespace onnxopt {
 namespace {
 
-// onnx 1.12 has the schemas of opsets up to 17; a later opset may have changed an operator it knows.
-constexpr int kMaxInferableOpset = 17;
-
+// onnx 1.12 has the schemas of opsets up to 17; up to kLastAdaptedOpset the sweep knows which of them
+// still hold; a later opset may have changed any operator.
 bool Inferable(const onnx::ModelProto& model) {
   const int64_t opset = DefaultOpset(model);
-  return opset > 0 && opset <= kMaxInferableOpset;
+  return opset > 0 && opset <= kLastAdaptedOpset;
 }
 
 }  // namespace

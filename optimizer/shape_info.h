@@ -1,7 +1,8 @@
-// Types and shapes of a model's values, from onnxopt's inference sweep (shape_inference.h) where onnx
-// 1.12 knows the model's opsets (<= 17), plus whatever the model itself declares (inputs, outputs,
-// value_info, initializers). For a later opset only the declared types are used, with the values of
-// shape arithmetic tracked (symbolic_shapes.h); `inferred()` is false then. Passes that need a shape
+// Types and shapes of a model's values, from onnxopt's inference sweep (shape_inference.h) where the
+// model's opset is one it reads with onnx 1.12's rules (<= 24: 18 on with the opset-17 rule of every
+// operator whose shapes have not changed since), plus whatever the model itself declares (inputs,
+// outputs, value_info, initializers). For a later opset only the declared types are used, with the
+// values of shape arithmetic tracked (symbolic_shapes.h); `inferred()` is false then. Passes that need a shape
 // they cannot get here leave the graph alone.
 #ifndef ONNXOPT_OPTIMIZER_SHAPE_INFO_H_
 #define ONNXOPT_OPTIMIZER_SHAPE_INFO_H_

@@ -29,9 +29,6 @@ PARITY_LIMIT = 1e-4
 KNOWN_MISSES = {
     "gpt2_attention_past": "the causal Where sliced by past+sequence shapes is not read as a causal mask of [S, S]",
     "gpt2_attention_past_reverse_add": "as gpt2_attention_past",
-    "bart_sdpa_attention_with_mask": "opset 18 (newer than onnx 1.12): no shapes inferred, no pattern matches",
-    "bart_sdpa_attention_no_mask": "opset 18 (newer than onnx 1.12): no shapes reach the Softmax, scores' rank "
-                                   "unknown",
     "dit_attention_fp16_casts": "fp16 Casts around the scores: no pattern matches",
     "dit_attention_qkv_inputs": "Q/K/V are graph inputs, not head-split projections, and K^T is pre-transposed",
 }

@@ -6,6 +6,7 @@
 #include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/shape_info.h"
+#include "optimizer/shape_inference.h"
 #include "tests/model_builder.h"
 
 namespace onnxopt {
@@ -42,7 +43,7 @@ TEST(ShapeInfoTest, SurvivesShapeOfAnUntypedContribOutput) {
   EXPECT_EQ(shapes.Rank("g"), 3);
 }
 
-// At an opset onnx 1.12 does not know (the dynamo exporter's 20), no schema runs, but the shape
+// At an opset past those the sweep reads with onnx 1.12's rules (25), no schema runs, but the shape
 // arithmetic of Reshape and Expand targets is still tracked from the declared types: repeat_kv's
 // sizes Concat(Shape(x)[0:1], [1], [2], Shape(x)[2:3], [32]) are [batch, 1, 2, sequence, 32].
 TEST(ShapeInfoTest, TracksShapeArithmeticAtAnOpsetOnnxDoesNotKnow) {
@@ -60,7 +61,7 @@ TEST(ShapeInfoTest, TracksShapeArithmeticAtAnOpsetOnnxDoesNotKnow) {
   *graph.add_node() = MakeNode("Expand", {"x", "sizes"}, {"y"});
   *graph.add_output() = FloatValue("y", {});
   graph.mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
-  const onnx::ModelProto model = MakeModel(graph, 20);
+  const onnx::ModelProto model = MakeModel(graph, kLastAdaptedOpset + 1);
   const ShapeInfo shapes = ShapeInfo::Infer(model);
   EXPECT_FALSE(shapes.inferred()) << "no onnx schema ran";
   const auto* sizes = shapes.SymbolicValue("sizes");
@@ -373,6 +374,35 @@ TEST(ShapeInfoTest, AFlatteningReshapeOfUnknownDimsNamesTheDimItLeaves) {
   EXPECT_TRUE(info.SameDim("sequence", 1, "flat", 2));
   EXPECT_TRUE(info.SameShape("y", "sequence"));
   EXPECT_TRUE(info.SameDim("y", 0, "x", 0));
+}
+
+// Opset 18 (what the dynamo exporter and ONNX Runtime's BART test write, here without any value_info):
+// unchanged operators get their opset-17 rules, ReduceMean with its axes as an input ReduceSum-13's,
+// Split by num_outputs Split-13's even split; a Pad with an axes input (new at 18) gets none, and its
+// output stays untyped rather than wrongly shaped.
+TEST(ShapeInfoTest, OpsetEighteenReadsTheRulesThatStillHold) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {2, 6, 8});
+  *graph.add_initializer() = MakeInt64Tensor("last", {-1});
+  *graph.add_initializer() = MakeInt64Tensor("pads", {1, 1});
+  *graph.add_initializer() = MakeInt64Tensor("pad_axes", {2});
+  *graph.add_node() = MakeNode("ReduceMean", {"x", "last"}, {"mean"});
+  *graph.add_node() = MakeNode("Sub", {"x", "mean"}, {"centered"});
+  *graph.add_node() = WithIntAttribute(WithIntAttribute(MakeNode("Split", {"centered"}, {"a", "b"}), "axis", 1),
+                                       "num_outputs", 2);
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"b"}, {"b_t"}), "perm", {0, 2, 1});
+  *graph.add_node() = MakeNode("MatMul", {"a", "b_t"}, {"scores"});
+  *graph.add_node() = MakeNode("Pad", {"x", "pads", "", "pad_axes"}, {"padded"});
+  *graph.add_output() = FloatValue("scores", {});
+  *graph.add_output() = FloatValue("padded", {});
+  for (int i = 0; i < 2; ++i) graph.mutable_output(i)->mutable_type()->mutable_tensor_type()->clear_shape();
+  const onnx::ModelProto model = MakeModel(graph, 18);
+  const ShapeInfo shapes = ShapeInfo::Infer(model);
+  EXPECT_TRUE(shapes.inferred());
+  EXPECT_EQ(shapes.StaticShape("mean"), (std::vector<int64_t>{2, 6, 1}));
+  EXPECT_EQ(shapes.StaticShape("a"), (std::vector<int64_t>{2, 3, 8}));
+  EXPECT_EQ(shapes.StaticShape("scores"), (std::vector<int64_t>{2, 3, 3}));
+  EXPECT_FALSE(shapes.StaticShape("padded").has_value()) << "Pad-18's axes: opset 17's rule would pad every axis";
 }
 
 }  // namespace
