@@ -3,6 +3,7 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -190,27 +191,28 @@ bool HasSubgraph(const onnx::NodeProto& node) {
 
 bool HasAttribute(const onnx::NodeProto& node, absl::string_view name) { return FindAttribute(node, name) != nullptr; }
 
-// The opset-17 rule for a default-domain node of a later opset (18 to kLastAdaptedOpset), where it gives
-// that version's shapes; nullptr where the operator changed them. Versions 18 to 24 mostly widened
+// The operator whose opset-17 rule gives the shapes of `node`, a default-domain node of a later opset
+// (18 to kLastAdaptedOpset); nullptr where its operator changed them. Versions 18 to 24 mostly widened
 // types (bfloat16, float8, int4), which the rules do not check; what changed shapes:
-// - the Reduce operators took their axes as an input at 18, as ReduceSum did at 13: ReduceSum-13's rule;
+// - the Reduce operators took their axes as an input at 18, as ReduceSum did at 13: ReduceSum's rule;
 // - Split's num_outputs (18): Split-13 splits evenly by the outputs and fails on an uneven split;
 // - Pad's axes input (18), Resize's axes and keep_aspect_ratio_policy (18), AveragePool's (19) and
 //   LpPool's (18) dilations and LpPool's ceil_mode: the old rule only without them;
 // - DFT (20, dft_length and axis as inputs) and GridSample (20, N-D): none.
 // Nodes with subgraphs get none either: onnx would infer their bodies with its own latest versions.
-const onnx::OpSchema* AdaptedSchema(const onnx::NodeProto& node) {
+const std::string* AdaptedRule(const onnx::NodeProto& node) {
+  static const std::string* const kReduceSum = new std::string("ReduceSum");
   const absl::string_view op = node.op_type();
   if (HasSubgraph(node) || op == "DFT" || op == "GridSample") return nullptr;
   if (op == "ReduceL1" || op == "ReduceL2" || op == "ReduceLogSum" || op == "ReduceLogSumExp" || op == "ReduceMax" ||
       op == "ReduceMean" || op == "ReduceMin" || op == "ReduceProd" || op == "ReduceSumSquare") {
-    return onnx::OpSchemaRegistry::Schema("ReduceSum", 13);
+    return kReduceSum;
   }
   if (op == "Pad" && node.input_size() >= 4 && !node.input(3).empty()) return nullptr;
   if (op == "Resize" && (HasAttribute(node, "axes") || HasAttribute(node, "keep_aspect_ratio_policy"))) return nullptr;
   if ((op == "AveragePool" || op == "LpPool") && HasAttribute(node, "dilations")) return nullptr;
   if (op == "LpPool" && HasAttribute(node, "ceil_mode")) return nullptr;
-  return onnx::OpSchemaRegistry::Schema(node.op_type(), kLastKnownOpset);
+  return &node.op_type();
 }
 
 class Sweep {
@@ -281,10 +283,10 @@ class Sweep {
     const std::string& domain = node.domain() == "ai.onnx" ? kDefaultDomain : node.domain();
     auto opset = opsets_.find(domain);
     if (opset == opsets_.end()) return;
-    const onnx::OpSchema* schema = domain.empty() && opset->second > kLastKnownOpset
-                                       ? AdaptedSchemaOf(node)
-                                       : SchemaOf(node.op_type(), opset->second, domain);
-    if (schema == nullptr && domain.empty() && opset->second > kLastKnownOpset) return;  // no function either
+    const bool adapted = domain.empty() && opset->second > kLastKnownOpset;
+    const std::string* rule = adapted ? AdaptedRule(node) : &node.op_type();
+    if (rule == nullptr) return;
+    const onnx::OpSchema* schema = SchemaOf(*rule, adapted ? kLastKnownOpset : opset->second, domain);
     const onnx::FunctionProto* function = nullptr;
     if (schema == nullptr || (!schema->has_type_and_shape_inference_function() && schema->HasFunction())) {
       function = schema != nullptr ? schema->GetFunction() : FindFunction(node);
@@ -351,17 +353,6 @@ class Sweep {
     return it->second;
   }
 
-  // AdaptedSchema, remembered per op type where the node's attributes and inputs do not decide it.
-  const onnx::OpSchema* AdaptedSchemaOf(const onnx::NodeProto& node) {
-    const absl::string_view op = node.op_type();
-    if (HasSubgraph(node) || op == "Pad" || op == "Resize" || op == "AveragePool" || op == "LpPool") {
-      return AdaptedSchema(node);
-    }
-    auto it = adapted_schemas_.find(node.op_type());
-    if (it == adapted_schemas_.end()) it = adapted_schemas_.emplace(node.op_type(), AdaptedSchema(node)).first;
-    return it->second;
-  }
-
   // The shape data onnx's inference of a function body could read: that of the names the body uses
   // (it reads by the body's own names, which only an outer value of the same name can match).
   OnnxShapeData& FunctionShapeData(const onnx::FunctionProto& function) {
@@ -401,7 +392,6 @@ class Sweep {
   const bool with_schemas_;
   std::unordered_map<std::string, int> opsets_;
   absl::flat_hash_map<std::string, const onnx::OpSchema*> default_domain_schemas_;
-  absl::flat_hash_map<std::string, const onnx::OpSchema*> adapted_schemas_;
   si::ModelLocalFunctionsMap functions_;
   SymbolicShapes symbolic_;
   InferredTypes result_;
