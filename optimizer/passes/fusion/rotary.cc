@@ -222,6 +222,7 @@ namespace {
 // True if `node` (an Unsqueeze, Squeeze, Slice or Gather) leaves the last axis of its input the last axis
 // of its output, whole: axes added or removed before it, rows cut or gathered on other axes.
 bool KeepsLastAxis(const Graph& graph, const ShapeInfo& shapes, const Node& node) {
+  if (node.input_size() == 0) return false;  // a Constant: what the table is made of
   const std::optional<int> rank = shapes.Rank(node.output(0));
   const std::optional<int> input_rank = shapes.Rank(node.input(0));
   if (node.op_type() == "Squeeze") {

@@ -1,12 +1,15 @@
 // fuse_rotary_embedding: the rotate-half rotation of Q and K becomes RotaryEmbedding, its caches and
 // position ids made once for all the layers that share the tables, and the model computes the same
 // outputs; fuse_attention then reads the rotated heads (MultiHeadAttention) and keeps them exact.
+#include <cmath>
 #include <map>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
+#include "optimizer/passes/fusion/rotary.h"
+#include "optimizer/shape_info.h"
 #include "tests/attention_graphs.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
@@ -69,6 +72,38 @@ TEST(FuseRotaryEmbeddingTest, StoredTablesBecomeTheCaches) {
   ASSERT_TRUE(fused.status.ok()) << fused.status;
   EXPECT_EQ(OpCounts(fused.model)["MultiHeadAttention"], 1);
   ExpectSameOutputs(masked, fused.model, 1e-5, 1e-5);
+}
+
+// A table read from a Constant node (torch 1.13 writes a buffer so when its data goes to an external
+// file: a 4096-position table of head size 128 in a 4.5 GB decoder): the walk to what the table is made
+// of stops at the Constant, whose values tell. It once read the Constant's missing input and aborted the job.
+TEST(FuseRotaryEmbeddingTest, ATableInAConstantNodeIsReadNotWalkedThrough) {
+  constexpr int64_t kPositions = 4, kWidth = 4;
+  std::vector<float> halves;
+  for (int64_t p = 0; p < kPositions; ++p) {
+    for (int copy = 0; copy < 2; ++copy) {
+      for (int64_t i = 0; i < kWidth / 2; ++i) halves.push_back(std::cos(0.5f * static_cast<float>(p * (i + 1))));
+    }
+  }
+  for (const bool repeats : {true, false}) {
+    std::vector<float> values = halves;
+    if (!repeats) values[1] += 1.0f;
+    onnx::GraphProto proto;
+    *proto.add_input() = testing::MakeValue("position_ids", onnx::TensorProto::INT64, {1, 2});
+    onnx::NodeProto constant = testing::MakeNode("Constant", {}, {"cos_cached"});
+    onnx::AttributeProto& value = *constant.add_attribute();
+    value.set_name("value");
+    value.set_type(onnx::AttributeProto::TENSOR);
+    *value.mutable_t() = testing::FloatTensor("", {kPositions, kWidth}, values);
+    *proto.add_node() = std::move(constant);
+    *proto.add_node() = testing::MakeNode("Gather", {"cos_cached", "position_ids"}, {"cos"});
+    *proto.add_output() = testing::FloatValue("cos", {1, 2, kWidth});
+    const onnx::ModelProto model = testing::MakeModel(proto, 17);
+    const ShapeInfo shapes = ShapeInfo::Infer(model);
+    onnx::GraphProto copy = model.graph();
+    Graph graph(&copy);
+    EXPECT_EQ(IsDuplicatedHalfTable(graph, shapes, "cos", "Cos"), repeats);
+  }
 }
 
 // The rotary form of Hugging Face's decoders, exported: every layer's rotations share one pair of
