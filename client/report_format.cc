@@ -125,6 +125,7 @@ void AppendParityHeader(const v1::ParityReport& parity, std::string* out) {
                   parity.valid_positions_of().empty()
                       ? ""
                       : absl::StrCat(", compared where ", parity.valid_positions_of(), " is not 0 (remove_padding)"),
+                  parity.rows_masked_entirely_skipped() ? ", queries that see only masked keys not compared" : "",
                   ", ", parity.samples(), " sample(s) per shape, ONNX Runtime optimizations ",
                   parity.ort_optimization_level().empty() ? "disabled" : parity.ort_optimization_level(), ")\n");
   for (int i = 0; i < parity.shape_sets_size(); ++i) {

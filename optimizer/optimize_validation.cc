@@ -37,6 +37,14 @@ std::string CulpritList(const v1::Bisection& bisection) {
 // judged on that mask's valid positions. The gather form reads it as NonZero(Reshape(mask, [-1])), the
 // packed form as RemovePadding's token counts: ReduceSum(Cast(mask)) or the embedding's mask index
 // (EmbedLayerNormalization's output 1, from its mask input 7).
+// True if a pass run of `runs` counted `counter`.
+bool CountedBy(const std::vector<v1::PassReport>& runs, const std::string& counter) {
+  for (const auto& run : runs) {
+    if (auto it = run.counters().find(counter); it != run.counters().end() && it->second > 0) return true;
+  }
+  return false;
+}
+
 std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx::ModelProto& model) {
   bool ran = false;
   for (const auto& run : runs) ran |= run.name() == "remove_padding" && run.rewrites() > 0;
@@ -320,6 +328,11 @@ absl::Status OptimizeJob::Validate() {
   parity->set_noise_factor(NoiseFactor(config_.validation()));
   validation_.reference->valid_positions_of = PaddingMaskInput(rewritten_.pass_reports, rewritten_.optimized);
   parity->set_valid_positions_of(validation_.reference->valid_positions_of);
+  validation_.reference->skip_rows_masked_entirely.reset();
+  if (CountedBy(rewritten_.pass_reports, "rows_masked_entirely_differ")) {
+    validation_.reference->skip_rows_masked_entirely = FindCacheInterface(Original().graph());
+  }
+  parity->set_rows_masked_entirely_skipped(validation_.reference->skip_rows_masked_entirely.has_value());
   const bool auto_precision = config_.precision().mode() == v1::PrecisionConfig::auto_;
   if (auto_precision) {
     if (absl::Status chosen = ChoosePrecision(); !chosen.ok()) return chosen;

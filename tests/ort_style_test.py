@@ -27,8 +27,6 @@ PARITY_LIMIT = 1e-4
 
 # Graphs onnxopt does not fuse to ORT's counts yet: stem -> why.
 KNOWN_MISSES = {
-    "gpt2_attention_past": "the causal Where sliced by past+sequence shapes is not read as a causal mask of [S, S]",
-    "gpt2_attention_past_reverse_add": "as gpt2_attention_past",
     "dit_attention_fp16_casts": "fp16 Casts around the scores: no pattern matches",
     "dit_attention_qkv_inputs": "Q/K/V are graph inputs, not head-split projections, and K^T is pre-transposed",
 }

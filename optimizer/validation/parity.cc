@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -450,6 +451,86 @@ void KeepValidPositions(const ParityReference::InputSet& set, const std::string&
   }
 }
 
+// The mask input's values as 0/1 per [b, t], or nullopt for another element type.
+std::optional<std::vector<bool>> MaskKeeps(const Ort::Value& mask) {
+  const auto info = mask.GetTensorTypeAndShapeInfo();
+  const size_t count = info.GetElementCount();
+  std::vector<bool> keeps(count);
+  for (size_t i = 0; i < count; ++i) {
+    switch (info.GetElementType()) {
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: keeps[i] = mask.GetTensorData<int64_t>()[i] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: keeps[i] = mask.GetTensorData<int32_t>()[i] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: keeps[i] = mask.GetTensorData<float>()[i] != 0; break;
+      case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: keeps[i] = mask.GetTensorData<bool>()[i]; break;
+      default: return std::nullopt;
+    }
+  }
+  return keeps;
+}
+
+// Takes the expected values into `actual` where a decoder's query sees no key its mask keeps (every
+// position up to its own masked: left padding longer than the past). Its row is a softmax over masked
+// scores only, which no unmasked position reads; a fused operator that adds the mask where the original
+// replaced the scores computes another one. Logits [B, S, ...] at such a query; a present ([B, N, T, D],
+// or GPT-2's stacked [2, B, N, T, D]) at the positions before the row's first kept key, which only such
+// queries wrote (or the past holds unchanged).
+void KeepRowsMaskedEntirely(const ParityReference::InputSet& set, const CacheInterface& cache,
+                            const std::string& name, size_t output, Ort::Value* actual) {
+  auto input = [&](const std::string& wanted) -> const Ort::Value* {
+    const auto found = std::find(set.inputs.names.begin(), set.inputs.names.end(), wanted);
+    return found == set.inputs.names.end() ? nullptr
+                                           : &set.inputs.values[static_cast<size_t>(found - set.inputs.names.begin())];
+  };
+  const Ort::Value* mask = cache.mask_input.empty() ? nullptr : input(cache.mask_input);
+  const Ort::Value* ids = input(cache.ids_input);
+  if (mask == nullptr || ids == nullptr) return;
+  const std::vector<int64_t> mask_shape = mask->GetTensorTypeAndShapeInfo().GetShape();
+  const std::vector<int64_t> ids_shape = ids->GetTensorTypeAndShapeInfo().GetShape();
+  const std::optional<std::vector<bool>> keeps = MaskKeeps(*mask);
+  if (!keeps || mask_shape.size() != 2 || ids_shape.size() != 2 || ids_shape[0] != mask_shape[0]) return;
+  const int64_t batch = mask_shape[0], total = mask_shape[1], sequence = ids_shape[1];
+  std::vector<int64_t> first_kept(static_cast<size_t>(batch), total);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = total - 1; t >= 0; --t) {
+      if ((*keeps)[static_cast<size_t>(b * total + t)]) first_kept[static_cast<size_t>(b)] = t;
+    }
+  }
+  const auto info = actual->GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> shape = info.GetShape();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+      set.expected[output].GetTensorTypeAndShapeInfo().GetShape() != shape) {
+    return;
+  }
+  // The axes of the rows and of the positions, and which positions of row b are masked entirely.
+  int batch_axis = 0, position_axis = 1;
+  std::function<bool(int64_t b, int64_t position)> masked_entirely;
+  if (name == cache.logits_output) {
+    if (shape.size() < 3 || shape[1] != sequence) return;
+    masked_entirely = [&](int64_t b, int64_t s) { return total - sequence + s < first_kept[static_cast<size_t>(b)]; };
+  } else {
+    const auto entry = std::find_if(cache.entries.begin(), cache.entries.end(),
+                                    [&](const CacheInterface::Entry& e) { return e.present == name; });
+    if (entry == cache.entries.end() || (shape.size() != 4 && shape.size() != 5)) return;
+    batch_axis = shape.size() == 5 ? 1 : 0;
+    position_axis = entry->axis;
+    masked_entirely = [&](int64_t b, int64_t t) { return t < first_kept[static_cast<size_t>(b)]; };
+  }
+  if (position_axis <= batch_axis || static_cast<size_t>(position_axis) >= shape.size() || shape[batch_axis] != batch) {
+    return;
+  }
+  // Element strides of the batch and position axes.
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size() - 1; d > 0; --d) strides[d - 1] = strides[d] * shape[d];
+  const float* expected = set.expected[output].GetTensorData<float>();
+  float* values = actual->GetTensorMutableData<float>();
+  const int64_t count = static_cast<int64_t>(info.GetElementCount());
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t b = i / strides[batch_axis] % shape[batch_axis];
+    const int64_t position = i / strides[position_axis] % shape[position_axis];
+    if (masked_entirely(b, position)) values[i] = expected[i];
+  }
+}
+
 }  // namespace
 
 double NoiseFactor(const v1::ValidationConfig& config) {
@@ -499,6 +580,9 @@ absl::Status CompareWithReference(Ort::Session& candidate, const std::string& ca
       output->set_shape_set(set.shape_set);
       output->set_tolerance_source(tolerance.source);
       if (!reference.valid_positions_of.empty()) KeepValidPositions(set, reference.valid_positions_of, i, &(*actual)[i]);
+      if (reference.skip_rows_masked_entirely) {
+        KeepRowsMaskedEntirely(set, *reference.skip_rows_masked_entirely, reference.output_names[i], i, &(*actual)[i]);
+      }
       const double deviation = i < reference.device_deviation.size() ? reference.device_deviation[i] : 0.0;
       output->set_device_deviation(deviation);
       CompareOutput(set.expected[i], (*actual)[i], tolerance.atol, tolerance.rtol, output, tolerance.min_cosine,
@@ -515,6 +599,10 @@ absl::Status CheckParity(const ParityPair& pair, const v1::ValidationConfig& con
   absl::StatusOr<ParityReference> reference =
       BuildParityReference(pair.original, pair.original_model, config, supplied, run, report);
   if (!reference.ok()) return reference.status();
+  if (pair.skip_rows_masked_entirely) {
+    reference->skip_rows_masked_entirely = FindCacheInterface(pair.original_model.graph());
+    report->set_rows_masked_entirely_skipped(reference->skip_rows_masked_entirely.has_value());
+  }
   return CompareWithReference(pair.candidate, pair.candidate_precision, *reference, config, run, report,
                               pair.candidate_run_options);
 }

@@ -6,6 +6,7 @@
 #ifndef ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
 #define ONNXOPT_OPTIMIZER_VALIDATION_PARITY_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "onnx/onnx_pb.h"
 #include "onnxopt/v1/config.pb.h"
 #include "onnxopt/v1/report.pb.h"
+#include "optimizer/cache_interface.h"
 #include "optimizer/ort_runtime.h"
 #include "optimizer/run_context.h"
 #include "optimizer/validation/input_generator.h"
@@ -83,6 +85,9 @@ struct ParityReference {
   // A mask input: outputs whose first two dims are its [batch, sequence] are compared where it is
   // non-zero only (remove_padding leaves 0 at padded positions).
   std::string valid_positions_of;
+  // A decoder with a cache whose queries with no visible unmasked key are not compared (ParityReport's
+  // rows_masked_entirely_skipped): their logits and the presents at their positions take the expected values.
+  std::optional<CacheInterface> skip_rows_masked_entirely;
   // Per output: how far the original itself strays from `expected` on the job's device (max abs over
   // the input sets); empty where the device's sessions are the reference's.
   std::vector<double> device_deviation;
@@ -122,6 +127,9 @@ struct ParityPair {
   // The candidate's precision (ModelPrecision): it picks the default tolerances.
   std::string candidate_precision = "fp32";
   const Ort::RunOptions* candidate_run_options = nullptr;  // an active LoRA adapter's, else none
+  // The candidate does not reproduce the rows of a decoder's queries that see no unmasked key
+  // (ParityReference::skip_rows_masked_entirely); ignored for a model without a cache and a mask.
+  bool skip_rows_masked_entirely = false;
 };
 
 // Both steps for two sessions: what `onnxopt compare` and the tests use. `supplied`: the job's input

@@ -82,7 +82,7 @@ TEST_P(EncoderDecoderTest, WithACacheBothAttentionsFuseOverTheHeadsAsGiven) {
     }
     ++layer;
   }
-  testing::ExpectCacheParityOnPaddedBatches(*original, run.model, {{3, 0, 6}, {3, 9, 1}, {2, 130, 1}, {2, 5, 4}}, kLayers);
+  testing::ExpectCacheParityOnPaddedBatches(*original, run.model, {{3, 0, 6}, {3, 9, 1}, {2, 130, 1}, {2, 5, 4}}, 2 * kLayers);
 }
 
 INSTANTIATE_TEST_SUITE_P(Spellings, EncoderDecoderTest, ::testing::Values("", "_flat_heads"),

@@ -59,7 +59,7 @@ TEST_F(LegacyCacheDecoderTest, AttentionFusesOverTheHeadsTheGraphComputes) {
 // clamp turns into uniform rows, as the fused operator's finite bias does).
 TEST_F(LegacyCacheDecoderTest, OutputsAndPresentsMatchOnPaddedBatchesAtPrefillAndDecode) {
   testing::ExpectCacheParityOnPaddedBatches(original_, run_.model, {{3, 0, 16}, {3, 16, 1}, {3, 130, 1}, {2, 9, 7}},
-                                            kLegacyLayers);
+                                            2 * kLegacyLayers);
 }
 
 TEST_F(LegacyCacheDecoderTest, GreedyGenerationPicksTheSameTokens) {

@@ -158,6 +158,148 @@ MatchResult<Matched> MatchKvCache(const Graph& graph, const ShapeInfo& shapes, s
   return Matched{};
 }
 
+// Which half of a stacked past [2,B,N,P,D] (a graph input) `value` is, 0 for the keys and 1 for the
+// values: Squeeze(Split(past, axis 0)[i], [0]) or Gather(past, i, axis 0). The nodes on the way join `nodes`.
+std::optional<std::pair<std::string, int>> StackedHalf(const Graph& graph, const ShapeInfo& shapes,
+                                                       const std::string& value, std::vector<Node*>* nodes) {
+  Node* producer = graph.Producer(value);
+  if (producer == nullptr || !producer->domain().empty() || producer->input_size() < 1) return std::nullopt;
+  std::optional<std::pair<std::string, int>> half;
+  if (producer->op_type() == "Gather" && producer->input_size() == 2 && producer->GetAttributeInt("axis", 0) == 0) {
+    const onnx::TensorProto* index = ConstantTensor(graph, producer->input(1));
+    const auto ints = ConstantInts(graph, producer->input(1));
+    if (index != nullptr && index->dims_size() == 0 && ints && ints->size() == 1 && ((*ints)[0] & ~1) == 0) {
+      half = std::make_pair(producer->input(0), static_cast<int>((*ints)[0]));
+      nodes->push_back(producer);
+    }
+  } else if (producer->op_type() == "Squeeze") {
+    Node* split = ProducerWithOp(graph, producer->input(0), "Split");
+    std::optional<std::vector<int64_t>> sizes;
+    if (split != nullptr && split->input_size() > 1 && !split->input(1).empty()) {
+      sizes = ConstantInts(graph, split->input(1));
+    } else if (const onnx::AttributeProto* attribute = split != nullptr ? split->FindAttribute("split") : nullptr) {
+      sizes = std::vector<int64_t>(attribute->ints().begin(), attribute->ints().end());
+    } else if (split != nullptr) {
+      sizes = std::vector<int64_t>{1, 1};  // an even split (num_outputs 2 from opset 18) of the stacked axis
+    }
+    if (ConstantAxes(graph, *producer) == std::vector<int64_t>{0} && split != nullptr &&
+        split->GetAttributeInt("axis", 0) == 0 && split->output_size() == 2 && sizes == std::vector<int64_t>{1, 1}) {
+      half = std::make_pair(split->input(0), split->output(0) == producer->input(0) ? 0 : 1);
+      nodes->insert(nodes->end(), {producer, split});
+    }
+  }
+  if (!half || !graph.IsGraphInput(half->first) || shapes.Rank(half->first) != 5 ||
+      shapes.DimValue(half->first, 0).value_or(2) != 2) {
+    return std::nullopt;
+  }
+  return half;
+}
+
+// The present a stacked cache writes: Concat(Unsqueeze(keys, [0]), Unsqueeze(values, [0]), axis 0), a graph
+// output, over the keys and values [B,N,T,D]; "" where the graph writes none. The nodes join `nodes`.
+std::optional<std::string> StackedPresent(const Graph& graph, const std::string& keys, const std::string& values,
+                                          std::vector<Node*>* nodes) {
+  auto unsqueezed = [&](const std::string& value) -> Node* {
+    for (Node* reader : graph.Consumers(value)) {
+      if (reader->op_type() == "Unsqueeze" && reader->domain().empty() &&
+          ConstantAxes(graph, *reader) == std::vector<int64_t>{0}) {
+        return reader;
+      }
+    }
+    return nullptr;
+  };
+  Node* k_unsqueeze = keys.empty() ? nullptr : unsqueezed(keys);
+  Node* v_unsqueeze = unsqueezed(values);
+  if (k_unsqueeze == nullptr && v_unsqueeze == nullptr) return std::string();
+  Node* present = k_unsqueeze != nullptr ? SoleConsumer(graph, k_unsqueeze->output(0)) : nullptr;
+  if (v_unsqueeze == nullptr || present == nullptr || present->op_type() != "Concat" || present->input_size() != 2 ||
+      present->input(0) != k_unsqueeze->output(0) || present->input(1) != v_unsqueeze->output(0) ||
+      present->GetAttributeInt("axis", 0) != 0 || !graph.IsGraphOutput(present->output(0))) {
+    return std::nullopt;
+  }
+  nodes->insert(nodes->end(), {k_unsqueeze, v_unsqueeze, present});
+  return present->output(0);
+}
+
+// The reader of `value` that is a Transpose with `perm`, or nullptr.
+Node* TransposeReader(const Graph& graph, const std::string& value, const Perm& perm) {
+  for (Node* reader : graph.Consumers(value)) {
+    if (reader->op_type() == "Transpose" && reader->domain().empty() && PermOf(reader) == perm) return reader;
+  }
+  return nullptr;
+}
+
+// GPT-2's stacked cache (StackedCache) over Q, K and V head-split projections of one input, the keys in
+// either layout: concatenated as [B,N,T,D] under the scores' K^T = Transpose(0,1,3,2) (transformers 4.x),
+// or as K^T itself, Concat(Transpose(past_k, 0,1,3,2), K^T of the new keys, axis -1), stacked back
+// transposed (transformers 3.x). Fail() without a reason where the block has no stacked cache.
+MatchResult<Matched> MatchStackedCache(const Graph& graph, const ShapeInfo& shapes, AttentionMatch* match) {
+  const Perm plain{0, 2, 1, 3}, swap_last{0, 1, 3, 2};
+  StackedCache cache;
+  Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
+  Node* k_concat = nullptr;
+  std::string past_keys, new_keys, keys;  // keys: [B,N,T,D], what the present stacks
+  std::vector<Perm> new_key_perms = {plain};
+  if (k_swap != nullptr && PermOf(k_swap) == swap_last) {
+    k_concat = ProducerWithOp(graph, k_swap->input(0), "Concat");
+    if (k_concat == nullptr || k_concat->input_size() != 2 ||
+        (k_concat->GetAttributeInt("axis", 0) != 2 && k_concat->GetAttributeInt("axis", 0) != -2)) {
+      return Fail();
+    }
+    past_keys = k_concat->input(0);
+    keys = k_concat->output(0);
+    cache.nodes.push_back(k_swap);
+  } else {
+    k_swap = nullptr;
+    k_concat = ProducerWithOp(graph, match->scores.k_heads, "Concat");
+    Node* past_swap = k_concat != nullptr && k_concat->input_size() == 2
+                          ? ProducerWithOp(graph, k_concat->input(0), "Transpose") : nullptr;
+    if (past_swap == nullptr || PermOf(past_swap) != swap_last ||
+        (k_concat->GetAttributeInt("axis", 0) != 3 && k_concat->GetAttributeInt("axis", 0) != -1)) {
+      return Fail();
+    }
+    past_keys = past_swap->input(0);
+    cache.nodes.push_back(past_swap);
+    new_key_perms = {{0, 2, 3, 1}};
+    if (Node* back = TransposeReader(graph, k_concat->output(0), swap_last)) {
+      keys = back->output(0);
+      cache.nodes.push_back(back);
+    }
+  }
+  new_keys = k_concat->input(1);
+  Node* v_concat = ProducerWithOp(graph, match->out.matmul->input(1), "Concat");
+  if (v_concat == nullptr || v_concat->input_size() != 2 ||
+      (v_concat->GetAttributeInt("axis", 0) != 2 && v_concat->GetAttributeInt("axis", 0) != -2)) {
+    return Fail();
+  }
+  const auto k_half = StackedHalf(graph, shapes, past_keys, &cache.nodes);
+  const auto v_half = StackedHalf(graph, shapes, v_concat->input(0), &cache.nodes);
+  if (!k_half || !v_half) return Fail();
+  if (k_half->first != v_half->first || k_half->second != 0 || v_half->second != 1) {
+    return Fail("a stacked past [2,B,N,P,D]: K and V are not its halves 0 and 1");
+  }
+  std::optional<std::string> present = StackedPresent(graph, keys, v_concat->output(0), &cache.nodes);
+  if (!present) return Fail("a stacked past [2,B,N,P,D]: the present is not the keys and values stacked again");
+  MatchResult<Projection> q = MatchProjection(graph, shapes, match->scores.q_heads, {plain});
+  MatchResult<Projection> k = MatchProjection(graph, shapes, new_keys, new_key_perms);
+  if (!k && k_swap == nullptr) k = MatchProjection(graph, shapes, new_keys, {plain, swap_last});
+  MatchResult<Projection> v = MatchProjection(graph, shapes, v_concat->input(1), {plain});
+  if (!q || !k || !v) return Fail("a stacked past [2,B,N,P,D]: Q, K and V are not head-split projections");
+  cache.past = k_half->first;
+  cache.present = *std::move(present);
+  cache.nodes.insert(cache.nodes.end(), {k_concat, v_concat});
+  std::set<Node*> seen;  // K and V share the Split
+  cache.nodes.erase(std::remove_if(cache.nodes.begin(), cache.nodes.end(),
+                                   [&](Node* node) { return !seen.insert(node).second; }),
+                    cache.nodes.end());
+  match->stacked_cache = std::move(cache);
+  match->k_swap = k_swap;
+  match->q = *std::move(q);
+  match->k = *std::move(k);
+  match->v = *std::move(v);
+  return Matched{};
+}
+
 bool SameTables(const Rotation& a, const Rotation& b) {
   if (a.rotary_dim != b.rotary_dim) return false;
   return a.fused != nullptr ? b.fused != nullptr && a.position_ids == b.position_ids && a.cos_cache == b.cos_cache &&
@@ -300,6 +442,9 @@ MatchResult<Matched> MatchHeads(const Graph& graph, const ShapeInfo& shapes, Att
     if (MatchRotatedHeads(graph, shapes, &grouped)) {
       *match = std::move(grouped);
       return Matched{};
+    }
+    if (MatchResult<Matched> stacked = MatchStackedCache(graph, shapes, match); stacked || !stacked.reason().empty()) {
+      return stacked;
     }
   }
   if (!q || !k || !v) return Fail("Q, K and V are not head-split projections");

@@ -97,11 +97,21 @@ void ClaimCausalBuffer(const Graph& graph, const AttentionMatch& match, std::vec
                        std::set<Node*>* targets) {
   if (match.scores.causal_where == nullptr) return;
   std::set<Node*> members(pattern->begin(), pattern->end());
-  Node* slice = ProducerWithOp(graph, match.scores.causal_where->input(0), "Slice");
+  auto only_pattern_reads = [&](const Node& node) {
+    bool only_pattern = !graph.IsGraphOutput(node.output(0));
+    for (Node* reader : graph.Consumers(node.output(0))) only_pattern &= members.count(reader) > 0;
+    return only_pattern;
+  };
+  std::string cond = match.scores.causal_where->input(0);
+  // The Cast to bool of a 0/1 buffer of another type (CausalSlice read through it) goes first.
+  if (Node* cast = ProducerWithOp(graph, cond, "Cast"); cast != nullptr && only_pattern_reads(*cast)) {
+    pattern->push_back(cast);
+    members.insert(cast);
+    cond = cast->input(0);
+  }
+  Node* slice = ProducerWithOp(graph, cond, "Slice");
   for (int depth = 0; slice != nullptr && depth < 3; ++depth, slice = ProducerWithOp(graph, slice->input(0), "Slice")) {
-    bool only_pattern = !graph.IsGraphOutput(slice->output(0));
-    for (Node* reader : graph.Consumers(slice->output(0))) only_pattern &= members.count(reader) > 0;
-    if (!only_pattern) break;
+    if (!only_pattern_reads(*slice)) break;
     pattern->push_back(slice);
     members.insert(slice);
     targets->insert(slice);

@@ -82,6 +82,17 @@ struct KvCache {
   std::string past_key, past_value;  // the graph inputs
 };
 
+// GPT-2's cache as transformers wrote it before its Cache classes, one tensor for keys and values:
+//   past [2,B,N,P,D] -> Split(axis 0) -> Squeeze(0) each (or Gather(past, 0|1, axis 0))
+//   k_all = Concat(past_k, k, axis -2); v_all = Concat(past_v, v, axis -2); K^T = Transpose(k_all, 0,1,3,2)
+//   present = Concat(Unsqueeze(k_all, 0), Unsqueeze(v_all, 0), axis 0) [2,B,N,P+S,D]
+// which is ONNX Runtime's Attention's own past and present.
+struct StackedCache {
+  std::string past;     // the graph input
+  std::string present;  // the graph output, or "" where the graph writes none
+  std::vector<Node*> nodes;  // from the past's Split to the present's Concat: they go with the pattern
+};
+
 // What feeds the Softmax: Q*K^T, scaled, with an additive mask and/or a causal Where (either order).
 struct Scores {
   Node* qk = nullptr;
@@ -96,6 +107,8 @@ struct Scores {
   // reach -inf. It changes only scores the mask removes (and rows masked entirely, to uniform ones,
   // as the fused operators' finite mask value does).
   Node* clamp = nullptr;
+  // The causal buffer's rows are cut at T - S, not 0 (GPT-2 with a past): query i sees keys up to T - S + i.
+  bool causal_rows_offset = false;
 };
 
 // Where the context goes after MatMul(probs, v), back to [B,S,H].
@@ -143,6 +156,7 @@ struct FusionState {
   std::map<std::string, std::string> finite_biases;     // a clamped float bias -> Max(bias, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
+  bool rows_masked_entirely_noted = false;  // ... and what a stacked past's Attention computes otherwise
   int64_t packed_projection_bytes = 0;  // the packed Q/K/V weights GroupQueryAttention took so far
   bool packing_limit_noted = false;     // the report says once that they reached their limit
   std::set<std::string> kept_noted;  // AttentionMatch::kept_neighbour reasons the report gave
@@ -161,6 +175,7 @@ struct AttentionMatch {
   std::optional<Rotation> q_rotation, k_rotation;
   std::optional<KvRepeat> k_repeat, v_repeat;
   std::optional<KvCache> cache;
+  std::optional<StackedCache> stacked_cache;  // only with Q, K and V head-split projections of one input
   // K and V go to MultiHeadAttention as the graph's heads [B,N,T,D] (its BNSH key and value) instead of
   // merged back to [B,T,H]: set over a cache's repeated heads (OverComputedHeads) and for heads that are
   // graph inputs (an encoder-decoder's encoder keys and values), where merging would copy them at every

@@ -36,36 +36,114 @@ bool IsLowerTriangular(const onnx::TensorProto& buffer, int64_t n) {
                                     [&](int64_t k) { return (*floats)[static_cast<size_t>(k)] != 0; });
 }
 
-// True if `cond` is a lower-triangular (causal) buffer [1,1,P,P] sliced from 0 to the scores'
-// [S, S] on its last two axes, as GPT-2 style models write `bias[:, :, :seq, :seq]` (possibly cast to bool).
-bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond, const std::string& scores) {
+// (t, axis) where `value` reads one dim of a tensor t's shape: Gather(Shape(t), axis), Slice(Shape(t),
+// axis, axis + 1) or Shape(t, start=axis), possibly squeezed, unsqueezed or cast; the axis counted from
+// the front of t's known rank.
+std::optional<std::pair<std::string, int64_t>> ShapeDimRead(const Graph& graph, const ShapeInfo& shapes,
+                                                            std::string value) {
+  for (int depth = 0; depth < 4; ++depth) {
+    Node* producer = graph.Producer(value);
+    if (producer == nullptr || !producer->domain().empty() || producer->input_size() < 1) return std::nullopt;
+    const std::string op(producer->op_type());
+    if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {
+      value = producer->input(0);
+      continue;
+    }
+    std::optional<int64_t> axis;
+    if (op == "Gather" && producer->input_size() == 2 && producer->GetAttributeInt("axis", 0) == 0) {
+      const auto index = ConstantInts(graph, producer->input(1));
+      if (index && index->size() == 1) axis = (*index)[0];
+    } else if (op == "Slice") {
+      const std::optional<SliceSpec> spec = ParseSlice(graph, *producer);
+      if (spec && spec->starts && spec->ends && spec->OneAxis(0, 1)) {
+        const int64_t start = (*spec->starts)[0], end = (*spec->ends)[0];
+        if (end == start + 1 || (start == -1 && end > 0)) axis = start;
+      }
+    }
+    Node* shape = axis ? ProducerWithOp(graph, producer->input(0), "Shape") : nullptr;
+    if (shape == nullptr) return std::nullopt;
+    const std::optional<int> rank = shapes.Rank(shape->input(0));
+    if (!rank) return std::nullopt;
+    const int64_t offset = shape->GetAttributeInt("start", 0);
+    if (offset != 0 && *axis < 0) return std::nullopt;
+    int64_t dim = *axis + (offset < 0 ? offset + *rank : offset);
+    if (dim < 0) dim += *rank;
+    if (dim < 0 || dim >= *rank) return std::nullopt;
+    return std::make_pair(shape->input(0), dim);
+  }
+  return std::nullopt;
+}
+
+// True if element `index` of `value` is the scores' key length T (`axis` 3) or query length S (2): a
+// read of that dim of the scores, of Q (S), of K^T (T) or of K under its K^T transpose, or a value the
+// shapes pin to the scores' dim.
+bool IsScoresLength(const Graph& graph, const ShapeInfo& shapes, const Scores& scores, const std::string& scored,
+                    const std::string& value, size_t index, int64_t axis) {
+  if (ElementIsDim(graph, shapes, value, index, scored, static_cast<int>(axis))) return true;
+  if (index != 0 || ShapeValueSize(graph, shapes, value).value_or(1) != 1) return false;
+  const auto read = ShapeDimRead(graph, shapes, value);
+  if (!read) return false;
+  const auto& [tensor, dim] = *read;
+  if ((tensor == scored || tensor == scores.qk->output(0)) && dim == axis) return true;
+  if (axis == 2) return tensor == scores.q_heads && dim == 2;
+  if (tensor == scores.k_heads && dim == 3) return true;
+  Node* swap = ProducerWithOp(graph, scores.k_heads, "Transpose");
+  return swap != nullptr && PermOf(swap) == Perm{0, 1, 3, 2} && tensor == swap->input(0) && dim == 2;
+}
+
+// True if the one-element `start` is T - S, as Sub(T, S) of the scores' lengths (possibly unsqueezed).
+bool IsPastOffset(const Graph& graph, const ShapeInfo& shapes, const Scores& scores, const std::string& scored,
+                  std::string start) {
+  if (Node* unsqueeze = ProducerWithOp(graph, start, "Unsqueeze")) start = unsqueeze->input(0);
+  Node* sub = ProducerWithOp(graph, start, "Sub");
+  return sub != nullptr && IsScoresLength(graph, shapes, scores, scored, sub->input(0), 0, 3) &&
+         IsScoresLength(graph, shapes, scores, scored, sub->input(1), 0, 2);
+}
+
+// Whether `cond` is a lower-triangular (causal) buffer [1,1,M,M] sliced to the scores' [S, T] on its
+// last two axes, as GPT-2 style models write `bias[:, :, :S, :S]` (possibly cast to bool), or with a
+// past `bias[:, :, T-S:T, :T]`; nullopt where it is not, else whether the rows start at T - S.
+std::optional<bool> CausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond,
+                                const std::string& scored, const Scores& scores) {
   std::string value = cond;
   // A 0/1 buffer of another type made boolean after its slices (GPT-2's uint8 `bias` in older exports).
   if (Node* cast = ProducerWithOp(graph, value, "Cast"); cast != nullptr && cast->GetAttributeInt("to", 0) == onnx::TensorProto::BOOL) {
     value = cast->input(0);
   }
   std::set<int64_t> sliced_axes;
-  // Either shape inference shows the slice is [.., S, S], or every end is the scores' dim.
+  bool rows_offset = false;
+  // Either shape inference shows the slice is [.., S, T], or every end is the scores' dim.
   bool ends_match = true;
   for (int depth = 0; depth < 3; ++depth) {
     Node* slice = ProducerWithOp(graph, value, "Slice");
     if (slice == nullptr) break;
-    if (slice->input_size() < 4) return false;  // the axes are given
+    if (slice->input_size() < 4) return std::nullopt;  // the axes are given
     const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
-    if (!spec || !spec->starts) return false;
+    if (!spec) return std::nullopt;
     for (size_t i = 0; i < spec->axes.size(); ++i) {
       const int64_t axis = spec->axes[i] < 0 ? spec->axes[i] + 4 : spec->axes[i];
-      if ((*spec->starts)[i] != 0 || spec->steps[i] != 1 || (axis != 2 && axis != 3)) return false;
+      if (spec->steps[i] != 1 || (axis != 2 && axis != 3)) return std::nullopt;
+      // The rows of a past's chunk: T - S to T.
+      const bool past_rows = axis == 2 && !spec->starts && spec->axes.size() == 1 &&
+                             IsPastOffset(graph, shapes, scores, scored, slice->input(1)) &&
+                             IsScoresLength(graph, shapes, scores, scored, slice->input(2), 0, 3);
+      if (!past_rows && (!spec->starts || (*spec->starts)[i] != 0)) return std::nullopt;
+      rows_offset |= past_rows;
       sliced_axes.insert(axis);
-      ends_match &= ElementIsDim(graph, shapes, slice->input(2), i, scores, static_cast<int>(axis));
+      ends_match &= past_rows || IsScoresLength(graph, shapes, scores, scored, slice->input(2), i, axis);
     }
     value = slice->input(0);
   }
-  if (!ends_match && !(shapes.SameDim(cond, -1, scores, -1) && shapes.SameDim(cond, -2, scores, -2))) return false;
+  if (!ends_match && !(shapes.SameDim(cond, -1, scored, -1) && shapes.SameDim(cond, -2, scored, -2))) {
+    return std::nullopt;
+  }
   const onnx::TensorProto* buffer = ConstantTensor(graph, value);
-  return buffer != nullptr && buffer->dims_size() == 4 && buffer->dims(0) == 1 && buffer->dims(1) == 1 &&
-         buffer->dims(2) == buffer->dims(3) && sliced_axes == std::set<int64_t>{2, 3} &&
-         IsLowerTriangular(*buffer, buffer->dims(2));
+  if (buffer == nullptr || buffer->dims_size() != 4 || buffer->dims(0) != 1 || buffer->dims(1) != 1 ||
+      buffer->dims(2) != buffer->dims(3) || sliced_axes != std::set<int64_t>{2, 3} ||
+      !IsLowerTriangular(*buffer, buffer->dims(2))) {
+    return std::nullopt;
+  }
+  return rows_offset;
 }
 
 // True if `value` is Q*K^T, possibly scaled or causally masked: the side of a mask Add that is not
@@ -226,6 +304,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
 }  // namespace
 
 MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax) {
+  static constexpr char kNotCausal[] = "Where before Softmax is not a causal mask of the scores' [S, T]";
   Scores scores;
   std::string value = softmax->input(0);
   if (Node* max = ProducerWithOp(graph, value, "Max"); max != nullptr && max->input_size() == 2) {
@@ -240,10 +319,8 @@ MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Nod
   for (int step = 0; step < 2; ++step) {
     if (Node* where = ProducerWithOp(graph, value, "Where"); where != nullptr && scores.causal_where == nullptr) {
       auto fill = ConstantScalarFloat(graph, where->input(2));
-      if (!IsCausalSlice(graph, shapes, where->input(0), where->input(1)) || !fill || *fill > -1e4f) {
-        return Fail("Where before Softmax is not a causal mask of the scores' [S, S]");
-      }
-      scores.causal_where = where;
+      if (!fill || *fill > -1e4f) return Fail(kNotCausal);
+      scores.causal_where = where;  // its condition is checked once Q and K are known
       value = where->input(1);
       continue;
     }
@@ -273,6 +350,11 @@ MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Nod
       scores.scale *= pre->first;
       *heads = pre->second;
     }
+  }
+  if (const Node* where = scores.causal_where) {
+    const std::optional<bool> rows_offset = CausalSlice(graph, shapes, where->input(0), where->input(1), scores);
+    if (!rows_offset) return Fail(kNotCausal);
+    scores.causal_rows_offset = *rows_offset;
   }
   return scores;
 }

@@ -7,6 +7,7 @@
 // order; the sequence-first output projection a float [H, H] with bias [H].
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "optimizer/passes/fusion/attention_emit.h"
 
 namespace onnxopt::attention {
@@ -81,7 +82,15 @@ MatchResult<Matched> ClaimAttentionPattern(const Graph& graph, const AttentionMa
   std::set<Node*> targets = {match.q.reshape, match.k.reshape, match.v.reshape};
   targets.insert(match.out.reshapes.begin(), match.out.reshapes.end());
   ClaimCausalBuffer(graph, match, &pattern, &targets);
-  MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, pattern, targets, match.out.output);
+  // A stacked cache's nodes go too: Attention reads the past and writes the present again.
+  std::set<std::string> reproduced;
+  if (match.stacked_cache) {
+    for (Node* node : match.stacked_cache->nodes) {
+      if (members.insert(node).second) pattern.push_back(node);
+    }
+    if (!match.stacked_cache->present.empty()) reproduced.insert(match.stacked_cache->present);
+  }
+  MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, pattern, targets, match.out.output, reproduced);
   if (!shape_nodes) return shape_nodes.failure();
   plan->shape_nodes = *std::move(shape_nodes);
   return Matched{};
@@ -186,11 +195,15 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
   const Node* anchor = RemovePattern(graph, match, plan.pattern, plan.shape_nodes);
   NodeChain chain(graph, anchor);
   const std::string attention_bias = AttentionBias(graph, match, state, &chain);
-  if (!attention_bias.empty()) {
+  const std::string past = match.stacked_cache ? match.stacked_cache->past : "";
+  if (!attention_bias.empty() || !past.empty()) {
     if (mask.raw_mask.empty()) inputs.push_back("");  // mask_index
-    inputs.insert(inputs.end(), {"", attention_bias});  // past, attention_bias
+    inputs.push_back(past);
+    if (!attention_bias.empty()) inputs.push_back(attention_bias);
   }
-  onnx::NodeProto attention = MakeNode("Attention", name, std::move(inputs), {attended}, "com.microsoft");
+  std::vector<std::string> outputs = {attended};
+  if (match.stacked_cache && !match.stacked_cache->present.empty()) outputs.push_back(match.stacked_cache->present);
+  onnx::NodeProto attention = MakeNode("Attention", name, std::move(inputs), std::move(outputs), "com.microsoft");
   *attention.add_attribute() = MakeIntAttribute("num_heads", match.num_heads);
   if (match.v_hidden > 0) {
     *attention.add_attribute() = MakeIntsAttribute("qkv_hidden_sizes", {match.hidden, match.hidden, match.v_hidden});
@@ -202,6 +215,18 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
     *attention.add_attribute() = MakeFloatAttribute("scale", scale);
   }
   const Node* fused = chain.AddNode(std::move(attention));
+  if (match.stacked_cache && match.scores.causal_where != nullptr && !mask.raw_mask.empty()) {
+    // The original's causal Where replaces the scores of later keys, the fused operator adds its mask to
+    // them: the same wherever a query sees a key its mask keeps, not for a query whose every visible key
+    // is padding (left padding longer than the past), a row no unmasked position reads.
+    context.Count("rows_masked_entirely_differ");
+    if (!state->rows_masked_entirely_noted) {
+      state->rows_masked_entirely_noted = true;
+      context.Note(absl::StrCat(fused->name(), " and the other layers with a stacked past: a query that sees only "
+                                "padding (left padding longer than the past) gets another softmax over its masked "
+                                "keys than the original's; no unmasked position reads it, and parity skips it"));
+    }
+  }
   if (batch_first) FinishAttentionOutput(graph, context, match, attended, fused, state);
   if (!batch_first) EmitOutputProjection(graph, match, plan, attended, fused);
   context.RequireOpset("com.microsoft", 1);

@@ -125,6 +125,7 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
   if (match.layout != Layout::kBatchFirst) {
     return Fail("projections outside the operator: the heads are sequence-first");
   }
+  if (match.stacked_cache) return Fail("a stacked past [2,B,N,P,D]: only Attention takes it as its past");
   // Each projection's width: its part of a packed projection (Phi-3's qkv_proj), else its weight's.
   auto width = [&](const Projection& p) -> std::optional<int64_t> {
     if (p.Given()) return match.num_heads / match.kv_repeat() * match.head_size;

@@ -109,6 +109,11 @@ MatchResult<Matched> FuseWithProjectionsOutside(Graph& graph, AttentionMatch& ma
   } else if (group_query && GroupQueryAttentionFits(match)) {
     EmitGroupQueryAttention(graph, match, *plan, state, context);
   } else {
+    // Its unidirectional counts the past from a past_key it is not given here: query i would see keys
+    // from 0 to i, not to T - S + i.
+    if (match.scores.causal_rows_offset) {
+      return Fail("a causal buffer cut at the past's offset (T - S) over keys MultiHeadAttention takes as given");
+    }
     EmitMultiHeadAttention(graph, match, *plan, state, context);
   }
   return Matched{};
