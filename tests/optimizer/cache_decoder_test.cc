@@ -30,12 +30,16 @@ struct CacheFixture {
   int layers;
   int kv_heads;
   const char* family;
+  const char* fused_as = "GroupQueryAttention";
 };
 
 const CacheFixture kFixtures[] = {
     {"hf/qwen2_kv_torchscript", 2, 1, "qwen2"},  // 2 heads sharing 1 key/value head, head size 32
     {"cache/cache_decoder_gqa3", 2, 2, "qwen2"},  // 6 heads over 2 key/value heads, head size 16
     {"cache/cache_decoder_mha", 3, 4, "qwen2"},   // as many key/value heads as heads: no repeat_kv
+    // Head size 12, which GroupQueryAttention's kernel refuses: MultiHeadAttention over the heads the
+    // graph computes, its keys longer than the queries in a chunk after a past.
+    {"cache/cache_decoder_head12", 2, 2, "qwen2", "MultiHeadAttention"},
 };
 
 void PrintTo(const CacheFixture& f, std::ostream* os) { *os << f.path; }
@@ -80,6 +84,19 @@ TEST_P(CacheDecoderTest, CachedAttentionFusesIntoGroupQueryAttentionWithPastAndP
   const CacheFixture& f = GetParam();
   std::map<std::string, int> ops;
   for (const auto& node : optimized_.graph().node()) ++ops[node.op_type()];
+  if (std::string(f.fused_as) == "MultiHeadAttention") {
+    // Over the heads the graph computes (the cache's Concats stay the presents), the causal + padding
+    // condition as attention_bias: unidirectional would not be causal over keys longer than the queries.
+    EXPECT_EQ(ops["MultiHeadAttention"], f.layers);
+    EXPECT_EQ(ops.count("Softmax"), 0u);
+    for (const auto& node : optimized_.graph().node()) {
+      if (node.op_type() != "MultiHeadAttention") continue;
+      ASSERT_EQ(node.input_size(), 6);
+      EXPECT_FALSE(node.input(5).empty()) << "the mask goes in as attention_bias";
+      for (const auto& attribute : node.attribute()) EXPECT_NE(attribute.name(), "unidirectional");
+    }
+    return;
+  }
   EXPECT_EQ(ops["GroupQueryAttention"], f.layers);
   EXPECT_EQ(ops["RotaryEmbedding"], 2 * f.layers);
   EXPECT_EQ(ops.count("Softmax"), 0u);

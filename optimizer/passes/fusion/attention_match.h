@@ -248,6 +248,9 @@ std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax);
 MatchResult<ContextOutput> MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout,
                                         Node* context_matmul);
 
+// The boolean mask term `Where(cond, 0, fill)` with fill -inf or below -1e4: cond.
+std::optional<std::string> BooleanMaskCondition(const Graph& graph, const std::string& term);
+
 // What the scores' mask term (and causal Where) mean, as the fused operators take it:
 // - the boolean `Where(cond, 0, fill)` (fill -inf or below -1e4) masking_utils writes for SDPA and
 //   eager attention: cond probed (attention_masks.h). All true: no mask. Key padding of a [B, T]

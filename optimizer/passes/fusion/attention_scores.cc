@@ -217,16 +217,6 @@ bool FitsAttentionBias(const ShapeInfo& shapes, const std::string& term, const s
          ((head && (*head == 1 || *head == heads)) || shapes.SameDim(term, 1, scores, 1));
 }
 
-// The boolean `Where(cond, 0, fill)` with fill -inf or below -1e4: cond.
-std::optional<std::string> BooleanMaskCondition(const Graph& graph, const std::string& term) {
-  Node* where = ProducerWithOp(graph, term, "Where");
-  if (where == nullptr) return std::nullopt;
-  const std::optional<float> zero = ConstantScalarFloat(graph, where->input(1));
-  const std::optional<float> fill = ConstantScalarFloat(graph, where->input(2));
-  if (!zero || *zero != 0.0f || !fill || !(*fill <= -1e4f)) return std::nullopt;
-  return where->input(0);
-}
-
 // True if `cond` is an And (through nested Ands) with a conjunct that probes as exactly causal: the whole
 // mask then never lets a query see a later key, at every length, whatever the other conjuncts mask (a
 // sliding window wider than can be probed: Mistral's 4096).
@@ -302,6 +292,15 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
 }
 
 }  // namespace
+
+std::optional<std::string> BooleanMaskCondition(const Graph& graph, const std::string& term) {
+  Node* where = ProducerWithOp(graph, term, "Where");
+  if (where == nullptr) return std::nullopt;
+  const std::optional<float> zero = ConstantScalarFloat(graph, where->input(1));
+  const std::optional<float> fill = ConstantScalarFloat(graph, where->input(2));
+  if (!zero || *zero != 0.0f || !fill || !(*fill <= -1e4f)) return std::nullopt;
+  return where->input(0);
+}
 
 MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Node* softmax) {
   static constexpr char kNotCausal[] = "Where before Softmax is not a causal mask of the scores' [S, T]";

@@ -42,6 +42,19 @@
 // original runs (prefill without a past and one-token decode steps, what generation loops do, are not
 // affected); its CUDA kernel takes no attention_bias, so with padding the cache is fused on CPU jobs only.
 //
+// GPT-2's stacked cache (transformers 3.x, ONNX Runtime's own GPT-2 export): one past [2,B,N,P,D] and one
+// present a layer, the causal buffer cut at the past's offset:
+//   k_all = Concat(Gather(past, 0), k) (or K^T = Concat(Transpose(Gather(past, 0)), k^T, axis -1));
+//   v_all = Concat(Gather(past, 1), v); present = Concat(Unsqueeze(k_all, 0), Unsqueeze(v_all, 0));
+//   scores = Where(bias[:, :, T-S:T, :T], q k_all^T / sqrt(D), -1e4) + (1 - mask[B,T]) * -1e4
+// becomes
+//   y, present = Attention(x, [Wq|Wk|Wv], [bq|bk|bv], Cast(mask, int32), past, unidirectional=1)
+// ONNX Runtime's Attention takes exactly that layout and counts the causal mask from the past. The same
+// wherever a query sees a key its mask keeps; a query that sees only padding (left padding longer than
+// the past) gets another softmax over its masked keys (the original replaces the scores of later keys,
+// Attention adds to them), which no unmasked position reads: the pass counts those layers and parity
+// skips those queries (validation/parity.h).
+//
 // Grouped-query attention on the CPU: GroupQueryAttention by default (grouped_query: auto), measured
 // against MultiHeadAttention with K and V repeated (tests/bench/grouped_query_choice.py: LLaMA blocks
 // of hidden 512 / 8 heads / 2 KV heads and 896 / 14 / 2, causal, sequence 128, 2 threads: GQA 1.4-2.1%
@@ -81,6 +94,30 @@ MatchResult<Matched> WithMask(Graph& graph, const ShapeInfo& shapes, const PassC
   return Matched{};
 }
 
+// MultiHeadAttention's unidirectional is the causal mask only where the keys are as many as the queries
+// or the past is its own past_key: over longer keys it is given (a cache's Concat the graph computes, a
+// chunk after a past) it masks the rows of the chunk from key 0 and leaves the last row whole (measured:
+// MultiHeadAttention(q [1, 3, H], k [1, 7, H], unidirectional=1) sees keys j <= i in rows 0 and 1 and every
+// key in row 2). Where the scores' query and key lengths are not known to be one, a boolean causal mask
+// goes in as its condition's bias instead (exact at any lengths); another causal mask is refused.
+MatchResult<Matched> CausalOverLongerKeys(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
+                                          FusionState* state, AttentionMatch* match) {
+  const std::string& scores = match->softmax->input(0);
+  if (!match->mask.causal || shapes.SameDim(scores, -1, scores, -2)) return Matched{};
+  std::optional<std::string> cond;
+  if (match->scores.causal_where == nullptr && match->scores.mask_add != nullptr) {
+    cond = BooleanMaskCondition(graph, match->scores.mask_term);
+  }
+  if (!cond || !state->probes.Probe(graph, context, *cond).bias_shaped) {
+    return Fail("a causal mask over keys that may outnumber the queries: MultiHeadAttention's unidirectional "
+                "counts no past it is not given, and the mask is no boolean condition shaped as a bias");
+  }
+  match->mask.causal = false;
+  match->mask.raw_mask.clear();  // the condition holds the padding too
+  match->mask.bias_condition = *cond;
+  return Matched{};
+}
+
 // MultiHeadAttention or GroupQueryAttention, the projections (and whatever follows them) outside.
 MatchResult<Matched> FuseWithProjectionsOutside(Graph& graph, AttentionMatch& match, const ShapeInfo& shapes,
                                                 PassContext& context, FusionState* state) {
@@ -109,10 +146,8 @@ MatchResult<Matched> FuseWithProjectionsOutside(Graph& graph, AttentionMatch& ma
   } else if (group_query && GroupQueryAttentionFits(match)) {
     EmitGroupQueryAttention(graph, match, *plan, state, context);
   } else {
-    // Its unidirectional counts the past from a past_key it is not given here: query i would see keys
-    // from 0 to i, not to T - S + i.
-    if (match.scores.causal_rows_offset) {
-      return Fail("a causal buffer cut at the past's offset (T - S) over keys MultiHeadAttention takes as given");
+    if (MatchResult<Matched> causal = CausalOverLongerKeys(graph, shapes, context, state, &match); !causal) {
+      return causal.failure();
     }
     EmitMultiHeadAttention(graph, match, *plan, state, context);
   }
