@@ -149,6 +149,19 @@ std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool s
   return {prefill, decode};
 }
 
+std::vector<DimValues> ParityShapeSets(const v1::ValidationConfig& config, bool supplied,
+                                       const onnx::ModelProto& model) {
+  std::vector<DimValues> sets = InputShapeSets(config, supplied, model);
+  if (supplied || config.shapes_size() > 0) return sets;
+  const std::optional<CacheInterface> cache = FindCacheInterface(model.graph());
+  if (!cache || cache->batch_dim.empty() || sets.size() != 2) return sets;
+  DimValues chunk = sets.back();  // the decode step's past
+  chunk[cache->new_dim] = 4;
+  chunk[cache->batch_dim] = 1;
+  sets.push_back(std::move(chunk));
+  return sets;
+}
+
 std::vector<std::string> OutputNames(Ort::Session& session) {
   std::vector<std::string> names;
   Ort::AllocatorWithDefaultOptions allocator;

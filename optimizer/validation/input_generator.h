@@ -67,6 +67,13 @@ int64_t DynamicDimValue(const std::string& dim_name, int position, const DimValu
 std::vector<DimValues> InputShapeSets(const v1::ValidationConfig& config, bool supplied,
                                       const onnx::ModelProto& model);
 
+// The shape sets parity compares on: InputShapeSets, and for such a decoder also a chunk of 4 new tokens
+// after a past at batch 1 (speculative decoding, a prompt fed in pieces), where a fused kernel's causal
+// mask must count the past: the one shape generation loops feed that prefill and decode do not show.
+// ONNX Runtime's GroupQueryAttention takes a chunk at batch 1 only.
+std::vector<DimValues> ParityShapeSets(const v1::ValidationConfig& config, bool supplied,
+                                       const onnx::ModelProto& model);
+
 // The names of a session's outputs.
 std::vector<std::string> OutputNames(Ort::Session& session);
 

@@ -365,7 +365,7 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
   report->set_seed(config.seed());
   report->set_supplied_inputs(!supplied.empty());
   // Supplied inputs are one shape set of their own; generated ones follow the config's shape sets.
-  const std::vector<DimValues> shape_sets = InputShapeSets(config, !supplied.empty(), original_model);
+  const std::vector<DimValues> shape_sets = ParityShapeSets(config, !supplied.empty(), original_model);
   const int samples = !supplied.empty() ? static_cast<int>(supplied.size()) : (config.samples() > 0 ? config.samples() : 1);
   report->set_samples(samples);
   for (size_t shape_set = 0; shape_set < shape_sets.size(); ++shape_set) {

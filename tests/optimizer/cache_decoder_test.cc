@@ -259,6 +259,10 @@ TEST(CacheInterfaceTest, ValidationShapesArePrefillAndDecodeByDefault) {
   ASSERT_EQ(sets.size(), 2u);
   EXPECT_EQ(sets[0], (DimValues{{"batch", 2}, {"past_sequence", 0}, {"sequence", 24}}));
   EXPECT_EQ(sets[1], (DimValues{{"batch", 2}, {"sequence", 1}})) << "a decode step is one token";
+  const std::vector<DimValues> parity_sets = ParityShapeSets(config, false, *model);
+  ASSERT_EQ(parity_sets.size(), 3u);
+  EXPECT_EQ(parity_sets[2], (DimValues{{"batch", 1}, {"sequence", 4}})) << "parity also checks a chunk after a past";
+  EXPECT_EQ(ParityShapeSets(config, true, *model).size(), 1u) << "supplied inputs are their own shapes";
   config.clear_dim_values();
   (*config.mutable_dim_values())["batch"] = 2;
   (*config.add_shapes()->mutable_dim_values())["sequence"] = 5;  // the config's own shapes win
