@@ -15,6 +15,11 @@
 // masks every fusion here reads hold 0/1):
 // Before:  p = Softmax(Sub(Mul(x, m), Mul(c, Sub(1, m))))      (c >= 1e4; operands of each Mul in any order)
 // After:   p = Softmax(Add(x, Where(Cast(m, bool), 0, -c)))
+// and where m is a constant 0/1 buffer sliced to the scores (transformers 2.x's GPT-2, `w * b - 1e4 *
+// (1 - b)` over `bias[:, :, ns-nd:ns, :ns]`, possibly before the padding's Add), the selection the
+// fusion reads as a causal mask, exact for 0/1 values:
+// After:   p = Softmax([Add(] Where(Cast(m, bool), x, -c) [, padding)])
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -81,8 +86,8 @@ void ReplaceWithAdditive(Graph& graph, NodeChain& chain, Node* masked, const std
   context.CountRewrite();
 }
 
-// True if `cond` is Slices (and Casts) of a constant: a causal buffer cut to the scores' length.
-bool IsSlicedBuffer(const Graph& graph, const std::string& cond) {
+// The constant `cond` is Slices (and Casts) of, or nullptr: a causal buffer cut to the scores' length.
+const onnx::TensorProto* SlicedBuffer(const Graph& graph, const std::string& cond) {
   std::string value = cond;
   bool sliced = false;
   for (int depth = 0; depth < 4; ++depth) {
@@ -91,7 +96,24 @@ bool IsSlicedBuffer(const Graph& graph, const std::string& cond) {
     sliced |= node->op_type() == "Slice";
     value = node->input(0);
   }
-  return sliced && ConstantTensor(graph, value) != nullptr;
+  return sliced ? ConstantTensor(graph, value) : nullptr;
+}
+bool IsSlicedBuffer(const Graph& graph, const std::string& cond) { return SlicedBuffer(graph, cond) != nullptr; }
+
+// True if `value` is a float slice of a constant buffer holding only 0 and 1.
+bool IsSlicedZeroOneBuffer(const Graph& graph, const std::string& value) {
+  const onnx::TensorProto* buffer = SlicedBuffer(graph, value);
+  if (buffer == nullptr || buffer->data_type() != onnx::TensorProto::FLOAT) return false;
+  const std::optional<std::vector<float>> values = TensorFloats(*buffer);
+  return values && std::all_of(values->begin(), values->end(), [](float v) { return v == 0.0f || v == 1.0f; });
+}
+
+// True if `value` is read by an Add of one other operand that feeds the Softmax (FeedsSoftmax): the padding
+// term added after a causal one.
+bool FeedsSoftmaxThroughAdd(const Graph& graph, const std::string& value) {
+  Node* add = SoleConsumer(graph, value);
+  return add != nullptr && add->op_type() == "Add" && add->domain().empty() && add->input_size() == 2 &&
+         add->input(0) != add->input(1) && FeedsSoftmax(graph, add->output(0));
 }
 
 class CanonicalizeMaskedScoresPass final : public ShapedPass {
@@ -137,11 +159,27 @@ class CanonicalizeMaskedScoresPass final : public ShapedPass {
       if (sub->removed()) continue;
       const std::optional<MultipliedMask> form = MatchMultipliedMask(graph, *sub);
       if (!form || ConstantTensor(graph, form->scores) != nullptr ||
-          shapes.ElementType(form->mask).value_or(onnx::TensorProto::FLOAT) != onnx::TensorProto::FLOAT ||
-          !FeedsSoftmax(graph, sub->output(0))) {
+          shapes.ElementType(form->mask).value_or(onnx::TensorProto::FLOAT) != onnx::TensorProto::FLOAT) {
+        continue;
+      }
+      const bool causal_buffer = IsSlicedZeroOneBuffer(graph, form->mask);
+      if (!FeedsSoftmax(graph, sub->output(0)) && !(causal_buffer && FeedsSoftmaxThroughAdd(graph, sub->output(0)))) {
         continue;
       }
       NodeChain chain(graph, sub);
+      if (causal_buffer) {  // Where(Cast(m, bool), x, -c): what the fusion reads as the causal mask
+        const std::string allowed =
+            chain.Add("Cast", {form->mask}, "causal_allowed", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
+        const std::string masked = graph.UniqueName("causal_fill");
+        graph.AddInitializer(MakeFloatTensor(masked, {}, {form->fill}));
+        const std::string output = sub->output(0);
+        const std::string name = sub->name();
+        graph.RemoveNode(sub);
+        chain.AddNode(MakeNode("Where", graph.UniqueName(name.empty() ? "causal_scores" : name + "_selected"),
+                               {allowed, form->scores, masked}, {output}));
+        context.CountRewrite();
+        continue;
+      }
       std::string& term = terms[{form->mask, form->fill}];
       if (term.empty()) {
         const std::string allowed =

@@ -129,5 +129,57 @@ TEST(CanonicalizeMaskedScoresTest, AMultipliedMaskBecomesAnAdditiveMask) {
   ExpectSameOutputs(original, run.model, 1e-7, 0);
 }
 
+// transformers 2.x's GPT-2: w * b - 10000 * (1 - b) over a float buffer b sliced to the scores, then the
+// padding added: the selection Where(Cast(b, bool), w, -10000) the fusion reads as a causal mask, exact.
+// A buffer holding another value than 0 and 1 is no selection: it keeps the additive rewrite's form only
+// where nothing follows the product, and here (a padding Add after it) stays as it is.
+onnx::ModelProto MultipliedBufferScores(float entry) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("q", {2, 2, 4, 8});
+  *graph.add_input() = FloatValue("kt", {2, 2, 8, 4});
+  *graph.add_input() = FloatValue("padding", {2, 1, 1, 4});
+  std::vector<float> triangle(64);
+  for (int q = 0; q < 8; ++q) {
+    for (int t = 0; t < 8; ++t) triangle[static_cast<size_t>(q * 8 + t)] = t <= q ? 1.0f : 0.0f;
+  }
+  triangle[9] = entry;  // row 1, column 1
+  *graph.add_initializer() = MakeFloatTensor("buffer", {1, 1, 8, 8}, triangle);
+  *graph.add_initializer() = MakeInt64Tensor("zero", {0, 0});
+  *graph.add_initializer() = MakeInt64Tensor("four", {4, 4});
+  *graph.add_initializer() = MakeInt64Tensor("axes", {2, 3});
+  *graph.add_initializer() = MakeFloatTensor("one", {}, {1.0f});
+  *graph.add_initializer() = MakeFloatTensor("ten_thousand", {}, {10000.0f});
+  *graph.add_node() = MakeNode("Slice", {"buffer", "zero", "four", "axes"}, {"b"});
+  *graph.add_node() = MakeNode("MatMul", {"q", "kt"}, {"scores"});
+  *graph.add_node() = MakeNode("Mul", {"scores", "b"}, {"kept"});
+  *graph.add_node() = MakeNode("Sub", {"one", "b"}, {"inverted"});
+  *graph.add_node() = MakeNode("Mul", {"ten_thousand", "inverted"}, {"penalty"});
+  *graph.add_node() = MakeNode("Sub", {"kept", "penalty"}, {"masked"});
+  *graph.add_node() = MakeNode("Add", {"masked", "padding"}, {"padded"});
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"padded"}, {"probs"}), "axis", -1);
+  *graph.add_output() = FloatValue("probs", {2, 2, 4, 4});
+  return MakeModel(graph, 17);
+}
+
+TEST(CanonicalizeMaskedScoresTest, AMultipliedCausalBufferBecomesTheSelection) {
+  const onnx::ModelProto original = MultipliedBufferScores(1.0f);
+  const char* config = R"({"passes": [{"name": "canonicalize_masked_scores"}, {"name": "eliminate_dead_nodes"}]})";
+  PassRun run = testing::RunConfig(config, original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto ops = OpCounts(run.model);
+  EXPECT_EQ(ops.count("Sub"), 0u);
+  EXPECT_EQ(ops.count("Mul"), 0u);
+  EXPECT_EQ(ops["Where"], 1);
+  EXPECT_EQ(ops["Add"], 1) << "the padding's";
+  ExpectSameOutputs(original, run.model, 0, 0);
+
+  const onnx::ModelProto halves = MultipliedBufferScores(0.5f);
+  PassRun kept = testing::RunConfig(config, halves);
+  ASSERT_TRUE(kept.status.ok()) << kept.status;
+  EXPECT_EQ(OpCounts(kept.model).count("Where"), 0u);
+  ASSERT_FALSE(kept.reports.empty());
+  EXPECT_EQ(kept.reports.front().rewrites(), 0) << "canonicalize_masked_scores left it";
+}
+
 }  // namespace
 }  // namespace onnxopt
