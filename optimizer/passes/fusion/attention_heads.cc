@@ -458,9 +458,13 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
                                      AttentionMatch* match, bool repeated_as_given) {
   if (match->layout != Layout::kBatchFirst) return Fail("the heads are sequence-first");
   Node* k_swap = ProducerWithOp(graph, match->scores.k_heads, "Transpose");
-  if (k_swap == nullptr || PermOf(k_swap) != Perm{0, 1, 3, 2}) return Fail("K^T is not a transpose of K's last two axes");
-  std::string k_value = k_swap->input(0), v_value = match->out.matmul->input(1);
-  if (!repeated_as_given) {
+  // Without a swap of K's last two axes, K^T [B,N,D,T] is taken as given (DiT's pre-transposed keys);
+  // no repeat or cache is looked for behind it.
+  const bool keys_transposed = k_swap == nullptr || PermOf(k_swap) != Perm{0, 1, 3, 2};
+  if (keys_transposed) k_swap = nullptr;
+  std::string k_value = keys_transposed ? match->scores.k_heads : k_swap->input(0);
+  std::string v_value = match->out.matmul->input(1);
+  if (!repeated_as_given && !keys_transposed) {
     match->k_repeat = MatchKvRepeat(graph, shapes, k_value);
     match->v_repeat = MatchKvRepeat(graph, shapes, v_value);
   }
@@ -473,7 +477,7 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
     k_value = match->k_repeat->kv_heads;
     v_value = match->v_repeat->kv_heads;
   }
-  if (!repeated_as_given) {
+  if (!repeated_as_given && !keys_transposed) {
     if (MatchResult<Matched> cache = MatchKvCache(graph, shapes, &k_value, &v_value, match); !cache) {
       return cache.failure();
     }
@@ -491,7 +495,8 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
   const int64_t rep = match->kv_repeat();
   for (const std::string* kv : {&k_value, &v_value}) {
     const std::optional<int64_t> kv_heads = shapes.DimValue(*kv, 1);
-    if (shapes.DimValue(*kv, 3) != *head_size || (kv_heads && *kv_heads * rep != *heads) ||
+    const int head_axis = keys_transposed && kv == &k_value ? 2 : 3;
+    if (shapes.DimValue(*kv, head_axis) != *head_size || (kv_heads && *kv_heads * rep != *heads) ||
         (!kv_heads && rep == 1 && !shapes.SameDim(*kv, 1, q_value, 1))) {
       return Fail("K and V are not known to have the query's head size and heads (after their repeat)");
     }
@@ -505,6 +510,7 @@ MatchResult<Matched> MatchGivenHeads(const Graph& graph, const ShapeInfo& shapes
   match->v = Projection{};
   match->q.given_heads = q_value;
   match->k.given_heads = k_value;
+  match->k.given_transposed = keys_transposed;
   match->v.given_heads = v_value;
   match->num_heads = *heads;
   match->head_size = *head_size;

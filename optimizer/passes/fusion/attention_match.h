@@ -62,6 +62,8 @@ struct Projection {
   // rotation in an unknown form): the attention core fuses over them and the rest stays as it is.
   // Everything above is empty then.
   std::string given_heads;
+  // K only: given_heads is K^T [B,N,D,T] as the scores read it (DiT's pre-transposed keys), not K.
+  bool given_transposed = false;
   bool Given() const { return !given_heads.empty(); }
 };
 

@@ -95,8 +95,10 @@ std::pair<std::string, std::string> RepeatKeyAndValue(Graph& graph, const Attent
 std::string ProjectedValue(Graph& graph, const Projection& p, NodeChain* chain) {
   if (p.Given()) {
     const std::string merged = AddInt64Initializer(graph, "heads_merged_shape", {0, 0, -1});
-    const std::string bsnd = chain->Add("Transpose", {p.given_heads}, "given_heads_bsnd",
-                                        {MakeIntsAttribute("perm", {0, 2, 1, 3})});
+    // [B,N,S,D] (or K^T [B,N,D,S]) -> [B,S,N,D]
+    const std::vector<int64_t> perm = p.given_transposed ? std::vector<int64_t>{0, 3, 1, 2}
+                                                         : std::vector<int64_t>{0, 2, 1, 3};
+    const std::string bsnd = chain->Add("Transpose", {p.given_heads}, "given_heads_bsnd", {MakeIntsAttribute("perm", perm)});
     return chain->Add("Reshape", {bsnd, merged}, "given_heads_merged");
   }
   if (p.head_norm == nullptr) return p.reshape->input(0);
@@ -187,7 +189,9 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   std::string query, key, value;
   if (match.kv_in_heads_layout) {  // set only over given heads with K and V un-repeated (attention_match.h)
     query = ProjectedValue(graph, match.q, &chain);
-    key = match.k.given_heads;
+    key = match.k.given_transposed ? chain.Add("Transpose", {match.k.given_heads}, "given_keys_bnsh",
+                                               {MakeIntsAttribute("perm", {0, 1, 3, 2})})
+                                   : match.k.given_heads;
     value = match.v.given_heads;
   } else {
     std::tie(query, key) = RotatedQueryAndKey(graph, match, &chain);

@@ -308,5 +308,30 @@ TEST(FuseAttentionTest, AWindowWiderThanTheProbeBesideACausalConjunctStillFitsGr
   ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
 }
 
+// Q, K^T and V handed in as heads (DiT's attention processor: Q [B,N,S,D], K already transposed to
+// [B,N,D,S], V [B,N,S,D]): MultiHeadAttention over them, K transposed back for its BNSH key; exact.
+TEST(FuseAttentionTest, QueriesAndPreTransposedKeysGivenAsHeadsBecomeMultiHeadAttention) {
+  onnx::GraphProto graph;
+  *graph.add_input() = testing::FloatValue("q", {2, 4, 5, 8});
+  *graph.add_input() = testing::FloatValue("k_t", {2, 4, 8, 5});
+  *graph.add_input() = testing::FloatValue("v", {2, 4, 5, 8});
+  *graph.add_initializer() = MakeFloatTensor("scale", {}, {0.35f});
+  *graph.add_initializer() = MakeInt64Tensor("merged", {2, 5, 32});
+  *graph.add_node() = testing::MakeNode("MatMul", {"q", "k_t"}, {"scores"});
+  *graph.add_node() = testing::MakeNode("Mul", {"scores", "scale"}, {"scaled"});
+  *graph.add_node() = testing::WithIntAttribute(testing::MakeNode("Softmax", {"scaled"}, {"probs"}), "axis", -1);
+  *graph.add_node() = testing::MakeNode("MatMul", {"probs", "v"}, {"context"});
+  *graph.add_node() =
+      testing::WithIntsAttribute(testing::MakeNode("Transpose", {"context"}, {"context_bsnd"}), "perm", {0, 2, 1, 3});
+  *graph.add_node() = testing::MakeNode("Reshape", {"context_bsnd", "merged"}, {"y"});
+  *graph.add_output() = testing::FloatValue("y", {2, 5, 32});
+  const onnx::ModelProto original = testing::MakeModel(graph, 17);
+  PassRun run = RunConfig(R"({"passes": [{"name": "fuse_attention"}]})", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(OpCounts(run.model)["MultiHeadAttention"], 1);
+  EXPECT_EQ(OpCounts(run.model).count("Softmax"), 0u);
+  ExpectSameOutputs(original, run.model, 1e-5, 1e-5);
+}
+
 }  // namespace
 }  // namespace onnxopt
