@@ -4,6 +4,7 @@
 #define ONNXOPT_TESTS_CACHE_DECODER_CHECKS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -11,9 +12,27 @@
 #include "optimizer/cache_interface.h"
 #include "optimizer/validation/generation.h"
 #include "optimizer/validation/parity.h"
+#include "optimizer/model_io.h"
+#include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
+#include "tests/pass_runner.h"
 
 namespace onnxopt::testing {
+
+// A decoder fixture (`path` under tests/fixtures) and what the transformer preset makes of it: the test
+// fixture of the decoder tests that check one spelling's fusion and numbers.
+class TransformerPresetTest {
+ protected:
+  void LoadAndOptimize(const std::string& path) {
+    auto loaded = LoadModel(FixturePath(path));
+    ASSERT_TRUE(loaded.ok()) << path << ": " << loaded.status();
+    original_ = *std::move(loaded);
+    run_ = RunConfig(R"({"preset": "transformer"})", original_);
+    ASSERT_TRUE(run_.status.ok()) << path << ": " << run_.status;
+  }
+  onnx::ModelProto original_;
+  PassRun run_;
+};
 
 struct CacheShape {
   int64_t batch, past, sequence;

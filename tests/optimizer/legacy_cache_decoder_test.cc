@@ -21,17 +21,9 @@ namespace {
 
 constexpr int kLegacyLayers = 2;
 
-class LegacyCacheDecoderTest : public ::testing::Test {
+class LegacyCacheDecoderTest : public ::testing::Test, protected testing::TransformerPresetTest {
  protected:
-  void SetUp() override {
-    auto loaded = LoadModel(testing::FixturePath("cache/legacy_cache_decoder.onnx"));
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    original_ = *std::move(loaded);
-    run_ = testing::RunConfig(R"({"preset": "transformer"})", original_);
-    ASSERT_TRUE(run_.status.ok()) << run_.status;
-  }
-  onnx::ModelProto original_;
-  testing::PassRun run_;
+  void SetUp() override { LoadAndOptimize("cache/legacy_cache_decoder.onnx"); }
 };
 
 TEST_F(LegacyCacheDecoderTest, AttentionFusesOverTheHeadsTheGraphComputes) {

@@ -19,17 +19,9 @@ namespace {
 
 constexpr int kStackedLayers = 2;
 
-class StackedPastGpt2Test : public ::testing::TestWithParam<std::string> {
+class StackedPastGpt2Test : public ::testing::TestWithParam<std::string>, protected testing::TransformerPresetTest {
  protected:
-  void SetUp() override {
-    auto loaded = LoadModel(testing::FixturePath("stacked_past/" + GetParam() + ".onnx"));
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    original_ = *std::move(loaded);
-    run_ = testing::RunConfig(R"({"preset": "transformer"})", original_);
-    ASSERT_TRUE(run_.status.ok()) << run_.status;
-  }
-  onnx::ModelProto original_;
-  testing::PassRun run_;
+  void SetUp() override { LoadAndOptimize("stacked_past/" + GetParam() + ".onnx"); }
 };
 
 TEST_P(StackedPastGpt2Test, EveryLayerBecomesAttentionWithThePastAndPresent) {
