@@ -91,6 +91,13 @@ const onnx::ValueInfoProto* Find(const google::protobuf::RepeatedPtrField<onnx::
   return nullptr;
 }
 
+// True if input `i` of `node` is a table it reads rows of: a Gather's data, or EmbedLayerNormalization's
+// word, position and segment embeddings (its inputs 2, 3 and 4).
+bool IsLookupTable(const onnx::NodeProto& node, int i) {
+  if (node.op_type() == "Gather" || node.op_type() == "GatherBlockQuantized") return i == 0;
+  return node.op_type() == "EmbedLayerNormalization" && node.domain() == "com.microsoft" && i >= 2 && i <= 4;
+}
+
 }  // namespace
 
 double MemoryReadBandwidth(int threads) {
@@ -119,13 +126,13 @@ double MemoryReadBandwidth(int threads) {
 int64_t StepBytes(const onnx::ModelProto& model, const CacheInterface& cache, int64_t batch, int64_t past,
                   int64_t new_tokens) {
   const onnx::GraphProto& graph = model.graph();
-  // Initializers read only as a Gather's table give the rows gathered; any other reader reads them whole.
+  // Initializers read only as lookup tables give the rows looked up; any other reader reads them whole.
   std::map<std::string, bool> only_gathered;
   for (const auto& node : graph.node()) {
-    const bool gather = node.op_type() == "Gather" || node.op_type() == "GatherBlockQuantized";
     for (int i = 0; i < node.input_size(); ++i) {
-      auto [entry, added] = only_gathered.emplace(node.input(i), gather && i == 0);
-      if (!added) entry->second = entry->second && gather && i == 0;
+      const bool table = IsLookupTable(node, i);
+      auto [entry, added] = only_gathered.emplace(node.input(i), table);
+      if (!added) entry->second = entry->second && table;
     }
   }
   int64_t bytes = 0;

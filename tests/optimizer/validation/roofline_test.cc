@@ -65,6 +65,37 @@ TEST_F(RooflineTest, APhasesFractionIsItsBytesAtTheBandwidthOverItsTime) {
   EXPECT_DOUBLE_EQ(report.memory_bandwidth_bytes_per_second(), bandwidth);
 }
 
+// EmbedLayerNormalization looks its tables up as Gather does: GPT-2 fused (the word and position tables
+// inside it) moves no more table bytes a step than the original's Gathers.
+TEST(RooflineLookupTest, EmbedLayerNormalizationsTablesAreReadByTheRow) {
+  auto original = LoadModel(testing::FixturePath("stacked_past/gpt2_plain_keys.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  const std::optional<CacheInterface> cache = FindCacheInterface(original->graph());
+  ASSERT_TRUE(cache.has_value());
+  onnx::ModelProto fused = *original;
+  onnx::GraphProto& graph = *fused.mutable_graph();
+  // The two lookups become one EmbedLayerNormalization reading both tables (its other inputs as given).
+  int gathers = 0;
+  std::vector<std::string> tables;
+  for (auto& node : *graph.mutable_node()) {
+    if (node.op_type() != "Gather" || (node.input(0) != "wte.weight" && node.input(0) != "wpe.weight")) continue;
+    tables.push_back(node.input(0));
+    node.set_op_type("Identity");  // keeps the graph's shape; only the readers of the tables matter here
+    node.mutable_input()->RemoveLast();
+    node.set_input(0, node.input(0) + "_unread");
+    ++gathers;
+  }
+  ASSERT_EQ(gathers, 2) << "the word and position lookups";
+  onnx::NodeProto* embed = graph.add_node();
+  embed->set_op_type("EmbedLayerNormalization");
+  embed->set_domain("com.microsoft");
+  for (const std::string& input : {std::string("input_ids"), std::string(""), tables[0], tables[1]}) embed->add_input(input);
+  embed->add_output("embedded");
+  EXPECT_EQ(StepBytes(fused, *cache, 1, 16, 1), StepBytes(*original, *cache, 1, 16, 1));
+  embed->set_op_type("SkipLayerNormalization");  // a reader that is no lookup reads the tables whole
+  EXPECT_GT(StepBytes(fused, *cache, 1, 16, 1), StepBytes(*original, *cache, 1, 16, 1));
+}
+
 TEST(MemoryBandwidthTest, IsMeasuredOncePerThreadCount) {
   const double first = MemoryReadBandwidth(1);
   EXPECT_GT(first, 1e9) << "any machine this runs on reads more than 1 GB/s";
