@@ -52,8 +52,12 @@ TEST_P(GpuTest, ACudaJobValidatesAndTimesOnTheGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuTest,
+                         // The last two: decoders with a cache (validated at prefill, decode and a chunk after a
+                         // past): GPT-2's stacked past as Attention with past and present, and head size 12 as
+                         // MultiHeadAttention over the computed heads with the causal condition as its bias.
                          ::testing::Values("bert_tiny.onnx", "gpt2_tiny.onnx", "hf/bert_torchscript.onnx",
-                                           "hf/gpt2_torchscript.onnx", "hf/llama_dynamo.onnx"),
+                                           "hf/gpt2_torchscript.onnx", "hf/llama_dynamo.onnx",
+                                           "stacked_past/gpt2_plain_keys.onnx", "cache/cache_decoder_head12.onnx"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
