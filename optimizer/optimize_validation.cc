@@ -33,10 +33,6 @@ std::string CulpritList(const v1::Bisection& bisection) {
   return absl::StrJoin(names, ", then ");
 }
 
-// The graph input remove_padding packed the model by, when it changed the model; its result is
-// judged on that mask's valid positions. The gather form reads it as NonZero(Reshape(mask, [-1])), the
-// packed form as RemovePadding's token counts: ReduceSum(Cast(mask)) or the embedding's mask index
-// (EmbedLayerNormalization's output 1, from its mask input 7).
 // True if a pass run of `runs` counted `counter`.
 bool CountedBy(const std::vector<v1::PassReport>& runs, const std::string& counter) {
   for (const auto& run : runs) {
@@ -45,6 +41,10 @@ bool CountedBy(const std::vector<v1::PassReport>& runs, const std::string& count
   return false;
 }
 
+// The graph input remove_padding packed the model by, when it changed the model; its result is
+// judged on that mask's valid positions. The gather form reads it as NonZero(Reshape(mask, [-1])), the
+// packed form as RemovePadding's token counts: ReduceSum(Cast(mask)) or the embedding's mask index
+// (EmbedLayerNormalization's output 1, from its mask input 7).
 std::string PaddingMaskInput(const std::vector<v1::PassReport>& runs, const onnx::ModelProto& model) {
   bool ran = false;
   for (const auto& run : runs) ran |= run.name() == "remove_padding" && run.rewrites() > 0;

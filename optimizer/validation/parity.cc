@@ -419,38 +419,6 @@ absl::StatusOr<ParityReference> BuildParityReference(Ort::Session& original, con
 
 namespace {
 
-// Takes the expected values into `actual` at the positions the mask input `mask` zeroes, for a
-// float output shaped [batch, sequence, ...] like the mask, so only valid positions are compared.
-void KeepValidPositions(const ParityReference::InputSet& set, const std::string& mask, size_t output,
-                        Ort::Value* actual) {
-  const auto found = std::find(set.inputs.names.begin(), set.inputs.names.end(), mask);
-  if (found == set.inputs.names.end()) return;
-  const Ort::Value& mask_value = set.inputs.values[static_cast<size_t>(found - set.inputs.names.begin())];
-  const auto mask_info = mask_value.GetTensorTypeAndShapeInfo();
-  const auto info = actual->GetTensorTypeAndShapeInfo();
-  const std::vector<int64_t> mask_shape = mask_info.GetShape(), shape = info.GetShape();
-  if (mask_shape.size() != 2 || shape.size() < 2 || shape[0] != mask_shape[0] || shape[1] != mask_shape[1] ||
-      info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
-      set.expected[output].GetTensorTypeAndShapeInfo().GetShape() != shape) {
-    return;
-  }
-  int64_t inner = 1;
-  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
-  const float* expected = set.expected[output].GetTensorData<float>();
-  float* values = actual->GetTensorMutableData<float>();
-  for (int64_t position = 0; position < mask_shape[0] * mask_shape[1]; ++position) {
-    bool valid = true;
-    switch (mask_info.GetElementType()) {
-      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: valid = mask_value.GetTensorData<int64_t>()[position] != 0; break;
-      case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: valid = mask_value.GetTensorData<int32_t>()[position] != 0; break;
-      case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: valid = mask_value.GetTensorData<float>()[position] != 0; break;
-      case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: valid = mask_value.GetTensorData<bool>()[position]; break;
-      default: return;
-    }
-    if (!valid) std::copy(expected + position * inner, expected + (position + 1) * inner, values + position * inner);
-  }
-}
-
 // The mask input's values as 0/1 per [b, t], or nullopt for another element type.
 std::optional<std::vector<bool>> MaskKeeps(const Ort::Value& mask) {
   const auto info = mask.GetTensorTypeAndShapeInfo();
@@ -466,6 +434,34 @@ std::optional<std::vector<bool>> MaskKeeps(const Ort::Value& mask) {
     }
   }
   return keeps;
+}
+
+// Takes the expected values into `actual` at the positions the mask input `mask` zeroes, for a
+// float output shaped [batch, sequence, ...] like the mask, so only valid positions are compared.
+void KeepValidPositions(const ParityReference::InputSet& set, const std::string& mask, size_t output,
+                        Ort::Value* actual) {
+  const auto found = std::find(set.inputs.names.begin(), set.inputs.names.end(), mask);
+  if (found == set.inputs.names.end()) return;
+  const Ort::Value& mask_value = set.inputs.values[static_cast<size_t>(found - set.inputs.names.begin())];
+  const auto mask_info = mask_value.GetTensorTypeAndShapeInfo();
+  const auto info = actual->GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> mask_shape = mask_info.GetShape(), shape = info.GetShape();
+  if (mask_shape.size() != 2 || shape.size() < 2 || shape[0] != mask_shape[0] || shape[1] != mask_shape[1] ||
+      info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+      set.expected[output].GetTensorTypeAndShapeInfo().GetShape() != shape) {
+    return;
+  }
+  const std::optional<std::vector<bool>> keeps = MaskKeeps(mask_value);
+  if (!keeps) return;
+  int64_t inner = 1;
+  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
+  const float* expected = set.expected[output].GetTensorData<float>();
+  float* values = actual->GetTensorMutableData<float>();
+  for (int64_t position = 0; position < mask_shape[0] * mask_shape[1]; ++position) {
+    if (!(*keeps)[static_cast<size_t>(position)]) {
+      std::copy(expected + position * inner, expected + (position + 1) * inner, values + position * inner);
+    }
+  }
 }
 
 // Takes the expected values into `actual` where a decoder's query sees no key its mask keeps (every

@@ -75,15 +75,21 @@ std::string MaskTerm(Graph& graph, NodeChain& chain, const std::string& allowed,
   return chain.Add("Where", {allowed, zero, masked}, "scores_mask");
 }
 
-// `masked` (the scores' selection or product) replaced by Add(scores, term), writing its output.
-void ReplaceWithAdditive(Graph& graph, NodeChain& chain, Node* masked, const std::string& scores,
-                         const std::string& term, PassContext& context) {
+// `masked` (the scores' selection or product) replaced by `op` over `inputs` writing its output: the
+// additive Add(scores, term), or a multiplied causal buffer's selection Where(allowed, scores, fill).
+void ReplaceMasked(Graph& graph, NodeChain& chain, Node* masked, const char* op, std::vector<std::string> inputs,
+                   PassContext& context) {
   const std::string output = masked->output(0);
   const std::string name = masked->name();
+  const std::string suffix = std::string(op) == "Add" ? "_additive" : "_selected";
   graph.RemoveNode(masked);
-  chain.AddNode(MakeNode("Add", graph.UniqueName(name.empty() ? "masked_scores" : name + "_additive"), {scores, term},
+  chain.AddNode(MakeNode(op, graph.UniqueName(name.empty() ? "masked_scores" : name + suffix), std::move(inputs),
                          {output}));
   context.CountRewrite();
+}
+void ReplaceWithAdditive(Graph& graph, NodeChain& chain, Node* masked, const std::string& scores,
+                         const std::string& term, PassContext& context) {
+  ReplaceMasked(graph, chain, masked, "Add", {scores, term}, context);
 }
 
 // The constant `cond` is Slices (and Casts) of, or nullptr: a causal buffer cut to the scores' length.
@@ -172,12 +178,7 @@ class CanonicalizeMaskedScoresPass final : public ShapedPass {
             chain.Add("Cast", {form->mask}, "causal_allowed", {MakeIntAttribute("to", onnx::TensorProto::BOOL)});
         const std::string masked = graph.UniqueName("causal_fill");
         graph.AddInitializer(MakeFloatTensor(masked, {}, {form->fill}));
-        const std::string output = sub->output(0);
-        const std::string name = sub->name();
-        graph.RemoveNode(sub);
-        chain.AddNode(MakeNode("Where", graph.UniqueName(name.empty() ? "causal_scores" : name + "_selected"),
-                               {allowed, form->scores, masked}, {output}));
-        context.CountRewrite();
+        ReplaceMasked(graph, chain, sub, "Where", {allowed, form->scores, masked}, context);
         continue;
       }
       std::string& term = terms[{form->mask, form->fill}];

@@ -109,8 +109,6 @@ struct Scores {
   // reach -inf. It changes only scores the mask removes (and rows masked entirely, to uniform ones,
   // as the fused operators' finite mask value does).
   Node* clamp = nullptr;
-  // The causal buffer's rows are cut at T - S, not 0 (GPT-2 with a past): query i sees keys up to T - S + i.
-  bool causal_rows_offset = false;
 };
 
 // Where the context goes after MatMul(probs, v), back to [B,S,H].

@@ -100,10 +100,10 @@ bool IsPastOffset(const Graph& graph, const ShapeInfo& shapes, const Scores& sco
          IsScoresLength(graph, shapes, scores, scored, sub->input(1), 0, 2);
 }
 
-// Whether `cond` is a lower-triangular (causal) buffer [1,1,M,M] sliced to the scores' [S, T] on its
+// True if `cond` is a lower-triangular (causal) buffer [1,1,M,M] sliced to the scores' [S, T] on its
 // last two axes, as GPT-2 style models write `bias[:, :, :S, :S]` (possibly cast to bool), or with a
-// past `bias[:, :, T-S:T, :T]`; nullopt where it is not, else whether the rows start at T - S.
-std::optional<bool> CausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond,
+// past `bias[:, :, T-S:T, :T]` (query i sees keys up to T - S + i).
+bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::string& cond,
                                 const std::string& scored, const Scores& scores) {
   std::string value = cond;
   // A 0/1 buffer of another type made boolean after its slices (GPT-2's uint8 `bias` in older exports).
@@ -111,39 +111,32 @@ std::optional<bool> CausalSlice(const Graph& graph, const ShapeInfo& shapes, con
     value = cast->input(0);
   }
   std::set<int64_t> sliced_axes;
-  bool rows_offset = false;
   // Either shape inference shows the slice is [.., S, T], or every end is the scores' dim.
   bool ends_match = true;
   for (int depth = 0; depth < 3; ++depth) {
     Node* slice = ProducerWithOp(graph, value, "Slice");
     if (slice == nullptr) break;
-    if (slice->input_size() < 4) return std::nullopt;  // the axes are given
+    if (slice->input_size() < 4) return false;  // the axes are given
     const std::optional<SliceSpec> spec = ParseSlice(graph, *slice);
-    if (!spec) return std::nullopt;
+    if (!spec) return false;
     for (size_t i = 0; i < spec->axes.size(); ++i) {
       const int64_t axis = spec->axes[i] < 0 ? spec->axes[i] + 4 : spec->axes[i];
-      if (spec->steps[i] != 1 || (axis != 2 && axis != 3)) return std::nullopt;
+      if (spec->steps[i] != 1 || (axis != 2 && axis != 3)) return false;
       // The rows of a past's chunk: T - S to T.
       const bool past_rows = axis == 2 && !spec->starts && spec->axes.size() == 1 &&
                              IsPastOffset(graph, shapes, scores, scored, slice->input(1)) &&
                              IsScoresLength(graph, shapes, scores, scored, slice->input(2), 0, 3);
-      if (!past_rows && (!spec->starts || (*spec->starts)[i] != 0)) return std::nullopt;
-      rows_offset |= past_rows;
+      if (!past_rows && (!spec->starts || (*spec->starts)[i] != 0)) return false;
       sliced_axes.insert(axis);
       ends_match &= past_rows || IsScoresLength(graph, shapes, scores, scored, slice->input(2), i, axis);
     }
     value = slice->input(0);
   }
-  if (!ends_match && !(shapes.SameDim(cond, -1, scored, -1) && shapes.SameDim(cond, -2, scored, -2))) {
-    return std::nullopt;
-  }
+  if (!ends_match && !(shapes.SameDim(cond, -1, scored, -1) && shapes.SameDim(cond, -2, scored, -2))) return false;
   const onnx::TensorProto* buffer = ConstantTensor(graph, value);
-  if (buffer == nullptr || buffer->dims_size() != 4 || buffer->dims(0) != 1 || buffer->dims(1) != 1 ||
-      buffer->dims(2) != buffer->dims(3) || sliced_axes != std::set<int64_t>{2, 3} ||
-      !IsLowerTriangular(*buffer, buffer->dims(2))) {
-    return std::nullopt;
-  }
-  return rows_offset;
+  return buffer != nullptr && buffer->dims_size() == 4 && buffer->dims(0) == 1 && buffer->dims(1) == 1 &&
+         buffer->dims(2) == buffer->dims(3) && sliced_axes == std::set<int64_t>{2, 3} &&
+         IsLowerTriangular(*buffer, buffer->dims(2));
 }
 
 // True if `value` is Q*K^T, possibly scaled or causally masked: the side of a mask Add that is not
@@ -350,10 +343,9 @@ MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Nod
       *heads = pre->second;
     }
   }
-  if (const Node* where = scores.causal_where) {
-    const std::optional<bool> rows_offset = CausalSlice(graph, shapes, where->input(0), where->input(1), scores);
-    if (!rows_offset) return Fail(kNotCausal);
-    scores.causal_rows_offset = *rows_offset;
+  if (const Node* where = scores.causal_where;
+      where != nullptr && !IsCausalSlice(graph, shapes, where->input(0), where->input(1), scores)) {
+    return Fail(kNotCausal);
   }
   return scores;
 }
