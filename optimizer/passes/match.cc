@@ -161,6 +161,35 @@ std::optional<int64_t> ShapeValueElement(const Graph& graph, const ShapeInfo& sh
   return (*symbolic)[index].dim_value();
 }
 
+std::optional<std::pair<std::string, int64_t>> ShapeDimRead(const Graph& graph, const ShapeInfo& shapes,
+                                                            const Node& read) {
+  const bool gather = read.op_type() == "Gather" && read.input_size() == 2 && read.GetAttributeInt("axis", 0) == 0;
+  if (!read.domain().empty() || (!gather && read.op_type() != "Slice")) return std::nullopt;
+  Node* shape = ProducerWithOp(graph, read.input(0), "Shape");
+  const std::optional<int> rank = shape != nullptr ? shapes.Rank(shape->input(0)) : std::nullopt;
+  if (!rank) return std::nullopt;
+  // Shape(t, start, end) holds dims [start, end) of t.
+  int64_t start = shape->GetAttributeInt("start", 0), end = shape->GetAttributeInt("end", *rank);
+  if (start < 0) start += *rank;
+  if (end < 0) end += *rank;
+  end = std::min<int64_t>(end, *rank);
+  const int64_t count = end - start;
+  if (start < 0 || count <= 0) return std::nullopt;
+  std::optional<int64_t> index;
+  if (gather) {
+    const std::optional<std::vector<int64_t>> indices = ConstantInts(graph, read.input(1));
+    if (indices && indices->size() == 1) index = (*indices)[0] < 0 ? (*indices)[0] + count : (*indices)[0];
+  } else if (const std::optional<SliceSpec> spec = ParseSlice(graph, read);
+             spec && spec->starts && spec->ends && spec->OneAxis(0, 1)) {
+    int64_t first = (*spec->starts)[0], last = (*spec->ends)[0];
+    if (first < 0) first += count;
+    if (last < 0) last += count;
+    if (std::min<int64_t>(last, count) == first + 1) index = first;
+  }
+  if (!index || *index < 0 || *index >= count) return std::nullopt;
+  return std::make_pair(shape->input(0), start + *index);
+}
+
 bool ElementIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,
                   const std::string& shaped, int dim) {
   const onnx::TensorShapeProto::Dimension* want = shapes.Dim(shaped, dim);

@@ -172,6 +172,12 @@ std::optional<size_t> ShapeValueSize(const Graph& graph, const ShapeInfo& shapes
 std::optional<int64_t> ShapeValueElement(const Graph& graph, const ShapeInfo& shapes, const std::string& value,
                                          size_t index);
 
+// (t, dim) where `read` reads one dim of Shape(t): Gather(Shape(t), i) on axis 0 with one constant index,
+// or a one-element Slice(Shape(t), [i], [i + 1]) on axis 0 with step 1; negative indices count from the
+// end, and Shape's start/end attributes offset them. nullopt for any other node or where t's rank is unknown.
+std::optional<std::pair<std::string, int64_t>> ShapeDimRead(const Graph& graph, const ShapeInfo& shapes,
+                                                            const Node& read);
+
 // True if element `index` of the small integer tensor `value` (a constant, or shape arithmetic the
 // shapes pin down) is the same number or named dim as dim `dim` of `shaped` (negative: from the end).
 bool ElementIsDim(const Graph& graph, const ShapeInfo& shapes, const std::string& value, size_t index,

@@ -49,19 +49,6 @@ absl::flat_hash_set<absl::string_view> ComputedFrom(const Graph& graph, const st
   return reached;
 }
 
-// The one dim a Slice of a shape reads: starts [s], ends [s + 1] (after negative indices count from
-// `rank`), on axis 0 with step 1.
-std::optional<int64_t> SlicedDim(const Graph& graph, const Node& slice, int rank) {
-  const std::optional<SliceSpec> spec = ParseSlice(graph, slice);
-  if (!spec || !spec->starts || !spec->ends || !spec->OneAxis(0, 1)) return std::nullopt;
-  int64_t start = (*spec->starts)[0], end = (*spec->ends)[0];
-  if (start < 0) start += rank;
-  if (end < 0) end += rank;
-  end = std::min<int64_t>(end, rank);
-  if (start < 0 || start >= rank || end != start + 1) return std::nullopt;
-  return start;
-}
-
 class CanonicalizeShapeReadsPass final : public ShapedPass {
  public:
   absl::string_view name() const override { return "canonicalize_shape_reads"; }
@@ -100,21 +87,14 @@ class CanonicalizeShapeReadsPass final : public ShapedPass {
     std::map<std::string, absl::flat_hash_set<absl::string_view>> computed_from;  // graph input -> its descendants
     for (Node* node : graph.Nodes()) {
       if (node->removed() || !node->domain().empty()) continue;
-      const bool gather = node->op_type() == "Gather" && node->input_size() == 2 && node->GetAttributeInt("axis", 0) == 0;
+      const bool gather = node->op_type() == "Gather";
       if (!gather && node->op_type() != "Slice") continue;
       Node* shape = ProducerWithOp(graph, node->input(0), "Shape");
       if (shape == nullptr || shape->FindAttribute("start") != nullptr || shape->FindAttribute("end") != nullptr) continue;
-      const std::string& read = shape->input(0);
-      if (graph.IsGraphInput(read)) continue;
-      std::optional<int64_t> index;
-      if (gather) {
-        auto indices = ConstantInts(graph, node->input(1));
-        if (indices && indices->size() == 1) index = (*indices)[0];
-      } else if (std::optional<int> rank = shapes.Rank(read)) {
-        index = SlicedDim(graph, *node, *rank);
-      }
-      if (!index) continue;
-      const onnx::TensorShapeProto::Dimension* dim = shapes.Dim(read, static_cast<int>(*index));
+      const std::optional<std::pair<std::string, int64_t>> dim_read = ShapeDimRead(graph, shapes, *node);
+      if (!dim_read || graph.IsGraphInput(dim_read->first)) continue;
+      const std::string& read = dim_read->first;
+      const onnx::TensorShapeProto::Dimension* dim = shapes.Dim(read, static_cast<int>(dim_read->second));
       if (dim == nullptr || !dim->has_dim_param() || dim->dim_param().empty()) continue;
       auto source = sources.find(dim->dim_param());
       if (source == sources.end()) continue;

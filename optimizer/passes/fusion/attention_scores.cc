@@ -36,40 +36,18 @@ bool IsLowerTriangular(const onnx::TensorProto& buffer, int64_t n) {
                                     [&](int64_t k) { return (*floats)[static_cast<size_t>(k)] != 0; });
 }
 
-// (t, axis) where `value` reads one dim of a tensor t's shape: Gather(Shape(t), axis), Slice(Shape(t),
-// axis, axis + 1) or Shape(t, start=axis), possibly squeezed, unsqueezed or cast; the axis counted from
-// the front of t's known rank.
-std::optional<std::pair<std::string, int64_t>> ShapeDimRead(const Graph& graph, const ShapeInfo& shapes,
-                                                            std::string value) {
+// (t, axis) where `value` reads one dim of a tensor t's shape (ShapeDimRead), possibly squeezed,
+// unsqueezed or cast.
+std::optional<std::pair<std::string, int64_t>> ShapeDimBehind(const Graph& graph, const ShapeInfo& shapes,
+                                                              std::string value) {
   for (int depth = 0; depth < 4; ++depth) {
     Node* producer = graph.Producer(value);
     if (producer == nullptr || !producer->domain().empty() || producer->input_size() < 1) return std::nullopt;
     const std::string op(producer->op_type());
-    if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast" || op == "Identity") {
-      value = producer->input(0);
-      continue;
+    if (op != "Unsqueeze" && op != "Squeeze" && op != "Cast" && op != "Identity") {
+      return ShapeDimRead(graph, shapes, *producer);
     }
-    std::optional<int64_t> axis;
-    if (op == "Gather" && producer->input_size() == 2 && producer->GetAttributeInt("axis", 0) == 0) {
-      const auto index = ConstantInts(graph, producer->input(1));
-      if (index && index->size() == 1) axis = (*index)[0];
-    } else if (op == "Slice") {
-      const std::optional<SliceSpec> spec = ParseSlice(graph, *producer);
-      if (spec && spec->starts && spec->ends && spec->OneAxis(0, 1)) {
-        const int64_t start = (*spec->starts)[0], end = (*spec->ends)[0];
-        if (end == start + 1 || (start == -1 && end > 0)) axis = start;
-      }
-    }
-    Node* shape = axis ? ProducerWithOp(graph, producer->input(0), "Shape") : nullptr;
-    if (shape == nullptr) return std::nullopt;
-    const std::optional<int> rank = shapes.Rank(shape->input(0));
-    if (!rank) return std::nullopt;
-    const int64_t offset = shape->GetAttributeInt("start", 0);
-    if (offset != 0 && *axis < 0) return std::nullopt;
-    int64_t dim = *axis + (offset < 0 ? offset + *rank : offset);
-    if (dim < 0) dim += *rank;
-    if (dim < 0 || dim >= *rank) return std::nullopt;
-    return std::make_pair(shape->input(0), dim);
+    value = producer->input(0);
   }
   return std::nullopt;
 }
@@ -81,7 +59,7 @@ bool IsScoresLength(const Graph& graph, const ShapeInfo& shapes, const Scores& s
                     const std::string& value, size_t index, int64_t axis) {
   if (ElementIsDim(graph, shapes, value, index, scored, static_cast<int>(axis))) return true;
   if (index != 0 || ShapeValueSize(graph, shapes, value).value_or(1) != 1) return false;
-  const auto read = ShapeDimRead(graph, shapes, value);
+  const auto read = ShapeDimBehind(graph, shapes, value);
   if (!read) return false;
   const auto& [tensor, dim] = *read;
   if ((tensor == scored || tensor == scores.qk->output(0)) && dim == axis) return true;
