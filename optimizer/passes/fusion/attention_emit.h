@@ -66,6 +66,14 @@ std::pair<std::string, std::string> RotatedQueryAndKey(Graph& graph, const Atten
 // changes nothing else.
 std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState* state, NodeChain* chain);
 
+// A decoder with a cache (per layer or stacked) and a padding mask: a query whose every visible key is
+// padding (left padding longer than the past) gets a softmax over masked scores only. The original's
+// mask may replace those scores (a Where, a clamp at finfo.min) or add -inf (then a NaN guard), while the
+// fused operators add their bias, so that row's values are whatever each computes; no unmasked position
+// reads it. Counts `rows_masked_entirely_differ`, with which parity leaves such queries out (once noted).
+void CountRowsMaskedEntirely(const AttentionMatch& match, const Node& fused, FusionState* state,
+                             PassContext& context);
+
 }  // namespace onnxopt::attention
 
 #endif  // ONNXOPT_OPTIMIZER_PASSES_FUSION_ATTENTION_EMIT_H_

@@ -150,7 +150,17 @@ MatchResult<Matched> MatchKvCache(const Graph& graph, const ShapeInfo& shapes, s
   Node* v_concat = ProducerWithOp(graph, *v_value, "Concat");
   std::optional<std::string> past_key = k_concat ? CachedPast(graph, shapes, *k_concat) : std::nullopt;
   std::optional<std::string> past_value = v_concat ? CachedPast(graph, shapes, *v_concat) : std::nullopt;
-  if (!past_key && !past_value) return Matched{};
+  if (!past_key && !past_value) {
+    // No past: the new K and V (or their repeat to the query heads) may be the presents themselves.
+    std::vector<std::string> heads = {*k_value, *v_value};
+    for (const auto* repeat : {&match->k_repeat, &match->v_repeat}) {
+      if (repeat->has_value()) heads.push_back((*repeat)->nodes.back()->output(0));
+    }
+    for (const std::string& value : heads) {
+      if (graph.IsGraphOutput(value)) match->fresh_presents.insert(value);
+    }
+    return Matched{};
+  }
   if (!past_key || !past_value) return Fail("rotary attention: only one of K and V is read from a key/value cache");
   match->cache = KvCache{k_concat, v_concat, *past_key, *past_value};
   *k_value = k_concat->input(1);

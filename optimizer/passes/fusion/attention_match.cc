@@ -155,11 +155,27 @@ MatchResult<std::vector<Node*>> ClaimPattern(const Graph& graph, const std::vect
 const Node* RemovePattern(Graph& graph, const AttentionMatch& match, const std::vector<Node*>& pattern,
                           const std::vector<Node*>& shape_nodes) {
   const Node* anchor = match.out.nodes.back();
-  for (Node* node : pattern) {
-    if (!node->removed()) graph.RemoveNode(node);
+  // A first step's presents (AttentionMatch::fresh_presents) keep what computes them.
+  std::set<const Node*> kept;
+  if (!match.fresh_presents.empty()) {
+    std::map<std::string, const Node*> producers;
+    for (const std::vector<Node*>* nodes : {&pattern, &shape_nodes}) {
+      for (const Node* node : *nodes) {
+        for (const std::string& output : node->proto().output()) producers[output] = node;
+      }
+    }
+    std::vector<std::string> needed(match.fresh_presents.begin(), match.fresh_presents.end());
+    while (!needed.empty()) {
+      auto producer = producers.find(needed.back());
+      needed.pop_back();
+      if (producer == producers.end() || !kept.insert(producer->second).second) continue;
+      for (const std::string& input : producer->second->proto().input()) needed.push_back(input);
+    }
   }
-  for (Node* node : shape_nodes) {
-    if (!node->removed()) graph.RemoveNode(node);
+  for (const std::vector<Node*>* nodes : {&pattern, &shape_nodes}) {
+    for (Node* node : *nodes) {
+      if (!node->removed() && kept.count(node) == 0) graph.RemoveNode(node);
+    }
   }
   return anchor;
 }

@@ -156,7 +156,7 @@ struct FusionState {
   std::map<std::string, std::string> finite_biases;     // a clamped float bias -> Max(bias, lowest)
   std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
-  bool rows_masked_entirely_noted = false;  // ... and what a stacked past's Attention computes otherwise
+  bool rows_masked_entirely_noted = false;  // ... and that a query seeing only padding is left to each kernel
   int64_t packed_projection_bytes = 0;  // the packed Q/K/V weights GroupQueryAttention took so far
   bool packing_limit_noted = false;     // the report says once that they reached their limit
   std::set<std::string> kept_noted;  // AttentionMatch::kept_neighbour reasons the report gave
@@ -176,6 +176,10 @@ struct AttentionMatch {
   std::optional<KvRepeat> k_repeat, v_repeat;
   std::optional<KvCache> cache;
   std::optional<StackedCache> stacked_cache;  // only with Q, K and V head-split projections of one input
+  // A decoder's first step without a past (Optimum's decoder_model, a merged decoder's branch without
+  // the cache) writes this step's K and V heads (maybe repeated) as its presents: those graph outputs
+  // stay, with the nodes computing them, beside the fused operator.
+  std::set<std::string> fresh_presents;
   // K and V go to MultiHeadAttention as the graph's heads [B,N,T,D] (its BNSH key and value) instead of
   // merged back to [B,T,H]: set over a cache's repeated heads (OverComputedHeads) and for heads that are
   // graph inputs (an encoder-decoder's encoder keys and values), where merging would copy them at every

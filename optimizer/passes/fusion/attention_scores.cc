@@ -69,12 +69,57 @@ bool IsScoresLength(const Graph& graph, const ShapeInfo& shapes, const Scores& s
   return swap != nullptr && PermOf(swap) == Perm{0, 1, 3, 2} && tensor == swap->input(0) && dim == 2;
 }
 
+// True if `value` reads a cache's past length P: the growing dim of a tensor that a Concat on that axis
+// joins the new keys or values to (`torch.cat((past_key, k), dim=-2)`), or the past input of a layer this
+// pass has fused already (its sequence axis, 2).
+bool IsPastLength(const Graph& graph, const ShapeInfo& shapes, const std::string& value) {
+  const auto read = ShapeDimBehind(graph, shapes, value);
+  if (!read) return false;
+  const auto& [past, dim] = *read;
+  const std::optional<int> rank = shapes.Rank(past);
+  if (!rank) return false;
+  for (const Node* reader : graph.Consumers(past)) {
+    if (reader->domain() == "com.microsoft" && dim == 2 && *rank == 4) {
+      const int first = reader->op_type() == "GroupQueryAttention" ? 3 : reader->op_type() == "MultiHeadAttention" ? 6 : -1;
+      if (first >= 0 && reader->input_size() > first + 1 &&
+          (reader->input(first) == past || reader->input(first + 1) == past)) {
+        return true;
+      }
+    }
+    if (reader->op_type() != "Concat" || !reader->domain().empty() || reader->input_size() != 2 ||
+        reader->input(0) != past) {
+      continue;
+    }
+    int64_t axis = reader->GetAttributeInt("axis", 0);
+    if (axis < 0) axis += *rank;
+    if (axis == dim) return true;
+  }
+  return false;
+}
+
+// True if the one-element `value` is the scores' key length T: a read of it (IsScoresLength), or the
+// past's length plus the queries' (T = P + S, as a mask made once for every layer counts it).
+bool IsKeyLength(const Graph& graph, const ShapeInfo& shapes, const Scores& scores, const std::string& scored,
+                 std::string value) {
+  if (IsScoresLength(graph, shapes, scores, scored, value, 0, 3)) return true;
+  if (Node* unsqueeze = ProducerWithOp(graph, value, "Unsqueeze")) value = unsqueeze->input(0);
+  Node* add = ProducerWithOp(graph, value, "Add");
+  if (add == nullptr || add->input_size() != 2) return false;
+  for (int past = 0; past < 2; ++past) {
+    if (IsPastLength(graph, shapes, add->input(past)) &&
+        IsScoresLength(graph, shapes, scores, scored, add->input(1 - past), 0, 2)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // True if the one-element `start` is T - S, as Sub(T, S) of the scores' lengths (possibly unsqueezed).
 bool IsPastOffset(const Graph& graph, const ShapeInfo& shapes, const Scores& scores, const std::string& scored,
                   std::string start) {
   if (Node* unsqueeze = ProducerWithOp(graph, start, "Unsqueeze")) start = unsqueeze->input(0);
   Node* sub = ProducerWithOp(graph, start, "Sub");
-  return sub != nullptr && IsScoresLength(graph, shapes, scores, scored, sub->input(0), 0, 3) &&
+  return sub != nullptr && IsKeyLength(graph, shapes, scores, scored, sub->input(0)) &&
          IsScoresLength(graph, shapes, scores, scored, sub->input(1), 0, 2);
 }
 
@@ -103,10 +148,11 @@ bool IsCausalSlice(const Graph& graph, const ShapeInfo& shapes, const std::strin
       // The rows of a past's chunk: T - S to T.
       const bool past_rows = axis == 2 && !spec->starts && spec->axes.size() == 1 &&
                              IsPastOffset(graph, shapes, scores, scored, slice->input(1)) &&
-                             IsScoresLength(graph, shapes, scores, scored, slice->input(2), 0, 3);
+                             IsKeyLength(graph, shapes, scores, scored, slice->input(2));
       if (!past_rows && (!spec->starts || (*spec->starts)[i] != 0)) return false;
       sliced_axes.insert(axis);
-      ends_match &= past_rows || IsScoresLength(graph, shapes, scores, scored, slice->input(2), i, axis);
+      const bool keys_end = axis == 3 && spec->axes.size() == 1 && IsKeyLength(graph, shapes, scores, scored, slice->input(2));
+      ends_match &= past_rows || keys_end || IsScoresLength(graph, shapes, scores, scored, slice->input(2), i, axis);
     }
     value = slice->input(0);
   }

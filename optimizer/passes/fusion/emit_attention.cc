@@ -90,6 +90,7 @@ MatchResult<Matched> ClaimAttentionPattern(const Graph& graph, const AttentionMa
     }
     if (!match.stacked_cache->present.empty()) reproduced.insert(match.stacked_cache->present);
   }
+  reproduced.insert(match.fresh_presents.begin(), match.fresh_presents.end());
   MatchResult<std::vector<Node*>> shape_nodes = ClaimPattern(graph, pattern, targets, match.out.output, reproduced);
   if (!shape_nodes) return shape_nodes.failure();
   plan->shape_nodes = *std::move(shape_nodes);
@@ -215,18 +216,7 @@ void EmitAttention(Graph& graph, const AttentionMatch& match, const AttentionPla
     *attention.add_attribute() = MakeFloatAttribute("scale", scale);
   }
   const Node* fused = chain.AddNode(std::move(attention));
-  if (match.stacked_cache && match.scores.causal_where != nullptr && !mask.raw_mask.empty()) {
-    // The original's causal Where replaces the scores of later keys, the fused operator adds its mask to
-    // them: the same wherever a query sees a key its mask keeps, not for a query whose every visible key
-    // is padding (left padding longer than the past), a row no unmasked position reads.
-    context.Count("rows_masked_entirely_differ");
-    if (!state->rows_masked_entirely_noted) {
-      state->rows_masked_entirely_noted = true;
-      context.Note(absl::StrCat(fused->name(), " and the other layers with a stacked past: a query that sees only "
-                                "padding (left padding longer than the past) gets another softmax over its masked "
-                                "keys than the original's; no unmasked position reads it, and parity skips it"));
-    }
-  }
+  CountRowsMaskedEntirely(match, *fused, state, context);
   if (batch_first) FinishAttentionOutput(graph, context, match, attended, fused, state);
   if (!batch_first) EmitOutputProjection(graph, match, plan, attended, fused);
   context.RequireOpset("com.microsoft", 1);

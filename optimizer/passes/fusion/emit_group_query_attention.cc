@@ -332,6 +332,7 @@ void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Re
     *gqa.add_attribute() = MakeIntAttribute("rotary_interleaved", match.q_rotation->interleaved ? 1 : 0);
   }
   const Node* fused = chain.AddNode(std::move(gqa));
+  CountRowsMaskedEntirely(match, *fused, state, context);
   if (match.cache && !state->cache_noted) {
     state->cache_noted = true;
     context.Note(absl::StrCat(fused->name(), " and the other layers' with the key/value cache run a prefill (no past) "

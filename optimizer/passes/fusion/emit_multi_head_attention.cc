@@ -175,6 +175,7 @@ MatchResult<Replacement> PlanMultiHeadAttention(const Graph& graph, const ShapeI
       reproduced.insert(concat->output(0));
     }
   }
+  reproduced.insert(match.fresh_presents.begin(), match.fresh_presents.end());  // kept, not written again
   MatchResult<std::vector<Node*>> shape_nodes =
       ClaimPattern(graph, plan.pattern, targets, match.out.output, reproduced);
   if (!shape_nodes) return Fail(absl::StrCat("rotary attention: ", shape_nodes.reason()));
@@ -216,9 +217,21 @@ void EmitMultiHeadAttention(Graph& graph, const AttentionMatch& match, const Rep
   if (mask.causal) *mha.add_attribute() = MakeIntAttribute("unidirectional", 1);
   if (!mask.raw_mask.empty()) *mha.add_attribute() = MakeFloatAttribute("mask_filter_value", mask.filter);
   const Node* fused = chain.AddNode(std::move(mha));
+  CountRowsMaskedEntirely(match, *fused, state, context);
   FinishAttentionOutput(graph, context, match, attended, fused, state);
   context.RequireOpset("com.microsoft", 1);
   context.CountRewrite();
+}
+
+void CountRowsMaskedEntirely(const AttentionMatch& match, const Node& fused, FusionState* state,
+                             PassContext& context) {
+  if ((!match.cache && !match.stacked_cache && match.fresh_presents.empty()) || match.mask.raw_mask.empty()) return;
+  context.Count("rows_masked_entirely_differ");
+  if (state->rows_masked_entirely_noted) return;
+  state->rows_masked_entirely_noted = true;
+  context.Note(absl::StrCat(fused.name(), " and the other layers with a key/value cache: a query that sees only "
+                            "padding (left padding longer than the past) gets another softmax over its masked keys "
+                            "than the original may; no unmasked position reads it, and parity skips it"));
 }
 
 std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState* state, NodeChain* chain) {
