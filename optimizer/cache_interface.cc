@@ -69,6 +69,11 @@ std::optional<CacheInterface> FindCacheInterface(const onnx::GraphProto& graph) 
   if (cache.entries.empty()) return std::nullopt;
   for (const auto& input : graph.input()) {
     const onnx::TensorShapeProto* shape = ShapeOf(input);
+    if (shape != nullptr && shape->dim_size() <= 1 && input.type().tensor_type().elem_type() == onnx::TensorProto::BOOL &&
+        absl::StrContains(absl::AsciiStrToLower(input.name()), "use_cache") && cache.use_cache_input.empty()) {
+      cache.use_cache_input = input.name();
+      continue;
+    }
     if (shape == nullptr || shape->dim_size() != 2 || !IsInteger(input)) continue;
     const std::string lower = absl::AsciiStrToLower(input.name());
     if (absl::StrContains(lower, "mask")) {

@@ -2,7 +2,7 @@
 // (Optimum's `past_key_values.{i}.key|value`, or `past_*`), each fed back from the present output of
 // the same name with "present" for "past_key_values" (or "past"), along one axis that grows from the
 // past length P to the total T = P + S, S the new tokens of the token input [B, S], and usually a
-// mask [B, T] over every position. Read from the declared types alone, so it holds for the original
+// mask [B, T] over every position (and, in a merged decoder, `use_cache_branch`). Read from the declared types alone, so it holds for the original
 // and the optimized model alike (the optimizer keeps inputs and outputs), and it tells the input
 // generator, the mask probe and the generation benchmark how P, S and T relate.
 #ifndef ONNXOPT_OPTIMIZER_CACHE_INTERFACE_H_
@@ -30,6 +30,9 @@ struct CacheInterface {
   std::string mask_input;  // [B, T]; "" if the model takes none
   std::string position_input;  // [B, S] position ids; "" if the model takes none
   std::string logits_output;  // [B, S, V] (or [B, V]): the first output that is no present
+  // Optimum's merged decoder: a bool [1] input choosing the branch that reads the past (true) or the one
+  // without it (false, the first step); "" if the model takes none. Fed P > 0.
+  std::string use_cache_input;
 
   // The dim value of `name` given the past and new lengths, or nullopt for a dim of another role.
   std::optional<int64_t> RoleValue(const std::string& name, int64_t past, int64_t new_tokens) const;

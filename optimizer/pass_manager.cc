@@ -1,5 +1,6 @@
 #include "optimizer/pass_manager.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "optimizer/branch_pipelines.h"
 #include "optimizer/config_enums.h"
 #include "optimizer/failure.h"
 #include "optimizer/graph.h"
@@ -427,7 +429,30 @@ bool InfersShapesFirst(const Pipeline& pipeline, const PassManagerOptions& optio
 
 absl::Status RunPipeline(const Pipeline& pipeline, onnx::ModelProto* model, const PassManagerOptions& options,
                          std::vector<v1::PassReport>* reports, std::optional<InitialShapes> initial_shapes) {
-  PipelineRunner runner(pipeline, model, options, reports);
+  // The branches that hold attention first, each as a model of its own (branch_pipelines.h), without
+  // the passes that rewrite a whole model (its opset, its interface), which are the main graph's.
+  PassManagerOptions branch_options = options;
+  for (const auto& step : pipeline.steps) {
+    for (const auto& invocation : step.passes) {
+      if (invocation.pass->is_model_pass()) branch_options.excluded_passes.insert(std::string(invocation.pass->name()));
+    }
+  }
+  const ModelPipeline run_branch = [&](onnx::ModelProto* branch, int64_t stop_after_changes,
+                                       std::vector<v1::PassReport>* branch_reports) {
+    PassManagerOptions budgeted = branch_options;
+    budgeted.stop_after_changes = stop_after_changes;
+    return RunPipeline(pipeline, branch, budgeted, branch_reports);
+  };
+  int64_t branch_changes = 0;
+  if (absl::Status branches =
+          RunPipelineOnBranches(model, run_branch, options.stop_after_changes, reports, &branch_changes);
+      !branches.ok()) {
+    return branches;
+  }
+  PassManagerOptions rest = options;
+  if (rest.stop_after_changes >= 0) rest.stop_after_changes = std::max<int64_t>(0, rest.stop_after_changes - branch_changes);
+  if (branch_changes > 0) initial_shapes.reset();  // of the model before its branches changed
+  PipelineRunner runner(pipeline, model, rest, reports);
   absl::Status status = runner.Run(std::move(initial_shapes));
   // The model is whole again whatever happened; a failure to write it back outranks the run's status.
   absl::Status released = runner.Release();

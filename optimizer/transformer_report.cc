@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bitset>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -303,13 +304,18 @@ void ReadFamilyEvidence(const onnx::NodeProto& node, const ProducerMap& producer
 
 }  // namespace
 
-TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
+namespace {
+
+// The evidence of one graph: the main graph, or a branch that reads the main graph's weights and
+// inputs (`outer_initializers`, `outer_integer_inputs`).
+TransformerEvidence ReadGraphEvidence(const onnx::GraphProto& graph, const InitializerMap& outer_initializers,
+                                      const std::set<std::string>& outer_integer_inputs) {
   TransformerEvidence found;
-  const onnx::GraphProto& graph = original.graph();
   const ProducerMap producers = Producers(graph);
-  const InitializerMap initializers = Initializers(graph);
+  InitializerMap initializers = Initializers(graph);
+  initializers.insert(outer_initializers.begin(), outer_initializers.end());
   const ConsumerMap consumers = Consumers(graph);
-  std::set<std::string> integer_inputs;
+  std::set<std::string> integer_inputs = outer_integer_inputs;
   std::optional<InputSources> sources;  // made at the first attention
   for (const auto& input : graph.input()) {
     const int32_t type = input.type().tensor_type().elem_type();
@@ -361,6 +367,44 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
     found.cosine |= standard && op == "Cos";
     found.log_buckets |= standard && op == "Log";
     found.cumulative_positions |= standard && op == "CumSum";
+  }
+  return found;
+}
+
+// Both graphs' evidence in `into`: their layers counted together.
+void Merge(const TransformerEvidence& from, TransformerEvidence* into) {
+  into->layers += from.layers;
+  into->cross_attention += from.cross_attention;
+  for (auto flag : {&TransformerEvidence::causal, &TransformerEvidence::token_lookup, &TransformerEvidence::convolution,
+                    &TransformerEvidence::rms_norm, &TransformerEvidence::sine, &TransformerEvidence::cosine,
+                    &TransformerEvidence::log_buckets, &TransformerEvidence::cumulative_positions,
+                    &TransformerEvidence::audio_convolution, &TransformerEvidence::distillation_token,
+                    &TransformerEvidence::layer_scale, &TransformerEvidence::embedding_scale,
+                    &TransformerEvidence::head_norm, &TransformerEvidence::packed_projection,
+                    &TransformerEvidence::projection_bias, &TransformerEvidence::position_window,
+                    &TransformerEvidence::sigmoid_gelu, &TransformerEvidence::token_types}) {
+    into->*flag = into->*flag || from.*flag;
+  }
+  into->vocabulary = std::max(into->vocabulary, from.vocabulary);
+}
+
+}  // namespace
+
+TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
+  const onnx::GraphProto& graph = original.graph();
+  TransformerEvidence found = ReadGraphEvidence(graph, {}, {});
+  // Optimum's merged decoder: the layers are in the branches of an If (both decoders, each counted).
+  const InitializerMap initializers = Initializers(graph);
+  std::set<std::string> integer_inputs;
+  for (const auto& input : graph.input()) {
+    const int32_t type = input.type().tensor_type().elem_type();
+    if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) integer_inputs.insert(input.name());
+  }
+  for (const auto& node : graph.node()) {
+    if (node.op_type() != "If") continue;
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.has_g()) Merge(ReadGraphEvidence(attribute.g(), initializers, integer_inputs), &found);
+    }
   }
   return found;
 }
@@ -449,12 +493,24 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
   // Heads and width: the config's, else what the fused operators say.
   std::map<std::string, int64_t> fused;
   int64_t heads = hints.num_heads, hidden = hints.hidden_size;
-  const InitializerMap initializers = Initializers(optimized.graph());
+  InitializerMap initializers = Initializers(optimized.graph());
+  // The main graph's nodes and those of its Ifs' branches (a merged decoder's layers).
+  std::vector<std::reference_wrapper<const onnx::NodeProto>> nodes(optimized.graph().node().begin(),
+                                                                   optimized.graph().node().end());
+  for (const auto& node : optimized.graph().node()) {
+    if (node.op_type() != "If") continue;
+    for (const auto& attribute : node.attribute()) {
+      if (!attribute.has_g()) continue;
+      nodes.insert(nodes.end(), attribute.g().node().begin(), attribute.g().node().end());
+      const InitializerMap local = Initializers(attribute.g());
+      initializers.insert(local.begin(), local.end());
+    }
+  }
   static const std::set<std::string> kFusedOps = {
       "Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
       "EmbedLayerNormalization", "QEmbedLayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu",
       "LayerNormalization", "SimplifiedLayerNormalization"};
-  for (const auto& node : optimized.graph().node()) {
+  for (const onnx::NodeProto& node : nodes) {
     if (kFusedOps.count(node.op_type()) == 0) continue;
     ++fused[node.op_type()];
     if ((node.op_type() == "MultiHeadAttention" || node.op_type() == "GroupQueryAttention") && heads == 0) {
@@ -468,7 +524,7 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
       }
     }
   }
-  for (const auto& node : optimized.graph().node()) {
+  for (const onnx::NodeProto& node : nodes) {
     if (hidden != 0) break;
     if (node.op_type().find("LayerNormalization") == std::string::npos || node.input_size() < 2) continue;
     const int gamma = node.op_type().find("EmbedLayerNormalization") != std::string::npos

@@ -158,6 +158,12 @@ absl::Status Advance(Generator& generator, const CacheInterface& cache, std::vec
     absl::StatusOr<Ort::Value> value = Ort::Value(nullptr);
     if (name == kLogitsToKeepInput) {
       continue;  // stays 1
+    } else if (name == cache.use_cache_input) {
+      const int64_t one[1] = {1};
+      Ort::AllocatorWithDefaultOptions allocator;
+      Ort::Value use_cache = Ort::Value::CreateTensor<bool>(allocator, one, 1);
+      *use_cache.GetTensorMutableData<bool>() = true;  // every step after the first reads its past
+      value = std::move(use_cache);
     } else if (name == cache.ids_input) {
       value = NumberTensor(generator.feed.values[i], {batch, 1}, tokens, name);
     } else if (name == cache.mask_input) {

@@ -23,11 +23,42 @@ namespace {
 // Cast), or 0 if it indexes none.
 using InitializerIndex = std::map<std::string, const onnx::TensorProto*>;
 
-// `input` and its Casts.
-std::vector<std::string> Aliases(const onnx::GraphProto& graph, const std::string& input) {
-  std::vector<std::string> aliases = {input};
+// The nodes of `graph` and of the bodies of its If/Loop/Scan nodes, depth first: a merged decoder
+// (Optimum's If on use_cache_branch) reads its inputs inside the branches.
+void CollectNodes(const onnx::GraphProto& graph, std::vector<const onnx::NodeProto*>* nodes) {
   for (const auto& node : graph.node()) {
-    if (node.op_type() == "Cast" && node.input_size() == 1 && node.input(0) == input) aliases.push_back(node.output(0));
+    nodes->push_back(&node);
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.has_g()) CollectNodes(attribute.g(), nodes);
+      for (const auto& body : attribute.graphs()) CollectNodes(body, nodes);
+    }
+  }
+}
+
+std::vector<const onnx::NodeProto*> AllNodes(const onnx::GraphProto& graph) {
+  std::vector<const onnx::NodeProto*> nodes;
+  CollectNodes(graph, &nodes);
+  return nodes;
+}
+
+// The initializers of `graph` and of its bodies (a body's own shadow none of the outer ones here).
+void IndexInitializers(const onnx::GraphProto& graph, InitializerIndex* index) {
+  for (const auto& tensor : graph.initializer()) index->emplace(tensor.name(), &tensor);
+  for (const auto& node : graph.node()) {
+    for (const auto& attribute : node.attribute()) {
+      if (attribute.has_g()) IndexInitializers(attribute.g(), index);
+      for (const auto& body : attribute.graphs()) IndexInitializers(body, index);
+    }
+  }
+}
+
+// `input` and its Casts.
+std::vector<std::string> Aliases(const std::vector<const onnx::NodeProto*>& nodes, const std::string& input) {
+  std::vector<std::string> aliases = {input};
+  for (const onnx::NodeProto* node : nodes) {
+    if (node->op_type() == "Cast" && node->input_size() == 1 && node->input(0) == input) {
+      aliases.push_back(node->output(0));
+    }
   }
   return aliases;
 }
@@ -35,27 +66,28 @@ std::vector<std::string> Aliases(const onnx::GraphProto& graph, const std::strin
 // True if `input` (or its Cast) indexes a table computed at run time: Gather(T, input) with T no
 // initializer, such as transformers 4.3x's cos_cached[:seq_len][position_ids], whose rows are only the
 // sequence's.
-bool IndexesComputedTable(const onnx::GraphProto& graph, const InitializerIndex& initializers,
+bool IndexesComputedTable(const std::vector<const onnx::NodeProto*>& nodes, const InitializerIndex& initializers,
                           const std::string& input) {
-  const std::vector<std::string> aliases = Aliases(graph, input);
-  for (const auto& node : graph.node()) {
-    if (node.op_type() == "Gather" && node.input_size() == 2 && initializers.count(node.input(0)) == 0 &&
-        std::find(aliases.begin(), aliases.end(), node.input(1)) != aliases.end()) {
+  const std::vector<std::string> aliases = Aliases(nodes, input);
+  for (const onnx::NodeProto* node : nodes) {
+    if (node->op_type() == "Gather" && node->input_size() == 2 && initializers.count(node->input(0)) == 0 &&
+        std::find(aliases.begin(), aliases.end(), node->input(1)) != aliases.end()) {
       return true;
     }
   }
   return false;
 }
 
-int64_t IndexedTableRows(const onnx::GraphProto& graph, const InitializerIndex& initializers, const std::string& input) {
-  const std::vector<std::string> aliases = Aliases(graph, input);
-  for (const auto& node : graph.node()) {
-    if (node.op_type() != "Gather" || node.input_size() != 2) continue;
-    if (std::find(aliases.begin(), aliases.end(), node.input(1)) == aliases.end()) continue;
-    auto table = initializers.find(node.input(0));
+int64_t IndexedTableRows(const std::vector<const onnx::NodeProto*>& nodes, const InitializerIndex& initializers,
+                         const std::string& input) {
+  const std::vector<std::string> aliases = Aliases(nodes, input);
+  for (const onnx::NodeProto* node : nodes) {
+    if (node->op_type() != "Gather" || node->input_size() != 2) continue;
+    if (std::find(aliases.begin(), aliases.end(), node->input(1)) == aliases.end()) continue;
+    auto table = initializers.find(node->input(0));
     if (table == initializers.end()) continue;
     int64_t axis = 0;
-    for (const auto& attribute : node.attribute()) {
+    for (const auto& attribute : node->attribute()) {
       if (attribute.name() == "axis") axis = attribute.i();
     }
     const int rank = table->second->dims_size();
@@ -258,7 +290,8 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
   }
   const bool left_padding = cache.has_value();
   InitializerIndex initializers;
-  for (const auto& tensor : model.graph().initializer()) initializers[tensor.name()] = &tensor;
+  IndexInitializers(model.graph(), &initializers);
+  const std::vector<const onnx::NodeProto*> nodes = AllNodes(model.graph());
   try {
     Ort::AllocatorWithDefaultOptions allocator;
     for (size_t i = 0; i < session.GetInputCount(); ++i) {
@@ -286,14 +319,14 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
       }
       const std::string lower = absl::AsciiStrToLower(name);
       const bool is_mask = absl::StrContains(lower, "mask");
-      const int64_t rows = IndexedTableRows(model.graph(), initializers, name);
+      const int64_t rows = IndexedTableRows(nodes, initializers, name);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       // Position ids that index no table (rotary embeddings compute from them) count along each row,
       // row r in steps of r + 1: the rows differ by more than a shift, which rotary attention cannot
       // see (its scores depend on position differences), and no row is all zeros (no rotation).
       // Position ids that index a table cut to the sequence at run time count 0..S-1 on every row.
       const bool is_position = rows == 0 && !is_mask && absl::StrContains(lower, "position") && !shape.empty();
-      const bool within_sequence = is_position && IndexesComputedTable(model.graph(), initializers, name);
+      const bool within_sequence = is_position && IndexesComputedTable(nodes, initializers, name);
       const int64_t row_length = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
       int64_t element = 0;
       auto integer = [&]() -> int64_t {
@@ -333,6 +366,11 @@ absl::StatusOr<GeneratedInputs> GenerateInputs(Ort::Session& session, const onnx
           value = MakeTensor<int8_t>(shape, [&] { return static_cast<int8_t>(integer()); });
           break;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL:
+          if (cache && name == cache->use_cache_input) {  // the merged decoder's branch with a past, if any
+            const bool use_cache = DynamicDimValue(cache->past_dim, 1, resolved) > 0;
+            value = MakeTensor<bool>(shape, [use_cache] { return use_cache; });
+            break;
+          }
           value = MakeTensor<bool>(shape, [] { return true; });
           if (is_mask) padded = PadMask<bool>(value, shape, MaskPadding(config), left_padding);
           break;
