@@ -1,6 +1,9 @@
 """The spelling grid (tests/fixtures/spelling_grid.py) through the real CLI: every cell exported by torch
 1.13, optimized with the transformer preset, must fuse attention in every layer and match the original in
-ONNX Runtime on a padded batch (two rows, a quarter of the mask zeroed) within 1e-4.
+ONNX Runtime on a padded batch (two rows, a quarter of the mask zeroed) within 1e-4; the cells with a
+cache at a prefill (past 0), a decode step and a chunk after a past, left-padded on even rows. A cell of a
+known gap (KNOWN_GAPS) must still keep parity; it is listed as a gap, and a gap that fuses fails the run
+until it is taken off the list.
 
   spelling_grid_test.py ONNXOPT_CLI [--sample N --seed S]   # a seeded sample of cells (CI)
   spelling_grid_test.py ONNXOPT_CLI --all [--table FILE]    # every cell; FILE gets the Markdown table
@@ -21,6 +24,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fix
 import spelling_grid  # noqa: E402
 
 PARITY_LIMIT = 1e-4
+# (kind, mask or None for any): why attention is not fused there yet.
+KNOWN_GAPS = {
+    ("cached", "expanded_4d_additive"): "a float bias expanded to [B, 1, S, P + S]: shape inference cannot "
+                                        "prove its key length is the scores' (the past's concat)",
+    ("merged", "expanded_4d_additive"): "as for cached, and in the branch without a past as below",
+    ("merged", "finfo_min_clamped"): "the branch without a past: its float bias's key length is the merged "
+                                     "decoder's declared total (past + sequence), not provably the branch's S",
+}
 # The grid judges fusion and parity: the two-run benchmark, noisy on a loaded machine, only reports a
 # slower phase (its default would return the original, whose attention is unfused).
 CONFIG = {"preset": "transformer", "benchmark": {"iterations": 2, "onRegression": "ON_REGRESSION_REPORT"},
@@ -65,7 +76,9 @@ def check(cli, folder, name):
         reasons.append(f"parity: max error {worst}")
     if not parity["padded_masks"] and parse_mask(name) != "causal_only":
         reasons.append("parity: no padded mask")
-    ok = fused == layers and layers == spelling_grid.LAYERS and not reasons
+    # A merged decoder holds the decoder twice, with and without a past, each fused in its branch.
+    expected_layers = spelling_grid.LAYERS * (2 if spelling_grid.parse(name)["kind"] == "merged" else 1)
+    ok = fused == layers and layers == expected_layers and not reasons
     return ok, f"{fused} of {layers}", worst, reasons, fused_as(report)
 
 
@@ -73,21 +86,41 @@ def parse_mask(name):
     return spelling_grid.parse(name)["mask"]
 
 
+def known_gap(name):
+    cell = spelling_grid.parse(name)
+    return KNOWN_GAPS.get((cell["kind"], None)) or KNOWN_GAPS.get((cell["kind"], cell["mask"]))
+
+
+def judged(name, result):
+    """(verdict, passed): "ok", "gap" (a known gap's cell that keeps parity) or "FAIL"."""
+    ok, _, worst, reasons, _ = result
+    gap = known_gap(name)
+    if gap is None:
+        return ("ok" if ok else "FAIL"), ok
+    if ok:
+        return "FAIL (the known gap fuses now: take it off KNOWN_GAPS)", False
+    keeps_parity = worst is not None and worst < PARITY_LIMIT and not any(r.startswith("parity") for r in reasons)
+    return ("gap" if keeps_parity else "FAIL"), keeps_parity
+
+
 def table(results):
     """Markdown: one row per rotary x mask (cells passing out of cells, how attention was fused)."""
     lines = ["| kind | rotary | mask | pass | fused as |", "| --- | --- | --- | --- | --- |"]
     groups = collections.OrderedDict()
-    for name, (ok, _, _, _, how) in results.items():
+    for name, result in results.items():
         cell = spelling_grid.parse(name)
-        groups.setdefault((cell["kind"], cell["rotary"], cell["mask"]), []).append((ok, how))
+        groups.setdefault((cell["kind"], cell["rotary"], cell["mask"]), []).append((result[0], result[4], name))
     for (kind, rotary, mask), outcomes in groups.items():
-        hows = sorted({how for _, how in outcomes})
-        lines.append(f"| {kind} | {rotary} | {mask} | {sum(ok for ok, _ in outcomes)} of {len(outcomes)} | "
-                     f"{'; '.join(hows)} |")
+        hows = sorted({how for _, how, _ in outcomes})
+        gap = known_gap(outcomes[0][2])
+        passing = f"{sum(ok for ok, _, _ in outcomes)} of {len(outcomes)}" + (f" (known gap: {gap})" if gap else "")
+        lines.append(f"| {kind} | {rotary} | {mask} | {passing} | {'; '.join(hows)} |")
     worst = max((r[2] for r in results.values() if r[2] is not None), default=0.0)
+    gaps = sum(judged(name, r)[0] == "gap" for name, r in results.items())
     lines.append("")
-    lines.append(f"{sum(r[0] for r in results.values())} of {len(results)} cells pass; the largest "
-                 f"parity error on a padded batch is {worst:.2e}.")
+    lines.append(f"{sum(r[0] for r in results.values())} of {len(results)} cells pass"
+                 + (f", {gaps} more of known gaps keep parity unfused" if gaps else "")
+                 + f"; the largest parity error on a padded batch is {worst:.2e}.")
     return "\n".join(lines)
 
 
@@ -129,15 +162,16 @@ def main():
             json.dump(CONFIG, f)
         for name in chosen:
             results[name] = check(args.cli, folder, name)
-            ok, fused, worst, reasons, how = results[name]
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: attention {fused} ({how}), max error {worst}"
-                  + ("" if ok else " | " + "; ".join(reasons)), flush=True)
+            _, fused, worst, reasons, how = results[name]
+            verdict, passed = judged(name, results[name])
+            print(f"{verdict:4} {name}: attention {fused} ({how}), max error {worst}"
+                  + ("" if verdict == "ok" else " | " + "; ".join(reasons)), flush=True)
     summary = table(results)
     print(summary.splitlines()[-1])
     if args.table:
         with open(args.table, "w") as f:
             f.write(summary + "\n")
-    return 0 if all(r[0] for r in results.values()) else 1
+    return 0 if all(judged(name, r)[1] for name, r in results.items()) else 1
 
 
 if __name__ == "__main__":
