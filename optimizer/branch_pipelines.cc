@@ -89,6 +89,7 @@ struct OuterScope {
   std::map<std::string, const onnx::TensorProto*> initializers;
   std::map<std::string, const onnx::ValueInfoProto*> types;
   std::set<std::string> inputs;
+  std::vector<std::string> input_order;  // as the main graph lists them
   std::set<std::string> names;  // everything the main graph defines: a branch must not define it again
 };
 
@@ -100,7 +101,10 @@ OuterScope ScopeOf(const onnx::GraphProto& main) {
       if (value.has_type()) scope.types[value.name()] = &value;
     }
   }
-  for (const auto& input : main.input()) scope.inputs.insert(input.name());
+  for (const auto& input : main.input()) {
+    scope.inputs.insert(input.name());
+    scope.input_order.push_back(input.name());
+  }
   std::set<std::string> read;
   CollectNames(main, &scope.names, &read);
   return scope;
@@ -118,11 +122,19 @@ bool BranchModel(const onnx::ModelProto& model, const onnx::NodeProto& node, con
   graph->set_name(branch.name());
   std::set<std::string> defined, read;
   CollectNames(branch, &defined, &read);
+  // The main graph's inputs the branch reads, in the main graph's order (passes that pick one of several
+  // equal values, as shape arithmetic's reads of the batch, go by it), then the other outer values.
+  for (const std::string& name : outer.input_order) {
+    auto type = outer.types.find(name);
+    if (read.count(name) == 0 || defined.count(name) > 0) continue;
+    if (type == outer.types.end()) return false;
+    *graph->add_input() = *type->second;
+  }
   for (const std::string& name : read) {
-    if (defined.count(name) > 0) continue;
+    if (defined.count(name) > 0 || outer.inputs.count(name) > 0) continue;
     auto weight = outer.initializers.find(name);
     auto type = outer.types.find(name);
-    if (weight != outer.initializers.end() && outer.inputs.count(name) == 0) {
+    if (weight != outer.initializers.end()) {
       *graph->add_initializer() = *weight->second;
     } else if (type != outer.types.end()) {
       *graph->add_input() = *type->second;
