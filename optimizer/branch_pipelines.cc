@@ -7,26 +7,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "optimizer/graph_bodies.h"
+#include "optimizer/model_io.h"
 #include "optimizer/pass_manager.h"
 
 namespace onnxopt {
 namespace {
-
-template <typename Fn>
-void ForEachBody(const onnx::NodeProto& node, Fn fn) {
-  for (const auto& attribute : node.attribute()) {
-    if (attribute.has_g()) fn(attribute.g());
-    for (const auto& body : attribute.graphs()) fn(body);
-  }
-}
-
-template <typename Fn>
-void ForEachMutableBody(onnx::NodeProto* node, Fn fn) {
-  for (auto& attribute : *node->mutable_attribute()) {
-    if (attribute.has_g()) fn(attribute.mutable_g());
-    for (auto& body : *attribute.mutable_graphs()) fn(&body);
-  }
-}
 
 // The names `graph` defines (initializers, inputs, node outputs, at any depth) and those it reads.
 void CollectNames(const onnx::GraphProto& graph, std::set<std::string>* defined, std::set<std::string>* read) {
@@ -62,15 +48,25 @@ void Rename(onnx::GraphProto* graph, const std::map<std::string, std::string>& r
   }
 }
 
+// Same type, dims and bytes. Tensors by reference at one location (a branch's untouched copy of an outer
+// weight) are the same without reading them.
 bool SameTensor(const onnx::TensorProto& a, const onnx::TensorProto& b) {
-  if (a.data_type() != b.data_type() || a.data_location() != b.data_location() ||
-      !std::equal(a.dims().begin(), a.dims().end(), b.dims().begin(), b.dims().end())) {
+  if (a.data_type() != b.data_type() || !std::equal(a.dims().begin(), a.dims().end(), b.dims().begin(), b.dims().end())) {
     return false;
   }
-  if (!a.raw_data().empty() || !b.raw_data().empty()) {
-    return a.raw_data() == b.raw_data() && a.external_data_size() == 0 && b.external_data_size() == 0;
+  const bool raw_a = a.has_raw_data() || IsByReference(a), raw_b = b.has_raw_data() || IsByReference(b);
+  if (raw_a && raw_b) {
+    const auto same_entry = [](const onnx::StringStringEntryProto& x, const onnx::StringStringEntryProto& y) {
+      return x.key() == y.key() && x.value() == y.value();
+    };
+    if (IsByReference(a) && IsByReference(b) &&
+        std::equal(a.external_data().begin(), a.external_data().end(), b.external_data().begin(),
+                   b.external_data().end(), same_entry)) {
+      return true;
+    }
+    return TensorDataBytes(a) == TensorDataBytes(b) && SameTensorBytes(a, b);
   }
-  onnx::TensorProto x = a, y = b;  // typed fields or external data: small protos
+  onnx::TensorProto x = a, y = b;  // typed fields (small, by nature), or external data not resolved here
   x.clear_name();
   y.clear_name();
   return x.SerializeAsString() == y.SerializeAsString();
@@ -125,8 +121,8 @@ bool BranchModel(const onnx::ModelProto& model, const onnx::NodeProto& node, con
   // The main graph's inputs the branch reads, in the main graph's order (passes that pick one of several
   // equal values, as shape arithmetic's reads of the batch, go by it), then the other outer values.
   for (const std::string& name : outer.input_order) {
-    auto type = outer.types.find(name);
     if (read.count(name) == 0 || defined.count(name) > 0) continue;
+    auto type = outer.types.find(name);
     if (type == outer.types.end()) return false;
     *graph->add_input() = *type->second;
   }
@@ -235,6 +231,7 @@ void HoistShared(onnx::GraphProto* a, onnx::GraphProto* b, onnx::GraphProto* mai
     }
   }
   if (hoisted_a.empty()) return;
+  // a's hoisted tensors go to the main graph under the shared names, b's go.
   auto take_out = [&](onnx::GraphProto* branch, const std::set<int>& hoisted, bool to_main) {
     google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
     for (int i = 0; i < branch->initializer_size(); ++i) {
@@ -242,6 +239,9 @@ void HoistShared(onnx::GraphProto* a, onnx::GraphProto* b, onnx::GraphProto* mai
       if (hoisted.count(i) == 0) {
         *kept.Add() = std::move(*tensor);
       } else if (to_main) {
+        const std::string& shared = renames_a.at(tensor->name());
+        outer->names.insert(shared);
+        tensor->set_name(shared);
         *main->add_initializer() = std::move(*tensor);
       }
     }
@@ -251,12 +251,6 @@ void HoistShared(onnx::GraphProto* a, onnx::GraphProto* b, onnx::GraphProto* mai
   take_out(b, hoisted_b, /*to_main=*/false);
   Rename(a, renames_a);
   Rename(b, renames_b);
-  // The hoisted tensors carry a's old names: give them the shared ones.
-  for (auto& tensor : *main->mutable_initializer()) {
-    auto it = renames_a.find(tensor.name());
-    if (it != renames_a.end() && outer->names.count(tensor.name()) == 0) tensor.set_name(it->second);
-  }
-  for (const auto& [old_name, name] : renames_a) outer->names.insert(name);
 }
 
 }  // namespace
@@ -316,9 +310,10 @@ absl::Status RunPipelineOnBranches(onnx::ModelProto* model, const ModelPipeline&
       branch->set_name(name);
       optimized.push_back(branch);
     }
-    if (optimized.size() == 2) HoistShared(optimized[0], optimized[1], main, &outer);
-    // The outer index points into the main graph's initializers, which hoisting may have moved.
-    if (optimized.size() == 2) outer = ScopeOf(*main);
+    if (optimized.size() == 2) {
+      HoistShared(optimized[0], optimized[1], main, &outer);
+      outer = ScopeOf(*main);  // the hoisted initializers are the main graph's now
+    }
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -369,6 +370,20 @@ absl::Status ReadTensorBytes(const onnx::TensorProto& tensor, int64_t offset, in
   absl::StatusOr<int64_t> start = ByReferenceOffset(tensor);
   if (!start.ok()) return start.status();
   return ReadFileRange(ExternalField(tensor, "location"), *start + offset, length, out);
+}
+
+bool SameTensorBytes(const onnx::TensorProto& a, const onnx::TensorProto& b) {
+  constexpr int64_t kCompareChunkBytes = int64_t{8} << 20;
+  const int64_t size = TensorDataBytes(a);
+  std::string left, right;
+  for (int64_t offset = 0; offset < size; offset += kCompareChunkBytes) {
+    const int64_t length = std::min(kCompareChunkBytes, size - offset);
+    if (!ReadTensorBytes(a, offset, length, &left).ok() || !ReadTensorBytes(b, offset, length, &right).ok() ||
+        left != right) {
+      return false;
+    }
+  }
+  return true;
 }
 
 const std::string* RawBytes(const onnx::TensorProto& tensor, std::string* scratch, absl::Status* error) {

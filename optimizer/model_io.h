@@ -47,6 +47,9 @@ int64_t TensorDataBytes(const onnx::TensorProto& tensor);
 const std::string* RawBytes(const onnx::TensorProto& tensor, std::string* scratch, absl::Status* error = nullptr);
 // Bytes [offset, offset + length) of the tensor's raw data, inline or by reference, into `out`.
 absl::Status ReadTensorBytes(const onnx::TensorProto& tensor, int64_t offset, int64_t length, std::string* out);
+// Whether two tensors of one data size hold the same raw bytes, inline or by reference (compared in
+// chunks, so two large tensors by reference are never both held); false where one cannot be read.
+bool SameTensorBytes(const onnx::TensorProto& a, const onnx::TensorProto& b);
 // Pulls a by-reference tensor's bytes into raw_data; other tensors are left as they are.
 absl::Status LoadTensorBytes(onnx::TensorProto* tensor);
 // The same for every tensor of the model, subgraphs and functions included.

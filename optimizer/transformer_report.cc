@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "optimizer/graph.h"
+#include "optimizer/graph_bodies.h"
 #include "optimizer/model_io.h"
 #include "optimizer/passes/constants.h"
 
@@ -402,9 +403,9 @@ TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original) {
   }
   for (const auto& node : graph.node()) {
     if (node.op_type() != "If") continue;
-    for (const auto& attribute : node.attribute()) {
-      if (attribute.has_g()) Merge(ReadGraphEvidence(attribute.g(), initializers, integer_inputs), &found);
-    }
+    ForEachBody(node, [&](const onnx::GraphProto& branch) {
+      Merge(ReadGraphEvidence(branch, initializers, integer_inputs), &found);
+    });
   }
   return found;
 }
@@ -499,12 +500,11 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
                                                                    optimized.graph().node().end());
   for (const auto& node : optimized.graph().node()) {
     if (node.op_type() != "If") continue;
-    for (const auto& attribute : node.attribute()) {
-      if (!attribute.has_g()) continue;
-      nodes.insert(nodes.end(), attribute.g().node().begin(), attribute.g().node().end());
-      const InitializerMap local = Initializers(attribute.g());
+    ForEachBody(node, [&](const onnx::GraphProto& branch) {
+      nodes.insert(nodes.end(), branch.node().begin(), branch.node().end());
+      const InitializerMap local = Initializers(branch);
       initializers.insert(local.begin(), local.end());
-    }
+    });
   }
   static const std::set<std::string> kFusedOps = {
       "Attention", "MultiHeadAttention", "GroupQueryAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "optimizer/cache_interface.h"
 #include "optimizer/failure.h"
+#include "optimizer/graph_bodies.h"
 #include "optimizer/model_io.h"
 #include "optimizer/tensor_convert.h"
 
@@ -28,10 +29,7 @@ using InitializerIndex = std::map<std::string, const onnx::TensorProto*>;
 void CollectNodes(const onnx::GraphProto& graph, std::vector<const onnx::NodeProto*>* nodes) {
   for (const auto& node : graph.node()) {
     nodes->push_back(&node);
-    for (const auto& attribute : node.attribute()) {
-      if (attribute.has_g()) CollectNodes(attribute.g(), nodes);
-      for (const auto& body : attribute.graphs()) CollectNodes(body, nodes);
-    }
+    ForEachBody(node, [&](const onnx::GraphProto& body) { CollectNodes(body, nodes); });
   }
 }
 
@@ -45,10 +43,7 @@ std::vector<const onnx::NodeProto*> AllNodes(const onnx::GraphProto& graph) {
 void IndexInitializers(const onnx::GraphProto& graph, InitializerIndex* index) {
   for (const auto& tensor : graph.initializer()) index->emplace(tensor.name(), &tensor);
   for (const auto& node : graph.node()) {
-    for (const auto& attribute : node.attribute()) {
-      if (attribute.has_g()) IndexInitializers(attribute.g(), index);
-      for (const auto& body : attribute.graphs()) IndexInitializers(body, index);
-    }
+    ForEachBody(node, [&](const onnx::GraphProto& body) { IndexInitializers(body, index); });
   }
 }
 

@@ -21,7 +21,6 @@ namespace onnxopt {
 namespace {
 
 constexpr int64_t kWindowBytes = 4096;
-constexpr int64_t kCompareChunkBytes = int64_t{8} << 20;
 
 bool HasRawBytes(const onnx::TensorProto& tensor) { return tensor.has_raw_data() || IsByReference(tensor); }
 
@@ -54,19 +53,6 @@ std::optional<size_t> Fingerprint(const onnx::TensorProto& tensor) {
   return hash;
 }
 
-bool SameBytes(const onnx::TensorProto& a, const onnx::TensorProto& b) {
-  const int64_t size = TensorDataBytes(a);
-  std::string left, right;
-  for (int64_t offset = 0; offset < size; offset += kCompareChunkBytes) {
-    const int64_t length = std::min(kCompareChunkBytes, size - offset);
-    if (!ReadTensorBytes(a, offset, length, &left).ok() || !ReadTensorBytes(b, offset, length, &right).ok() ||
-        left != right) {
-      return false;
-    }
-  }
-  return true;
-}
-
 class EliminateDuplicateInitializersPass final : public Pass {
  public:
   absl::string_view name() const override { return "eliminate_duplicate_initializers"; }
@@ -93,7 +79,7 @@ class EliminateDuplicateInitializersPass final : public Pass {
         std::vector<const onnx::TensorProto*>& same_print = kept[*fingerprint];
         const onnx::TensorProto* equal = nullptr;
         for (const onnx::TensorProto* candidate : same_print) {
-          if (typed || SameBytes(*candidate, *tensor)) {
+          if (typed || SameTensorBytes(*candidate, *tensor)) {
             equal = candidate;
             break;
           }
