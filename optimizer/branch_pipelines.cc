@@ -14,6 +14,27 @@
 namespace onnxopt {
 namespace {
 
+// A branch output's type, its dims named as the If's output declares them where the outer graph names
+// one: the names tie the branch to the main graph's interface. A merged decoder's first branch computes
+// its present over [.., sequence, ..] and declares that; the If declares [.., total_sequence, ..], as
+// attention_mask [batch, total_sequence] is, which in that branch says total_sequence is sequence
+// (the sweep's DimAliases read it so, and the mask's key length is the scores'). A number stays.
+void DeclareAsTheIf(const onnx::TypeProto& declared, onnx::ValueInfoProto* output) {
+  if (!output->has_type()) {
+    *output->mutable_type() = declared;
+    return;
+  }
+  if (!declared.tensor_type().has_shape() || !output->type().tensor_type().has_shape()) return;
+  const auto& named = declared.tensor_type().shape();
+  auto* dims = output->mutable_type()->mutable_tensor_type()->mutable_shape();
+  if (named.dim_size() != dims->dim_size()) return;
+  for (int d = 0; d < named.dim_size(); ++d) {
+    if (!named.dim(d).dim_param().empty() && !dims->dim(d).has_dim_value()) {
+      dims->mutable_dim(d)->set_dim_param(named.dim(d).dim_param());
+    }
+  }
+}
+
 // The names `graph` defines (initializers, inputs, node outputs, at any depth) and those it reads.
 void CollectNames(const onnx::GraphProto& graph, std::set<std::string>* defined, std::set<std::string>* read) {
   for (const auto& tensor : graph.initializer()) defined->insert(tensor.name());
@@ -144,7 +165,7 @@ bool BranchModel(const onnx::ModelProto& model, const onnx::NodeProto& node, con
   for (int i = 0; i < branch.output_size(); ++i) {
     onnx::ValueInfoProto output = branch.output(i);
     auto declared = i < node.output_size() ? outer.types.find(node.output(i)) : outer.types.end();
-    if (!output.has_type() && declared != outer.types.end()) *output.mutable_type() = declared->second->type();
+    if (declared != outer.types.end()) DeclareAsTheIf(declared->second->type(), &output);
     *graph->add_output() = std::move(output);
   }
   // The outputs under the If's names (`present.0.key`, as the decoder exported alone has them), which
@@ -306,8 +327,12 @@ absl::Status RunPipelineOnBranches(onnx::ModelProto* model, const ModelPipeline&
       if (!status.ok()) return status;
       if (!KeptInterface(interface_before, branch_model.graph())) continue;
       const std::string name = branch->name();
+      const auto declared_outputs = branch->output();  // the branch's own types, which the run borrowed
       *branch = AsBranch(std::move(*branch_model.mutable_graph()), &outer);
       branch->set_name(name);
+      for (int i = 0; i < branch->output_size() && i < declared_outputs.size(); ++i) {
+        if (branch->output(i).name() == declared_outputs[i].name()) *branch->mutable_output(i) = declared_outputs[i];
+      }
       optimized.push_back(branch);
     }
     if (optimized.size() == 2) {

@@ -270,6 +270,9 @@ class PipelineRunner {
   HeldGraph held_;
   std::optional<ShapeInfo> shapes_;  // of the model as it is, or nothing
   double inference_seconds_ = 0;     // of `shapes_`, until the first pass that reads them takes it
+  // What the last inference found declared dims to name (ShapeInfo::dim_aliases): facts of the
+  // model's interface, which the passes keep, handed to the next inference.
+  DimAliases dim_aliases_;
 };
 
 absl::Status PipelineRunner::RunOnModel(const PassInvocation& invocation, PassContext& context,
@@ -339,7 +342,8 @@ absl::Status PipelineRunner::RunPass(const PassInvocation& invocation, int itera
     if (!released.ok()) return released;
   }
   if (pass.needs_shapes() && !shapes_.has_value()) {
-    shapes_ = model_pass ? ShapeInfo::Infer(*model_) : ShapeInfo::Infer(*model_, held_.Get());
+    shapes_ = model_pass ? ShapeInfo::Infer(*model_, dim_aliases_) : ShapeInfo::Infer(*model_, held_.Get(), dim_aliases_);
+    dim_aliases_ = shapes_->dim_aliases();
   }
   PassContext context(invocation.params, *model_, pass.needs_shapes() ? &*shapes_ : nullptr, &pipeline_.hints,
                       &pipeline_.activation_ranges);
@@ -380,6 +384,7 @@ absl::Status PipelineRunner::Run(std::optional<InitialShapes> initial_shapes) {
     if (!initial_shapes) initial_shapes = InferInitialShapes(*model_);
     shapes_ = std::move(initial_shapes->shapes);
     inference_seconds_ = initial_shapes->seconds;
+    dim_aliases_ = shapes_->dim_aliases();
   }
   for (const auto& step : pipeline_.steps) {
     for (int iteration = 1; iteration <= step.max_iterations; ++iteration) {

@@ -215,6 +215,22 @@ const std::string* AdaptedRule(const onnx::NodeProto& node) {
   return &node.op_type();
 }
 
+// Every declared dim named in `aliases` as its sum.
+void RenameDims(const DimAliases& aliases, TypeMap* types) {
+  types->ForEach([&](absl::string_view, onnx::TypeProto* type) {
+    if (!type->has_tensor_type() || !type->tensor_type().has_shape()) return;
+    for (auto& dim : *type->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      if (!dim.has_dim_param()) continue;
+      // Through a chain (total named a sum, one of whose names another sweep found a name for).
+      for (int step = 0; step < 8; ++step) {
+        auto alias = aliases.find(dim.dim_param());
+        if (alias == aliases.end()) break;
+        dim.set_dim_param(alias->second);
+      }
+    }
+  });
+}
+
 class Sweep {
  public:
   // `with_schemas` false: only the rules of symbolic_shapes.h run (a model of an opset onnx 1.12 does
@@ -228,11 +244,14 @@ class Sweep {
     for (const auto& function : model.functions()) {
       functions_[function.domain() + ":" + function.name()] = &function;
     }
+    for (const auto& output : graph.output()) graph_outputs_.insert(output.name());
   }
 
-  // A sweep of the whole graph from what it declares.
-  InferredTypes Run() {
+  // A sweep of the whole graph from what it declares, its dims named in `aliases` read as their sums.
+  InferredTypes Run(const DimAliases& aliases) {
     result_.types = DeclaredTypes(graph_);
+    result_.aliases = aliases;
+    if (!aliases.empty()) RenameDims(aliases, &result_.types);
     for (const auto& tensor : graph_.initializer()) TrackInitializer(tensor);
     return SweepNodes();
   }
@@ -270,6 +289,7 @@ class Sweep {
       }
     }
     symbolic_.AddKnown(&result_.known);
+    for (const auto& [name, sum] : symbolic_.learned_aliases()) result_.aliases.emplace(name, sum);
     return std::move(result_);
   }
 
@@ -317,6 +337,7 @@ class Sweep {
         onnx::TypeProto* inferred = context.outputs()[static_cast<size_t>(i)];
         if (node.output(i).empty() || inferred->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
         if (onnx::TypeProto* existing = result_.types.AddNewOrFind(node.output(i), inferred)) {
+          if (graph_outputs_.contains(node.output(i))) NoteDeclaredDims(*existing, *inferred);
           si::mergeShapesAndTypes(*inferred, existing);
         }
       }
@@ -331,6 +352,15 @@ class Sweep {
     } catch (const std::exception&) {
       // The node's outputs keep what is declared (and whatever merged before the failure).
     }
+  }
+
+  // A graph output's declared dims that name what its rule computes (SymbolicShapes::NoteDeclaredDim).
+  void NoteDeclaredDims(const onnx::TypeProto& declared, const onnx::TypeProto& inferred) {
+    if (!declared.tensor_type().has_shape() || !inferred.tensor_type().has_shape()) return;
+    const auto& named = declared.tensor_type().shape();
+    const auto& computed = inferred.tensor_type().shape();
+    if (named.dim_size() != computed.dim_size()) return;
+    for (int d = 0; d < named.dim_size(); ++d) symbolic_.NoteDeclaredDim(named.dim(d), computed.dim(d));
   }
 
   // What the symbolic rules know of the node's first output becomes data-propagation input for
@@ -393,6 +423,7 @@ class Sweep {
   std::unordered_map<std::string, int> opsets_;
   absl::flat_hash_map<std::string, const onnx::OpSchema*> default_domain_schemas_;
   si::ModelLocalFunctionsMap functions_;
+  absl::flat_hash_set<std::string> graph_outputs_;
   SymbolicShapes symbolic_;
   InferredTypes result_;
   DataMap data_;               // constant inputs onnx's rules read
@@ -442,9 +473,18 @@ std::vector<const onnx::NodeProto*> MainGraphNodes(const onnx::ModelProto& model
 
 }  // namespace
 
-InferredTypes InferGraphTypes(const onnx::ModelProto& model) {
+// A sweep from `aliases`, and a second one where the first learned more of them.
+template <typename MakeSweep>
+InferredTypes RunWithAliases(MakeSweep make_sweep, const DimAliases& aliases) {
+  InferredTypes inferred = make_sweep().Run(aliases);
+  if (inferred.aliases.size() == aliases.size()) return inferred;
+  const DimAliases learned = inferred.aliases;
+  return make_sweep().Run(learned);
+}
+
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const DimAliases& aliases) {
   const std::vector<const onnx::NodeProto*> nodes = MainGraphNodes(model);
-  return Sweep(model, model.graph(), nodes).Run();
+  return RunWithAliases([&] { return Sweep(model, model.graph(), nodes); }, aliases);
 }
 
 namespace {
@@ -474,21 +514,21 @@ InferredTypes ExtendGraphTypes(const onnx::ModelProto& model, const Graph& graph
   return Sweep(model, graph.proto(), nodes).Extend(&inferred, graph);
 }
 
-InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph) {
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases) {
   std::deque<onnx::NodeProto> with_bodies;
   const std::vector<const onnx::NodeProto*> nodes = SweptProtos(graph.Nodes(), &with_bodies);
-  return Sweep(model, graph.proto(), nodes).Run();
+  return RunWithAliases([&] { return Sweep(model, graph.proto(), nodes); }, aliases);
 }
 
-InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model) {
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const DimAliases& aliases) {
   const std::vector<const onnx::NodeProto*> nodes = MainGraphNodes(model);
-  return Sweep(model, model.graph(), nodes, /*with_schemas=*/false).Run();
+  return RunWithAliases([&] { return Sweep(model, model.graph(), nodes, /*with_schemas=*/false); }, aliases);
 }
 
-InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph) {
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases) {
   std::deque<onnx::NodeProto> with_bodies;
   const std::vector<const onnx::NodeProto*> nodes = SweptProtos(graph.Nodes(), &with_bodies);
-  return Sweep(model, graph.proto(), nodes, /*with_schemas=*/false).Run();
+  return RunWithAliases([&] { return Sweep(model, graph.proto(), nodes, /*with_schemas=*/false); }, aliases);
 }
 
 }  // namespace onnxopt

@@ -32,6 +32,7 @@ inline constexpr int kLastAdaptedOpset = 24;
 struct InferredTypes {
   TypeMap types;         // every main-graph value that has a type: declared, initializer or inferred
   KnownIntValues known;  // node outputs whose values the shapes fix (shape arithmetic)
+  DimAliases aliases;    // declared dims read as the sums they name (symbolic_shapes.h)
 };
 
 // Whether the sweep reads an initializer's values (small and in memory), not only its type.
@@ -43,15 +44,17 @@ TypeMap DeclaredTypes(const onnx::GraphProto& graph);
 
 // DeclaredTypes, completed and refined by the sweep.
 // `model`'s default-domain opset must be at most kLastAdaptedOpset: the caller checks.
-InferredTypes InferGraphTypes(const onnx::ModelProto& model);
+// Declared dims found to name sums are read as those sums: a sweep that finds some it was not given
+// runs once more with them (DimAliases); `aliases`, from an earlier sweep of the model, saves that.
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const DimAliases& aliases = {});
 // The same for `model`'s main graph while a Graph holds its nodes (between passes, checkpointed, so
 // Nodes() is in topological order); opsets and functions come from `model`.
-InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph);
+InferredTypes InferGraphTypes(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases = {});
 // For a model whose opset onnx 1.12 does not know: the declared types, with the values of shape
 // arithmetic tracked and the dims the rules of symbolic_shapes.h fill in where none is declared
 // (the dynamo exporter declares every value's type; its Reshape targets are Concats of Shape slices).
-InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model);
-InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph);
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const DimAliases& aliases = {});
+InferredTypes TrackShapeArithmetic(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases = {});
 // `inferred` (a sweep of `graph` before a pass that kept the types of the values it left) completed
 // with the initializers the pass added or replaced (typed by their tensors) and the nodes it added,
 // in topological order: their outputs get types from their inputs'. Shape arithmetic they read is

@@ -16,16 +16,19 @@ bool Inferable(const onnx::ModelProto& model) {
 }  // namespace
 
 ShapeInfo::ShapeInfo(InferredTypes inferred, bool ran)
-    : types_(std::move(inferred.types)), known_values_(std::move(inferred.known)), inferred_(ran) {}
+    : types_(std::move(inferred.types)),
+      known_values_(std::move(inferred.known)),
+      aliases_(std::move(inferred.aliases)),
+      inferred_(ran) {}
 
-ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model) {
-  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model), false);
-  return ShapeInfo(InferGraphTypes(model), true);
+ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model, const DimAliases& aliases) {
+  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model, aliases), false);
+  return ShapeInfo(InferGraphTypes(model, aliases), true);
 }
 
-ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model, const Graph& graph) {
-  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model, graph), false);
-  return ShapeInfo(InferGraphTypes(model, graph), true);
+ShapeInfo ShapeInfo::Infer(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases) {
+  if (!Inferable(model)) return ShapeInfo(TrackShapeArithmetic(model, graph, aliases), false);
+  return ShapeInfo(InferGraphTypes(model, graph, aliases), true);
 }
 
 const std::vector<onnx::TensorShapeProto::Dimension>* ShapeInfo::SymbolicValue(const std::string& value) const {
@@ -55,9 +58,10 @@ void ShapeInfo::Extend(const onnx::ModelProto& model, const Graph& graph, const 
                        const std::vector<std::string>& added_initializers) {
   if (!inferred_) return;
   InferredTypes extended = ExtendGraphTypes(model, graph, added, added_initializers,
-                                            InferredTypes{std::move(types_), std::move(known_values_)});
+                                            InferredTypes{std::move(types_), std::move(known_values_), std::move(aliases_)});
   types_ = std::move(extended.types);
   known_values_ = std::move(extended.known);
+  aliases_ = std::move(extended.aliases);
 }
 
 const onnx::TypeProto* ShapeInfo::TypeOf(const std::string& value) const {

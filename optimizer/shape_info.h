@@ -23,10 +23,11 @@ bool SameDimension(const onnx::TensorShapeProto::Dimension& a, const onnx::Tenso
 
 class ShapeInfo {
  public:
-  // Main-graph values of `model`; `inferred()` says whether shape inference ran.
-  static ShapeInfo Infer(const onnx::ModelProto& model);
+  // Main-graph values of `model`; `inferred()` says whether shape inference ran. `aliases`: those an
+  // earlier inference of the model found (dim_aliases()), which spares the sweep a second run.
+  static ShapeInfo Infer(const onnx::ModelProto& model, const DimAliases& aliases = {});
   // The same while `graph` holds the nodes of `model`'s main graph (see Graph::Checkpoint).
-  static ShapeInfo Infer(const onnx::ModelProto& model, const Graph& graph);
+  static ShapeInfo Infer(const onnx::ModelProto& model, const Graph& graph, const DimAliases& aliases = {});
 
   // Drops what is known about values that no longer exist: a name used again later must not inherit
   // it (see Pass::keeps_value_types).
@@ -57,11 +58,15 @@ class ShapeInfo {
   std::optional<std::vector<int64_t>> KnownValue(const std::string& value) const;
   // The same, where elements may also be named dims ("sequence").
   const std::vector<onnx::TensorShapeProto::Dimension>* SymbolicValue(const std::string& value) const;
+  // The declared dims read as the sums they name (total_sequence as past_sequence + sequence): the
+  // types here spell them as the sums.
+  const DimAliases& dim_aliases() const { return aliases_; }
 
  private:
   ShapeInfo(InferredTypes inferred, bool ran);
   TypeMap types_;
   KnownIntValues known_values_;
+  DimAliases aliases_;
   bool inferred_ = false;
 };
 

@@ -9,6 +9,7 @@
 
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "optimizer/dim_sums.h"
 #include "optimizer/graph.h"
 
 namespace onnxopt {
@@ -28,10 +29,31 @@ struct Dim {
 // onnx's inference names the dims it cannot work out "unk__N"; for recovery those are unknown.
 bool IsGeneratedName(const std::string& param) { return param.rfind("unk__", 0) == 0; }
 
+// A dim as a sum of symbols and a number; nullopt if it is unknown.
+std::optional<DimSum> SumOf(const Dim& d) {
+  if (d.kind == Dim::Kind::kValue) return DimSum::Number(d.value);
+  if (d.kind == Dim::Kind::kParam) return DimSum::Parse(d.param);
+  return std::nullopt;
+}
+
+Dim FromSum(const DimSum& sum) { return sum.IsNumber() ? Dim::Value(sum.constant) : Dim::Param(sum.Spell()); }
+
+// True if `d` cannot be negative: a number >= 0, or a sum of sizes with coefficients and number >= 0.
+bool NonNegative(const Dim& d) {
+  const std::optional<DimSum> sum = SumOf(d);
+  if (!sum || sum->constant < 0) return false;
+  for (const auto& [symbol, coefficient] : sum->terms) {
+    if (coefficient < 0) return false;
+  }
+  return true;
+}
+
 Dim FromProto(const onnx::TensorShapeProto::Dimension& d) {
   if (d.has_dim_value()) return Dim::Value(d.dim_value());
-  if (d.has_dim_param() && !d.dim_param().empty() && !IsGeneratedName(d.dim_param())) return Dim::Param(d.dim_param());
-  return {};
+  if (!d.has_dim_param() || d.dim_param().empty() || IsGeneratedName(d.dim_param())) return {};
+  // A declared sum ("sequence + past_sequence") is read in the one spelling computed sums get.
+  if (d.dim_param().find(' ') != std::string::npos) return FromSum(DimSum::Parse(d.dim_param()));
+  return Dim::Param(d.dim_param());
 }
 
 void ToProto(const Dim& dim, onnx::TensorShapeProto::Dimension* d) {
@@ -207,7 +229,8 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
     }
     if (fill) values[out] = Shape(static_cast<size_t>((*input(0))[0].value), Dim::Value(*fill));
   } else if (op == "Equal" && input(0) && input(1) && input(0)->size() == input(1)->size()) {
-    // Elementwise; a named dim is a size, never negative, so it differs from any negative number.
+    // Elementwise; a named dim is a size, never negative, so it differs from any negative number (as a
+    // sum of sizes does).
     Shape result;
     for (size_t i = 0; i < input(0)->size(); ++i) {
       const Dim& a = (*input(0))[i];
@@ -216,8 +239,8 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
         result.push_back(Dim::Value(a.value == b.value ? 1 : 0));
       } else if (a.known() && b.known() && a == b) {
         result.push_back(Dim::Value(1));
-      } else if ((a.kind == Dim::Kind::kParam && b.kind == Dim::Kind::kValue && b.value < 0) ||
-                 (b.kind == Dim::Kind::kParam && a.kind == Dim::Kind::kValue && a.value < 0)) {
+      } else if ((NonNegative(a) && b.kind == Dim::Kind::kValue && b.value < 0) ||
+                 (NonNegative(b) && a.kind == Dim::Kind::kValue && a.value < 0)) {
         result.push_back(Dim::Value(0));
       } else {
         result.push_back({});
@@ -249,14 +272,13 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
     for (size_t i = 0; i < input(0)->size(); ++i) {
       const Dim& a = (*input(0))[i];
       const Dim& b = (*input(1))[i];
-      if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue) {
+      if (a.kind == Dim::Kind::kValue && b.kind == Dim::Kind::kValue && (op == "Mul" || op == "Div")) {
         if (op == "Mul") result.push_back(Dim::Value(a.value * b.value));
-        if (op == "Add") result.push_back(Dim::Value(a.value + b.value));
-        if (op == "Sub") result.push_back(Dim::Value(a.value - b.value));
         if (op == "Div") result.push_back(b.value == 0 ? Dim() : Dim::Value(a.value / b.value));
-      } else if (op == "Sub" && a.kind == Dim::Kind::kParam && a == b) {
-        // One symbolic name is one size (ONNX's rule for dim_param): key_length - query_length.
-        result.push_back(Dim::Value(0));
+      } else if ((op == "Add" || op == "Sub") && a.known() && b.known()) {
+        // One symbolic name is one size (ONNX's rule for dim_param): key_length - query_length is 0,
+        // past + sequence the key length a Concat of the past and the new keys has.
+        result.push_back(FromSum(SumOf(a)->Plus(*SumOf(b), op == "Add" ? 1 : -1)));
       } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
         result.push_back(a);
       } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
@@ -307,9 +329,19 @@ bool KeepsInputShape(const onnx::NodeProto& node) {
          (node.op_type() == "LayerNormalization" || node.op_type() == "SimplifiedLayerNormalization");
 }
 
+// `named` (a declared dim) is `sum`: learned as an alias where `named` is a plain name that `sum` is
+// not and does not hold, and it has none yet.
+void LearnAlias(const Dim& named, const DimSum& sum, DimAliases* learned) {
+  if (named.kind != Dim::Kind::kParam || named.param.find(' ') != std::string::npos || sum.IsNumber() ||
+      sum.terms.count(named.param) > 0) {
+    return;
+  }
+  learned->emplace(named.param, sum.Spell());
+}
+
 // Better output types for `node` from its rule, the types of its inputs and the tracked values;
 // the number of outputs improved.
-int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* types) {
+int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* types, DimAliases* learned) {
   int improved = 0;
   if (KeepsInputShape(node) && node.input_size() >= 1 && node.output_size() >= 1) {
     if (auto shape = ShapeOf(*types, node.input(0))) {
@@ -351,16 +383,44 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
   const absl::string_view op = node.op_type();
   const std::string& out = node.output(0);
   if (op == "Range" && node.input_size() == 3) {
-    // Range(0, n, 1) has n elements.
+    // Range(a, b, 1) has b - a elements (Range(past, past + sequence, 1): sequence).
     auto start = values.find(node.input(0));
     auto limit = values.find(node.input(1));
     auto delta = values.find(node.input(2));
     if (start == values.end() || limit == values.end() || delta == values.end() || start->second.size() != 1 ||
-        limit->second.size() != 1 || delta->second.size() != 1 || !(start->second[0] == Dim::Value(0)) ||
-        !(delta->second[0] == Dim::Value(1)) || !limit->second[0].known()) {
+        limit->second.size() != 1 || delta->second.size() != 1 || !(delta->second[0] == Dim::Value(1)) ||
+        !start->second[0].known() || !limit->second[0].known()) {
       return improved;
     }
-    improved += Improve(types, out, Shape{limit->second[0]}, ElementType(*types, node.input(0)));
+    const Dim length = FromSum(SumOf(limit->second[0])->Plus(*SumOf(start->second[0]), -1));
+    if (length.kind == Dim::Kind::kValue && length.value < 0) return improved;
+    improved += Improve(types, out, Shape{length}, ElementType(*types, node.input(0)));
+    return improved;
+  }
+  if (op == "Concat" && node.input_size() >= 1) {
+    // The joined axis is the sum of the inputs' (onnx leaves it unknown where one is symbolic).
+    std::optional<Shape> first = ShapeOf(*types, node.input(0));
+    if (!first || first->empty()) return improved;
+    const int64_t rank = static_cast<int64_t>(first->size());
+    int64_t axis = GetAttributeInt(node, "axis", 0);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) return improved;
+    DimSum total;
+    for (int i = 0; i < node.input_size(); ++i) {
+      std::optional<Shape> shape = ShapeOf(*types, node.input(i));
+      if (!shape || static_cast<int64_t>(shape->size()) != rank) return improved;
+      std::optional<DimSum> part = SumOf((*shape)[static_cast<size_t>(axis)]);
+      if (!part) return improved;
+      total = total.Plus(*part);
+    }
+    Shape result(first->size());
+    result[static_cast<size_t>(axis)] = FromSum(total);
+    // A declared name for a sum of other names is an alias of the sum (not of a sum holding itself).
+    if (std::optional<Shape> declared = ShapeOf(*types, out);
+        declared && declared->size() == first->size() && total.terms.size() + (total.constant != 0) > 1) {
+      LearnAlias((*declared)[static_cast<size_t>(axis)], total, learned);
+    }
+    improved += Improve(types, out, result, ElementType(*types, node.input(0)));
     return improved;
   }
   if (op == "Expand" && node.input_size() == 2) {
@@ -505,6 +565,7 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
 
 struct SymbolicShapes::State {
   Values values;
+  DimAliases learned_aliases;
   // The tracked node outputs, in the order they were computed (the map's entries do not move).
   std::vector<const Values::value_type*> computed;
 };
@@ -517,7 +578,7 @@ void SymbolicShapes::TrackConstant(const std::string& name, const onnx::TensorPr
 }
 
 int SymbolicShapes::Apply(const onnx::NodeProto& node, TypeMap* types) {
-  const int improved = ImproveNode(node, state_->values, types);
+  const int improved = ImproveNode(node, state_->values, types, &state_->learned_aliases);
   TrackNode(node, *types, opset_, &state_->values);
   // Only computed values are worth reporting as known: a Constant is one already.
   if (absl::string_view(node.op_type()) != "Constant" && node.output_size() == 1) {
@@ -546,6 +607,15 @@ void SymbolicShapes::AddKnown(KnownIntValues* known) const {
     }
     if (dims.size() == value.size()) (*known)[name] = std::move(dims);
   }
+}
+
+const DimAliases& SymbolicShapes::learned_aliases() const { return state_->learned_aliases; }
+
+void SymbolicShapes::NoteDeclaredDim(const onnx::TensorShapeProto::Dimension& declared,
+                                     const onnx::TensorShapeProto::Dimension& computed) {
+  const Dim computed_dim = FromProto(computed);
+  if (computed_dim.kind != Dim::Kind::kParam) return;
+  LearnAlias(FromProto(declared), DimSum::Parse(computed_dim.param), &state_->learned_aliases);
 }
 
 }  // namespace onnxopt

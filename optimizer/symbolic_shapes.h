@@ -104,6 +104,14 @@ class TypeMap : public MessagesByName<onnx::TypeProto> {
 // Shape -> Gather, key_length - query_length when both are the same symbolic dim (0), or "sequence".
 using KnownIntValues = absl::flat_hash_map<std::string, std::vector<onnx::TensorShapeProto::Dimension>>;
 
+// Declared dims that name a sum the sweep works out: a cache's present declared [.., total_sequence, ..]
+// that is the Concat of the past [.., past_sequence, ..] and the new keys [.., sequence, ..] says
+// total_sequence = past_sequence + sequence. A sweep that starts from them reads every declared
+// total_sequence as that sum, so a mask expanded from attention_mask [batch, total_sequence] to a
+// computed [.., sequence, past_sequence + sequence] and the scores over the concatenated keys have one
+// key length. The name, by the sum's spelling (dim_sums.h).
+using DimAliases = absl::flat_hash_map<std::string, std::string>;
+
 class SymbolicShapes {
  public:
   // `opset`: the model's default-domain opset (Shape's start/end exist from 15).
@@ -121,6 +129,13 @@ class SymbolicShapes {
   bool ShapeData(const std::string& name, onnx::TensorShapeProto* data) const;
   // Adds to `known` the computed values (not Constants) whose every element is known.
   void AddKnown(KnownIntValues* known) const;
+  // The declared dims this sweep found to be sums (DimAliases), by their names.
+  const DimAliases& learned_aliases() const;
+  // A graph output declared with dim `declared` whose rule computes `computed` there (a first step's
+  // present declared [.., total_sequence, ..] over keys [.., sequence, ..]): `declared` names
+  // `computed`. Numbers and generated names say nothing.
+  void NoteDeclaredDim(const onnx::TensorShapeProto::Dimension& declared,
+                       const onnx::TensorShapeProto::Dimension& computed);
 
  private:
   struct State;  // the tracked values
