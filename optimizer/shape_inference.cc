@@ -251,7 +251,17 @@ class Sweep {
   InferredTypes Run(const DimAliases& aliases) {
     result_.types = DeclaredTypes(graph_);
     result_.aliases = aliases;
-    if (!aliases.empty()) RenameDims(aliases, &result_.types);
+    DimAliases renames = aliases;
+    // An input's dim named as onnx names the dims it cannot work out (`unk__N`, as tf2onnx declares the
+    // batch) is a symbol of the model's, which the rules read as unknown: renamed, it is one size wherever
+    // the shapes carry it.
+    for (const auto& input : graph_.input()) {
+      if (!input.type().tensor_type().has_shape()) continue;
+      for (const auto& dim : input.type().tensor_type().shape().dim()) {
+        if (dim.dim_param().rfind("unk__", 0) == 0) renames.emplace(dim.dim_param(), "input:" + dim.dim_param());
+      }
+    }
+    if (!renames.empty()) RenameDims(renames, &result_.types);
     for (const auto& tensor : graph_.initializer()) TrackInitializer(tensor);
     return SweepNodes();
   }

@@ -71,6 +71,27 @@ void SplitPartsIntoHeads(Graph& graph, const std::string& x, int64_t part_width,
   }
 }
 
+void RemoveUnreadNodes(Graph& graph, std::vector<Node*> nodes) {
+  while (!nodes.empty()) {
+    Node* node = nodes.back();
+    nodes.pop_back();
+    if (node->removed() || !node->domain().empty()) continue;
+    bool read = false;
+    for (const std::string& output : node->proto().output()) {
+      read |= !output.empty() && (graph.HasConsumers(output) || graph.IsGraphOutput(output));
+    }
+    if (read) continue;
+    std::vector<Node*> producers;
+    for (const std::string& input : node->proto().input()) {
+      if (Node* producer = graph.Producer(input)) producers.push_back(producer);
+    }
+    graph.RemoveNode(node);
+    for (Node* producer : producers) {
+      if (!producer->removed()) nodes.push_back(producer);
+    }
+  }
+}
+
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor) {
   const std::string name = graph.UniqueName(value + (to == onnx::TensorProto::INT32 ? "_int32" : "_cast"));
   onnx::NodeProto cast = MakeNode("Cast", name, {value}, {name});

@@ -33,6 +33,11 @@ std::string AddInt64Scalar(Graph& graph, const std::string& hint, int64_t value)
 void SplitPartsIntoHeads(Graph& graph, const std::string& x, int64_t part_width, int64_t heads, int64_t head_size,
                          const std::vector<std::string>& outputs, int64_t opset, const Node* after);
 
+// Removes the default-domain nodes among `nodes` whose outputs nothing reads (no reader, no graph
+// output), then their producers that this leaves unread, transitively: what a rewrite that adds twins
+// beside the nodes it replaces leaves behind (and every twin that led nowhere).
+void RemoveUnreadNodes(Graph& graph, std::vector<Node*> nodes);
+
 // Adds Cast(value, to) before `anchor` and returns its output (ONNX Runtime's contrib operators take
 // int32 ids and masks where exports have int64).
 std::string AddCast(Graph& graph, const std::string& value, int32_t to, const Node* anchor);

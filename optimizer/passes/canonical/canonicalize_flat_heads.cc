@@ -166,7 +166,7 @@ class CanonicalizeFlatHeadsPass final : public ShapedPass {
     }
     // The 3-D chains the rewiring left unread go, and so do twins that led nowhere (with no rewiring:
     // every twin, and the graph is as it was).
-    RemoveUnread(graph, std::move(touched));
+    RemoveUnreadNodes(graph, std::move(touched));
     return absl::OkStatus();
   }
 
@@ -207,28 +207,6 @@ class CanonicalizeFlatHeadsPass final : public ShapedPass {
     }
     if (op == "Cast" || op == "Identity" || (op == "Dropout" && node.input_size() == 1)) return twin;
     return std::nullopt;
-  }
-
-  // Removes what no longer has a reader among `nodes` and their producers, transitively.
-  static void RemoveUnread(Graph& graph, std::vector<Node*> nodes) {
-    while (!nodes.empty()) {
-      Node* node = nodes.back();
-      nodes.pop_back();
-      if (node->removed() || !node->domain().empty()) continue;
-      bool read = false;
-      for (const std::string& output : node->proto().output()) {
-        read |= !output.empty() && (graph.HasConsumers(output) || graph.IsGraphOutput(output));
-      }
-      if (read) continue;
-      std::vector<Node*> producers;
-      for (const std::string& input : node->proto().input()) {
-        if (Node* producer = graph.Producer(input)) producers.push_back(producer);
-      }
-      graph.RemoveNode(node);
-      for (Node* producer : producers) {
-        if (!producer->removed()) nodes.push_back(producer);
-      }
-    }
   }
 };
 
