@@ -69,7 +69,7 @@ bool IsWeight(const ProducerMap& producers, const InitializerMap& initializers, 
 }
 
 // The MatMul (or two-operand Einsum) of two activations (Q times K^T) found walking up from `value` through at most `depth`
-// nodes (scale, mask, causal Where), or null: with one, the Softmax is attention's. A MatMul with a
+// nodes (scale, masks and the views around them, causal Where), or null: with one, the Softmax is attention's. A MatMul with a
 // weight is a classifier head's (a recognizer's per-position character scores).
 const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const InitializerMap& initializers,
                                     const std::string& value, int depth) {
@@ -81,8 +81,11 @@ const onnx::NodeProto* ScoresMatMul(const ProducerMap& producers, const Initiali
                         !IsWeight(producers, initializers, node.input(1));
     return scores ? &node : nullptr;
   }
-  for (const auto& input : node.input()) {
-    if (const onnx::NodeProto* found = ScoresMatMul(producers, initializers, input, depth - 1)) return found;
+  // A Reshape's or Expand's shape is no data (older CLIP's and BART's scores viewed as [B, N, S, T] to
+  // add each mask, and back).
+  const bool shaped = node.op_type() == "Reshape" || node.op_type() == "Expand";
+  for (int i = 0; i < (shaped ? std::min(node.input_size(), 1) : node.input_size()); ++i) {
+    if (const onnx::NodeProto* found = ScoresMatMul(producers, initializers, node.input(i), depth - 1)) return found;
   }
   return nullptr;
 }
@@ -328,7 +331,7 @@ TransformerEvidence ReadGraphEvidence(const onnx::GraphProto& graph, const Initi
     const absl::string_view op = node.op_type();
     const bool standard = DefaultDomain(node);
     const onnx::NodeProto* scores =
-        standard && op == "Softmax" && node.input_size() == 1 ? ScoresMatMul(producers, initializers, node.input(0), 4) : nullptr;
+        standard && op == "Softmax" && node.input_size() == 1 ? ScoresMatMul(producers, initializers, node.input(0), 8) : nullptr;
     if (node.domain() == kMicrosoft && op == "Attention") {
       ++found.layers;
       found.causal |= GetAttributeInt(node, "unidirectional", 0) != 0;

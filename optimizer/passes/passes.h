@@ -42,6 +42,7 @@ std::unique_ptr<Pass> MakeCanonicalizeSwapLastAxesPass();
 std::unique_ptr<Pass> MakeLowerEinsumPass();
 std::unique_ptr<Pass> MakeCanonicalizeFlatHeadsPass();
 std::unique_ptr<Pass> MakeCanonicalizeFlattenedRowsPass();
+std::unique_ptr<Pass> MakeCanonicalizeSummedMasksPass();
 std::unique_ptr<Pass> MakeCanonicalizePackedHeadSplitPass();
 std::unique_ptr<Pass> MakeCanonicalizeInterleavedQkvPass();
 std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();
