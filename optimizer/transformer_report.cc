@@ -367,6 +367,15 @@ TransformerEvidence ReadGraphEvidence(const onnx::GraphProto& graph, const Initi
     if (standard || node.domain() == kMicrosoft) {
       ReadFamilyEvidence(node, producers, initializers, consumers, integer_inputs, &found);
     }
+    if (standard && op == "Neg" && node.output_size() == 1) {
+      auto readers = consumers.find(node.output(0));
+      if (readers != consumers.end()) {
+        for (const onnx::NodeProto* reader : readers->second) {
+          found.rotate_half |= reader->op_type() == "Concat" || reader->op_type() == "Unsqueeze";
+        }
+      }
+    }
+    found.rotate_half |= node.domain() == kMicrosoft && op == "RotaryEmbedding";
     found.sine |= standard && op == "Sin";
     found.cosine |= standard && op == "Cos";
     found.log_buckets |= standard && op == "Log";
@@ -386,7 +395,8 @@ void Merge(const TransformerEvidence& from, TransformerEvidence* into) {
                     &TransformerEvidence::layer_scale, &TransformerEvidence::embedding_scale,
                     &TransformerEvidence::head_norm, &TransformerEvidence::packed_projection,
                     &TransformerEvidence::projection_bias, &TransformerEvidence::position_window,
-                    &TransformerEvidence::sigmoid_gelu, &TransformerEvidence::token_types}) {
+                    &TransformerEvidence::sigmoid_gelu, &TransformerEvidence::token_types,
+                    &TransformerEvidence::rotate_half}) {
     into->*flag = into->*flag || from.*flag;
   }
   into->vocabulary = std::max(into->vocabulary, from.vocabulary);
@@ -427,6 +437,7 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
     }
   }
   if (shape.layers == 0) return shape;
+  const bool rotary = (found.sine && found.cosine) || found.rotate_half;
   // XLM-RoBERTa is RoBERTa's architecture; only its multilingual vocabulary (250,002 tokens) tells it.
   constexpr int64_t kMultilingualVocabulary = 250000;
   if (found.convolution && !found.token_lookup) {
@@ -434,18 +445,21 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
                    : found.distillation_token ? "deit"
                    : found.layer_scale        ? "dinov2"
                                               : "vit";
-  } else if (found.rms_norm && found.sine && found.cosine) {
-    // RMSNorm and rotary position embeddings: a LLaMA-like decoder.
+  } else if (found.rms_norm && found.log_buckets) {
+    shape.family = "t5";  // RMSNorm and log-bucketed relative positions
+  } else if (found.rms_norm && (rotary || found.causal)) {
+    // RMSNorm and rotary position embeddings, or a causal RMSNorm decoder whose rotary tables are
+    // stored where its rotation is not spelled as rotate_half: a LLaMA-like decoder.
     shape.family = found.embedding_scale     ? "gemma"
                    : found.head_norm         ? "qwen3"
                    : found.packed_projection ? "phi3"
                    : found.projection_bias   ? "qwen2"
                    : found.position_window   ? "mistral"
                                              : "llama";
-  } else if (found.rms_norm && found.log_buckets) {
-    shape.family = "t5";  // RMSNorm and log-bucketed relative positions
-  } else if (found.sine && found.cosine && !found.causal) {
+  } else if (rotary && !found.causal) {
     shape.family = "modernbert";  // rotary positions in an encoder
+  } else if (rotary) {
+    shape.family = "gptneox";  // rotary positions and LayerNorm in a decoder (GPT-NeoX, GPT-J, Phi-2)
   } else if (found.causal) {
     shape.family = found.sigmoid_gelu ? "clip" : "gpt2";
   } else if (found.cumulative_positions && found.token_lookup) {
@@ -464,7 +478,7 @@ const std::vector<std::pair<std::string, std::string>>& KnownFamilies() {
       {"bert", "bert"},       {"distilbert", "bert"}, {"modernbert", "bert"},  {"roberta", "roberta"},
       {"xlm-roberta", "roberta"}, {"gpt2", "gpt2"},   {"clip", "gpt2"},        {"llama", "llama"},
       {"mistral", "llama"},   {"qwen2", "llama"},     {"qwen3", "llama"},      {"phi3", "llama"},
-      {"gemma", "llama"},     {"t5", "t5"},           {"vit", "vit"},          {"deit", "vit"},
+      {"gemma", "llama"},     {"gptneox", "llama"},   {"t5", "t5"},           {"vit", "vit"},          {"deit", "vit"},
       {"dinov2", "vit"},      {"whisper", "vit"}};
   return *families;
 }

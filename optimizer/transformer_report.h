@@ -34,11 +34,12 @@ struct TransformerShape {
 // - a convolution before the first attention with no token lookups: vision or audio (vit); a 1-D
 //   convolution (whisper's encoder), class and distillation tokens concatenated with the patches
 //   (deit), a per-channel layer scale after the projections (dinov2);
-// - RMSNorm with rotary Sin/Cos: a decoder (llama); the embedding scaled by a constant (gemma), RMSNorm
-//   on the heads of Q and K (qwen3), a packed projection split into parts (phi3), biased head-split
-//   projections (qwen2), a position window in the mask (mistral);
 // - RMSNorm with log-bucketed relative positions (t5);
-// - rotary Sin/Cos in an encoder without RMSNorm (modernbert);
+// - RMSNorm with rotary positions (Sin/Cos, or rotate_half's Neg over stored tables) or a causal mask: a
+//   decoder (llama); the embedding scaled by a constant (gemma), RMSNorm on the heads of Q and K (qwen3),
+//   a packed projection split into parts (phi3), biased head-split projections (qwen2), a position window
+//   in the mask (mistral);
+// - rotary positions without RMSNorm: in an encoder (modernbert), in a decoder (gptneox);
 // - a causal mask, as a lower-triangular buffer, Trilu, two position ranges compared (gpt2; the
 //   report also counts an Attention the fusion proved unidirectional); with the sigmoid Gelu x *
 //   sigmoid(1.702 x) (clip's text model);
@@ -53,6 +54,9 @@ struct TransformerEvidence {
   int cross_attention = 0;  // of them, cross-attention: Q reads a graph input its K does not (an encoder's K)
   bool causal = false, token_lookup = false, convolution = false, rms_norm = false, sine = false, cosine = false,
        log_buckets = false, cumulative_positions = false;
+  // rotate_half's or rotate_every_two's Neg joined back by a Concat (directly or unsqueezed), or a
+  // RotaryEmbedding: rotary positions whose tables the graph reads rather than computes.
+  bool rotate_half = false;
   // What tells the families of a kind apart.
   bool audio_convolution = false, distillation_token = false, layer_scale = false, embedding_scale = false,
        head_norm = false, packed_projection = false, projection_bias = false, position_window = false,

@@ -1,7 +1,9 @@
 // Family detection on forms no fixture has (the fixtures' families are checked in hf_export_test), and
 // the config naming any family detection knows.
 #include "gtest/gtest.h"
+#include "optimizer/model_io.h"
 #include "optimizer/transformer_report.h"
+#include "tests/model_builder.h"
 #include "tests/attention_graphs.h"
 #include "tests/pass_runner.h"
 
@@ -18,6 +20,15 @@ TEST(TransformerFamilyTest, HeadNormsWithRotaryReadAsQwen3) {
   options.head_norm = false;
   options.projection_norm = true;
   EXPECT_EQ(DetectTransformer(testing::AttentionGraph(options)).family, "llama");
+}
+
+// Older exports store the rotary tables (a Constant or an initializer gathered at the positions) and
+// rotate with rotate_half's Neg: no Sin or Cos. With RMSNorm that is a LLaMA-like decoder (the
+// older-spelling cache decoder), not GPT-2 (whose report would expect an EmbedLayerNormalization).
+TEST(TransformerFamilyTest, StoredRotaryTablesReadAsRotary) {
+  auto legacy = LoadModel(testing::FixturePath("cache/legacy_cache_decoder.onnx"));
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(FamilyKind(DetectTransformer(*legacy).family), "llama");
 }
 
 TEST(TransformerFamilyTest, EveryKnownFamilyHasAKindAndTheConfigTakesIt) {
