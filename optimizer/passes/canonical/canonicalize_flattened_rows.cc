@@ -103,7 +103,11 @@ class CanonicalizeFlattenedRowsPass final : public ShapedPass {
     std::vector<int> parent;
     std::vector<bool> poisoned;
     auto find = [&](int g) {
-      while (parent[static_cast<size_t>(g)] != g) g = parent[static_cast<size_t>(g)] = parent[static_cast<size_t>(parent[static_cast<size_t>(g)])];
+      while (parent[static_cast<size_t>(g)] != g) {
+        int& up = parent[static_cast<size_t>(g)];
+        up = parent[static_cast<size_t>(up)];  // halve the path
+        g = up;
+      }
       return g;
     };
     auto join = [&](int a, int b) {
