@@ -127,6 +127,31 @@ TEST(FuseRotaryEmbeddingTest, EveryLayerOfAnExportSharesOneCacheAndOneOffset) {
   }
 }
 
+// The positions built once for every layer read B and S from a graph input of those dims (input_ids),
+// never from the first layer's Q heads: such a read kept layer 0's Q alive outside its attention, which
+// then fused only over the heads as the graph computes them while the other layers fused whole.
+TEST(FuseRotaryEmbeddingTest, ThePositionsReadTheBatchAndLengthFromAnInput) {
+  auto original = LoadModel(testing::FixturePath("transformers/llama_gqa_opset17.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  for (const auto& report : run.reports) {
+    if (report.name() == "fuse_attention") EXPECT_EQ(report.counters().count("fused_over_given_heads"), 0u);
+  }
+  std::map<std::string, const onnx::NodeProto*> producers;
+  for (const auto& node : run.model.graph().node()) {
+    for (const auto& output : node.output()) producers[output] = &node;
+  }
+  for (const auto& node : run.model.graph().node()) {
+    if (node.op_type() != "Shape") continue;
+    auto producer = producers.find(node.input(0));
+    EXPECT_TRUE(producer == producers.end() || producer->second->op_type() != "Transpose")
+        << "a Shape of heads: " << node.input(0);
+  }
+  v1::ParityReport parity;
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {16}, &parity);
+}
+
 // The fused rotations are what the attention fusion reads next: MultiHeadAttention with the rotation
 // moved onto the [B,S,H] projections, the same outputs.
 TEST(FuseRotaryEmbeddingTest, TheAttentionFusionTakesTheFusedRotations) {
