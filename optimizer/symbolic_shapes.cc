@@ -393,7 +393,7 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
       return improved;
     }
     const Dim length = FromSum(SumOf(limit->second[0])->Plus(*SumOf(start->second[0]), -1));
-    if (length.kind == Dim::Kind::kValue && length.value < 0) return improved;
+    if (!NonNegative(length)) return improved;  // b < a gives no elements: only a size is a length
     improved += Improve(types, out, Shape{length}, ElementType(*types, node.input(0)));
     return improved;
   }
