@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -488,7 +489,7 @@ template <typename MakeSweep>
 InferredTypes RunWithAliases(MakeSweep make_sweep, const DimAliases& aliases) {
   InferredTypes inferred = make_sweep().Run(aliases);
   if (inferred.aliases.size() == aliases.size()) return inferred;
-  const DimAliases learned = inferred.aliases;
+  const DimAliases learned = std::move(inferred.aliases);
   return make_sweep().Run(learned);
 }
 

@@ -22,8 +22,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/str_cat.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/match.h"
 #include "optimizer/passes/passes.h"
@@ -76,15 +74,6 @@ bool BroadcastsOntoRows(const ShapeInfo& shapes, const std::string& value) {
   return *rank <= 1 || (*rank == 2 && shapes.DimValue(value, 0) == 1);
 }
 
-// The axis a 2-D node reduces or normalizes over, where the node has one.
-std::optional<std::vector<int64_t>> AxesOf(const Graph& graph, const Node& node) {
-  if (const onnx::AttributeProto* axes = node.FindAttribute("axes")) {
-    return std::vector<int64_t>(axes->ints().begin(), axes->ints().end());
-  }
-  if (node.input_size() >= 2 && !node.input(1).empty()) return ConstantInts(graph, node.input(1));
-  return std::nullopt;  // every axis
-}
-
 // kNone: a reader that needs the rows as they are (its group stays as it is).
 enum class Role { kNone, kEntry, kRowWise, kExit };
 
@@ -134,14 +123,10 @@ class CanonicalizeFlattenedRowsPass final : public ShapedPass {
         continue;
       }
       std::optional<int> joined;
-      bool any = false;
       for (const std::string& input : node->proto().input()) {
-        if (std::optional<int> g = input.empty() ? std::nullopt : group(input)) {
-          joined = joined ? join(*joined, *g) : *g;
-          any = true;
-        }
+        if (std::optional<int> g = input.empty() ? std::nullopt : group(input)) joined = joined ? join(*joined, *g) : *g;
       }
-      if (!any) continue;
+      if (!joined) continue;
       const Role role = RoleOf(graph, shapes, *node, [&](const std::string& v) { return group(v).has_value(); }, opset);
       roles[node] = role;
       if (role == Role::kNone) {
@@ -157,21 +142,18 @@ class CanonicalizeFlattenedRowsPass final : public ShapedPass {
     absl::flat_hash_map<std::string, std::string> rows3d;  // a row value -> its [B, S, W] twin
     absl::flat_hash_map<std::string, std::string> leading;  // a row value -> a tensor with its [B, S]
     std::vector<Node*> touched;
-    int64_t groups = 0;
-    std::set<int> rewritten;
+    std::set<int> rewritten;  // the groups
     for (Node* node : nodes) {
       auto role = roles.find(node);
-      if (role == roles.end() || node->removed()) continue;
+      if (role == roles.end() || role->second == Role::kNone || node->removed()) continue;
       const std::string& out = node->output(0);
-      if (role->second == Role::kNone) continue;
-      std::optional<int> g = group(role->second == Role::kEntry ? out : node->input(0));
-      if (!g) {
-        for (const std::string& input : node->proto().input()) {
-          if (!input.empty() && (g = group(input))) break;
-        }
+      // An entry's group is its output's; any other node's that of the rows it reads.
+      std::optional<int> g = role->second == Role::kEntry ? group(out) : std::nullopt;
+      for (int i = 0; !g && i < node->input_size(); ++i) {
+        if (!node->input(i).empty()) g = group(node->input(i));
       }
       if (!g || poisoned[static_cast<size_t>(*g)]) continue;
-      if (rewritten.insert(*g).second) ++groups;
+      rewritten.insert(*g);
       if (role->second == Role::kEntry) {  // x itself, or x merged to [B, S, W]
         const std::string& x = node->input(0);
         leading[out] = x;
@@ -219,7 +201,7 @@ class CanonicalizeFlattenedRowsPass final : public ShapedPass {
       touched.push_back(graph.AddNode(std::move(twin), node, /*after=*/true));
       touched.push_back(node);
     }
-    context.CountRewrite(groups);  // a group of rows each
+    context.CountRewrite(static_cast<int64_t>(rewritten.size()));  // a group of rows each
     RemoveUnreadNodes(graph, std::move(touched));
     return absl::OkStatus();
   }
@@ -271,7 +253,7 @@ class CanonicalizeFlattenedRowsPass final : public ShapedPass {
       if (is_rows(node.input(i))) return Role::kNone;
     }
     if (ReduceOps().count(op) > 0) {
-      const auto axes = AxesOf(graph, node);
+      const auto axes = ConstantAxes(graph, node);
       return node.GetAttributeInt("keepdims", 1) == 1 && axes && axes->size() == 1 && ((*axes)[0] == 1 || (*axes)[0] == -1)
                  ? Role::kRowWise
                  : Role::kNone;

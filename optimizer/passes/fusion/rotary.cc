@@ -439,24 +439,10 @@ const RotaryInputs& RotaryInputsFor(Graph& graph, const ShapeInfo& shapes, const
         chain.Add("Range", {AddInt64Scalar(graph, "rotary_range_start", 0), rows,
                             AddInt64Scalar(graph, "rotary_range_step", 1)},
                   "rotary_row_ids");
-    // B and S of the heads [B,N,S,D], read from a graph input the shapes show to be [B, S, ...]
-    // (input_ids) where there is one: a read of the heads would keep the first layer's Q heads alive
-    // outside its attention, which then fuses only over the heads as the graph computes them.
-    std::string source = rotation.heads;
-    bool from_input = false;
-    for (const auto& input : graph.proto().input()) {
-      if (graph.Initializer(input.name()) != nullptr || shapes.Rank(input.name()).value_or(0) < 2) continue;
-      if (shapes.SameDim(input.name(), 0, rotation.heads, 0) && shapes.SameDim(input.name(), 1, rotation.heads, 2)) {
-        source = input.name();
-        from_input = true;
-        break;
-      }
-    }
-    const std::string heads_shape = chain.Add("Shape", {source}, from_input ? "rotary_input_shape" : "rotary_heads_shape");
+    // B and S of the heads [B,N,S,D].
+    const std::string heads_shape = chain.Add("Shape", {rotation.heads}, "rotary_heads_shape");
     const std::string batch = chain.Add("Slice", {heads_shape, zero, one}, "rotary_batch");
-    const std::string length =
-        from_input ? chain.Add("Slice", {heads_shape, one, two}, "rotary_length")
-                   : chain.Add("Slice", {heads_shape, two, three}, "rotary_length");
+    const std::string length = chain.Add("Slice", {heads_shape, two, three}, "rotary_length");
     const std::string batch_and_length =
         chain.Add("Concat", {batch, length}, "rotary_batch_and_length", {MakeIntAttribute("axis", 0)});
     const std::string by_length =

@@ -127,9 +127,10 @@ TEST(FuseRotaryEmbeddingTest, EveryLayerOfAnExportSharesOneCacheAndOneOffset) {
   }
 }
 
-// The positions built once for every layer read B and S from a graph input of those dims (input_ids),
-// never from the first layer's Q heads: such a read kept layer 0's Q alive outside its attention, which
-// then fused only over the heads as the graph computes them while the other layers fused whole.
+// The positions built once for every layer read B and S from the first layer's Q heads; the transformer
+// preset's second canonicalize_shape_reads moves that read to the graph input the heads are computed from
+// (input_ids), so layer 0's Q is not kept alive outside its attention (which then fused only over the
+// heads as the graph computes them while the other layers fused whole).
 TEST(FuseRotaryEmbeddingTest, ThePositionsReadTheBatchAndLengthFromAnInput) {
   auto original = LoadModel(testing::FixturePath("transformers/llama_gqa_opset17.onnx"));
   ASSERT_TRUE(original.ok()) << original.status();
