@@ -48,6 +48,63 @@ bool NonNegative(const Dim& d) {
   return true;
 }
 
+// True if `d` cannot be negative where every size is at least 1: positive coefficients whose total and
+// the number are not below 0 (2*T - 1, T - 1).
+bool NonNegativeForSizes(const Dim& d) {
+  const std::optional<DimSum> sum = SumOf(d);
+  if (!sum) return false;
+  int64_t lowest = sum->constant;
+  for (const auto& [symbol, coefficient] : sum->terms) {
+    if (coefficient <= 0) return false;
+    lowest += coefficient;
+  }
+  return lowest >= 0;
+}
+
+// `d` / `divisor` as ONNX's integer Div computes it, where that is a sum again: every coefficient a
+// multiple of the divisor and `d` never negative for sizes of at least 1 (positive coefficients whose
+// total and the number are not below 0: 2*T - 1), so truncation is floor: (2*T - 1) / 2 = T - 1.
+Dim DivideSum(const Dim& d, int64_t divisor) {
+  const std::optional<DimSum> sum = SumOf(d);
+  if (!sum || divisor <= 0) return {};
+  if (!NonNegativeForSizes(d)) return {};
+  DimSum quotient;
+  for (const auto& [symbol, coefficient] : sum->terms) {
+    if (coefficient % divisor != 0) return {};
+    quotient.terms[symbol] = coefficient / divisor;
+  }
+  const int64_t c = sum->constant;
+  quotient.constant = c >= 0 ? c / divisor : -((-c + divisor - 1) / divisor);
+  return FromSum(quotient);
+}
+
+// The length a step-1 Slice of a dim `dim` from `start` to `end` leaves. Numbers are clamped as ONNX
+// does where the dim is a number; a number past the end (INT_MAX, or at least a numeric dim) is the
+// end; a negative number counts from the end. Symbolic bounds are taken within the dim (the graph
+// computes them from the lengths it cuts), so the length is end - start as a sum.
+Dim SlicedLength(const Dim& dim, Dim start, Dim end) {
+  constexpr int64_t kPastAnyEnd = int64_t{1} << 31;
+  auto bound = [&](Dim b) -> std::optional<Dim> {
+    if (b.kind != Dim::Kind::kValue) return b.known() ? std::optional<Dim>(b) : std::nullopt;
+    if (dim.kind == Dim::Kind::kValue) {
+      int64_t v = b.value < 0 ? b.value + dim.value : b.value;
+      return Dim::Value(std::clamp<int64_t>(v, 0, dim.value));
+    }
+    if (b.value >= kPastAnyEnd) return dim.known() ? std::optional<Dim>(dim) : std::nullopt;
+    if (b.value < 0) {
+      if (!dim.known()) return std::nullopt;
+      return FromSum(SumOf(dim)->Plus(DimSum::Number(b.value)));
+    }
+    return b;
+  };
+  const std::optional<Dim> from = bound(start), to = bound(end);
+  if (!from || !to) return {};
+  if (*from == Dim::Value(0) && *to == dim) return dim;
+  const Dim length = FromSum(SumOf(*to)->Plus(*SumOf(*from), -1));
+  if (length.kind == Dim::Kind::kValue) return Dim::Value(std::max<int64_t>(length.value, 0));
+  return NonNegativeForSizes(length) ? length : Dim();
+}
+
 Dim FromProto(const onnx::TensorShapeProto::Dimension& d) {
   if (d.has_dim_value()) return Dim::Value(d.dim_value());
   if (!d.has_dim_param() || d.dim_param().empty() || IsGeneratedName(d.dim_param())) return {};
@@ -281,8 +338,8 @@ void TrackNode(const onnx::NodeProto& node, const TypeMap& types, int64_t opset,
         result.push_back(FromSum(SumOf(a)->Plus(*SumOf(b), op == "Add" ? 1 : -1)));
       } else if (op == "Mul" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
         result.push_back(a);
-      } else if (op == "Div" && a.kind == Dim::Kind::kParam && b == Dim::Value(1)) {
-        result.push_back(a);
+      } else if (op == "Div" && a.kind == Dim::Kind::kParam && b.kind == Dim::Kind::kValue) {
+        result.push_back(b.value == 1 ? a : DivideSum(a, b.value));
       } else {
         result.push_back({});
       }
@@ -478,8 +535,9 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
     }
     improved += Improve(types, out, result, ElementType(*types, node.input(0)));
   } else if (op == "Slice" && node.input_size() >= 3) {
-    // Same rank as the input; a sliced dim is known only when the slice provably takes all of it
-    // (start 0, step 1, end the dim itself).
+    // Same rank as the input; a sliced dim (step 1) is end - start: known numbers clamped to a known
+    // dim, a start or end past the dim's end the dim itself, and symbolic bounds (lengths the graph
+    // computes: a table of positions cut to the sequence, `pe[:, c - T + 1 : c + T]`) taken within it.
     auto input = ShapeOf(*types, node.input(0));
     if (!input) return improved;
     auto get = [&](int i) -> const Shape* {
@@ -504,11 +562,15 @@ int ImproveNode(const onnx::NodeProto& node, const Values& values, TypeMap* type
         axis = (*axes)[k].value < 0 ? (*axes)[k].value + rank : (*axes)[k].value;
       }
       if (axis < 0 || axis >= rank) break;
-      const bool whole = starts && ends && k < ends->size() && (*starts)[k] == Dim::Value(0) &&
-                         (!steps || (k < steps->size() && (*steps)[k] == Dim::Value(1))) &&
-                         (*ends)[k] == (*input)[static_cast<size_t>(axis)] && (*input)[static_cast<size_t>(axis)].known();
-      if (!whole) result[static_cast<size_t>(axis)] = Dim();
-      if (!starts) result.assign(input->size(), Dim());
+      if (!starts) {
+        result.assign(input->size(), Dim());
+        break;
+      }
+      const bool unit_step = !steps || (k < steps->size() && (*steps)[k] == Dim::Value(1));
+      result[static_cast<size_t>(axis)] =
+          unit_step && ends && k < ends->size()
+              ? SlicedLength((*input)[static_cast<size_t>(axis)], (*starts)[k], (*ends)[k])
+              : Dim();
     }
     improved += Improve(types, out, result, ElementType(*types, node.input(0)));
   } else if (BroadcastOps().count(op) > 0) {

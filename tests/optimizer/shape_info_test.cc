@@ -1,4 +1,6 @@
 // Shape inference over models onnx 1.12 only partly knows.
+#include <limits>
+
 #include "gtest/gtest.h"
 #include "optimizer/passes/rewrite.h"
 #include "optimizer/optimize.h"
@@ -374,6 +376,52 @@ TEST(ShapeInfoTest, AFlatteningReshapeOfUnknownDimsNamesTheDimItLeaves) {
   EXPECT_TRUE(info.SameDim("sequence", 1, "flat", 2));
   EXPECT_TRUE(info.SameShape("y", "sequence"));
   EXPECT_TRUE(info.SameDim("y", 0, "x", 0));
+}
+
+// ESPnet's relative positions: a table of 2M - 1 rows cut to pe[:, c - T + 1 : c + T] (T from Shape), so
+// the positions are 2*T - 1; rel_shift's `[..., : x.size(-1) // 2 + 1]` of them is T again; `[:, 1:]` of
+// [.., 2*T] is 2*T - 1.
+TEST(ShapeInfoTest, SlicesBySymbolicBoundsCountTheirLengths) {
+  onnx::GraphProto graph;
+  onnx::ValueInfoProto x = FloatValue("x", {1, 8, 4});
+  x.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("T");
+  *graph.add_input() = x;
+  *graph.add_initializer() = FloatTensor("pe", {1, 99, 4}, std::vector<float>(99 * 4, 0.5f));
+  *graph.add_initializer() = MakeInt64Tensor("one_index", {1});
+  *graph.add_initializer() = MakeInt64Tensor("center", {49});
+  *graph.add_initializer() = MakeInt64Tensor("one", {1});
+  *graph.add_initializer() = MakeInt64Tensor("two", {2});
+  *graph.add_initializer() = MakeInt64Tensor("axis1", {1});
+  *graph.add_initializer() = MakeInt64Tensor("last", {-1});
+  *graph.add_initializer() = MakeInt64Tensor("zero", {0});
+  *graph.add_initializer() = MakeInt64Tensor("big", {std::numeric_limits<int64_t>::max()});
+  *graph.add_node() = MakeNode("Shape", {"x"}, {"shape"});
+  *graph.add_node() = MakeNode("Gather", {"shape", "one_index"}, {"t"});
+  *graph.add_node() = MakeNode("Sub", {"center", "t"}, {"c_minus_t"});
+  *graph.add_node() = MakeNode("Add", {"c_minus_t", "one"}, {"start"});
+  *graph.add_node() = MakeNode("Add", {"center", "t"}, {"end"});
+  *graph.add_node() = MakeNode("Slice", {"pe", "start", "end", "axis1"}, {"positions"});
+  // (2T - 1) // 2 + 1 = T on the positions' own length.
+  *graph.add_node() = MakeNode("Shape", {"positions"}, {"positions_shape"});
+  *graph.add_node() = MakeNode("Gather", {"positions_shape", "one_index"}, {"length"});
+  *graph.add_node() = MakeNode("Div", {"length", "two"}, {"half"});
+  *graph.add_node() = MakeNode("Add", {"half", "one"}, {"kept"});
+  *graph.add_node() = MakeNode("Slice", {"positions", "zero", "kept", "axis1"}, {"shifted"});
+  // [:, 1:] of Concat(positions, x-like [1, 1, 4]) [1, 2T, 4].
+  *graph.add_node() = MakeNode("Slice", {"x", "zero", "one", "axis1"}, {"x_row"});
+  *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"positions", "x_row"}, {"padded"}), "axis", 1);
+  *graph.add_node() = MakeNode("Slice", {"padded", "one", "big", "axis1"}, {"dropped"});
+  for (const char* name : {"shifted", "dropped"}) {
+    onnx::ValueInfoProto out = FloatValue(name, {});
+    out.mutable_type()->mutable_tensor_type()->clear_shape();
+    *graph.add_output() = out;
+  }
+  ShapeInfo info = ShapeInfo::Infer(MakeModel(graph, 13));
+  ASSERT_NE(info.Dim("positions", 1), nullptr);
+  EXPECT_EQ(info.Dim("positions", 1)->dim_param(), "2*T - 1");
+  EXPECT_TRUE(info.SameDim("shifted", 1, "x", 1));
+  ASSERT_NE(info.Dim("dropped", 1), nullptr);
+  EXPECT_EQ(info.Dim("dropped", 1)->dim_param(), "2*T - 1");
 }
 
 // Opset 18 (what the dynamo exporter and ONNX Runtime's BART test write, here without any value_info):
