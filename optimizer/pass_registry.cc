@@ -102,6 +102,7 @@ const PassRegistry& DefaultPassRegistry() {
     must(built->Register(MakeCanonicalizeFlatHeadsPass()));
     must(built->Register(MakeCanonicalizeFlattenedRowsPass()));
     must(built->Register(MakeCanonicalizeSummedMasksPass()));
+    must(built->Register(MakeCanonicalizeHeadBiasesPass()));
     must(built->Register(MakeCanonicalizePackedHeadSplitPass()));
     must(built->Register(MakeCanonicalizeInterleavedQkvPass()));
     must(built->Register(MakeCanonicalizeShapeReadsPass()));
@@ -130,7 +131,7 @@ const PassRegistry& DefaultPassRegistry() {
                                          "upstream_slice"};
     extended.insert(extended.end(), cleanups.begin(), cleanups.end());
     std::vector<std::string> transformer = {"inline_known_branches", "lower_einsum", "canonicalize_flat_heads", "canonicalize_swap_last_axes", "canonicalize_packed_head_split", "canonicalize_interleaved_qkv", "canonicalize_shape_reads",
-                                            "canonicalize_masked_scores", "canonicalize_summed_masks", "canonicalize_flattened_rows", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm",
+                                            "canonicalize_head_biases", "canonicalize_masked_scores", "canonicalize_summed_masks", "canonicalize_flattened_rows", "unflatten_gemm", "fuse_layer_norm", "fuse_embed_layer_norm", "fuse_gelu", "fuse_skip_layer_norm",
                                             "fuse_rotary_embedding", "canonicalize_shape_reads", "fuse_attention"};
     transformer.insert(transformer.end(), extended.begin(), extended.end());
     must(built->AddPreset({"none", "no rewrites: validate and benchmark the model as it is", {}}));

@@ -43,6 +43,7 @@ std::unique_ptr<Pass> MakeLowerEinsumPass();
 std::unique_ptr<Pass> MakeCanonicalizeFlatHeadsPass();
 std::unique_ptr<Pass> MakeCanonicalizeFlattenedRowsPass();
 std::unique_ptr<Pass> MakeCanonicalizeSummedMasksPass();
+std::unique_ptr<Pass> MakeCanonicalizeHeadBiasesPass();
 std::unique_ptr<Pass> MakeCanonicalizePackedHeadSplitPass();
 std::unique_ptr<Pass> MakeCanonicalizeInterleavedQkvPass();
 std::unique_ptr<Pass> MakeCanonicalizeShapeReadsPass();

@@ -1,5 +1,6 @@
 // canonicalize_summed_masks: two masks added in turn on the scores become one summed mask, exactly,
-// and a term computed from the scores is left where it is.
+// and a term computed from the scores is left where it is; a scale after the sum of the scores and a
+// position term goes on each term (the scores found between two MatMuls by what they are computed from).
 #include "gtest/gtest.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
@@ -51,6 +52,63 @@ TEST(CanonicalizeSummedMasksTest, ATermComputedFromTheScoresStays) {
   PassRun run = RunPass("canonicalize_summed_masks", TwoMasksModel("scores"));
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(run.report.rewrites(), 0);
+}
+
+// Softmax(Div(Add(q k^T, position term), 8) + mask): the position term is `positions` [1, 2, 3, 3] (an
+// input), or with `term_matmul` q p^T of a table p that reads nothing of q's (WeNet's, without a shift),
+// first in the sum where `term_first`.
+onnx::ModelProto ScaledSumModel(bool term_matmul, bool term_first) {
+  onnx::GraphProto graph;
+  *graph.add_input() = FloatValue("x", {2, 2, 3, 4});
+  *graph.add_input() = FloatValue("table", {1, 2, 4, 3});
+  *graph.add_input() = FloatValue("positions", {1, 2, 3, 3});
+  *graph.add_input() = FloatValue("padding", {2, 1, 1, 3});
+  *graph.add_node() = MakeNode("Relu", {"x"}, {"q"});
+  *graph.add_node() = MakeNode("Sigmoid", {"x"}, {"k"});
+  *graph.add_node() = WithIntsAttribute(MakeNode("Transpose", {"k"}, {"k_t"}), "perm", {0, 1, 3, 2});
+  *graph.add_node() = MakeNode("MatMul", {"q", "k_t"}, {"scores"});
+  if (term_matmul) *graph.add_node() = MakeNode("MatMul", {"q", "table"}, {"term"});
+  const std::string term = term_matmul ? "term" : "positions";
+  *graph.add_node() = MakeNode("Add", term_first ? std::vector<std::string>{term, "scores"}
+                                                 : std::vector<std::string>{"scores", term},
+                               {"summed"});
+  *graph.add_initializer() = testing::FloatTensor("scale", {}, {8.0f});
+  *graph.add_node() = MakeNode("Div", {"summed", "scale"}, {"scaled"});
+  *graph.add_node() = MakeNode("Add", {"scaled", "padding"}, {"masked"});
+  *graph.add_node() = WithIntAttribute(MakeNode("Softmax", {"masked"}, {"probs"}), "axis", -1);
+  *graph.add_output() = FloatValue("probs", {2, 2, 3, 3});
+  return MakeModel(graph, 17);
+}
+
+// The input the scores' MatMul reads first in `model`, after the pass: what it took as Q*K^T.
+std::string ScaledScoresOperand(const onnx::ModelProto& model) {
+  for (const auto& node : model.graph().node()) {
+    if (node.op_type() == "Add" && node.output(0) == "masked") {
+      for (const auto& div : model.graph().node()) {
+        if (div.op_type() == "Div" && div.output(0) == node.input(0)) return div.input(0);
+      }
+    }
+  }
+  return "";
+}
+
+TEST(CanonicalizeSummedMasksTest, AScaleAfterThePositionTermsSumGoesOnEachTerm) {
+  const onnx::ModelProto original = ScaledSumModel(false, false);
+  PassRun run = RunPass("canonicalize_summed_masks", original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 2);  // the scale distributed, then the term and the mask summed
+  EXPECT_EQ(ScaledScoresOperand(run.model), "scores");
+  ExpectSameOutputs(original, run.model, 1e-6, 1e-6);
+}
+
+TEST(CanonicalizeSummedMasksTest, OfTwoMatMulsTheScoresAreTheOneWhoseOperandsShareASource) {
+  for (bool term_first : {false, true}) {
+    const onnx::ModelProto original = ScaledSumModel(true, term_first);
+    PassRun run = RunPass("canonicalize_summed_masks", original);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(ScaledScoresOperand(run.model), "scores") << "term first: " << term_first;
+    ExpectSameOutputs(original, run.model, 1e-6, 1e-6);
+  }
 }
 
 }  // namespace
