@@ -237,6 +237,9 @@ void ReadFamilyEvidence(const onnx::NodeProto& node, const ProducerMap& producer
   if (op == "Conv" && node.input_size() >= 2) {
     const onnx::TensorProto* weight = constant(node.input(1));
     found->audio_convolution |= weight != nullptr && weight->dims_size() == 3;
+    const int64_t groups = GetAttributeInt(node, "group", 1);
+    found->depthwise_convolution |= weight != nullptr && weight->dims_size() == 3 && groups > 1 &&
+                                    weight->dims(0) == groups && weight->dims(1) == 1;
   } else if (op == "Concat" && node.input_size() == 3 && GetAttributeInt(node, "axis", 0) == 1) {
     // DeiT: cat(class token, distillation token, patches).
     found->distillation_token |= producer_op(node.input(0)) == "Expand" && producer_op(node.input(1)) == "Expand";
@@ -396,7 +399,7 @@ void Merge(const TransformerEvidence& from, TransformerEvidence* into) {
                     &TransformerEvidence::head_norm, &TransformerEvidence::packed_projection,
                     &TransformerEvidence::projection_bias, &TransformerEvidence::position_window,
                     &TransformerEvidence::sigmoid_gelu, &TransformerEvidence::token_types,
-                    &TransformerEvidence::rotate_half}) {
+                    &TransformerEvidence::rotate_half, &TransformerEvidence::depthwise_convolution}) {
     into->*flag = into->*flag || from.*flag;
   }
   into->vocabulary = std::max(into->vocabulary, from.vocabulary);
@@ -440,7 +443,9 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
   const bool rotary = (found.sine && found.cosine) || found.rotate_half;
   // XLM-RoBERTa is RoBERTa's architecture; only its multilingual vocabulary (250,002 tokens) tells it.
   constexpr int64_t kMultilingualVocabulary = 250000;
-  if (found.convolution && !found.token_lookup) {
+  if (found.depthwise_convolution && !found.token_lookup && !found.causal) {
+    shape.family = "conformer";  // attention and a depthwise convolution in each block of a speech encoder
+  } else if (found.convolution && !found.token_lookup) {
     shape.family = found.audio_convolution    ? "whisper"
                    : found.distillation_token ? "deit"
                    : found.layer_scale        ? "dinov2"
@@ -479,7 +484,7 @@ const std::vector<std::pair<std::string, std::string>>& KnownFamilies() {
       {"xlm-roberta", "roberta"}, {"gpt2", "gpt2"},   {"clip", "gpt2"},        {"llama", "llama"},
       {"mistral", "llama"},   {"qwen2", "llama"},     {"qwen3", "llama"},      {"phi3", "llama"},
       {"gemma", "llama"},     {"gptneox", "llama"},   {"t5", "t5"},           {"vit", "vit"},          {"deit", "vit"},
-      {"dinov2", "vit"},      {"whisper", "vit"}};
+      {"dinov2", "vit"},      {"whisper", "vit"},     {"conformer", "vit"}};
   return *families;
 }
 

@@ -61,6 +61,9 @@ struct TransformerEvidence {
   bool audio_convolution = false, distillation_token = false, layer_scale = false, embedding_scale = false,
        head_norm = false, packed_projection = false, projection_bias = false, position_window = false,
        sigmoid_gelu = false, token_types = false;
+  // A depthwise Conv1d (groups = channels, one input channel a group): a Conformer block's convolution
+  // module (ESPnet, WeNet, NeMo speech encoders).
+  bool depthwise_convolution = false;
   int64_t vocabulary = 0;  // rows of the largest table an integer input looks up
 };
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);

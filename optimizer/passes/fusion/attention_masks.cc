@@ -118,8 +118,20 @@ bool WriteSmall(int32_t type, int n, size_t index, std::string* raw) {
 struct ProbeInput {
   const onnx::ValueInfoProto* info;
   bool random;     // of a type that holds small numbers: filled with 0-3 (zeros otherwise)
-  bool candidate;  // and of rank 2: a candidate padding mask
+  bool candidate;  // and [B, T], [B, 1, T] or [B, 1, 1, T] (WeNet's, ESPnet's masks): a candidate padding mask
 };
+
+// A candidate padding mask's length T, its last dim.
+int64_t KeysOf(const onnx::TensorProto& candidate) { return candidate.dims(candidate.dims_size() - 1); }
+
+// True if `shape` is [B, T], [B, 1, T] or [B, 1, 1, T].
+bool PaddingShaped(const onnx::TensorShapeProto& shape) {
+  if (shape.dim_size() < 2 || shape.dim_size() > 4) return false;
+  for (int i = 1; i + 1 < shape.dim_size(); ++i) {
+    if (!shape.dim(i).has_dim_value() || shape.dim(i).dim_value() != 1) return false;
+  }
+  return true;
+}
 
 // The probe inputs for one case, or nullopt when a dimension cannot be bound (an unnamed dynamic dim,
 // or one name used both as batch and as length). A cache's dims take their roles (past, new, total).
@@ -184,7 +196,7 @@ MatchResult<std::vector<ProbeInput>> ProbeInputsOf(const Graph& graph, const std
     const bool small = type == onnx::TensorProto::BOOL || type == onnx::TensorProto::UINT8 ||
                        type == onnx::TensorProto::INT8 || type == onnx::TensorProto::INT32 ||
                        type == onnx::TensorProto::INT64 || type == onnx::TensorProto::FLOAT;
-    inputs.push_back({&info, small, small && info.type().tensor_type().shape().dim_size() == 2});
+    inputs.push_back({&info, small, small && PaddingShaped(info.type().tensor_type().shape())});
   }
   return inputs;
 }
@@ -231,6 +243,7 @@ class Agreement {
       if (input.candidate) padding_.insert(input.info->name());
     }
     causal_padding_ = padding_;
+    inverted_padding_ = padding_;
     for (int64_t window : windows) {
       windows_.insert({window, ""});
       for (const std::string& input : padding_) windows_.insert({window, input});
@@ -255,20 +268,24 @@ class Agreement {
       const int64_t t = static_cast<int64_t>(i) % keys;
       const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
       all_true_ &= data[i];
+      all_false_ &= !data[i];
       causal_ &= data[i] == (t <= q + past);
       within_causal_ &= !data[i] || t <= q + past;
     }
     // mask[b, h, q, t] == (candidate[b, t] != 0), alone or with t <= q.
-    for (std::set<std::string>* kept : {&padding_, &causal_padding_}) {
+    // Or mask[b, h, q, t] == (candidate[b, t] == 0): a mask that is true on padding (NeMo's pad_mask).
+    for (std::set<std::string>* kept : {&padding_, &causal_padding_, &inverted_padding_}) {
       const bool with_causal = kept == &causal_padding_;
+      const bool inverted = kept == &inverted_padding_;
       for (auto it = kept->begin(); it != kept->end();) {
         const onnx::TensorProto* candidate = TensorNamed(tensors, *it);
-        bool same = candidate->dims(0) == shape[0] && candidate->dims(1) == keys && (!with_causal || past >= 0);
+        bool same = candidate->dims(0) == shape[0] && KeysOf(*candidate) == keys && (!with_causal || past >= 0);
         for (size_t i = 0; i < count && same; ++i) {
           const int64_t t = static_cast<int64_t>(i) % keys;
           const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
           const int64_t b = static_cast<int64_t>(i) / (shape[1] * queries * keys);
-          same = data[i] == (NonZero(*candidate, static_cast<size_t>(b * keys + t)) && (!with_causal || t <= q + past));
+          same = data[i] == ((NonZero(*candidate, static_cast<size_t>(b * keys + t)) != inverted) &&
+                             (!with_causal || t <= q + past));
         }
         it = same ? std::next(it) : kept->erase(it);
       }
@@ -277,7 +294,7 @@ class Agreement {
     for (auto it = windows_.begin(); it != windows_.end();) {
       const auto& [window, input] = *it;
       const onnx::TensorProto* candidate = TensorNamed(tensors, input);
-      bool same = past >= 0 && (candidate == nullptr || (candidate->dims(0) == shape[0] && candidate->dims(1) == keys));
+      bool same = past >= 0 && (candidate == nullptr || (candidate->dims(0) == shape[0] && KeysOf(*candidate) == keys));
       for (size_t i = 0; i < count && same; ++i) {
         const int64_t t = static_cast<int64_t>(i) % keys;
         const int64_t q = (static_cast<int64_t>(i) / keys) % queries;
@@ -298,11 +315,17 @@ class Agreement {
     // the mask is all true at every length.
     if (all_true_) {
       meaning.kind = MaskMeaning::Kind::kAllTrue;
+    } else if (all_false_) {
+      meaning.kind = MaskMeaning::Kind::kAllFalse;
     } else if (causal_) {
       meaning.kind = MaskMeaning::Kind::kCausal;
     } else if (padding_.size() == 1) {
       meaning.kind = MaskMeaning::Kind::kKeyPadding;
       meaning.padding_input = *padding_.begin();
+    } else if (inverted_padding_.size() == 1) {
+      meaning.kind = MaskMeaning::Kind::kKeyPadding;
+      meaning.padding_input = *inverted_padding_.begin();
+      meaning.padding_inverted = true;
     } else if (causal_padding_.size() == 1) {
       meaning.kind = MaskMeaning::Kind::kCausalKeyPadding;
       meaning.padding_input = *causal_padding_.begin();
@@ -319,8 +342,8 @@ class Agreement {
   }
 
  private:
-  bool all_true_ = true, causal_ = true, bias_shaped_ = true, within_causal_ = true;
-  std::set<std::string> padding_, causal_padding_;
+  bool all_true_ = true, all_false_ = true, causal_ = true, bias_shaped_ = true, within_causal_ = true;
+  std::set<std::string> padding_, causal_padding_, inverted_padding_;
   std::set<std::pair<int64_t, std::string>> windows_;  // (W, padding input or "") still agreeing
 };
 

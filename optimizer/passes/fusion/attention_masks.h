@@ -7,8 +7,12 @@
 // fusions. Instead, the mask's subgraph is run in ONNX Runtime on probe inputs, and its values tell
 // what it is:
 //   kAllTrue      every position attends everywhere (an encoder without padding, ViT);
-//   kKeyPadding   mask[b, h, q, t] == (attention_mask[b, t] != 0) for one rank-2 graph input, the raw
-//                 mask ONNX Runtime's Attention takes as mask_index;
+//   kAllFalse     no position attends anywhere (a test graph's constant condition): where the original
+//                 zeroes the probabilities of masked rows, the block's output is 0;
+//   kKeyPadding   mask[b, h, q, t] == (attention_mask[b, t] != 0) for one graph input [B, T] (or
+//                 [B, 1, T], WeNet's and ESPnet's, or [B, 1, 1, T], squeezed by the fusion), the raw
+//                 mask ONNX Runtime's Attention takes as mask_index; or (== 0) of it, a mask true on
+//                 padding (NeMo's pad_mask), negated by the fusion;
 //   kCausal       mask[b, h, q, t] == (t <= q + P), the queries the last S = T - P of the keys' tokens
 //                 (P = 0 without a cache; a decoder without padding): Attention's unidirectional;
 //   kCausalKeyPadding  both at once (a decoder with a padded batch);
@@ -39,6 +43,7 @@ struct MaskMeaning {
   enum class Kind {
     kUnknown,
     kAllTrue,
+    kAllFalse,
     kKeyPadding,
     kCausal,
     kCausalKeyPadding,
@@ -46,6 +51,7 @@ struct MaskMeaning {
     kSlidingWindowKeyPadding
   } kind = Kind::kUnknown;
   std::string padding_input;  // k*KeyPadding: the graph input holding the [B, T] mask
+  bool padding_inverted = false;  // kKeyPadding: that input is non-zero on padding (masked == input != 0)
   int64_t window = 0;         // kSlidingWindow*: W, the keys a query sees counting itself
   std::string why;            // kUnknown: what the probe found
   // The mask was [B or 1, 1, L, L] on every probe of length L: fit as an attention bias as it is.

@@ -52,6 +52,9 @@ MatchResult<AttentionMatch> MatchAttention(const Graph& graph, Node* softmax, co
   if (!scores) return scores.failure();
   match.scores = *std::move(scores);
   match.nan_guard = MatchNanGuard(graph, softmax);
+  if (match.nan_guard.empty()) {
+    if (Node* zeroed = MatchZeroedProbs(graph, softmax, &match)) match.nan_guard = {zeroed};
+  }
   const std::string& probs = match.nan_guard.empty() ? softmax->output(0) : match.nan_guard.back()->output(0);
   Node* context_matmul = SoleConsumer(graph, probs);
   if (context_matmul == nullptr || context_matmul->op_type() != "MatMul" || context_matmul->input(0) != probs) {

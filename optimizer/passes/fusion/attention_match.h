@@ -127,6 +127,7 @@ struct ContextOutput {
 // How the fused operator masks the scores.
 struct MaskPlan {
   std::string raw_mask;        // a [B, T] key padding mask (0: masked): mask_index / key_padding_mask
+  bool raw_mask_inverted = false;  // raw_mask is non-zero where masked (the fusion negates it)
   float filter = -10000.0f;    // what masked scores become (mask_filter_value)
   bool causal = false;         // unidirectional
   std::string bias;            // a float [B|1, N|1, S, T] term added to the scores: attention_bias
@@ -154,7 +155,9 @@ struct FusionState {
   std::map<std::string, std::string> padding_biases;  // raw mask -> its [B, 1, S, T] bias (GroupQueryAttention)
   std::map<std::string, std::string> condition_biases;  // boolean condition -> Where(cond, 0, lowest)
   std::map<std::string, std::string> finite_biases;     // a clamped float bias -> Max(bias, lowest)
-  std::map<std::string, std::string> kept_rows;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
+  std::map<std::string, std::string> kept_rows;
+  // A raw mask [B, 1, (1,) T] (and whether it is true on padding) -> the [B, T] mask, 0 where masked.
+  std::map<std::pair<std::string, bool>, std::string> raw_masks_2d;  // row condition -> [B|1, S, 1] float, 0 where masked entirely
   bool cache_noted = false;  // the report says once what a fused cache does not take
   bool rows_masked_entirely_noted = false;  // ... and that a query seeing only padding is left to each kernel
   int64_t packed_projection_bytes = 0;  // the packed Q/K/V weights GroupQueryAttention took so far
@@ -168,7 +171,15 @@ struct AttentionMatch {
   Layout layout = Layout::kBatchFirst;
   Node* softmax = nullptr;
   Scores scores;
+  // After Softmax, going with the pattern: the SDPA path's NaN guard Where(IsNaN(p), 0, p), or a
+  // masked_fill(m, 0) (MatchZeroedProbs).
   std::vector<Node*> nan_guard;
+  // masked_fill(m, 0) after the Softmax (ESPnet's, WeNet's and NeMo's attention): Where(m, 0, p), or
+  // Where(a, p, 0) over the allowed positions a (`zeroed_where_true` false). MatchMask checks that it is
+  // the mask's own condition; the rows that mask masks entirely are then 0, whatever its fill
+  // (MaskPlan::zero_masked_rows), and the masked positions are 0 already.
+  std::string zeroed_condition;
+  bool zeroed_where_true = true;
   ContextOutput out;  // out.matmul is MatMul(probs, V)
   Node* k_swap = nullptr;  // batch-first K^T over rotated or repeated K: Transpose(0,1,3,2)
   Projection q, k, v;
@@ -248,6 +259,10 @@ MatchResult<Scores> MatchScores(const Graph& graph, const ShapeInfo& shapes, Nod
 // The guard transformers puts after Softmax for rows that mask every position: Where(IsNaN(p), 0, p).
 // The fused operators' finite mask value never makes such rows NaN, so the guard goes with the pattern.
 std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax);
+
+// masked_fill(m, 0) on the probabilities: sets match->zeroed_condition (and polarity) and returns the
+// Where, or nullptr. Read by nothing but the context's MatMul.
+Node* MatchZeroedProbs(const Graph& graph, Node* softmax, AttentionMatch* match);
 
 MatchResult<ContextOutput> MatchContext(const Graph& graph, const ShapeInfo& shapes, Layout layout,
                                         Node* context_matmul);

@@ -251,14 +251,29 @@ bool HasCausalConjunct(const Graph& graph, const PassContext& context, const std
   return false;
 }
 
-// A boolean mask by its probed meaning.
+// True if the original gives 0 on a row its mask `cond` masks entirely: -inf behind the SDPA path's NaN
+// guard, or any fill under a masked_fill(m, 0) of the probabilities.
+bool ZeroesRowsMaskedEntirely(const AttentionMatch& match, float fill) {
+  return (std::isinf(fill) && !match.nan_guard.empty()) || !match.zeroed_condition.empty();
+}
+
+// A boolean mask by its probed meaning; `term` is its Where(cond, 0, fill).
 MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
-                                      const AttentionMatch& match, const std::string& cond, FusionState* state) {
+                                      const AttentionMatch& match, const std::string& term, const std::string& cond,
+                                      FusionState* state) {
   const MaskMeaning& meaning = state->probes.Probe(graph, context, cond);
-  const float fill = *ConstantScalarFloat(graph, graph.Producer(match.scores.mask_term)->input(2));
+  const float fill = *ConstantScalarFloat(graph, graph.Producer(term)->input(2));
+  const bool zero_rows = ZeroesRowsMaskedEntirely(match, fill);
   MaskPlan plan;
   switch (meaning.kind) {
     case MaskMeaning::Kind::kAllTrue:  // no mask input
+      return plan;
+    case MaskMeaning::Kind::kAllFalse:
+      // Every row masked entirely: 0 where the original zeroes such rows, the output zeroed from the
+      // condition itself (no mask needed before that).
+      if (!zero_rows || match.layout != Layout::kBatchFirst) return Fail("a mask that masks every position");
+      plan.zero_masked_rows = true;
+      plan.row_condition = cond;
       return plan;
     case MaskMeaning::Kind::kCausal:
       plan.causal = plan.within_causal = true;
@@ -267,14 +282,19 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
       plan.causal = plan.within_causal = true;
       // Left padding masks the first rows entirely (every key they may see is padding): 0 behind the
       // NaN guard, the mean of V in the fused operator; zeroed where the condition tells the rows.
-      if (std::isinf(fill) && !match.nan_guard.empty() && match.layout == Layout::kBatchFirst &&
-          (meaning.bias_shaped || shapes.DimValue(cond, 1) == 1)) {
-        plan.zero_masked_rows = true;
-        plan.row_condition = cond;
-      }
       [[fallthrough]];
     case MaskMeaning::Kind::kKeyPadding:
+      // A batch row of padding only: under a masked_fill(m, 0) of the probabilities, 0 as well.
+      if ((zero_rows && meaning.kind == MaskMeaning::Kind::kCausalKeyPadding) || !match.zeroed_condition.empty()) {
+        if (match.layout == Layout::kBatchFirst && (meaning.bias_shaped || shapes.DimValue(cond, 1) == 1)) {
+          plan.zero_masked_rows = true;
+          plan.row_condition = cond;
+        } else if (!match.zeroed_condition.empty()) {
+          return Fail("probabilities zeroed behind a mask per head or on sequence-first heads");
+        }
+      }
       plan.raw_mask = meaning.padding_input;
+      plan.raw_mask_inverted = meaning.padding_inverted;
       plan.filter = std::isinf(fill) ? std::numeric_limits<float>::lowest() : fill;
       return plan;
     case MaskMeaning::Kind::kSlidingWindow:
@@ -294,7 +314,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
     plan.within_causal = meaning.within_causal || HasCausalConjunct(graph, context, cond, state);
     // -inf behind a NaN guard gives 0 on a row masked entirely; only a [B|1, 1, S, T] condition tells
     // the row for every head at once.
-    if (std::isinf(fill) && !match.nan_guard.empty()) {
+    if (zero_rows) {
       if (!meaning.bias_shaped && shapes.DimValue(cond, 1) != 1) {
         return Fail("a -inf mask per head, whose entirely masked rows the fused operator would not zero");
       }
@@ -389,14 +409,85 @@ std::vector<Node*> MatchNanGuard(const Graph& graph, Node* softmax) {
   return {is_nan, where};
 }
 
+Node* MatchZeroedProbs(const Graph& graph, Node* softmax, AttentionMatch* match) {
+  const std::string& probs = softmax->output(0);
+  Node* where = SoleConsumer(graph, probs);
+  if (where == nullptr || where->op_type() != "Where" || !where->domain().empty() || where->input_size() != 3 ||
+      graph.IsGraphOutput(probs) || where->input(0) == probs) {
+    return nullptr;
+  }
+  const bool where_true = where->input(2) == probs;  // Where(m, 0, p); else Where(a, p, 0)
+  const std::optional<float> zero = ConstantScalarFloat(graph, where->input(where_true ? 1 : 2));
+  if (!zero || *zero != 0.0f || (!where_true && where->input(1) != probs)) return nullptr;
+  match->zeroed_condition = where->input(0);
+  match->zeroed_where_true = where_true;
+  return where;
+}
+
+namespace {
+
+// True if `a` is Not(b) (one Not node).
+bool IsNotOf(const Graph& graph, const std::string& a, const std::string& b) {
+  Node* negation = ProducerWithOp(graph, a, "Not");
+  return negation != nullptr && negation->input(0) == b;
+}
+
+// True if the probabilities' masked_fill zeroes exactly the positions the mask's `allowed` condition
+// masks: Where(m, 0, p) with m = Not(allowed) or allowed = Not(m), or Where(allowed, p, 0).
+bool ZeroesWhatTheMaskMasks(const Graph& graph, const AttentionMatch& match, const std::string& allowed) {
+  const std::string& zeroed = match.zeroed_condition;
+  if (!match.zeroed_where_true) return zeroed == allowed;
+  return IsNotOf(graph, allowed, zeroed) || IsNotOf(graph, zeroed, allowed);
+}
+
+// True if `term` is a constant with every element the same small number: Softmax does not see it
+// (a shift of every score of a row); |c| <= 1 keeps the scores' rounding as it was.
+bool IsUniformSmallConstant(const Graph& graph, const std::string& term) {
+  const std::optional<std::vector<float>> values = ConstantFloats(graph, term);
+  if (!values || values->empty()) return false;
+  return std::all_of(values->begin(), values->end(),
+                     [&](float v) { return v == values->front() && std::fabs(v) <= 1.0f; });
+}
+
+// A float term beside a boolean mask: Add(b, Where(cond, 0, fill)) in either order, b a
+// [B|1, N|1, S, T] float bias (ESPnet's position term) or a uniform small constant (dropped).
+// (bias or "", the boolean term) or nullopt.
+std::optional<std::pair<std::string, std::string>> BiasBesideBooleanMask(const Graph& graph, const ShapeInfo& shapes,
+                                                                          const AttentionMatch& match,
+                                                                          const std::string& term) {
+  Node* sum = ProducerWithOp(graph, term, "Add");
+  if (sum == nullptr || sum->input_size() != 2) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const std::string& boolean = sum->input(side);
+    const std::string& bias = sum->input(1 - side);
+    if (!BooleanMaskCondition(graph, boolean)) continue;
+    if (IsUniformSmallConstant(graph, bias)) return std::make_pair(std::string(), boolean);
+    if (shapes.ElementType(bias) == onnx::TensorProto::FLOAT &&
+        FitsAttentionBias(shapes, bias, match.softmax->input(0), match.num_heads)) {
+      return std::make_pair(bias, boolean);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
                                 const AttentionMatch& match, FusionState* state) {
   const bool causal_buffer = match.scores.causal_where != nullptr;
   MatchResult<MaskPlan> plan = MaskPlan();
+  std::optional<std::string> allowed;  // a boolean mask's condition
   if (match.scores.mask_add != nullptr) {
     const std::string& term = match.scores.mask_term;
-    if (std::optional<std::string> cond = BooleanMaskCondition(graph, term)) {
-      plan = PlanBooleanMask(graph, shapes, context, match, *cond, state);
+    if ((allowed = BooleanMaskCondition(graph, term))) {
+      plan = PlanBooleanMask(graph, shapes, context, match, term, *allowed, state);
+    } else if (auto beside = BiasBesideBooleanMask(graph, shapes, match, term)) {
+      allowed = BooleanMaskCondition(graph, beside->second);
+      plan = PlanBooleanMask(graph, shapes, context, match, beside->second, *allowed, state);
+      if (plan && !beside->first.empty()) {
+        if (plan->window > 0) return Fail("a float bias beside a sliding window");
+        plan->bias = beside->first;
+      }
     } else if (MatchResult<MaskPlan> additive = MatchAdditiveMask(graph, shapes, term)) {
       plan = *std::move(additive);
     } else if (shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
@@ -405,9 +496,14 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
       MaskPlan bias;
       bias.bias = term;
       plan = bias;
+    } else if (IsUniformSmallConstant(graph, term)) {
+      plan = MaskPlan();  // the same shift of every score: no mask
     } else {
       return Fail(absl::StrCat(additive.reason(), ", nor a [B|1, N|1, S, T] float bias"));
     }
+  }
+  if (!match.zeroed_condition.empty() && (!allowed || !ZeroesWhatTheMaskMasks(graph, match, *allowed))) {
+    return Fail("the probabilities are zeroed (masked_fill after Softmax) where the mask does not mask");
   }
   // A causal buffer keeps every query from later keys, whatever else the mask does.
   if (plan && causal_buffer) plan->causal = plan->within_causal = true;

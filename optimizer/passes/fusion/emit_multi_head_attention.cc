@@ -247,13 +247,17 @@ std::string AttentionBias(Graph& graph, const AttentionMatch& match, FusionState
     return finite;
   }
   std::string& shared = state->condition_biases[mask.bias_condition];
-  if (!shared.empty()) return shared;
-  const std::string zero = graph.UniqueName("attention_bias_zero");
-  const std::string lowest = graph.UniqueName("attention_bias_masked");
-  graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
-  graph.AddInitializer(MakeFloatTensor(lowest, {}, {std::numeric_limits<float>::lowest()}));
-  shared = chain->Add("Where", {mask.bias_condition, zero, lowest}, "attention_bias");
-  return shared;
+  if (shared.empty()) {
+    const std::string zero = graph.UniqueName("attention_bias_zero");
+    const std::string lowest = graph.UniqueName("attention_bias_masked");
+    graph.AddInitializer(MakeFloatTensor(zero, {}, {0.0f}));
+    graph.AddInitializer(MakeFloatTensor(lowest, {}, {std::numeric_limits<float>::lowest()}));
+    shared = chain->Add("Where", {mask.bias_condition, zero, lowest}, "attention_bias");
+  }
+  // A float bias beside the condition (a relative-position term): both. The lowest float plus a bias of
+  // any size below 1e31 rounds to the lowest float again, so a masked score stays masked.
+  if (mask.bias.empty()) return shared;
+  return chain->Add("Add", {mask.bias, shared}, "attention_bias_and_mask");
 }
 
 }  // namespace onnxopt::attention

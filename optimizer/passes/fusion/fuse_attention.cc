@@ -70,7 +70,13 @@
 // is all true (no mask: ViT), a key-padding mask of one [B, T] input (BERT, RoBERTa), causal, or causal
 // with key padding (GPT-2), else as a bias. The SDPA path's NaN guard after Softmax,
 // Where(IsNaN(p), 0, p), goes with the pattern: it only acts on rows that mask every position, where
-// the original gives zeros and the fused operator the mean of V (padding-only sequences). Checked: N
+// the original gives zeros and the fused operator the mean of V (padding-only sequences); so does a
+// `masked_fill(mask, 0)` of the probabilities (ESPnet's, WeNet's and NeMo's Conformers), taken where it
+// zeroes what the mask masks, with the rows the mask masks entirely zeroed after the operator. A float term
+// beside a boolean mask (their relative-position term) is the operator's attention_bias with the mask's
+// own bias or key padding; a [B, 1, T] or [B, 1, 1, T] mask input (or one true on padding) is the key
+// padding, squeezed (negated) once. Where Attention cannot pack the projections (one is read outside the
+// block: the position term reads Q's), MultiHeadAttention takes them as they are. Checked: N
 // and D from inferred shapes or constant Reshape targets (else the config's num_heads); exact
 // permutations; Softmax on the last axis; every buffer element of a causal mask; the causal slice's
 // shape equal to the scores'; and no reader outside the pattern but shape arithmetic feeding the
@@ -85,12 +91,43 @@ namespace {
 
 using namespace attention;  // NOLINT(build/namespaces): the pass is written in the matchers' terms
 
-// The mask of `match`, probed in ONNX Runtime (after the emitter's cheap checks).
+// The mask of `match`, probed in ONNX Runtime (after the emitter's cheap checks). A raw mask [B, 1, T]
+// (WeNet's, ESPnet's) or [B, 1, 1, T] is squeezed to the [B, T] the operators take, and one true on
+// padding negated, once for every layer, at the start of the graph (it reads a graph input).
 MatchResult<Matched> WithMask(Graph& graph, const ShapeInfo& shapes, const PassContext& context, FusionState* state,
                               AttentionMatch* match) {
   MatchResult<MaskPlan> mask = MatchMask(graph, shapes, context, *match, state);
   if (!mask) return mask.failure();
   match->mask = *std::move(mask);
+  std::string& raw = match->mask.raw_mask;
+  const int rank = shapes.Rank(raw).value_or(2);
+  if (raw.empty() || (rank <= 2 && !match->mask.raw_mask_inverted)) return Matched{};
+  std::string& made = state->raw_masks_2d[{raw, match->mask.raw_mask_inverted}];
+  if (made.empty()) {
+    const std::vector<Node*> nodes = graph.Nodes();
+    NodeChain chain(graph, nodes.empty() ? nullptr : nodes.front());
+    std::string value = raw;
+    if (rank > 2) {
+      const std::vector<int64_t> axes = rank == 3 ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2};
+      value = context.OpsetVersion("") >= 13
+                  ? chain.Add("Squeeze", {value, AddInt64Initializer(graph, "mask_keys_axes", axes)}, "mask_keys")
+                  : chain.Add("Squeeze", {value}, "mask_keys", {MakeIntsAttribute("axes", axes)});
+    }
+    if (match->mask.raw_mask_inverted) {
+      const auto type = shapes.ElementType(raw);
+      if (type == onnx::TensorProto::BOOL) {
+        value = chain.Add("Not", {value}, "mask_kept");
+      } else if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) {
+        const std::string zero = graph.UniqueName("mask_padding_zero");
+        graph.AddInitializer(MakeIntScalar(zero, *type, 0));
+        value = chain.Add("Equal", {value, zero}, "mask_kept");
+      } else {
+        return Fail("a padding mask true on padding, of a type other than bool, int32 or int64");
+      }
+    }
+    made = value;
+  }
+  raw = made;
   return Matched{};
 }
 
@@ -195,7 +232,15 @@ MatchResult<Matched> Fuse(Graph& graph, AttentionMatch match, const ShapeInfo& s
     return FuseOverComputedHeads(graph, std::move(over_computed_heads), shapes, context, state, fused.reason());
   }
   MatchResult<AttentionPlan> plan = PlanAttention(graph, shapes, match);
-  if (!plan) return plan.failure();
+  if (!plan) {
+    // Attention packs the projections; where one is read outside the block too (the position term of
+    // relative-position attention reads Q's), MultiHeadAttention takes them as the graph computes them.
+    if (match.layout == Layout::kBatchFirst) {
+      AttentionMatch outside = match;
+      if (FuseWithProjectionsOutside(graph, outside, shapes, context, state)) return Matched{};
+    }
+    return plan.failure();
+  }
   if (MatchResult<Matched> masked = WithMask(graph, shapes, context, state, &match); !masked) return masked;
   EmitAttention(graph, match, *plan, state, context);
   return Matched{};
