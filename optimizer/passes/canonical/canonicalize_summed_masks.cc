@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "optimizer/passes/constants.h"
 #include "optimizer/passes/match.h"
@@ -45,9 +46,15 @@ bool IsScores(const Graph& graph, const std::string& value) {
          !ConstantTensor(graph, producer->input(1));
 }
 
-// True if `value` is provably not computed from `from`: a walk up its producers (at most 256 nodes)
-// that never meets it.
-bool Independent(const Graph& graph, const std::string& value, const std::string& from) {
+// Positions of the graph's nodes in a topological order, taken when the pass starts.
+using Positions = absl::flat_hash_map<const Node*, size_t>;
+
+// True if `value` is provably not computed from `from`: a walk up its producers that never meets it.
+// Nodes placed before `from`'s producer in `order` cannot read it and end the walk there, so the walk
+// stays within the layer (at most 4096 nodes); nodes this pass added are walked through.
+bool Independent(const Graph& graph, const Positions& order, const std::string& value, const std::string& from) {
+  const Node* from_producer = graph.Producer(from);
+  const auto from_at = from_producer != nullptr ? order.find(from_producer) : order.end();
   std::vector<std::string> pending = {value};
   absl::flat_hash_set<std::string> seen;
   while (!pending.empty()) {
@@ -55,10 +62,13 @@ bool Independent(const Graph& graph, const std::string& value, const std::string
     pending.pop_back();
     if (current == from) return false;
     if (current.empty() || !seen.insert(current).second) continue;
-    if (seen.size() > 256) return false;
-    if (Node* producer = graph.Producer(current)) {
-      for (const std::string& input : producer->proto().input()) pending.push_back(input);
+    if (seen.size() > 4096) return false;
+    Node* producer = graph.Producer(current);
+    if (producer == nullptr) continue;
+    if (const auto at = order.find(producer); from_at != order.end() && at != order.end() && at->second < from_at->second) {
+      continue;
     }
+    for (const std::string& input : producer->proto().input()) pending.push_back(input);
   }
   return true;
 }
@@ -101,7 +111,7 @@ int ScoresSide(const Graph& graph, const Node& add) {
 }
 
 // Rewrite 1 on the scaled sum `scaled` = Div|Mul(Add(x, b), c), read by `reader` only; true if done.
-bool DistributeScale(Graph& graph, Node* scaled, const Node* reader, PassContext& context) {
+bool DistributeScale(Graph& graph, const Positions& order, Node* scaled, const Node* reader, PassContext& context) {
   const std::optional<std::pair<float, std::string>> scale = ScalarScale(graph, scaled);
   if (!scale || SoleConsumer(graph, scaled->output(0)) != reader || graph.IsGraphOutput(scaled->output(0))) {
     return false;
@@ -114,7 +124,7 @@ bool DistributeScale(Graph& graph, Node* scaled, const Node* reader, PassContext
   const int x_side = ScoresSide(graph, *sum);
   if (x_side < 0) return false;
   const std::string x = sum->input(x_side), b = sum->input(1 - x_side);
-  if (!Independent(graph, b, x)) return false;
+  if (!Independent(graph, order, b, x)) return false;
   // Div by c stays a Div (the same rounding as the original's); Mul by c a Mul.
   const std::string op(scaled->op_type());
   const std::string c = scaled->input(op == "Div" || scaled->input(0) == scale->second ? 1 : 0);
@@ -150,12 +160,14 @@ class CanonicalizeSummedMasksPass final : public Pass {
   }
 
   absl::Status RunOnGraph(Graph& graph, PassContext& context) const override {
+    Positions order;  // Nodes() is topological when a pass starts (the pass manager's checkpoint)
+    for (const Node* node : graph.Nodes()) order.emplace(node, order.size());
     for (Node* softmax : graph.Nodes()) {
       if (softmax->removed() || softmax->op_type() != "Softmax" || !softmax->domain().empty()) continue;
-      if (!DistributeScale(graph, graph.Producer(softmax->input(0)), softmax, context)) {
+      if (!DistributeScale(graph, order, graph.Producer(softmax->input(0)), softmax, context)) {
         if (Node* masked = ProducerWithOp(graph, softmax->input(0), "Add"); masked != nullptr && masked->input_size() == 2) {
           for (int side = 0; side < 2; ++side) {
-            if (DistributeScale(graph, graph.Producer(masked->input(side)), masked, context)) break;
+            if (DistributeScale(graph, order, graph.Producer(masked->input(side)), masked, context)) break;
           }
         }
       }
@@ -174,7 +186,7 @@ class CanonicalizeSummedMasksPass final : public Pass {
         const int x_side = ScoresSide(graph, *inner);
         if (x_side < 0) continue;
         const std::string x = inner->input(x_side), a = inner->input(1 - x_side);
-        if (!Independent(graph, a, x) || !Independent(graph, b, x)) continue;
+        if (!Independent(graph, order, a, x) || !Independent(graph, order, b, x)) continue;
         // inner becomes a + b (placed where b is known), outer x + (a + b).
         const std::string summed = graph.UniqueName(inner->output(0) + "_masks");
         onnx::NodeProto sum = MakeNode("Add", inner->name().empty() ? "" : inner->name() + "_masks", {a, b}, {summed});

@@ -111,5 +111,30 @@ TEST(CanonicalizeSummedMasksTest, OfTwoMatMulsTheScoresAreTheOneWhoseOperandsSha
   }
 }
 
+// A deep model's later layer: its position term computed through hundreds of nodes (here 600 Relus on
+// the positions, placed before the scores) is still known not to read the scores, which come after them.
+TEST(CanonicalizeSummedMasksTest, ATermComputedLongBeforeTheScoresIsIndependentOfThem) {
+  onnx::ModelProto model = ScaledSumModel(false, false);
+  onnx::GraphProto* graph = model.mutable_graph();
+  std::vector<onnx::NodeProto> nodes(graph->node().begin(), graph->node().end());
+  graph->clear_node();
+  std::string chain = "positions";
+  for (int i = 0; i < 600; ++i) {
+    const std::string next = "positions_" + std::to_string(i);
+    *graph->add_node() = MakeNode("Relu", {chain}, {next});
+    chain = next;
+  }
+  for (onnx::NodeProto node : nodes) {
+    for (auto& input : *node.mutable_input()) {
+      if (input == "positions") input = chain;
+    }
+    *graph->add_node() = node;
+  }
+  PassRun run = RunPass("canonicalize_summed_masks", model);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.report.rewrites(), 2);
+  ExpectSameOutputs(model, run.model, 1e-6, 1e-6);
+}
+
 }  // namespace
 }  // namespace onnxopt
