@@ -295,6 +295,17 @@ void ReadFamilyEvidence(const onnx::NodeProto& node, const ProducerMap& producer
       const auto& read_by = readers(node.output(0));
       found->projection_bias |= read_by.size() == 1 && read_by[0]->op_type() == "Reshape";
     }
+    // Token lookups plus a slice of a position table (Whisper's decoder: embed_positions.weight[P:P+S]).
+    for (int i = 0; i < 2; ++i) {
+      auto token = producers.find(node.input(i)), position = producers.find(node.input(1 - i));
+      if (token == producers.end() || position == producers.end() || token->second->op_type() != "Gather" ||
+          position->second->op_type() != "Slice" || token->second->input_size() != 2 ||
+          integer_inputs.count(token->second->input(1)) == 0) {
+        continue;
+      }
+      const onnx::TensorProto* table = constant(position->second->input(0));
+      found->sliced_positions |= table != nullptr && table->dims_size() == 2;
+    }
   } else if ((op == "Greater" || op == "Less" || op == "GreaterOrEqual" || op == "LessOrEqual") &&
              node.input_size() == 2) {
     // kv > q - W: a sliding window of W positions in the mask (Mistral, ModernBERT's local layers).
@@ -399,7 +410,8 @@ void Merge(const TransformerEvidence& from, TransformerEvidence* into) {
                     &TransformerEvidence::head_norm, &TransformerEvidence::packed_projection,
                     &TransformerEvidence::projection_bias, &TransformerEvidence::position_window,
                     &TransformerEvidence::sigmoid_gelu, &TransformerEvidence::token_types,
-                    &TransformerEvidence::rotate_half, &TransformerEvidence::depthwise_convolution}) {
+                    &TransformerEvidence::rotate_half, &TransformerEvidence::depthwise_convolution,
+                    &TransformerEvidence::sliced_positions}) {
     into->*flag = into->*flag || from.*flag;
   }
   into->vocabulary = std::max(into->vocabulary, from.vocabulary);
@@ -445,6 +457,8 @@ TransformerShape Classify(TransformerEvidence found, const onnx::ModelProto* opt
   constexpr int64_t kMultilingualVocabulary = 250000;
   if (found.depthwise_convolution && !found.token_lookup && !found.causal) {
     shape.family = "conformer";  // attention and a depthwise convolution in each block of a speech encoder
+  } else if (found.cross_attention > 0 && found.sliced_positions && !found.rms_norm) {
+    shape.family = "whisper";  // a decoder whose positions are its table's rows sliced at the past's offset
   } else if (found.convolution && !found.token_lookup) {
     shape.family = found.audio_convolution    ? "whisper"
                    : found.distillation_token ? "deit"

@@ -64,6 +64,8 @@ struct TransformerEvidence {
   // A depthwise Conv1d (groups = channels, one input channel a group): a Conformer block's convolution
   // module (ESPnet, WeNet, NeMo speech encoders).
   bool depthwise_convolution = false;
+  // Token lookups added to a slice of a position table, not a lookup by position ids: Whisper's decoder.
+  bool sliced_positions = false;
   int64_t vocabulary = 0;  // rows of the largest table an integer input looks up
 };
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);

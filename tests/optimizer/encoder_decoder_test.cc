@@ -90,5 +90,40 @@ INSTANTIATE_TEST_SUITE_P(Spellings, EncoderDecoderTest, ::testing::Values("", "_
                            return info.param.empty() ? std::string("HeadsIn4D") : std::string("FlatHeadsAndBmm");
                          });
 
+// Whisper's decoder as transformers 4.x wrote it (make_encoder_decoder.py --whisper): pre-norm layers,
+// k_proj without a bias, flattened heads with bmm, a causal mask with zeros for the past concatenated
+// before it, and no padding masks. Self- and cross-attention fuse in every layer, without a cache and
+// with one (the encoder's keys and values given), and match the original.
+TEST(WhisperDecoderTest, SelfAndCrossAttentionFuseInEveryLayer) {
+  auto original = LoadModel(testing::FixturePath("encoder_decoder/whisper_decoder.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  std::map<std::string, int> ops = testing::OpCounts(run.model);
+  constexpr int kLayers = 2;
+  EXPECT_EQ(ops["Attention"] + ops["MultiHeadAttention"], 2 * kLayers) << "self- and cross-attention in each layer";
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  EXPECT_GE(ops["SkipLayerNormalization"], 3 * kLayers);
+  // Its positions are the table's rows sliced at the past's offset (no lookup EmbedLayerNormalization
+  // takes): detected as Whisper, whose report expects none, and fully fused.
+  const v1::TransformerReport section = JudgeTransformerFusion(*original, run.model, run.reports, {});
+  EXPECT_EQ(section.family(), "whisper");
+  EXPECT_TRUE(section.fully_fused()) << section.DebugString();
+  v1::ParityReport report;
+  testing::ExpectParityOnPaddedBatches(*original, run.model, 3, {5, 12}, &report);
+}
+
+TEST(WhisperDecoderTest, WithACacheBothAttentionsFuse) {
+  auto original = LoadModel(testing::FixturePath("encoder_decoder/whisper_decoder_with_past.onnx"));
+  ASSERT_TRUE(original.ok()) << original.status();
+  testing::PassRun run = testing::RunConfig(R"({"preset": "transformer"})", *original);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  constexpr int kLayers = 2;
+  std::map<std::string, int> ops = testing::OpCounts(run.model);
+  EXPECT_EQ(ops["MultiHeadAttention"] + ops["GroupQueryAttention"], 2 * kLayers);
+  EXPECT_EQ(ops.count("Softmax"), 0u);
+  testing::ExpectCacheParityOnPaddedBatches(*original, run.model, {{3, 0, 6}, {3, 9, 1}, {2, 130, 1}, {2, 5, 4}}, 2 * kLayers);
+}
+
 }  // namespace
 }  // namespace onnxopt
