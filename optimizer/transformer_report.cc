@@ -249,9 +249,11 @@ void ReadFamilyEvidence(const onnx::NodeProto& node, const ProducerMap& producer
       if (integer_inputs.count(node.input(1)) > 0) found->vocabulary = std::max(found->vocabulary, table->dims(0));
       // A token-type table has a handful of rows (BERT 2, RoBERTa 1); position and word tables hundreds.
       found->token_types |= table->dims(0) >= 1 && table->dims(0) <= 16 && table->dims(1) > 16;
+      found->embedding_lookups += table->dims(0) > 16 ? 1 : 0;
     }
   } else if (op == "EmbedLayerNormalization") {
     found->token_types |= node.input_size() > 4 && !node.input(4).empty();
+    found->embedding_lookups += 2;  // already fused: word and position tables
   } else if (op == "Sigmoid" && node.input_size() == 1) {
     // x * sigmoid(1.702 x): the Gelu approximation CLIP uses.
     auto it = producers.find(node.input(0));
@@ -415,6 +417,7 @@ void Merge(const TransformerEvidence& from, TransformerEvidence* into) {
     into->*flag = into->*flag || from.*flag;
   }
   into->vocabulary = std::max(into->vocabulary, from.vocabulary);
+  into->embedding_lookups = std::max(into->embedding_lookups, from.embedding_lookups);  // a branch's own copy
 }
 
 }  // namespace
@@ -592,8 +595,10 @@ v1::TransformerReport JudgeTransformerFusion(const TransformerEvidence& original
   const std::string& family = report.family();
   const std::string kind = FamilyKind(family);
   if (kind == "t5") expected.erase(expected.begin() + 2);  // ReLU feed-forward: nothing to fuse there
-  // ModernBERT's embeddings are the token table and a norm: no position table for EmbedLayerNormalization.
-  if ((kind == "bert" || kind == "roberta" || kind == "gpt2") && family != "modernbert") {
+  // ModernBERT's embeddings are the token table and a norm: no position table for EmbedLayerNormalization;
+  // nor is there one to take where fewer than two tables are looked up (TransformerEvidence).
+  if ((kind == "bert" || kind == "roberta" || kind == "gpt2") && family != "modernbert" &&
+      original.embedding_lookups >= 2) {
     // Its int8 form (quantize_embeddings_int8) counts as fused.
     expected.push_back({"EmbedLayerNormalization", {"EmbedLayerNormalization", "QEmbedLayerNormalization"}, 1,
                         "fuse_embed_layer_norm"});

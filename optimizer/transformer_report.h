@@ -67,6 +67,10 @@ struct TransformerEvidence {
   // Token lookups added to a slice of a position table, not a lookup by position ids: Whisper's decoder.
   bool sliced_positions = false;
   int64_t vocabulary = 0;  // rows of the largest table an integer input looks up
+  // Lookups (Gathers) into 2-D constant tables of more than 16 rows: word and position tables. Under 2,
+  // no EmbedLayerNormalization can take the embeddings (TF1 BERT's constant positions, Whisper's sliced
+  // ones, BERT's token types as OneHot @ table).
+  int embedding_lookups = 0;
 };
 TransformerEvidence ReadTransformerEvidence(const onnx::ModelProto& original);
 

@@ -4,6 +4,7 @@
 // attention, both residual LayerNorms and the GELU fuse, and the outputs match on padded masks.
 #include "gtest/gtest.h"
 #include "optimizer/model_io.h"
+#include "optimizer/transformer_report.h"
 #include "tests/model_builder.h"
 #include "tests/parity_matchers.h"
 #include "tests/pass_runner.h"
@@ -23,6 +24,11 @@ TEST(Tf1BertTest, EveryLayerFusesOnTheRowsComputedInThreeDimensions) {
   EXPECT_EQ(ops["SkipLayerNormalization"], 5);
   EXPECT_EQ(ops.count("ReduceMean"), 0u);
   EXPECT_EQ(ops["Gelu"] + ops["BiasGelu"], 2);
+  // Its token types are OneHot @ table and its positions a constant: no lookups EmbedLayerNormalization
+  // takes, so the report expects none and calls the model fully fused.
+  const v1::TransformerReport section = JudgeTransformerFusion(*original, run.model, run.reports, {});
+  EXPECT_EQ(section.expected_ops().count("EmbedLayerNormalization"), 0u);
+  EXPECT_TRUE(section.fully_fused()) << section.DebugString();
   v1::ParityReport report;
   testing::ExpectParityOnPaddedBatches(*original, run.model, 2, {}, &report);
 }
