@@ -135,7 +135,9 @@ bool PaddingShaped(const onnx::TensorShapeProto& shape) {
 
 // The probe inputs for one case, or nullopt when a dimension cannot be bound (an unnamed dynamic dim,
 // or one name used both as batch and as length). A cache's dims take their roles (past, new, total).
-std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<ProbeInput>& inputs, ProbeCase probe,
+// `largest`: the small numbers go up to it (3; 1 for an additive mask, whose (1 - m) * min holds for
+// 0/1 masks only).
+std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<ProbeInput>& inputs, ProbeCase probe, int largest,
                                                                const std::optional<CacheInterface>& cache,
                                                                std::mt19937* random) {
   std::map<std::string, int> roles;  // dim name -> 0 batch, 1 length
@@ -167,7 +169,10 @@ std::optional<std::vector<onnx::TensorProto>> MakeProbeInputs(const std::vector<
     if (bytes == 0) return std::nullopt;
     std::string raw(static_cast<size_t>(count) * bytes, '\0');
     if (input.random) {
-      for (int64_t i = 0; i < count; ++i) WriteSmall(type.elem_type(), static_cast<int>((*random)() & 3), static_cast<size_t>(i), &raw);
+      for (int64_t i = 0; i < count; ++i) {
+        WriteSmall(type.elem_type(), static_cast<int>((*random)() % static_cast<unsigned>(largest + 1)),
+                   static_cast<size_t>(i), &raw);
+      }
     }
     tensor.set_raw_data(std::move(raw));
     tensors.push_back(std::move(tensor));
@@ -202,8 +207,10 @@ MatchResult<std::vector<ProbeInput>> ProbeInputsOf(const Graph& graph, const std
 }
 
 // The mask the subgraph computes from `tensors`.
+// The mask the subgraph computes from `tensors`. An additive float mask is read as the boolean mask of its
+// zeros: every value must be 0 or at most -1e4 (-inf included), anything else is no mask.
 MatchResult<Ort::Value> RunProbe(Ort::Session& session, const std::vector<onnx::TensorProto>& tensors,
-                                 const std::string& mask) {
+                                 const std::string& mask, bool additive) {
   std::vector<Ort::Value> values;
   std::vector<const char*> names;
   for (const onnx::TensorProto& tensor : tensors) {
@@ -220,10 +227,23 @@ MatchResult<Ort::Value> RunProbe(Ort::Session& session, const std::vector<onnx::
     return Fail("the mask's subgraph fails on probe inputs");
   }
   const auto info = results[0].GetTensorTypeAndShapeInfo();
-  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || info.GetShape().size() != 4) {
-    return Fail("the mask is not a 4-D boolean tensor");
+  const std::vector<int64_t> shape = info.GetShape();
+  if (shape.size() != 4) return Fail("the mask is not 4-D");
+  if (!additive) {
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL) return Fail("the mask is not boolean");
+    return std::move(results[0]);
   }
-  return std::move(results[0]);
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return Fail("the additive mask is not float");
+  const float* data = results[0].GetTensorData<float>();
+  const size_t count = info.GetElementCount();
+  Ort::AllocatorWithDefaultOptions allocator;
+  Ort::Value kept = Ort::Value::CreateTensor<bool>(allocator, shape.data(), shape.size());
+  bool* out = kept.GetTensorMutableData<bool>();
+  for (size_t i = 0; i < count; ++i) {
+    if (data[i] != 0.0f && !(data[i] <= -1e4f)) return Fail("the additive mask holds values other than 0 and large negatives");
+    out[i] = data[i] == 0.0f;
+  }
+  return kept;
 }
 
 // The probe input named `name`, or nullptr.
@@ -360,7 +380,7 @@ MatchResult<std::vector<ProbeCase>> ProbeCases(const std::set<int64_t>& constant
   return cases;
 }
 
-MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, const std::string& mask) {
+MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, const std::string& mask, bool additive) {
   std::vector<const Node*> nodes;
   std::set<std::string> input_names;
   if (!CollectAncestors(graph, mask, &nodes, &input_names)) {
@@ -384,9 +404,9 @@ MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, c
   Agreement agreement(*inputs, windows);
   try {
     for (const ProbeCase& probe_case : *cases) {
-      auto tensors = MakeProbeInputs(*inputs, probe_case, cache, &random);
+      auto tensors = MakeProbeInputs(*inputs, probe_case, additive ? 1 : 3, cache, &random);
       if (!tensors) return Fail("the inputs' dynamic dimensions are not named batch-first");
-      MatchResult<Ort::Value> result = RunProbe(**session, *tensors, mask);
+      MatchResult<Ort::Value> result = RunProbe(**session, *tensors, mask, additive);
       if (!result) return result.failure();
       agreement.Observe(probe_case, *tensors, *result);
     }
@@ -398,17 +418,20 @@ MatchResult<MaskMeaning> Probe(const Graph& graph, const PassContext& context, c
 
 }  // namespace
 
-MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask) {
-  MatchResult<MaskMeaning> meaning = Probe(graph, context, mask);
+MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask, bool additive) {
+  MatchResult<MaskMeaning> meaning = Probe(graph, context, mask, additive);
   if (meaning) return *std::move(meaning);
   MaskMeaning unknown;
   unknown.why = meaning.reason();
   return unknown;
 }
 
-const MaskMeaning& MaskProbes::Probe(const Graph& graph, const PassContext& context, const std::string& mask) {
-  auto known = probed_.find(mask);
-  if (known == probed_.end()) known = probed_.emplace(mask, ProbeMaskMeaning(graph, context, mask)).first;
+const MaskMeaning& MaskProbes::Probe(const Graph& graph, const PassContext& context, const std::string& mask,
+                                     bool additive) {
+  auto known = probed_.find({mask, additive});
+  if (known == probed_.end()) {
+    known = probed_.emplace(std::make_pair(mask, additive), ProbeMaskMeaning(graph, context, mask, additive)).first;
+  }
   return known->second;
 }
 

@@ -61,18 +61,23 @@ struct MaskMeaning {
   bool within_causal = false;
 };
 
-// The meaning of the boolean value `mask` (rank 4, [B or 1, H or 1, S, T]) of the main graph.
-MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask);
+// The meaning of the boolean value `mask` (rank 4, [B or 1, H or 1, S, T]) of the main graph; with
+// `additive`, of the float `mask` added to the scores, read as kept where it is 0 (every value must be 0
+// or at most -1e4, else the meaning is unknown; its inputs are probed with 0/1 only, as (1 - m) * min
+// expects).
+MaskMeaning ProbeMaskMeaning(const Graph& graph, const PassContext& context, const std::string& mask,
+                             bool additive = false);
 
 // Meanings probed once per pass run: the layers of a model share their mask.
 class MaskProbes {
  public:
-  const MaskMeaning& Probe(const Graph& graph, const PassContext& context, const std::string& mask);
+  const MaskMeaning& Probe(const Graph& graph, const PassContext& context, const std::string& mask,
+                           bool additive = false);
   // How many masks were probed in ONNX Runtime.
   int64_t count() const { return static_cast<int64_t>(probed_.size()); }
 
  private:
-  std::map<std::string, MaskMeaning> probed_;
+  std::map<std::pair<std::string, bool>, MaskMeaning> probed_;  // (mask, additive)
 };
 
 }  // namespace onnxopt

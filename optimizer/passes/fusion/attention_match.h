@@ -139,6 +139,11 @@ struct MaskPlan {
   // The mask never lets a query see a later key (the probe's MaskMeaning::within_causal, or causal):
   // a causal kernel (GroupQueryAttention) takes the rest as a bias.
   bool within_causal = false;
+  // `bias` is an additive mask (0 or at most -1e4 everywhere) that, probed, never lets a query see a
+  // later key: a causal kernel takes it as its bias too.
+  bool bias_within_causal = false;
+  // The plan reads a float additive mask by its probed meaning (PlanBooleanMask's additive form).
+  bool additive = false;
   // zero_masked_rows: the boolean condition [B|1, 1, S, T] that tells the rows (bias_condition, or the
   // causal + padding mask whose left padding masks a row entirely).
   std::string row_condition;

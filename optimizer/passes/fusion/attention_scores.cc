@@ -251,20 +251,27 @@ bool HasCausalConjunct(const Graph& graph, const PassContext& context, const std
   return false;
 }
 
+// What the boolean mask term Where(cond, 0, fill) gives masked scores (BooleanMaskCondition checked it).
+float BooleanMaskFill(const Graph& graph, const std::string& term) {
+  return *ConstantScalarFloat(graph, graph.Producer(term)->input(2));
+}
+
 // True if the original gives 0 on a row its mask `cond` masks entirely: -inf behind the SDPA path's NaN
 // guard, or any fill under a masked_fill(m, 0) of the probabilities.
 bool ZeroesRowsMaskedEntirely(const AttentionMatch& match, float fill) {
   return (std::isinf(fill) && !match.nan_guard.empty()) || !match.zeroed_condition.empty();
 }
 
-// A boolean mask by its probed meaning; `term` is its Where(cond, 0, fill).
+// A boolean mask by its probed meaning, `fill` what its Where(cond, 0, fill) gives masked scores; with
+// `additive`, `cond` is a float additive mask (0 or at most -1e4, probed as such), filling with the lowest
+// float, and a meaning the operators take no other way goes in as it is, as the bias.
 MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shapes, const PassContext& context,
-                                      const AttentionMatch& match, const std::string& term, const std::string& cond,
-                                      FusionState* state) {
-  const MaskMeaning& meaning = state->probes.Probe(graph, context, cond);
-  const float fill = *ConstantScalarFloat(graph, graph.Producer(term)->input(2));
+                                      const AttentionMatch& match, float fill, const std::string& cond,
+                                      FusionState* state, bool additive = false) {
+  const MaskMeaning& meaning = state->probes.Probe(graph, context, cond, additive);
   const bool zero_rows = ZeroesRowsMaskedEntirely(match, fill);
   MaskPlan plan;
+  plan.additive = additive;
   switch (meaning.kind) {
     case MaskMeaning::Kind::kAllTrue:  // no mask input
       return plan;
@@ -310,6 +317,11 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
   // the probe saw [B|1, 1, L, L] at every length).
   if (FitsAttentionBias(shapes, match.scores.mask_term, match.softmax->input(0), match.num_heads) ||
       meaning.bias_shaped) {
+    if (additive) {
+      plan.bias = cond;
+      plan.within_causal = plan.bias_within_causal = meaning.within_causal;
+      return plan;
+    }
     plan.bias_condition = cond;
     plan.within_causal = meaning.within_causal || HasCausalConjunct(graph, context, cond, state);
     // -inf behind a NaN guard gives 0 on a row masked entirely; only a [B|1, 1, S, T] condition tells
@@ -480,10 +492,10 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
   if (match.scores.mask_add != nullptr) {
     const std::string& term = match.scores.mask_term;
     if ((allowed = BooleanMaskCondition(graph, term))) {
-      plan = PlanBooleanMask(graph, shapes, context, match, term, *allowed, state);
+      plan = PlanBooleanMask(graph, shapes, context, match, BooleanMaskFill(graph, term), *allowed, state);
     } else if (auto beside = BiasBesideBooleanMask(graph, shapes, match, term)) {
       allowed = BooleanMaskCondition(graph, beside->second);
-      plan = PlanBooleanMask(graph, shapes, context, match, beside->second, *allowed, state);
+      plan = PlanBooleanMask(graph, shapes, context, match, BooleanMaskFill(graph, beside->second), *allowed, state);
       if (plan && !beside->first.empty()) {
         if (plan->window > 0) return Fail("a float bias beside a sliding window");
         plan->bias = beside->first;
@@ -492,10 +504,23 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
       plan = *std::move(additive);
     } else if (shapes.ElementType(term) == onnx::TensorProto::FLOAT &&
                FitsAttentionBias(shapes, term, match.softmax->input(0), match.num_heads)) {
-      // Any other float term added to the scores (T5's relative position bias plus its mask).
+      // An additive mask of another form (older transformers' clamp(causal + (1 - mask) * min, min)) by
+      // what it masks, probed; any other float term added to the scores (T5's relative position bias
+      // plus its mask) as the bias.
+      const MaskMeaning& meaning = state->probes.Probe(graph, context, term, /*additive=*/true);
       MaskPlan bias;
       bias.bias = term;
-      plan = bias;
+      if (meaning.kind != MaskMeaning::Kind::kUnknown) {
+        MatchResult<MaskPlan> masked = PlanBooleanMask(graph, shapes, context, match,
+                                                       std::numeric_limits<float>::lowest(), term, state,
+                                                       /*additive=*/true);
+        plan = masked ? *std::move(masked) : bias;
+      } else {
+        // A mask of no meaning the operators take, or no mask (the probe failed: within_causal false).
+        bias.within_causal = bias.bias_within_causal = meaning.within_causal;
+        bias.additive = meaning.within_causal;
+        plan = bias;
+      }
     } else if (IsUniformSmallConstant(graph, term)) {
       plan = MaskPlan();  // the same shift of every score: no mask
     } else {

@@ -240,9 +240,11 @@ std::optional<std::string> PackedQueryKeyValue(Graph& graph, const AttentionMatc
 
 bool GroupQueryAttentionFits(const AttentionMatch& match) {
   const MaskPlan& mask = match.mask;
-  // ONNX Runtime's CPU kernel takes head sizes of multiples of 8 only.
+  // ONNX Runtime's CPU kernel takes head sizes of multiples of 8 only. A float additive mask (older
+  // transformers' clamp(causal + padding)) only over grouped K/V, where not repeating them pays (the
+  // original spells an ungrouped cache as MultiHeadAttention over its heads takes it, exactly).
   return (match.k_repeat.has_value() || match.cache.has_value()) && match.head_size % 8 == 0 && mask.within_causal &&
-         mask.bias.empty();
+         (mask.bias.empty() || mask.bias_within_causal) && (!mask.additive || match.k_repeat.has_value());
 }
 
 void EmitGroupQueryAttention(Graph& graph, const AttentionMatch& match, const Replacement& plan, FusionState* state,

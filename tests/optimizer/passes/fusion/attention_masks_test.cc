@@ -19,11 +19,11 @@ onnx::ValueInfoProto MaskInput(const std::string& name) {
   return value;
 }
 
-MaskMeaning Probe(const onnx::GraphProto& graph_proto, const std::string& mask) {
+MaskMeaning Probe(const onnx::GraphProto& graph_proto, const std::string& mask, bool additive = false) {
   onnx::ModelProto model = MakeModel(graph_proto, 17);
   Graph graph(model.mutable_graph());
   PassContext context(PassParams(), model);
-  return ProbeMaskMeaning(graph, context, mask);
+  return ProbeMaskMeaning(graph, context, mask, additive);
 }
 
 TEST(AttentionMaskTest, KeyPaddingFromTheAttentionMaskInput) {
@@ -108,6 +108,30 @@ TEST(AttentionMaskTest, AllTrueCausalAndOtherMasks) {
   MaskMeaning later = Probe(graph, "later_mask");
   EXPECT_EQ(later.kind, MaskMeaning::Kind::kUnknown);
   EXPECT_NE(later.why.find("not all true, causal"), std::string::npos) << later.why;
+}
+
+// The float mask older transformers add, (1 - mask[:, None, None, :]) * finfo.min, read as the boolean
+// mask of its zeros: key padding of attention_mask. A float term holding other values (a position bias)
+// is no mask.
+TEST(AttentionMaskTest, AnAdditiveFloatMaskIsReadByItsZeros) {
+  onnx::GraphProto graph;
+  *graph.add_input() = MaskInput("attention_mask");
+  *graph.add_initializer() = MakeInt64Tensor("axes", {1, 2});
+  *graph.add_initializer() = testing::FloatTensor("one_f", {}, {1.0f});
+  *graph.add_initializer() = testing::FloatTensor("lowest", {}, {-3.4028234663852886e38f});
+  *graph.add_initializer() = testing::FloatTensor("half", {}, {0.5f});
+  *graph.add_node() = testing::WithIntAttribute(MakeNode("Cast", {"attention_mask"}, {"float_mask"}), "to",
+                                                onnx::TensorProto::FLOAT);
+  *graph.add_node() = MakeNode("Unsqueeze", {"float_mask", "axes"}, {"mask4d"});
+  *graph.add_node() = MakeNode("Sub", {"one_f", "mask4d"}, {"inverted"});
+  *graph.add_node() = MakeNode("Mul", {"inverted", "lowest"}, {"additive"});
+  *graph.add_node() = MakeNode("Mul", {"mask4d", "half"}, {"not_a_mask"});
+  MaskMeaning meaning = Probe(graph, "additive", /*additive=*/true);
+  EXPECT_EQ(meaning.kind, MaskMeaning::Kind::kKeyPadding) << meaning.why;
+  EXPECT_EQ(meaning.padding_input, "attention_mask");
+  MaskMeaning other = Probe(graph, "not_a_mask", /*additive=*/true);
+  EXPECT_EQ(other.kind, MaskMeaning::Kind::kUnknown);
+  EXPECT_FALSE(other.within_causal) << "no mask says nothing of what it lets a query see";
 }
 
 }  // namespace
