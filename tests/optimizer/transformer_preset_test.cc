@@ -37,8 +37,9 @@ const std::vector<Family>& Families() {
       {"gpt2", {11, 14, 17}, {{"Attention", 2}, {"SkipLayerNormalization", 4}, {"EmbedLayerNormalization", 1}, {"FastGelu", 2}}, "gpt2"},
       {"vit", {11, 14, 17}, {{"Attention", 2}, {"SkipLayerNormalization", 5}, {"BiasGelu", 2}}, "vit"},
       {"rmsnorm", {14, 17}, {{"SimplifiedLayerNormalization", 1}, {"SkipSimplifiedLayerNormalization", 1}, {"QuickGelu", 1}}, ""},
-      // Rotary Q/K from a position_ids input (a cos/sin row per batch row), grouped-query K/V.
-      {"llama_gqa", {14, 17}, {{"MultiHeadAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama"},
+      // Rotary Q/K from a position_ids input (a cos/sin row per batch row), grouped-query K/V; its float
+      // causal + padding mask, probed as an additive mask, is what GroupQueryAttention computes.
+      {"llama_gqa", {14, 17}, {{"GroupQueryAttention", 2}, {"RotaryEmbedding", 4}, {"SkipSimplifiedLayerNormalization", 4}}, "llama"},
   };
   return *families;
 }
