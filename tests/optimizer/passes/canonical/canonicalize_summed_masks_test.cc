@@ -42,7 +42,9 @@ TEST(CanonicalizeSummedMasksTest, TwoMasksInTurnBecomeTheScoresPlusTheirSum) {
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(run.report.rewrites(), 1);
   for (const auto& node : run.model.graph().node()) {
-    if (node.op_type() == "Add" && node.output(0) == "masked") EXPECT_EQ(node.input(0), "scores");
+    if (node.op_type() == "Add" && node.output(0) == "masked") {
+      EXPECT_EQ(node.input(0), "scores");
+    }
   }
   // The generated inputs are any floats: the sum rounds within an ulp of the two Adds.
   ExpectSameOutputs(original, run.model, 1e-6, 1e-6);
