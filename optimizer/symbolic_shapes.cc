@@ -79,23 +79,29 @@ Dim DivideSum(const Dim& d, int64_t divisor) {
 }
 
 // The length a step-1 Slice of a dim `dim` from `start` to `end` leaves. Numbers are clamped as ONNX
-// does where the dim is a number; a number past the end (INT_MAX, or at least a numeric dim) is the
-// end; a negative number counts from the end. Symbolic bounds are taken within the dim (the graph
-// computes them from the lengths it cuts), so the length is end - start as a sum.
+// does where the dim is a number; a number past the end (INT_MAX) is the end; a negative number counts
+// from the end. A symbolic bound on a numeric dim (a table cut to the lengths the graph computes:
+// positions `pe[:, c - T + 1 : c + T]`) is taken within it: past the table the model cannot run. On a
+// symbolic dim a bound counts only where it is provably within the dim (T - 1 of T, not 5 of S).
 Dim SlicedLength(const Dim& dim, Dim start, Dim end) {
   constexpr int64_t kPastAnyEnd = int64_t{1} << 31;
+  auto within = [&](const Dim& b) {
+    if (dim.kind == Dim::Kind::kValue || b == dim) return true;
+    const std::optional<DimSum> d = SumOf(dim), at = SumOf(b);
+    return d && at && NonNegativeForSizes(b) && NonNegativeForSizes(FromSum(d->Plus(*at, -1)));
+  };
   auto bound = [&](Dim b) -> std::optional<Dim> {
-    if (b.kind != Dim::Kind::kValue) return b.known() ? std::optional<Dim>(b) : std::nullopt;
+    if (b.kind != Dim::Kind::kValue) {
+      return b.known() && within(b) ? std::optional<Dim>(b) : std::nullopt;
+    }
     if (dim.kind == Dim::Kind::kValue) {
       int64_t v = b.value < 0 ? b.value + dim.value : b.value;
       return Dim::Value(std::clamp<int64_t>(v, 0, dim.value));
     }
     if (b.value >= kPastAnyEnd) return dim.known() ? std::optional<Dim>(dim) : std::nullopt;
-    if (b.value < 0) {
-      if (!dim.known()) return std::nullopt;
-      return FromSum(SumOf(dim)->Plus(DimSum::Number(b.value)));
-    }
-    return b;
+    if (!dim.known()) return std::nullopt;
+    const Dim at = b.value < 0 ? FromSum(SumOf(dim)->Plus(DimSum::Number(b.value))) : b;
+    return b.value == 0 || within(at) ? std::optional<Dim>(at) : std::nullopt;
   };
   const std::optional<Dim> from = bound(start), to = bound(end);
   if (!from || !to) return {};

@@ -411,7 +411,11 @@ TEST(ShapeInfoTest, SlicesBySymbolicBoundsCountTheirLengths) {
   *graph.add_node() = MakeNode("Slice", {"x", "zero", "one", "axis1"}, {"x_row"});
   *graph.add_node() = WithIntAttribute(MakeNode("Concat", {"positions", "x_row"}, {"padded"}), "axis", 1);
   *graph.add_node() = MakeNode("Slice", {"padded", "one", "big", "axis1"}, {"dropped"});
-  for (const char* name : {"shifted", "dropped"}) {
+  // On the symbolic T itself: [:, 1:] is T - 1, [:, :5] unknown (5 may be past T).
+  *graph.add_initializer() = MakeInt64Tensor("five", {5});
+  *graph.add_node() = MakeNode("Slice", {"x", "one", "big", "axis1"}, {"tail"});
+  *graph.add_node() = MakeNode("Slice", {"x", "zero", "five", "axis1"}, {"head"});
+  for (const char* name : {"shifted", "dropped", "tail", "head"}) {
     onnx::ValueInfoProto out = FloatValue(name, {});
     out.mutable_type()->mutable_tensor_type()->clear_shape();
     *graph.add_output() = out;
@@ -422,6 +426,10 @@ TEST(ShapeInfoTest, SlicesBySymbolicBoundsCountTheirLengths) {
   EXPECT_TRUE(info.SameDim("shifted", 1, "x", 1));
   ASSERT_NE(info.Dim("dropped", 1), nullptr);
   EXPECT_EQ(info.Dim("dropped", 1)->dim_param(), "2*T - 1");
+  ASSERT_NE(info.Dim("tail", 1), nullptr);
+  EXPECT_EQ(info.Dim("tail", 1)->dim_param(), "T - 1");
+  const auto* head = info.Dim("head", 1);
+  EXPECT_TRUE(head == nullptr || (!head->has_dim_value() && head->dim_param().empty()));
 }
 
 // Opset 18 (what the dynamo exporter and ONNX Runtime's BART test write, here without any value_info):
