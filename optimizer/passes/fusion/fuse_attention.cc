@@ -147,8 +147,9 @@ MatchResult<Matched> CausalOverLongerKeys(const Graph& graph, const ShapeInfo& s
                                           FusionState* state, AttentionMatch* match) {
   const std::string& scores = match->softmax->input(0);
   if (!match->mask.causal || shapes.SameDim(scores, -1, scores, -2)) return Matched{};
-  if (match->mask.additive && match->scores.mask_add != nullptr) {
-    // A float additive mask read by its meaning: the float mask itself, as the bias, is exact.
+  if (match->mask.additive && match->scores.mask_add != nullptr && match->scores.causal_where == nullptr) {
+    // A float additive mask read by its meaning: the float mask itself, as the bias, is exact (with no
+    // causal buffer beside it, whose causality the bias would not carry).
     MaskPlan bias;
     bias.bias = match->scores.mask_term;
     match->mask = bias;
