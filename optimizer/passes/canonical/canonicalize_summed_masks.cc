@@ -135,9 +135,9 @@ bool DistributeScale(Graph& graph, const Positions& order, Node* scaled, const N
   std::string scaled_b;
   const std::optional<std::vector<float>> constant = ConstantFloats(graph, b);
   if (constant && constant->size() <= 4096) {
-    const float divisor = *ConstantScalarFloat(graph, c);
+    const float c_value = *ConstantScalarFloat(graph, c);
     std::vector<float> values = *constant;
-    for (float& v : values) v = op == "Div" ? v / divisor : v * divisor;
+    for (float& v : values) v = op == "Div" ? v / c_value : v * c_value;
     const onnx::TensorProto& tensor = *ConstantTensor(graph, b);
     scaled_b = graph.UniqueName(name + "_term");
     graph.AddInitializer(MakeFloatTensor(scaled_b, {tensor.dims().begin(), tensor.dims().end()}, values));

@@ -292,7 +292,7 @@ MatchResult<MaskPlan> PlanBooleanMask(const Graph& graph, const ShapeInfo& shape
       [[fallthrough]];
     case MaskMeaning::Kind::kKeyPadding:
       // A batch row of padding only: under a masked_fill(m, 0) of the probabilities, 0 as well.
-      if ((zero_rows && meaning.kind == MaskMeaning::Kind::kCausalKeyPadding) || !match.zeroed_condition.empty()) {
+      if (zero_rows && (meaning.kind == MaskMeaning::Kind::kCausalKeyPadding || !match.zeroed_condition.empty())) {
         if (match.layout == Layout::kBatchFirst && (meaning.bias_shaped || shapes.DimValue(cond, 1) == 1)) {
           plan.zero_masked_rows = true;
           plan.row_condition = cond;
@@ -463,20 +463,24 @@ bool IsUniformSmallConstant(const Graph& graph, const std::string& term) {
 
 // A float term beside a boolean mask: Add(b, Where(cond, 0, fill)) in either order, b a
 // [B|1, N|1, S, T] float bias (ESPnet's position term) or a uniform small constant (dropped).
-// (bias or "", the boolean term) or nullopt.
-std::optional<std::pair<std::string, std::string>> BiasBesideBooleanMask(const Graph& graph, const ShapeInfo& shapes,
-                                                                          const AttentionMatch& match,
-                                                                          const std::string& term) {
+struct BiasBesideMask {
+  std::string bias;     // "" for the dropped constant
+  std::string boolean;  // Where(cond, 0, fill)
+  std::string cond;
+};
+std::optional<BiasBesideMask> BiasBesideBooleanMask(const Graph& graph, const ShapeInfo& shapes,
+                                                    const AttentionMatch& match, const std::string& term) {
   Node* sum = ProducerWithOp(graph, term, "Add");
   if (sum == nullptr || sum->input_size() != 2) return std::nullopt;
   for (int side = 0; side < 2; ++side) {
     const std::string& boolean = sum->input(side);
     const std::string& bias = sum->input(1 - side);
-    if (!BooleanMaskCondition(graph, boolean)) continue;
-    if (IsUniformSmallConstant(graph, bias)) return std::make_pair(std::string(), boolean);
+    const std::optional<std::string> cond = BooleanMaskCondition(graph, boolean);
+    if (!cond) continue;
+    if (IsUniformSmallConstant(graph, bias)) return BiasBesideMask{"", boolean, *cond};
     if (shapes.ElementType(bias) == onnx::TensorProto::FLOAT &&
         FitsAttentionBias(shapes, bias, match.softmax->input(0), match.num_heads)) {
-      return std::make_pair(bias, boolean);
+      return BiasBesideMask{bias, boolean, *cond};
     }
   }
   return std::nullopt;
@@ -493,12 +497,12 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
     const std::string& term = match.scores.mask_term;
     if ((allowed = BooleanMaskCondition(graph, term))) {
       plan = PlanBooleanMask(graph, shapes, context, match, BooleanMaskFill(graph, term), *allowed, state);
-    } else if (auto beside = BiasBesideBooleanMask(graph, shapes, match, term)) {
-      allowed = BooleanMaskCondition(graph, beside->second);
-      plan = PlanBooleanMask(graph, shapes, context, match, BooleanMaskFill(graph, beside->second), *allowed, state);
-      if (plan && !beside->first.empty()) {
+    } else if (std::optional<BiasBesideMask> beside = BiasBesideBooleanMask(graph, shapes, match, term)) {
+      allowed = beside->cond;
+      plan = PlanBooleanMask(graph, shapes, context, match, BooleanMaskFill(graph, beside->boolean), *allowed, state);
+      if (plan && !beside->bias.empty()) {
         if (plan->window > 0) return Fail("a float bias beside a sliding window");
-        plan->bias = beside->first;
+        plan->bias = beside->bias;
       }
     } else if (MatchResult<MaskPlan> additive = MatchAdditiveMask(graph, shapes, term)) {
       plan = *std::move(additive);
@@ -518,7 +522,7 @@ MatchResult<MaskPlan> MatchMask(const Graph& graph, const ShapeInfo& shapes, con
       } else {
         // A mask of no meaning the operators take, or no mask (the probe failed: within_causal false).
         bias.within_causal = bias.bias_within_causal = meaning.within_causal;
-        bias.additive = meaning.within_causal;
+        bias.additive = true;
         plan = bias;
       }
     } else if (IsUniformSmallConstant(graph, term)) {
